@@ -1,0 +1,96 @@
+"""python -m fsdp_jobs [key=value ...]: compose -> plan -> launch (or print the plan with dry_run=true).
+
+Reads top to bottom: every step that can fail on user input fails with one line and exit 2 before
+anything is written.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any, Optional
+
+import yaml
+
+from fsdp_jobs.compose import compose
+from fsdp_jobs.errors import UserError, die
+from fsdp_jobs.plan import Plan, make_plan, newest_checkpoint
+from fsdp_jobs import runs
+
+USAGE = """usage: python -m fsdp_jobs [key=value ...]      (fsdp-jobs [key=value ...])
+
+  python -m fsdp_jobs                                  2 simulated nodes x 2 ranks on this machine
+  python -m fsdp_jobs nodes=3 gpus_per_node=8 model=llama3_8b dry_run=true
+  python -m fsdp_jobs name=my-run train.steps=1000     the same name again resumes that run
+
+Groups: model=tiny|llama3_1b|llama3_8b|llama3_70b  fsdp=full_shard|shard_grad_op|hybrid_shard|
+hybrid_shard_zero2|no_shard  cluster=local  data=synthetic|token_file. Every key: conf/ and
+fsdp_jobs/config.py. Export a checkpoint: python -m fsdp_jobs.export RUN_DIR."""
+
+
+def render_dry_run(plan: Plan, launch_text: str) -> str:
+    head = yaml.safe_dump({"plan": plan.to_dict()}, sort_keys=False)
+    return f"{head}# launch commands ({plan.backend})\n{launch_text}\n"
+
+
+def summarize(plan: Plan, status: int) -> str:
+    run_dir = Path(plan.run_dir)
+    metrics = runs.read_metrics(run_dir)
+    ckpt = newest_checkpoint(run_dir)
+    lines = [f"{'finished' if status == 0 else f'exited with status {status}'}: {plan.name}",
+             f"  run dir:      {run_dir}",
+             f"  checkpoint:   {ckpt or 'none yet'}",
+             f"  metrics:      {run_dir / runs.METRICS_FILE}"]
+    if metrics:
+        first, last = metrics[0], metrics[-1]
+        lines.append(f"  loss:         {first['loss']:.4f} (step {first['step']}) -> "
+                     f"{last['loss']:.4f} (step {last['step']})")
+    lines.append(f"  logs:         {run_dir / 'logs' / 'launcher.log'}")
+    return "\n".join(lines)
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if any(a in ("-h", "--help") for a in argv):
+        print(USAGE)
+        return 0
+    flags = [a for a in argv if a.startswith("-")]
+    if flags:
+        die(UserError("", flags[0], f"unknown option {flags[0]!r}; overrides are key=value (try --help)"))
+    try:
+        cfg, job = compose(argv)
+        plan = make_plan(cfg)
+    except UserError as e:
+        die(e)
+
+    import launchers  # after planning: a bad override never pays for a backend import
+
+    launcher = launchers.get(plan.backend)
+    for note in plan.notes:
+        print(f"fsdp-jobs: note: {note}", file=sys.stderr)
+    if cfg.dry_run:
+        sys.stdout.write(render_dry_run(plan, launcher.render(plan, cfg)))
+        return 0
+
+    run_dir = Path(plan.run_dir)
+    lock = runs.RunLock(run_dir)
+    if not lock.acquire():
+        die(UserError("name", plan.name, f"that run is being launched/run by pid {lock.holder()} "
+                                         "right now; wait for it or choose another name"))
+    try:
+        runs.prepare(run_dir, job, plan.to_dict())
+        verb = f"resuming from {plan.resume_from}" if plan.resume_from else "starting"
+        mesh = " x ".join(f"{k} {v}" for k, v in plan.mesh.items())
+        print(f"fsdp-jobs: {verb} run {plan.name}: {plan.nodes} nodes x {plan.gpus_per_node} ranks, "
+              f"{plan.strategy} (mesh {mesh}), run dir {run_dir}", flush=True)
+        runs.record_launch(run_dir, backend=plan.backend, nodes=plan.nodes, gpus_per_node=plan.gpus_per_node)
+        status = launcher.submit(plan, cfg)
+    finally:
+        lock.release()
+    if plan.backend == "local":
+        print(summarize(plan, status), flush=True)
+    return status
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,80 @@
+"""Hydra composition of conf/ + overrides, with every failure turned into one UserError line."""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from fsdp_jobs.config import JobConfig, register_schemas, validate
+from fsdp_jobs.errors import UserError
+
+CONF_DIR = Path(os.environ.get("FSDP_JOBS_CONF", Path(__file__).resolve().parent.parent / "conf"))
+
+
+def _options(group: str) -> list[str]:
+    return sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml"))
+
+
+def _translate(exc: BaseException, overrides: list[str]) -> UserError:
+    """Hydra/OmegaConf errors are multi-line and name internals; say key, value, allowed."""
+    text = str(exc)
+    m = re.search(r"Could not find '([^'/]+)/([^']+)'", text)
+    if m:
+        group, value = m.groups()
+        return UserError(group, value, "allowed: " + ", ".join(_options(group)))
+    m = re.search(r"Could not (?:override|append to) '([^']+)'", text) or re.search(r"Key '([^']+)' is not in struct", text)
+    if m:
+        key = m.group(1)
+        value = next((o.split("=", 1)[1] for o in overrides if o.lstrip("+~").split("=", 1)[0] == key), None)
+        parent = key.rsplit(".", 1)[0] if "." in key else ""
+        return UserError(key, value, f"unknown key; known keys{' under ' + parent if parent else ''}: " + ", ".join(_known(parent)))
+    cause = exc.__cause__ or exc
+    full_key = getattr(cause, "full_key", None)
+    if full_key:
+        msg = str(cause).splitlines()[0]
+        value = next((o.split("=", 1)[1] for o in overrides if o.split("=", 1)[0] == full_key), None)
+        return UserError(full_key, value, msg)
+    first = text.strip().splitlines()[0] if text.strip() else type(exc).__name__
+    return UserError("", None, f"bad override: {first}")
+
+
+def _known(parent: str) -> list[str]:
+    node: Any = OmegaConf.structured(JobConfig)
+    for part in [p for p in parent.split(".") if p]:
+        node = node[part] if isinstance(node, DictConfig) and part in node else None
+        if node is None:
+            return []
+    return sorted(k for k in node.keys()) if isinstance(node, DictConfig) else []
+
+
+def compose(overrides: list[str]) -> tuple[DictConfig, dict[str, Any]]:
+    """Compose, type-check and validate. Returns the typed config and its resolved plain dict."""
+    from hydra import compose as hydra_compose, initialize_config_dir
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    for o in overrides:
+        if "=" not in o:
+            raise UserError(o, None, "overrides are key=value (e.g. nodes=4, fsdp=full_shard)")
+    register_schemas()
+    try:
+        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3", job_name="fsdp_jobs"):
+            cfg = hydra_compose("config", overrides=overrides)
+    except (HydraException, OmegaConfBaseException, ValueError) as e:
+        raise _translate(e, overrides) from None
+    schema_keys = set(OmegaConf.structured(JobConfig).keys())
+    for key in cfg.keys():
+        if key not in schema_keys and key != "hydra":
+            raise UserError(str(key), cfg[key], "unknown key; known top-level keys: " + ", ".join(sorted(schema_keys)))
+    try:
+        validate(cfg)
+        job = OmegaConf.to_container(cfg, resolve=True)
+    except OmegaConfBaseException as e:
+        raise _translate(e, overrides) from None
+    assert isinstance(job, dict)
+    job.pop("hydra", None)
+    return cfg, job

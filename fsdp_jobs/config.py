@@ -1,0 +1,229 @@
+"""The job's config schema: structured dataclasses Hydra validates `conf/` and overrides against.
+
+Every knob a user can set lives here with a comment, and in `conf/`. Nothing here imports torch.
+Checks that need more than one key (does the shard group divide the world?) live in `plan.py`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional
+
+from hydra.core.config_store import ConfigStore
+
+from fsdp_jobs.errors import UserError
+
+STRATEGIES = ("full_shard", "shard_grad_op", "hybrid_shard", "hybrid_shard_zero2", "no_shard")
+DTYPES = ("float32", "bfloat16", "float16")
+BACKWARD_PREFETCH = ("BACKWARD_PRE", "BACKWARD_POST")
+LR_SCHEDULES = ("cosine", "linear", "constant")
+
+
+@dataclass
+class ModelConfig:
+    name: str = "tiny"
+    # any importable nn.Module class; it is called with the shape keys below that its
+    # signature accepts, plus `kwargs`, under the meta device
+    _target_: str = "fsdp_jobs.models.llama.Transformer"
+    dim: int = 128
+    n_layers: int = 2
+    n_heads: int = 4
+    n_kv_heads: Optional[int] = None  # grouped-query attention; None = n_heads
+    ffn_dim: int = 384
+    vocab_size: int = 512
+    max_seq_len: int = 2048  # RoPE table length; must be >= data.seq_len
+    norm_eps: float = 1e-5
+    rope_theta: float = 10000.0
+    tie_embeddings: bool = False
+    dtype: str = "float32"  # storage dtype of the sharded parameters (FSDP2 keeps them in this)
+    kwargs: Dict[str, Any] = field(default_factory=dict)  # extra arguments for a custom _target_
+
+
+@dataclass
+class MixedPrecisionConfig:
+    param_dtype: Optional[str] = None  # dtype of the all-gathered params used for compute
+    reduce_dtype: Optional[str] = None  # dtype of the gradient reduce-scatter / all-reduce
+    output_dtype: Optional[str] = None  # cast the root module's outputs to this
+    buffer_dtype: Optional[str] = None  # FSDP1 name; FSDP2 has no buffer policy, buffers are cast once
+
+
+@dataclass
+class WrapConfig:
+    # which submodules become their own FSDP unit: classes by import path ...
+    transformer_blocks: List[str] = field(default_factory=list)
+    # ... or every module holding at least this many not-yet-wrapped parameters.
+    # Both empty = the model class's own `fsdp_wrap_classes`, else the root alone.
+    min_params: Optional[int] = None
+
+
+@dataclass
+class FSDPConfig:
+    strategy: str = "hybrid_shard"  # one of STRATEGIES (the names FSDP1/Accelerate users know)
+    # hybrid strategies only: ranks per shard group. None = one node (gpus_per_node);
+    # "auto" = the smallest group whose model state fits cluster.gpu_memory_gb * memory_fraction
+    shard_group_size: Any = None
+    reshard_after_forward: Optional[bool] = None  # None = the strategy's default
+    mixed_precision: MixedPrecisionConfig = field(default_factory=MixedPrecisionConfig)
+    cpu_offload: bool = False  # keep sharded params/grads/optimizer state in host memory
+    activation_checkpointing: bool = False  # recompute each wrapped block in the backward
+    wrap: WrapConfig = field(default_factory=WrapConfig)
+    forward_prefetch: bool = False  # FSDP1 name; FSDP2: explicitly prefetch the next block
+    backward_prefetch: Optional[str] = "BACKWARD_PRE"  # FSDP1 name; FSDP2 always prefetches pre-backward
+    # FSDP1 options with no FSDP2 meaning: accepted, noted, ignored
+    limit_all_gathers: Optional[bool] = None
+    sync_module_states: Optional[bool] = None
+    use_orig_params: Optional[bool] = None
+
+
+@dataclass
+class TrainConfig:
+    steps: int = 300  # optimizer steps in total (a resumed run continues up to this)
+    seed: int = 0  # init, data order and dropout all derive from it
+    batch_per_rank: int = 4  # sequences per rank per step when global_batch_size is null
+    # sequences per step over all ranks; set it to keep the optimisation the same when the node
+    # count changes (it must then be a multiple of the world size)
+    global_batch_size: Optional[int] = None
+    lr: float = 3e-3
+    min_lr_ratio: float = 0.1
+    warmup_steps: int = 20
+    lr_schedule: str = "cosine"  # one of LR_SCHEDULES
+    weight_decay: float = 0.0
+    betas: List[float] = field(default_factory=lambda: [0.9, 0.95])
+    grad_clip: float = 1.0  # max global grad norm; 0 = off
+    log_interval: int = 10  # progress line every N steps (metrics.jsonl gets every step)
+
+
+@dataclass
+class CheckpointConfig:
+    interval: int = 50  # steps between checkpoints; 0 = only at the end (and on preemption)
+    keep_last: int = 2  # committed checkpoints kept; older ones are deleted
+    async_save: bool = False  # overlap the disk write with training (DCP thread mode)
+    resume: bool = True  # start from the newest complete checkpoint of the run, if any
+    save_final: bool = True  # checkpoint after the last step
+
+
+@dataclass
+class DataConfig:
+    name: str = "synthetic"
+    # a dataset class: called with seed, seq_len, vocab_size (if it takes them) and kwargs;
+    # item i must depend only on (seed, i) so the order survives resumes and resizes
+    _target_: str = "fsdp_jobs.runtime.data.SyntheticTokens"
+    seq_len: int = 64
+    path: Optional[str] = None  # token file for fsdp_jobs.runtime.data.TokenFile
+    token_dtype: str = "uint16"  # element type of the token file
+    kwargs: Dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class ClusterConfig:
+    backend: str = "local"
+    device: str = "auto"  # auto = cuda when torch sees GPUs, else cpu (gloo)
+    gpu_memory_gb: float = 80.0  # per accelerator, for the memory estimate and shard_group_size=auto
+    memory_fraction: float = 0.9  # share of gpu_memory_gb the model state may take
+    peak_tflops: float = 989.0  # per accelerator at the compute dtype, for the MFU estimate
+    max_restarts: int = 3  # torchrun restarts of the workers after a failure
+    min_nodes: Optional[int] = None  # elastic lower bound (torchrun --nnodes min:max); None = nodes
+    rdzv_port: Optional[int] = None  # None = a free port
+    env: Dict[str, str] = field(default_factory=dict)  # extra environment for every rank
+
+
+@dataclass
+class LocalClusterConfig(ClusterConfig):
+    """Simulated nodes on this machine: one torchrun agent per node on loopback."""
+
+    backend: str = "local"
+    device: str = "cpu"
+    peak_tflops: float = 0.5  # a rough figure for one CPU core, so MFU stays meaningful-ish
+
+
+@dataclass
+class JobConfig:
+    name: Optional[str] = None  # run name; the same name resumes the same run. None = generated
+    nodes: int = 2
+    gpus_per_node: int = 2  # ranks per node (on CPU: processes per simulated node)
+    dry_run: bool = False  # print the plan and the launch commands, run nothing
+    run_root: str = "runs"  # run directories go under here
+    model: ModelConfig = field(default_factory=ModelConfig)
+    fsdp: FSDPConfig = field(default_factory=FSDPConfig)
+    cluster: Any = field(default_factory=LocalClusterConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+
+
+def register_schemas() -> None:
+    """Let conf/ files name the schemas in their defaults lists."""
+    cs = ConfigStore.instance()
+    cs.store(name="job_schema", node=JobConfig)
+    cs.store(group="cluster", name="local_schema", node=LocalClusterConfig)
+    cs.store(group="model", name="model_schema", node=ModelConfig)
+    cs.store(group="fsdp", name="fsdp_schema", node=FSDPConfig)
+    cs.store(group="train", name="train_schema", node=TrainConfig)
+    cs.store(group="checkpoint", name="checkpoint_schema", node=CheckpointConfig)
+    cs.store(group="data", name="data_schema", node=DataConfig)
+
+
+def _positive(key: str, value: Any, minimum: int = 1) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+        raise UserError(key, value, f"must be an integer >= {minimum}")
+
+
+def _choice(key: str, value: Any, allowed: tuple[str, ...], optional: bool = False) -> None:
+    if value is None and optional:
+        return
+    if value not in allowed:
+        raise UserError(key, value, "allowed: " + ", ".join(allowed) + (" or null" if optional else ""))
+
+
+def validate(cfg: Any) -> None:
+    """Per-key checks the types alone do not express. Raises UserError on the first bad key."""
+    _positive("nodes", cfg.nodes)
+    _positive("gpus_per_node", cfg.gpus_per_node)
+    if cfg.name is not None and (not cfg.name or "/" in cfg.name or cfg.name.startswith(".")):
+        raise UserError("name", cfg.name, "must be a plain directory name (no '/', not starting with '.')")
+    f = cfg.fsdp
+    _choice("fsdp.strategy", f.strategy, STRATEGIES)
+    sgs = f.shard_group_size
+    if not (sgs is None or sgs == "auto" or (isinstance(sgs, int) and not isinstance(sgs, bool) and sgs >= 1)):
+        raise UserError("fsdp.shard_group_size", sgs, "allowed: an integer >= 1, auto, or null (one node)")
+    for k in ("param_dtype", "reduce_dtype", "output_dtype", "buffer_dtype"):
+        _choice(f"fsdp.mixed_precision.{k}", f.mixed_precision[k], DTYPES, optional=True)
+    _choice("fsdp.backward_prefetch", f.backward_prefetch, BACKWARD_PREFETCH, optional=True)
+    if f.wrap.min_params is not None:
+        _positive("fsdp.wrap.min_params", f.wrap.min_params)
+    m = cfg.model
+    for k in ("dim", "n_layers", "n_heads", "ffn_dim", "vocab_size", "max_seq_len"):
+        _positive(f"model.{k}", m[k])
+    _choice("model.dtype", m.dtype, DTYPES)
+    if m.dim % m.n_heads:
+        raise UserError("model.dim", m.dim, f"must be divisible by model.n_heads={m.n_heads}")
+    if m.n_kv_heads is not None and (m.n_kv_heads < 1 or m.n_heads % m.n_kv_heads):
+        raise UserError("model.n_kv_heads", m.n_kv_heads, f"must divide model.n_heads={m.n_heads}")
+    t = cfg.train
+    _positive("train.steps", t.steps)
+    _positive("train.batch_per_rank", t.batch_per_rank)
+    if t.global_batch_size is not None:
+        _positive("train.global_batch_size", t.global_batch_size)
+    _positive("train.log_interval", t.log_interval)
+    _positive("train.warmup_steps", t.warmup_steps, minimum=0)
+    _choice("train.lr_schedule", t.lr_schedule, LR_SCHEDULES)
+    if not t.lr > 0:
+        raise UserError("train.lr", t.lr, "must be > 0")
+    if len(t.betas) != 2:
+        raise UserError("train.betas", list(t.betas), "must be two numbers, e.g. [0.9,0.95]")
+    c = cfg.checkpoint
+    _positive("checkpoint.interval", c.interval, minimum=0)
+    _positive("checkpoint.keep_last", c.keep_last)
+    d = cfg.data
+    _positive("data.seq_len", d.seq_len)
+    if d.seq_len > m.max_seq_len:
+        raise UserError("data.seq_len", d.seq_len, f"must be <= model.max_seq_len={m.max_seq_len}")
+    cl = cfg.cluster
+    _choice("cluster.device", cl.device, ("auto", "cpu", "cuda"))
+    _positive("cluster.max_restarts", cl.max_restarts, minimum=0)
+    if cl.min_nodes is not None and not (1 <= cl.min_nodes <= cfg.nodes):
+        raise UserError("cluster.min_nodes", cl.min_nodes, f"must be between 1 and nodes={cfg.nodes}")
+    if not 0 < cl.memory_fraction <= 1:
+        raise UserError("cluster.memory_fraction", cl.memory_fraction, "must be in (0, 1]")
+    if cl.rdzv_port is not None and not 1 <= cl.rdzv_port <= 65535:
+        raise UserError("cluster.rdzv_port", cl.rdzv_port, "must be a TCP port 1-65535 or null")

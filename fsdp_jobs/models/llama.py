@@ -1,0 +1,123 @@
+"""A llama-style decoder (RMSNorm, RoPE, grouped-query attention, SwiGLU) that builds on the meta
+device. The same class serves the CPU-sized `tiny` config and the real Llama 3 shapes."""
+
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float = 1e-5) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        xf = x.float()
+        return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)).type_as(x) * self.weight
+
+
+def rope_table(head_dim: int, max_seq_len: int, theta: float, device: torch.device | None = None) -> torch.Tensor:
+    """cos/sin of the rotary angles, shape (max_seq_len, head_dim // 2, 2)."""
+    freqs = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=device, dtype=torch.float32) / head_dim))
+    angles = torch.outer(torch.arange(max_seq_len, device=device, dtype=torch.float32), freqs)
+    return torch.stack((angles.cos(), angles.sin()), dim=-1)
+
+
+def apply_rope(x: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
+    # x: (batch, seq, heads, head_dim)
+    seq = x.shape[1]
+    xr = x.float().reshape(*x.shape[:-1], -1, 2)
+    cos = table[:seq, :, 0].view(1, seq, 1, -1)
+    sin = table[:seq, :, 1].view(1, seq, 1, -1)
+    out = torch.stack((xr[..., 0] * cos - xr[..., 1] * sin, xr[..., 0] * sin + xr[..., 1] * cos), dim=-1)
+    return out.flatten(-2).type_as(x)
+
+
+class Attention(nn.Module):
+    def __init__(self, dim: int, n_heads: int, n_kv_heads: int) -> None:
+        super().__init__()
+        self.n_heads, self.n_kv_heads, self.head_dim = n_heads, n_kv_heads, dim // n_heads
+        self.wq = nn.Linear(dim, n_heads * self.head_dim, bias=False)
+        self.wk = nn.Linear(dim, n_kv_heads * self.head_dim, bias=False)
+        self.wv = nn.Linear(dim, n_kv_heads * self.head_dim, bias=False)
+        self.wo = nn.Linear(n_heads * self.head_dim, dim, bias=False)
+
+    def forward(self, x: torch.Tensor, rope: torch.Tensor) -> torch.Tensor:
+        b, s, _ = x.shape
+        q = apply_rope(self.wq(x).view(b, s, self.n_heads, self.head_dim), rope)
+        k = apply_rope(self.wk(x).view(b, s, self.n_kv_heads, self.head_dim), rope)
+        v = self.wv(x).view(b, s, self.n_kv_heads, self.head_dim)
+        if self.n_kv_heads != self.n_heads:
+            rep = self.n_heads // self.n_kv_heads
+            k, v = k.repeat_interleave(rep, dim=2), v.repeat_interleave(rep, dim=2)
+        out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True)
+        return self.wo(out.transpose(1, 2).reshape(b, s, -1))
+
+
+class FeedForward(nn.Module):
+    def __init__(self, dim: int, hidden: int) -> None:
+        super().__init__()
+        self.w1 = nn.Linear(dim, hidden, bias=False)
+        self.w2 = nn.Linear(hidden, dim, bias=False)
+        self.w3 = nn.Linear(dim, hidden, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+
+
+class TransformerBlock(nn.Module):
+    def __init__(self, dim: int, n_heads: int, n_kv_heads: int, ffn_dim: int, norm_eps: float) -> None:
+        super().__init__()
+        self.attention_norm = RMSNorm(dim, norm_eps)
+        self.attention = Attention(dim, n_heads, n_kv_heads)
+        self.ffn_norm = RMSNorm(dim, norm_eps)
+        self.feed_forward = FeedForward(dim, ffn_dim)
+
+    def forward(self, x: torch.Tensor, rope: torch.Tensor) -> torch.Tensor:
+        x = x + self.attention(self.attention_norm(x), rope)
+        return x + self.feed_forward(self.ffn_norm(x))
+
+
+class Transformer(nn.Module):
+    # the default FSDP wrap units (fsdp.wrap.transformer_blocks overrides)
+    fsdp_wrap_classes = (TransformerBlock,)
+
+    def __init__(self, dim: int, n_layers: int, n_heads: int, ffn_dim: int, vocab_size: int,
+                 n_kv_heads: Optional[int] = None, max_seq_len: int = 2048, norm_eps: float = 1e-5,
+                 rope_theta: float = 10000.0, tie_embeddings: bool = False) -> None:
+        super().__init__()
+        self.dim, self.n_layers, self.n_heads = dim, n_layers, n_heads
+        self.max_seq_len, self.rope_theta = max_seq_len, rope_theta
+        self.tok_embeddings = nn.Embedding(vocab_size, dim)
+        self.layers = nn.ModuleList(
+            TransformerBlock(dim, n_heads, n_kv_heads or n_heads, ffn_dim, norm_eps) for _ in range(n_layers))
+        self.norm = RMSNorm(dim, norm_eps)
+        self.output = nn.Linear(dim, vocab_size, bias=False)
+        if tie_embeddings:
+            self.output.weight = self.tok_embeddings.weight
+        # not persistent: recomputed after the meta -> device move, never checkpointed
+        self.register_buffer("rope", rope_table(dim // n_heads, max_seq_len, rope_theta), persistent=False)
+
+    def init_buffers(self, device: torch.device) -> None:
+        self.rope = rope_table(self.dim // self.n_heads, self.max_seq_len, self.rope_theta, device)
+
+    def init_parameter(self, name: str, full: torch.Tensor, generator: torch.Generator) -> None:
+        """Fill the full (unsharded) value of one parameter; std scaled by depth like GPT-2/llama."""
+        if name.endswith("norm.weight"):
+            full.fill_(1.0)
+        elif name.endswith(("wo.weight", "w2.weight")):
+            full.normal_(0.0, 0.02 / math.sqrt(2 * self.n_layers), generator=generator)
+        else:
+            full.normal_(0.0, 0.02, generator=generator)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        h = self.tok_embeddings(tokens)
+        for layer in self.layers:
+            h = layer(h, self.rope)
+        return self.output(self.norm(h))

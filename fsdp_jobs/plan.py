@@ -1,0 +1,228 @@
+"""Pure planning: a validated config -> a Plan (plain data: print it, save it, diff it).
+
+World size, the device mesh (automatic HSDP grouping), the per-GPU memory estimate, rendezvous
+settings, the run directory and the checkpoint to resume from. Imports no torch: `dry_run` and
+every launch start here and must feel instant.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+from fsdp_jobs.errors import UserError
+
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+# FSDP2 strategy table (DESIGN.md): mesh kind, reshard_after_forward default
+STRATEGY_TABLE = {
+    "full_shard": ("flat", True),
+    "shard_grad_op": ("flat", False),
+    "hybrid_shard": ("hybrid", True),
+    "hybrid_shard_zero2": ("hybrid", False),
+    "no_shard": ("replicate", False),
+}
+# FSDP1 options with no FSDP2 meaning -> why they are ignored
+NO_FSDP2_MEANING = {
+    "limit_all_gathers": "FSDP2 has no all-gather rate limiter (its memory management replaces it)",
+    "sync_module_states": "parameters are initialised deterministically from train.seed on every rank",
+    "use_orig_params": "FSDP2 always exposes the original parameters (as DTensors)",
+}
+CKPT_DIR_RE = re.compile(r"^step-(\d+)$")
+
+
+@dataclass
+class MemoryEstimate:
+    """Per-GPU model state at the chosen shard size (activations not included)."""
+
+    params: int  # parameter count
+    shard_size: int  # ranks one copy of the model state is spread over
+    param_gb: float
+    grad_gb: float
+    optimizer_gb: float
+    total_gb: float  # what must fit on one GPU (0 for the part offloaded to CPU)
+    budget_gb: float  # cluster.gpu_memory_gb * cluster.memory_fraction
+    fits: bool
+
+
+@dataclass
+class Rendezvous:
+    backend: str
+    endpoint: Optional[str]  # host:port; None = decided at launch (first node of the allocation)
+    run_id: str
+    min_nodes: int
+    max_nodes: int
+    max_restarts: int
+
+
+@dataclass
+class Plan:
+    name: str
+    run_dir: str
+    backend: str
+    device: str
+    nodes: int
+    gpus_per_node: int
+    world_size: int
+    strategy: str
+    mesh: dict[str, int]  # dim name -> size, outermost first
+    reshard_after_forward: bool
+    per_rank_batch: int
+    memory: MemoryEstimate
+    rendezvous: Rendezvous
+    resume_from: Optional[str]
+    notes: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def count_params(model: Any) -> int:
+    """Parameter count of the llama-style shape in the model config (exact for our Transformer)."""
+    d, layers, vocab, ffn = model.dim, model.n_layers, model.vocab_size, model.ffn_dim
+    head_dim = d // model.n_heads
+    kv = (model.n_kv_heads or model.n_heads) * head_dim
+    attn = d * d + 2 * d * kv + d * d
+    block = attn + 3 * d * ffn + 2 * d
+    embed = vocab * d
+    out = 0 if model.tie_embeddings else vocab * d
+    return embed + layers * block + d + out
+
+
+def estimate_memory(cfg: Any, params: int, shard_size: int) -> MemoryEstimate:
+    """Params and grads at model.dtype (FSDP2 keeps sharded params and grads in it), AdamW's two
+    fp32 moments, all divided by the shard size; zero on the GPU when offloaded to CPU."""
+    gb = 1024**3
+    p_bytes = DTYPE_BYTES[cfg.model.dtype]
+    per_shard = params / shard_size
+    param_gb = per_shard * p_bytes / gb
+    grad_gb = per_shard * p_bytes / gb
+    optimizer_gb = per_shard * 8 / gb
+    total = 0.0 if cfg.fsdp.cpu_offload else param_gb + grad_gb + optimizer_gb
+    budget = cfg.cluster.gpu_memory_gb * cfg.cluster.memory_fraction
+    r = lambda x: round(x, 3)  # noqa: E731
+    return MemoryEstimate(params, shard_size, r(param_gb), r(grad_gb), r(optimizer_gb), r(total), r(budget), total <= budget)
+
+
+def shard_group_candidates(nodes: int, gpus_per_node: int) -> list[int]:
+    """Divisors of one node (shard inside a node), then whole nodes that divide the node count."""
+    inside = [d for d in range(1, gpus_per_node + 1) if gpus_per_node % d == 0]
+    across = [k * gpus_per_node for k in range(2, nodes + 1) if nodes % k == 0]
+    return inside + across
+
+
+def choose_mesh(cfg: Any, params: int) -> tuple[dict[str, int], MemoryEstimate]:
+    nodes, gpn = cfg.nodes, cfg.gpus_per_node
+    world = nodes * gpn
+    kind, _ = STRATEGY_TABLE[cfg.fsdp.strategy]
+    sgs = cfg.fsdp.shard_group_size
+    if kind == "flat":
+        if sgs not in (None, "auto", world):
+            raise UserError("fsdp.shard_group_size", sgs,
+                            f"{cfg.fsdp.strategy} shards over the whole world ({world}); "
+                            "use fsdp=hybrid_shard for a smaller shard group, or leave it unset")
+        return {"shard": world}, estimate_memory(cfg, params, world)
+    if kind == "replicate":
+        if sgs not in (None, "auto", 1):
+            raise UserError("fsdp.shard_group_size", sgs, "no_shard replicates everything; leave it unset or 1")
+        return {"replicate": world, "shard": 1}, estimate_memory(cfg, params, 1)
+    candidates = shard_group_candidates(nodes, gpn)
+    if sgs is None:
+        shard = gpn
+    elif sgs == "auto":
+        fitting = [s for s in candidates if estimate_memory(cfg, params, s).fits]
+        shard = fitting[0] if fitting else world
+    else:
+        if world % sgs:
+            allowed = ", ".join(str(s) for s in range(1, world + 1) if world % s == 0)
+            raise UserError("fsdp.shard_group_size", sgs,
+                            f"must divide the world size {world} (nodes={nodes} x gpus_per_node={gpn}); "
+                            f"allowed: {allowed}, auto, or null")
+        shard = sgs
+    return {"replicate": world // shard, "shard": shard}, estimate_memory(cfg, params, shard)
+
+
+def per_rank_batch_size(train: Any, world: int) -> int:
+    """Sequences per rank per step; every rank sees different data under FSDP and HSDP."""
+    if train.global_batch_size is None:
+        return train.batch_per_rank
+    if train.global_batch_size % world:
+        raise UserError("train.global_batch_size", train.global_batch_size,
+                        f"must be a multiple of the world size {world}, or null (train.batch_per_rank per rank)")
+    return train.global_batch_size // world
+
+
+def generated_name(cfg: Any) -> str:
+    return f"{cfg.model.name}-{cfg.fsdp.strategy}-{time.strftime('%Y%m%d-%H%M%S')}"
+
+
+def newest_checkpoint(run_dir: Path) -> Optional[Path]:
+    """The newest committed checkpoint (a step-N directory holding its manifest), or None."""
+    ckpts = run_dir / "checkpoints"
+    if not ckpts.is_dir():
+        return None
+    found = []
+    for p in ckpts.iterdir():
+        m = CKPT_DIR_RE.match(p.name)
+        if m and (p / "manifest.json").is_file() and (p / ".metadata").is_file():
+            found.append((int(m.group(1)), p))
+    return max(found)[1] if found else None
+
+
+def make_plan(cfg: Any, name: Optional[str] = None) -> Plan:
+    """Everything decided before launch. Raises UserError for combinations no key can express."""
+    nodes, gpn = cfg.nodes, cfg.gpus_per_node
+    world = nodes * gpn
+    params = count_params(cfg.model)
+    mesh, memory = choose_mesh(cfg, params)
+    per_rank_batch = per_rank_batch_size(cfg.train, world)
+    _, reshard_default = STRATEGY_TABLE[cfg.fsdp.strategy]
+    reshard = cfg.fsdp.reshard_after_forward
+    reshard = reshard_default if reshard is None else bool(reshard)
+
+    notes = [f"fsdp.{k}={cfg.fsdp[k]}: no FSDP2 meaning, ignored ({why})"
+             for k, why in NO_FSDP2_MEANING.items() if cfg.fsdp[k] is not None]
+    if cfg.fsdp.backward_prefetch == "BACKWARD_POST":
+        notes.append("fsdp.backward_prefetch=BACKWARD_POST: FSDP2 prefetches before each block's backward "
+                     "(BACKWARD_PRE); used that")
+    if cfg.fsdp.mixed_precision.buffer_dtype is not None:
+        notes.append("fsdp.mixed_precision.buffer_dtype: FSDP2 has no buffer policy; buffers are cast once at start")
+    if cfg.fsdp.strategy == "no_shard" and cfg.fsdp.reshard_after_forward:
+        notes.append("fsdp.reshard_after_forward: no_shard never reshards (shard size 1)")
+    if not memory.fits:
+        notes.append(f"memory: the model state needs {memory.total_gb} GB per GPU at shard size "
+                     f"{memory.shard_size}, over the budget of {memory.budget_gb} GB")
+
+    run_name = name or cfg.name or generated_name(cfg)
+    run_dir = (Path(cfg.run_root).expanduser() / run_name).resolve()
+    resume = newest_checkpoint(run_dir) if cfg.checkpoint.resume else None
+    device = cfg.cluster.device
+    min_nodes = cfg.cluster.min_nodes or nodes
+    rdzv = Rendezvous(
+        backend="c10d",
+        endpoint=None,
+        run_id=re.sub(r"[^A-Za-z0-9_-]", "-", run_name)[:64],
+        min_nodes=min_nodes,
+        max_nodes=nodes,
+        max_restarts=cfg.cluster.max_restarts,
+    )
+    return Plan(
+        name=run_name,
+        run_dir=str(run_dir),
+        backend=cfg.cluster.backend,
+        device=device,
+        nodes=nodes,
+        gpus_per_node=gpn,
+        world_size=world,
+        strategy=cfg.fsdp.strategy,
+        mesh=mesh,
+        reshard_after_forward=reshard,
+        per_rank_batch=per_rank_batch,
+        memory=memory,
+        rendezvous=rdzv,
+        resume_from=str(resume) if resume else None,
+        notes=notes,
+    )

@@ -1,0 +1,113 @@
+"""The run directory: the one place a job's config, plan, records, logs, metrics and checkpoints live.
+
+    <run_root>/<name>/
+      job.yaml        resolved config the ranks read (earlier versions kept under history/)
+      plan.json       the plan it was launched with
+      launches.jsonl  one line per launch/submission (backend, job id, time)
+      logs/           launcher and per-node logs
+      metrics.jsonl   one line per training step (rank 0)
+      checkpoints/    step-N/ directories, each committed by its manifest.json
+      ranks/          rank-R.json: pid, host, restart count of the live workers (for tools and tests)
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import shutil
+import time
+from pathlib import Path
+from typing import IO, Any
+
+import yaml
+
+JOB_FILE = "job.yaml"
+PLAN_FILE = "plan.json"
+LAUNCHES_FILE = "launches.jsonl"
+METRICS_FILE = "metrics.jsonl"
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """Readers never see a half-written file (tmp + rename in the same directory)."""
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def prepare(run_dir: Path, job: dict[str, Any], plan: dict[str, Any]) -> None:
+    """Create or refresh a run dir. A config that differs from the saved one is kept in history/."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "logs").mkdir(exist_ok=True)
+    text = yaml.safe_dump(job, sort_keys=False)
+    old = run_dir / JOB_FILE
+    if old.exists() and old.read_text() != text:
+        hist = run_dir / "history"
+        hist.mkdir(exist_ok=True)
+        shutil.copy2(old, hist / f"job-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.yaml")
+    write_atomic(old, text)
+    write_atomic(run_dir / PLAN_FILE, json.dumps(plan, indent=2) + "\n")
+
+
+def load_job(run_dir: Path) -> dict[str, Any]:
+    return yaml.safe_load((run_dir / JOB_FILE).read_text())
+
+
+def record_launch(run_dir: Path, **fields: Any) -> None:
+    with open(run_dir / LAUNCHES_FILE, "a") as f:
+        f.write(json.dumps({"time": time.strftime("%Y-%m-%dT%H:%M:%S"), **fields}) + "\n")
+
+
+def launches(run_dir: Path) -> list[dict[str, Any]]:
+    path = run_dir / LAUNCHES_FILE
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+class RunLock:
+    """One launcher per run dir at a time (an flock, released by the kernel if we die)."""
+
+    def __init__(self, run_dir: Path) -> None:
+        self.path = run_dir / ".lock"
+        self._file: IO[str] | None = None
+
+    def acquire(self) -> bool:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._file = open(self.path, "a+")
+        try:
+            fcntl.flock(self._file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            self._file.close()
+            self._file = None
+            return False
+        self._file.seek(0)
+        self._file.truncate()
+        self._file.write(str(os.getpid()))
+        self._file.flush()
+        return True
+
+    def holder(self) -> str:
+        try:
+            return self.path.read_text().strip() or "?"
+        except OSError:
+            return "?"
+
+    def release(self) -> None:
+        if self._file:
+            fcntl.flock(self._file, fcntl.LOCK_UN)
+            self._file.close()
+            self._file = None
+
+
+def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
+    path = run_dir / METRICS_FILE
+    if not path.exists():
+        return []
+    out = []
+    for line in path.read_text().splitlines():
+        try:
+            out.append(json.loads(line))
+        except json.JSONDecodeError:  # a line cut by a kill mid-write
+            continue
+    return out

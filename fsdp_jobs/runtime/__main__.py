@@ -1,0 +1,20 @@
+"""Entry point of every rank: `python -m fsdp_jobs.runtime RUN_DIR` (torchrun starts it).
+
+The run dir is a positional argument on purpose: torchrun's parser prefix-matches flags placed after
+the script (env-notes pitfall 5)."""
+
+import sys
+from pathlib import Path
+
+
+def main() -> None:
+    if len(sys.argv) != 2:
+        print("usage: python -m fsdp_jobs.runtime RUN_DIR", file=sys.stderr)
+        raise SystemExit(2)
+    from fsdp_jobs.runtime.train import shutdown, train
+
+    shutdown(train(Path(sys.argv[1])))
+
+
+if __name__ == "__main__":  # the guard DCP's process-based async save needs (env-notes pitfall 8)
+    main()

@@ -1,0 +1,167 @@
+"""Sharded, atomic, resumable checkpoints with torch.distributed.checkpoint (DCP).
+
+    checkpoints/.tmp-step-000100-<attempt>/   written by every rank (DCP), never read
+    checkpoints/step-000100/                  visible only once complete:
+        .metadata, __*_*.distcp                   DCP's files
+        manifest.json                             step, world size, mesh, config hash; written last
+
+Each save goes to a fresh directory (DCP's "overwrite" leaves an old .metadata beside new data if it
+dies mid-save: env-notes pitfall 3). Rank 0 writes the manifest after every rank finished, then
+renames the directory into place: a reader sees a whole checkpoint or none.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import time
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.checkpoint.stateful import Stateful
+
+from fsdp_jobs.plan import CKPT_DIR_RE, newest_checkpoint
+
+# test-only fault injection: "STEP" makes rank 0 SIGKILL itself in the middle of saving that step
+# (after the shards are on disk, before the commit), on the first attempt only
+CRASH_IN_SAVE_ENV = "FSDP_JOBS_TEST_CRASH_IN_SAVE"
+
+
+class TrainState(Stateful):
+    """Model + optimizer + scheduler + data position + RNG + step, as DCP sees them."""
+
+    def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any) -> None:
+        self.model, self.optimizer, self.scheduler = model, optimizer, scheduler
+        self.step = 0
+        self.samples_seen = 0
+
+    def state_dict(self) -> dict[str, Any]:
+        model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
+        return {
+            "model": model_sd,
+            "optim": optim_sd,
+            "scheduler": self.scheduler.state_dict(),
+            "progress": {"step": self.step, "samples_seen": self.samples_seen},
+            # every rank's RNG is the same stream (seeded from train.seed), so rank 0's is enough
+            "rng": {"torch": torch.get_rng_state()},
+        }
+
+    def load_state_dict(self, sd: dict[str, Any]) -> None:
+        set_state_dict(self.model, self.optimizer, model_state_dict=sd["model"], optim_state_dict=sd["optim"])
+        self.scheduler.load_state_dict(sd["scheduler"])
+        self.step = int(sd["progress"]["step"])
+        self.samples_seen = int(sd["progress"]["samples_seen"])
+        torch.set_rng_state(sd["rng"]["torch"])
+
+
+def _barrier() -> None:
+    if dist.is_initialized():
+        dist.barrier()
+
+
+class CheckpointManager:
+    def __init__(self, run_dir: Path, keep_last: int, manifest_extra: dict[str, Any], rank: int,
+                 attempt: str, async_save: bool = False, log: Callable[[str], None] = print) -> None:
+        self.root = run_dir / "checkpoints"
+        self.keep_last, self.extra, self.rank, self.attempt = keep_last, manifest_extra, rank, attempt
+        self.async_save, self.log = async_save, log
+        self.pending: Optional[tuple[Any, Path, Path, dict[str, Any]]] = None
+        self.root.mkdir(parents=True, exist_ok=True)
+
+    # ------------------------------------------------------------------ load
+    def load_latest(self, state: TrainState) -> Optional[Path]:
+        """Load the newest complete checkpoint into `state`; skip (and say so) any incomplete one."""
+        if self.rank == 0:
+            for p in sorted(self.root.iterdir()):
+                committed = CKPT_DIR_RE.match(p.name) and (p / "manifest.json").is_file() and (p / ".metadata").is_file()
+                if not committed:
+                    self.log(f"checkpoint: skipping incomplete {p.name} (no manifest: its writer died mid-save)")
+        _barrier()
+        path = newest_checkpoint(self.root.parent)
+        if path is None:
+            return None
+        t0 = time.perf_counter()
+        sd = state.state_dict()
+        dcp.load(sd, checkpoint_id=str(path))
+        state.load_state_dict(sd)
+        manifest = json.loads((path / "manifest.json").read_text())
+        self.log(f"checkpoint: resumed from {path.name} (step {state.step}, saved at world size "
+                 f"{manifest.get('world_size')}) in {time.perf_counter() - t0:.2f}s")
+        return path
+
+    # ------------------------------------------------------------------ save
+    def save(self, state: TrainState, mesh_shape: dict[str, int], world_size: int) -> Optional[Path]:
+        """Collective: every rank calls it at the same step."""
+        self.wait()
+        final = self.root / f"step-{state.step:06d}"
+        if final.exists():  # already committed (resumed exactly here): never overwrite
+            return final
+        tmp = self.root / f".tmp-step-{state.step:06d}-{self.attempt}"
+        manifest = {"step": state.step, "samples_seen": state.samples_seen, "world_size": world_size,
+                    "mesh": mesh_shape, "time": time.strftime("%Y-%m-%dT%H:%M:%S"), **self.extra}
+        t0 = time.perf_counter()
+        sd = state.state_dict()
+        if self.async_save:
+            future = dcp.async_save(sd, checkpoint_id=str(tmp))
+            self.pending = (future, tmp, final, manifest)
+            self.log(f"checkpoint: step {state.step} saving in the background "
+                     f"(training blocked {time.perf_counter() - t0:.2f}s)")
+            return None
+        dcp.save(sd, checkpoint_id=str(tmp))
+        self._commit(tmp, final, manifest)
+        self.log(f"checkpoint: saved {final.name} in {time.perf_counter() - t0:.2f}s")
+        return final
+
+    def wait(self) -> None:
+        """Finish and commit a background save (collective)."""
+        if self.pending is None:
+            return
+        future, tmp, final, manifest = self.pending
+        self.pending = None
+        result = future.result() if hasattr(future, "result") else future.upload_completion.result()
+        del result
+        self._commit(tmp, final, manifest)
+        self.log(f"checkpoint: committed {final.name} (background save)")
+
+    def _commit(self, tmp: Path, final: Path, manifest: dict[str, Any]) -> None:
+        _barrier()  # every rank's shards are written
+        if self.rank == 0:
+            crash_step = os.environ.get(CRASH_IN_SAVE_ENV)
+            if crash_step and int(crash_step) == manifest["step"] and os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0":
+                self.log(f"checkpoint: test fault injection: killing rank 0 mid-save at step {manifest['step']}")
+                os.kill(os.getpid(), signal.SIGKILL)
+            (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
+            _fsync_dir(tmp)
+            os.rename(tmp, final)
+            _fsync_dir(self.root)
+            self._prune()
+        _barrier()  # nobody trains on (or resumes from) a checkpoint that is not yet visible
+
+    def _prune(self) -> None:
+        committed = sorted((int(m.group(1)), p) for p in self.root.iterdir()
+                           if (m := CKPT_DIR_RE.match(p.name)) and (p / "manifest.json").is_file())
+        for _, p in committed[:-self.keep_last]:
+            shutil.rmtree(p, ignore_errors=True)
+        # leftovers of saves that died mid-way, older than the newest commit, are garbage now
+        newest = committed[-1][0] if committed else -1
+        for p in self.root.glob(".tmp-step-*"):
+            try:
+                step = int(p.name.split("-")[2])
+            except (IndexError, ValueError):
+                continue
+            if step <= newest:
+                shutil.rmtree(p, ignore_errors=True)
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

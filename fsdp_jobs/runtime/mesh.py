@@ -1,0 +1,83 @@
+"""Process group and device mesh from the world torchrun actually started (not the plan's), so an
+elastic change in node count still gives a valid HSDP grouping."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from datetime import timedelta
+from types import SimpleNamespace
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+
+from fsdp_jobs.plan import choose_mesh, count_params
+
+
+@dataclass
+class World:
+    rank: int
+    local_rank: int
+    world_size: int
+    local_world_size: int
+    node_rank: int  # GROUP_RANK: decided by the rendezvous, not by us (env-notes pitfall 6)
+    restart: int  # TORCHELASTIC_RESTART_COUNT (may differ between nodes)
+    device: torch.device
+
+    @property
+    def nodes(self) -> int:
+        return self.world_size // self.local_world_size
+
+
+def read_world(device_kind: str) -> World:
+    env = os.environ
+    local_rank = int(env.get("LOCAL_RANK", 0))
+    if device_kind == "auto":
+        device_kind = "cuda" if torch.cuda.is_available() else "cpu"
+    device = torch.device("cuda", local_rank) if device_kind == "cuda" else torch.device("cpu")
+    return World(
+        rank=int(env.get("RANK", 0)),
+        local_rank=local_rank,
+        world_size=int(env.get("WORLD_SIZE", 1)),
+        local_world_size=int(env.get("LOCAL_WORLD_SIZE", 1)),
+        node_rank=int(env.get("GROUP_RANK", 0)),
+        restart=int(env.get("TORCHELASTIC_RESTART_COUNT", 0)),
+        device=device,
+    )
+
+
+def init_process_group(world: World, timeout_s: float = 600) -> None:
+    """nccl on GPU, gloo on CPU. The device is bound first so NCCL uses the right GPU."""
+    if world.device.type == "cuda":
+        torch.cuda.set_device(world.device)
+        dist.init_process_group("nccl", device_id=world.device, timeout=timedelta(seconds=timeout_s))
+    else:
+        dist.init_process_group("gloo", timeout=timedelta(seconds=timeout_s))
+
+
+def mesh_shape(job: dict[str, Any], world: World) -> dict[str, int]:
+    """The plan's mesh rule applied to the actual world (nodes x ranks-per-node seen at run time)."""
+    cfg = _as_namespace(job)
+    cfg.nodes, cfg.gpus_per_node = world.nodes, world.local_world_size
+    shape, _ = choose_mesh(cfg, count_params(cfg.model))
+    return shape
+
+
+def build_mesh(job: dict[str, Any], world: World) -> DeviceMesh:
+    shape = mesh_shape(job, world)
+    # the shard dim is innermost: consecutive ranks (one node, RANK = GROUP_RANK*LWS + LOCAL_RANK)
+    # form a shard group, so all-gathers and reduce-scatters stay on the fast intra-node links
+    return init_device_mesh(world.device.type, tuple(shape.values()), mesh_dim_names=tuple(shape.keys()))
+
+
+class _Node(SimpleNamespace):
+    def __getitem__(self, key: str) -> Any:
+        return getattr(self, key)
+
+
+def _as_namespace(d: Any) -> Any:
+    if isinstance(d, dict):
+        return _Node(**{k: _as_namespace(v) for k, v in d.items()})
+    return d

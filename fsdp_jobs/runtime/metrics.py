@@ -1,0 +1,54 @@
+"""Per-step metrics: one JSON line per step in <run_dir>/metrics.jsonl (rank 0), a progress line
+every train.log_interval steps."""
+
+from __future__ import annotations
+
+import json
+import resource
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+
+def peak_memory_gb(device: torch.device) -> float:
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 1024**3
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024**2  # KiB -> GiB (host RSS)
+
+
+def flops_per_token(n_params: int, n_layers: int, dim: int, seq_len: int) -> float:
+    """6N for the matmuls (forward + backward) plus attention scores (PaLM appendix B)."""
+    return 6 * n_params + 12 * n_layers * dim * seq_len
+
+
+class MetricsWriter:
+    def __init__(self, path: Path, enabled: bool, total_steps: int, log_interval: int) -> None:
+        self.enabled, self.total, self.interval = enabled, total_steps, log_interval
+        self.file = open(path, "a") if enabled else None
+
+    def write(self, record: dict[str, Any]) -> None:
+        if not self.file:
+            return
+        self.file.write(json.dumps(record) + "\n")
+        self.file.flush()
+        step = record["step"]
+        if step % self.interval == 0 or step == self.total or step == 1:
+            print(f"step {step:>6}/{self.total}  loss {record['loss']:.4f}  lr {record['lr']:.2e}  "
+                  f"{record['tokens_per_s']:>9.0f} tok/s  mfu {100 * record['mfu']:.2f}%  "
+                  f"mem {record['peak_mem_gb']:.2f} GB", flush=True)
+
+    def close(self) -> None:
+        if self.file:
+            self.file.close()
+
+
+def now() -> float:
+    return time.perf_counter()
+
+
+def log(rank: int, msg: str, all_ranks: bool = False) -> None:
+    if rank == 0 or all_ranks:
+        print(f"[rank {rank}] {msg}" if all_ranks else msg, file=sys.stdout, flush=True)

@@ -1,0 +1,142 @@
+"""cluster=local: one torchrun agent per simulated node on this machine, c10d rendezvous on loopback.
+
+Each agent is a subprocess in its own session, so Ctrl-C reaches only this launcher, which then
+stops exactly the agents it started (SIGTERM, then SIGKILL of their process groups). Their output
+is merged into one node-prefixed stream, on the terminal and in <run_dir>/logs/launcher.log.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any, TextIO
+
+from launchers.common import runtime_env, torchrun_args
+
+STOP_GRACE_S = 60.0  # a preempted rank saves a checkpoint before exiting: give it time
+PEER_FAILED_GRACE_S = 20.0
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def node_commands(plan: Any, cfg: Any, port: int) -> list[list[str]]:
+    endpoint = f"127.0.0.1:{port}"
+    args = torchrun_args(plan, endpoint) + ["--local-addr=127.0.0.1"]
+    return [[sys.executable, "-m", "torch.distributed.run", *args, "-m", "fsdp_jobs.runtime", plan.run_dir]
+            for _ in range(plan.nodes)]
+
+
+def node_env(plan: Any, cfg: Any, node: int) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(runtime_env(cfg))
+    env["FSDP_JOBS_NODE"] = f"node{node}"
+    return env
+
+
+def render(plan: Any, cfg: Any) -> str:
+    """The exact commands `submit` runs, one line per simulated node."""
+    port = cfg.cluster.rdzv_port or "<free port>"
+    extra = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(runtime_env(cfg).items()))
+    lines = []
+    for i, cmd in enumerate(node_commands(plan, cfg, port)):  # type: ignore[arg-type]
+        lines.append(f"# node{i}\nFSDP_JOBS_NODE=node{i} {extra} {shlex.join(cmd)}")
+    return "\n".join(lines)
+
+
+class _Agents:
+    def __init__(self) -> None:
+        self.procs: list[subprocess.Popen[bytes]] = []
+        self.log_lock = threading.Lock()
+
+    def pump(self, node: int, proc: subprocess.Popen[bytes], log: TextIO, echo: bool) -> None:
+        assert proc.stdout is not None
+        for raw in iter(proc.stdout.readline, b""):
+            line = f"[node{node}] {raw.decode(errors='replace').rstrip()}"
+            with self.log_lock:
+                log.write(line + "\n")
+                log.flush()
+                if echo:
+                    print(line, flush=True)
+
+    def stop(self, grace: float) -> None:
+        """SIGTERM to the agents we started (torchrun forwards it to its workers), then SIGKILL."""
+        for p in self.procs:
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + grace
+        for p in self.procs:
+            try:
+                p.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                pass
+        for p in self.procs:
+            if p.poll() is None:
+                try:  # the agent's own session/group: it and the workers it spawned, nothing else
+                    os.killpg(p.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                p.wait()
+
+
+def submit(plan: Any, cfg: Any, echo: bool = True) -> int:
+    """Run the job in the foreground; returns its exit status (0 = every node finished)."""
+    port = cfg.cluster.rdzv_port or free_port()
+    run_dir = Path(plan.run_dir)
+    agents = _Agents()
+    log = open(run_dir / "logs" / "launcher.log", "a")
+    pumps = []
+    interrupted = False
+
+    def on_signal(signum: int, _frame: Any) -> None:
+        nonlocal interrupted
+        interrupted = True
+        print(f"\nfsdp-jobs: got {signal.Signals(signum).name}; stopping the job "
+              f"(ranks checkpoint at the next step boundary)...", file=sys.stderr, flush=True)
+
+    old = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        for i, cmd in enumerate(node_commands(plan, cfg, port)):
+            p = subprocess.Popen(cmd, env=node_env(plan, cfg, i), stdout=subprocess.PIPE,
+                                 stderr=subprocess.STDOUT, start_new_session=True)
+            agents.procs.append(p)
+            t = threading.Thread(target=agents.pump, args=(i, p, log, echo), daemon=True)
+            t.start()
+            pumps.append(t)
+        failed_at = None
+        while True:
+            codes = [p.poll() for p in agents.procs]
+            if interrupted:
+                agents.stop(STOP_GRACE_S)
+                break
+            if all(c is not None for c in codes):
+                break
+            if any(c not in (None, 0) for c in codes):
+                # a node gave up (restarts exhausted): its peers cannot finish without it
+                failed_at = failed_at or time.monotonic()
+                if time.monotonic() - failed_at > PEER_FAILED_GRACE_S:
+                    agents.stop(10.0)
+                    break
+            time.sleep(0.2)
+    finally:
+        if any(p.poll() is None for p in agents.procs):
+            agents.stop(10.0)
+        for t in pumps:
+            t.join(timeout=5)
+        log.close()
+        for s, h in old.items():
+            signal.signal(s, h)
+    if interrupted:
+        return 130
+    codes = [p.returncode for p in agents.procs]
+    return next((c for c in codes if c != 0), 0)
