@@ -92,7 +92,9 @@ for round in $(seq 1 "$ROUNDS"); do
   [ "$outp" = "$(printf 'n1\nn2')" ] || fail "job $jid output '$(echo $outp)', want 'n1 n2'"
   if [ "$ACCT" = 1 ]; then
     state() { sacct -j "$jid" -X -n -P -o State 2>/dev/null | head -n1; }
-    wait_for 20 sh -c "sacct -j $jid -X -n -P -o State 2>/dev/null | grep -qx COMPLETED" ||
+    # right after a job ends sacct may show a provisional record (JobName=allocation, no partition, NodeList=n1)
+    # for ~1-2 s, until slurmctld's job record reaches slurmdbd: wait for the final one
+    wait_for 20 sh -c "sacct -j $jid -X -n -P -o JobName,State 2>/dev/null | grep -qx 'wrap|COMPLETED'" ||
       fail "sacct -j $jid: state '$(state)', want COMPLETED"
     T_SACCT=$(secs "$t")
     say "sbatch -N2 job $jid: output $(echo $outp), finished in ${T_JOB}s, sacct COMPLETED after ${T_SACCT}s:"
@@ -107,8 +109,11 @@ for round in $(seq 1 "$ROUNDS"); do
   scontrol show config | grep -q 'preempt_send_user_signal' || fail "SlurmctldParameters lacks preempt_send_user_signal"
   if [ "$PREEMPT" = 1 ]; then
     t=$(now)
-    low=$(sbatch --parsable -N"$N" --requeue --signal=B:USR2@60 -o "$WORK/low-%j.out" \
-          --wrap 'trap "echo got USR2 on \$(hostname) restart=\$SLURM_RESTART_COUNT" USR2; echo run restart=$SLURM_RESTART_COUNT; for i in $(seq 120); do sleep 0.5; done') ||
+    # like submitit: on the preemption signal (USR2, thanks to preempt_send_user_signal) the job requeues
+    # itself; a job that just ignored it would be requeued after GraceTime=30 s, one that exited would be COMPLETED
+    low=$(sbatch --parsable -N"$N" --requeue --open-mode=append --signal=B:USR2@60 -o "$WORK/low-%j.out" \
+          --wrap 'trap "echo got USR2 on \$(hostname) restart=\$SLURM_RESTART_COUNT; scontrol requeue \$SLURM_JOB_ID" USR2
+                  echo run restart=$SLURM_RESTART_COUNT; for i in $(seq 240); do sleep 0.5; done') ||
       fail "sbatch (debug) failed"
     wait_for 30 sh -c "squeue -h -j $low -o %T | grep -qx RUNNING" || fail "debug job $low did not start"
     hi=$(sbatch --parsable -p urgent -N1 --exclusive -o "$WORK/hi-%j.out" --wrap 'hostname') || fail "sbatch (urgent) failed"
@@ -118,6 +123,10 @@ for round in $(seq 1 "$ROUNDS"); do
     wait_for 60 sh -c "squeue -h -j $low -o %T | grep -qx RUNNING" || fail "requeued debug job $low did not run again within 60 s"
     T_PREEMPT=$(secs "$t")
     grep -q 'got USR2' "$WORK/low-$low.out" || fail "debug job $low did not get USR2 before the requeue: $(cat "$WORK/low-$low.out")"
+    wait_for 10 grep -q 'run restart=1' "$WORK/low-$low.out" || fail "debug job $low did not rerun: $(cat "$WORK/low-$low.out")"
+    if [ "$ACCT" = 1 ]; then
+      wait_for 10 sh -c "sacct -j $low -X -D -n -P -o State | grep -qx REQUEUED" || fail "sacct -D shows no REQUEUED record of job $low"
+    fi
     say "preemption: urgent job $hi requeued debug job $low (USR2 delivered, $restarts), running again after ${T_PREEMPT}s"
     scancel "$low"
     wait_for 30 sh -c "[ -z \"\$(squeue -h -j $low 2>/dev/null)\" ]" || fail "could not cancel job $low"
@@ -135,8 +144,8 @@ for round in $(seq 1 "$ROUNDS"); do
   pstart() { local s; s=$(cat "/proc/$1/stat" 2>/dev/null) || return 1; s=${s##*) }; set -- $s; echo "${20}"; }
   while read -r name pid st; do
     if [ "$(pstart "$pid")" = "$st" ]; then
-      pst=$(ps -o stat= -p "$pid" 2>/dev/null)
-      [ "${pst:0:1}" = Z ] || bad+=("$name pid $pid still running")
+      s=$(cat "/proc/$pid/stat" 2>/dev/null); s=${s##*) }
+      [ "${s:0:1}" = Z ] || bad+=("$name pid $pid still running")   # a zombie waits for PID 1 to reap it
     fi
   done < "$WORK/pids"
   for p in /proc/[0-9]*; do

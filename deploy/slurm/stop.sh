@@ -27,7 +27,7 @@ MODE=$(cat "$BASE/mode" 2>/dev/null || echo ports)
 NODES=$(cat "$BASE/nodes" 2>/dev/null || echo 0)
 
 pstart() { local s; s=$(cat "/proc/$1/stat" 2>/dev/null) || return 1; s=${s##*) }; set -- $s; echo "${20}"; }
-alive() { local st; st=$(ps -o stat= -p "$1" 2>/dev/null) && [ "${st:0:1}" != Z ]; }   # a zombie counts as gone
+alive() { local s; s=$(cat "/proc/$1/stat" 2>/dev/null) || return 1; s=${s##*) }; [ "${s:0:1}" != Z ] && { [ -z "${2:-}" ] || [ "$(pstart "$1")" = "$2" ]; }; }   # a zombie (which `kill -0` still accepts) counts as dead
 
 # ---------------------------------------------------------------- 1. cancel jobs while slurmctld still runs
 ctld=$(awk '$1 == "slurmctld" {print $2}' "$BASE/pids" 2>/dev/null)
@@ -72,7 +72,7 @@ stop_pids() {  # stop_pids LABEL PID...: SIGTERM, wait up to 8 s, then SIGKILL
 touch "$BASE/pids"
 slurmds=($(pids_of 'slurmd-*'))
 for f in "$BASE"/run/slurmd-*.pid; do [ -e "$f" ] && slurmds+=($(pidfile_pid "$f" slurmd)); done
-stop_pids "slurmd x${#slurmds[@]}" "${slurmds[@]}"        # all slurmd at once, then the rest in order
+stop_pids slurmd "${slurmds[@]}"        # all slurmd at once, then the rest in order
 stop_pids slurmctld $(pids_of slurmctld) $(pidfile_pid "$BASE/run/slurmctld.pid" slurmctld)
 stop_pids slurmdbd  $(pids_of slurmdbd)  $(pidfile_pid "$BASE/run/slurmdbd.pid" slurmdbd)
 stop_pids mariadbd  $(pids_of mariadbd)  $(pidfile_pid "$BASE/run/mariadbd.pid" mariadbd)
@@ -80,19 +80,19 @@ stop_pids munged    $(pids_of munged)    $(pidfile_pid "$BASE/run/munged.pid" mu
 
 # ---------------------------------------------------------------- 3. leftovers inside the node namespaces
 # job processes that escaped proctrack/linuxproc (setsid children, orphaned srun) keep running otherwise
-netns_ids=()
+declare -A node_ns=()     # "uts:[inode]" / "net:[inode]" of the node namespaces
+while read -r u; do [ -n "$u" ] && node_ns[$u]=1; done < <(cat "$BASE/uts-ns" 2>/dev/null)
 for i in $(seq 1 "$NODES"); do
-  [ -e "/run/netns/slurm-n$i" ] && netns_ids+=("net:[$(stat -L -c %i "/run/netns/slurm-n$i")]")
+  [ -e "/run/netns/slurm-n$i" ] && node_ns["net:[$(stat -L -c %i "/run/netns/slurm-n$i")]"]=1
 done
 in_node_ns() {  # in_node_ns PID
-  local u n x
+  local u n
   u=$(readlink "/proc/$1/ns/uts" 2>/dev/null) || return 1
-  [ -s "$BASE/uts-ns" ] && grep -qxF "$u" "$BASE/uts-ns" && return 0
+  [ -n "${node_ns[$u]:-}" ] && return 0
   n=$(readlink "/proc/$1/ns/net" 2>/dev/null) || return 1
-  for x in "${netns_ids[@]}"; do [ "$n" = "$x" ] && return 0; done
-  return 1
+  [ -n "${node_ns[$n]:-}" ]
 }
-if [ -s "$BASE/uts-ns" ] || [ ${#netns_ids[@]} -gt 0 ]; then
+if [ ${#node_ns[@]} -gt 0 ]; then
   for round in 1 2 3; do
     left=()
     for p in /proc/[0-9]*; do

@@ -33,7 +33,7 @@ def build_meta_model(model_cfg: dict[str, Any]) -> nn.Module:
     """Construct the model class from `_target_` under the meta device (no memory, no init)."""
     cls = import_object(model_cfg["_target_"])
     accepted = inspect.signature(cls).parameters
-    kwargs = {k: model_cfg[k] for k in MODEL_SHAPE_KEYS if k in accepted}
+    kwargs = {k: model_cfg[k] for k in MODEL_SHAPE_KEYS if k in accepted and k in model_cfg}
     kwargs.update(model_cfg.get("kwargs") or {})
     with torch.device("meta"):
         return cls(**kwargs)

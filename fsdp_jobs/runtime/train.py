@@ -156,6 +156,8 @@ def train(run_dir: Path) -> int:
 
     if stopped_by is None and ccfg["save_final"]:
         ckpt.save(state, mesh_shape, world.world_size)
+    if stopped_by is None:
+        save_probe(run_dir, model, dataset, state.step, world)
     ckpt.wait()
     metrics.close()
     if rank == 0:
@@ -163,6 +165,18 @@ def train(run_dir: Path) -> int:
                     checkpoint=str(ckpt.root / f"step-{state.step:06d}"))
         log(rank, f"{'stopped' if stopped_by else 'done'} at step {state.step}")
     return 0
+
+
+@torch.no_grad()
+def save_probe(run_dir: Path, model: torch.nn.Module, dataset: Any, step: int, world: World) -> None:
+    """Logits of the final sharded model on a fixed batch (rank 0 writes probe.pt): what an exported
+    plain model must reproduce. A forward under FSDP is collective, so every rank runs it."""
+    inputs = torch.stack([dataset[i][:-1] for i in range(2)]).to(world.device)
+    logits = model(inputs).float().cpu()
+    if world.rank == 0:
+        tmp = run_dir / ".probe.pt.tmp"
+        torch.save({"step": step, "inputs": inputs.cpu(), "logits": logits}, tmp)
+        os.replace(tmp, run_dir / "probe.pt")
 
 
 def job_hash(job: dict[str, Any]) -> str:

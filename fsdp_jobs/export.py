@@ -1,0 +1,91 @@
+"""Consolidate a sharded checkpoint into one plain `state_dict` file, loadable without FSDP:
+
+    python -m fsdp_jobs.export RUN_DIR [--step N] [-o model.pt] [--dtype bfloat16]
+
+    model = build_plain_model(RUN_DIR); model.load_state_dict(torch.load("model.pt"))
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any, Optional
+
+from fsdp_jobs.errors import UserError, die
+from fsdp_jobs.plan import DTYPE_BYTES, newest_checkpoint
+
+
+def find_checkpoint(path: Path, step: Optional[int]) -> Path:
+    if (path / "manifest.json").is_file():
+        return path
+    if step is not None:
+        ckpt = path / "checkpoints" / f"step-{step:06d}"
+        if not (ckpt / "manifest.json").is_file():
+            raise UserError("--step", step, f"no complete checkpoint step-{step:06d} in {path / 'checkpoints'}")
+        return ckpt
+    ckpt = newest_checkpoint(path)
+    if ckpt is None:
+        raise UserError("RUN_DIR", str(path), "holds no complete checkpoint (checkpoints/step-N with manifest.json)")
+    return ckpt
+
+
+def export(ckpt: Path, out: Path, dtype: Optional[str] = None) -> dict[str, Any]:
+    """Read every shard of the checkpoint (no process group needed) and write the model weights."""
+    import torch
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    with tempfile.TemporaryDirectory(dir=out.parent) as tmp:
+        full = Path(tmp) / "full.pt"
+        dcp_to_torch_save(str(ckpt), str(full))
+        model_sd = torch.load(full, weights_only=False)["model"]
+    if dtype:
+        model_sd = {k: v.to(getattr(torch, dtype)) if v.is_floating_point() else v for k, v in model_sd.items()}
+    tmp_out = out.with_name(f".{out.name}.tmp")
+    torch.save(model_sd, tmp_out)
+    tmp_out.rename(out)
+    return {"checkpoint": str(ckpt), "output": str(out), "tensors": len(model_sd),
+            "params": sum(v.numel() for v in model_sd.values())}
+
+
+def build_plain_model(run_dir: Path) -> Any:
+    """The run's model class, unsharded, on CPU, with buffers initialised: load_state_dict into it."""
+    import torch
+
+    from fsdp_jobs import runs
+    from fsdp_jobs.runtime.shard import build_meta_model
+
+    job = runs.load_job(run_dir)
+    model = build_meta_model(job["model"]).to_empty(device="cpu").to(getattr(torch, job["model"]["dtype"]))
+    if hasattr(model, "init_buffers"):
+        model.init_buffers(torch.device("cpu"))
+    return model
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m fsdp_jobs.export", description=__doc__.splitlines()[0])
+    p.add_argument("path", help="a run dir (its newest complete checkpoint) or one checkpoint dir")
+    p.add_argument("--step", type=int, help="export checkpoint step-N instead of the newest")
+    p.add_argument("-o", "--output", help="output file (default: RUN_DIR/export/model-step-N.pt); never overwritten")
+    p.add_argument("--dtype", choices=sorted(DTYPE_BYTES), help="cast floating-point weights")
+    args = p.parse_args(argv)
+    try:
+        path = Path(args.path)
+        if not path.is_dir():
+            raise UserError("path", args.path, "is not a directory (a run dir or a checkpoints/step-N dir)")
+        ckpt = find_checkpoint(path, args.step)
+        run_dir = ckpt.parent.parent
+        out = Path(args.output) if args.output else run_dir / "export" / f"model-{ckpt.name}.pt"
+        if out.exists():
+            raise UserError("--output", str(out), "exists already; it is never overwritten (choose another path)")
+    except UserError as e:
+        die(e)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    info = export(ckpt, out, args.dtype)
+    print(f"exported {info['tensors']} tensors ({info['params']:,} params) from {ckpt} to {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,175 @@
+"""Real multi-node runs on this machine: 2 torchrun agents (simulated nodes) x 2 ranks, CPU + gloo."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.conftest import REPO, cli, committed, load_checkpoint, manifest, metrics
+
+pytestmark = pytest.mark.integration
+
+SHORT = ("model.dim=64", "model.n_layers=2", "model.ffn_dim=128", "model.vocab_size=128", "data.seq_len=32")
+
+
+def assert_ok(r: subprocess.CompletedProcess[str]) -> None:
+    assert r.returncode == 0, f"exit {r.returncode}\n{r.stdout[-4000:]}\n{r.stderr[-4000:]}"
+
+
+def test_default_command_trains_checkpoints_and_resumes_by_name(run_root):
+    """`python -m fsdp_jobs` with no overrides (but a run_root/name of the test's own)."""
+    r = cli(f"run_root={run_root}", "name=default")
+    assert_ok(r)
+    run_dir = run_root / "default"
+    assert f"run dir:      {run_dir}" in r.stdout
+    assert f"checkpoint:   {run_dir / 'checkpoints' / 'step-000300'}" in r.stdout
+    assert "metrics:" in r.stdout
+    m = metrics(run_dir)
+    assert [x["step"] for x in m] == list(range(1, 301))
+    first = sum(x["loss"] for x in m[:10]) / 10
+    last = sum(x["loss"] for x in m[-10:]) / 10
+    assert last < first - 2.0, (first, last)  # ln(512)=6.2 -> close to ln(4)=1.4
+    assert committed(run_dir) == ["step-000250", "step-000300"]  # keep_last=2
+    assert manifest(run_dir / "checkpoints" / "step-000300")["mesh"] == {"replicate": 2, "shard": 2}
+    assert {"node0", "node1"} <= {json.loads(p.read_text())["node"] for p in (run_dir / "ranks").iterdir()}
+
+    # the same name again resumes that run instead of starting over
+    r = cli(f"run_root={run_root}", "name=default", "train.steps=310")
+    assert_ok(r)
+    assert "resuming from" in r.stdout and "resumed from step-000300" in r.stdout
+    steps = [x["step"] for x in metrics(run_dir)]
+    assert steps == list(range(1, 311))
+
+
+@pytest.mark.parametrize("strategy, mesh", [
+    ("full_shard", {"shard": 4}),
+    ("shard_grad_op", {"shard": 4}),
+    ("hybrid_shard", {"replicate": 2, "shard": 2}),
+    ("hybrid_shard_zero2", {"replicate": 2, "shard": 2}),
+    ("no_shard", {"replicate": 4, "shard": 1}),
+])
+def test_every_strategy_runs_two_nodes_of_two(run_root, strategy, mesh):
+    r = cli(f"run_root={run_root}", "name=s", f"fsdp={strategy}", "train.steps=8", "checkpoint.interval=0",
+            "fsdp.mixed_precision.param_dtype=bfloat16", "fsdp.mixed_precision.reduce_dtype=float32", *SHORT)
+    assert_ok(r)
+    run_dir = run_root / "s"
+    assert manifest(run_dir / "checkpoints" / "step-000008")["mesh"] == mesh
+    assert f"{strategy} mesh {mesh}" in r.stdout
+    assert len(metrics(run_dir)) == 8
+    ranks = [json.loads(p.read_text()) for p in (run_dir / "ranks").iterdir()]
+    assert sorted(x["rank"] for x in ranks) == [0, 1, 2, 3] and {x["node_rank"] for x in ranks} == {0, 1}
+
+
+KILL_ARGS = ("train.steps=40", "checkpoint.interval=10", "checkpoint.keep_last=5", "train.seed=7", *SHORT)
+
+
+@pytest.fixture(scope="module")
+def reference_run(tmp_path_factory) -> Path:
+    """An uninterrupted run the interrupted ones must reproduce bit for bit."""
+    root = tmp_path_factory.mktemp("ref")
+    r = cli(f"run_root={root}", "name=ref", *KILL_ARGS)
+    assert_ok(r)
+    return root / "ref"
+
+
+def assert_same_state(a: Path, b: Path) -> None:
+    sa, sb = load_checkpoint(a), load_checkpoint(b)
+    flat_a, flat_b = _flatten(sa), _flatten(sb)
+    assert flat_a.keys() == flat_b.keys()
+    tensors = [k for k, v in flat_a.items() if isinstance(v, torch.Tensor)]
+    assert any(k.startswith("model.") for k in tensors) and any(k.startswith("optim.state.") for k in tensors)
+    for k in flat_a:
+        if k.startswith("rng."):
+            continue
+        va, vb = flat_a[k], flat_b[k]
+        if isinstance(va, torch.Tensor):
+            assert torch.equal(va, vb), f"{k} differs"
+        else:
+            assert va == vb, k
+
+
+def _flatten(d, prefix=""):
+    out = {}
+    for k, v in d.items():
+        if isinstance(v, dict):
+            out.update(_flatten(v, f"{prefix}{k}."))
+        elif isinstance(v, list):
+            out.update(_flatten(dict(enumerate(v)), f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def start(args, env=None) -> subprocess.Popen[str]:
+    return subprocess.Popen([sys.executable, "-m", "fsdp_jobs", *args], cwd=REPO, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})})
+
+
+def wait_for(predicate, timeout: float, proc: subprocess.Popen[str]) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if proc.poll() is not None:
+            raise AssertionError(f"job ended early ({proc.returncode}):\n{proc.stdout.read()[-4000:]}")
+        if time.monotonic() > deadline:
+            raise AssertionError("timed out waiting")
+        time.sleep(0.05)
+
+
+def test_sigkill_one_rank_restarts_and_matches_uninterrupted_run_bitwise(run_root, reference_run):
+    run_dir = run_root / "killed"
+    proc = start([f"run_root={run_root}", "name=killed", *KILL_ARGS, "train.log_interval=1"])
+    wait_for(lambda: (run_dir / "checkpoints" / "step-000010" / "manifest.json").exists(), 300, proc)
+    victim = json.loads((run_dir / "ranks" / "rank-3.json").read_text())["pid"]
+    os.kill(victim, signal.SIGKILL)
+    out, _ = proc.communicate(timeout=600)
+    assert proc.returncode == 0, out[-4000:]
+    assert "resumed from step-0000" in out
+    assert max(x["restart"] for x in metrics(run_dir)) >= 1  # torchrun really restarted workers
+    assert_same_state(reference_run / "checkpoints" / "step-000040", run_dir / "checkpoints" / "step-000040")
+
+
+def test_checkpoint_torn_by_a_killed_writer_is_never_loaded(run_root, reference_run):
+    run_dir = run_root / "torn"
+    r = cli(f"run_root={run_root}", "name=torn", *KILL_ARGS, env={"FSDP_JOBS_TEST_CRASH_IN_SAVE": "20"})
+    assert_ok(r)
+    assert "killing rank 0 mid-save at step 20" in r.stdout
+    assert "skipping incomplete .tmp-step-000020" in r.stdout
+    assert "resumed from step-000010" in r.stdout
+    assert_same_state(reference_run / "checkpoints" / "step-000040", run_dir / "checkpoints" / "step-000040")
+
+
+def test_resume_on_fewer_nodes_continues_at_the_same_data_position(run_root):
+    args = (f"run_root={run_root}", "name=resize", "train.global_batch_size=16", *SHORT)
+    assert_ok(cli(*args, "train.steps=20", "checkpoint.interval=10"))
+    r = cli(*args, "train.steps=30", "nodes=1", "gpus_per_node=2")
+    assert_ok(r)
+    assert "resumed from step-000020 (step 20, saved at world size 4)" in r.stdout
+    m = metrics(run_root / "resize")
+    after = [x for x in m if x["world_size"] == 2]
+    assert [x["step"] for x in after] == list(range(21, 31))
+    assert after[0]["sample_start"] == 20 * 16  # the next unseen sample, not a restart of the stream
+    assert manifest(run_root / "resize" / "checkpoints" / "step-000030")["mesh"] == {"replicate": 1, "shard": 2}
+
+
+def test_export_loads_into_a_plain_model_with_the_same_outputs(reference_run, tmp_path):
+    out = tmp_path / "model.pt"
+    r = cli(str(reference_run), "-o", str(out), module="fsdp_jobs.export")
+    assert_ok(r)
+    from fsdp_jobs.export import build_plain_model
+
+    model = build_plain_model(reference_run)
+    model.load_state_dict(torch.load(out), strict=True)
+    assert not any(type(m).__name__.startswith("FSDP") for m in model.modules())
+    probe = torch.load(reference_run / "probe.pt")
+    assert probe["step"] == 40
+    with torch.no_grad():
+        logits = model(probe["inputs"])
+    torch.testing.assert_close(logits, probe["logits"], rtol=1e-5, atol=1e-5)
