@@ -132,6 +132,7 @@ on_exit() {
   echo "start.sh FAILED (exit $rc)${FAILED_AT:+ at $FAILED_AT}. Last lines of the logs in $BASE/log:" >&2
   for f in "$BASE"/log/*.log "$BASE"/db/install.log; do
     [ -s "$f" ] || continue
+    [ "$f" = "$BASE/db/install.log" ] && [ -s "$BASE/log/mariadbd.log" ] && continue   # only if MariaDB never ran
     echo "----- $f" >&2; tail -n 20 "$f" >&2
   done
   if [ "$KEEP_ON_FAIL" = 1 ]; then
