@@ -24,7 +24,8 @@ USAGE = """usage: python -m fsdp_jobs [key=value ...]      (fsdp-jobs [key=value
   python -m fsdp_jobs name=my-run train.steps=1000     the same name again resumes that run
 
 Groups: model=tiny|llama3_1b|llama3_8b|llama3_70b  fsdp=full_shard|shard_grad_op|hybrid_shard|
-hybrid_shard_zero2|no_shard  cluster=local  data=synthetic|token_file. Every key: conf/ and
+hybrid_shard_zero2|no_shard  cluster=local|slurm  data=synthetic|token_file.
+Submitted runs: fsdp-jobs list | status RUN | logs RUN [-f] | cancel RUN. Every key: conf/ and
 fsdp_jobs/config.py. Export a checkpoint: python -m fsdp_jobs.export RUN_DIR."""
 
 
@@ -51,6 +52,10 @@ def summarize(plan: Plan, status: int) -> str:
 
 def main(argv: Optional[list[str]] = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] in ("list", "status", "logs", "cancel"):
+        from fsdp_jobs import ctl
+
+        return ctl.main(argv)
     if any(a in ("-h", "--help") for a in argv):
         print(USAGE)
         return 0
@@ -66,6 +71,11 @@ def main(argv: Optional[list[str]] = None) -> int:
     import launchers  # after planning: a bad override never pays for a backend import
 
     launcher = launchers.get(plan.backend)
+    if not cfg.dry_run and hasattr(launcher, "check"):
+        try:
+            launcher.check(plan, cfg)  # refusals that need the backend (is SLURM there? run busy?)
+        except UserError as e:
+            die(e)
     for note in plan.notes:
         print(f"fsdp-jobs: note: {note}", file=sys.stderr)
     if cfg.dry_run:
@@ -83,7 +93,6 @@ def main(argv: Optional[list[str]] = None) -> int:
         mesh = " x ".join(f"{k} {v}" for k, v in plan.mesh.items())
         print(f"fsdp-jobs: {verb} run {plan.name}: {plan.nodes} nodes x {plan.gpus_per_node} ranks, "
               f"{plan.strategy} (mesh {mesh}), run dir {run_dir}", flush=True)
-        runs.record_launch(run_dir, backend=plan.backend, nodes=plan.nodes, gpus_per_node=plan.gpus_per_node)
         status = launcher.submit(plan, cfg)
     finally:
         lock.release()

@@ -9,7 +9,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from fsdp_jobs.config import JobConfig, register_schemas, validate
+from fsdp_jobs.config import JobConfig, LocalClusterConfig, SlurmClusterConfig, register_schemas, validate
 from fsdp_jobs.errors import UserError
 
 CONF_DIR = Path(os.environ.get("FSDP_JOBS_CONF", Path(__file__).resolve().parent.parent / "conf"))
@@ -31,7 +31,8 @@ def _translate(exc: BaseException, overrides: list[str]) -> UserError:
         key = m.group(1)
         value = next((o.split("=", 1)[1] for o in overrides if o.lstrip("+~").split("=", 1)[0] == key), None)
         parent = key.rsplit(".", 1)[0] if "." in key else ""
-        return UserError(key, value, f"unknown key; known keys{' under ' + parent if parent else ''}: " + ", ".join(_known(parent)))
+        known = ", ".join(_known(parent, overrides))
+        return UserError(key, value, f"unknown key; known keys{' under ' + parent if parent else ''}: {known}")
     cause = exc.__cause__ or exc
     full_key = getattr(cause, "full_key", None)
     if full_key:
@@ -42,9 +43,16 @@ def _translate(exc: BaseException, overrides: list[str]) -> UserError:
     return UserError("", None, f"bad override: {first}")
 
 
-def _known(parent: str) -> list[str]:
+CLUSTER_SCHEMAS = {"local": LocalClusterConfig, "slurm": SlurmClusterConfig}
+
+
+def _known(parent: str, overrides: list[str]) -> list[str]:
     node: Any = OmegaConf.structured(JobConfig)
-    for part in [p for p in parent.split(".") if p]:
+    parts = [p for p in parent.split(".") if p]
+    if parts and parts[0] == "cluster":  # its schema depends on the chosen backend
+        chosen = next((o.split("=", 1)[1] for o in overrides if o.startswith("cluster=")), "local")
+        node = OmegaConf.create({"cluster": OmegaConf.structured(CLUSTER_SCHEMAS.get(chosen, LocalClusterConfig))})
+    for part in parts:
         node = node[part] if isinstance(node, DictConfig) and part in node else None
         if node is None:
             return []

@@ -137,6 +137,32 @@ class LocalClusterConfig(ClusterConfig):
 
 
 @dataclass
+class SlurmClusterConfig(ClusterConfig):
+    """One sbatch job through submitit: one task per node, each running a torchrun agent."""
+
+    backend: str = "slurm"
+    partition: Optional[str] = None
+    account: Optional[str] = None
+    qos: Optional[str] = None
+    time_min: int = 1440  # the job's time limit in minutes (--time)
+    constraint: Optional[str] = None
+    exclusive: bool = False
+    mem: Optional[str] = None  # per node, sbatch syntax: "200G", "0" = all of it
+    cpus_per_task: Optional[int] = None  # one task per node runs the torchrun agent and its ranks
+    gpus: str = "auto"  # auto = --gpus-per-node=<gpus_per_node> unless cluster.device=cpu; or true/false
+    gres: Optional[str] = None  # e.g. "gpu:h100:8"; replaces the --gpus-per-node request
+    sbatch: Dict[str, str] = field(default_factory=dict)  # extra #SBATCH --key=value lines
+    setup: List[str] = field(default_factory=list)  # shell lines before srun: module load, venv activation
+    srun_args: List[str] = field(default_factory=list)
+    signal: str = "USR2"  # sent signal_delay_s before the time limit and on preemption (NCCL owns USR1)
+    signal_delay_s: int = 120
+    max_timeouts: int = 3  # requeues after hitting the time limit; preemptions are unlimited
+    job_name: Optional[str] = None  # None = the run name
+    snapshot_code: bool = True  # run from a copy of the code taken at submission (requeues too)
+    rdzv_port: Optional[int] = None  # None = 20000 + job id % 20000 (jobs sharing a node differ)
+
+
+@dataclass
 class JobConfig:
     name: Optional[str] = None  # run name; the same name resumes the same run. None = generated
     nodes: int = 2
@@ -145,7 +171,7 @@ class JobConfig:
     run_root: str = "runs"  # run directories go under here
     model: ModelConfig = field(default_factory=ModelConfig)
     fsdp: FSDPConfig = field(default_factory=FSDPConfig)
-    cluster: Any = field(default_factory=LocalClusterConfig)
+    cluster: Any = None  # one of the *ClusterConfig schemas, chosen by the cluster= group
     train: TrainConfig = field(default_factory=TrainConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     data: DataConfig = field(default_factory=DataConfig)
@@ -156,6 +182,7 @@ def register_schemas() -> None:
     cs = ConfigStore.instance()
     cs.store(name="job_schema", node=JobConfig)
     cs.store(group="cluster", name="local_schema", node=LocalClusterConfig)
+    cs.store(group="cluster", name="slurm_schema", node=SlurmClusterConfig)
     cs.store(group="model", name="model_schema", node=ModelConfig)
     cs.store(group="fsdp", name="fsdp_schema", node=FSDPConfig)
     cs.store(group="train", name="train_schema", node=TrainConfig)
@@ -227,3 +254,9 @@ def validate(cfg: Any) -> None:
         raise UserError("cluster.memory_fraction", cl.memory_fraction, "must be in (0, 1]")
     if cl.rdzv_port is not None and not 1 <= cl.rdzv_port <= 65535:
         raise UserError("cluster.rdzv_port", cl.rdzv_port, "must be a TCP port 1-65535 or null")
+    if cl.backend == "slurm":
+        _positive("cluster.time_min", cl.time_min)
+        _positive("cluster.signal_delay_s", cl.signal_delay_s)
+        _positive("cluster.max_timeouts", cl.max_timeouts, minimum=0)
+        _choice("cluster.signal", cl.signal, ("USR2", "USR1", "TERM", "INT", "HUP", "URG"))
+        _choice("cluster.gpus", str(cl.gpus).lower(), ("auto", "true", "false"))

@@ -6,7 +6,7 @@ from __future__ import annotations
 import importlib
 from types import ModuleType
 
-BACKENDS = ("local",)
+BACKENDS = ("local", "slurm")
 
 
 def get(backend: str) -> ModuleType:

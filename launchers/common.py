@@ -28,6 +28,8 @@ def runtime_env(cfg: Any) -> dict[str, str]:
         "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",
         "PYTHONUNBUFFERED": "1",
     }
+    if "signal" in cfg.cluster:
+        env["FSDP_JOBS_STOP_SIGNAL"] = str(cfg.cluster.signal)  # the ranks checkpoint and stop on it
     if cfg.cluster.device == "cpu":
         env["OMP_NUM_THREADS"] = "1"  # several ranks share the cores; torchrun would set 1 anyway
     env.update({str(k): str(v) for k, v in cfg.cluster.env.items()})

@@ -91,7 +91,8 @@ fi
 for f in /etc/slurm/slurm.conf /etc/slurm/slurmdbd.conf; do
   if [ -e "$f" ]; then
     if head -n1 "$f" | grep -q "^$MARK"; then
-      die "$f belongs to another slurm-ci cluster ($(head -n1 "$f")); stop it first with SLURM_CI_DIR=<its dir> $HERE/stop.sh"
+      other=$(head -n1 "$f" | sed -n 's/.*state dir \([^,)]*\).*/\1/p')
+      die "$f belongs to another slurm-ci cluster (state dir ${other:-?}); stop it first: SLURM_CI_DIR=${other:-<its dir>} $HERE/stop.sh"
     fi
     die "$f exists and was not written by this script; refusing to overwrite a real Slurm configuration"
   fi

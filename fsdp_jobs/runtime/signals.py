@@ -3,16 +3,25 @@
 
 from __future__ import annotations
 
+import os
 import signal
 from typing import Iterable
 
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR2)  # torchrun/Ctrl-C/pod stop, SLURM's --signal (USR1 is NCCL's)
+
+def stop_signals() -> tuple[signal.Signals, ...]:
+    """SIGTERM (torchrun stopping, Ctrl-C, pod stop), USR2 (SLURM's --signal; USR1 is NCCL's), and the
+    cluster's configured signal (FSDP_JOBS_STOP_SIGNAL) if it is another one."""
+    sigs = {signal.SIGTERM, signal.SIGUSR2}
+    name = os.environ.get("FSDP_JOBS_STOP_SIGNAL")
+    if name:
+        sigs.add(getattr(signal, f"SIG{name}"))
+    return tuple(sorted(sigs))
 
 
 class StopFlag:
-    def __init__(self, signals: Iterable[signal.Signals] = STOP_SIGNALS) -> None:
+    def __init__(self, signals: Iterable[signal.Signals] | None = None) -> None:
         self.received: signal.Signals | None = None
-        for s in signals:
+        for s in signals or stop_signals():
             signal.signal(s, self._handle)
 
     def _handle(self, signum: int, _frame: object) -> None:

@@ -1,0 +1,138 @@
+"""Inside the SLURM job: one NodeTask per node (submitit task), each running one torchrun agent.
+
+Keeping the run alive:
+  * preemption / time limit: SLURM signals every process of the step (cluster.signal, USR2 by
+    default). The torchrun agent ignores it (inherited SIG_IGN) so it does not die; the ranks catch
+    it, agree at the next step boundary, save one checkpoint and exit 0. submitit's handler on task 0
+    calls `checkpoint()`, which waits for that save, then submitit requeues the job. Preemptions
+    requeue without limit; time-outs up to cluster.max_timeouts.
+  * crash (torchrun gave up after its restarts): task 0 requeues the job only if this attempt
+    committed a newer checkpoint than the one it started from; otherwise it stops and says why.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any, Optional
+
+import submitit
+
+from fsdp_jobs import runs
+from fsdp_jobs.plan import CKPT_DIR_RE, newest_checkpoint
+from launchers.common import torchrun_args
+
+KILL_WAIT_S = 300  # after a requeue, SLURM kills the tasks; do not report "done" meanwhile
+
+
+def _step_of(ckpt: Optional[Path]) -> int:
+    m = CKPT_DIR_RE.match(ckpt.name) if ckpt else None
+    return int(m.group(1)) if m else 0
+
+
+def _ignore_stop_signal(signame: str) -> Any:
+    sig = getattr(signal, f"SIG{signame}")
+
+    def preexec() -> None:
+        os.setsid()  # our own group: the signal can be forwarded to this agent and its ranks only
+        signal.signal(sig, signal.SIG_IGN)  # the agent must survive it; the ranks install handlers
+    return preexec
+
+
+class NodeTask(submitit.helpers.Checkpointable):
+    def __init__(self, run_dir: str) -> None:
+        self.run_dir = run_dir
+        self._proc: Optional[subprocess.Popen[bytes]] = None
+        self._requeueing = False
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"run_dir": self.run_dir}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["run_dir"])  # type: ignore[misc]
+
+    def __call__(self) -> dict[str, Any]:
+        run_dir = Path(self.run_dir)
+        job = runs.load_job(run_dir)
+        env = submitit.JobEnvironment()
+        job_id = os.environ.get("SLURM_JOB_ID", env.job_id)
+        attempt = int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0)
+        master = env.hostnames[0]
+        port = job["cluster"].get("rdzv_port") or 20000 + int(job_id.split("_")[0]) % 20000
+        start_ckpt = newest_checkpoint(run_dir)
+        print(f"fsdp-jobs: node {env.node}/{env.num_nodes} host {socket.gethostname()} "
+              f"(slurm node {os.environ.get('SLURMD_NODENAME')}) job {job_id} attempt {attempt} "
+              f"rendezvous {master}:{port} code {Path(__file__).resolve().parent.parent}", flush=True)
+
+        plan = SimpleNamespace(gpus_per_node=job["gpus_per_node"], rendezvous=SimpleNamespace(
+            backend="c10d", run_id=f"{job_id}-{attempt}", min_nodes=job["cluster"]["min_nodes"] or job["nodes"],
+            max_nodes=job["nodes"], max_restarts=job["cluster"]["max_restarts"]))
+        cmd = [sys.executable, "-m", "torch.distributed.run", *torchrun_args(plan, f"{master}:{port}"),
+               "-m", "fsdp_jobs.runtime", str(run_dir)]
+        self._proc = subprocess.Popen(cmd, preexec_fn=_ignore_stop_signal(job["cluster"]["signal"]))
+        rc = self._proc.wait()
+        state = self._state(run_dir)
+        if rc == 0 and state.get("status") == "completed":
+            return {"status": "completed", "node": env.node, "step": state.get("step")}
+        if rc == 0 and state.get("status") == "preempted":
+            # task 0's signal handler requeues the job; everyone waits here to be killed by it
+            print(f"fsdp-jobs: stopped at step {state.get('step')} for a requeue", flush=True)
+            time.sleep(KILL_WAIT_S)
+            return {"status": "preempted", "node": env.node, "step": state.get("step")}
+        return self._crashed(run_dir, env, rc, start_ckpt)
+
+    def _crashed(self, run_dir: Path, env: Any, rc: int, start_ckpt: Optional[Path]) -> dict[str, Any]:
+        now = newest_checkpoint(run_dir)
+        before, after = _step_of(start_ckpt), _step_of(now)
+        if env.global_rank != 0:
+            time.sleep(30)  # give task 0 the time to decide (requeue kills us)
+            raise RuntimeError(f"torchrun exited with {rc} on node {env.node}")
+        if after > before:
+            reason = f"torchrun exited with {rc}; this attempt advanced the checkpoint {before} -> {after}: requeued"
+            self._write_state(run_dir, status="requeued-after-crash", reason=reason, step=after)
+            print(f"fsdp-jobs: {reason}", flush=True)
+            subprocess.run(["scontrol", "requeue", os.environ["SLURM_JOB_ID"]], check=True, timeout=60)
+            time.sleep(KILL_WAIT_S)
+            raise RuntimeError(reason)
+        reason = (f"torchrun exited with {rc} and this attempt committed no checkpoint newer than step {before}; "
+                  "not requeued (it would fail the same way). Fix the error in the log and resubmit the same name=")
+        self._write_state(run_dir, status="failed", reason=reason, step=after)
+        print(f"fsdp-jobs: {reason}", flush=True)
+        raise RuntimeError(reason)
+
+    def checkpoint(self, *args: Any, **kwargs: Any) -> submitit.helpers.DelayedSubmission:
+        """Called by submitit on task 0 when the stop signal arrives: let the ranks save, then requeue."""
+        if self._proc is not None and self._proc.poll() is None:
+            job = runs.load_job(Path(self.run_dir))
+            sig = getattr(signal, f"SIG{job['cluster']['signal']}")
+            try:  # SLURM signals every process already; this covers a signal sent to the task alone
+                os.killpg(self._proc.pid, sig)
+            except ProcessLookupError:
+                pass
+            deadline = max(10, job["cluster"]["signal_delay_s"] - 15)
+            try:
+                self._proc.wait(timeout=deadline)
+            except subprocess.TimeoutExpired:
+                print(f"fsdp-jobs: ranks did not finish their checkpoint within {deadline}s; requeueing anyway",
+                      flush=True)
+        ckpt = newest_checkpoint(Path(self.run_dir))
+        print(f"fsdp-jobs: requeueing; will resume from {ckpt}", flush=True)
+        return submitit.helpers.DelayedSubmission(NodeTask(self.run_dir))
+
+    @staticmethod
+    def _state(run_dir: Path) -> dict[str, Any]:
+        try:
+            return json.loads((run_dir / "state.json").read_text())
+        except (OSError, json.JSONDecodeError):
+            return {}
+
+    @staticmethod
+    def _write_state(run_dir: Path, **fields: Any) -> None:
+        runs.write_atomic(run_dir / "state.json", json.dumps({"time": time.time(), **fields}) + "\n")

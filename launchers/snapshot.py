@@ -1,0 +1,42 @@
+"""Freeze the project code into the run dir at submission, so a job requeued days later runs the
+code as it was submitted, not whatever the checkout holds by then."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import fsdp_jobs
+
+PROJECT_ROOT = Path(fsdp_jobs.__file__).resolve().parent.parent
+CODE_DIRS = ("fsdp_jobs", "launchers", "conf")
+
+
+def next_snapshot_dir(run_dir: Path) -> Path:
+    """run_dir/code/NNN: deterministic, so a dry run names the same path the submission will use."""
+    existing = [int(p.name) for p in (run_dir / "code").glob("[0-9][0-9][0-9]") if p.is_dir()]
+    return run_dir / "code" / f"{max(existing, default=0) + 1:03d}"
+
+
+def _git(*args: str) -> str:
+    try:
+        r = subprocess.run(["git", *args], cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return ""
+    return r.stdout if r.returncode == 0 else ""
+
+
+def take_snapshot(dest: Path) -> dict[str, str]:
+    """Copy the packages and conf/, and record the git commit and any uncommitted diff beside them."""
+    tmp = dest.with_name(f".{dest.name}.tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    for name in CODE_DIRS:
+        shutil.copytree(PROJECT_ROOT / name, tmp / name, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    commit = _git("rev-parse", "HEAD").strip()
+    (tmp / "GIT_COMMIT").write_text((commit or "not a git checkout") + "\n")
+    (tmp / "uncommitted.diff").write_text(_git("diff", "HEAD", "--", *CODE_DIRS))
+    (tmp / "SOURCE").write_text(str(PROJECT_ROOT) + "\n")
+    tmp.rename(dest)
+    return {"code": str(dest), "git_commit": commit}
