@@ -32,6 +32,8 @@ def _translate(exc: BaseException, overrides: list[str]) -> UserError:
         value = next((o.split("=", 1)[1] for o in overrides if o.lstrip("+~").split("=", 1)[0] == key), None)
         parent = key.rsplit(".", 1)[0] if "." in key else ""
         known = ", ".join(_known(parent, overrides))
+        if parent and not known:  # a free-form map such as cluster.env: entries are added with '+'
+            return UserError(key, value, f"{parent} is a map; add an entry with +{key}={value}")
         return UserError(key, value, f"unknown key; known keys{' under ' + parent if parent else ''}: {known}")
     cause = exc.__cause__ or exc
     full_key = getattr(cause, "full_key", None)

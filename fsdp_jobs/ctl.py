@@ -125,14 +125,14 @@ def cmd_cancel(run_dir: Path) -> str:
 
 def main(argv: Optional[list[str]] = None) -> int:
     p = argparse.ArgumentParser(prog="fsdp-jobs", description="Follow and control submitted runs.")
-    p.add_argument("--run-root", default=os.environ.get("FSDP_JOBS_RUN_ROOT", "runs"))
     sub = p.add_subparsers(dest="cmd", required=True)
-    sub.add_parser("list", help="runs under the run root, with their state")
-    for name in ("status", "cancel"):
-        sub.add_parser(name).add_argument("run")
-    lp = sub.add_parser("logs")
-    lp.add_argument("run")
-    lp.add_argument("-f", "--follow", action="store_true")
+    parsers = {"list": sub.add_parser("list", help="runs under the run root, with their state")}
+    for name in ("status", "cancel", "logs"):
+        parsers[name] = sub.add_parser(name)
+        parsers[name].add_argument("run", help="run name, run dir or SLURM job id")
+    parsers["logs"].add_argument("-f", "--follow", action="store_true")
+    for sp in parsers.values():
+        sp.add_argument("--run-root", default=os.environ.get("FSDP_JOBS_RUN_ROOT", "runs"))
     args = p.parse_args(argv)
     root = Path(args.run_root)
     try:

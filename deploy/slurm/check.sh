@@ -44,6 +44,14 @@ snapshot() {  # what the machine looks like, for before/after comparison
   ip netns list 2>/dev/null | awk '{print $1}' | sort > "$1.netns"
   cp /etc/hosts "$1.hosts"
   ls /etc/slurm 2>/dev/null | sort > "$1.etcslurm"
+  # live (non-zombie) Slurm/munge/MariaDB processes, as "comm pid starttime"
+  local p c st
+  for p in /proc/[0-9]*; do
+    c=$(cat "$p/comm" 2>/dev/null) || continue
+    case $c in slurmctld|slurmd|slurmdbd|slurmstepd|slurmscriptd|mariadbd|mysqld|munged|srun) ;; *) continue ;; esac
+    st=$(cat "$p/stat" 2>/dev/null) || continue; st=${st##*) }; set -- $st
+    [ "$1" = Z ] || echo "$c ${p#/proc/} ${20}"
+  done | sort > "$1.daemons"
 }
 
 for round in $(seq 1 "$ROUNDS"); do
@@ -153,6 +161,8 @@ for round in $(seq 1 "$ROUNDS"); do
     [ -s "$WORK/uts-ns" ] && grep -qxF "$u" "$WORK/uts-ns" && bad+=("pid ${p#/proc/} still in a node UTS namespace")
   done
   snapshot "$WORK/after"
+  cmp -s "$WORK/before.daemons" "$WORK/after.daemons" ||
+    bad+=("slurm/munge/mariadb processes differ from before start: $(diff "$WORK/before.daemons" "$WORK/after.daemons" | grep '^[<>]' | tr '\n' ' ')")
   ip netns list 2>/dev/null | grep -q '^slurm-n' && bad+=("slurm network namespaces left: $(ip netns list | grep '^slurm-n' | tr '\n' ' ')")
   cmp -s "$WORK/before.netns" "$WORK/after.netns" || bad+=("ip netns list changed: $(diff "$WORK/before.netns" "$WORK/after.netns" | tr '\n' ' ')")
   cmp -s "$WORK/before.links" "$WORK/after.links" || bad+=("ip link changed: $(diff "$WORK/before.links" "$WORK/after.links" | tr '\n' ' ')")
@@ -163,7 +173,7 @@ for round in $(seq 1 "$ROUNDS"); do
   [ -e /etc/slurm/slurmdbd.conf ] && bad+=("/etc/slurm/slurmdbd.conf still exists")
   [ -e "$BASE" ] && bad+=("state dir $BASE still exists")
   [ ${#bad[@]} = 0 ] || fail "left behind after stop.sh: $(printf '%s; ' "${bad[@]}")"
-  say "clean: $(wc -l < "$WORK/pids") recorded daemons gone, no slurm netns/links, /etc/hosts identical, no slurm.conf/slurmdbd.conf, no $BASE"
+  say "clean: $(wc -l < "$WORK/pids") recorded daemons gone, no other slurm/munge/mariadb process ($(wc -l < "$WORK/after.daemons") before and after), no slurm netns/links, /etc/hosts identical, no slurm.conf/slurmdbd.conf, no $BASE"
   echo "== check: round $round timings: start ${T_START}s, srun ${T_SRUN}s, sbatch->done ${T_JOB}s${T_SACCT:+, ->sacct COMPLETED ${T_SACCT}s}${T_PREEMPT:+, preempt->rerun ${T_PREEMPT}s}, stop ${T_STOP}s"
 done
 rm -rf "$WORK"

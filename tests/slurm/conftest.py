@@ -1,0 +1,87 @@
+"""A real 4-node SLURM cluster (Debian's slurmctld/slurmd/munge + slurmdbd for sacct), each node in
+its own network namespace, started by the project's own deploy/slurm/start.sh for these tests."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO, cli
+
+DEPLOY = REPO / "deploy" / "slurm"
+TERMINAL = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE")
+
+
+def sh(*cmd: str, check: bool = False) -> str:
+    r = subprocess.run(list(cmd), capture_output=True, text=True, timeout=120)
+    if check and r.returncode:
+        raise AssertionError(f"{cmd} failed: {r.stdout}{r.stderr}")
+    return (r.stdout + r.stderr).strip()
+
+
+def cluster_is_up() -> bool:
+    return shutil.which("sinfo") is not None and "idle" in sh("sinfo", "-h", "-o", "%t")
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster():
+    """Start the cluster unless one is already up (a developer's); stop only what we started."""
+    started = False
+    if not cluster_is_up():
+        r = subprocess.run(["bash", str(DEPLOY / "start.sh")], capture_output=True, text=True, timeout=900)
+        assert r.returncode == 0, f"deploy/slurm/start.sh failed:\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
+        started = True
+    yield
+    if started:
+        subprocess.run(["bash", str(DEPLOY / "stop.sh")], capture_output=True, text=True, timeout=300)
+
+
+def submit(*args: str, env: dict[str, str] | None = None, cwd: Path = REPO) -> tuple[str, float, str]:
+    """Submit as a user does; returns (job id, seconds the command took, its stdout)."""
+    t0 = time.perf_counter()
+    full_env = {**os.environ, **(env or {})}
+    r = subprocess.run(["python", "-m", "fsdp_jobs", "cluster=slurm", "cluster.device=cpu", *args], cwd=cwd,
+                       env=full_env, capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
+    took = time.perf_counter() - t0
+    assert r.returncode == 0, r.stdout + r.stderr
+    m = re.search(r"submitted SLURM job (\d+)", r.stdout)
+    assert m, r.stdout
+    return m.group(1), took, r.stdout
+
+
+def job_state(job_id: str) -> str:
+    live = sh("squeue", "-h", "-j", job_id, "-o", "%T")
+    if live and not live.startswith("slurm_load_jobs error"):
+        return live.split()[0]
+    acct = sh("sacct", "-X", "-n", "-P", "-j", job_id, "-o", "State")
+    return acct.splitlines()[-1].split()[0] if acct else "UNKNOWN"
+
+
+def wait_job(job_id: str, timeout: float = 600) -> str:
+    deadline = time.monotonic() + timeout
+    state = "UNKNOWN"
+    while time.monotonic() < deadline:
+        state = job_state(job_id)
+        if state in TERMINAL:
+            return state
+        time.sleep(1)
+    sh("scancel", job_id)
+    raise AssertionError(f"job {job_id} still {state} after {timeout}s")
+
+
+def job_log(run_dir: Path, job_id: str) -> str:
+    return "\n".join(p.read_text(errors="replace") for p in sorted((run_dir / "slurm" / job_id).glob("*_log.out")))
+
+
+def wait_for(predicate, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.2)

@@ -1,0 +1,156 @@
+"""`python -m fsdp_jobs cluster=slurm ...` on a real multi-node SLURM cluster (see conftest)."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO, cli, committed, manifest, metrics
+from tests.slurm.conftest import job_log, job_state, sh, submit, wait_for, wait_job
+
+pytestmark = [pytest.mark.slurm, pytest.mark.usefixtures("slurm_cluster")]
+
+SHORT = ("model.dim=64", "model.n_layers=2", "model.ffn_dim=128", "model.vocab_size=128", "data.seq_len=32")
+
+
+def test_four_node_job_runs_on_every_node_and_dry_run_matches(run_root):
+    args = (f"run_root={run_root}", "name=four", "nodes=4", "gpus_per_node=1", "train.steps=60",
+            "checkpoint.interval=20", *SHORT)
+    dry = cli("cluster=slurm", "cluster.device=cpu", *args, "dry_run=true")
+    assert dry.returncode == 0, dry.stderr
+    script = dry.stdout.split("# launch commands (slurm)\n", 1)[1]
+    job_id, took, out = submit(*args)
+    print(f"submission returned in {took:.2f}s")  # the command never waits for the job
+    run_dir = run_root / "four"
+    submitted = (run_dir / "slurm" / job_id / f"{job_id}_submission.sh").read_text()
+    assert submitted.strip() == script.strip()  # the dry run is exactly what was submitted
+
+    assert wait_job(job_id) == "COMPLETED", job_log(run_dir, job_id)
+    log = job_log(run_dir, job_id)
+    for node in ("n1", "n2", "n3", "n4"):
+        assert f"host {node} " in log, log[-3000:]
+    m = metrics(run_dir)
+    assert [x["step"] for x in m] == list(range(1, 61)) and m[-1]["world_size"] == 4
+    assert sum(x["loss"] for x in m[-5:]) < sum(x["loss"] for x in m[:5]) - 1.0
+    ranks = [json.loads(p.read_text()) for p in (run_dir / "ranks").iterdir()]
+    assert sorted(r["node"] for r in ranks) == ["n1", "n2", "n3", "n4"]
+
+
+def test_hybrid_shard_two_nodes_of_two(run_root):
+    job_id, _, _ = submit(f"run_root={run_root}", "name=hsdp", "nodes=2", "gpus_per_node=2",
+                          "fsdp=hybrid_shard", "train.steps=10", *SHORT)
+    run_dir = run_root / "hsdp"
+    assert wait_job(job_id) == "COMPLETED", job_log(run_dir, job_id)
+    assert manifest(run_dir / "checkpoints" / "step-000010")["mesh"] == {"replicate": 2, "shard": 2}
+    ranks = {json.loads(p.read_text())["rank"]: json.loads(p.read_text())["node"] for p in (run_dir / "ranks").iterdir()}
+    # shard groups are the two ranks of one node; replicas are across the two nodes
+    assert ranks[0] == ranks[1] and ranks[2] == ranks[3] and ranks[0] != ranks[2]
+
+
+def steps_by_attempt(run_dir: Path) -> list[list[int]]:
+    attempts: dict[str, list[int]] = {}
+    for x in metrics(run_dir):
+        attempts.setdefault(x["attempt"], []).append(x["step"])
+    return list(attempts.values())
+
+
+def assert_resumed_losing_at_most_one_step(run_dir: Path, total: int) -> list[list[int]]:
+    attempts = steps_by_attempt(run_dir)
+    assert len(attempts) >= 2, attempts
+    for before, after in zip(attempts, attempts[1:]):
+        assert after[0] >= before[-1], (before[-1], after[0])  # never goes back before the signal step
+        assert after[0] - 1 >= before[-1] - 1  # at most one step (the one in flight) is redone
+    assert attempts[-1][-1] == total
+    executed = sum(len(a) for a in attempts)
+    assert executed <= total + (len(attempts) - 1), (executed, total)
+    return attempts
+
+
+def copy_checkout(dest: Path) -> Path:
+    for name in ("fsdp_jobs", "launchers", "conf"):
+        shutil.copytree(REPO / name, dest / name, ignore=shutil.ignore_patterns("__pycache__"))
+    return dest
+
+
+def test_usr2_checkpoints_requeues_resumes_and_runs_the_submitted_code(run_root, tmp_path):
+    checkout = copy_checkout(tmp_path / "checkout")
+    total = 400
+    job_id, _, _ = submit(f"run_root={run_root}", "name=usr2", "nodes=2", "gpus_per_node=1",
+                          f"train.steps={total}", "checkpoint.interval=100000", "checkpoint.keep_last=10",
+                          *SHORT, env={"PYTHONPATH": str(checkout)}, cwd=checkout)
+    run_dir = run_root / "usr2"
+    wait_for(lambda: len(metrics(run_dir)) >= 20 if (run_dir / "metrics.jsonl").exists() else False, 300, "step 20")
+    # the user edits the checkout: a requeued job must not run this
+    train_py = checkout / "fsdp_jobs" / "runtime" / "train.py"
+    train_py.write_text("raise SystemExit('EDITED CHECKOUT RAN')\n" + train_py.read_text())
+    sh("scancel", "--signal=USR2", job_id, check=True)
+    assert wait_job(job_id, 600) == "COMPLETED", job_log(run_dir, job_id)
+    log = job_log(run_dir, job_id)
+    assert "EDITED CHECKOUT RAN" not in log
+    assert "attempt 1" in log and "stop requested (SIGUSR2)" in log
+    attempts = assert_resumed_losing_at_most_one_step(run_dir, total)
+    signal_step = attempts[0][-1]
+    assert f"step-{signal_step:06d}" in committed(run_dir)  # the checkpoint was taken at the signal step
+    assert (run_dir / "code" / "001" / "GIT_COMMIT").is_file()
+
+
+def test_preemption_by_higher_priority_partition_requeues_and_resumes(run_root):
+    total = 400
+    job_id, _, _ = submit(f"run_root={run_root}", "name=preempt", "nodes=2", "gpus_per_node=1",
+                          f"train.steps={total}", "checkpoint.interval=100000", "checkpoint.keep_last=10", *SHORT)
+    run_dir = run_root / "preempt"
+    wait_for(lambda: len(metrics(run_dir)) >= 20 if (run_dir / "metrics.jsonl").exists() else False, 300, "step 20")
+    urgent = sh("sbatch", "-p", "urgent", "-N4", "--exclusive", "-o", str(run_dir / "urgent.out"),
+                "--wrap", "hostname; sleep 2", check=True)
+    urgent_id = re.search(r"(\d+)", urgent).group(1)
+    assert wait_job(job_id, 900) == "COMPLETED", job_log(run_dir, job_id)
+    assert wait_job(urgent_id, 60) == "COMPLETED"
+    assert "stop requested" in job_log(run_dir, job_id)
+    assert_resumed_losing_at_most_one_step(run_dir, total)
+
+
+def test_time_limit_signal_checkpoints_and_requeues(run_root):
+    total = 1500
+    job_id, _, _ = submit(f"run_root={run_root}", "name=timeout", "nodes=2", "gpus_per_node=1",
+                          f"train.steps={total}", "checkpoint.interval=100000", "checkpoint.keep_last=10",
+                          "cluster.time_min=2", "cluster.signal_delay_s=90", "cluster.max_timeouts=20", *SHORT)
+    run_dir = run_root / "timeout"
+    assert wait_job(job_id, 1200) == "COMPLETED", job_log(run_dir, job_id)
+    log = job_log(run_dir, job_id)
+    assert "timed-out" in log  # submitit recognised the time-limit signal, not a preemption
+    assert_resumed_losing_at_most_one_step(run_dir, total)
+
+
+def test_a_job_that_always_crashes_is_not_requeued_forever(run_root):
+    job_id, _, _ = submit(f"run_root={run_root}", "name=crash", "nodes=2", "gpus_per_node=1", "train.steps=50",
+                          "cluster.max_restarts=1", "+cluster.env.FSDP_JOBS_TEST_FAIL_AT_STEP=3", *SHORT)
+    run_dir = run_root / "crash"
+    assert wait_job(job_id, 600) == "FAILED", job_log(run_dir, job_id)
+    state = json.loads((run_dir / "state.json").read_text())
+    assert state["status"] == "failed" and "not requeued" in state["reason"]
+    log = job_log(run_dir, job_id)
+    assert "not requeued" in log and "attempt 1" not in log
+    assert "Restarts=0" in sh("scontrol", "show", "job", job_id) or job_state(job_id) == "FAILED"
+
+
+def test_status_logs_and_cancel_a_running_job(run_root):
+    job_id, _, _ = submit(f"run_root={run_root}", "name=ctl", "nodes=2", "gpus_per_node=1", "train.steps=100000", *SHORT)
+    run_dir = run_root / "ctl"
+    wait_for(lambda: (run_dir / "metrics.jsonl").exists() and len(metrics(run_dir)) >= 3, 300, "training")
+    status = cli("status", "ctl", "--run-root", str(run_root))  # fsdp-jobs status ctl
+    assert status.returncode == 0, status.stderr
+    info = json.loads(status.stdout)
+    assert info["job_id"] == job_id and info["slurm_state"].startswith("RUNNING") and info["last_step"]["step"] >= 3
+    listing = cli("list", "--run-root", str(run_root))
+    assert "ctl" in listing.stdout and job_id in listing.stdout
+    logs = cli("logs", "ctl", "--run-root", str(run_root))
+    assert "fsdp-jobs: node" in logs.stdout and "training steps" in logs.stdout
+    cancel = cli("cancel", "ctl", "--run-root", str(run_root))
+    assert cancel.returncode == 0 and f"cancelled SLURM job {job_id}" in cancel.stdout
+    assert wait_job(job_id, 120) == "CANCELLED"
+    assert "CANCELLED" in json.loads(cli("status", job_id, "--run-root", str(run_root)).stdout)["slurm_state"]
