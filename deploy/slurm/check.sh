@@ -27,6 +27,7 @@ say() { echo "== check: $*"; }
 STARTED=0
 fail() {
   echo "== check: FAIL: $*" >&2
+  echo "== check: job outputs and snapshots kept in $WORK" >&2
   if [ $STARTED = 1 ]; then
     for f in "$BASE"/log/*.log; do [ -s "$f" ] && { echo "----- $f" >&2; tail -n 15 "$f" >&2; }; done
     "$HERE/stop.sh" >&2 || true
