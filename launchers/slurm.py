@@ -33,6 +33,9 @@ def sbatch_parameters(plan: Any, cfg: Any, code_dir: Path) -> dict[str, Any]:
     setup = list(c.setup) + [
         # the job imports the code frozen at submission, also when requeued after edits
         f"export PYTHONPATH={shlex.quote(str(code_dir))}${{PYTHONPATH:+:$PYTHONPATH}}",
+        # `python -m` would put the working directory (usually the user's checkout) first on
+        # sys.path, shadowing the snapshot; Python >= 3.11 leaves it out with this
+        "export PYTHONSAFEPATH=1",
         f"export SUBMITIT_PREEMPT_SIGNAL={c.signal}",
     ]
     setup += [f"export {k}={shlex.quote(v)}" for k, v in sorted(runtime_env(cfg).items())]

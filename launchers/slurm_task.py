@@ -50,7 +50,7 @@ class NodeTask(submitit.helpers.Checkpointable):
     def __init__(self, run_dir: str) -> None:
         self.run_dir = run_dir
         self._proc: Optional[subprocess.Popen[bytes]] = None
-        self._requeueing = False
+        self._terminated = False  # SLURM sent SIGTERM: scancel, its own requeue, or the end of the job
 
     def __getstate__(self) -> dict[str, Any]:
         return {"run_dir": self.run_dir}
@@ -76,11 +76,18 @@ class NodeTask(submitit.helpers.Checkpointable):
             max_nodes=job["nodes"], max_restarts=job["cluster"]["max_restarts"]))
         cmd = [sys.executable, "-m", "torch.distributed.run", *torchrun_args(plan, f"{master}:{port}"),
                "-m", "fsdp_jobs.runtime", str(run_dir)]
+        signal.signal(signal.SIGTERM, self._on_sigterm)
         self._proc = subprocess.Popen(cmd, preexec_fn=_ignore_stop_signal(job["cluster"]["signal"]))
         rc = self._proc.wait()
         state = self._state(run_dir)
         if rc == 0 and state.get("status") == "completed":
             return {"status": "completed", "node": env.node, "step": state.get("step")}
+        if self._terminated:
+            # SLURM itself is ending this job (scancel, a preemption in REQUEUE mode, a node failure):
+            # it decides whether the job comes back; requeueing here would undo a user's scancel
+            print(f"fsdp-jobs: SLURM terminated the job (torchrun exit {rc}); not requeueing it myself",
+                  flush=True)
+            return {"status": "terminated", "node": env.node, "step": state.get("step")}
         if rc == 0 and state.get("status") == "preempted":
             # task 0's signal handler requeues the job; everyone waits here to be killed by it
             print(f"fsdp-jobs: stopped at step {state.get('step')} for a requeue", flush=True)
@@ -106,6 +113,9 @@ class NodeTask(submitit.helpers.Checkpointable):
         self._write_state(run_dir, status="failed", reason=reason, step=after)
         print(f"fsdp-jobs: {reason}", flush=True)
         raise RuntimeError(reason)
+
+    def _on_sigterm(self, signum: int, _frame: Any) -> None:
+        self._terminated = True  # torchrun gets it too and stops its ranks, which checkpoint first
 
     def checkpoint(self, *args: Any, **kwargs: Any) -> submitit.helpers.DelayedSubmission:
         """Called by submitit on task 0 when the stop signal arrives: let the ranks save, then requeue."""

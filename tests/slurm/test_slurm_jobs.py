@@ -92,6 +92,7 @@ def test_usr2_checkpoints_requeues_resumes_and_runs_the_submitted_code(run_root,
     assert wait_job(job_id, 600) == "COMPLETED", job_log(run_dir, job_id)
     log = job_log(run_dir, job_id)
     assert "EDITED CHECKOUT RAN" not in log
+    assert f"code {run_dir / 'code' / '001'}" in log and str(checkout) not in log.split("code ", 1)[1].split()[0]
     assert "attempt 1" in log and "stop requested (SIGUSR2)" in log
     attempts = assert_resumed_losing_at_most_one_step(run_dir, total)
     signal_step = attempts[0][-1]
