@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from fsdp_jobs import runs
+from fsdp_jobs.runtime.signals import clear_stop_request
 from launchers.common import runtime_env, torchrun_args
 
 STOP_GRACE_S = 60.0  # a preempted rank saves a checkpoint before exiting: give it time
@@ -94,6 +95,7 @@ def submit(plan: Any, cfg: Any, echo: bool = True) -> int:
     """Run the job in the foreground; returns its exit status (0 = every node finished)."""
     port = cfg.cluster.rdzv_port or free_port()
     run_dir = Path(plan.run_dir)
+    clear_stop_request(run_dir)
     runs.record_launch(run_dir, backend="local", pid=os.getpid(), nodes=plan.nodes, gpus_per_node=plan.gpus_per_node)
     agents = _Agents()
     log = open(run_dir / "logs" / "launcher.log", "a")

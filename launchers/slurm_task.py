@@ -27,6 +27,7 @@ import submitit
 
 from fsdp_jobs import runs
 from fsdp_jobs.plan import CKPT_DIR_RE, newest_checkpoint
+from fsdp_jobs.runtime.signals import clear_stop_request, request_stop
 from launchers.common import torchrun_args
 
 KILL_WAIT_S = 300  # after a requeue, SLURM kills the tasks; do not report "done" meanwhile
@@ -44,6 +45,21 @@ def _ignore_stop_signal(signame: str) -> Any:
         os.setsid()  # our own group: the signal can be forwarded to this agent and its ranks only
         signal.signal(sig, signal.SIG_IGN)  # the agent must survive it; the ranks install handlers
     return preexec
+
+
+def _wait_exit(pid: int, timeout: float) -> bool:
+    """Wait for a child to exit without reaping it. (Popen.wait cannot be used here: this runs in a
+    signal handler that interrupted Popen.wait in __call__, which holds the Popen's wait lock.)"""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                if f.read().rsplit(")", 1)[1].split()[0] in ("Z", "X"):
+                    return True
+        except FileNotFoundError:
+            return True
+        time.sleep(0.2)
+    return False
 
 
 class NodeTask(submitit.helpers.Checkpointable):
@@ -67,6 +83,8 @@ class NodeTask(submitit.helpers.Checkpointable):
         master = env.hostnames[0]
         port = job["cluster"].get("rdzv_port") or 20000 + int(job_id.split("_")[0]) % 20000
         start_ckpt = newest_checkpoint(run_dir)
+        if env.global_rank == 0:
+            clear_stop_request(run_dir)  # before torchrun starts: only rank 0 (on this node) reads it
         print(f"fsdp-jobs: node {env.node}/{env.num_nodes} host {socket.gethostname()} "
               f"(slurm node {os.environ.get('SLURMD_NODENAME')}) job {job_id} attempt {attempt} "
               f"rendezvous {master}:{port} code {Path(__file__).resolve().parent.parent}", flush=True)
@@ -119,20 +137,23 @@ class NodeTask(submitit.helpers.Checkpointable):
 
     def checkpoint(self, *args: Any, **kwargs: Any) -> submitit.helpers.DelayedSubmission:
         """Called by submitit on task 0 when the stop signal arrives: let the ranks save, then requeue."""
-        if self._proc is not None and self._proc.poll() is None:
-            job = runs.load_job(Path(self.run_dir))
-            sig = getattr(signal, f"SIG{job['cluster']['signal']}")
+        run_dir = Path(self.run_dir)
+        job = runs.load_job(run_dir)
+        # ranks that are still starting cannot have caught the signal: they will read this file
+        request_stop(run_dir, f"SLURM sent SIG{job['cluster']['signal']} (preemption or time limit)")
+        if self._proc is not None:
             try:  # SLURM signals every process already; this covers a signal sent to the task alone
-                os.killpg(self._proc.pid, sig)
+                os.killpg(self._proc.pid, getattr(signal, f"SIG{job['cluster']['signal']}"))
             except ProcessLookupError:
                 pass
             deadline = max(10, job["cluster"]["signal_delay_s"] - 15)
-            try:
-                self._proc.wait(timeout=deadline)
-            except subprocess.TimeoutExpired:
+            if not _wait_exit(self._proc.pid, deadline):
                 print(f"fsdp-jobs: ranks did not finish their checkpoint within {deadline}s; requeueing anyway",
                       flush=True)
-        ckpt = newest_checkpoint(Path(self.run_dir))
+        if self._state(run_dir).get("status") == "completed":
+            print("fsdp-jobs: training completed before the stop took effect; not requeueing", flush=True)
+            raise SystemExit(0)
+        ckpt = newest_checkpoint(run_dir)
         print(f"fsdp-jobs: requeueing; will resume from {ckpt}", flush=True)
         return submitit.helpers.DelayedSubmission(NodeTask(self.run_dir))
 

@@ -11,9 +11,12 @@ def main() -> None:
     if len(sys.argv) != 2:
         print("usage: python -m fsdp_jobs.runtime RUN_DIR", file=sys.stderr)
         raise SystemExit(2)
+    from fsdp_jobs.runtime.signals import StopFlag
+
+    stop = StopFlag()  # first, before the slow torch import: a stop signal may come any moment
     from fsdp_jobs.runtime.train import shutdown, train
 
-    shutdown(train(Path(sys.argv[1])))
+    shutdown(train(Path(sys.argv[1]), stop))
 
 
 if __name__ == "__main__":  # the guard DCP's process-based async save needs (env-notes pitfall 8)

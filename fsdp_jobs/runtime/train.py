@@ -25,7 +25,7 @@ from fsdp_jobs.runtime.data import build_dataset, rank_batch
 from fsdp_jobs.runtime.mesh import World, build_mesh, init_process_group, read_world
 from fsdp_jobs.runtime.metrics import MetricsWriter, flops_per_token, log, peak_memory_gb
 from fsdp_jobs.runtime.shard import build_meta_model, dtype_of, materialize, shard_model
-from fsdp_jobs.runtime.signals import StopFlag
+from fsdp_jobs.runtime.signals import StopFlag, stop_requested
 
 # test-only fault injection: the training step raises from this step on (a job that cannot progress)
 FAIL_AT_STEP_ENV = "FSDP_JOBS_TEST_FAIL_AT_STEP"
@@ -60,12 +60,11 @@ def write_state(run_dir: Path, **fields: Any) -> None:
     runs.write_atomic(run_dir / "state.json", json.dumps({"time": time.time(), **fields}) + "\n")
 
 
-def train(run_dir: Path) -> int:
+def train(run_dir: Path, stop: StopFlag) -> int:
     job = runs.load_job(run_dir)
     tcfg, ccfg = job["train"], job["checkpoint"]
     world = read_world(job["cluster"]["device"])
     init_process_group(world)
-    stop = StopFlag()
     write_rank_file(run_dir, world)
     rank = world.rank
 
@@ -132,7 +131,8 @@ def train(run_dir: Path) -> int:
         state.samples_seen += global_batch
 
         # one all-reduce per step carries the mean loss and "has any rank been told to stop?"
-        sync = torch.tensor([loss.detach().float().item(), 1.0 if stop.set else 0.0], device=world.device)
+        stopping = stop.set or (rank == 0 and stop_requested(run_dir))
+        sync = torch.tensor([loss.detach().float().item(), 1.0 if stopping else 0.0], device=world.device)
         dist.all_reduce(sync)
         dt = time.perf_counter() - t0
         tokens_per_s = global_batch * seq_len / dt
@@ -146,7 +146,8 @@ def train(run_dir: Path) -> int:
         })
         if sync[1].item() > 0:
             stopped_by = "signal"
-            log(rank, f"stop requested ({stop.received.name if stop.received else 'by another rank'}): "
+            why = stop.received.name if stop.received else "stop-request file" if stopping else "by another rank"
+            log(rank, f"stop requested ({why}): "
                       f"checkpointing at step {state.step}")
             ckpt.save(state, mesh_shape, world.world_size)
             ckpt.wait()
