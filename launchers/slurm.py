@@ -22,9 +22,23 @@ ACTIVE_STATES = ("PENDING", "RUNNING", "REQUEUED", "RESIZING", "SUSPENDED", "CON
                  "REQUEUE_HOLD", "REQUEUE_FED", "SIGNALING", "STAGE_OUT")
 
 
+def partition_has_gpus(partition: str | None) -> bool:
+    """Does any node of the partition advertise a GPU GRES? (True when sinfo cannot tell.)"""
+    cmd = ["sinfo", "-h", "-o", "%G"] + (["-p", partition] if partition else [])
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return True
+    return out.returncode != 0 or "gpu" in out.stdout
+
+
 def wants_gpus(cfg: Any) -> bool:
+    """gpus=auto asks for gpus_per_node GPUs per node unless the job runs on CPU: cluster.device=cpu,
+    or device=auto on a partition without GPU nodes (then the ranks use gloo on CPU)."""
     gpus = str(cfg.cluster.gpus).lower()
-    return gpus == "true" or (gpus == "auto" and cfg.cluster.device != "cpu")
+    if gpus != "auto":
+        return gpus == "true"
+    return cfg.cluster.device != "cpu" and partition_has_gpus(cfg.cluster.partition)
 
 
 def sbatch_parameters(plan: Any, cfg: Any, code_dir: Path) -> dict[str, Any]:

@@ -42,11 +42,13 @@ def slurm_cluster():
         subprocess.run(["bash", str(DEPLOY / "stop.sh")], capture_output=True, text=True, timeout=300)
 
 
-def submit(*args: str, env: dict[str, str] | None = None, cwd: Path = REPO) -> tuple[str, float, str]:
+def submit(*args: str, env: dict[str, str] | None = None, cwd: Path = REPO,
+           device: str | None = "cpu") -> tuple[str, float, str]:
     """Submit as a user does; returns (job id, seconds the command took, its stdout)."""
     t0 = time.perf_counter()
     full_env = {**os.environ, **(env or {})}
-    r = subprocess.run(["python", "-m", "fsdp_jobs", "cluster=slurm", "cluster.device=cpu", *args], cwd=cwd,
+    extra = [f"cluster.device={device}"] if device else []
+    r = subprocess.run(["python", "-m", "fsdp_jobs", "cluster=slurm", *extra, *args], cwd=cwd,
                        env=full_env, capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
     took = time.perf_counter() - t0
     assert r.returncode == 0, r.stdout + r.stderr

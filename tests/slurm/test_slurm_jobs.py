@@ -21,14 +21,16 @@ SHORT = ("model.dim=64", "model.n_layers=2", "model.ffn_dim=128", "model.vocab_s
 def test_four_node_job_runs_on_every_node_and_dry_run_matches(run_root):
     args = (f"run_root={run_root}", "name=four", "nodes=4", "gpus_per_node=1", "train.steps=60",
             "checkpoint.interval=20", *SHORT)
-    dry = cli("cluster=slurm", "cluster.device=cpu", *args, "dry_run=true")
+    dry = cli("cluster=slurm", *args, "dry_run=true")
     assert dry.returncode == 0, dry.stderr
     script = dry.stdout.split("# launch commands (slurm)\n", 1)[1]
-    job_id, took, out = submit(*args)
+    # exactly the issue's command (device=auto): the test cluster has no GPU nodes, so none are asked for
+    job_id, took, out = submit(*args, device=None)
     print(f"submission returned in {took:.2f}s")  # the command never waits for the job
     run_dir = run_root / "four"
     submitted = (run_dir / "slurm" / job_id / f"{job_id}_submission.sh").read_text()
     assert submitted.strip() == script.strip()  # the dry run is exactly what was submitted
+    assert "--gpus-per-node" not in submitted
 
     assert wait_job(job_id) == "COMPLETED", job_log(run_dir, job_id)
     log = job_log(run_dir, job_id)
@@ -119,7 +121,7 @@ def test_preemption_by_higher_priority_partition_requeues_and_resumes(run_root):
 def test_time_limit_signal_checkpoints_and_requeues(run_root):
     """A 3-minute limit with the signal 90 s before it: SLURM warns 30-60 s into the run. After the
     first time-out requeue the test raises the limit (as an admin would) so the run can finish."""
-    total = 6000
+    total = 12000  # ~90 steps/s here: the 30-60 s before the warning never finish it
     job_id, _, _ = submit(f"run_root={run_root}", "name=timeout", "nodes=2", "gpus_per_node=1",
                           f"train.steps={total}", "checkpoint.interval=100000", "checkpoint.keep_last=10",
                           "cluster.time_min=3", "cluster.signal_delay_s=90", *SHORT)
