@@ -132,7 +132,8 @@ def train(run_dir: Path, stop: StopFlag) -> int:
 
         # one all-reduce per step carries the mean loss and "has any rank been told to stop?"
         stopping = stop.set or (rank == 0 and stop_requested(run_dir))
-        sync = torch.tensor([loss.detach().float().item(), 1.0 if stopping else 0.0], device=world.device)
+        flag = torch.tensor(1.0 if stopping else 0.0, device=world.device)
+        sync = torch.stack([loss.detach().float(), flag])  # stays on the device: one sync, after the reduce
         dist.all_reduce(sync)
         dt = time.perf_counter() - t0
         tokens_per_s = global_batch * seq_len / dt

@@ -38,3 +38,22 @@ def test_token_file_is_memory_mapped_and_deterministic(tmp_path):
     item = ds[7]
     assert torch.equal(item, TokenFile(seed=1, seq_len=10, path=str(path))[7])
     assert item.tolist() == list(range(int(item[0]), int(item[0]) + 11))
+
+
+class Constant:
+    """A user's own dataset: any importable class named by data._target_."""
+
+    def __init__(self, seed: int, seq_len: int, value: int = 3) -> None:
+        self.seq_len, self.value = seq_len, value
+
+    def __getitem__(self, index: int) -> torch.Tensor:
+        return torch.full((self.seq_len + 1,), self.value, dtype=torch.long)
+
+
+def test_any_importable_dataset_class_through_target():
+    from fsdp_jobs.runtime.data import build_dataset
+
+    ds = build_dataset({"_target_": "tests.unit.test_data.Constant", "seq_len": 8, "kwargs": {"value": 7}},
+                       seed=0, vocab_size=100)
+    x, y = rank_batch(ds, 0, 0, 2)
+    assert x.shape == (2, 8) and int(x[0, 0]) == 7

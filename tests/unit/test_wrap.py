@@ -27,3 +27,8 @@ def test_parameter_threshold_wraps_innermost_modules_first():
     units = wrap_units(model, {"transformer_blocks": [], "min_params": 64 * 128 * 3})
     names = {type(u).__name__ for u in units}
     assert "FeedForward" in names and "TransformerBlock" not in names
+
+
+def test_any_importable_model_class_through_target():
+    model = build_meta_model({"_target_": "torch.nn.Linear", "dim": 64, "kwargs": {"in_features": 4, "out_features": 2}})
+    assert type(model).__name__ == "Linear" and model.weight.is_meta and tuple(model.weight.shape) == (2, 4)
