@@ -209,3 +209,19 @@ def test_repeated_runs_never_fail_at_rendezvous_or_exit(run_root):
         r = cli(f"run_root={run_root}", f"name=rep{i}", "train.steps=5", *SHORT)
         assert_ok(r)
         assert "finished: rep" in r.stdout
+
+
+def test_fsdp_knobs_async_save_and_fsdp1_vocabulary(run_root):
+    """Activation checkpointing, size-based wrapping, explicit forward prefetch, bf16 params/buffers,
+    cpu_offload (a no-op on CPU), async checkpoints and an FSDP1-only option, all in one run."""
+    r = cli(f"run_root={run_root}", "name=knobs", "train.steps=30", "checkpoint.interval=10",
+            "checkpoint.async_save=true", "fsdp.activation_checkpointing=true", "fsdp.forward_prefetch=true",
+            "fsdp.wrap.min_params=10000", "fsdp.limit_all_gathers=true", "fsdp.cpu_offload=true",
+            "fsdp.mixed_precision.param_dtype=bfloat16", "fsdp.mixed_precision.buffer_dtype=bfloat16", *SHORT)
+    assert_ok(r)
+    assert "note: fsdp.limit_all_gathers=True: no FSDP2 meaning" in r.stderr
+    assert "saving in the background" in r.stdout and "committed step-000030 (background save)" in r.stdout
+    run_dir = run_root / "knobs"
+    assert committed(run_dir) == ["step-000020", "step-000030"]
+    m = metrics(run_dir)
+    assert m[-1]["loss"] < m[0]["loss"] - 1.0
