@@ -172,6 +172,25 @@ def newest_checkpoint(run_dir: Path) -> Optional[Path]:
     return max(found)[1] if found else None
 
 
+MODEL_IDENTITY_KEYS = ("_target_", "dim", "n_layers", "n_heads", "n_kv_heads", "ffn_dim", "vocab_size",
+                       "tie_embeddings", "kwargs")
+
+
+def check_same_model(run_dir: Path, model: Any) -> None:
+    """Resuming loads the run's checkpoints: refuse a model they cannot hold, before anything runs."""
+    import yaml
+
+    try:
+        saved = (yaml.safe_load((run_dir / "job.yaml").read_text()) or {}).get("model", {})
+    except (OSError, yaml.YAMLError):
+        return
+    for key in MODEL_IDENTITY_KEYS:
+        if key in saved and saved[key] != model[key]:
+            raise UserError(f"model.{key}", model[key],
+                            f"run {run_dir.name} has checkpoints of a model with model.{key}={saved[key]!r}; "
+                            "keep it, choose another name=, or set checkpoint.resume=false")
+
+
 def make_plan(cfg: Any, name: Optional[str] = None) -> Plan:
     """Everything decided before launch. Raises UserError for combinations no key can express."""
     nodes, gpn = cfg.nodes, cfg.gpus_per_node
@@ -199,6 +218,8 @@ def make_plan(cfg: Any, name: Optional[str] = None) -> Plan:
     run_name = name or cfg.name or generated_name(cfg)
     run_dir = (Path(cfg.run_root).expanduser() / run_name).resolve()
     resume = newest_checkpoint(run_dir) if cfg.checkpoint.resume else None
+    if resume is not None:
+        check_same_model(run_dir, cfg.model)
     device = cfg.cluster.device
     min_nodes = cfg.cluster.min_nodes or nodes
     rdzv = Rendezvous(

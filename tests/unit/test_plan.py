@@ -89,3 +89,16 @@ def test_same_name_resumes_newest_committed_checkpoint(tmp_path):
             (d / "manifest.json").write_text("{}")
     cfg, _ = compose([f"run_root={tmp_path}", "name=r1"])
     assert make_plan(cfg).resume_from == str(ckpts / "step-000020")
+
+
+def test_resuming_a_run_with_another_model_shape_is_refused(tmp_path):
+    d = tmp_path / "r2" / "checkpoints" / "step-000010"
+    d.mkdir(parents=True)
+    (d / ".metadata").write_text("x")
+    (d / "manifest.json").write_text("{}")
+    (tmp_path / "r2" / "job.yaml").write_text("model: {dim: 128, n_layers: 2}\n")
+    cfg, _ = compose([f"run_root={tmp_path}", "name=r2", "model.dim=64", "model.ffn_dim=128"])
+    with pytest.raises(UserError, match="model.dim=128"):
+        make_plan(cfg)
+    cfg, _ = compose([f"run_root={tmp_path}", "name=r2", "model.dim=64", "checkpoint.resume=false"])
+    assert make_plan(cfg).resume_from is None
