@@ -84,7 +84,11 @@ def main(argv: Optional[list[str]] = None) -> int:
 
     run_dir = Path(plan.run_dir)
     lock = runs.RunLock(run_dir)
-    if not lock.acquire():
+    try:
+        acquired = lock.acquire()
+    except OSError as e:
+        die(UserError("run_root", cfg.run_root, f"cannot create the run dir {run_dir}: {e.strerror}"))
+    if not acquired:
         die(UserError("name", plan.name, f"that run is being launched/run by pid {lock.holder()} "
                                          "right now; wait for it or choose another name"))
     try:
@@ -94,6 +98,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         print(f"fsdp-jobs: {verb} run {plan.name}: {plan.nodes} nodes x {plan.gpus_per_node} ranks, "
               f"{plan.strategy} (mesh {mesh}), run dir {run_dir}", flush=True)
         status = launcher.submit(plan, cfg)
+    except UserError as e:
+        die(e)
     finally:
         lock.release()
     if plan.backend == "local":

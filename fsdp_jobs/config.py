@@ -17,6 +17,7 @@ STRATEGIES = ("full_shard", "shard_grad_op", "hybrid_shard", "hybrid_shard_zero2
 DTYPES = ("float32", "bfloat16", "float16")
 BACKWARD_PREFETCH = ("BACKWARD_PRE", "BACKWARD_POST")
 LR_SCHEDULES = ("cosine", "linear", "constant")
+BACKENDS = ("local", "slurm")
 
 
 @dataclass
@@ -125,6 +126,8 @@ class ClusterConfig:
     min_nodes: Optional[int] = None  # elastic lower bound (torchrun --nnodes min:max); None = nodes
     rdzv_port: Optional[int] = None  # None = a free port
     env: Dict[str, str] = field(default_factory=dict)  # extra environment for every rank
+    # after a stop (SIGTERM, Ctrl-C, scancel) the ranks get this long to checkpoint before SIGKILL
+    stop_grace_s: int = 120
 
 
 @dataclass
@@ -190,6 +193,15 @@ def register_schemas() -> None:
     cs.store(group="data", name="data_schema", node=DataConfig)
 
 
+def _importable(key: str, path: str) -> None:
+    """The top-level package must exist here (checked without importing it: no torch on this path)."""
+    import importlib.util
+
+    module = path.rpartition(".")[0]
+    if not module or importlib.util.find_spec(module.split(".")[0]) is None:
+        raise UserError(key, path, "must be an import path package.module.Name of an installed package")
+
+
 def _positive(key: str, value: Any, minimum: int = 1) -> None:
     if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
         raise UserError(key, value, f"must be an integer >= {minimum}")
@@ -215,13 +227,17 @@ def validate(cfg: Any) -> None:
         raise UserError("fsdp.shard_group_size", sgs, "allowed: an integer >= 1, auto, or null (one node)")
     for k in ("param_dtype", "reduce_dtype", "output_dtype", "buffer_dtype"):
         _choice(f"fsdp.mixed_precision.{k}", f.mixed_precision[k], DTYPES, optional=True)
+    for k in ("param_dtype", "reduce_dtype"):
+        if f.mixed_precision[k] == "float16":  # gradients underflow without a loss scaler
+            raise UserError(f"fsdp.mixed_precision.{k}", "float16", "needs loss scaling, which is not "
+                            "implemented; use bfloat16")
     _choice("fsdp.backward_prefetch", f.backward_prefetch, BACKWARD_PREFETCH, optional=True)
     if f.wrap.min_params is not None:
         _positive("fsdp.wrap.min_params", f.wrap.min_params)
     m = cfg.model
     for k in ("dim", "n_layers", "n_heads", "ffn_dim", "vocab_size", "max_seq_len"):
         _positive(f"model.{k}", m[k])
-    _choice("model.dtype", m.dtype, DTYPES)
+    _choice("model.dtype", m.dtype, ("float32", "bfloat16"))
     if m.dim % m.n_heads:
         raise UserError("model.dim", m.dim, f"must be divisible by model.n_heads={m.n_heads}")
     if m.n_kv_heads is not None and (m.n_kv_heads < 1 or m.n_heads % m.n_kv_heads):
@@ -245,8 +261,15 @@ def validate(cfg: Any) -> None:
     _positive("data.seq_len", d.seq_len)
     if d.seq_len > m.max_seq_len:
         raise UserError("data.seq_len", d.seq_len, f"must be <= model.max_seq_len={m.max_seq_len}")
+    if d._target_.endswith(".TokenFile") and not d.path:
+        raise UserError("data.path", d.path, "data=token_file needs the token file: data.path=/path/tokens.bin")
+    for key, target in (("model._target_", m._target_), ("data._target_", d._target_),
+                        *(("fsdp.wrap.transformer_blocks", b) for b in f.wrap.transformer_blocks)):
+        _importable(key, target)
     cl = cfg.cluster
+    _choice("cluster.backend", cl.backend, BACKENDS)
     _choice("cluster.device", cl.device, ("auto", "cpu", "cuda"))
+    _positive("cluster.stop_grace_s", cl.stop_grace_s)
     _positive("cluster.max_restarts", cl.max_restarts, minimum=0)
     if cl.min_nodes is not None and not (1 <= cl.min_nodes <= cfg.nodes):
         raise UserError("cluster.min_nodes", cl.min_nodes, f"must be between 1 and nodes={cfg.nodes}")
@@ -258,5 +281,6 @@ def validate(cfg: Any) -> None:
         _positive("cluster.time_min", cl.time_min)
         _positive("cluster.signal_delay_s", cl.signal_delay_s)
         _positive("cluster.max_timeouts", cl.max_timeouts, minimum=0)
-        _choice("cluster.signal", cl.signal, ("USR2", "USR1", "TERM", "INT", "HUP", "URG"))
+        # TERM/INT/HUP are torchrun's own stop signals and USR1 is NCCL's: they cannot carry a requeue
+        _choice("cluster.signal", cl.signal, ("USR2", "URG"))
         _choice("cluster.gpus", str(cl.gpus).lower(), ("auto", "true", "false"))

@@ -114,7 +114,9 @@ def cmd_logs(run_dir: Path, follow: bool, poll_s: float = 1.0) -> None:
 def cmd_cancel(run_dir: Path) -> str:
     launch = last_launch(run_dir)
     if launch.get("backend") == "slurm":
-        subprocess.run(["scancel", str(launch["job_id"])], check=True, timeout=60)
+        r = subprocess.run(["scancel", str(launch["job_id"])], capture_output=True, text=True, timeout=60)
+        if r.returncode:
+            raise UserError("RUN", run_dir.name, f"scancel {launch['job_id']} failed: {r.stderr.strip()[:200]}")
         return f"cancelled SLURM job {launch['job_id']} ({run_dir.name})"
     status = run_status(run_dir)
     if status.get("launcher_pid"):
@@ -152,7 +154,10 @@ def main(argv: Optional[list[str]] = None) -> int:
     elif args.cmd == "logs":
         cmd_logs(run_dir, args.follow)
     else:
-        print(cmd_cancel(run_dir))
+        try:
+            print(cmd_cancel(run_dir))
+        except UserError as e:
+            die(e)
     return 0
 
 

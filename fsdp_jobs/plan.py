@@ -217,7 +217,10 @@ def make_plan(cfg: Any, name: Optional[str] = None) -> Plan:
 
     run_name = name or cfg.name or generated_name(cfg)
     run_dir = (Path(cfg.run_root).expanduser() / run_name).resolve()
-    resume = newest_checkpoint(run_dir) if cfg.checkpoint.resume else None
+    resume = newest_checkpoint(run_dir)
+    if resume is not None and not cfg.checkpoint.resume:
+        raise UserError("checkpoint.resume", False, f"run {run_name} already has checkpoints (newest {resume.name}); "
+                        "starting it over would mix new checkpoints with them: choose another name=")
     if resume is not None:
         check_same_model(run_dir, cfg.model)
     device = cfg.cluster.device

@@ -6,7 +6,7 @@ from __future__ import annotations
 import importlib
 from types import ModuleType
 
-BACKENDS = ("local", "slurm")
+from fsdp_jobs.config import BACKENDS
 
 
 def get(backend: str) -> ModuleType:

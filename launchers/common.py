@@ -5,8 +5,9 @@ from __future__ import annotations
 from typing import Any
 
 
-def torchrun_args(plan: Any, endpoint: str) -> list[str]:
-    """torchrun (elastic agent) flags for one node of the plan; the rendezvous decides node order."""
+def torchrun_args(plan: Any, endpoint: str, stop_grace_s: int) -> list[str]:
+    """torchrun (elastic agent) flags for one node of the plan; the rendezvous decides node order.
+    stop_grace_s: on SIGTERM torchrun gives the ranks this long (default 30 s) to save and exit."""
     r = plan.rendezvous
     nnodes = f"{r.min_nodes}:{r.max_nodes}" if r.min_nodes != r.max_nodes else str(r.max_nodes)
     return [
@@ -17,6 +18,7 @@ def torchrun_args(plan: Any, endpoint: str) -> list[str]:
         f"--rdzv-id={r.run_id}",
         f"--max-restarts={r.max_restarts}",
         "--monitor-interval=1",
+        f"--shutdown-timeout={stop_grace_s}",
     ]
 
 

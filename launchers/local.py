@@ -22,7 +22,6 @@ from fsdp_jobs import runs
 from fsdp_jobs.runtime.signals import clear_stop_request
 from launchers.common import runtime_env, torchrun_args
 
-STOP_GRACE_S = 60.0  # a preempted rank saves a checkpoint before exiting: give it time
 PEER_FAILED_GRACE_S = 20.0
 
 
@@ -34,7 +33,7 @@ def free_port() -> int:
 
 def node_commands(plan: Any, cfg: Any, port: int) -> list[list[str]]:
     endpoint = f"127.0.0.1:{port}"
-    args = torchrun_args(plan, endpoint) + ["--local-addr=127.0.0.1"]
+    args = torchrun_args(plan, endpoint, cfg.cluster.stop_grace_s) + ["--local-addr=127.0.0.1"]
     return [[sys.executable, "-m", "torch.distributed.run", *args, "-m", "fsdp_jobs.runtime", plan.run_dir]
             for _ in range(plan.nodes)]
 
@@ -121,7 +120,7 @@ def submit(plan: Any, cfg: Any, echo: bool = True) -> int:
         while True:
             codes = [p.poll() for p in agents.procs]
             if interrupted:
-                agents.stop(STOP_GRACE_S)
+                agents.stop(cfg.cluster.stop_grace_s + 15.0)  # torchrun's own grace, then ours
                 break
             if all(c is not None for c in codes):
                 break

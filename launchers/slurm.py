@@ -8,6 +8,7 @@ What runs inside the job: launchers/slurm_task.py.
 from __future__ import annotations
 
 import shlex
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -61,7 +62,9 @@ def sbatch_parameters(plan: Any, cfg: Any, code_dir: Path) -> dict[str, Any]:
         "signal_delay_s": c.signal_delay_s,
         "setup": setup,
         "stderr_to_stdout": True,
-        "additional_parameters": {"requeue": True, **{str(k): v for k, v in c.sbatch.items()}},
+        # explicit: submitit builds --signal from SUBMITIT_PREEMPT_SIGNAL as read when it was imported here
+        "additional_parameters": {"requeue": True, "signal": f"{c.signal}@{c.signal_delay_s}",
+                                  **{str(k): v for k, v in c.sbatch.items()}},
     }
     if c.srun_args:
         params["srun_args"] = list(c.srun_args)
@@ -129,7 +132,13 @@ def submit(plan: Any, cfg: Any) -> int:
         code = {"code": str(PROJECT_ROOT), "git_commit": ""}
     executor = submitit.SlurmExecutor(folder=_folder(plan), max_num_timeout=cfg.cluster.max_timeouts)
     executor.update_parameters(**sbatch_parameters(plan, cfg, Path(code["code"])))
-    job = executor.submit(NodeTask(str(run_dir)))
+    try:
+        job = executor.submit(NodeTask(str(run_dir)))
+    except submitit.core.utils.FailedJobError as e:  # sbatch refused: bad partition, account, qos...
+        if cfg.cluster.snapshot_code:
+            shutil.rmtree(code["code"], ignore_errors=True)
+        lines = [ln.strip() for ln in str(e).splitlines() if "error" in ln.lower()] or [str(e).strip()]
+        raise UserError("cluster", plan.name, f"sbatch refused the job: {lines[-1][:300]}") from None
     runs.record_launch(run_dir, backend="slurm", job_id=job.job_id, nodes=plan.nodes,
                        gpus_per_node=plan.gpus_per_node, folder=str(Path(str(_folder(plan)).replace("%j", job.job_id))),
                        **code)

@@ -92,7 +92,8 @@ class NodeTask(submitit.helpers.Checkpointable):
         plan = SimpleNamespace(gpus_per_node=job["gpus_per_node"], rendezvous=SimpleNamespace(
             backend="c10d", run_id=f"{job_id}-{attempt}", min_nodes=job["cluster"]["min_nodes"] or job["nodes"],
             max_nodes=job["nodes"], max_restarts=job["cluster"]["max_restarts"]))
-        cmd = [sys.executable, "-m", "torch.distributed.run", *torchrun_args(plan, f"{master}:{port}"),
+        cmd = [sys.executable, "-m", "torch.distributed.run",
+               *torchrun_args(plan, f"{master}:{port}", job["cluster"]["stop_grace_s"]),
                "-m", "fsdp_jobs.runtime", str(run_dir)]
         signal.signal(signal.SIGTERM, self._on_sigterm)
         self._proc = subprocess.Popen(cmd, preexec_fn=_ignore_stop_signal(job["cluster"]["signal"]))

@@ -72,18 +72,27 @@ class CheckpointManager:
         self.keep_last, self.extra, self.rank, self.attempt = keep_last, manifest_extra, rank, attempt
         self.async_save, self.log = async_save, log
         self.pending: Optional[tuple[Any, Path, Path, dict[str, Any]]] = None
+        self._async_group: Any = None
         self.root.mkdir(parents=True, exist_ok=True)
 
     # ------------------------------------------------------------------ load
-    def load_latest(self, state: TrainState) -> Optional[Path]:
-        """Load the newest complete checkpoint into `state`; skip (and say so) any incomplete one."""
+    def find_latest(self) -> Optional[Path]:
+        """Rank 0 picks the newest complete checkpoint and tells everyone (collective): ranks listing a
+        shared directory on their own can disagree (NFS attribute caching) and would mix shards."""
+        choice: list[Optional[str]] = [None]
         if self.rank == 0:
             for p in sorted(self.root.iterdir()):
                 committed = CKPT_DIR_RE.match(p.name) and (p / "manifest.json").is_file() and (p / ".metadata").is_file()
                 if not committed:
                     self.log(f"checkpoint: skipping incomplete {p.name} (no manifest: its writer died mid-save)")
-        _barrier()
-        path = newest_checkpoint(self.root.parent)
+            newest = newest_checkpoint(self.root.parent)
+            choice = [str(newest) if newest else None]
+        if dist.is_initialized():
+            dist.broadcast_object_list(choice, src=0)
+        return Path(choice[0]) if choice[0] else None
+
+    def load(self, state: TrainState, path: Optional[Path]) -> Optional[Path]:
+        """Load checkpoint `path` (from find_latest, the same on every rank) into `state`."""
         if path is None:
             return None
         t0 = time.perf_counter()
@@ -100,7 +109,10 @@ class CheckpointManager:
         """Collective: every rank calls it at the same step."""
         self.wait()
         final = self.root / f"step-{state.step:06d}"
-        if final.exists():  # already committed (resumed exactly here): never overwrite
+        exists = [final.exists()]
+        if dist.is_initialized():
+            dist.broadcast_object_list(exists, src=0)  # one answer for all ranks
+        if exists[0]:  # already committed (resumed exactly here): never overwrite
             return final
         tmp = self.root / f".tmp-step-{state.step:06d}-{self.attempt}"
         manifest = {"step": state.step, "samples_seen": state.samples_seen, "world_size": world_size,
@@ -108,7 +120,11 @@ class CheckpointManager:
         t0 = time.perf_counter()
         sd = state.state_dict()
         if self.async_save:
-            future = dcp.async_save(sd, checkpoint_id=str(tmp))
+            # its own gloo group: the background thread's collectives must not interleave with the
+            # training loop's on the default group
+            if self._async_group is None and dist.is_initialized():
+                self._async_group = dist.new_group(backend="gloo")
+            future = dcp.async_save(sd, checkpoint_id=str(tmp), process_group=self._async_group)
             self.pending = (future, tmp, final, manifest)
             self.log(f"checkpoint: step {state.step} saving in the background "
                      f"(training blocked {time.perf_counter() - t0:.2f}s)")
@@ -140,8 +156,9 @@ class CheckpointManager:
             _fsync_dir(tmp)
             os.rename(tmp, final)
             _fsync_dir(self.root)
-            self._prune()
         _barrier()  # nobody trains on (or resumes from) a checkpoint that is not yet visible
+        if self.rank == 0:
+            self._prune()  # after the barrier: deleting big old checkpoints must not stall the others
 
     def _prune(self) -> None:
         committed = sorted((int(m.group(1)), p) for p in self.root.iterdir()

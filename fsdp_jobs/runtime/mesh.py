@@ -49,10 +49,11 @@ def read_world(device_kind: str) -> World:
 
 
 def init_process_group(world: World, timeout_s: float = 600) -> None:
-    """nccl on GPU, gloo on CPU. The device is bound first so NCCL uses the right GPU."""
+    """nccl on GPU, gloo on CPU. The device is bound first so NCCL uses the right GPU. On GPU a gloo
+    backend rides along for CPU tensors: async checkpoint saves and CPU-offloaded gradients need it."""
     if world.device.type == "cuda":
         torch.cuda.set_device(world.device)
-        dist.init_process_group("nccl", device_id=world.device, timeout=timedelta(seconds=timeout_s))
+        dist.init_process_group("cuda:nccl,cpu:gloo", device_id=world.device, timeout=timedelta(seconds=timeout_s))
     else:
         dist.init_process_group("gloo", timeout=timedelta(seconds=timeout_s))
 

@@ -108,13 +108,14 @@ def shard_model(model: nn.Module, mesh: DeviceMesh, fsdp_cfg: dict[str, Any], re
 
 
 @torch.no_grad()
-def materialize(model: nn.Module, device: torch.device, seed: int, buffer_dtype: str | None = None) -> None:
+def materialize(model: nn.Module, device: torch.device, seed: int, buffer_dtype: str | None = None,
+                init_params: bool = True) -> None:
     """Allocate the local shards and fill them with the values an unsharded model would get:
     parameter i's full value comes from a generator seeded by (seed, its name), then each rank keeps
     its own slice. So the weights do not depend on the world size or the mesh."""
     model.to_empty(device=device)
     init_param = getattr(model, "init_parameter", None)
-    for name, param in model.named_parameters():
+    for name, param in (model.named_parameters() if init_params else ()):
         clean = name.replace("_checkpoint_wrapped_module.", "")
         gen = torch.Generator().manual_seed((seed * 1_000_003 + zlib.crc32(clean.encode())) % 2**63)
         full = torch.empty(param.shape, dtype=param.dtype)

@@ -82,7 +82,15 @@ def train(run_dir: Path, stop: StopFlag) -> int:
     reshard = job["fsdp"]["reshard_after_forward"]
     reshard = STRATEGY_TABLE[job["fsdp"]["strategy"]][1] if reshard is None else bool(reshard)
     shard_model(model, mesh, job["fsdp"], reshard, world.device)
-    materialize(model, world.device, tcfg["seed"], job["fsdp"]["mixed_precision"].get("buffer_dtype"))
+
+    attempt = [f"{int(time.time())}-{os.getpid()}"]
+    dist.broadcast_object_list(attempt, src=0)  # one name for this attempt's checkpoint dirs on every rank
+    ckpt = CheckpointManager(run_dir, ccfg["keep_last"], {"config_hash": job_hash(job)}, rank, attempt[0],
+                             async_save=ccfg["async_save"], log=lambda m: log(rank, m))
+    resume_from = ckpt.find_latest() if ccfg["resume"] else None
+    # a checkpoint overwrites every parameter: only a fresh start pays for the seeded init
+    materialize(model, world.device, tcfg["seed"], job["fsdp"]["mixed_precision"].get("buffer_dtype"),
+                init_params=resume_from is None)
     n_params = sum(p.numel() for p in model.parameters())
 
     optimizer = torch.optim.AdamW(model.parameters(), lr=tcfg["lr"], betas=tuple(tcfg["betas"]),
@@ -90,11 +98,7 @@ def train(run_dir: Path, stop: StopFlag) -> int:
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(tcfg))
     state = TrainState(model, optimizer, scheduler)
 
-    attempt = [f"{int(time.time())}-{os.getpid()}"]
-    dist.broadcast_object_list(attempt, src=0)  # one name for this attempt's checkpoint dirs on every rank
-    ckpt = CheckpointManager(run_dir, ccfg["keep_last"], {"config_hash": job_hash(job)}, rank, attempt[0],
-                             async_save=ccfg["async_save"], log=lambda m: log(rank, m))
-    resumed = ckpt.load_latest(state) if ccfg["resume"] else None
+    resumed = ckpt.load(state, resume_from)
 
     dataset = build_dataset(job["data"], tcfg["seed"], job["model"]["vocab_size"])
     per_rank = per_rank_batch_size(SimpleNamespace(**tcfg), world.world_size)

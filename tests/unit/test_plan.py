@@ -101,4 +101,5 @@ def test_resuming_a_run_with_another_model_shape_is_refused(tmp_path):
     with pytest.raises(UserError, match="model.dim=128"):
         make_plan(cfg)
     cfg, _ = compose([f"run_root={tmp_path}", "name=r2", "model.dim=64", "checkpoint.resume=false"])
-    assert make_plan(cfg).resume_from is None
+    with pytest.raises(UserError, match="already has checkpoints"):
+        make_plan(cfg)  # a fresh start would mix its checkpoints with the old ones
