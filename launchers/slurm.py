@@ -51,6 +51,8 @@ def sbatch_parameters(plan: Any, cfg: Any, code_dir: Path) -> dict[str, Any]:
         # `python -m` would put the working directory (usually the user's checkout) first on
         # sys.path, shadowing the snapshot; Python >= 3.11 leaves it out with this
         "export PYTHONSAFEPATH=1",
+        # Slurm >= 22.05: srun no longer inherits --cpus-per-task from the allocation
+        'if [ -n "${SLURM_CPUS_PER_TASK:-}" ]; then export SRUN_CPUS_PER_TASK=$SLURM_CPUS_PER_TASK; fi',
         f"export SUBMITIT_PREEMPT_SIGNAL={c.signal}",
     ]
     setup += [f"export {k}={shlex.quote(v)}" for k, v in sorted(runtime_env(cfg).items())]
@@ -68,9 +70,11 @@ def sbatch_parameters(plan: Any, cfg: Any, code_dir: Path) -> dict[str, Any]:
     }
     if c.srun_args:
         params["srun_args"] = list(c.srun_args)
-    for key in ("partition", "account", "qos", "constraint", "mem", "cpus_per_task"):
+    for key in ("partition", "account", "qos", "constraint", "mem"):
         if c[key] is not None:
             params[key] = c[key]
+    # the one task per node hosts the agent and all its ranks: never leave it SLURM's default 1 CPU
+    params["cpus_per_task"] = c.cpus_per_task or plan.gpus_per_node
     if c.exclusive:
         params["exclusive"] = True
     if c.gres:
