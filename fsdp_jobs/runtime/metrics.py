@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import resource
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -43,10 +42,6 @@ class MetricsWriter:
     def close(self) -> None:
         if self.file:
             self.file.close()
-
-
-def now() -> float:
-    return time.perf_counter()
 
 
 def log(rank: int, msg: str, all_ranks: bool = False) -> None:

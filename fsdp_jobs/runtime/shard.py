@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, OffloadPolicy, fully_shard
+from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 from torch.distributed.tensor import DTensor, distribute_tensor
 
 from fsdp_jobs.runtime.imports import import_object
@@ -136,7 +136,3 @@ def materialize(model: nn.Module, device: torch.device, seed: int, buffer_dtype:
         for buf in model.buffers():
             if buf.is_floating_point():
                 buf.data = buf.data.to(dtype_of(buffer_dtype))
-
-
-def is_fsdp(model: nn.Module) -> bool:
-    return isinstance(model, FSDPModule)
