@@ -72,10 +72,7 @@ def run_status(run_dir: Path) -> dict[str, Any]:
             lock.release()
         out["launcher_pid"] = lock.holder() if running else None
         out["local_state"] = "RUNNING" if running else "NOT RUNNING"
-    try:
-        out["train"] = json.loads((run_dir / "state.json").read_text())
-    except (OSError, json.JSONDecodeError):
-        out["train"] = {}
+    out["train"] = runs.read_state(run_dir)
     metrics = runs.read_metrics(run_dir)
     if metrics:
         out["last_step"] = {k: metrics[-1].get(k) for k in ("step", "loss", "tokens_per_s", "world_size")}

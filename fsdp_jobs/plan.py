@@ -159,17 +159,23 @@ def generated_name(cfg: Any) -> str:
     return f"{cfg.model.name}-{cfg.fsdp.strategy}-{time.strftime('%Y%m%d-%H%M%S')}"
 
 
-def newest_checkpoint(run_dir: Path) -> Optional[Path]:
-    """The newest committed checkpoint (a step-N directory holding its manifest), or None."""
+def is_committed(ckpt: Path) -> bool:
+    """A step-N directory with DCP's .metadata and our manifest (written last, before the rename)."""
+    return bool(CKPT_DIR_RE.match(ckpt.name)) and (ckpt / "manifest.json").is_file() and (ckpt / ".metadata").is_file()
+
+
+def committed_checkpoints(run_dir: Path) -> list[tuple[int, Path]]:
+    """(step, path) of every committed checkpoint of the run, oldest first."""
     ckpts = run_dir / "checkpoints"
     if not ckpts.is_dir():
-        return None
-    found = []
-    for p in ckpts.iterdir():
-        m = CKPT_DIR_RE.match(p.name)
-        if m and (p / "manifest.json").is_file() and (p / ".metadata").is_file():
-            found.append((int(m.group(1)), p))
-    return max(found)[1] if found else None
+        return []
+    return sorted((int(p.name.split("-")[1]), p) for p in ckpts.iterdir() if is_committed(p))
+
+
+def newest_checkpoint(run_dir: Path) -> Optional[Path]:
+    """The newest committed checkpoint, or None."""
+    found = committed_checkpoints(run_dir)
+    return found[-1][1] if found else None
 
 
 MODEL_IDENTITY_KEYS = ("_target_", "dim", "n_layers", "n_heads", "n_kv_heads", "ffn_dim", "vocab_size",

@@ -100,6 +100,18 @@ class RunLock:
             self._file = None
 
 
+def write_state(run_dir: Path, **fields: Any) -> None:
+    """state.json: running / completed / preempted / failed (+ step, reason), for tools and the job."""
+    write_atomic(run_dir / "state.json", json.dumps({"time": time.time(), **fields}) + "\n")
+
+
+def read_state(run_dir: Path) -> dict[str, Any]:
+    try:
+        return json.loads((run_dir / "state.json").read_text())
+    except (OSError, json.JSONDecodeError):
+        return {}
+
+
 def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
     path = run_dir / METRICS_FILE
     if not path.exists():

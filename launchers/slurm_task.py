@@ -12,7 +12,6 @@ Keeping the run alive:
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import socket
@@ -98,7 +97,7 @@ class NodeTask(submitit.helpers.Checkpointable):
         signal.signal(signal.SIGTERM, self._on_sigterm)
         self._proc = subprocess.Popen(cmd, preexec_fn=_ignore_stop_signal(job["cluster"]["signal"]))
         rc = self._proc.wait()
-        state = self._state(run_dir)
+        state = runs.read_state(run_dir)
         if rc == 0 and state.get("status") == "completed":
             return {"status": "completed", "node": env.node, "step": state.get("step")}
         if self._terminated:
@@ -122,14 +121,14 @@ class NodeTask(submitit.helpers.Checkpointable):
             raise RuntimeError(f"torchrun exited with {rc} on node {env.node}")
         if after > before:
             reason = f"torchrun exited with {rc}; this attempt advanced the checkpoint {before} -> {after}: requeued"
-            self._write_state(run_dir, status="requeued-after-crash", reason=reason, step=after)
+            runs.write_state(run_dir, status="requeued-after-crash", reason=reason, step=after)
             print(f"fsdp-jobs: {reason}", flush=True)
             subprocess.run(["scontrol", "requeue", os.environ["SLURM_JOB_ID"]], check=True, timeout=60)
             time.sleep(KILL_WAIT_S)
             raise RuntimeError(reason)
         reason = (f"torchrun exited with {rc} and this attempt committed no checkpoint newer than step {before}; "
                   "not requeued (it would fail the same way). Fix the error in the log and resubmit the same name=")
-        self._write_state(run_dir, status="failed", reason=reason, step=after)
+        runs.write_state(run_dir, status="failed", reason=reason, step=after)
         print(f"fsdp-jobs: {reason}", flush=True)
         raise RuntimeError(reason)
 
@@ -151,20 +150,9 @@ class NodeTask(submitit.helpers.Checkpointable):
             if not _wait_exit(self._proc.pid, deadline):
                 print(f"fsdp-jobs: ranks did not finish their checkpoint within {deadline}s; requeueing anyway",
                       flush=True)
-        if self._state(run_dir).get("status") == "completed":
+        if runs.read_state(run_dir).get("status") == "completed":
             print("fsdp-jobs: training completed before the stop took effect; not requeueing", flush=True)
             raise SystemExit(0)
         ckpt = newest_checkpoint(run_dir)
         print(f"fsdp-jobs: requeueing; will resume from {ckpt}", flush=True)
         return submitit.helpers.DelayedSubmission(NodeTask(self.run_dir))
-
-    @staticmethod
-    def _state(run_dir: Path) -> dict[str, Any]:
-        try:
-            return json.loads((run_dir / "state.json").read_text())
-        except (OSError, json.JSONDecodeError):
-            return {}
-
-    @staticmethod
-    def _write_state(run_dir: Path, **fields: Any) -> None:
-        runs.write_atomic(run_dir / "state.json", json.dumps({"time": time.time(), **fields}) + "\n")

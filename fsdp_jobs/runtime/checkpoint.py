@@ -26,7 +26,7 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from torch.distributed.checkpoint.stateful import Stateful
 
-from fsdp_jobs.plan import CKPT_DIR_RE, newest_checkpoint
+from fsdp_jobs.plan import committed_checkpoints, is_committed, newest_checkpoint
 
 # test-only fault injection: "STEP" makes rank 0 SIGKILL itself in the middle of saving that step
 # (after the shards are on disk, before the commit), on the first attempt only
@@ -82,8 +82,7 @@ class CheckpointManager:
         choice: list[Optional[str]] = [None]
         if self.rank == 0:
             for p in sorted(self.root.iterdir()):
-                committed = CKPT_DIR_RE.match(p.name) and (p / "manifest.json").is_file() and (p / ".metadata").is_file()
-                if not committed:
+                if not is_committed(p):
                     self.log(f"checkpoint: skipping incomplete {p.name} (no manifest: its writer died mid-save)")
             newest = newest_checkpoint(self.root.parent)
             choice = [str(newest) if newest else None]
@@ -161,8 +160,7 @@ class CheckpointManager:
             self._prune()  # after the barrier: deleting big old checkpoints must not stall the others
 
     def _prune(self) -> None:
-        committed = sorted((int(m.group(1)), p) for p in self.root.iterdir()
-                           if (m := CKPT_DIR_RE.match(p.name)) and (p / "manifest.json").is_file())
+        committed = committed_checkpoints(self.root.parent)
         for _, p in committed[:-self.keep_last]:
             shutil.rmtree(p, ignore_errors=True)
         # leftovers of saves that died mid-way, older than the newest commit, are garbage now

@@ -6,11 +6,11 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from datetime import timedelta
-from types import SimpleNamespace
 from typing import Any
 
 import torch
 import torch.distributed as dist
+from omegaconf import OmegaConf
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 from fsdp_jobs.plan import choose_mesh, count_params
@@ -60,7 +60,7 @@ def init_process_group(world: World, timeout_s: float = 600) -> None:
 
 def mesh_shape(job: dict[str, Any], world: World) -> dict[str, int]:
     """The plan's mesh rule applied to the actual world (nodes x ranks-per-node seen at run time)."""
-    cfg = _as_namespace(job)
+    cfg = OmegaConf.create(job)
     cfg.nodes, cfg.gpus_per_node = world.nodes, world.local_world_size
     shape, _ = choose_mesh(cfg, count_params(cfg.model))
     return shape
@@ -72,13 +72,3 @@ def build_mesh(job: dict[str, Any], world: World) -> DeviceMesh:
     # form a shard group, so all-gathers and reduce-scatters stay on the fast intra-node links
     return init_device_mesh(world.device.type, tuple(shape.values()), mesh_dim_names=tuple(shape.keys()))
 
-
-class _Node(SimpleNamespace):
-    def __getitem__(self, key: str) -> Any:
-        return getattr(self, key)
-
-
-def _as_namespace(d: Any) -> Any:
-    if isinstance(d, dict):
-        return _Node(**{k: _as_namespace(v) for k, v in d.items()})
-    return d

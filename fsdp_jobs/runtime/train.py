@@ -11,12 +11,12 @@ import socket
 import sys
 import time
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from omegaconf import OmegaConf
 
 from fsdp_jobs import runs
 from fsdp_jobs.plan import STRATEGY_TABLE, per_rank_batch_size
@@ -54,10 +54,6 @@ def write_rank_file(run_dir: Path, world: World) -> None:
             "node": os.environ.get("FSDP_JOBS_NODE") or os.environ.get("SLURMD_NODENAME") or socket.gethostname(),
             "restart": world.restart, "world_size": world.world_size, "time": time.time()}
     runs.write_atomic(d / f"rank-{world.rank}.json", json.dumps(info) + "\n")
-
-
-def write_state(run_dir: Path, **fields: Any) -> None:
-    runs.write_atomic(run_dir / "state.json", json.dumps({"time": time.time(), **fields}) + "\n")
 
 
 def train(run_dir: Path, stop: StopFlag) -> int:
@@ -101,7 +97,7 @@ def train(run_dir: Path, stop: StopFlag) -> int:
     resumed = ckpt.load(state, resume_from)
 
     dataset = build_dataset(job["data"], tcfg["seed"], job["model"]["vocab_size"])
-    per_rank = per_rank_batch_size(SimpleNamespace(**tcfg), world.world_size)
+    per_rank = per_rank_batch_size(OmegaConf.create(tcfg), world.world_size)
     global_batch = per_rank * world.world_size
     seq_len = job["data"]["seq_len"]
     fpt = flops_per_token(n_params, job["model"]["n_layers"], job["model"]["dim"], seq_len)
@@ -110,7 +106,7 @@ def train(run_dir: Path, stop: StopFlag) -> int:
     metrics = MetricsWriter(run_dir / runs.METRICS_FILE, rank == 0, total, tcfg["log_interval"])
     fail_at = int(os.environ.get(FAIL_AT_STEP_ENV, "0") or 0)
     if rank == 0:
-        write_state(run_dir, status="running", step=state.step, resumed_from=str(resumed) if resumed else None)
+        runs.write_state(run_dir, status="running", step=state.step, resumed_from=str(resumed) if resumed else None)
     log(rank, f"training steps {state.step + 1}..{total}: {n_params:,} params, global batch {global_batch} "
               f"({per_rank}/rank) x {seq_len} tokens, data position {state.samples_seen}")
 
@@ -167,7 +163,7 @@ def train(run_dir: Path, stop: StopFlag) -> int:
     ckpt.wait()
     metrics.close()
     if rank == 0:
-        write_state(run_dir, status="preempted" if stopped_by else "completed", step=state.step,
+        runs.write_state(run_dir, status="preempted" if stopped_by else "completed", step=state.step,
                     checkpoint=str(ckpt.root / f"step-{state.step:06d}"))
         log(rank, f"{'stopped' if stopped_by else 'done'} at step {state.step}")
     return 0
