@@ -31,7 +31,7 @@ fsdp_jobs/config.py. Export a checkpoint: python -m fsdp_jobs.export RUN_DIR."""
 
 def render_dry_run(plan: Plan, launch_text: str) -> str:
     head = yaml.safe_dump({"plan": plan.to_dict()}, sort_keys=False)
-    return f"{head}# launch commands ({plan.backend})\n{launch_text}\n"
+    return f"{head}# launch commands ({plan.backend})\n{launch_text.rstrip()}\n"
 
 
 def summarize(plan: Plan, status: int) -> str:
@@ -52,9 +52,9 @@ def summarize(plan: Plan, status: int) -> str:
 
 def main(argv: Optional[list[str]] = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    if argv and argv[0] in ("list", "status", "logs", "cancel"):
-        from fsdp_jobs import ctl
+    from fsdp_jobs import ctl
 
+    if argv and argv[0] in ctl.COMMANDS:
         return ctl.main(argv)
     if any(a in ("-h", "--help") for a in argv):
         print(USAGE)
@@ -70,16 +70,17 @@ def main(argv: Optional[list[str]] = None) -> int:
 
     import launchers  # after planning: a bad override never pays for a backend import
 
-    launcher = launchers.get(plan.backend)
-    if not cfg.dry_run and hasattr(launcher, "check"):
-        try:
-            launcher.check(plan, cfg)  # refusals that need the backend (is SLURM there? run busy?)
-        except UserError as e:
-            die(e)
+    backend = launchers.get(plan.backend)
+    try:
+        if not cfg.dry_run:
+            backend.check(plan, cfg)  # refusals that need the backend (is it there? is the run busy?)
+        request = backend.dryrun(plan, cfg)  # exactly what submit() will hand to the backend
+    except UserError as e:
+        die(e)
     for note in plan.notes:
         print(f"fsdp-jobs: note: {note}", file=sys.stderr)
     if cfg.dry_run:
-        sys.stdout.write(render_dry_run(plan, launcher.render(plan, cfg)))
+        sys.stdout.write(render_dry_run(plan, request.text))
         return 0
 
     run_dir = Path(plan.run_dir)
@@ -97,14 +98,15 @@ def main(argv: Optional[list[str]] = None) -> int:
         mesh = " x ".join(f"{k} {v}" for k, v in plan.mesh.items())
         print(f"fsdp-jobs: {verb} run {plan.name}: {plan.nodes} nodes x {plan.gpus_per_node} ranks, "
               f"{plan.strategy} (mesh {mesh}), run dir {run_dir}", flush=True)
-        status = launcher.submit(plan, cfg)
+        submitted = backend.submit(request)
     except UserError as e:
         die(e)
     finally:
         lock.release()
-    if plan.backend == "local":
-        print(summarize(plan, status), flush=True)
-    return status
+    if submitted.exit_status is None:  # submitted; the backend said where to follow it
+        return 0
+    print(summarize(plan, submitted.exit_status), flush=True)
+    return submitted.exit_status
 
 
 if __name__ == "__main__":

@@ -8,6 +8,11 @@
       metrics.jsonl   one line per training step (rank 0)
       checkpoints/    step-N/ directories, each committed by its manifest.json
       ranks/          rank-R.json: pid, host, restart count of the live workers (for tools and tests)
+      state.json      running / completed / preempted / failed (+ step, reason), written by rank 0
+      stop-request    present = "checkpoint and stop at the next step boundary" (launchers write it,
+                      rank 0 reads it): the one channel from a launcher to the ranks besides signals
+
+Launchers and the in-job runtime meet only here: neither imports the other.
 """
 
 from __future__ import annotations
@@ -59,10 +64,25 @@ def record_launch(run_dir: Path, **fields: Any) -> None:
 
 
 def launches(run_dir: Path) -> list[dict[str, Any]]:
-    path = run_dir / LAUNCHES_FILE
-    if not path.exists():
+    """Every launch record, oldest first; a line cut short (a kill mid-write, a full disk) is skipped."""
+    try:
+        text = (run_dir / LAUNCHES_FILE).read_text(errors="replace")
+    except OSError:
         return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    out = []
+    for line in text.splitlines():
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(record, dict) and record.get("backend"):
+            out.append(record)
+    return out
+
+
+def last_launch(run_dir: Path) -> dict[str, Any]:
+    """The newest launch record, or {} when none survives."""
+    return (launches(run_dir) or [{}])[-1]
 
 
 class RunLock:
@@ -87,6 +107,20 @@ class RunLock:
         self._file.flush()
         return True
 
+    def held(self) -> bool:
+        """Is a launcher holding this run right now? Only reads: never creates the lock file."""
+        try:
+            f = open(self.path)
+        except OSError:
+            return False
+        with f:
+            try:
+                fcntl.flock(f, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return True
+            fcntl.flock(f, fcntl.LOCK_UN)
+            return False
+
     def holder(self) -> str:
         try:
             return self.path.read_text().strip() or "?"
@@ -110,6 +144,23 @@ def read_state(run_dir: Path) -> dict[str, Any]:
         return json.loads((run_dir / "state.json").read_text())
     except (OSError, json.JSONDecodeError):
         return {}
+
+
+STOP_REQUEST_FILE = "stop-request"
+
+
+def request_stop(run_dir: Path, why: str) -> None:
+    """Ask the ranks to checkpoint and stop at the next step boundary (they may have missed a signal)."""
+    (run_dir / STOP_REQUEST_FILE).write_text(why + "\n")
+
+
+def stop_requested(run_dir: Path) -> bool:
+    return (run_dir / STOP_REQUEST_FILE).exists()
+
+
+def clear_stop_request(run_dir: Path) -> None:
+    """At the start of every attempt, before any rank runs: an old request must not stop a new run."""
+    (run_dir / STOP_REQUEST_FILE).unlink(missing_ok=True)
 
 
 def read_metrics(run_dir: Path) -> list[dict[str, Any]]:

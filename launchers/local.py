@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from fsdp_jobs import runs
-from fsdp_jobs.runtime.signals import clear_stop_request
+from launchers.base import Backend, DryRun, JobState, JobStatus, Run, Submitted, state_from_training
 from launchers.common import runtime_env, torchrun_args
 
 PEER_FAILED_GRACE_S = 20.0
@@ -38,20 +38,12 @@ def node_commands(plan: Any, cfg: Any, port: int) -> list[list[str]]:
             for _ in range(plan.nodes)]
 
 
-def node_env(plan: Any, cfg: Any, node: int) -> dict[str, str]:
-    env = dict(os.environ)
-    env.update(runtime_env(cfg))
-    env["FSDP_JOBS_NODE"] = f"node{node}"
-    return env
-
-
-def render(plan: Any, cfg: Any) -> str:
-    """The exact commands `submit` runs, one line per simulated node."""
-    port = cfg.cluster.rdzv_port or "<free port>"
-    extra = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(runtime_env(cfg).items()))
+def render(request: list[tuple[dict[str, str], list[str]]]) -> str:
+    """The exact commands `submit` runs, one line per simulated node (environment beyond the caller's)."""
     lines = []
-    for i, cmd in enumerate(node_commands(plan, cfg, port)):  # type: ignore[arg-type]
-        lines.append(f"# node{i}\nFSDP_JOBS_NODE=node{i} {extra} {shlex.join(cmd)}")
+    for i, (env, cmd) in enumerate(request):
+        extra = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(env.items()))
+        lines.append(f"# node{i}\n{extra} {shlex.join(cmd)}")
     return "\n".join(lines)
 
 
@@ -90,12 +82,40 @@ class _Agents:
                 p.wait()
 
 
-def submit(plan: Any, cfg: Any, echo: bool = True) -> int:
-    """Run the job in the foreground; returns its exit status (0 = every node finished)."""
-    port = cfg.cluster.rdzv_port or free_port()
+class LocalBackend(Backend):
+    name = "local"
+
+    def dryrun(self, plan: Any, cfg: Any) -> DryRun:
+        port = cfg.cluster.rdzv_port or free_port()  # chosen now, so the dry run shows the real one
+        request = [({**runtime_env(cfg), "FSDP_JOBS_NODE": f"node{i}"}, cmd)
+                   for i, cmd in enumerate(node_commands(plan, cfg, port))]
+        return DryRun(self.name, plan, cfg, request, render(request))
+
+    def submit(self, dryrun: DryRun, echo: bool = True) -> Submitted:
+        """Run the job in the foreground; its exit status is 0 when every node finished."""
+        return Submitted(str(os.getpid()), run_agents(dryrun, echo))
+
+    def describe(self, run: Run) -> JobStatus:
+        pid = run.launch.get("pid")
+        if runs.RunLock(run.run_dir).held():
+            return JobStatus(JobState.RUNNING, f"RUNNING (launcher pid {pid})", {"launcher_pid": pid})
+        state = state_from_training(run.run_dir)
+        return JobStatus(state, f"{state.value} (launcher pid {pid} has exited)", {"launcher_pid": None})
+
+    def cancel(self, run: Run) -> str:
+        if not runs.RunLock(run.run_dir).held():
+            return f"{run.run_dir.name} is not running"
+        pid = int(run.launch["pid"])
+        os.kill(pid, signal.SIGTERM)  # the launcher stops the agents it started; the ranks checkpoint
+        return f"asked local launcher pid {pid} to stop ({run.run_dir.name})"
+
+
+def run_agents(dryrun: DryRun, echo: bool = True) -> int:
+    plan, cfg = dryrun.plan, dryrun.cfg
     run_dir = Path(plan.run_dir)
-    clear_stop_request(run_dir)
-    runs.record_launch(run_dir, backend="local", pid=os.getpid(), nodes=plan.nodes, gpus_per_node=plan.gpus_per_node)
+    runs.clear_stop_request(run_dir)
+    runs.record_launch(run_dir, backend="local", job_id=str(os.getpid()), pid=os.getpid(), nodes=plan.nodes,
+                       gpus_per_node=plan.gpus_per_node)
     agents = _Agents()
     log = open(run_dir / "logs" / "launcher.log", "a")
     pumps = []
@@ -109,8 +129,8 @@ def submit(plan: Any, cfg: Any, echo: bool = True) -> int:
 
     old = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
-        for i, cmd in enumerate(node_commands(plan, cfg, port)):
-            p = subprocess.Popen(cmd, env=node_env(plan, cfg, i), stdout=subprocess.PIPE,
+        for i, (env, cmd) in enumerate(dryrun.request):
+            p = subprocess.Popen(cmd, env={**os.environ, **env}, stdout=subprocess.PIPE,
                                  stderr=subprocess.STDOUT, start_new_session=True)
             agents.procs.append(p)
             t = threading.Thread(target=agents.pump, args=(i, p, log, echo), daemon=True)
@@ -143,3 +163,6 @@ def submit(plan: Any, cfg: Any, echo: bool = True) -> int:
         return 130
     codes = [p.returncode for p in agents.procs]
     return next((c for c in codes if c != 0), 0)
+
+
+BACKEND = LocalBackend()

@@ -1,8 +1,8 @@
 """cluster=slurm: ONE sbatch job through submitit, one task per node, each running a torchrun agent.
 
-`submit` snapshots the code into the run dir, submits, records the job and returns at once.
-`render` returns the exact sbatch script submitit will write (same function, same parameters).
-What runs inside the job: launchers/slurm_task.py.
+`dryrun` builds submitit's parameters and the exact sbatch script submitit will write from them;
+`submit` snapshots the code into the run dir, submits those parameters, records the job and
+returns at once. What runs inside the job: launchers/slurm_task.py.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from typing import Any
 
 from fsdp_jobs import runs
 from fsdp_jobs.errors import UserError
+from launchers.base import Backend, DryRun, JobState, JobStatus, Run, Submitted
 from launchers.common import runtime_env
 from launchers.snapshot import PROJECT_ROOT, next_snapshot_dir, take_snapshot
 
@@ -88,14 +89,25 @@ def _folder(plan: Any) -> Path:
     return Path(plan.run_dir) / "slurm" / "%j"
 
 
-def render(plan: Any, cfg: Any) -> str:
-    """The sbatch script, byte for byte what `submit` hands to sbatch (no cluster needed)."""
-    from submitit.slurm.slurm import _make_sbatch_string
+def _sh(*cmd: str) -> str:
+    try:
+        r = subprocess.run(list(cmd), capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return ""
+    return r.stdout.strip()
 
-    code_dir = next_snapshot_dir(Path(plan.run_dir)) if cfg.cluster.snapshot_code else PROJECT_ROOT
-    folder = Path(_folder(plan)).expanduser().absolute()
-    command = " ".join([shlex.quote(sys.executable), "-u -m submitit.core._submit", shlex.quote(str(folder))])
-    return _make_sbatch_string(command=command, folder=folder, **sbatch_parameters(plan, cfg, code_dir))
+
+def slurm_state(job_id: str) -> tuple[str, str]:
+    """SLURM's own word: (state, detail) from squeue while queued, from sacct afterwards."""
+    live = _sh("squeue", "-h", "-j", job_id, "-o", "%T %r %M").split()
+    if live:
+        reason = f" ({live[1]})" if len(live) > 1 and live[1] != "None" else ""
+        return live[0], live[0] + reason
+    done = _sh("sacct", "-X", "-n", "-P", "-j", job_id, "-o", "State,ExitCode,Elapsed")
+    if done:
+        state, code, elapsed = (done.splitlines()[-1].split("|") + ["", "", ""])[:3]
+        return state.split()[0], f"{state} (exit {code}, elapsed {elapsed})"
+    return "UNKNOWN", "UNKNOWN (not in squeue; no accounting record)"
 
 
 def active_job(run_dir: Path) -> str | None:
@@ -103,39 +115,79 @@ def active_job(run_dir: Path) -> str | None:
     last = next((r for r in reversed(runs.launches(run_dir)) if r.get("backend") == "slurm"), None)
     if not last:
         return None
-    try:
-        out = subprocess.run(["squeue", "-h", "-j", str(last["job_id"]), "-o", "%T"], capture_output=True,
-                             text=True, timeout=30).stdout.strip()
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    return str(last["job_id"]) if out and out.split()[0] in ACTIVE_STATES else None
+    return str(last["job_id"]) if slurm_state(str(last["job_id"]))[0] in ACTIVE_STATES else None
 
 
-def check(plan: Any, cfg: Any) -> None:
-    """Refusals before anything is written."""
-    try:
-        subprocess.run(["sbatch", "--version"], capture_output=True, timeout=30, check=True)
-    except (OSError, subprocess.SubprocessError):
-        raise UserError("cluster", "slurm", "sbatch is not on PATH here; submit from a SLURM login node "
-                                            "(or start the one-machine cluster: deploy/slurm/start.sh)") from None
-    job = active_job(Path(plan.run_dir))
-    if job:
-        raise UserError("name", plan.name, f"run already has SLURM job {job} queued or running; "
-                                           f"cancel it (fsdp-jobs cancel {plan.name}) or choose another name")
+def common_state(slurm: str) -> JobState:
+    if slurm in ACTIVE_STATES:
+        return JobState.PENDING if slurm in ("PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED",
+                                             "CONFIGURING") else JobState.RUNNING
+    if slurm == "COMPLETED":
+        return JobState.SUCCEEDED
+    if slurm in ("CANCELLED", "PREEMPTED"):
+        return JobState.CANCELLED
+    return JobState.UNKNOWN if slurm == "UNKNOWN" else JobState.FAILED
 
 
-def submit(plan: Any, cfg: Any) -> int:
+class SlurmBackend(Backend):
+    name = "slurm"
+
+    def check(self, plan: Any, cfg: Any) -> None:
+        """Refusals before anything is written."""
+        try:
+            subprocess.run(["sbatch", "--version"], capture_output=True, timeout=30, check=True)
+        except (OSError, subprocess.SubprocessError):
+            raise UserError("cluster", "slurm", "sbatch is not on PATH here; submit from a SLURM login node "
+                                                "(or start the one-machine cluster: deploy/slurm/start.sh)") from None
+        job = active_job(Path(plan.run_dir))
+        if job:
+            raise UserError("name", plan.name, f"run already has SLURM job {job} queued or running; "
+                                               f"cancel it (fsdp-jobs cancel {plan.name}) or choose another name")
+
+    def dryrun(self, plan: Any, cfg: Any) -> DryRun:
+        """submitit's parameters and the sbatch script they make, byte for byte (no cluster needed)."""
+        from submitit.slurm.slurm import _make_sbatch_string
+
+        code_dir = next_snapshot_dir(Path(plan.run_dir)) if cfg.cluster.snapshot_code else PROJECT_ROOT
+        params = sbatch_parameters(plan, cfg, code_dir)
+        folder = Path(_folder(plan)).expanduser().absolute()
+        command = " ".join([shlex.quote(sys.executable), "-u -m submitit.core._submit", shlex.quote(str(folder))])
+        script = _make_sbatch_string(command=command, folder=folder, **params)
+        return DryRun(self.name, plan, cfg, {"parameters": params, "code_dir": str(code_dir), "sbatch": script}, script)
+
+    def submit(self, dryrun: DryRun) -> Submitted:
+        return Submitted(submit_job(dryrun))
+
+    def describe(self, run: Run) -> JobStatus:
+        job_id = str(run.launch.get("job_id", ""))
+        state, detail = slurm_state(job_id) if job_id else ("UNKNOWN", "UNKNOWN (no job id recorded)")
+        return JobStatus(common_state(state), detail, {"job_id": job_id, "slurm_state": detail})
+
+    def log_files(self, run: Run) -> list[Path]:
+        folder = run.launch.get("folder")
+        return sorted(Path(folder).glob("*_log.out")) if folder else []
+
+    def cancel(self, run: Run) -> str:
+        job_id = run.launch.get("job_id")
+        r = subprocess.run(["scancel", str(job_id)], capture_output=True, text=True, timeout=60)
+        if r.returncode:
+            raise UserError("RUN", run.run_dir.name, f"scancel {job_id} failed: {r.stderr.strip()[:200]}")
+        return f"cancelled SLURM job {job_id} ({run.run_dir.name})"
+
+
+def submit_job(dryrun: DryRun) -> str:
     import submitit
 
     from launchers.slurm_task import NodeTask
 
+    plan, cfg = dryrun.plan, dryrun.cfg
     run_dir = Path(plan.run_dir)
-    if cfg.cluster.snapshot_code:
-        code = take_snapshot(next_snapshot_dir(run_dir))
+    if cfg.cluster.snapshot_code:  # into the very directory the dry run's script names
+        code = take_snapshot(Path(dryrun.request["code_dir"]))
     else:  # the job imports the live checkout (developing the tool itself)
         code = {"code": str(PROJECT_ROOT), "git_commit": ""}
     executor = submitit.SlurmExecutor(folder=_folder(plan), max_num_timeout=cfg.cluster.max_timeouts)
-    executor.update_parameters(**sbatch_parameters(plan, cfg, Path(code["code"])))
+    executor.update_parameters(**dryrun.request["parameters"])
     try:
         job = executor.submit(NodeTask(str(run_dir)))
     except submitit.core.utils.FailedJobError as e:  # sbatch refused: bad partition, account, qos...
@@ -152,4 +204,7 @@ def submit(plan: Any, cfg: Any) -> int:
           f"  code:     {code['code']} (git {code['git_commit'][:12] or 'n/a'})\n"
           f"  follow:   fsdp-jobs logs {plan.name} -f    (or tail -f {log})\n"
           f"  status:   fsdp-jobs status {plan.name}     cancel: fsdp-jobs cancel {plan.name}", flush=True)
-    return 0
+    return str(job.job_id)
+
+
+BACKEND = SlurmBackend()

@@ -26,7 +26,7 @@ import submitit
 
 from fsdp_jobs import runs
 from fsdp_jobs.plan import CKPT_DIR_RE, newest_checkpoint
-from fsdp_jobs.runtime.signals import clear_stop_request, request_stop
+from fsdp_jobs.runs import clear_stop_request, request_stop
 from launchers.common import torchrun_args
 
 KILL_WAIT_S = 300  # after a requeue, SLURM kills the tasks; do not report "done" meanwhile

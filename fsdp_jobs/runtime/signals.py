@@ -3,13 +3,12 @@
 
 A signal can arrive before a rank has installed its handler (SLURM's time-limit warning may come a
 second after the job starts, while ranks still import torch). So the launcher side also leaves a
-stop-request file in the run dir, which rank 0 checks at every step boundary."""
+stop-request file in the run dir (runs.request_stop), which rank 0 checks at every step boundary."""
 
 from __future__ import annotations
 
 import os
 import signal
-from pathlib import Path
 from typing import Iterable
 
 
@@ -35,19 +34,3 @@ class StopFlag:
     @property
     def set(self) -> bool:
         return self.received is not None
-
-
-STOP_REQUEST_FILE = "stop-request"
-
-
-def request_stop(run_dir: Path, why: str) -> None:
-    (run_dir / STOP_REQUEST_FILE).write_text(why + "\n")
-
-
-def stop_requested(run_dir: Path) -> bool:
-    return (run_dir / STOP_REQUEST_FILE).exists()
-
-
-def clear_stop_request(run_dir: Path) -> None:
-    """At the start of every attempt, before any rank runs: an old request must not stop a new run."""
-    (run_dir / STOP_REQUEST_FILE).unlink(missing_ok=True)

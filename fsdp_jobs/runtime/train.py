@@ -25,7 +25,7 @@ from fsdp_jobs.runtime.data import build_dataset, rank_batch
 from fsdp_jobs.runtime.mesh import World, build_mesh, init_process_group, read_world
 from fsdp_jobs.runtime.metrics import MetricsWriter, flops_per_token, log, peak_memory_gb
 from fsdp_jobs.runtime.shard import build_meta_model, dtype_of, materialize, shard_model
-from fsdp_jobs.runtime.signals import StopFlag, stop_requested
+from fsdp_jobs.runtime.signals import StopFlag
 
 # test-only fault injection: the training step raises from this step on (a job that cannot progress)
 FAIL_AT_STEP_ENV = "FSDP_JOBS_TEST_FAIL_AT_STEP"
@@ -131,7 +131,7 @@ def train(run_dir: Path, stop: StopFlag) -> int:
         state.samples_seen += global_batch
 
         # one all-reduce per step carries the mean loss and "has any rank been told to stop?"
-        stopping = stop.set or (rank == 0 and stop_requested(run_dir))
+        stopping = stop.set or (rank == 0 and runs.stop_requested(run_dir))
         flag = torch.tensor(1.0 if stopping else 0.0, device=world.device)
         sync = torch.stack([loss.detach().float(), flag])  # stays on the device: one sync, after the reduce
         dist.all_reduce(sync)

@@ -1,0 +1,128 @@
+"""The one interface every backend implements, modelled on TorchX's `Scheduler`.
+
+    dryrun(plan, cfg) -> DryRun         the exact request, as data, plus the text `dry_run=true` prints
+    submit(dryrun)    -> Submitted      submits exactly that request; records it in launches.jsonl
+    describe(run)     -> JobStatus      the backend's own word on the job, mapped to a common state
+    log_iter(run, follow)               the job's log lines; with follow, until the job has ended
+    cancel(run)       -> str            stop it (the ranks checkpoint first where the backend allows)
+
+`run` is a `Run`: the run dir plus its newest launch record, which is all a backend needs to find its
+job again (`launches.jsonl` is the journal; `fsdp-jobs list` reads the run dirs). The CLI and ctl
+know no backend by name: they call `launchers.get(name)` and this interface. A new backend is one
+module with one `Backend` subclass named BACKEND, plus its config schema.
+"""
+
+from __future__ import annotations
+
+import enum
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterator, Optional
+
+from fsdp_jobs import runs
+from fsdp_jobs.errors import UserError
+
+
+class JobState(str, enum.Enum):
+    PENDING = "PENDING"
+    RUNNING = "RUNNING"
+    SUCCEEDED = "SUCCEEDED"
+    FAILED = "FAILED"
+    CANCELLED = "CANCELLED"
+    UNKNOWN = "UNKNOWN"
+
+    @property
+    def terminal(self) -> bool:
+        return self in (JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED)
+
+
+@dataclass
+class JobStatus:
+    state: JobState
+    detail: str  # the backend's own words, e.g. "RUNNING (Reason=None)" or "exited 0 (node0, node1)"
+    info: dict[str, Any] = field(default_factory=dict)  # backend-specific fields for `status` (JSON)
+
+
+@dataclass
+class DryRun:
+    """What `submit` will hand to the backend, exactly; `text` is how `dry_run=true` shows it."""
+
+    backend: str
+    plan: Any
+    cfg: Any
+    request: Any
+    text: str
+
+
+@dataclass
+class Submitted:
+    job_id: str
+    exit_status: Optional[int] = None  # set by backends that stay attached until the job ends
+
+
+@dataclass
+class Run:
+    run_dir: Path
+    launch: dict[str, Any]  # the newest record in launches.jsonl ({} if none survived)
+
+    @classmethod
+    def load(cls, run_dir: Path) -> "Run":
+        return cls(run_dir, runs.last_launch(run_dir))
+
+
+def state_from_training(run_dir: Path) -> JobState:
+    """When the backend has nothing left to say, state.json (rank 0's own record) tells the outcome."""
+    status = runs.read_state(run_dir).get("status")
+    return {"completed": JobState.SUCCEEDED, "failed": JobState.FAILED,
+            "preempted": JobState.CANCELLED}.get(str(status), JobState.UNKNOWN)
+
+
+class Backend:
+    name = ""
+
+    def check(self, plan: Any, cfg: Any) -> None:
+        """Refusals that need the backend (is it reachable? is the run busy?), before anything is written."""
+
+    def dryrun(self, plan: Any, cfg: Any) -> DryRun:
+        raise NotImplementedError
+
+    def submit(self, dryrun: DryRun) -> Submitted:
+        raise NotImplementedError
+
+    def describe(self, run: Run) -> JobStatus:
+        raise NotImplementedError
+
+    def cancel(self, run: Run) -> str:
+        raise NotImplementedError
+
+    def chaos(self, run: Run, action: str, node: int) -> str:
+        """Failure injection for testing resilience (kill-node: it comes back; stop-node: gone for good)."""
+        raise UserError("chaos", action, f"not supported by the {self.name} backend (cluster=docker has it)")
+
+    def log_files(self, run: Run) -> list[Path]:
+        """Files holding the job's log; the default `log_iter` tails them."""
+        return [run.run_dir / "logs" / "launcher.log"]
+
+    def log_iter(self, run: Run, follow: bool = False, poll_s: float = 1.0) -> Iterator[str]:
+        """Every line of the log files (prefixed with the file's name when there are several); with
+        `follow`, keep reading until the job has ended and nothing more was written."""
+        offsets: dict[Path, int] = {}
+        while True:
+            ended = follow and self.describe(run).state.terminal  # asked before the last read
+            files = self.log_files(run)
+            for f in files:
+                try:
+                    with open(f, "rb") as fh:
+                        fh.seek(offsets.get(f, 0))
+                        data = fh.read()
+                except OSError:
+                    continue
+                cut = data.rfind(b"\n") + 1 if follow and not ended else len(data)  # whole lines only
+                offsets[f] = offsets.get(f, 0) + cut
+                prefix = f"[{f.name}] " if len(files) > 1 else ""
+                for line in data[:cut].decode(errors="replace").splitlines():
+                    yield prefix + line
+            if not follow or ended:
+                return
+            time.sleep(poll_s)
