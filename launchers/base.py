@@ -53,6 +53,9 @@ class DryRun:
     cfg: Any
     request: Any
     text: str
+    # what every node's torchrun agent gets, whatever the backend (one test compares them across backends):
+    agent_args: list[str] = field(default_factory=list)  # torchrun flags (endpoint as the backend names it)
+    agent_env: dict[str, str] = field(default_factory=dict)  # environment of the agent and its ranks
 
 
 @dataclass

@@ -89,7 +89,8 @@ class LocalBackend(Backend):
         port = cfg.cluster.rdzv_port or free_port()  # chosen now, so the dry run shows the real one
         request = [({**runtime_env(cfg), "FSDP_JOBS_NODE": f"node{i}"}, cmd)
                    for i, cmd in enumerate(node_commands(plan, cfg, port))]
-        return DryRun(self.name, plan, cfg, request, render(request))
+        return DryRun(self.name, plan, cfg, request, render(request), agent_args=request[0][1][3:-3],
+                      agent_env=runtime_env(cfg))
 
     def submit(self, dryrun: DryRun, echo: bool = True) -> Submitted:
         """Run the job in the foreground; its exit status is 0 when every node finished."""

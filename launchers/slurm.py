@@ -17,7 +17,7 @@ from typing import Any
 from fsdp_jobs import runs
 from fsdp_jobs.errors import UserError
 from launchers.base import Backend, DryRun, JobState, JobStatus, Run, Submitted
-from launchers.common import runtime_env
+from launchers.common import runtime_env, torchrun_args
 from launchers.snapshot import PROJECT_ROOT, next_snapshot_dir, take_snapshot
 
 ACTIVE_STATES = ("PENDING", "RUNNING", "REQUEUED", "RESIZING", "SUSPENDED", "CONFIGURING", "COMPLETING",
@@ -153,7 +153,11 @@ class SlurmBackend(Backend):
         folder = Path(_folder(plan)).expanduser().absolute()
         command = " ".join([shlex.quote(sys.executable), "-u -m submitit.core._submit", shlex.quote(str(folder))])
         script = _make_sbatch_string(command=command, folder=folder, **params)
-        return DryRun(self.name, plan, cfg, {"parameters": params, "code_dir": str(code_dir), "sbatch": script}, script)
+        # the node task (slurm_task.py) builds the same flags at run time, at the allocation's first node
+        port = cfg.cluster.rdzv_port or "<20000 + job id % 20000>"
+        agent_args = torchrun_args(plan, f"<first node>:{port}", cfg.cluster.stop_grace_s)
+        return DryRun(self.name, plan, cfg, {"parameters": params, "code_dir": str(code_dir), "sbatch": script},
+                      script, agent_args=agent_args, agent_env=runtime_env(cfg))
 
     def submit(self, dryrun: DryRun) -> Submitted:
         return Submitted(submit_job(dryrun))
