@@ -58,6 +58,15 @@ def load_job(run_dir: Path) -> dict[str, Any]:
     return yaml.safe_load((run_dir / JOB_FILE).read_text())
 
 
+def job_hash(job: dict[str, Any]) -> str:
+    """What a checkpoint can be resumed with (model, sharding, training, data), hashed: checkpoints
+    record it, and the sweep journal records it, so the two can be matched."""
+    import hashlib
+
+    keep = {k: job[k] for k in ("model", "fsdp", "train", "data")}
+    return hashlib.sha256(json.dumps(keep, sort_keys=True).encode()).hexdigest()[:16]
+
+
 def record_launch(run_dir: Path, **fields: Any) -> None:
     with open(run_dir / LAUNCHES_FILE, "a") as f:
         f.write(json.dumps({"time": time.strftime("%Y-%m-%dT%H:%M:%S"), **fields}) + "\n")

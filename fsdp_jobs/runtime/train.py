@@ -81,7 +81,7 @@ def train(run_dir: Path, stop: StopFlag) -> int:
 
     attempt = [f"{int(time.time())}-{os.getpid()}"]
     dist.broadcast_object_list(attempt, src=0)  # one name for this attempt's checkpoint dirs on every rank
-    ckpt = CheckpointManager(run_dir, ccfg["keep_last"], {"config_hash": job_hash(job)}, rank, attempt[0],
+    ckpt = CheckpointManager(run_dir, ccfg["keep_last"], {"config_hash": runs.job_hash(job)}, rank, attempt[0],
                              async_save=ccfg["async_save"], log=lambda m: log(rank, m))
     resume_from = ckpt.find_latest() if ccfg["resume"] else None
     # a checkpoint overwrites every parameter: only a fresh start pays for the seeded init
@@ -179,13 +179,6 @@ def save_probe(run_dir: Path, model: torch.nn.Module, dataset: Any, step: int, w
         tmp = run_dir / ".probe.pt.tmp"
         torch.save({"step": step, "inputs": inputs.cpu(), "logits": logits}, tmp)
         os.replace(tmp, run_dir / "probe.pt")
-
-
-def job_hash(job: dict[str, Any]) -> str:
-    import hashlib
-
-    keep = {k: job[k] for k in ("model", "fsdp", "train", "data")}
-    return hashlib.sha256(json.dumps(keep, sort_keys=True).encode()).hexdigest()[:16]
 
 
 def shutdown(code: int) -> None:
