@@ -1,0 +1,87 @@
+"""First thing every Kubernetes pod runs (cluster=kubernetes): put the job into its run dir, then exec torchrun.
+
+    python /etc/fsdp-jobs/boot.py CONFIG_DIR RUN_DIR COMMAND...
+
+The submitter cannot write the PVC that holds the run dirs, so the job's config travels in a ConfigMap
+(job.yaml, plan.json and this file) mounted read-only at CONFIG_DIR. Every pod copies it into RUN_DIR on
+the PVC, where the runtime expects it (fsdp_jobs/runs.py), keeping a changed job.yaml under history/ as
+`runs.prepare` does; pods write concurrently, so each writes under its own temporary name and renames.
+Then it waits until the rendezvous host (the first pod's DNS name) resolves: a c10d agent that cannot
+resolve it would not know it is the store's host, and every agent would wait for a store nobody serves.
+
+Standard library only (the image needs nothing but Python, torch and fsdp_jobs); the backend ships this
+file's text in the ConfigMap, so the pods run exactly the version that submitted them.
+"""
+
+import os
+import shutil
+import socket
+import sys
+import time
+
+FILES = ("job.yaml", "plan.json")
+DNS_WAIT_S = 600.0
+
+
+def copy_job(config_dir: str, run_dir: str) -> None:
+    os.makedirs(os.path.join(run_dir, "logs"), exist_ok=True)
+    me = socket.gethostname()
+    for name in FILES:
+        with open(os.path.join(config_dir, name), "rb") as f:
+            new = f.read()
+        dst = os.path.join(run_dir, name)
+        try:
+            with open(dst, "rb") as f:
+                old = f.read()
+        except OSError:
+            old = None
+        if old == new:
+            continue
+        if name == "job.yaml" and old is not None:  # the run was started with another config: keep it
+            hist = os.path.join(run_dir, "history")
+            os.makedirs(hist, exist_ok=True)
+            with open(os.path.join(hist, "job-%s-%s.yaml" % (time.strftime("%Y%m%d-%H%M%S"), me)), "wb") as f:
+                f.write(old)
+        tmp = os.path.join(run_dir, ".%s.tmp-%s" % (name, me))
+        with open(tmp, "wb") as f:
+            f.write(new)
+        os.replace(tmp, dst)
+
+
+def rendezvous_host(command: list) -> str:
+    endpoint = next((a.split("=", 1)[1] for a in command if a.startswith("--rdzv-endpoint=")), "")
+    return endpoint.rsplit(":", 1)[0]
+
+
+def wait_for_dns(host: str, limit_s: float = DNS_WAIT_S) -> bool:
+    deadline = time.monotonic() + limit_s
+    said = False
+    while True:
+        try:
+            socket.getaddrinfo(host, None)
+            return True
+        except OSError:
+            if time.monotonic() > deadline:
+                print("fsdp-jobs: %s still does not resolve; starting torchrun anyway" % host, flush=True)
+                return False
+            if not said:
+                print("fsdp-jobs: waiting for the rendezvous host %s to resolve" % host, flush=True)
+                said = True
+            time.sleep(1.0)
+
+
+def main(argv: list) -> None:
+    if len(argv) < 4:
+        print("usage: boot.py CONFIG_DIR RUN_DIR COMMAND...", file=sys.stderr)
+        raise SystemExit(2)
+    config_dir, run_dir, command = argv[1], argv[2], argv[3:]
+    copy_job(config_dir, run_dir)
+    host = rendezvous_host(command)
+    if host:
+        wait_for_dns(host)
+    sys.stdout.flush()
+    os.execvp(command[0], command)
+
+
+if __name__ == "__main__":
+    main(sys.argv)

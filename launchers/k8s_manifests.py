@@ -1,0 +1,326 @@
+"""cluster=kubernetes: the objects a run becomes, as plain dicts (exactly what is sent to the API server).
+
+    ConfigMap <job>-job   job.yaml, plan.json and boot.py, mounted read-only into every pod
+    Service   <job>       kind=jobset only: the headless Service behind the pods' DNS names
+    the job   <job>       kind=volcano: a Volcano Job built by TorchX's kubernetes scheduler
+                          kind=pytorchjob: a Kubeflow PyTorchJob (elasticPolicy, c10d)
+                          kind=jobset: a JobSet, one Indexed Job of `nodes` pods
+
+Every pod is the same TorchX pod (`role_to_pod`: resources, /dev/shm, the PVC at cluster.mount_path)
+with the same patch on top: non-root, no privilege escalation, all capabilities dropped, a dedicated
+ServiceAccount without an API token, the job's ConfigMap. Each runs `boot.py` (launchers/k8s_boot.py),
+which copies the job into its run dir on the PVC and execs torchrun with the flags every backend uses
+(launchers/common.py), the rendezvous endpoint being the first pod's stable DNS name.
+Imports torchx/kubernetes only inside functions: the planning path stays fast.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+import secrets
+import string
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+import yaml
+from omegaconf import OmegaConf
+
+from launchers.common import runtime_env, torchrun_args
+
+ROLE = "node"  # TorchX role / JobSet replicated job: pods are <job>-node-<k>-0
+CONFIG_DIR = "/etc/fsdp-jobs"  # where the ConfigMap is mounted
+CONFIG_VOLUME = "fsdp-jobs-config"
+BOOT_FILE = Path(__file__).with_name("k8s_boot.py")
+LABEL_RUN = "fsdp-jobs/run"
+LABEL_JOB = "fsdp-jobs/job"
+MANAGED_BY = {"app.kubernetes.io/managed-by": "fsdp-jobs"}
+NAME_PREFIX_MAX = 30  # + "-" + TorchX's suffix (<= 14) + "-node-NN-0" stays within a 63-char hostname
+
+
+@dataclass(frozen=True)
+class Kind:
+    kind: str
+    group: str
+    version: str
+    plural: str
+    first_pod: str  # the first pod's stable DNS name, from the job name
+    pod_name: str  # pod of node k (for logs); "" = found by label (the Job controller adds a suffix)
+
+
+KINDS = {
+    # Volcano's svc plugin: headless Service <job>, pod hostname <job>-<task>-<i>, subdomain <job>
+    "volcano": Kind("Job", "batch.volcano.sh", "v1alpha1", "jobs", "{job}-node-0-0.{job}", "{job}-node-{k}-0"),
+    # the training-operator makes a Service per replica: <job>-worker-<k>
+    "pytorchjob": Kind("PyTorchJob", "kubeflow.org", "v1", "pytorchjobs", "{job}-worker-0", "{job}-worker-{k}"),
+    # JobSet: hostname <jobset>-<replicated job>-<job index>-<pod index>, subdomain = our headless Service
+    "jobset": Kind("JobSet", "jobset.x-k8s.io", "v1alpha2", "jobsets", "{job}-node-0-0.{job}", ""),
+}
+
+
+@dataclass
+class Request:
+    """What `submit` sends, in order; `torchx` is TorchX's AppDryRunInfo for kind=volcano."""
+
+    kind: str
+    namespace: str
+    context: Optional[str]
+    name: str  # the job's name (also the prefix of every other object's name)
+    objects: list[dict[str, Any]]
+    run_dir: str  # the run dir in the pods
+    torchx: Any = None
+    endpoint: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def job(self) -> dict[str, Any]:
+        return self.objects[-1]
+
+    @property
+    def configmap(self) -> dict[str, Any]:
+        return self.objects[0]
+
+
+def name_prefix(run_name: str) -> str:
+    """A DNS-1035 label from the run name (Service names must start with a letter)."""
+    s = re.sub(r"[^a-z0-9-]+", "-", run_name.lower()).strip("-")
+    s = s if s[:1].isalpha() else f"r-{s}"
+    return s[:NAME_PREFIX_MAX].rstrip("-") or "run"
+
+
+def unique_name(prefix: str) -> str:
+    tail = secrets.choice(string.ascii_lowercase) + "".join(
+        secrets.choice(string.ascii_lowercase + string.digits) for _ in range(5))
+    return f"{prefix}-{tail}"
+
+
+def wants_gpus(cfg: Any) -> bool:
+    gpus = str(cfg.cluster.gpus).lower()
+    return gpus == "true" if gpus != "auto" else cfg.cluster.device != "cpu"
+
+
+def pod_run_dir(plan: Any, cfg: Any) -> str:
+    return f"{str(cfg.cluster.mount_path).rstrip('/')}/{plan.name}"
+
+
+def job_files(plan: Any, cfg: Any) -> dict[str, str]:
+    """job.yaml as runs.prepare writes it (the pods never dry-run), plan.json with the pods' run dir."""
+    job = OmegaConf.to_container(cfg, resolve=True)
+    assert isinstance(job, dict)
+    job.pop("hydra", None)
+    job["dry_run"] = False  # so `dry_run=true` prints what a real submission sends
+    pod_plan = {**plan.to_dict(), "run_dir": pod_run_dir(plan, cfg)}
+    return {"job.yaml": yaml.safe_dump(job, sort_keys=False), "plan.json": json.dumps(pod_plan, indent=2) + "\n",
+            "boot.py": BOOT_FILE.read_text()}
+
+
+def labels(plan: Any, job: str) -> dict[str, str]:
+    return {**MANAGED_BY, LABEL_RUN: re.sub(r"[^A-Za-z0-9._-]", "-", plan.name)[:63].strip("-._") or "run",
+            LABEL_JOB: job}
+
+
+def endpoint(kind: str, job: str, port: int) -> str:
+    return f"{KINDS[kind].first_pod.format(job=job)}:{port}"
+
+
+def node_command(plan: Any, cfg: Any, rdzv_endpoint: str) -> list[str]:
+    """The container's command: boot.py, then the same torchrun agent as every other backend."""
+    run_dir = pod_run_dir(plan, cfg)
+    return ["python", f"{CONFIG_DIR}/boot.py", CONFIG_DIR, run_dir,
+            "python", "-m", "torch.distributed.run",
+            *torchrun_args(plan, rdzv_endpoint, cfg.cluster.stop_grace_s), "-m", "fsdp_jobs.runtime", run_dir]
+
+
+def torchx_role(plan: Any, cfg: Any, rdzv_endpoint: str, port_name: str = "c10d") -> Any:
+    """One TorchX role: replicas = nodes, min_replicas = the elastic lower bound, the PVC mounted."""
+    from torchx import specs
+
+    c = cfg.cluster
+    gpn = plan.gpus_per_node
+    command = node_command(plan, cfg, rdzv_endpoint)
+    return specs.Role(
+        name=ROLE,
+        image=c.image,
+        entrypoint=command[0],
+        args=command[1:],
+        env=runtime_env(cfg),
+        num_replicas=plan.nodes,
+        min_replicas=plan.rendezvous.min_nodes if plan.rendezvous.min_nodes != plan.nodes else None,
+        max_retries=c.max_retries,
+        resource=specs.Resource(cpu=c.cpu or 4 * gpn, gpu=gpn if wants_gpus(cfg) else 0,
+                                memMB=int((c.memory_gb or 16 * gpn) * 1024)),
+        port_map={port_name: int(c.rdzv_port)},
+        mounts=[specs.VolumeMount(src=c.pvc, dst_path=str(c.mount_path))],
+    )
+
+
+def secure_pod(pod: dict[str, Any], plan: Any, cfg: Any, configmap: str, job: str) -> dict[str, Any]:
+    """What TorchX 0.7 has no option for: the security defaults, the ServiceAccount, the ConfigMap."""
+    c = cfg.cluster
+    meta = pod.setdefault("metadata", {})
+    meta.setdefault("labels", {}).update(labels(plan, job))
+    spec = pod["spec"]
+    spec["serviceAccountName"] = c.service_account
+    spec["automountServiceAccountToken"] = False  # the training pods never call the API
+    spec["securityContext"] = {"runAsNonRoot": True, "runAsUser": int(c.run_as_user),
+                               "runAsGroup": int(c.run_as_group), "fsGroup": int(c.run_as_group),
+                               "seccompProfile": {"type": "RuntimeDefault"}}
+    # on delete the kubelet sends SIGTERM: torchrun gives the ranks stop_grace_s to checkpoint
+    spec["terminationGracePeriodSeconds"] = int(c.stop_grace_s) + 30
+    spec["nodeSelector"] = {str(k): str(v) for k, v in c.node_selector.items()}
+    if not spec["nodeSelector"]:
+        del spec["nodeSelector"]
+    if c.priority_class:
+        spec["priorityClassName"] = c.priority_class
+    spec["volumes"].append({"name": CONFIG_VOLUME, "configMap": {"name": configmap, "defaultMode": 0o444}})
+    ctr = spec["containers"][0]
+    ctr["securityContext"] = {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]},
+                              "privileged": False, "runAsNonRoot": True}
+    ctr["volumeMounts"].append({"name": CONFIG_VOLUME, "mountPath": CONFIG_DIR, "readOnly": True})
+    env = ctr.setdefault("env", [])
+    env.append({"name": "FSDP_JOBS_NODE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}})
+    for var, ref in sorted(c.secret_env.items()):  # only the reference is in job.yaml and the manifests
+        secret, key = str(ref).split("/", 1)
+        env.append({"name": str(var), "valueFrom": {"secretKeyRef": {"name": secret, "key": key}}})
+    return pod
+
+
+def configmap(plan: Any, cfg: Any, job: str) -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": f"{job}-job", "namespace": cfg.cluster.namespace, "labels": labels(plan, job)},
+            "immutable": True, "data": job_files(plan, cfg)}
+
+
+def _serialize(obj: Any) -> Any:
+    from kubernetes.client import ApiClient
+
+    return ApiClient().sanitize_for_serialization(obj)
+
+
+def _meta(plan: Any, cfg: Any, job: str) -> dict[str, Any]:
+    return {"name": job, "namespace": cfg.cluster.namespace, "labels": labels(plan, job)}
+
+
+def volcano(plan: Any, cfg: Any) -> Request:
+    """TorchX builds the Volcano Job (gang, /dev/shm, PVC, maxRetry + RestartJob); we patch its pods."""
+    from torchx import specs
+    from torchx.schedulers import get_scheduler_factories
+
+    c = cfg.cluster
+    role = torchx_role(plan, cfg, f"{KINDS['volcano'].first_pod.format(job=specs.macros.app_id)}:{c.rdzv_port}")
+    app = specs.AppDef(name=name_prefix(plan.name), roles=[role])
+    scheduler = get_scheduler_factories()["kubernetes"]("fsdp-jobs")
+    opts = {"namespace": c.namespace, "queue": c.queue, "service_account": c.service_account}
+    if c.priority_class:
+        opts["priority_class"] = c.priority_class
+    with warnings.catch_warnings():  # TorchX warns about Volcano < 1.4 retries on every dry run
+        warnings.simplefilter("ignore")
+        info = scheduler.submit_dryrun(app, opts)
+    resource = _serialize(info.request.resource)
+    job = resource["metadata"]["name"]
+    resource["metadata"].update(_meta(plan, cfg, job))
+    for task in resource["spec"]["tasks"]:
+        secure_pod(task["template"], plan, cfg, f"{job}-job", job)
+    info.request.resource = resource  # TorchX's schedule() sends exactly this
+    return Request("volcano", c.namespace, c.context, job, [configmap(plan, cfg, job), resource],
+                   pod_run_dir(plan, cfg), torchx=info, endpoint=endpoint("volcano", job, c.rdzv_port))
+
+
+def _pod_template(plan: Any, cfg: Any, kind: str, job: str, container: str, port_name: str,
+                  restart_policy: str) -> dict[str, Any]:
+    """The same TorchX pod as kind=volcano, for a controller that stamps out `nodes` copies of it."""
+    from torchx import specs
+    from torchx.schedulers.kubernetes_scheduler import role_to_pod
+
+    role = torchx_role(plan, cfg, endpoint(kind, job, cfg.cluster.rdzv_port), port_name)
+    pod = _serialize(role_to_pod(container, role, cfg.cluster.service_account))
+    pod["spec"]["restartPolicy"] = restart_policy
+    pod = secure_pod(pod, plan, cfg, f"{job}-job", job)
+    assert specs.macros.app_id not in json.dumps(pod)  # nothing left for TorchX to substitute
+    return pod
+
+
+def pytorchjob(plan: Any, cfg: Any) -> Request:
+    c, r = cfg.cluster, plan.rendezvous
+    job = unique_name(name_prefix(plan.name))
+    # the operator finds its container and port by these names
+    pod = _pod_template(plan, cfg, "pytorchjob", job, "pytorch", "pytorchjob-port", "OnFailure")
+    scheduling: dict[str, Any] = {"queue": c.queue, "minAvailable": r.min_nodes}
+    if c.priority_class:
+        scheduling["priorityClass"] = c.priority_class
+    body = {
+        "apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob", "metadata": _meta(plan, cfg, job),
+        "spec": {
+            "nprocPerNode": str(plan.gpus_per_node),
+            # the operator's own PET_* environment says the same as our explicit torchrun flags
+            "elasticPolicy": {"rdzvBackend": "c10d", "rdzvHost": KINDS["pytorchjob"].first_pod.format(job=job),
+                              "rdzvPort": int(c.rdzv_port), "rdzvId": r.run_id, "minReplicas": r.min_nodes,
+                              "maxReplicas": r.max_nodes, "maxRestarts": r.max_restarts},
+            # a failed pod is restarted in place (OnFailure) up to backoffLimit times; finished pods are
+            # kept (cleanPodPolicy None) so `fsdp-jobs logs` still reads them
+            "runPolicy": {"backoffLimit": int(c.max_retries), "cleanPodPolicy": "None",
+                          "schedulingPolicy": scheduling},
+            "pytorchReplicaSpecs": {"Worker": {"replicas": plan.nodes, "restartPolicy": "OnFailure",
+                                               "template": pod}},
+        },
+    }
+    return Request("pytorchjob", c.namespace, c.context, job, [configmap(plan, cfg, job), body],
+                   pod_run_dir(plan, cfg), endpoint=endpoint("pytorchjob", job, c.rdzv_port))
+
+
+def headless_service(plan: Any, cfg: Any, job: str) -> dict[str, Any]:
+    """The pods' DNS names (<pod hostname>.<job>), published before they are ready: the rendezvous
+    must resolve while every pod is still starting."""
+    port = int(cfg.cluster.rdzv_port)
+    return {"apiVersion": "v1", "kind": "Service", "metadata": _meta(plan, cfg, job),
+            "spec": {"clusterIP": "None", "publishNotReadyAddresses": True,
+                     "selector": {"jobset.sigs.k8s.io/jobset-name": job},
+                     "ports": [{"name": "c10d", "port": port, "targetPort": port, "protocol": "TCP"}]}}
+
+
+def jobset(plan: Any, cfg: Any) -> Request:
+    c = cfg.cluster
+    job = unique_name(name_prefix(plan.name))
+    # a failed pod fails its Job (backoffLimit 0), and the JobSet restarts every pod (failurePolicy)
+    pod = _pod_template(plan, cfg, "jobset", job, "node", "c10d", "Never")
+    body = {
+        "apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSet", "metadata": _meta(plan, cfg, job),
+        "spec": {
+            "network": {"enableDNSHostnames": True, "subdomain": job, "publishNotReadyAddresses": True},
+            "failurePolicy": {"maxRestarts": int(c.max_retries)},
+            "replicatedJobs": [{"name": ROLE, "replicas": 1, "template": {"spec": {
+                "parallelism": plan.nodes, "completions": plan.nodes, "completionMode": "Indexed",
+                "backoffLimit": 0, "template": pod}}}],
+        },
+    }
+    return Request("jobset", c.namespace, c.context, job,
+                   [configmap(plan, cfg, job), headless_service(plan, cfg, job), body],
+                   pod_run_dir(plan, cfg), endpoint=endpoint("jobset", job, c.rdzv_port))
+
+
+RENDERERS = {"volcano": volcano, "pytorchjob": pytorchjob, "jobset": jobset}
+
+
+def render(plan: Any, cfg: Any) -> Request:
+    return RENDERERS[cfg.cluster.kind](plan, cfg)
+
+
+def pod_templates(obj: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every pod template inside one of our job objects (for validation and tests)."""
+    kind = obj.get("kind")
+    if kind == "Job" and obj["apiVersion"].startswith("batch.volcano.sh"):
+        return [t["template"] for t in obj["spec"]["tasks"]]
+    if kind == "PyTorchJob":
+        return [s["template"] for s in obj["spec"]["pytorchReplicaSpecs"].values()]
+    if kind == "JobSet":
+        return [rj["template"]["spec"]["template"] for rj in obj["spec"]["replicatedJobs"]]
+    return []
+
+
+def to_text(request: Request) -> str:
+    head = (f"# kubernetes: {KINDS[request.kind].kind} {request.namespace}/{request.name} "
+            f"(context: {request.context or 'current'}); pods' run dir {request.run_dir}\n")
+    return head + yaml.safe_dump_all(copy.deepcopy(request.objects), sort_keys=False)

@@ -1,0 +1,333 @@
+"""cluster=kubernetes: one gang-scheduled job of `nodes` pods, each running one torchrun agent.
+
+    dryrun   every object, as submitted (launchers/k8s_manifests.py): the job's ConfigMap, for
+             kind=jobset a headless Service, and the job (Volcano Job built by TorchX's kubernetes
+             scheduler | Kubeflow PyTorchJob | JobSet)
+    submit   creates them in that order (the Volcano Job through TorchX's `schedule`), makes the job
+             own the others (Kubernetes deletes them with it), records the job and returns at once
+    describe the job's own state (Volcano phase via TorchX, the operator's conditions)
+    log_iter the pods' logs (node order), following restarted pods until the job has ended
+    cancel   deletes the job; its pods get SIGTERM and stop_grace_s + 30 s to checkpoint
+
+The run dir the ranks use is <cluster.mount_path>/<name> on the PVC; the local run dir keeps the job's
+config and launch records, which is all `fsdp-jobs list|status|logs|cancel` need.
+"""
+
+from __future__ import annotations
+
+import queue
+import re
+import threading
+import time
+from pathlib import Path
+from typing import Any, Iterator, Optional
+
+from fsdp_jobs import runs
+from fsdp_jobs.errors import UserError
+from launchers import k8s_manifests as manifests
+from launchers.base import Backend, DryRun, JobState, JobStatus, Run, Submitted
+from launchers.common import runtime_env, torchrun_args
+from launchers.k8s_api import api_client, explain, require_package
+
+TIMESTAMP = re.compile(r"^\d{4}-\d\d-\d\dT[0-9:.]+Z ")  # TorchX asks the API for timestamped lines
+INSTALL_HINT = {"volcano": "Volcano (volcano.sh)", "pytorchjob": "the Kubeflow training-operator",
+                "jobset": "JobSet (jobset.sigs.k8s.io)"}
+
+
+def _torchx_state(app_state: Any) -> JobState:
+    name = getattr(app_state, "name", str(app_state))
+    return {"UNSUBMITTED": JobState.PENDING, "SUBMITTED": JobState.PENDING, "PENDING": JobState.PENDING,
+            "RUNNING": JobState.RUNNING, "SUCCEEDED": JobState.SUCCEEDED, "FAILED": JobState.FAILED,
+            "CANCELLED": JobState.CANCELLED}.get(name, JobState.UNKNOWN)
+
+
+def _condition_state(kind: str, status: dict[str, Any]) -> tuple[JobState, str]:
+    """The newest true condition of a PyTorchJob / JobSet, in the common vocabulary."""
+    conds = [c for c in status.get("conditions") or [] if str(c.get("status")) == "True"]
+    last = conds[-1]["type"] if conds else ""
+    table = {"Succeeded": JobState.SUCCEEDED, "Completed": JobState.SUCCEEDED, "Failed": JobState.FAILED,
+             "Running": JobState.RUNNING, "Restarting": JobState.RUNNING, "Created": JobState.PENDING,
+             "Suspended": JobState.PENDING}
+    state = table.get(last, JobState.UNKNOWN)
+    if kind == "jobset" and state is JobState.UNKNOWN:  # no terminal condition yet: active pods decide
+        active = sum(int(r.get("active") or 0) for r in status.get("replicatedJobsStatus") or [])
+        state = JobState.RUNNING if active else JobState.PENDING
+        last = f"{'active' if active else 'no active'} Jobs, restarts {status.get('restarts', 0)}"
+    return state, last or "no conditions yet"
+
+
+class KubernetesBackend(Backend):
+    name = "kubernetes"
+
+    # ---- submission -------------------------------------------------------------------------------
+
+    def check(self, plan: Any, cfg: Any) -> None:
+        """Before anything is written: the package, a kube config, the job's resource kind served in the
+        namespace (and we may list it), and no job of this run still active."""
+        c = cfg.cluster
+        client = api_client(c.context)
+        from kubernetes import client as k8s
+
+        kind = manifests.KINDS[c.kind]
+        try:
+            k8s.CustomObjectsApi(client).list_namespaced_custom_object(
+                kind.group, kind.version, c.namespace, kind.plural, limit=1, _request_timeout=30)
+        except Exception as e:  # noqa: BLE001 - every failure becomes one line
+            status = getattr(e, "status", None)
+            if status == 404:
+                raise UserError("cluster.kind", c.kind, f"the cluster does not serve {kind.group}/{kind.version} "
+                                f"{kind.plural}: install {INSTALL_HINT[c.kind]}, or choose another cluster.kind") from None
+            raise explain(e, f"cannot list {kind.plural} in namespace {c.namespace}", client) from None
+        last = next((r for r in reversed(runs.launches(Path(plan.run_dir))) if r.get("backend") == self.name), None)
+        if last:
+            status = self.describe(Run(Path(plan.run_dir), last))
+            if status.state in (JobState.PENDING, JobState.RUNNING):
+                raise UserError("name", plan.name, f"run already has Kubernetes job {last['job_id']} "
+                                f"({status.detail}); cancel it (fsdp-jobs cancel {plan.name}) or choose another name")
+
+    def dryrun(self, plan: Any, cfg: Any) -> DryRun:
+        require_package()  # TorchX builds its pods with the kubernetes package's models
+        request = manifests.render(plan, cfg)
+        return DryRun(self.name, plan, cfg, request, manifests.to_text(request),
+                      agent_args=torchrun_args(plan, request.endpoint, cfg.cluster.stop_grace_s),
+                      agent_env=runtime_env(cfg))
+
+    def submit(self, dryrun: DryRun) -> Submitted:
+        plan, cfg, req = dryrun.plan, dryrun.cfg, dryrun.request
+        client = api_client(req.context)
+        from kubernetes import client as k8s
+
+        core = k8s.CoreV1Api(client)
+        created: list[dict[str, Any]] = []
+        try:
+            for obj in req.objects[:-1]:  # the ConfigMap (and Service) first: the pods mount/resolve them
+                create = core.create_namespaced_config_map if obj["kind"] == "ConfigMap" else core.create_namespaced_service
+                create(req.namespace, obj)
+                created.append(obj)
+            owner = self._create_job(client, req)
+        except Exception as e:  # noqa: BLE001
+            self._delete_quietly(core, created)  # no half-submitted job left behind
+            what = f"the API server refused the {manifests.KINDS[req.kind].kind} {req.namespace}/{req.name}"
+            raise (e if isinstance(e, UserError) else explain(e, what, client)) from None
+        for obj in created:  # deleted with the job by Kubernetes' garbage collector
+            patch = {"metadata": {"ownerReferences": [owner]}}
+            try:
+                if obj["kind"] == "ConfigMap":
+                    core.patch_namespaced_config_map(obj["metadata"]["name"], req.namespace, patch)
+                else:
+                    core.patch_namespaced_service(obj["metadata"]["name"], req.namespace, patch)
+            except Exception as e:  # noqa: BLE001 - the job runs anyway; say what is left to clean up
+                print(f"fsdp-jobs: note: {obj['kind']} {obj['metadata']['name']} is not owned by the job "
+                      f"({explain(e, 'patch', client).allowed}); delete it after the job", flush=True)
+        job_id = f"{req.namespace}:{req.name}"
+        runs.record_launch(Path(plan.run_dir), backend=self.name, job_id=job_id, kind=req.kind,
+                           namespace=req.namespace, name=req.name, context=req.context, nodes=plan.nodes,
+                           gpus_per_node=plan.gpus_per_node, image=cfg.cluster.image, pod_run_dir=req.run_dir,
+                           stop_grace_s=int(cfg.cluster.stop_grace_s) + 30,
+                           objects=[f"{o['kind']}/{o['metadata']['name']}" for o in req.objects])
+        print(f"submitted Kubernetes {manifests.KINDS[req.kind].kind} {job_id}: {plan.name} on {plan.nodes} pods "
+              f"x {plan.gpus_per_node}\n"
+              f"  run dir:  {req.run_dir} on PVC {cfg.cluster.pvc} (local records: {Path(plan.run_dir)})\n"
+              f"  follow:   fsdp-jobs logs {plan.name} -f\n"
+              f"  status:   fsdp-jobs status {plan.name}     cancel: fsdp-jobs cancel {plan.name}", flush=True)
+        return Submitted(job_id)
+
+    def _create_job(self, client: Any, req: manifests.Request) -> dict[str, Any]:
+        """Create the job; returns an ownerReference to it."""
+        from kubernetes import client as k8s
+
+        kind = manifests.KINDS[req.kind]
+        api = k8s.CustomObjectsApi(client)
+        if req.kind == "volcano":
+            from torchx.schedulers.kubernetes_scheduler import create_scheduler
+
+            try:
+                create_scheduler("fsdp-jobs", client=client).schedule(req.torchx)
+            except ValueError as e:  # TorchX's word for 409 Conflict
+                raise UserError("cluster", "kubernetes", str(e)) from None
+            body = api.get_namespaced_custom_object(kind.group, kind.version, req.namespace, kind.plural, req.name)
+        else:
+            body = api.create_namespaced_custom_object(kind.group, kind.version, req.namespace, kind.plural, req.job)
+        return {"apiVersion": f"{kind.group}/{kind.version}", "kind": kind.kind, "name": req.name,
+                "uid": body["metadata"]["uid"], "blockOwnerDeletion": False}
+
+    @staticmethod
+    def _delete_quietly(core: Any, objs: list[dict[str, Any]]) -> None:
+        for obj in objs:
+            try:
+                if obj["kind"] == "ConfigMap":
+                    core.delete_namespaced_config_map(obj["metadata"]["name"], obj["metadata"]["namespace"])
+                else:
+                    core.delete_namespaced_service(obj["metadata"]["name"], obj["metadata"]["namespace"])
+            except Exception:  # noqa: BLE001 - best effort; the error that matters is raised by the caller
+                pass
+
+    # ---- following a submitted job ----------------------------------------------------------------
+
+    @staticmethod
+    def _where(run: Run) -> tuple[str, str, str]:
+        launch = run.launch
+        if not launch.get("name"):
+            raise UserError("RUN", run.run_dir.name, "its launch record names no Kubernetes job")
+        return str(launch.get("kind", "volcano")), str(launch["namespace"]), str(launch["name"])
+
+    def describe(self, run: Run) -> JobStatus:
+        kind, ns, name = self._where(run)
+        client = api_client(run.launch.get("context"))
+        info = {"kind": kind, "namespace": ns, "name": name}
+        k = manifests.KINDS[kind]
+        try:
+            if kind == "volcano":
+                return self._describe_volcano(client, run, info)
+            from kubernetes import client as k8s
+
+            body = k8s.CustomObjectsApi(client).get_namespaced_custom_object(k.group, k.version, ns, k.plural, name)
+        except Exception as e:  # noqa: BLE001
+            if getattr(e, "status", None) == 404:
+                return JobStatus(JobState.UNKNOWN, f"UNKNOWN ({k.kind} {ns}/{name} no longer exists: cancelled "
+                                 "or deleted)", info)
+            raise explain(e, f"cannot read {k.kind} {ns}/{name}", client) from None
+        state, why = _condition_state(kind, body.get("status") or {})
+        return JobStatus(state, f"{state.value} ({k.kind} {ns}/{name}: {why})", info)
+
+    def _describe_volcano(self, client: Any, run: Run, info: dict[str, Any]) -> JobStatus:
+        from torchx.schedulers.kubernetes_scheduler import create_scheduler
+
+        ns, name = info["namespace"], info["name"]
+        try:
+            resp = create_scheduler("fsdp-jobs", client=client).describe(f"{ns}:{name}")
+        except KeyError as e:  # a Volcano phase TorchX 0.7 does not know (e.g. Completing)
+            return JobStatus(JobState.RUNNING, f"RUNNING (Volcano Job {ns}/{name}: phase {e.args[0]})", info)
+        assert resp is not None
+        state = _torchx_state(resp.state)
+        pods = ", ".join(f"{r.role}-{r.id} {r.state.name}" for rs in resp.roles_statuses for r in rs.replicas)
+        return JobStatus(state, f"{state.value} (Volcano Job {ns}/{name}{': ' + pods if pods else ''})", info)
+
+    def cancel(self, run: Run) -> str:
+        kind, ns, name = self._where(run)
+        client = api_client(run.launch.get("context"))
+        k = manifests.KINDS[kind]
+        try:
+            if kind == "volcano":
+                from torchx.schedulers.kubernetes_scheduler import create_scheduler
+
+                create_scheduler("fsdp-jobs", client=client).cancel(f"{ns}:{name}")
+            else:
+                from kubernetes import client as k8s
+
+                k8s.CustomObjectsApi(client).delete_namespaced_custom_object(
+                    k.group, k.version, ns, k.plural, name, propagation_policy="Background")
+        except Exception as e:  # noqa: BLE001
+            if getattr(e, "status", None) == 404:
+                return f"{k.kind} {ns}/{name} no longer exists ({run.run_dir.name})"
+            raise explain(e, f"cannot delete {k.kind} {ns}/{name}", client) from None
+        grace = run.launch.get("stop_grace_s")
+        return (f"deleted Kubernetes {k.kind} {ns}/{name} ({run.run_dir.name}); its pods get SIGTERM and "
+                f"{'their grace period' if grace is None else f'{grace} s'} to checkpoint")
+
+    # ---- logs -------------------------------------------------------------------------------------
+
+    def _pod(self, core: Any, run: Run, node: int) -> Optional[dict[str, Any]]:
+        """Node `node`'s pod (the newest one, for a JobSet that restarted), as a plain dict; None if none yet."""
+        kind, ns, name = self._where(run)
+        pattern = manifests.KINDS[kind].pod_name
+        try:
+            if pattern:
+                pod = core.read_namespaced_pod(pattern.format(job=name, k=node), ns)
+                return core.api_client.sanitize_for_serialization(pod)
+            pods = core.list_namespaced_pod(ns, label_selector=f"jobset.sigs.k8s.io/jobset-name={name}")
+        except Exception as e:  # noqa: BLE001
+            if getattr(e, "status", None) == 404:
+                return None
+            raise
+        mine = [core.api_client.sanitize_for_serialization(p) for p in pods.items]
+        mine = [p for p in mine if (p["metadata"].get("annotations") or {}).get(
+            "batch.kubernetes.io/job-completion-index") == str(node)]
+        return max(mine, key=lambda p: p["metadata"].get("creationTimestamp") or "", default=None)
+
+    def _lines(self, client: Any, run: Run, pod_name: str, node: int, follow: bool) -> Iterator[str]:
+        kind, ns, name = self._where(run)
+        if kind == "volcano":  # TorchX's own log call (pod <job>-node-<k>-0)
+            from torchx.schedulers.kubernetes_scheduler import create_scheduler
+
+            lines = create_scheduler("fsdp-jobs", client=client).log_iter(
+                f"{ns}:{name}", manifests.ROLE, node, should_tail=follow)
+        else:
+            from kubernetes import client as k8s, watch
+
+            core = k8s.CoreV1Api(client)
+            if follow:
+                lines = watch.Watch().stream(core.read_namespaced_pod_log, name=pod_name, namespace=ns)
+            else:
+                lines = core.read_namespaced_pod_log(pod_name, ns).splitlines()
+        for line in lines:
+            yield TIMESTAMP.sub("", line.rstrip("\n"), count=1)
+
+    def log_iter(self, run: Run, follow: bool = False, poll_s: float = 1.0) -> Iterator[str]:
+        """Every pod's log, prefixed [nodeK]; with follow, streamed as written, across pod restarts, until
+        the job has ended."""
+        client = api_client(run.launch.get("context"))
+        from kubernetes import client as k8s
+
+        core = k8s.CoreV1Api(client)
+        nodes = int(run.launch.get("nodes") or 1)
+        if not follow:
+            for node in range(nodes):
+                try:
+                    pod = self._pod(core, run, node)
+                    if pod is None:
+                        yield f"[node{node}] (no pod yet)"
+                        continue
+                    for line in self._lines(client, run, pod["metadata"]["name"], node, False):
+                        yield f"[node{node}] {line}"
+                except Exception as e:  # noqa: BLE001 - a pod still starting has no log yet
+                    yield f"[node{node}] (no log: {explain(e, 'pod log', client).allowed})"
+            return
+        out: queue.Queue[Optional[str]] = queue.Queue()
+        threads = [threading.Thread(target=self._follow_node, args=(client, core, run, n, out, poll_s), daemon=True)
+                   for n in range(nodes)]
+        for t in threads:
+            t.start()
+        running = len(threads)
+        while running:
+            line = out.get()
+            if line is None:
+                running -= 1
+            else:
+                yield line
+
+    def _follow_node(self, client: Any, core: Any, run: Run, node: int, out: "queue.Queue[Optional[str]]",
+                     poll_s: float) -> None:
+        """Stream each incarnation of the node's pod (a new pod, or its container restarted) once."""
+        streamed: set[tuple[str, int]] = set()
+        try:
+            while True:
+                pod = self._pod(core, run, node)
+                started = False
+                if pod is not None:
+                    statuses = (pod.get("status") or {}).get("containerStatuses") or []
+                    restarts = int(statuses[0].get("restartCount", 0)) if statuses else 0
+                    state = statuses[0].get("state") or {} if statuses else {}
+                    incarnation = (pod["metadata"].get("uid", ""), restarts)
+                    started = bool(state.get("running") or state.get("terminated"))
+                    if started and incarnation not in streamed:
+                        streamed.add(incarnation)
+                        try:
+                            for line in self._lines(client, run, pod["metadata"]["name"], node, True):
+                                out.put(f"[node{node}] {line}")
+                        except Exception:  # noqa: BLE001 - the pod went away mid-stream: look again
+                            pass
+                        continue
+                if self.describe(run).state.terminal or (pod is None and self._gone(run)):
+                    return
+                time.sleep(poll_s)
+        except Exception as e:  # noqa: BLE001
+            out.put(f"[node{node}] (log stream ended: {e})")
+        finally:
+            out.put(None)
+
+    def _gone(self, run: Run) -> bool:
+        return "no longer exists" in self.describe(run).detail
+
+
+BACKEND = KubernetesBackend()
