@@ -1,0 +1,203 @@
+"""Every manifest cluster=kubernetes generates, and every object under deploy/kubernetes, validated
+strictly with the official schemas (tests/kubernetes/schemas.py); what the pods will run."""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from fsdp_jobs.compose import compose
+from fsdp_jobs.plan import make_plan
+from launchers import k8s_manifests
+from launchers.kubernetes import BACKEND
+from tests.conftest import REPO
+from tests.kubernetes import schemas
+
+pytestmark = pytest.mark.kubernetes
+
+KINDS = ("volcano", "pytorchjob", "jobset")
+DEPLOY = REPO / "deploy" / "kubernetes"
+
+
+def dryrun(tmp_path: Path, *overrides: str) -> Any:
+    cfg, _ = compose(["cluster=kubernetes", "cluster.image=registry.example.com/fsdp-jobs:1", "name=exp1",
+                      f"run_root={tmp_path / 'runs'}", "dry_run=true", *overrides])
+    return BACKEND.dryrun(make_plan(cfg), cfg)
+
+
+def containers(obj: dict[str, Any]) -> list[dict[str, Any]]:
+    return [c for t in k8s_manifests.pod_templates(obj) for c in t["spec"]["containers"]]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_every_generated_object_validates_strictly(tmp_path: Path, kind: str) -> None:
+    # every knob that changes the manifests, so each branch is checked against the schemas
+    d = dryrun(tmp_path, f"cluster.kind={kind}", "nodes=3", "cluster.min_nodes=2", "cluster.device=cuda",
+               "cluster.priority_class=fsdp-jobs-training", "+cluster.node_selector.gpu=h100",
+               "+cluster.secret_env.HF_TOKEN=hf-token/token", "+cluster.env.NCCL_DEBUG=WARN")
+    objs = d.request.objects
+    assert [o["kind"] for o in objs] == ["ConfigMap"] + (["Service"] if kind == "jobset" else []) + \
+        [k8s_manifests.KINDS[kind].kind]
+    for obj in objs:
+        schemas.validate(obj)
+    assert list(schemas.pod_templates(objs[-1])), "the pod templates were validated too"
+    # dry_run=true prints exactly these objects
+    printed = [o for o in yaml.safe_load_all(d.text) if o]
+    assert printed == objs
+
+
+def test_deploy_objects_validate_strictly() -> None:
+    files = sorted(DEPLOY.glob("*.yaml"))
+    kinds = set()
+    for f in files:
+        for obj in yaml.safe_load_all(f.read_text()):
+            schemas.validate(obj)
+            kinds.add(obj["kind"])
+    assert kinds == {"Namespace", "PersistentVolumeClaim", "ServiceAccount", "Role", "RoleBinding", "Queue",
+                     "PriorityClass"}
+    pvc = yaml.safe_load((DEPLOY / "pvc.yaml").read_text())
+    assert pvc["spec"]["accessModes"] == ["ReadWriteMany"]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_misspelled_field_and_a_wrong_type_are_caught(tmp_path: Path, kind: str) -> None:
+    job = dryrun(tmp_path, f"cluster.kind={kind}").request.job
+    spec_typo, pod_typo, wrong_type, pod_wrong_type = (copy.deepcopy(job) for _ in range(4))
+    spec_typo["spec"]["maxRetrys"] = 3
+    list(schemas.pod_templates(pod_typo))[0][1]["spec"]["containers"][0]["securityContext"]["runAsNonroot"] = True
+    wrong_type["spec"] = {**wrong_type["spec"], **{"volcano": {"maxRetry": "3"}, "pytorchjob": {"nprocPerNode": 2},
+                                                   "jobset": {"failurePolicy": {"maxRestarts": "3"}}}[kind]}
+    list(schemas.pod_templates(pod_wrong_type))[0][1]["spec"]["terminationGracePeriodSeconds"] = "150"
+    for bad, needle in ((spec_typo, "'maxRetrys' was unexpected"), (pod_typo, "'runAsNonroot' was unexpected"),
+                        (wrong_type, "is not of type"), (pod_wrong_type, "'150' is not of type 'integer'")):
+        with pytest.raises(schemas.Invalid, match=needle):
+            schemas.validate(bad)
+    core_typo = copy.deepcopy(dryrun(tmp_path, f"cluster.kind={kind}").request.configmap)
+    core_typo["immutible"] = True
+    with pytest.raises(schemas.Invalid, match="'immutible' was unexpected"):
+        schemas.validate(core_typo)
+    deploy_wrong = yaml.safe_load((DEPLOY / "queue.yaml").read_text())
+    deploy_wrong["spec"]["weight"] = "heavy"
+    with pytest.raises(schemas.Invalid, match="'heavy' is not of type 'integer'"):
+        schemas.validate(deploy_wrong)
+
+
+def test_int_or_string_and_nullable_follow_the_api_server() -> None:
+    job = yaml.safe_load((DEPLOY / "queue.yaml").read_text())
+    for ok in ({"cpu": 8}, {"cpu": "8000m"}):  # capability values are int-or-string quantities
+        schemas.validate({**job, "spec": {**job["spec"], "capability": ok}})
+    with pytest.raises(schemas.Invalid, match="is not valid under any of the given schemas"):
+        schemas.validate({**job, "spec": {**job["spec"], "capability": {"cpu": [8]}}})
+    strict = schemas._strict({"type": "object", "properties": {"a": {"type": "string", "nullable": True}}})
+    assert strict["properties"]["a"]["type"] == ["string", "null"] and strict["additionalProperties"] is False
+    open_ = schemas._strict({"type": "object", "x-kubernetes-preserve-unknown-fields": True, "properties": {}})
+    assert "additionalProperties" not in open_
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_torchrun_points_at_the_first_pods_stable_dns_name(tmp_path: Path, kind: str) -> None:
+    d = dryrun(tmp_path, f"cluster.kind={kind}", "nodes=4", "gpus_per_node=8", "cluster.min_nodes=2",
+               "cluster.max_restarts=5", "cluster.max_retries=2")
+    job = d.request.job
+    name = job["metadata"]["name"]
+    first = {"volcano": f"{name}-node-0-0.{name}", "pytorchjob": f"{name}-worker-0",
+             "jobset": f"{name}-node-0-0.{name}"}[kind]
+    for c in containers(job):
+        args = c["command"]
+        assert f"--rdzv-endpoint={first}:29500" in args
+        assert "--nnodes=2:4" in args and "--max-restarts=5" in args and "--nproc-per-node=8" in args
+        assert args[-3:] == ["-m", "fsdp_jobs.runtime", "/runs/exp1"]
+        assert c["resources"]["limits"]["nvidia.com/gpu"] == "8"
+    assert d.agent_args == containers(job)[0]["command"][7:-3]
+    if kind == "volcano":  # hostname <job>-<task>-0 + subdomain <job> (Volcano's svc plugin): task names
+        assert [t["name"] for t in job["spec"]["tasks"]] == ["node-0", "node-1", "node-2", "node-3"]
+        assert job["spec"]["plugins"]["svc"] == ["--publish-not-ready-addresses"]
+        assert [t.get("minAvailable") for t in job["spec"]["tasks"]] == [1, 1, 0, 0]  # gang of min_nodes
+        assert job["spec"]["maxRetry"] == 2 and {"event": "PodFailed", "action": "RestartJob"} in job["spec"]["tasks"][0]["policies"]
+    elif kind == "pytorchjob":
+        e = job["spec"]["elasticPolicy"]
+        assert (e["rdzvBackend"], e["minReplicas"], e["maxReplicas"], e["maxRestarts"]) == ("c10d", 2, 4, 5)
+        assert job["spec"]["pytorchReplicaSpecs"]["Worker"]["replicas"] == 4
+        assert job["spec"]["runPolicy"]["backoffLimit"] == 2
+    else:
+        svc = d.request.objects[1]
+        assert svc["metadata"]["name"] == name and svc["spec"]["clusterIP"] == "None"
+        assert svc["spec"]["publishNotReadyAddresses"] is True
+        assert job["spec"]["network"]["subdomain"] == name and job["spec"]["network"]["enableDNSHostnames"]
+        assert job["spec"]["replicatedJobs"][0]["name"] == "node"  # hostname <job>-node-0-<k>
+        assert job["spec"]["failurePolicy"]["maxRestarts"] == 2
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_pods_are_locked_down_and_carry_no_secrets(tmp_path: Path, kind: str) -> None:
+    d = dryrun(tmp_path, f"cluster.kind={kind}", "+cluster.secret_env.HF_TOKEN=hf-token/token")
+    for _, t in schemas.pod_templates(d.request.job):
+        spec = t["spec"]
+        assert spec["securityContext"]["runAsNonRoot"] is True and spec["securityContext"]["runAsUser"] == 1000
+        assert spec["serviceAccountName"] == "fsdp-jobs" and spec["automountServiceAccountToken"] is False
+        c = spec["containers"][0]
+        assert c["securityContext"]["allowPrivilegeEscalation"] is False
+        assert c["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+        assert {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf-token", "key": "token"}}} in c["env"]
+        mounts = {m["mountPath"]: m for m in c["volumeMounts"]}
+        assert mounts["/etc/fsdp-jobs"]["readOnly"] is True and "/runs" in mounts and "/dev/shm" in mounts
+        claims = [v["persistentVolumeClaim"]["claimName"] for v in spec["volumes"] if "persistentVolumeClaim" in v]
+        assert claims == ["fsdp-jobs-runs"]
+    job_yaml = yaml.safe_load(d.request.configmap["data"]["job.yaml"])
+    assert job_yaml["cluster"]["secret_env"] == {"HF_TOKEN": "hf-token/token"}  # only the reference
+    assert job_yaml["dry_run"] is False
+
+
+def test_pod_boot_puts_the_job_in_the_run_dir_then_execs_torchrun(tmp_path: Path) -> None:
+    """Runs the container command of the manifest here, with the ConfigMap's files as mounted, the PVC a
+    temporary dir, `python` a stub that runs boot.py and records what it would exec, and the
+    rendezvous host replaced by one that resolves here (no cluster DNS)."""
+    d = dryrun(tmp_path, "cluster.kind=volcano", f"cluster.mount_path={tmp_path / 'pvc'}")
+    cm = d.request.configmap["data"]
+    config_dir = tmp_path / "etc-fsdp-jobs"
+    config_dir.mkdir()
+    for name, text in cm.items():
+        (config_dir / name).write_text(text)
+    stub = tmp_path / "bin" / "python"
+    stub.parent.mkdir()
+    stub.write_text(f'#!/bin/sh\nif [ "$1" = "{k8s_manifests.CONFIG_DIR}/boot.py" ]; then shift; '
+                    f'exec {sys.executable} {config_dir}/boot.py "$@"; fi\n'
+                    f'echo "$@" > {tmp_path}/exec.txt\n')
+    stub.chmod(0o755)
+    command = [a.replace(k8s_manifests.CONFIG_DIR, str(config_dir)) if not a.endswith("boot.py") else a
+               for a in containers(d.request.job)[0]["command"]]
+    command = [a.split("=")[0] + "=localhost:29500" if a.startswith("--rdzv-endpoint=") else a for a in command]
+    env = {**os.environ, "PATH": f"{stub.parent}:{os.environ['PATH']}"}
+    run_dir = tmp_path / "pvc" / "exp1"
+    (run_dir).mkdir(parents=True)
+    (run_dir / "job.yaml").write_text("old: config\n")
+    r = subprocess.run(command, env=env, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert (run_dir / "job.yaml").read_text() == cm["job.yaml"]
+    assert json.loads((run_dir / "plan.json").read_text())["run_dir"] == str(run_dir)
+    assert [p.read_text() for p in (run_dir / "history").iterdir()] == ["old: config\n"]
+    assert (tmp_path / "exec.txt").read_text().split() == ["-m", "torch.distributed.run", *[
+        a for a in command[7:]]]
+
+
+def test_cluster_image_is_required_and_bad_keys_are_one_line(tmp_path: Path) -> None:
+    from tests.conftest import cli
+
+    cases = {("cluster=kubernetes",): "cluster.image: required for cluster=kubernetes",
+             ("cluster=kubernetes", "cluster.image=x", "cluster.kind=mpijob"): "cluster.kind='mpijob': allowed: volcano",
+             ("cluster=kubernetes", "cluster.image=x", "cluster.namespace=Bad_NS"): "cluster.namespace='Bad_NS'",
+             ("cluster=kubernetes", "cluster.image=x", "cluster.run_as_user=0"): "cluster.run_as_user=0: must be an integer >= 1",
+             ("cluster=kubernetes", "cluster.image=x", "+cluster.secret_env.TOKEN=nokey"): "must be SECRET_NAME/KEY"}
+    for args, needle in cases.items():
+        r = cli(*args, f"run_root={tmp_path / 'runs'}", timeout=120)
+        assert r.returncode == 2 and r.stdout == "", r.stderr
+        assert r.stderr.count("\n") == 1 and r.stderr.startswith("fsdp-jobs: error: ") and needle in r.stderr, r.stderr
+    assert not (tmp_path / "runs").exists()
