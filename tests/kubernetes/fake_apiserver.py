@@ -79,10 +79,13 @@ class State:
             job = next(o for o in self.jobs() if o["metadata"]["name"] == name and o["metadata"]["namespace"] == ns)
             job["status"] = status
 
-    def set_pods(self, ns: str, job: str, phase: str, restart: bool = False) -> None:
-        """Pending | Running | Succeeded | Failed for every pod of the job (restart: a new container)."""
+    def set_pods(self, ns: str, job: str, phase: str, restart: bool = False, only: Optional[str] = None) -> None:
+        """Pending | Running | Succeeded | Failed for every pod of the job, or the pod `only`
+        (restart: its container was restarted, as restartPolicy OnFailure or a job restart does)."""
         with self.lock:
             for pod in self.pods(ns, job):
+                if only and pod["metadata"]["name"] != only:
+                    continue
                 cs = pod["status"]["containerStatuses"][0]
                 if restart:
                     cs["restartCount"] += 1
