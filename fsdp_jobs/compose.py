@@ -5,11 +5,12 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
-from typing import Any
+from typing import Any, Union
 
 from omegaconf import DictConfig, OmegaConf
 
-from fsdp_jobs.config import JobConfig, LocalClusterConfig, SlurmClusterConfig, register_schemas, validate
+from fsdp_jobs.config import (DockerClusterConfig, JobConfig, KubernetesClusterConfig, LocalClusterConfig,
+                              SlurmClusterConfig, register_schemas, validate)
 from fsdp_jobs.errors import UserError
 
 CONF_DIR = Path(os.environ.get("FSDP_JOBS_CONF", Path(__file__).resolve().parent.parent / "conf"))
@@ -45,7 +46,8 @@ def _translate(exc: BaseException, overrides: list[str]) -> UserError:
     return UserError("", None, f"bad override: {first}")
 
 
-CLUSTER_SCHEMAS = {"local": LocalClusterConfig, "slurm": SlurmClusterConfig}
+CLUSTER_SCHEMAS = {"local": LocalClusterConfig, "slurm": SlurmClusterConfig, "docker": DockerClusterConfig,
+                   "kubernetes": KubernetesClusterConfig}
 
 
 def _known(parent: str, overrides: list[str]) -> list[str]:
@@ -63,17 +65,37 @@ def _known(parent: str, overrides: list[str]) -> list[str]:
 
 def compose(overrides: list[str]) -> tuple[DictConfig, dict[str, Any]]:
     """Compose, type-check and validate. Returns the typed config and its resolved plain dict."""
+    result = compose_many([overrides])[0]
+    if isinstance(result, UserError):
+        raise result
+    return result
+
+
+def compose_many(override_lists: list[list[str]]) -> list[Union[tuple[DictConfig, dict[str, Any]], UserError]]:
+    """compose() for each list (a sweep's members), in ONE Hydra context: Hydra then reads every config
+    file once, and a sweep must feel instant. A member's error is returned in its place."""
     from hydra import compose as hydra_compose, initialize_config_dir
+
+    register_schemas()
+    out: list[Union[tuple[DictConfig, dict[str, Any]], UserError]] = []
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3", job_name="fsdp_jobs"):
+        for overrides in override_lists:
+            try:
+                out.append(_compose_one(hydra_compose, overrides))
+            except UserError as e:
+                out.append(e)
+    return out
+
+
+def _compose_one(hydra_compose: Any, overrides: list[str]) -> tuple[DictConfig, dict[str, Any]]:
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
     for o in overrides:
         if "=" not in o:
             raise UserError(o, None, "overrides are key=value (e.g. nodes=4, fsdp=full_shard)")
-    register_schemas()
     try:
-        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3", job_name="fsdp_jobs"):
-            cfg = hydra_compose("config", overrides=overrides)
+        cfg = hydra_compose("config", overrides=overrides)
     except (HydraException, OmegaConfBaseException, ValueError) as e:
         raise _translate(e, overrides) from None
     schema_keys = set(OmegaConf.structured(JobConfig).keys())

@@ -6,6 +6,7 @@ Checks that need more than one key (does the shard group divide the world?) live
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
@@ -17,7 +18,7 @@ STRATEGIES = ("full_shard", "shard_grad_op", "hybrid_shard", "hybrid_shard_zero2
 DTYPES = ("float32", "bfloat16", "float16")
 BACKWARD_PREFETCH = ("BACKWARD_PRE", "BACKWARD_POST")
 LR_SCHEDULES = ("cosine", "linear", "constant")
-BACKENDS = ("local", "slurm")
+BACKENDS = ("local", "slurm", "docker", "kubernetes")
 
 
 @dataclass
@@ -166,6 +167,58 @@ class SlurmClusterConfig(ClusterConfig):
 
 
 @dataclass
+class DockerClusterConfig(ClusterConfig):
+    """One container per node through docker-compose on a local engine, on a private bridge network."""
+
+    backend: str = "docker"
+    device: str = "cpu"  # cpu (gloo) or cuda (nccl; node i is given GPUs i*gpus_per_node ...)
+    # auto = a minimal image built here in a second: this machine's Python, torch and packages come in
+    # through read-only bind mounts at the same paths. Or any image that has torch and the project's
+    # dependencies (deploy/docker/Dockerfile builds one); the code always comes from the run's snapshot
+    image: str = "auto"
+    python: Optional[str] = None  # the interpreter in the container; None = this one (image=auto) or python3
+    detach: bool = False  # return at once; follow with fsdp-jobs status|logs -f|cancel RUN
+    user: Optional[str] = None  # "UID:GID" the containers run as; None = the invoking user (sudo's caller)
+    shm_size: str = "2g"  # /dev/shm per container (NCCL and data loaders need more than Docker's 64m)
+    container_restarts: int = 3  # Docker restarts a failed container this often (restart: on-failure:N)
+    mounts: List[str] = field(default_factory=list)  # extra bind mounts "SRC:DST[:ro]"
+    internal_network: bool = False  # true = the job's network has no route out of this machine
+    cpus: Optional[float] = None  # CPU limit per container (compose cpus)
+    mem: Optional[str] = None  # memory limit per container, e.g. "16g"
+    compose: str = "auto"  # auto (docker compose v2 if present, else docker-compose v1), or a command
+    snapshot_code: bool = True  # run from a copy of the code taken at launch (restarts too)
+    rdzv_port: Optional[int] = None  # None = 29400 (each job has its own network, so no clash)
+
+
+@dataclass
+class KubernetesClusterConfig(ClusterConfig):
+    """One gang-scheduled job of `nodes` pods, each running a torchrun agent (launchers/kubernetes.py)."""
+
+    backend: str = "kubernetes"
+    # volcano: a Volcano Job built by TorchX's kubernetes scheduler; pytorchjob: a Kubeflow PyTorchJob
+    # (training-operator, elasticPolicy); jobset: a JobSet (jobset.x-k8s.io) with a headless Service
+    kind: str = "volcano"
+    image: Optional[str] = None  # required: an image with torch and fsdp_jobs (deploy/docker/Dockerfile)
+    namespace: str = "fsdp-jobs"  # deploy/kubernetes creates it, with the PVC, ServiceAccount and queue
+    context: Optional[str] = None  # kube config context; None = the current one (or in-cluster config)
+    pvc: str = "fsdp-jobs-runs"  # ReadWriteMany claim holding the run dirs, so checkpoints outlive pods
+    mount_path: str = "/runs"  # where the claim is mounted in the pods; run dir = <mount_path>/<name>
+    service_account: str = "fsdp-jobs"  # the pods' identity (no API token is mounted into them)
+    queue: str = "fsdp-jobs"  # Volcano queue (kind=volcano and pytorchjob under Volcano gang scheduling)
+    priority_class: Optional[str] = None  # e.g. fsdp-jobs-training from deploy/kubernetes
+    cpu: Optional[float] = None  # cores per pod; None = 4 per rank
+    memory_gb: Optional[float] = None  # memory per pod; None = 16 per rank
+    gpus: str = "auto"  # auto = gpus_per_node nvidia.com/gpu per pod unless cluster.device=cpu; true/false
+    max_retries: int = 3  # a failed pod restarts the whole job this often (Volcano maxRetry, backoffLimit)
+    node_selector: Dict[str, str] = field(default_factory=dict)  # e.g. {nvidia.com/gpu.product: H100}
+    # environment taken from Kubernetes Secrets: {VAR: "secret-name/key"}; only the reference is saved
+    secret_env: Dict[str, str] = field(default_factory=dict)
+    run_as_user: int = 1000  # the pods run as this non-root UID (and group), never as root
+    run_as_group: int = 1000
+    rdzv_port: Optional[int] = 29500  # c10d store on the first pod (each job has its own pods)
+
+
+@dataclass
 class JobConfig:
     name: Optional[str] = None  # run name; the same name resumes the same run. None = generated
     nodes: int = 2
@@ -186,6 +239,8 @@ def register_schemas() -> None:
     cs.store(name="job_schema", node=JobConfig)
     cs.store(group="cluster", name="local_schema", node=LocalClusterConfig)
     cs.store(group="cluster", name="slurm_schema", node=SlurmClusterConfig)
+    cs.store(group="cluster", name="kubernetes_schema", node=KubernetesClusterConfig)
+    cs.store(group="cluster", name="docker_schema", node=DockerClusterConfig)
     cs.store(group="model", name="model_schema", node=ModelConfig)
     cs.store(group="fsdp", name="fsdp_schema", node=FSDPConfig)
     cs.store(group="train", name="train_schema", node=TrainConfig)
@@ -284,3 +339,48 @@ def validate(cfg: Any) -> None:
         # TERM/INT/HUP are torchrun's own stop signals and USR1 is NCCL's: they cannot carry a requeue
         _choice("cluster.signal", cl.signal, ("USR2", "URG"))
         _choice("cluster.gpus", str(cl.gpus).lower(), ("auto", "true", "false"))
+    if cl.backend == "docker":
+        _choice("cluster.device", cl.device, ("cpu", "cuda"))
+        _positive("cluster.container_restarts", cl.container_restarts, minimum=0)
+        if cl.user is not None and not re.fullmatch(r"\d+:\d+", str(cl.user)):
+            raise UserError("cluster.user", cl.user, "must be UID:GID (numbers), or null for the invoking user")
+        if not re.fullmatch(r"\d+[bkmg]?", str(cl.shm_size).lower()):
+            raise UserError("cluster.shm_size", cl.shm_size, "must be a size such as 2g, 512m")
+        for m in cl.mounts:
+            if not re.fullmatch(r"/[^:]*:/[^:]*(:ro|:rw)?", str(m)):
+                raise UserError("cluster.mounts", m, "each mount is /host/path:/container/path[:ro]")
+    if cl.backend == "kubernetes":
+        _validate_kubernetes(cl)
+
+
+K8S_KINDS = ("volcano", "pytorchjob", "jobset")
+_DNS_LABEL = r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?"
+
+
+def _validate_kubernetes(cl: Any) -> None:
+    """What the API server would refuse later, refused now with the key that causes it."""
+    if not cl.image:
+        raise UserError("cluster.image", cl.image, "required for cluster=kubernetes: an image with torch and "
+                        "fsdp_jobs installed (deploy/docker/Dockerfile builds one), e.g. cluster.image=REGISTRY/fsdp-jobs:TAG")
+    _choice("cluster.kind", cl.kind, K8S_KINDS)
+    _choice("cluster.gpus", str(cl.gpus).lower(), ("auto", "true", "false"))
+    for key in ("namespace", "pvc", "service_account", "queue", "priority_class"):
+        value = cl[key]
+        if value is None and key == "priority_class":
+            continue
+        if not isinstance(value, str) or not re.fullmatch(_DNS_LABEL, value):
+            raise UserError(f"cluster.{key}", value, "must be a Kubernetes name: lowercase letters, digits and "
+                            "'-', starting and ending with a letter or digit, at most 63 characters")
+    if not str(cl.mount_path).startswith("/") or str(cl.mount_path).rstrip("/") == "":
+        raise UserError("cluster.mount_path", cl.mount_path, "must be an absolute path other than /, e.g. /runs")
+    for key in ("cpu", "memory_gb"):
+        if cl[key] is not None and not cl[key] > 0:
+            raise UserError(f"cluster.{key}", cl[key], "must be > 0, or null for the per-rank default")
+    _positive("cluster.max_retries", cl.max_retries, minimum=0)
+    for key in ("run_as_user", "run_as_group"):  # 0 is root: the pods never run as root
+        _positive(f"cluster.{key}", cl[key], minimum=1)
+    for var, ref in cl.secret_env.items():
+        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", str(var)):
+            raise UserError(f"cluster.secret_env.{var}", ref, "the key must be an environment variable name")
+        if not re.fullmatch(rf"{_DNS_LABEL}(\.{_DNS_LABEL})*/[-._a-zA-Z0-9]+", str(ref)):
+            raise UserError(f"cluster.secret_env.{var}", ref, "must be SECRET_NAME/KEY of a Secret in cluster.namespace")
