@@ -2,6 +2,7 @@
 
     dryrun(plan, cfg) -> DryRun         the exact request, as data, plus the text `dry_run=true` prints
     submit(dryrun)    -> Submitted      submits exactly that request; records it in launches.jsonl
+    submit_group(...) -> [Submitted]    several requests of one shape (`group_key`) as one submission
     describe(run)     -> JobStatus      the backend's own word on the job, mapped to a common state
     log_iter(run, follow)               the job's log lines; with follow, until the job has ended
     cancel(run)       -> str            stop it (the ranks checkpoint first where the backend allows)
@@ -92,6 +93,16 @@ class Backend:
 
     def submit(self, dryrun: DryRun) -> Submitted:
         raise NotImplementedError
+
+    def group_key(self, dryrun: DryRun) -> Optional[str]:
+        """Requests with the same key can go out as ONE submission (`submit_group`: a SLURM job array);
+        None = this request goes out alone. Default: always alone."""
+        return None
+
+    def submit_group(self, dryruns: list[DryRun]) -> list[Submitted]:
+        """Submit requests that share a `group_key` (members of a sweep), quietly: the caller reports.
+        Default: one after another (an attached backend runs them one at a time)."""
+        return [self.submit(d) for d in dryruns]
 
     def describe(self, run: Run) -> JobStatus:
         raise NotImplementedError

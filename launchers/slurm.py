@@ -1,4 +1,5 @@
-"""cluster=slurm: ONE sbatch job through submitit, one task per node, each running a torchrun agent.
+"""cluster=slurm: ONE sbatch job through submitit, one task per node, each running a torchrun agent
+(a sweep's members of one shape: ONE job array, each element such a job).
 
 `dryrun` builds submitit's parameters and the exact sbatch script submitit will write from them;
 `submit` snapshots the code into the run dir, submits those parameters, records the job and
@@ -7,12 +8,14 @@ returns at once. What runs inside the job: launchers/slurm_task.py.
 
 from __future__ import annotations
 
+import json
+import os
 import shlex
 import shutil
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 from fsdp_jobs import runs
 from fsdp_jobs.errors import UserError
@@ -162,6 +165,12 @@ class SlurmBackend(Backend):
     def submit(self, dryrun: DryRun) -> Submitted:
         return Submitted(submit_job(dryrun))
 
+    def group_key(self, dryrun: DryRun) -> Optional[str]:
+        return group_key(dryrun)
+
+    def submit_group(self, dryruns: list[DryRun]) -> list[Submitted]:
+        return [Submitted(job_id) for job_id in submit_jobs(dryruns)]
+
     def describe(self, run: Run) -> JobStatus:
         job_id = str(run.launch.get("job_id", ""))
         state, detail = slurm_state(job_id) if job_id else ("UNKNOWN", "UNKNOWN (no job id recorded)")
@@ -179,36 +188,79 @@ class SlurmBackend(Backend):
         return f"cancelled SLURM job {job_id} ({run.run_dir.name})"
 
 
-def submit_job(dryrun: DryRun) -> str:
+def _snapshot(dryrun: DryRun) -> dict[str, str]:
+    if dryrun.cfg.cluster.snapshot_code:  # into the very directory the dry run's script names
+        return take_snapshot(Path(dryrun.request["code_dir"]))
+    return {"code": str(PROJECT_ROOT), "git_commit": ""}  # the live checkout (developing the tool itself)
+
+
+def group_key(dryrun: DryRun) -> str:
+    """The resource shape: every sbatch parameter but the job's name and its setup lines (those hold
+    the run's own paths and environment; an array runs each element's own, see array_parameters)."""
+    params = {k: v for k, v in dryrun.request["parameters"].items() if k not in ("job_name", "setup")}
+    return json.dumps({"parameters": params, "max_timeouts": dryrun.cfg.cluster.max_timeouts}, sort_keys=True)
+
+
+def array_parameters(dryruns: list[DryRun]) -> tuple[Path, dict[str, Any]]:
+    """One sbatch script for requests of one shape: element i runs the setup of dryruns[i] (its code
+    snapshot, its environment), picked by SLURM_ARRAY_TASK_ID. Logs go under the members' common
+    parent (a sweep's dir): submitit gives every element its own folder there, <array id>_<i>."""
+    params = dict(dryruns[0].request["parameters"])
+    names = {d.request["parameters"]["job_name"] for d in dryruns}
+    parent = Path(os.path.commonpath([d.plan.run_dir for d in dryruns]))
+    params["job_name"] = names.pop() if len(names) == 1 else parent.name
+    setup = ['case "$SLURM_ARRAY_TASK_ID" in']
+    for i, d in enumerate(dryruns):
+        setup += [f"  {i})"] + [f"    {line}" for line in d.request["parameters"]["setup"]] + ["    ;;"]
+    params["setup"] = setup + ["esac"]
+    return parent / "slurm" / "%j", params
+
+
+def submit_jobs(dryruns: list[DryRun]) -> list[str]:
+    """Submit one job, or several requests of one shape as ONE job array (submitit's batch). Every
+    element is a full multi-node allocation running NodeTask for its own run dir, and is requeued
+    on its own: its job id is <array id>_<i>."""
     import submitit
 
     from launchers.slurm_task import NodeTask
 
-    plan, cfg = dryrun.plan, dryrun.cfg
-    run_dir = Path(plan.run_dir)
-    if cfg.cluster.snapshot_code:  # into the very directory the dry run's script names
-        code = take_snapshot(Path(dryrun.request["code_dir"]))
-    else:  # the job imports the live checkout (developing the tool itself)
-        code = {"code": str(PROJECT_ROOT), "git_commit": ""}
-    executor = submitit.SlurmExecutor(folder=_folder(plan), max_num_timeout=cfg.cluster.max_timeouts)
-    executor.update_parameters(**dryrun.request["parameters"])
+    codes = [_snapshot(d) for d in dryruns]
+    if len(dryruns) == 1:
+        folder, params = _folder(dryruns[0].plan), dryruns[0].request["parameters"]
+    else:
+        folder, params = array_parameters(dryruns)
+    executor = submitit.SlurmExecutor(folder=folder, max_num_timeout=dryruns[0].cfg.cluster.max_timeouts)
+    executor.update_parameters(**params)
     try:
-        job = executor.submit(NodeTask(str(run_dir)))
+        with executor.batch():  # one request: a plain job (submitit makes no array of one)
+            jobs = [executor.submit(NodeTask(str(Path(d.plan.run_dir)))) for d in dryruns]
     except submitit.core.utils.FailedJobError as e:  # sbatch refused: bad partition, account, qos...
-        if cfg.cluster.snapshot_code:
-            shutil.rmtree(code["code"], ignore_errors=True)
+        for d, code in zip(dryruns, codes):
+            if d.cfg.cluster.snapshot_code:
+                shutil.rmtree(code["code"], ignore_errors=True)
         lines = [ln.strip() for ln in str(e).splitlines() if "error" in ln.lower()] or [str(e).strip()]
-        raise UserError("cluster", plan.name, f"sbatch refused the job: {lines[-1][:300]}") from None
-    runs.record_launch(run_dir, backend="slurm", job_id=job.job_id, nodes=plan.nodes,
-                       gpus_per_node=plan.gpus_per_node, folder=str(Path(str(_folder(plan)).replace("%j", job.job_id))),
-                       **code)
-    log = Path(str(_folder(plan)).replace("%j", job.job_id)) / f"{job.job_id}_0_log.out"
-    print(f"submitted SLURM job {job.job_id}: {plan.name} on {plan.nodes} nodes x {plan.gpus_per_node}\n"
-          f"  run dir:  {run_dir}\n"
-          f"  code:     {code['code']} (git {code['git_commit'][:12] or 'n/a'})\n"
+        raise UserError("cluster", dryruns[0].plan.name, f"sbatch refused the job: {lines[-1][:300]}") from None
+    for d, job, code in zip(dryruns, jobs, codes):
+        run_dir, job_folder = Path(d.plan.run_dir), Path(str(folder).replace("%j", job.job_id))
+        if len(dryruns) > 1:  # the run dir holds its logs, as for a single job
+            (run_dir / "slurm").mkdir(exist_ok=True)
+            (run_dir / "slurm" / job.job_id).symlink_to(job_folder)
+        runs.record_launch(run_dir, backend="slurm", job_id=job.job_id, nodes=d.plan.nodes,
+                           gpus_per_node=d.plan.gpus_per_node, folder=str(job_folder), **code)
+    return [str(job.job_id) for job in jobs]
+
+
+def submit_job(dryrun: DryRun) -> str:
+    plan = dryrun.plan
+    job_id = submit_jobs([dryrun])[0]
+    launch = runs.last_launch(Path(plan.run_dir))
+    log = Path(launch["folder"]) / f"{job_id}_0_log.out"
+    print(f"submitted SLURM job {job_id}: {plan.name} on {plan.nodes} nodes x {plan.gpus_per_node}\n"
+          f"  run dir:  {plan.run_dir}\n"
+          f"  code:     {launch['code']} (git {launch['git_commit'][:12] or 'n/a'})\n"
           f"  follow:   fsdp-jobs logs {plan.name} -f    (or tail -f {log})\n"
           f"  status:   fsdp-jobs status {plan.name}     cancel: fsdp-jobs cancel {plan.name}", flush=True)
-    return str(job.job_id)
+    return job_id
 
 
 BACKEND = SlurmBackend()

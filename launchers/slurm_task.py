@@ -77,10 +77,13 @@ class NodeTask(submitit.helpers.Checkpointable):
         run_dir = Path(self.run_dir)
         job = runs.load_job(run_dir)
         env = submitit.JobEnvironment()
-        job_id = os.environ.get("SLURM_JOB_ID", env.job_id)
+        job_id = env.job_id  # <array id>_<i> for an array element: what scontrol/scancel/sacct name it by
+        # every job, array elements too, has its own numeric SLURM_JOB_ID: elements sharing a node
+        # (or a requeue meeting a stale agent) must not meet at one rendezvous port
+        raw_id = os.environ.get("SLURM_JOB_ID", job_id.split("_")[0])
         attempt = int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0)
         master = env.hostnames[0]
-        port = job["cluster"].get("rdzv_port") or 20000 + int(job_id.split("_")[0]) % 20000
+        port = job["cluster"].get("rdzv_port") or 20000 + int(raw_id) % 20000
         start_ckpt = newest_checkpoint(run_dir)
         if env.global_rank == 0:
             clear_stop_request(run_dir)  # before torchrun starts: only rank 0 (on this node) reads it
@@ -89,7 +92,7 @@ class NodeTask(submitit.helpers.Checkpointable):
               f"rendezvous {master}:{port} code {Path(__file__).resolve().parent.parent}", flush=True)
 
         plan = SimpleNamespace(gpus_per_node=job["gpus_per_node"], rendezvous=SimpleNamespace(
-            backend="c10d", run_id=f"{job_id}-{attempt}", min_nodes=job["cluster"]["min_nodes"] or job["nodes"],
+            backend="c10d", run_id=f"{raw_id}-{attempt}", min_nodes=job["cluster"]["min_nodes"] or job["nodes"],
             max_nodes=job["nodes"], max_restarts=job["cluster"]["max_restarts"]))
         cmd = [sys.executable, "-m", "torch.distributed.run",
                *torchrun_args(plan, f"{master}:{port}", job["cluster"]["stop_grace_s"]),
@@ -123,7 +126,8 @@ class NodeTask(submitit.helpers.Checkpointable):
             reason = f"torchrun exited with {rc}; this attempt advanced the checkpoint {before} -> {after}: requeued"
             runs.write_state(run_dir, status="requeued-after-crash", reason=reason, step=after)
             print(f"fsdp-jobs: {reason}", flush=True)
-            subprocess.run(["scontrol", "requeue", os.environ["SLURM_JOB_ID"]], check=True, timeout=60)
+            # by <array id>_<i>: the element holding the array's own id would otherwise requeue them all
+            subprocess.run(["scontrol", "requeue", env.job_id], check=True, timeout=60)
             time.sleep(KILL_WAIT_S)
             raise RuntimeError(reason)
         reason = (f"torchrun exited with {rc} and this attempt committed no checkpoint newer than step {before}; "
