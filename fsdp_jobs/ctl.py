@@ -1,7 +1,8 @@
 """fsdp-jobs list | status RUN | logs RUN [-f] | cancel RUN | chaos RUN ACTION NODE
-(also: python -m fsdp_jobs.ctl ...)
+         | compare SWEEP | plot RUN_OR_SWEEP... -o out.png        (also: python -m fsdp_jobs.ctl ...)
 
-RUN is a run name (under run_root, default ./runs), a run dir, or a backend's job id. Everything goes
+RUN is a run name (under run_root, default ./runs), a run dir, or a backend's job id; a sweep's member
+is SWEEP/MEMBER. status and cancel also take a SWEEP (its id, from the journal, or its dir). Everything goes
 through the backend interface (launchers/base.py): the run dir's newest launch record names the
 backend, and that backend says what its job is doing. This module knows no backend by name, and it
 only reads run dirs.
@@ -13,14 +14,15 @@ import argparse
 import json
 import os
 import sys
+from collections import Counter
 from pathlib import Path
 from typing import Any, Optional
 
-from fsdp_jobs import runs
+from fsdp_jobs import journal, report, runs
 from fsdp_jobs.errors import UserError, die
 from fsdp_jobs.plan import newest_checkpoint
 
-COMMANDS = ("list", "status", "logs", "cancel", "chaos")
+COMMANDS = ("list", "status", "logs", "cancel", "chaos", "compare", "plot")
 
 
 def _backend(run: Any) -> Any:
@@ -44,6 +46,10 @@ def find_run(ref: str, run_root: Path) -> Path:
     for candidate in (Path(ref), run_root / ref):
         if (candidate / runs.JOB_FILE).is_file():
             return candidate.resolve()
+    sweep, _, member = ref.partition("/")
+    for m in (report.find_sweep(sweep, run_root) or []) if member else []:  # SWEEP/MEMBER from anywhere
+        if m["member"] == member and (m["run_dir"] / runs.JOB_FILE).is_file():
+            return m["run_dir"]
     for run_dir in run_dirs(run_root):  # a backend's job id (SLURM job, compose project, ...)
         if any(str(r.get("job_id")) == ref for r in runs.launches(run_dir)):
             return run_dir.resolve()
@@ -77,6 +83,38 @@ def list_lines(run_root: Path) -> list[str]:
         s = run_status(run_dir)
         lines.append(f"{s['run']:<36} {s.get('backend') or '-':<10} {str(s.get('job_id') or '-'):<28} "
                      f"{s['state']:<10} {s.get('last_step', {}).get('step', 0):>7}  {s['detail']}")
+    sweeps = journal.sweeps()
+    if sweeps:  # every sweep in the journal, wherever its run dirs are
+        rows = []
+        for sw in sweeps:
+            states = Counter(s["state"] for s in sweep_statuses(report.find_sweep(sw["sweep"], run_root) or []))
+            rows.append([sw["sweep"], str(sw["members"]), sw["backend"],
+                         ", ".join(f"{n} {st}" for st, n in sorted(states.items())), sw["dir"]])
+        lines += [""] + report.table(["SWEEP", "MEMBERS", "BACKEND", "STATES", "DIR"], rows)
+    return lines
+
+
+def sweep_statuses(members: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    out = []
+    for m in members:
+        if (m["run_dir"] / runs.JOB_FILE).is_file():
+            out.append({**run_status(m["run_dir"]), "member": m["member"]})
+        else:
+            out.append({"member": m["member"], "state": "UNKNOWN", "detail": f"run dir {m['run_dir']} is gone"})
+    return out
+
+
+def cancel_sweep(members: list[dict[str, Any]]) -> list[str]:
+    """Cancel every member whose job has not ended yet (an ended one has nothing to cancel)."""
+    from launchers.base import JobState, Run
+
+    lines = []
+    for s, m in zip(sweep_statuses(members), members):
+        if JobState(s["state"]).terminal or s["detail"].endswith("is gone"):
+            lines.append(f"{m['member']}: already {s['state']}")
+            continue
+        run = Run.load(m["run_dir"])
+        lines.append(_backend(run).cancel(run))
     return lines
 
 
@@ -88,11 +126,18 @@ def main(argv: Optional[list[str]] = None) -> int:
     parsers = {"list": sub.add_parser("list", help="runs under the run root, with their state")}
     for name in ("status", "cancel", "logs", "chaos"):
         parsers[name] = sub.add_parser(name)
-        parsers[name].add_argument("run", help="run name, run dir or the backend's job id")
+        parsers[name].add_argument("run", help="run name, run dir, the backend's job id, SWEEP/MEMBER"
+                                   + (" or SWEEP" if name in ("status", "cancel") else ""))
     parsers["logs"].add_argument("-f", "--follow", action="store_true", help="until the job ends")
     parsers["chaos"].add_argument("action", choices=("kill-node", "stop-node"),
                                   help="kill-node: SIGKILL the node's agent (it restarts); stop-node: gone for good")
     parsers["chaos"].add_argument("node", type=int, help="node index (0 = the rendezvous host)")
+    parsers["status"].add_argument("--json", action="store_true", help="a sweep's member statuses as JSON")
+    parsers["compare"] = sub.add_parser("compare", help="a sweep's members: overrides, final loss, tokens/s, MFU")
+    parsers["compare"].add_argument("sweep", help="sweep id (see fsdp-jobs list) or sweep dir")
+    parsers["plot"] = sub.add_parser("plot", help="PNG of loss and tokens/s over steps, one line per run")
+    parsers["plot"].add_argument("refs", nargs="+", metavar="RUN_OR_SWEEP")
+    parsers["plot"].add_argument("-o", "--output", type=Path, default=Path("runs.png"), help="PNG to write")
     for sp in parsers.values():
         sp.add_argument("--run-root", default=os.environ.get("FSDP_JOBS_RUN_ROOT", "runs"))
     args = p.parse_args(argv)
@@ -100,6 +145,17 @@ def main(argv: Optional[list[str]] = None) -> int:
     try:
         if args.cmd == "list":
             print("\n".join(list_lines(root)))
+            return 0
+        if args.cmd in ("compare", "plot"):
+            return sweep_command(args, root)
+        members = report.find_sweep(args.run, root) if args.cmd in ("status", "cancel") else None
+        if members is not None and not (root / args.run / runs.JOB_FILE).is_file():
+            if args.cmd == "cancel":
+                print("\n".join(cancel_sweep(members)))
+            elif args.json:
+                print(json.dumps(sweep_statuses(members), indent=2, default=str))
+            else:
+                print("\n".join(report.status_lines(sweep_statuses(members))))
             return 0
         run_dir = find_run(args.run, root)
         if args.cmd == "status":
@@ -120,6 +176,29 @@ def main(argv: Optional[list[str]] = None) -> int:
         return 130
     except OSError as e:  # an unreadable run dir, a backend command that is not installed
         die(f"{getattr(e, 'filename', '') or ''}: {e.strerror or e}".lstrip(": "))
+    return 0
+
+
+def sweep_command(args: argparse.Namespace, root: Path) -> int:
+    if args.cmd == "compare":
+        members = report.find_sweep(args.sweep, root)
+        if members is None:
+            known = ", ".join(s["sweep"] for s in journal.sweeps()[-10:]) or "none"
+            raise UserError("SWEEP", args.sweep, f"no such sweep in the journal or under {root}; sweeps: {known}")
+        print("\n".join(report.compare(members)))
+        return 0
+    named: list[tuple[str, Path]] = []
+    for ref in args.refs:
+        members = report.find_sweep(ref, root)
+        if members is not None and not (root / ref / runs.JOB_FILE).is_file():
+            named += [(f"{ref}/{m['member']}", m["run_dir"]) for m in members]
+        else:
+            named.append((ref, find_run(ref, root)))
+    if args.output.suffix.lower() != ".png":
+        raise UserError("-o", str(args.output), "must name a .png file")
+    drawn = report.plot(named, args.output)
+    print(f"wrote {args.output}: {len(drawn)} run(s)" + (f"; no metrics yet: {', '.join(n for n, _ in named if n not in drawn)}"
+                                                           if len(drawn) < len(named) else ""))
     return 0
 
 

@@ -1,0 +1,126 @@
+"""What `fsdp-jobs status|compare|plot` show about a sweep's members, read from their run dirs
+(metrics.jsonl, state.json, checkpoints) and, for the job's state, from its backend. Pure reading."""
+
+from __future__ import annotations
+
+import statistics
+from pathlib import Path
+from typing import Any, Iterable, Optional
+
+from fsdp_jobs import journal, runs
+
+WINDOW = 20  # steps the throughput figures are averaged over (the newest ones)
+
+
+def find_sweep(ref: str, run_root: Path) -> Optional[list[dict[str, Any]]]:
+    """A sweep id (or sweep dir) -> its members [{member, run_dir, params}], or None if it is no sweep.
+    The journal knows every sweep from anywhere; a sweep dir under the run root is found without it."""
+    rows = journal.members(ref)
+    if rows:
+        return [{"member": r["member"], "run_dir": Path(r["run_dir"]), "params": r["params"]} for r in rows]
+    for d in (Path(ref), run_root / ref):
+        if d.is_dir() and not (d / runs.JOB_FILE).is_file():
+            found = sorted(p for p in d.iterdir() if (p / runs.JOB_FILE).is_file())
+            if found:
+                return [{"member": p.name, "run_dir": p.resolve(), "params": {}} for p in found]
+    return None
+
+
+def summarize_run(run_dir: Path) -> dict[str, Any]:
+    """Last step and loss; tokens/s and MFU as the median of the newest WINDOW steps, leaving out each
+    attempt's first step (start-up and warm-up would drag it down)."""
+    metrics = runs.read_metrics(run_dir)
+    out: dict[str, Any] = {"step": None, "loss": None, "tokens_per_s": None, "mfu": None}
+    if not metrics:
+        return out
+    out["step"], out["loss"] = metrics[-1].get("step"), metrics[-1].get("loss")
+    steady = [m for prev, m in zip([None] + metrics[:-1], metrics)
+              if prev is not None and prev.get("attempt") == m.get("attempt")] or metrics
+    recent = steady[-WINDOW:]
+    for key in ("tokens_per_s", "mfu"):
+        values = [m[key] for m in recent if isinstance(m.get(key), (int, float))]
+        out[key] = statistics.median(values) if values else None
+    return out
+
+
+def _fmt(value: Any, kind: str = "") -> str:
+    if value is None:
+        return "-"
+    if kind == "loss":
+        return f"{value:.4f}"
+    if kind == "tok":
+        return f"{value:.0f}"
+    if kind == "mfu":  # a CPU's is tiny: keep its digits
+        return f"{100 * value:.2f}%" if 100 * value >= 0.01 or value == 0 else f"{100 * value:.1e}%"
+    return str(value)
+
+
+def table(header: list[str], rows: Iterable[list[str]]) -> list[str]:
+    rows = [header] + [list(r) for r in rows]
+    widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
+    return ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
+
+
+def compare_lines(rows: list[dict[str, Any]], keys: Iterable[str] = (), extra: Iterable[str] = ()) -> list[str]:
+    """One line per member: its swept values (keys), extra columns, then step, final loss, tokens/s, MFU."""
+    keys, extra = list(keys), list(extra)
+    header = ["MEMBER", *keys, *(e.upper() for e in extra), "STEP", "FINAL LOSS", "TOKENS/S", "MFU"]
+    body = [[str(r["member"]), *(str(r.get("params", {}).get(k, "-")) for k in keys),
+             *(_fmt(r.get(e)) for e in extra), _fmt(r.get("step")), _fmt(r.get("loss"), "loss"),
+             _fmt(r.get("tokens_per_s"), "tok"), _fmt(r.get("mfu"), "mfu")] for r in rows]
+    return table(header, body)
+
+
+def compare(members: list[dict[str, Any]]) -> list[str]:
+    keys = list(dict.fromkeys(k for m in members for k in m["params"]))
+    rows = [{**m, **summarize_run(Path(m["run_dir"]))} for m in members]
+    return compare_lines(rows, keys)
+
+
+def status_lines(statuses: list[dict[str, Any]]) -> list[str]:
+    """`fsdp-jobs status SWEEP`: the backend's state of every member, its step, loss and newest checkpoint;
+    a failed member also shows the reason its training recorded."""
+    body = []
+    for s in statuses:
+        last = s.get("last_step") or {}
+        detail = s["detail"]
+        reason = (s.get("train") or {}).get("reason")
+        if s["state"] == "FAILED" and reason:
+            detail = f"{detail}: {reason}"
+        ckpt = Path(s["checkpoint"]).name if s.get("checkpoint") else "-"
+        body.append([s["member"], s["state"], str(s.get("job_id") or "-"), _fmt(last.get("step")),
+                     _fmt(last.get("loss"), "loss"), ckpt, detail])
+    return table(["MEMBER", "STATE", "JOB", "STEP", "LOSS", "CHECKPOINT", "DETAIL"], body)
+
+
+def plot(named_runs: list[tuple[str, Path]], out: Path) -> list[str]:
+    """Loss and tokens/s over steps, one line per run (the same colour in both panels), as a PNG.
+    Returns the labels drawn, in colour order (C0, C1, ...)."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # no display: write the file only
+    import matplotlib.pyplot as plt
+
+    fig, (ax_loss, ax_tok) = plt.subplots(2, 1, figsize=(9, 7), sharex=True)
+    drawn = []
+    for i, (label, run_dir) in enumerate(named_runs):
+        metrics = [m for m in runs.read_metrics(run_dir) if "step" in m]
+        if not metrics:
+            continue
+        steps = [m["step"] for m in metrics]
+        color = f"C{len(drawn) % 10}"
+        ax_loss.plot(steps, [m.get("loss") for m in metrics], color=color, label=label, linewidth=1.5)
+        ax_tok.plot(steps, [m.get("tokens_per_s") for m in metrics], color=color, label=label, linewidth=1.5)
+        drawn.append(label)
+    ax_loss.set_ylabel("loss")
+    ax_tok.set_ylabel("tokens/s")
+    ax_tok.set_xlabel("step")
+    for ax in (ax_loss, ax_tok):
+        ax.grid(alpha=0.3)
+    if drawn:
+        ax_loss.legend(fontsize=8, loc="upper right")
+    fig.tight_layout()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=100)
+    plt.close(fig)
+    return drawn
