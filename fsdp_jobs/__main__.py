@@ -22,10 +22,12 @@ USAGE = """usage: python -m fsdp_jobs [key=value ...]      (fsdp-jobs [key=value
   python -m fsdp_jobs                                  2 simulated nodes x 2 ranks on this machine
   python -m fsdp_jobs nodes=3 gpus_per_node=8 model=llama3_8b dry_run=true
   python -m fsdp_jobs name=my-run train.steps=1000     the same name again resumes that run
+  python -m fsdp_jobs -m cluster=slurm train.lr=1e-4,3e-4 fsdp=glob(*shard)   a sweep (Hydra multirun)
 
 Groups: model=tiny|llama3_1b|llama3_8b|llama3_70b  fsdp=full_shard|shard_grad_op|hybrid_shard|
 hybrid_shard_zero2|no_shard  cluster=local|slurm  data=synthetic|token_file.
-Submitted runs: fsdp-jobs list | status RUN | logs RUN [-f] | cancel RUN. Every key: conf/ and
+Submitted runs: fsdp-jobs list | status RUN | logs RUN [-f] | cancel RUN; sweeps: status|cancel SWEEP,
+cancel SWEEP/MEMBER, compare SWEEP, plot RUN_OR_SWEEP... -o out.png. Every key: conf/ and
 fsdp_jobs/config.py. Export a checkpoint: python -m fsdp_jobs.export RUN_DIR."""
 
 
@@ -50,6 +52,17 @@ def summarize(plan: Plan, status: int) -> str:
     return "\n".join(lines)
 
 
+def record_submission(plan: Plan, job: dict, overrides: list[str], job_id: str) -> None:
+    """Into the user's journal (fsdp_jobs/journal.py); a journal we cannot write only warns: the job is out."""
+    from fsdp_jobs import journal
+
+    try:
+        journal.record(sweep=None, member=plan.name, overrides=overrides, params={}, backend=plan.backend,
+                       job_id=job_id, run_dir=plan.run_dir, config_hash=runs.job_hash(job))
+    except Exception as e:  # noqa: BLE001
+        print(f"fsdp-jobs: warning: could not record the run in {journal.path()}: {e}", file=sys.stderr)
+
+
 def main(argv: Optional[list[str]] = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     from fsdp_jobs import ctl
@@ -59,6 +72,10 @@ def main(argv: Optional[list[str]] = None) -> int:
     if any(a in ("-h", "--help") for a in argv):
         print(USAGE)
         return 0
+    if any(a in ("-m", "--multirun") for a in argv):
+        from fsdp_jobs import sweep
+
+        return sweep.main(argv)
     flags = [a for a in argv if a.startswith("-")]
     if flags:
         die(UserError("", flags[0], f"unknown option {flags[0]!r}; overrides are key=value (try --help)"))
@@ -103,6 +120,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         die(e)
     finally:
         lock.release()
+    record_submission(plan, job, argv, submitted.job_id)
     if submitted.exit_status is None:  # submitted; the backend said where to follow it
         return 0
     print(summarize(plan, submitted.exit_status), flush=True)

@@ -1,0 +1,301 @@
+"""python -m fsdp_jobs -m key=a,b ...: a Hydra multirun sweep, submitted without waiting for it.
+
+1. expand  Hydra's own override grammar (a,b lists, range(), choice(), glob() over a config group)
+           -> one override list per member, named after its swept values: <run_root>/<sweep>/<member>
+2. check   compose, plan, backend.check and backend.dryrun for EVERY member first; one bad member
+           stops the sweep with one line naming it, before anything is written or submitted
+3. submit  completed members are skipped, members still queued or running are left alone, the rest
+           go out grouped by the backend's group_key (SLURM: one job array per resource shape); every
+           submission is recorded in the journal. Attached backends (local) run them one at a time.
+
+Hydra's own launchers cannot do this: hydra-submitit-launcher blocks until every job ends.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import sys
+from dataclasses import dataclass, field
+from itertools import product
+from pathlib import Path
+from typing import Any, Optional
+
+from fsdp_jobs import journal, runs
+from fsdp_jobs.errors import UserError, die
+
+SWEEP_FLAGS = ("-m", "--multirun")
+# they name or place the sweep itself, the same for every member
+UNSWEEPABLE = ("name", "run_root", "dry_run")
+NAME_MAX = 100
+
+
+@dataclass
+class Member:
+    name: str
+    overrides: list[str]  # everything it is composed from (the sweep's fixed overrides + its values)
+    params: dict[str, str]  # swept key -> this member's value
+    cfg: Any = None
+    job: dict[str, Any] = field(default_factory=dict)
+    plan: Any = None
+    backend: Any = None
+    dryrun: Any = None
+    skip: str = ""  # why it is not submitted (completed, still queued/running)
+
+
+def _plain_key(key: str) -> str:
+    return key.lstrip("+~").split("@", 1)[0]
+
+
+def expand(overrides: list[str]) -> list[tuple[list[str], dict[str, str]]]:
+    """The cartesian product of the sweep, in command order: (override list, swept values) per member."""
+    from hydra import initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.core.override_parser.types import Glob
+    from hydra.errors import HydraException, OverrideParseException
+
+    from fsdp_jobs.compose import CONF_DIR
+    from fsdp_jobs.config import register_schemas
+
+    register_schemas()
+    axes: dict[str, list[tuple[str, Optional[str], Optional[str]]]] = {}  # per key: (line, swept key, value)
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3", job_name="fsdp_jobs"):
+        parser = OverridesParser.create(config_loader=GlobalHydra.instance().config_loader())  # for glob()
+        for arg in overrides:
+            try:
+                o = parser.parse_overrides([arg])[0]  # (the plural hands glob() the config loader)
+            except (OverrideParseException, HydraException) as e:
+                first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+                raise UserError(arg.split("=", 1)[0], arg.partition("=")[2], f"bad override: {first}") from None
+            key = o.get_key_element()
+            axes.pop(key, None)  # a key given twice: the later one counts, as in a single run
+            if not o.is_sweep_override():
+                axes[key] = [(arg, None, None)]
+                continue
+            if _plain_key(key) in UNSWEEPABLE:
+                raise UserError(_plain_key(key), arg.partition("=")[2], "cannot be swept: it names or places "
+                                "the whole sweep (name= is the sweep id; members are named after their values)")
+            if not o.is_discrete_sweep():
+                raise UserError(key, arg.partition("=")[2], "allowed sweeps: a,b,c lists, range(), choice(), "
+                                "glob() (interval() needs an optimizer, not a grid)")
+            values = list(o.sweep_string_iterator())
+            if isinstance(o.value(), Glob):  # the schemas registered in the group are not choices
+                values = [v for v in values if not v.endswith("_schema")]
+            if not values:
+                raise UserError(key, arg.partition("=")[2], "the sweep has no values")
+            axes[key] = [(f"{key}={v}", _plain_key(key), v) for v in values]
+    return [([line for line, _, _ in combo], {k: v for _, k, v in combo if k is not None})
+            for combo in product(*axes.values())]
+
+
+def _labels(keys: list[str]) -> dict[str, str]:
+    """The shortest dotted suffix that tells the swept keys apart: train.lr -> lr."""
+    out = {}
+    for key in keys:
+        parts = key.split(".")
+        for n in range(1, len(parts) + 1):
+            label = ".".join(parts[-n:])
+            if not any(other != key and (other == label or other.endswith("." + label)) for other in keys):
+                break
+        out[key] = label
+    return out
+
+
+def _short_hash(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()[:8]
+
+
+def _clean(text: str) -> str:
+    text = re.sub(r"[^A-Za-z0-9._+\-=,:\[\]]", "_", text)
+    return "_" + text[1:] if text.startswith(".") else text
+
+
+def member_names(params: list[dict[str, str]]) -> list[str]:
+    """Stable names from the swept values, keys sorted (the order on the command line does not matter):
+    {"train.lr": "0.001", "nodes": "2"} -> "lr=0.001,nodes=2". Unique, plain directory names."""
+    keys = sorted({k for p in params for k in p})
+    labels = _labels(keys)
+    names = []
+    for p in params:
+        exact = ",".join(f"{k}={p[k]}" for k in keys if k in p)
+        name = _clean(",".join(f"{labels[k]}={p[k]}" for k in keys if k in p)) or "default"
+        if len(name) > NAME_MAX:
+            name = f"{name[:NAME_MAX - 9]}-{_short_hash(exact)}"
+        names.append(name)
+    for i, name in enumerate(names):  # cleaning can make two names equal ("a/b" and "a_b")
+        if names.count(name) > 1:
+            exact = ",".join(f"{k}={params[i][k]}" for k in keys if k in params[i])
+            names[i] = f"{name}-{_short_hash(exact)}"
+    return names
+
+
+def sweep_id(overrides: list[str], members: list[tuple[list[str], dict[str, str]]]) -> str:
+    """name= if given, else derived from the command: the same command (in any order) gives the same id,
+    so running it again finds the same run dirs."""
+    given = [o.split("=", 1)[1] for o in overrides if o.split("=", 1)[0] == "name"]
+    if given:
+        return given[-1]
+    keys = sorted({k for _, p in members for k in p})
+    label = _clean("-".join(_labels(keys)[k].split(".")[-1] for k in keys))[:40] or "sweep"
+    command = "\0".join(sorted(o for o in overrides if o.split("=", 1)[0] != "dry_run"))
+    return f"{label}-{_short_hash(command)}"
+
+
+def _existing(member: Member) -> str:
+    """Why an existing run must not be submitted again: it completed, or its job is still queued/running."""
+    import launchers
+    from launchers.base import JobState, Run
+
+    run_dir = Path(member.plan.run_dir)
+    if not (run_dir / runs.JOB_FILE).is_file():
+        return ""
+    state = runs.read_state(run_dir)
+    if state.get("status") == "completed" and int(state.get("step") or 0) >= member.cfg.train.steps:
+        return f"completed at step {state.get('step')}"
+    run = Run.load(run_dir)
+    if run.launch.get("backend"):
+        status = launchers.get(str(run.launch["backend"])).describe(run)
+        if status.state in (JobState.PENDING, JobState.RUNNING):
+            return f"{status.state.value.lower()} as {run.launch['backend']} job {run.launch.get('job_id')}"
+    return ""
+
+
+def prepare_members(overrides: list[str]) -> tuple[str, list[Member]]:
+    """Steps 1 and 2: every member composed, planned and dry-run, or a UserError naming the bad one."""
+    import launchers
+
+    from fsdp_jobs.compose import compose_many
+    from fsdp_jobs.plan import make_plan
+
+    combos = expand(overrides)
+    sid = sweep_id(overrides, combos)
+    if not sid or "/" in sid or sid.startswith("."):  # it is the sweep's directory under run_root
+        raise UserError("name", sid, "must be a plain directory name (no '/', not starting with '.')")
+    names = member_names([p for _, p in combos])
+    lists = [[o for o in member_overrides if o.split("=", 1)[0] != "name"] for member_overrides, _ in combos]
+    composed = compose_many(lists)
+    members: list[Member] = []
+    for i, (member_overrides, (_, params), name, result) in enumerate(zip(lists, combos, names, composed)):
+        m = Member(name, member_overrides, params)
+        try:
+            if isinstance(result, UserError):
+                raise result
+            m.cfg, m.job = result
+            m.cfg.name, m.job["name"] = name, name
+            m.cfg.run_root = m.job["run_root"] = str(Path(m.cfg.run_root).expanduser() / sid)
+            m.plan = make_plan(m.cfg)
+            m.backend = launchers.get(m.plan.backend)
+            if not m.cfg.dry_run:
+                m.skip = _existing(m)
+                if not m.skip:
+                    m.backend.check(m.plan, m.cfg)
+            if not m.skip:
+                m.dryrun = m.backend.dryrun(m.plan, m.cfg)
+        except UserError as e:
+            raise UserError("", None, f"sweep {sid}, member {i + 1} of {len(combos)} ({name}): {e}") from None
+        members.append(m)
+    return sid, members
+
+
+def _groups(members: list[Member]) -> list[list[Member]]:
+    """Members the backend can submit together (same backend, same group_key), in sweep order."""
+    groups: dict[Any, list[Member]] = {}
+    for i, m in enumerate(members):
+        key = m.backend.group_key(m.dryrun)
+        groups.setdefault((m.backend.name, key) if key is not None else i, []).append(m)
+    return list(groups.values())
+
+
+def _record(sid: str, m: Member, job_id: str) -> None:
+    try:
+        journal.record(sweep=sid, member=m.name, overrides=m.overrides, params=m.params, backend=m.backend.name,
+                       job_id=job_id, run_dir=m.plan.run_dir, config_hash=runs.job_hash(m.job))
+    except Exception as e:  # noqa: BLE001  the job is out: a journal we cannot write must not hide that
+        print(f"fsdp-jobs: warning: could not record {m.name} in the journal {journal.path()}: {e}",
+              file=sys.stderr)
+
+
+def submit_group(sid: str, group: list[Member]) -> list[tuple[Member, Any]]:
+    """Lock, prepare and submit one group; the locks keep a second launcher off these run dirs."""
+    locks = [runs.RunLock(Path(m.plan.run_dir)) for m in group]
+    try:
+        for m, lock in zip(group, locks):
+            if not lock.acquire():
+                raise UserError("", None, f"sweep {sid}, member {m.name}: its run is being launched by pid "
+                                          f"{lock.holder()} right now")
+        for m in group:
+            runs.prepare(Path(m.plan.run_dir), m.job, m.plan.to_dict())
+        submitted = m.backend.submit_group([m.dryrun for m in group])
+    finally:
+        for lock in locks:
+            lock.release()
+    for m, s in zip(group, submitted):
+        _record(sid, m, s.job_id)
+    return list(zip(group, submitted))
+
+
+def _line(m: Member, width: int, what: str) -> str:
+    return f"  {m.name:<{width}}  {m.plan.backend:<8} {what}"
+
+
+def dry_run(sid: str, members: list[Member]) -> int:
+    from fsdp_jobs.__main__ import render_dry_run
+
+    for m in members:
+        sys.stdout.write(f"# ---- sweep {sid}, member {m.name}\n{render_dry_run(m.plan, m.dryrun.text)}")
+    groups = _groups(members)
+    print(f"# sweep {sid}: {len(members)} members in {len(groups)} submission(s): "
+          + "; ".join(", ".join(m.name for m in g) for g in groups))
+    return 0
+
+
+def main(argv: list[str]) -> int:
+    """python -m fsdp_jobs -m OVERRIDES: returns the exit status."""
+    overrides = [a for a in argv if a not in SWEEP_FLAGS]
+    flags = [a for a in overrides if a.startswith("-")]
+    try:
+        if flags:
+            raise UserError("", flags[0], f"unknown option {flags[0]!r}; overrides are key=value (try --help)")
+        sid, members = prepare_members(overrides)
+    except UserError as e:
+        die(e)
+    for note in dict.fromkeys(n for m in members if m.plan for n in m.plan.notes):
+        print(f"fsdp-jobs: note: {note}", file=sys.stderr)
+    if members[0].cfg.dry_run:
+        return dry_run(sid, [m for m in members if m.dryrun])
+
+    todo = [m for m in members if not m.skip]
+    sweep_dir = Path(members[0].plan.run_dir).parent
+    width = max(len(m.name) for m in members)
+    print(f"fsdp-jobs: sweep {sid}: {len(members)} members, {len(todo)} to submit, "
+          f"{len(members) - len(todo)} skipped; run dirs under {sweep_dir}", flush=True)
+    for m in members:
+        if m.skip:
+            print(_line(m, width, f"skipped: {m.skip}"), flush=True)
+    done: list[tuple[Member, Any]] = []
+    for group in _groups(todo):
+        try:
+            out = submit_group(sid, group)
+        except UserError as e:
+            sent = f"; {len(done)} member(s) went out before it: fsdp-jobs status {sid}" if done else ""
+            die(f"{e}{sent}")
+        done += out
+        for m, s in out:
+            verb = "resumed" if m.plan.resume_from else "submitted"
+            if s.exit_status is None:
+                print(_line(m, width, f"{verb:<9} job {s.job_id:<14} {m.plan.run_dir}"), flush=True)
+            else:  # an attached backend: the member has already run
+                print(_line(m, width, f"exited {s.exit_status:<3} {m.plan.run_dir}"), flush=True)
+        if any(s.exit_status == 130 for _, s in out):  # Ctrl-C: stop the sweep, not just this member
+            break
+    attached = [(m, s) for m, s in done if s.exit_status is not None]
+    if attached:
+        from fsdp_jobs.report import compare_lines, summarize_run
+
+        rows = [{**summarize_run(Path(m.plan.run_dir)), "member": m.name, "exit": s.exit_status} for m, s in attached]
+        print(f"fsdp-jobs: sweep {sid} finished:\n" + "\n".join(compare_lines(rows, extra=("exit",))), flush=True)
+    print(f"  status: fsdp-jobs status {sid}    compare: fsdp-jobs compare {sid}    cancel: fsdp-jobs cancel {sid}",
+          flush=True)
+    failed = [s.exit_status for _, s in attached if s.exit_status]
+    return failed[0] if failed else 0
