@@ -100,8 +100,12 @@ class LocalBackend(Backend):
         pid = run.launch.get("pid")
         if runs.RunLock(run.run_dir).held():
             return JobStatus(JobState.RUNNING, f"RUNNING (launcher pid {pid})", {"launcher_pid": pid})
+        # no launcher holds the run: the job has ended, whatever rank 0 managed to record
         state = state_from_training(run.run_dir)
-        return JobStatus(state, f"{state.value} (launcher pid {pid} has exited)", {"launcher_pid": None})
+        if state == JobState.UNKNOWN:
+            state = JobState.FAILED
+        return JobStatus(state, f"{state.value} (launcher pid {pid} has exited; training state: "
+                                f"{runs.read_state(run.run_dir).get('status', 'none recorded')})", {"launcher_pid": None})
 
     def cancel(self, run: Run) -> str:
         if not runs.RunLock(run.run_dir).held():

@@ -46,8 +46,64 @@ def load_checkpoint(ckpt: Path) -> dict[str, Any]:
         return torch.load(f"{tmp}/full.pt", weights_only=False)
 
 
+def assert_same_state(a: Path, b: Path) -> None:
+    """Two committed checkpoints hold the same model, optimizer, scheduler and progress, bit for bit."""
+    import torch
+
+    sa, sb = load_checkpoint(a), load_checkpoint(b)
+    flat_a, flat_b = _flatten(sa), _flatten(sb)
+    assert flat_a.keys() == flat_b.keys()
+    tensors = [k for k, v in flat_a.items() if isinstance(v, torch.Tensor)]
+    assert any(k.startswith("model.") for k in tensors) and any(k.startswith("optim.state.") for k in tensors)
+    for k in flat_a:
+        if k.startswith("rng."):
+            continue
+        va, vb = flat_a[k], flat_b[k]
+        if isinstance(va, torch.Tensor):
+            assert torch.equal(va, vb), f"{k} differs"
+        else:
+            assert va == vb, k
+
+
+def _flatten(d, prefix=""):
+    out = {}
+    for k, v in d.items():
+        if isinstance(v, dict):
+            out.update(_flatten(v, f"{prefix}{k}."))
+        elif isinstance(v, list):
+            out.update(_flatten(dict(enumerate(v)), f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
 @pytest.fixture
 def run_root(tmp_path: Path) -> Path:
     root = tmp_path / "runs"
     root.mkdir()
     return root
+
+
+def docker_engine_up() -> bool:
+    try:
+        return subprocess.run(["docker", "version", "--format", "{{.Server.Version}}"], capture_output=True,
+                              timeout=20).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
+@pytest.fixture(scope="session")
+def docker_engine():
+    """A real Docker engine (Debian's docker.io) started by the project's deploy/docker/start.sh,
+    unless one is already up (a developer's): only an engine this fixture started is stopped."""
+    started = False
+    if not docker_engine_up():
+        r = subprocess.run(["bash", str(REPO / "deploy" / "docker" / "start.sh")], capture_output=True, text=True,
+                           timeout=900, stdin=subprocess.DEVNULL)
+        assert r.returncode == 0 and docker_engine_up(), f"deploy/docker/start.sh failed:\n{r.stdout}\n{r.stderr}"
+        started = True
+    yield
+    if started:
+        r = subprocess.run(["bash", str(REPO / "deploy" / "docker" / "stop.sh")], capture_output=True, text=True,
+                           timeout=300)
+        assert r.returncode == 0, r.stdout + r.stderr

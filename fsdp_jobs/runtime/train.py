@@ -50,7 +50,8 @@ def lr_lambda(train: dict[str, Any]):  # type: ignore[no-untyped-def]
 def write_rank_file(run_dir: Path, world: World) -> None:
     d = run_dir / "ranks"
     d.mkdir(exist_ok=True)
-    info = {"rank": world.rank, "pid": os.getpid(), "host": socket.gethostname(), "node_rank": world.node_rank,
+    info = {"rank": world.rank, "pid": os.getpid(), "uid": os.getuid(), "host": socket.gethostname(),
+            "node_rank": world.node_rank,
             "node": os.environ.get("FSDP_JOBS_NODE") or os.environ.get("SLURMD_NODENAME") or socket.gethostname(),
             "restart": world.restart, "world_size": world.world_size, "time": time.time()}
     runs.write_atomic(d / f"rank-{world.rank}.json", json.dumps(info) + "\n")

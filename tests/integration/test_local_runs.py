@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.conftest import REPO, cli, committed, load_checkpoint, manifest, metrics
+from tests.conftest import REPO, assert_same_state, cli, committed, manifest, metrics
 
 pytestmark = pytest.mark.integration
 
@@ -78,34 +78,6 @@ def reference_run(tmp_path_factory) -> Path:
     r = cli(f"run_root={root}", "name=ref", *KILL_ARGS)
     assert_ok(r)
     return root / "ref"
-
-
-def assert_same_state(a: Path, b: Path) -> None:
-    sa, sb = load_checkpoint(a), load_checkpoint(b)
-    flat_a, flat_b = _flatten(sa), _flatten(sb)
-    assert flat_a.keys() == flat_b.keys()
-    tensors = [k for k, v in flat_a.items() if isinstance(v, torch.Tensor)]
-    assert any(k.startswith("model.") for k in tensors) and any(k.startswith("optim.state.") for k in tensors)
-    for k in flat_a:
-        if k.startswith("rng."):
-            continue
-        va, vb = flat_a[k], flat_b[k]
-        if isinstance(va, torch.Tensor):
-            assert torch.equal(va, vb), f"{k} differs"
-        else:
-            assert va == vb, k
-
-
-def _flatten(d, prefix=""):
-    out = {}
-    for k, v in d.items():
-        if isinstance(v, dict):
-            out.update(_flatten(v, f"{prefix}{k}."))
-        elif isinstance(v, list):
-            out.update(_flatten(dict(enumerate(v)), f"{prefix}{k}."))
-        else:
-            out[f"{prefix}{k}"] = v
-    return out
 
 
 def start(args, env=None) -> subprocess.Popen[str]:

@@ -1,0 +1,345 @@
+"""cluster=docker: one container per node through docker-compose, on a private bridge network.
+
+`dryrun` renders the compose file (data, and the YAML `dry_run=true` prints) and the exact commands;
+`submit` snapshots the code, writes the compose file into the run dir, starts it (`up -d`) and hands
+over to the supervisor (launchers/docker_supervisor.py): in the foreground by default, like
+cluster=local (merged node-prefixed log, progress, the job's exit status, Ctrl-C stops exactly these
+containers), or in the background with cluster.detach=true. The supervisor removes the containers
+and the network when the job ends; the run dir stays.
+
+Each container runs one torchrun agent as PID 1 (c10d rendezvous at node0), as the invoking user,
+with the run dir bind-mounted at the same path. `restart: on-failure:N`: a node whose agent dies
+comes back and the job resumes from the newest checkpoint.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import re
+import shlex
+import shutil
+import signal
+import site
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+from typing import Any, Optional
+
+import yaml
+
+from fsdp_jobs import runs
+from fsdp_jobs.errors import UserError
+from launchers.base import Backend, DryRun, JobState, JobStatus, Run, Submitted, state_from_training
+from launchers.common import runtime_env, torchrun_args
+from launchers.snapshot import PROJECT_ROOT, next_snapshot_dir, take_snapshot
+
+SKEL_IMAGE = "fsdp-jobs-skel:1"  # an empty root: /usr and Python come from the host, read-only
+DEFAULT_RDZV_PORT = 29400
+COMPOSE_FILE = "compose.yaml"
+RESULT_FILE = "docker-result.json"  # the supervisor's record of how the containers ended
+NOBODY = "65534:65534"
+LABEL = "fsdp-jobs.run"
+
+
+# ------------------------------------------------------------------------------------- the engine
+def docker(*args: str, timeout: float = 60, input: Optional[bytes] = None) -> subprocess.CompletedProcess[bytes]:
+    return subprocess.run(["docker", *args], capture_output=True, timeout=timeout, input=input)
+
+
+def compose_command(cfg: Any) -> list[str]:
+    """Compose v2 (`docker compose`) where installed, else v1 (`docker-compose`, Debian 12's)."""
+    choice = str(cfg.cluster.compose)
+    if choice != "auto":
+        return shlex.split(choice)
+    try:
+        if docker("compose", "version", timeout=20).returncode == 0:
+            return ["docker", "compose"]
+    except (OSError, subprocess.TimeoutExpired):
+        pass
+    return ["docker-compose"]
+
+
+def engine_error() -> Optional[str]:
+    """Why no engine answers (None when one does)."""
+    try:
+        r = docker("version", "--format", "{{.Server.Version}}", timeout=20)
+    except FileNotFoundError:
+        return "the docker command is not installed"
+    except subprocess.TimeoutExpired:
+        return "the Docker engine did not answer in 20 s"
+    if r.returncode:
+        lines = r.stderr.decode(errors="replace").strip().splitlines()
+        return lines[-1][:200] if lines else "docker version failed"
+    return None
+
+
+def ensure_skel_image() -> None:
+    """Build SKEL_IMAGE (a few empty directories, 0.05 s) unless the engine already has it."""
+    if docker("image", "inspect", SKEL_IMAGE).returncode == 0:
+        return
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        def add(name: str, mode: int = 0o755, kind: bytes = tarfile.DIRTYPE, target: str = "",
+                data: bytes = b"") -> None:
+            info = tarfile.TarInfo(name)
+            info.type, info.mode, info.linkname, info.size = kind, mode, target, len(data)
+            tar.addfile(info, io.BytesIO(data) if data else None)
+        for d in ("etc", "proc", "sys", "dev", "root", "run", "usr", "home", "var"):
+            add(d)
+        add("tmp", 0o1777)
+        for d in ("bin", "lib", "lib64", "sbin"):  # Debian 12's merged /usr, as on the host
+            add(d, kind=tarfile.SYMTYPE, target=f"usr/{d}")
+        for name, data in (("etc/passwd", b"root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/tmp:/bin/sh\n"),
+                           ("etc/group", b"root:x:0:\nnogroup:x:65534:\n"), ("etc/hosts", b""),
+                           ("etc/resolv.conf", b""), ("etc/hostname", b"")):
+            add(name, 0o644, tarfile.REGTYPE, data=data)
+    r = docker("import", "-", SKEL_IMAGE, input=buf.getvalue())
+    if r.returncode:
+        raise UserError("cluster.image", "auto", f"docker import failed: {r.stderr.decode(errors='replace').strip()[:200]}")
+
+
+# ------------------------------------------------------------------------------ who and what mounts
+def invoking_user() -> tuple[int, int]:
+    """The user who asked for the job: sudo's caller when run through sudo, else this process's user."""
+    if os.getuid() == 0 and os.environ.get("SUDO_UID", "").isdigit() and os.environ.get("SUDO_GID", "").isdigit():
+        return int(os.environ["SUDO_UID"]), int(os.environ["SUDO_GID"])
+    return os.getuid(), os.getgid()
+
+
+def container_user(cfg: Any) -> str:
+    """UID:GID the containers run as: cluster.user, else the invoking user; never root (root gets nobody)."""
+    if cfg.cluster.user:
+        return str(cfg.cluster.user)
+    uid, gid = invoking_user()
+    return NOBODY if uid == 0 else f"{uid}:{gid}"
+
+
+def python_mounts() -> list[str]:
+    """Read-only mounts that give a skeleton container this machine's interpreter and packages at the
+    same paths (the venv's python links into its base prefix, which links against /usr's libraries)."""
+    paths = ["/usr", sys.base_prefix, sys.prefix, site.getusersitepackages()]
+    # other import roots (a user site, a src/ layout); not the working directory `python -m` puts
+    # first, nor this project: the job imports the run's code snapshot instead
+    skip = {os.path.realpath(os.getcwd()), os.path.realpath(PROJECT_ROOT)}
+    paths += [p for p in sys.path if p and os.path.isdir(p) and os.path.realpath(p) not in skip]
+    chosen: list[str] = []
+    for p in sorted({os.path.realpath(p) for p in paths if os.path.isdir(p)}, key=len):
+        if p != "/" and not any(p == c or p.startswith(c + "/") for c in chosen):
+            chosen.append(p)
+    return [f"{p}:{p}:ro" for p in chosen]
+
+
+def project_name(run_dir: Path) -> str:
+    """Compose project name: readable, unique per run dir, in compose's alphabet."""
+    base = re.sub(r"[^a-z0-9_-]", "-", run_dir.name.lower())[:40].strip("-_") or "run"
+    return f"fsdpjobs-{base}-{hashlib.sha1(str(run_dir).encode()).hexdigest()[:8]}"
+
+
+# ------------------------------------------------------------------------------------ the request
+def compose_spec(plan: Any, cfg: Any, code_dir: Path) -> dict[str, Any]:
+    """The compose file: one service per node on one private bridge network."""
+    c = cfg.cluster
+    run_dir = plan.run_dir
+    port = c.rdzv_port or DEFAULT_RDZV_PORT
+    python = c.python or (sys.executable if c.image == "auto" else "python3")
+    args = torchrun_args(plan, f"node0:{port}", c.stop_grace_s)
+    volumes = (python_mounts() if c.image == "auto" else []) + [f"{run_dir}:{run_dir}"] + list(c.mounts)
+    user = container_user(cfg)
+    services = {}
+    for i in range(plan.nodes):
+        env = {**runtime_env(cfg), "FSDP_JOBS_NODE": f"node{i}",
+               # the job imports the code frozen at launch; `-m` must not put the cwd before it
+               "PYTHONPATH": str(code_dir), "PYTHONSAFEPATH": "1", "HOME": "/tmp", "USER": f"uid{user.split(':')[0]}"}
+        service: dict[str, Any] = {
+            "image": SKEL_IMAGE if c.image == "auto" else c.image,
+            "hostname": f"node{i}",
+            "user": user,
+            "command": [python, "-m", "torch.distributed.run", *args, "-m", "fsdp_jobs.runtime", run_dir],
+            "environment": env,
+            "volumes": list(volumes),
+            "working_dir": run_dir,
+            "networks": ["job"],
+            "restart": f"on-failure:{c.container_restarts}" if c.container_restarts else "no",
+            "shm_size": str(c.shm_size),
+            # docker stop / Ctrl-C: torchrun's grace for the ranks' checkpoint, then ours
+            "stop_grace_period": f"{c.stop_grace_s + 15}s",
+            "labels": {LABEL: run_dir, "fsdp-jobs.node": str(i)},
+        }
+        if c.cpus:
+            service["cpus"] = float(c.cpus)
+        if c.mem:
+            service["mem_limit"] = str(c.mem)
+        if c.device == "cuda":
+            ids = [str(i * plan.gpus_per_node + g) for g in range(plan.gpus_per_node)]
+            service["deploy"] = {"resources": {"reservations": {"devices": [
+                {"driver": "nvidia", "device_ids": ids, "capabilities": ["gpu"]}]}}}
+        services[f"node{i}"] = service
+    network = {"driver": "bridge", "labels": {LABEL: run_dir}}
+    if c.internal_network:
+        network["internal"] = True
+    # no "version": the Compose Specification (compose >= 1.27 and v2), which has GPU reservations
+    return {"services": services, "networks": {"job": network}}
+
+
+def compose_args(compose: list[str], project: str, file: Path, *args: str) -> list[str]:
+    return [*compose, "-p", project, "-f", str(file), *args]
+
+
+class DockerBackend(Backend):
+    name = "docker"
+
+    def check(self, plan: Any, cfg: Any) -> None:
+        why = engine_error()
+        if why:
+            raise UserError("cluster", "docker", f"no Docker engine reachable ({why}); start one with "
+                                                 "`sudo deploy/docker/start.sh`, or set DOCKER_HOST")
+        if not shutil.which(compose_command(cfg)[0]):
+            raise UserError("cluster.compose", cfg.cluster.compose, "no docker compose here; install docker-compose "
+                                                                    "(Debian: apt-get install docker-compose)")
+        live = containers(project_name(Path(plan.run_dir)))
+        if live:
+            raise UserError("name", plan.name, f"run already has {len(live)} containers; cancel it "
+                                               f"(fsdp-jobs cancel {plan.name}) or choose another name")
+
+    def dryrun(self, plan: Any, cfg: Any) -> DryRun:
+        run_dir = Path(plan.run_dir)
+        code_dir = next_snapshot_dir(run_dir) if cfg.cluster.snapshot_code else PROJECT_ROOT
+        spec = compose_spec(plan, cfg, code_dir)
+        project = project_name(run_dir)
+        file = run_dir / COMPOSE_FILE
+        compose = compose_command(cfg)
+        commands = [compose_args(compose, project, file, "up", "-d", "--no-build", "--remove-orphans"),
+                    compose_args(compose, project, file, "down", "-v", "--remove-orphans")]
+        text = (f"# {file}\n{yaml.safe_dump(spec, sort_keys=False)}"
+                f"# then (the second when the job ends{', run by a background supervisor' if cfg.cluster.detach else ''}):\n"
+                + "\n".join(shlex.join(c) for c in commands))
+        node0 = spec["services"]["node0"]
+        request = {"compose": spec, "file": str(file), "project": project, "code_dir": str(code_dir),
+                   "commands": commands}
+        return DryRun(self.name, plan, cfg, request, text, agent_args=node0["command"][3:-3],
+                      agent_env={k: v for k, v in node0["environment"].items() if k in runtime_env(cfg)})
+
+    def submit(self, dryrun: DryRun) -> Submitted:
+        from launchers import docker_supervisor
+
+        plan, cfg, req = dryrun.plan, dryrun.cfg, dryrun.request
+        run_dir = Path(plan.run_dir)
+        if cfg.cluster.image == "auto":
+            ensure_skel_image()
+        code = take_snapshot(Path(req["code_dir"])) if cfg.cluster.snapshot_code else {"code": str(PROJECT_ROOT), "git_commit": ""}
+        runs.write_atomic(Path(req["file"]), yaml.safe_dump(req["compose"], sort_keys=False))
+        runs.clear_stop_request(run_dir)
+        runs.record_launch(run_dir, backend="docker", job_id=req["project"], project=req["project"],
+                           file=req["file"], nodes=plan.nodes, gpus_per_node=plan.gpus_per_node,
+                           user=container_user(cfg), detach=bool(cfg.cluster.detach), down=req["commands"][1],
+                           grace=cfg.cluster.stop_grace_s + 15, **code)
+        (run_dir / RESULT_FILE).unlink(missing_ok=True)
+        give_to(run_dir, container_user(cfg))
+        up = subprocess.run(req["commands"][0], capture_output=True, text=True, timeout=300)
+        if up.returncode:
+            subprocess.run(req["commands"][1], capture_output=True, timeout=300)
+            lines = [ln for ln in up.stderr.strip().splitlines() if ln.strip()] or ["(no output)"]
+            raise UserError("cluster", "docker", f"docker compose up failed: {lines[-1][:300]}")
+        if cfg.cluster.detach:
+            pid = docker_supervisor.start_detached(run_dir)
+            print(f"started {plan.nodes} containers (compose project {req['project']}): {plan.name}\n"
+                  f"  run dir:  {run_dir}\n"
+                  f"  follow:   fsdp-jobs logs {plan.name} -f    status: fsdp-jobs status {plan.name}\n"
+                  f"  cancel:   fsdp-jobs cancel {plan.name}     (supervisor pid {pid} removes the "
+                  f"containers when the job ends)", flush=True)
+            return Submitted(req["project"])
+        return Submitted(req["project"], docker_supervisor.supervise(run_dir, echo=True))
+
+    def describe(self, run: Run) -> JobStatus:
+        project = str(run.launch.get("project", ""))
+        result = read_result(run.run_dir)
+        if result is not None and result.get("project") == project:
+            state = state_from_training(run.run_dir) if result["exit_status"] == 0 else (
+                JobState.CANCELLED if result.get("cancelled") else JobState.FAILED)
+            return JobStatus(state, f"{state.value} (exit {result['exit_status']}; containers removed)",
+                             {"containers": result.get("containers", {})})
+        found = containers(project)
+        if not found:  # gone without the supervisor's record: removed by hand, or the supervisor died
+            return JobStatus(JobState.FAILED, "FAILED (no containers left and no recorded result)", {"containers": {}})
+        nodes = {name: f"{c['State']['Status']}" + (f" (exit {c['State']['ExitCode']})" if c["State"]["Status"] == "exited" else "")
+                 + (f", restarted {c['RestartCount']}x" if c.get("RestartCount") else "") for name, c in found.items()}
+        live = any(c["State"]["Status"] in ("running", "restarting", "created") for c in found.values())
+        state = JobState.RUNNING if live else JobState.UNKNOWN
+        return JobStatus(state, f"{state.value} ({', '.join(f'{k}: {v}' for k, v in sorted(nodes.items()))})",
+                         {"containers": nodes})
+
+    def cancel(self, run: Run) -> str:
+        project = str(run.launch.get("project", ""))
+        found = containers(project)
+        if not found:
+            return f"{run.run_dir.name} is not running (no containers of project {project})"
+        # SIGTERM to every agent: the ranks checkpoint and stop; the supervisor removes the containers
+        r = subprocess.run(["docker", "stop", "-t", str(int(run.launch.get("grace", 135))),
+                            *[c["Id"] for c in found.values()]], capture_output=True, text=True, timeout=600)
+        if r.returncode:
+            raise UserError("RUN", run.run_dir.name, f"docker stop failed: {r.stderr.strip()[:200]}")
+        return f"stopped {len(found)} containers of {run.run_dir.name} (project {project}); the ranks checkpointed"
+
+    def chaos(self, run: Run, action: str, node: int) -> str:
+        found = containers(str(run.launch.get("project", "")))
+        c = found.get(f"node{node}")
+        if c is None or c["State"]["Status"] != "running":
+            raise UserError("node", node, f"no running container for node{node}; nodes: "
+                                          + (", ".join(f"{k} ({v['State']['Status']})" for k, v in sorted(found.items())) or "none"))
+        if action == "kill-node":
+            # SIGKILL from outside the container: Docker sees a failure and restarts it (on-failure);
+            # `docker kill` would count as a manual stop and leave it down
+            try:
+                os.kill(int(c["State"]["Pid"]), signal.SIGKILL)
+            except PermissionError:
+                raise UserError("node", node, "cannot signal the container's agent from here (another user's "
+                                              "container, or a remote engine)") from None
+            return f"killed node{node}'s torchrun agent (pid {c['State']['Pid']}); Docker restarts the container"
+        r = docker("kill", c["Id"])
+        if r.returncode:
+            raise UserError("node", node, f"docker kill failed: {r.stderr.decode(errors='replace').strip()[:200]}")
+        return f"node{node} is gone for good (docker kill: not restarted); the others continue if min_nodes allows"
+
+
+def containers(project: str) -> dict[str, dict[str, Any]]:
+    """`docker inspect` of the project's containers, by compose service name (node0, node1, ...)."""
+    if not project:
+        return {}
+    try:
+        ids = docker("ps", "-aq", "--filter", f"label=com.docker.compose.project={project}", timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return {}
+    id_list = ids.stdout.decode().split()
+    if ids.returncode or not id_list:
+        return {}
+    r = docker("inspect", *id_list, timeout=30)
+    if r.returncode:  # a container removed between the two calls
+        return {}
+    return {c["Config"]["Labels"].get("com.docker.compose.service", c["Name"]): c for c in json.loads(r.stdout)}
+
+
+def read_result(run_dir: Path) -> Optional[dict[str, Any]]:
+    try:
+        return json.loads((run_dir / RESULT_FILE).read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+
+
+def give_to(path: Path, user: str) -> None:
+    """Files the launcher writes as root (through sudo) go to the user the containers run as (the
+    invoking user), so both can write the run dir. A non-root launcher already writes them as that user."""
+    if os.getuid() != 0:
+        return
+    uid, gid = (int(x) for x in user.split(":"))
+    for p in [path, *path.rglob("*")] if path.is_dir() else [path]:
+        try:
+            os.lchown(p, uid, gid)
+        except FileNotFoundError:
+            pass
+
+
+BACKEND = DockerBackend()

@@ -1,0 +1,156 @@
+"""`python -m fsdp_jobs cluster=docker ...` on a real Docker engine (Debian's docker.io + docker-compose,
+started by deploy/docker/start.sh): one container per node, torchrun agents across containers."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO, assert_same_state, cli, committed, metrics
+
+pytestmark = [pytest.mark.docker, pytest.mark.usefixtures("docker_engine")]
+
+SHORT = ("model.dim=64", "model.n_layers=2", "model.ffn_dim=128", "model.vocab_size=128", "data.seq_len=32")
+# long enough that a node can be killed mid-run after the first checkpoint
+RUN_ARGS = ("cluster=docker", "nodes=3", "gpus_per_node=1", "train.steps=300", "checkpoint.interval=50",
+            "checkpoint.keep_last=10", "train.seed=7", *SHORT)
+SUDO_USER = {"SUDO_UID": "4321", "SUDO_GID": "4321"}  # what sudo tells a command about its caller
+
+
+def assert_ok(r: subprocess.CompletedProcess[str]) -> None:
+    assert r.returncode == 0, f"exit {r.returncode}\n{r.stdout[-4000:]}\n{r.stderr[-4000:]}"
+
+
+def labelled(kind: str, run_dir: Path) -> list[str]:
+    """Containers or networks fsdp-jobs created for this run dir, as the engine sees them."""
+    cmd = ["docker", "ps", "-aq"] if kind == "container" else ["docker", kind, "ls", "-q"]
+    out = subprocess.run([*cmd, "--filter", f"label=fsdp-jobs.run={run_dir}"], capture_output=True, text=True)
+    return out.stdout.split()
+
+
+def volumes() -> set[str]:
+    return set(subprocess.run(["docker", "volume", "ls", "-q"], capture_output=True, text=True).stdout.split())
+
+
+def start(*args: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
+    return subprocess.Popen([sys.executable, "-m", "fsdp_jobs", *args], cwd=REPO, text=True, stdin=subprocess.DEVNULL,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})})
+
+
+def wait_for_file(path: Path, proc: subprocess.Popen[str] | None, timeout: float = 300) -> None:
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        if proc is not None and proc.poll() is not None:
+            raise AssertionError(f"job ended early ({proc.returncode}):\n{proc.stdout.read()[-4000:]}")
+        assert time.monotonic() < deadline, f"timed out waiting for {path}"
+        time.sleep(0.1)
+
+
+def result(run_dir: Path) -> dict:
+    return json.loads((run_dir / "docker-result.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def reference_run(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess[str]]:
+    """The issue's command, `cluster=docker nodes=3 gpus_per_node=1`, run uninterrupted through sudo."""
+    root = tmp_path_factory.mktemp("docker-ref")
+    vols = volumes()
+    r = cli(f"run_root={root}", "name=ref", *RUN_ARGS, env=SUDO_USER)
+    assert_ok(r)
+    assert volumes() == vols  # no volume left behind
+    return root / "ref", r
+
+
+def test_three_nodes_run_to_completion_and_leave_nothing_behind(reference_run):
+    run_dir, r = reference_run
+    for node in ("node0", "node1", "node2"):
+        assert f"[{node}] [rank " in r.stdout and f"host {node} " in r.stdout  # each container's hostname
+    m = metrics(run_dir)
+    assert [x["step"] for x in m] == list(range(1, 301)) and m[-1]["world_size"] == 3
+    assert sum(x["loss"] for x in m[-10:]) < sum(x["loss"] for x in m[:10]) - 20.0  # mean falls by > 2
+    assert "finished: ref" in r.stdout and "step-000300" in committed(run_dir)
+    assert labelled("container", run_dir) == [] and labelled("network", run_dir) == []
+    assert all(c["exit_code"] == 0 and c["restarts"] == 0 for c in result(run_dir)["containers"].values())
+
+
+def test_run_dir_belongs_to_the_invoking_user_and_containers_are_not_root(reference_run):
+    """Through sudo (SUDO_UID/SUDO_GID = 4321), every file is the caller's and the ranks ran as 4321."""
+    run_dir, _ = reference_run
+    ranks = [json.loads(p.read_text()) for p in (run_dir / "ranks").iterdir()]
+    assert sorted(x["node"] for x in ranks) == ["node0", "node1", "node2"]
+    assert {x["uid"] for x in ranks} == {4321}
+    owners = {(p.relative_to(run_dir).as_posix(), p.lstat().st_uid, p.lstat().st_gid)
+              for p in [run_dir, *run_dir.rglob("*")]}
+    assert {(uid, gid) for _, uid, gid in owners} == {(4321, 4321)}, sorted(o for o in owners if o[1] != 4321)[:10]
+
+
+def test_kill_node_restarts_the_container_and_matches_the_uninterrupted_run_bitwise(run_root, reference_run):
+    proc = start(f"run_root={run_root}", "name=killed", *RUN_ARGS)
+    run_dir = run_root / "killed"
+    wait_for_file(run_dir / "checkpoints" / "step-000050" / "manifest.json", proc)
+    chaos = cli("chaos", "killed", "kill-node", "1", "--run-root", str(run_root))
+    assert_ok(chaos)
+    assert "Docker restarts the container" in chaos.stdout
+    out, _ = proc.communicate(timeout=600)
+    assert proc.returncode == 0, out[-4000:]
+    assert result(run_dir)["containers"]["node1"]["restarts"] >= 1  # Docker restarted it, not a new job
+    assert "resumed from step-0000" in out
+    assert_same_state(reference_run[0] / "checkpoints" / "step-000300", run_dir / "checkpoints" / "step-000300")
+    assert labelled("container", run_dir) == []
+
+
+def test_stop_node_leaves_two_nodes_that_continue_from_the_newest_checkpoint(run_root):
+    proc = start(f"run_root={run_root}", "name=shrink", *RUN_ARGS, "train.steps=150", "cluster.min_nodes=2")
+    run_dir = run_root / "shrink"
+    wait_for_file(run_dir / "checkpoints" / "step-000050" / "manifest.json", proc)
+    chaos = cli("chaos", "shrink", "stop-node", "2", "--run-root", str(run_root))
+    assert_ok(chaos)
+    out, _ = proc.communicate(timeout=600)
+    assert proc.returncode == 0, out[-4000:]
+    m = metrics(run_dir)
+    on_two = [x for x in m if x["world_size"] == 2]
+    assert on_two and on_two[-1]["step"] == 150  # finished on two nodes
+    first_on_two = on_two[0]["step"]
+    assert first_on_two - 1 in {int(x["step"]) for x in m if x["world_size"] == 3}  # resumed, not restarted
+    assert f"resumed from step-{first_on_two - 1:06d}" in out
+    c = result(run_dir)["containers"]
+    assert c["node2"]["exit_code"] == 137 and c["node2"]["restarts"] == 0  # gone for good
+    assert c["node0"]["exit_code"] == 0 and c["node1"]["exit_code"] == 0
+
+
+def test_detached_job_status_logs_follow_and_cancel(run_root):
+    t0 = time.perf_counter()
+    r = cli(f"run_root={run_root}", "name=bg", "cluster=docker", "nodes=2", "gpus_per_node=1",
+            "cluster.detach=true", "train.steps=1000000", "checkpoint.interval=0", *SHORT)
+    assert_ok(r)
+    print(f"detached submission returned in {time.perf_counter() - t0:.1f}s")
+    run_dir = run_root / "bg"
+    assert "started 2 containers" in r.stdout
+    assert len(labelled("container", run_dir)) == 2
+    wait_for_file(run_dir / "metrics.jsonl", None)
+    status = json.loads(cli("status", "bg", "--run-root", str(run_root)).stdout)
+    assert status["backend"] == "docker" and status["state"] == "RUNNING"
+    assert set(status["containers"]) == {"node0", "node1"}
+    follow = subprocess.Popen([sys.executable, "-m", "fsdp_jobs", "logs", "bg", "-f", "--run-root", str(run_root)],
+                              cwd=REPO, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    time.sleep(3)
+    assert follow.poll() is None  # still following a running job
+    cancel = cli("cancel", "bg", "--run-root", str(run_root))
+    assert_ok(cancel)
+    assert "stopped 2 containers" in cancel.stdout
+    out, _ = follow.communicate(timeout=300)  # `logs -f` ends when the job ends
+    assert follow.returncode == 0
+    assert "[node0] training steps" in out and "stop requested (SIGTERM)" in out
+    status = json.loads(cli("status", "bg", "--run-root", str(run_root)).stdout)
+    assert status["state"] == "CANCELLED", status
+    stopped_at = status["train"]["step"]
+    assert committed(run_dir) == [f"step-{stopped_at:06d}"]  # the ranks checkpointed on the way out
+    assert labelled("container", run_dir) == [] and labelled("network", run_dir) == []
+    # run as root without sudo: the containers still did not run as root
+    assert {json.loads(p.read_text())["uid"] for p in (run_dir / "ranks").iterdir()} == {65534}
