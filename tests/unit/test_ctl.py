@@ -1,0 +1,82 @@
+"""fsdp-jobs list|status|logs|cancel on hand-made run dirs: they only read, and a damaged run dir
+gets one line, never a traceback."""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.conftest import REPO, cli
+
+
+def make_run(run_root: Path, name: str, launches: str | None, state: dict | None = None, log: str = "") -> Path:
+    run_dir = run_root / name
+    (run_dir / "logs").mkdir(parents=True)
+    (run_dir / "job.yaml").write_text("name: %s\nnodes: 1\n" % name)
+    if launches is not None:
+        (run_dir / "launches.jsonl").write_text(launches)
+    if state is not None:
+        (run_dir / "state.json").write_text(json.dumps(state))
+    (run_dir / "logs" / "launcher.log").write_text(log)
+    return run_dir
+
+
+def tree(root: Path) -> list[tuple[str, float]]:
+    return sorted((str(p.relative_to(root)), p.stat().st_mtime) for p in root.rglob("*"))
+
+
+LOCAL = json.dumps({"backend": "local", "job_id": "999999", "pid": 999999}) + "\n"
+
+
+def test_status_logs_cancel_of_a_finished_local_run_only_read(run_root):
+    make_run(run_root, "done", LOCAL, {"status": "completed", "step": 5}, "[node0] step 5/5\n")
+    before = tree(run_root)
+    status = cli("status", "done", "--run-root", str(run_root))
+    assert status.returncode == 0, status.stderr
+    info = json.loads(status.stdout)
+    assert info["backend"] == "local" and info["state"] == "SUCCEEDED"
+    follow = cli("logs", "done", "-f", "--run-root", str(run_root), timeout=30)  # ends: the job has ended
+    assert follow.returncode == 0 and follow.stdout == "[node0] step 5/5\n"
+    cancel = cli("cancel", "done", "--run-root", str(run_root))
+    assert cancel.returncode == 0 and "is not running" in cancel.stdout
+    assert tree(run_root) == before  # no .lock, nothing touched
+
+
+def test_a_running_local_run_is_seen_through_its_lock(run_root):
+    run_dir = make_run(run_root, "live", LOCAL, {"status": "running", "step": 1})
+    with open(run_dir / ".lock", "w") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        info = json.loads(cli("status", "live", "--run-root", str(run_root)).stdout)
+    assert info["state"] == "RUNNING"
+    info = json.loads(cli("status", "live", "--run-root", str(run_root)).stdout)
+    assert info["state"] == "FAILED" and "launcher pid 999999 has exited" in info["detail"]
+
+
+def test_truncated_launch_records_and_a_missing_state_file(run_root):
+    make_run(run_root, "cut", LOCAL + '{"backend": "slurm", "job_i', None, "line\n")
+    info = json.loads(cli("status", "cut", "--run-root", str(run_root)).stdout)
+    assert info["backend"] == "local" and info["train"] == {}  # the cut line is skipped
+    listing = cli("list", "--run-root", str(run_root))
+    assert listing.returncode == 0 and "cut" in listing.stdout
+    assert cli("logs", "cut", "-f", "--run-root", str(run_root), timeout=30).stdout == "line\n"
+
+
+def test_a_run_with_no_launch_record_is_one_line(run_root):
+    make_run(run_root, "bare", None)
+    status = cli("status", "bare", "--run-root", str(run_root))
+    assert status.returncode == 0 and json.loads(status.stdout)["state"] == "UNKNOWN"
+    for cmd in ("logs", "cancel"):
+        r = cli(cmd, "bare", "--run-root", str(run_root))
+        assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "records no launch" in r.stderr
+        assert "Traceback" not in r.stderr
+    r = cli("status", "nope", "--run-root", str(run_root))
+    assert r.returncode == 2 and "no such run" in r.stderr and "bare" in r.stderr
+
+
+def test_chaos_on_a_backend_without_it_is_one_line(run_root):
+    make_run(run_root, "loc", LOCAL, {"status": "completed"})
+    r = cli("chaos", "loc", "kill-node", "1", "--run-root", str(run_root))
+    assert r.returncode == 2 and "not supported by the local backend" in r.stderr

@@ -1,0 +1,74 @@
+"""cluster=docker without an engine: the compose file the dry run prints, and the refusal when no
+engine answers. (The jobs themselves run on a real engine in tests/docker.)"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+
+import pytest
+import yaml
+
+from tests.conftest import cli
+
+
+def dry_run(run_root, *args: str) -> dict:
+    r = cli("cluster=docker", f"run_root={run_root}", "name=d", "dry_run=true", *args)
+    assert r.returncode == 0, r.stderr
+    text = r.stdout.split("# launch commands (docker)\n", 1)[1]
+    compose_text = text.split("\n", 1)[1].split("# then", 1)[0]
+    assert list(run_root.iterdir()) == []  # a dry run writes nothing
+    return {"compose": yaml.safe_load(compose_text), "text": compose_text, "commands": text.split("# then", 1)[1]}
+
+
+def test_compose_file_has_one_node_per_service_on_a_private_network(run_root):
+    out = dry_run(run_root, "nodes=3", "gpus_per_node=2", "cluster.device=cuda", "cluster.shm_size=8g")
+    spec = out["compose"]
+    run_dir = str((run_root / "d").resolve())
+    assert sorted(spec["services"]) == ["node0", "node1", "node2"]
+    assert spec["networks"]["job"]["driver"] == "bridge"
+    for i, (name, s) in enumerate(sorted(spec["services"].items())):
+        assert s["hostname"] == name and s["networks"] == ["job"]
+        cmd = s["command"]
+        assert cmd[1:3] == ["-m", "torch.distributed.run"] and cmd[-3:] == ["-m", "fsdp_jobs.runtime", run_dir]
+        assert "--rdzv-endpoint=node0:29400" in cmd and "--nnodes=3" in cmd and "--nproc-per-node=2" in cmd
+        assert s["environment"]["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] == "1"
+        assert s["environment"]["PYTHONPATH"] == f"{run_dir}/code/001"  # the code snapshot, not the checkout
+        assert f"{run_dir}:{run_dir}" in s["volumes"]  # the run dir at the same path in every container
+        assert s["restart"] == "on-failure:3" and s["shm_size"] == "8g"
+        assert not s["user"].startswith("0:")  # never root
+        gpus = s["deploy"]["resources"]["reservations"]["devices"][0]
+        assert gpus["device_ids"] == [str(2 * i), str(2 * i + 1)] and gpus["capabilities"] == ["gpu"]
+    assert "up -d" in out["commands"] and "down -v" in out["commands"]
+
+
+@pytest.mark.skipif(shutil.which("docker-compose") is None, reason="docker-compose is not installed (.ci/run installs it)")
+def test_compose_itself_accepts_the_file(run_root, tmp_path):
+    """`docker-compose config -q` checks a file against compose's own schema, with no engine."""
+    for args in ((), ("cluster.device=cuda", "cluster.cpus=2", "cluster.mem=8g", "cluster.internal_network=true")):
+        f = tmp_path / "compose.yaml"
+        f.write_text(dry_run(run_root, "nodes=2", *args)["text"])
+        r = subprocess.run(["docker-compose", "-f", str(f), "config", "-q"], capture_output=True, text=True)
+        assert r.returncode == 0, r.stderr
+
+
+def test_cpu_containers_get_no_gpus_and_a_cpu_thread_limit(run_root):
+    s = dry_run(run_root, "nodes=2")["compose"]["services"]["node1"]
+    assert "deploy" not in s and s["environment"]["OMP_NUM_THREADS"] == "1"
+
+
+def test_no_engine_is_one_line_exit_2_nothing_written(run_root):
+    r = cli("cluster=docker", f"run_root={run_root}", "name=x", env={"DOCKER_HOST": "unix:///nonexistent/docker.sock"})
+    assert r.returncode == 2, r
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and "no Docker engine reachable" in lines[0] and "deploy/docker/start.sh" in lines[0], r.stderr
+    assert list(run_root.iterdir()) == []
+
+
+@pytest.mark.parametrize("override, key", [
+    ("cluster.user=root", "cluster.user"), ("cluster.device=tpu", "cluster.device"),
+    ("cluster.shm_size=lots", "cluster.shm_size"), ("cluster.mounts=[data]", "cluster.mounts"),
+])
+def test_bad_docker_keys_are_one_line(run_root, override, key):
+    r = cli("cluster=docker", override, f"run_root={run_root}", "dry_run=true")
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and key in r.stderr, r.stderr
