@@ -107,3 +107,9 @@ def docker_engine():
         r = subprocess.run(["bash", str(REPO / "deploy" / "docker" / "stop.sh")], capture_output=True, text=True,
                            timeout=300)
         assert r.returncode == 0, r.stdout + r.stderr
+        # stop.sh promises no trace: no engine, no bridge, no Docker firewall rules, no state dir
+        assert not docker_engine_up()
+        assert subprocess.run(["ip", "link", "show", "docker0"], capture_output=True).returncode != 0
+        rules = subprocess.run(["iptables-save"], capture_output=True, text=True).stdout
+        assert "DOCKER" not in rules and "docker0" not in rules, rules
+        assert not Path("/tmp/fsdp-jobs-docker").exists()

@@ -40,6 +40,11 @@ for table in filter nat; do
     iptables -t $table -X "$chain" 2>/dev/null
   done
 done
+# rules dockerd added for its default bridge outside its own chains
+for table in filter nat; do
+  iptables -t $table -S 2>/dev/null | grep -E -- '(-[io] docker0|-s 172\.17\.0\.0/16 ! -o docker0)' | sed 's/^-A/-D/' |
+    while read -r rule; do eval iptables -t $table $rule 2>/dev/null; done
+done
 policy=$(cat "$DIR/forward-policy" 2>/dev/null)
 [ -n "$policy" ] && iptables -P FORWARD "$policy"
 umount "$DIR"/data/overlay2/*/merged "$DIR"/exec/* 2>/dev/null

@@ -154,3 +154,29 @@ def test_detached_job_status_logs_follow_and_cancel(run_root):
     assert labelled("container", run_dir) == [] and labelled("network", run_dir) == []
     # run as root without sudo: the containers still did not run as root
     assert {json.loads(p.read_text())["uid"] for p in (run_dir / "ranks").iterdir()} == {65534}
+
+
+def test_ctrl_c_stops_exactly_its_own_containers_after_a_checkpoint(run_root):
+    from launchers.docker import ensure_skel_image
+
+    ensure_skel_image()
+    bystander = subprocess.run(["docker", "run", "-d", "--rm", "-v", "/usr:/usr:ro", "fsdp-jobs-skel:1", "/bin/sleep",
+                                "600"], capture_output=True, text=True)
+    assert bystander.returncode == 0, bystander.stderr
+    try:
+        proc = start(f"run_root={run_root}", "name=ctrlc", "cluster=docker", "nodes=2", "gpus_per_node=1",
+                     "train.steps=1000000", "checkpoint.interval=0", *SHORT)
+        run_dir = run_root / "ctrlc"
+        wait_for_file(run_dir / "metrics.jsonl", proc)
+        proc.send_signal(2)  # what Ctrl-C delivers to the attached command
+        out, _ = proc.communicate(timeout=300)
+        assert proc.returncode == 130, out[-3000:]
+        assert "stop requested (SIGTERM)" in out
+        stopped_at = metrics(run_dir)[-1]["step"]
+        assert committed(run_dir) == [f"step-{stopped_at:06d}"]  # the ranks checkpointed on the way out
+        assert labelled("container", run_dir) == [] and labelled("network", run_dir) == []
+        alive = subprocess.run(["docker", "inspect", "-f", "{{.State.Running}}", bystander.stdout.strip()],
+                               capture_output=True, text=True)
+        assert alive.stdout.strip() == "true"  # a container it did not start is left alone
+    finally:
+        subprocess.run(["docker", "rm", "-f", bystander.stdout.strip()], capture_output=True)
