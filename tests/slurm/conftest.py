@@ -26,20 +26,46 @@ def sh(*cmd: str, check: bool = False) -> str:
 
 
 def cluster_is_up() -> bool:
-    return shutil.which("sinfo") is not None and "idle" in sh("sinfo", "-h", "-o", "%t")
+    """A controller answers, whatever its nodes are doing (a busy cluster is up too)."""
+    if shutil.which("sinfo") is None:
+        return False
+    r = subprocess.run(["sinfo", "-h", "-o", "%t"], capture_output=True, text=True, timeout=60)
+    return r.returncode == 0 and bool(r.stdout.strip())
 
 
-@pytest.fixture(scope="session")
-def slurm_cluster():
-    """Start the cluster unless one is already up (a developer's); stop only what we started."""
+class _Ours:
+    """Whether this test session started the cluster now running (only then may it stop it)."""
+
     started = False
+
+
+def start_cluster() -> None:
+    r = subprocess.run(["bash", str(DEPLOY / "start.sh")], capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, f"deploy/slurm/start.sh failed:\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
+    _Ours.started = True
+
+
+def stop_our_cluster() -> None:
+    if _Ours.started:
+        r = subprocess.run(["bash", str(DEPLOY / "stop.sh")], capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0, f"deploy/slurm/stop.sh failed:\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
+        _Ours.started = False
+
+
+@pytest.fixture
+def slurm_cluster():
+    """The cluster is up for this test: a developer's if one runs (never stopped by us), else one this
+    session starts (deploy/slurm/start.sh) and stops when the session ends. Per test, not per session,
+    so a test that needs the machine without a cluster (test_cluster_scripts) can run in any order."""
     if not cluster_is_up():
-        r = subprocess.run(["bash", str(DEPLOY / "start.sh")], capture_output=True, text=True, timeout=900)
-        assert r.returncode == 0, f"deploy/slurm/start.sh failed:\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
-        started = True
+        start_cluster()
     yield
-    if started:
-        subprocess.run(["bash", str(DEPLOY / "stop.sh")], capture_output=True, text=True, timeout=300)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _stop_the_cluster_we_started():
+    yield
+    stop_our_cluster()
 
 
 def submit(*args: str, env: dict[str, str] | None = None, cwd: Path = REPO,
