@@ -43,8 +43,9 @@ class ModelConfig:
 
 @dataclass
 class MixedPrecisionConfig:
-    param_dtype: Optional[str] = None  # dtype of the all-gathered params used for compute
-    reduce_dtype: Optional[str] = None  # dtype of the gradient reduce-scatter / all-reduce
+    # auto = bfloat16 compute with float32 gradient reduction on GPU, full precision on CPU
+    param_dtype: Optional[str] = "auto"  # dtype of the all-gathered params used for compute
+    reduce_dtype: Optional[str] = "auto"  # dtype of the gradient reduce-scatter / all-reduce
     output_dtype: Optional[str] = None  # cast the root module's outputs to this
     buffer_dtype: Optional[str] = None  # FSDP1 name; FSDP2 has no buffer policy, buffers are cast once
 
@@ -85,6 +86,11 @@ class TrainConfig:
     # sequences per step over all ranks; set it to keep the optimisation the same when the node
     # count changes (it must then be a multiple of the world size)
     global_batch_size: Optional[int] = None
+    # sequences per rank per forward/backward when global_batch_size is set: each step accumulates
+    # global_batch_size / (world x micro_batch_per_rank) micro batches, so the global batch (and the
+    # optimisation) stays the same when an elastic job shrinks. None = no accumulation
+    micro_batch_per_rank: Optional[int] = None
+    compile: bool = False  # torch.compile each wrapped block (before sharding, as torchtitan does)
     lr: float = 3e-3
     min_lr_ratio: float = 0.1
     warmup_steps: int = 20
@@ -122,7 +128,10 @@ class ClusterConfig:
     device: str = "auto"  # auto = cuda when torch sees GPUs, else cpu (gloo)
     gpu_memory_gb: float = 80.0  # per accelerator, for the memory estimate and shard_group_size=auto
     memory_fraction: float = 0.9  # share of gpu_memory_gb the model state may take
-    peak_tflops: float = 989.0  # per accelerator at the compute dtype, for the MFU estimate
+    peak_tflops: float = 989.0  # per accelerator at bf16/fp16 (dense), for the MFU estimate
+    # per accelerator when the compute dtype is float32 (TF32 matmuls on GPU); None = peak_tflops / 2
+    # (A100/H100 dense TF32 is half their bf16 peak)
+    peak_tflops_fp32: Optional[float] = None
     max_restarts: int = 3  # torchrun restarts of the workers after a failure
     min_nodes: Optional[int] = None  # elastic lower bound (torchrun --nnodes min:max); None = nodes
     rdzv_port: Optional[int] = None  # None = a free port
@@ -138,6 +147,7 @@ class LocalClusterConfig(ClusterConfig):
     backend: str = "local"
     device: str = "cpu"
     peak_tflops: float = 0.5  # a rough figure for one CPU core, so MFU stays meaningful-ish
+    peak_tflops_fp32: Optional[float] = 0.5  # CPU: fp32 is the dtype that runs
 
 
 @dataclass
@@ -281,7 +291,8 @@ def validate(cfg: Any) -> None:
     if not (sgs is None or sgs == "auto" or (isinstance(sgs, int) and not isinstance(sgs, bool) and sgs >= 1)):
         raise UserError("fsdp.shard_group_size", sgs, "allowed: an integer >= 1, auto, or null (one node)")
     for k in ("param_dtype", "reduce_dtype", "output_dtype", "buffer_dtype"):
-        _choice(f"fsdp.mixed_precision.{k}", f.mixed_precision[k], DTYPES, optional=True)
+        auto = ("auto",) if k in ("param_dtype", "reduce_dtype") else ()
+        _choice(f"fsdp.mixed_precision.{k}", f.mixed_precision[k], DTYPES + auto, optional=True)
     for k in ("param_dtype", "reduce_dtype"):
         if f.mixed_precision[k] == "float16":  # gradients underflow without a loss scaler
             raise UserError(f"fsdp.mixed_precision.{k}", "float16", "needs loss scaling, which is not "
@@ -302,6 +313,11 @@ def validate(cfg: Any) -> None:
     _positive("train.batch_per_rank", t.batch_per_rank)
     if t.global_batch_size is not None:
         _positive("train.global_batch_size", t.global_batch_size)
+    if t.micro_batch_per_rank is not None:
+        _positive("train.micro_batch_per_rank", t.micro_batch_per_rank)
+        if t.global_batch_size is None:
+            raise UserError("train.micro_batch_per_rank", t.micro_batch_per_rank,
+                            "needs train.global_batch_size (accumulation keeps a global batch constant)")
     _positive("train.log_interval", t.log_interval)
     _positive("train.warmup_steps", t.warmup_steps, minimum=0)
     _choice("train.lr_schedule", t.lr_schedule, LR_SCHEDULES)

@@ -36,14 +36,20 @@ CKPT_DIR_RE = re.compile(r"^step-(\d+)$")
 
 @dataclass
 class MemoryEstimate:
-    """Per-GPU model state at the chosen shard size (activations not included)."""
+    """Per-GPU memory at the chosen shard size: sharded model state, the unsharded (all-gathered)
+    parameters held at once, and activations of one micro batch."""
 
     params: int  # parameter count
     shard_size: int  # ranks one copy of the model state is spread over
     param_gb: float
     grad_gb: float
     optimizer_gb: float
-    total_gb: float  # what must fit on one GPU (0 for the part offloaded to CPU)
+    state_gb: float  # params + grads + optimizer on the GPU (0 when offloaded to CPU)
+    # all-gathered params alive at once: the root (embeddings, output: never resharded before
+    # backward) plus two blocks (current + prefetched), or every block under reshard_after_forward=false
+    unsharded_gb: float
+    activation_gb: float  # saved for backward; with activation checkpointing only block inputs + one block
+    total_gb: float  # what must fit on one GPU
     budget_gb: float  # cluster.gpu_memory_gb * cluster.memory_fraction
     fits: bool
 
@@ -75,6 +81,8 @@ class Plan:
     rendezvous: Rendezvous
     resume_from: Optional[str]
     notes: list[str] = field(default_factory=list)
+    micro_batch: int = 0  # sequences per rank per forward/backward
+    grad_accum: int = 1  # micro batches per optimizer step (per_rank_batch / micro_batch)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -92,19 +100,84 @@ def count_params(model: Any) -> int:
     return embed + layers * block + d + out
 
 
-def estimate_memory(cfg: Any, params: int, shard_size: int) -> MemoryEstimate:
+def resolve_mixed_precision(mp: Any, device: str) -> dict[str, Optional[str]]:
+    """`auto` param/reduce dtypes: bf16 compute with fp32 reduction on GPU (what real models train
+    with), full precision on CPU (where bf16 matmuls are slow and tests compare bitwise)."""
+    gpu = device != "cpu"
+    out = {k: mp[k] for k in ("param_dtype", "reduce_dtype", "output_dtype", "buffer_dtype")}
+    if out["param_dtype"] == "auto":
+        out["param_dtype"] = "bfloat16" if gpu else None
+    if out["reduce_dtype"] == "auto":
+        out["reduce_dtype"] = "float32" if gpu else None
+    return out
+
+
+def compute_dtype(cfg: Any, device: str) -> str:
+    """The dtype the matmuls run in (for the memory estimate and MFU's peak)."""
+    return resolve_mixed_precision(cfg.fsdp.mixed_precision, device)["param_dtype"] or cfg.model.dtype
+
+
+def micro_batch(train: Any, world: int) -> tuple[int, int]:
+    """(sequences per rank per forward, micro batches per step)."""
+    per_rank = per_rank_batch_size(train, world)
+    micro = train.get("micro_batch_per_rank") or per_rank
+    return micro, per_rank // micro
+
+
+def block_params(model: Any) -> int:
+    d = model.dim
+    kv = (model.n_kv_heads or model.n_heads) * (d // model.n_heads)
+    return 2 * d * d + 2 * d * kv + 3 * d * model.ffn_dim + 2 * d
+
+
+def activation_bytes(cfg: Any, micro: int, c_bytes: int) -> float:
+    """Activations saved for backward by one micro batch (per rank). Per block and token: the norm
+    inputs, q/k/v, the attention output (SDPA keeps no seq x seq matrix), the SwiGLU's three ffn-wide
+    tensors and its product; plus the logits (compute dtype, the fp32 copy the loss takes, its grad).
+    With activation checkpointing each block keeps only its input, and one block is recomputed at a time."""
+    m = cfg.model
+    d, ffn = m.dim, m.ffn_dim
+    kv = (m.n_kv_heads or m.n_heads) * (d // m.n_heads)
+    tokens = micro * cfg.data.seq_len
+    per_block = tokens * (6 * d + 2 * kv + 4 * ffn) * c_bytes
+    logits = tokens * m.vocab_size * (c_bytes + 4 + 4)
+    if cfg.fsdp.activation_checkpointing:
+        return m.n_layers * tokens * d * c_bytes + per_block + logits
+    return m.n_layers * per_block + logits
+
+
+def estimate_memory(cfg: Any, params: int, shard_size: int, world: Optional[int] = None) -> MemoryEstimate:
     """Params and grads at model.dtype (FSDP2 keeps sharded params and grads in it), AdamW's two
-    fp32 moments, all divided by the shard size; zero on the GPU when offloaded to CPU."""
+    fp32 moments, all divided by the shard size (zero on the GPU when offloaded to CPU); plus the
+    unsharded params alive at once and the activations (see MemoryEstimate)."""
     gb = 1024**3
     p_bytes = DTYPE_BYTES[cfg.model.dtype]
     per_shard = params / shard_size
     param_gb = per_shard * p_bytes / gb
     grad_gb = per_shard * p_bytes / gb
     optimizer_gb = per_shard * 8 / gb
-    total = 0.0 if cfg.fsdp.cpu_offload else param_gb + grad_gb + optimizer_gb
+    state = 0.0 if cfg.fsdp.cpu_offload else param_gb + grad_gb + optimizer_gb
+    c_bytes = DTYPE_BYTES[compute_dtype(cfg, cfg.cluster.device)]
+    reshard = cfg.fsdp.reshard_after_forward
+    reshard = STRATEGY_TABLE[cfg.fsdp.strategy][1] if reshard is None else bool(reshard)
+    if shard_size == 1:
+        unsharded = 0.0  # nothing is gathered: the local shard is the whole parameter
+    else:
+        per_block = block_params(cfg.model)
+        held_blocks = min(2, cfg.model.n_layers) if reshard else cfg.model.n_layers
+        root = max(0, params - cfg.model.n_layers * per_block)
+        unsharded = (root + held_blocks * per_block) * c_bytes / gb
+    world = world or cfg.nodes * cfg.gpus_per_node
+    try:
+        micro, _ = micro_batch(cfg.train, world)
+    except UserError:
+        micro = cfg.train.batch_per_rank  # reported by the batch check itself
+    activations = activation_bytes(cfg, micro, c_bytes) / gb
+    total = state + unsharded + activations
     budget = cfg.cluster.gpu_memory_gb * cfg.cluster.memory_fraction
     r = lambda x: round(x, 3)  # noqa: E731
-    return MemoryEstimate(params, shard_size, r(param_gb), r(grad_gb), r(optimizer_gb), r(total), r(budget), total <= budget)
+    return MemoryEstimate(params, shard_size, r(param_gb), r(grad_gb), r(optimizer_gb), r(state), r(unsharded),
+                          r(activations), r(total), r(budget), total <= budget)
 
 
 def shard_group_candidates(nodes: int, gpus_per_node: int) -> list[int]:
@@ -149,10 +222,28 @@ def per_rank_batch_size(train: Any, world: int) -> int:
     """Sequences per rank per step; every rank sees different data under FSDP and HSDP."""
     if train.global_batch_size is None:
         return train.batch_per_rank
-    if train.global_batch_size % world:
+    micro = train.get("micro_batch_per_rank") or 1
+    if train.global_batch_size % (world * micro):
+        what = f"world size {world}" if micro == 1 else f"world size {world} x train.micro_batch_per_rank={micro}"
         raise UserError("train.global_batch_size", train.global_batch_size,
-                        f"must be a multiple of the world size {world}, or null (train.batch_per_rank per rank)")
+                        f"must be a multiple of the {what}, or null (train.batch_per_rank per rank)")
     return train.global_batch_size // world
+
+
+def check_elastic_range(cfg: Any) -> None:
+    """An elastic job may restart with any node count from cluster.min_nodes to nodes: refuse now,
+    in one line, a config that some of those worlds cannot run (instead of a crash loop later)."""
+    low = cfg.cluster.min_nodes or cfg.nodes
+    for n in range(cfg.nodes - 1, low - 1, -1):  # `nodes` itself was checked by the caller
+        shrunk = cfg.copy()
+        shrunk.nodes = n
+        try:
+            choose_mesh(shrunk, count_params(cfg.model))
+            per_rank_batch_size(cfg.train, n * cfg.gpus_per_node)
+        except UserError as e:
+            raise UserError(e.key, e.value, f"{e.allowed} -- at {n} nodes (world {n * cfg.gpus_per_node}), which "
+                            f"cluster.min_nodes={low} allows; raise cluster.min_nodes or choose a value every "
+                            f"world from {low} to {cfg.nodes} nodes allows") from None
 
 
 def generated_name(cfg: Any) -> str:
@@ -204,6 +295,7 @@ def make_plan(cfg: Any, name: Optional[str] = None) -> Plan:
     params = count_params(cfg.model)
     mesh, memory = choose_mesh(cfg, params)
     per_rank_batch = per_rank_batch_size(cfg.train, world)
+    check_elastic_range(cfg)
     _, reshard_default = STRATEGY_TABLE[cfg.fsdp.strategy]
     reshard = cfg.fsdp.reshard_after_forward
     reshard = reshard_default if reshard is None else bool(reshard)
@@ -217,9 +309,12 @@ def make_plan(cfg: Any, name: Optional[str] = None) -> Plan:
         notes.append("fsdp.mixed_precision.buffer_dtype: FSDP2 has no buffer policy; buffers are cast once at start")
     if cfg.fsdp.strategy == "no_shard" and cfg.fsdp.reshard_after_forward:
         notes.append("fsdp.reshard_after_forward: no_shard never reshards (shard size 1)")
+    if cfg.fsdp.cpu_offload and cfg.cluster.device == "cpu":
+        notes.append("fsdp.cpu_offload=true: no effect on cluster.device=cpu (the state is in host memory already)")
     if not memory.fits:
-        notes.append(f"memory: the model state needs {memory.total_gb} GB per GPU at shard size "
-                     f"{memory.shard_size}, over the budget of {memory.budget_gb} GB")
+        notes.append(f"memory: {memory.total_gb} GB per GPU at shard size {memory.shard_size} (state "
+                     f"{memory.state_gb} + unsharded params {memory.unsharded_gb} + activations "
+                     f"{memory.activation_gb}), over the budget of {memory.budget_gb} GB")
 
     run_name = name or cfg.name or generated_name(cfg)
     run_dir = (Path(cfg.run_root).expanduser() / run_name).resolve()
@@ -255,4 +350,6 @@ def make_plan(cfg: Any, name: Optional[str] = None) -> Plan:
         rendezvous=rdzv,
         resume_from=str(resume) if resume else None,
         notes=notes,
+        micro_batch=micro_batch(cfg.train, world)[0],
+        grad_accum=micro_batch(cfg.train, world)[1],
     )

@@ -41,11 +41,12 @@ def test_auto_shard_group_spans_nodes_for_70b():
     assert plan.mesh["shard"] % 8 == 0  # whole nodes
     assert plan.mesh["replicate"] * plan.mesh["shard"] == 64
     assert plan.memory.fits and plan.memory.total_gb <= 80 * 0.9
-    # and it is the smallest such group: half of it would not fit
+    # and it is the smallest such group: no smaller candidate fits
     smaller = [s for s in shard_group_candidates(8, 8) if s < plan.mesh["shard"]]
-    assert smaller and all(s < plan.mesh["shard"] for s in smaller)
-    assert plan_for("model=llama3_70b", f"fsdp.shard_group_size={smaller[-1]}", "cluster.gpu_memory_gb=80",
-                    "nodes=8", "gpus_per_node=8").memory.fits is False
+    assert smaller
+    for s in smaller:
+        assert plan_for("model=llama3_70b", f"fsdp.shard_group_size={s}", "cluster.gpu_memory_gb=80",
+                        "nodes=8", "gpus_per_node=8").memory.fits is False, s
 
 
 def test_auto_shard_group_stays_inside_a_node_for_tiny():
@@ -70,7 +71,73 @@ def test_param_counts_match_published_llama3_sizes():
 def test_memory_estimate_counts_params_grads_and_adam():
     plan = plan_for("model=llama3_8b", "nodes=1", "gpus_per_node=8", "fsdp=full_shard")
     gb = 8_030_261_248 * (4 + 4 + 8) / 8 / 1024**3
-    assert plan.memory.total_gb == pytest.approx(gb, rel=1e-3)
+    assert plan.memory.state_gb == pytest.approx(gb, rel=1e-3)
+    m = plan.memory
+    assert m.total_gb == pytest.approx(m.state_gb + m.unsharded_gb + m.activation_gb, abs=2e-3)
+
+
+def test_memory_counts_unsharded_blocks_without_reshard_after_forward():
+    common = ("model=llama3_8b", "nodes=1", "gpus_per_node=8", "cluster.device=cuda")
+    zero3 = plan_for(*common, "fsdp=full_shard").memory
+    zero2 = plan_for(*common, "fsdp=shard_grad_op").memory
+    assert zero2.state_gb == zero3.state_gb
+    # bf16 compute (auto on GPU): 32 gathered blocks instead of 2, each 218M params x 2 bytes
+    block_gb = 218_112_000 * 2 / 1024**3
+    assert zero2.unsharded_gb - zero3.unsharded_gb == pytest.approx(30 * block_gb, rel=1e-3)
+
+
+def test_activation_checkpointing_shrinks_the_activation_estimate():
+    common = ("model=llama3_8b", "nodes=1", "gpus_per_node=8", "data.seq_len=8192", "train.batch_per_rank=2")
+    plain = plan_for(*common).memory
+    ac = plan_for(*common, "fsdp.activation_checkpointing=true").memory
+    assert plain.activation_gb > 4 * ac.activation_gb > 0
+    assert plain.total_gb - ac.total_gb == pytest.approx(plain.activation_gb - ac.activation_gb, abs=2e-3)
+
+
+def test_memory_breakdown_is_in_the_dry_run_plan(capsys):
+    from fsdp_jobs.__main__ import main
+
+    main(["dry_run=true", "model=llama3_8b", "run_root=/nonexistent-unit"])
+    out = capsys.readouterr().out
+    for key in ("state_gb:", "unsharded_gb:", "activation_gb:", "total_gb:", "grad_accum:"):
+        assert key in out
+
+
+def test_elastic_shrink_the_global_batch_cannot_follow_is_refused_in_one_line():
+    # 3 nodes divide a global batch of 3, 2 nodes do not: refused before anything is submitted
+    with pytest.raises(UserError) as e:
+        plan_for("nodes=3", "gpus_per_node=1", "cluster.min_nodes=2", "train.global_batch_size=3")
+    assert "\n" not in str(e.value) and e.value.key == "train.global_batch_size"
+    assert "at 2 nodes (world 2)" in str(e.value) and "cluster.min_nodes=2" in str(e.value)
+    assert plan_for("nodes=3", "gpus_per_node=1", "train.global_batch_size=3").per_rank_batch == 1  # no shrink
+
+
+def test_elastic_shrink_keeps_the_global_batch_by_accumulation():
+    args = ("gpus_per_node=2", "cluster.min_nodes=2", "train.global_batch_size=12", "train.micro_batch_per_rank=1")
+    big, small = plan_for("nodes=3", *args), plan_for("nodes=2", "cluster.min_nodes=null", *args[1:])
+    assert (big.per_rank_batch, big.micro_batch, big.grad_accum) == (2, 1, 2)
+    assert (small.per_rank_batch, small.micro_batch, small.grad_accum) == (3, 1, 3)
+    assert big.per_rank_batch * big.world_size == small.per_rank_batch * small.world_size == 12
+
+
+def test_elastic_shrink_checks_the_shard_group_at_every_world():
+    with pytest.raises(UserError, match="at 1 nodes .world 4."):
+        plan_for("nodes=2", "gpus_per_node=4", "cluster.min_nodes=1", "fsdp.shard_group_size=8")
+
+
+def test_cpu_offload_on_cpu_is_noted_in_one_line():
+    plan = plan_for("fsdp.cpu_offload=true", "cluster.device=cpu")
+    assert any(n.startswith("fsdp.cpu_offload=true: no effect") for n in plan.notes)
+    assert not any("cpu_offload" in n for n in plan_for("fsdp.cpu_offload=true", "cluster.device=cuda").notes)
+
+
+def test_gpu_default_is_bf16_compute_with_fp32_reduce():
+    from fsdp_jobs.plan import resolve_mixed_precision
+
+    cfg, _ = compose([])
+    assert resolve_mixed_precision(cfg.fsdp.mixed_precision, "cuda")["param_dtype"] == "bfloat16"
+    assert resolve_mixed_precision(cfg.fsdp.mixed_precision, "cuda")["reduce_dtype"] == "float32"
+    assert resolve_mixed_precision(cfg.fsdp.mixed_precision, "cpu")["param_dtype"] is None
 
 
 def test_fsdp1_options_without_fsdp2_meaning_are_noted_not_dropped():
