@@ -187,6 +187,8 @@ def sweep_command(args: argparse.Namespace, root: Path) -> int:
             raise UserError("SWEEP", args.sweep, f"no such sweep in the journal or under {root}; sweeps: {known}")
         print("\n".join(report.compare(members)))
         return 0
+    if args.output.suffix.lower() != ".png":  # before anything is read
+        raise UserError("-o", str(args.output), "must name a .png file")
     named: list[tuple[str, Path]] = []
     for ref in args.refs:
         members = report.find_sweep(ref, root)
@@ -194,11 +196,9 @@ def sweep_command(args: argparse.Namespace, root: Path) -> int:
             named += [(f"{ref}/{m['member']}", m["run_dir"]) for m in members]
         else:
             named.append((ref, find_run(ref, root)))
-    if args.output.suffix.lower() != ".png":
-        raise UserError("-o", str(args.output), "must name a .png file")
     drawn = report.plot(named, args.output)
-    print(f"wrote {args.output}: {len(drawn)} run(s)" + (f"; no metrics yet: {', '.join(n for n, _ in named if n not in drawn)}"
-                                                           if len(drawn) < len(named) else ""))
+    empty = [name for name, _ in named if name not in drawn]
+    print(f"wrote {args.output}: {len(drawn)} run(s)" + (f"; no metrics yet: {', '.join(empty)}" if empty else ""))
     return 0
 
 

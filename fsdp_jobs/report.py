@@ -104,14 +104,14 @@ def plot(named_runs: list[tuple[str, Path]], out: Path) -> list[str]:
     fig, (ax_loss, ax_tok) = plt.subplots(2, 1, figsize=(9, 7), sharex=True)
     drawn = []
     for i, (label, run_dir) in enumerate(named_runs):
-        metrics = [m for m in runs.read_metrics(run_dir) if "step" in m]
-        if not metrics:
-            continue
-        steps = [m["step"] for m in metrics]
+        metrics = [m for m in runs.read_metrics(run_dir) if isinstance(m.get("step"), int)]
         color = f"C{len(drawn) % 10}"
-        ax_loss.plot(steps, [m.get("loss") for m in metrics], color=color, label=label, linewidth=1.5)
-        ax_tok.plot(steps, [m.get("tokens_per_s") for m in metrics], color=color, label=label, linewidth=1.5)
-        drawn.append(label)
+        for ax, key in ((ax_loss, "loss"), (ax_tok, "tokens_per_s")):  # a user's script may log only some
+            points = [(m["step"], m[key]) for m in metrics if isinstance(m.get(key), (int, float))]
+            if points:
+                ax.plot(*zip(*points), color=color, label=label, linewidth=1.5)
+        if metrics:
+            drawn.append(label)
     ax_loss.set_ylabel("loss")
     ax_tok.set_ylabel("tokens/s")
     ax_tok.set_xlabel("step")

@@ -224,9 +224,11 @@ def submit_group(sid: str, group: list[Member]) -> list[tuple[Member, Any]]:
             if not lock.acquire():
                 raise UserError("", None, f"sweep {sid}, member {m.name}: its run is being launched by pid "
                                           f"{lock.holder()} right now")
-        for m in group:
             runs.prepare(Path(m.plan.run_dir), m.job, m.plan.to_dict())
-        submitted = m.backend.submit_group([m.dryrun for m in group])
+        submitted = group[0].backend.submit_group([m.dryrun for m in group])
+    except OSError as e:  # an unwritable run_root
+        raise UserError("run_root", str(Path(group[0].plan.run_dir).parent.parent),
+                        f"cannot write the run dirs of sweep {sid}: {e.strerror or e}") from None
     finally:
         for lock in locks:
             lock.release()
@@ -245,6 +247,11 @@ def dry_run(sid: str, members: list[Member]) -> int:
     for m in members:
         sys.stdout.write(f"# ---- sweep {sid}, member {m.name}\n{render_dry_run(m.plan, m.dryrun.text)}")
     groups = _groups(members)
+    for group in groups:
+        text = group[0].backend.group_text([m.dryrun for m in group])
+        if text:
+            sys.stdout.write(f"# ---- sweep {sid}: {', '.join(m.name for m in group)} go out together as\n"
+                             f"{text.rstrip()}\n")
     print(f"# sweep {sid}: {len(members)} members in {len(groups)} submission(s): "
           + "; ".join(", ".join(m.name for m in g) for g in groups))
     return 0

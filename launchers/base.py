@@ -3,6 +3,7 @@
     dryrun(plan, cfg) -> DryRun         the exact request, as data, plus the text `dry_run=true` prints
     submit(dryrun)    -> Submitted      submits exactly that request; records it in launches.jsonl
     submit_group(...) -> [Submitted]    several requests of one shape (`group_key`) as one submission
+                                        (`group_text`: that submission, as a sweep's dry run shows it)
     describe(run)     -> JobStatus      the backend's own word on the job, mapped to a common state
     log_iter(run, follow)               the job's log lines; with follow, until the job has ended
     cancel(run)       -> str            stop it (the ranks checkpoint first where the backend allows)
@@ -97,6 +98,10 @@ class Backend:
     def group_key(self, dryrun: DryRun) -> Optional[str]:
         """Requests with the same key can go out as ONE submission (`submit_group`: a SLURM job array);
         None = this request goes out alone. Default: always alone."""
+        return None
+
+    def group_text(self, dryruns: list[DryRun]) -> Optional[str]:
+        """How `submit_group` submits these together, as a dry run shows it; None = as their own dry runs."""
         return None
 
     def submit_group(self, dryruns: list[DryRun]) -> list[Submitted]:

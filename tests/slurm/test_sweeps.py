@@ -83,6 +83,9 @@ def journal_rows(state_dir: Path) -> int:
 
 def test_four_member_sweep_returns_at_once_goes_out_as_one_array_and_completes(run_root, state_dir, tmp_path):
     args = ("train.steps=20", "checkpoint.interval=10", "train.lr=1e-3,3e-3,1e-2,3e-2")
+    dry = sweep(run_root, *args, "dry_run=true")
+    assert dry.returncode == 0 and list(run_root.iterdir()) == [], dry.stderr
+    array_script = dry.stdout.split(" go out together as\n", 1)[1].split("\n# sweep ", 1)[0]
     s = sweep(run_root, *args)
     print(f"4-member sweep command returned in {s.took:.2f}s")
     assert s.returncode == 0, s.stdout + s.stderr
@@ -90,6 +93,8 @@ def test_four_member_sweep_returns_at_once_goes_out_as_one_array_and_completes(r
     assert len(s.submitted) == 4 and s.sweep in s.stdout.splitlines()[0], s.stdout
     array = s.submitted[0].job_id.split("_")[0]
     assert [m.job_id for m in s.submitted] == [f"{array}_{i}" for i in range(4)]  # one array, same shape
+    submitted_script = (run_root / s.sweep / "slurm" / array / f"{array}_submission.sh").read_text()
+    assert submitted_script.strip() == array_script.strip()  # the dry run showed exactly what went out
     assert [m.member for m in s.submitted] == ["lr=0.001", "lr=0.003", "lr=0.01", "lr=0.03"]
     assert all(m.run_dir == run_root.resolve() / s.sweep / m.member for m in s.submitted)
 
