@@ -38,6 +38,7 @@ BOOT_FILE = Path(__file__).with_name("k8s_boot.py")
 LABEL_RUN = "fsdp-jobs/run"
 LABEL_JOB = "fsdp-jobs/job"
 MANAGED_BY = {"app.kubernetes.io/managed-by": "fsdp-jobs"}
+DEFAULT_PORT = 29500  # cluster.rdzv_port=null: every job has its own pods, so no clash
 NAME_PREFIX_MAX = 30  # + "-" + TorchX's suffix (<= 14) + "-node-NN-0" stays within a 63-char hostname
 
 
@@ -122,6 +123,10 @@ def labels(plan: Any, job: str) -> dict[str, str]:
             LABEL_JOB: job}
 
 
+def rdzv_port(cfg: Any) -> int:
+    return int(cfg.cluster.rdzv_port or DEFAULT_PORT)
+
+
 def endpoint(kind: str, job: str, port: int) -> str:
     return f"{KINDS[kind].first_pod.format(job=job)}:{port}"
 
@@ -152,7 +157,7 @@ def torchx_role(plan: Any, cfg: Any, rdzv_endpoint: str, port_name: str = "c10d"
         max_retries=c.max_retries,
         resource=specs.Resource(cpu=c.cpu or 4 * gpn, gpu=gpn if wants_gpus(cfg) else 0,
                                 memMB=int((c.memory_gb or 16 * gpn) * 1024)),
-        port_map={port_name: int(c.rdzv_port)},
+        port_map={port_name: rdzv_port(cfg)},
         mounts=[specs.VolumeMount(src=c.pvc, dst_path=str(c.mount_path))],
     )
 
@@ -210,7 +215,7 @@ def volcano(plan: Any, cfg: Any) -> Request:
     from torchx.schedulers import get_scheduler_factories
 
     c = cfg.cluster
-    role = torchx_role(plan, cfg, f"{KINDS['volcano'].first_pod.format(job=specs.macros.app_id)}:{c.rdzv_port}")
+    role = torchx_role(plan, cfg, endpoint("volcano", specs.macros.app_id, rdzv_port(cfg)))
     app = specs.AppDef(name=name_prefix(plan.name), roles=[role])
     scheduler = get_scheduler_factories()["kubernetes"]("fsdp-jobs")
     opts = {"namespace": c.namespace, "queue": c.queue, "service_account": c.service_account}
@@ -226,7 +231,7 @@ def volcano(plan: Any, cfg: Any) -> Request:
         secure_pod(task["template"], plan, cfg, f"{job}-job", job)
     info.request.resource = resource  # TorchX's schedule() sends exactly this
     return Request("volcano", c.namespace, c.context, job, [configmap(plan, cfg, job), resource],
-                   pod_run_dir(plan, cfg), torchx=info, endpoint=endpoint("volcano", job, c.rdzv_port))
+                   pod_run_dir(plan, cfg), torchx=info, endpoint=endpoint("volcano", job, rdzv_port(cfg)))
 
 
 def _pod_template(plan: Any, cfg: Any, kind: str, job: str, container: str, port_name: str,
@@ -235,7 +240,7 @@ def _pod_template(plan: Any, cfg: Any, kind: str, job: str, container: str, port
     from torchx import specs
     from torchx.schedulers.kubernetes_scheduler import role_to_pod
 
-    role = torchx_role(plan, cfg, endpoint(kind, job, cfg.cluster.rdzv_port), port_name)
+    role = torchx_role(plan, cfg, endpoint(kind, job, rdzv_port(cfg)), port_name)
     pod = _serialize(role_to_pod(container, role, cfg.cluster.service_account))
     pod["spec"]["restartPolicy"] = restart_policy
     pod = secure_pod(pod, plan, cfg, f"{job}-job", job)
@@ -257,7 +262,7 @@ def pytorchjob(plan: Any, cfg: Any) -> Request:
             "nprocPerNode": str(plan.gpus_per_node),
             # the operator's own PET_* environment says the same as our explicit torchrun flags
             "elasticPolicy": {"rdzvBackend": "c10d", "rdzvHost": KINDS["pytorchjob"].first_pod.format(job=job),
-                              "rdzvPort": int(c.rdzv_port), "rdzvId": r.run_id, "minReplicas": r.min_nodes,
+                              "rdzvPort": rdzv_port(cfg), "rdzvId": r.run_id, "minReplicas": r.min_nodes,
                               "maxReplicas": r.max_nodes, "maxRestarts": r.max_restarts},
             # a failed pod is restarted in place (OnFailure) up to backoffLimit times; finished pods are
             # kept (cleanPodPolicy None) so `fsdp-jobs logs` still reads them
@@ -268,13 +273,13 @@ def pytorchjob(plan: Any, cfg: Any) -> Request:
         },
     }
     return Request("pytorchjob", c.namespace, c.context, job, [configmap(plan, cfg, job), body],
-                   pod_run_dir(plan, cfg), endpoint=endpoint("pytorchjob", job, c.rdzv_port))
+                   pod_run_dir(plan, cfg), endpoint=endpoint("pytorchjob", job, rdzv_port(cfg)))
 
 
 def headless_service(plan: Any, cfg: Any, job: str) -> dict[str, Any]:
     """The pods' DNS names (<pod hostname>.<job>), published before they are ready: the rendezvous
     must resolve while every pod is still starting."""
-    port = int(cfg.cluster.rdzv_port)
+    port = rdzv_port(cfg)
     return {"apiVersion": "v1", "kind": "Service", "metadata": _meta(plan, cfg, job),
             "spec": {"clusterIP": "None", "publishNotReadyAddresses": True,
                      "selector": {"jobset.sigs.k8s.io/jobset-name": job},
@@ -298,7 +303,7 @@ def jobset(plan: Any, cfg: Any) -> Request:
     }
     return Request("jobset", c.namespace, c.context, job,
                    [configmap(plan, cfg, job), headless_service(plan, cfg, job), body],
-                   pod_run_dir(plan, cfg), endpoint=endpoint("jobset", job, c.rdzv_port))
+                   pod_run_dir(plan, cfg), endpoint=endpoint("jobset", job, rdzv_port(cfg)))
 
 
 RENDERERS = {"volcano": volcano, "pytorchjob": pytorchjob, "jobset": jobset}
@@ -320,7 +325,14 @@ def pod_templates(obj: dict[str, Any]) -> list[dict[str, Any]]:
     return []
 
 
+class _Dumper(yaml.SafeDumper):
+    """Multi-line strings (job.yaml, boot.py in the ConfigMap) as readable literal blocks."""
+
+
+_Dumper.add_representer(str, lambda d, s: d.represent_scalar("tag:yaml.org,2002:str", s, style="|" if "\n" in s else None))
+
+
 def to_text(request: Request) -> str:
     head = (f"# kubernetes: {KINDS[request.kind].kind} {request.namespace}/{request.name} "
             f"(context: {request.context or 'current'}); pods' run dir {request.run_dir}\n")
-    return head + yaml.safe_dump_all(copy.deepcopy(request.objects), sort_keys=False)
+    return head + yaml.dump_all(copy.deepcopy(request.objects), Dumper=_Dumper, sort_keys=False)

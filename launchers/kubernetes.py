@@ -200,6 +200,8 @@ class KubernetesBackend(Backend):
             return JobStatus(JobState.RUNNING, f"RUNNING (Volcano Job {ns}/{name}: phase {e.args[0]})", info)
         assert resp is not None
         state = _torchx_state(resp.state)
+        if state is JobState.UNKNOWN:  # the job exists, but Volcano has not given it a status yet
+            state = JobState.PENDING
         pods = ", ".join(f"{r.role}-{r.id} {r.state.name}" for rs in resp.roles_statuses for r in rs.replicas)
         return JobStatus(state, f"{state.value} (Volcano Job {ns}/{name}{': ' + pods if pods else ''})", info)
 

@@ -58,6 +58,15 @@ class State:
         self.requests: list[tuple[str, str, str, str]] = []  # (verb, apiGroup, resource, subresource)
         self.received: list[dict[str, Any]] = []  # every object body as it arrived (create/patch result)
         self.rejected: list[str] = []  # validation messages sent back as 422
+        self.follows: dict[str, int] = {}  # pod -> log streams (follow=true) started for it
+
+    def wait_follows(self, pod: str, count: int, timeout: float = 60.0) -> None:
+        """Until `count` follow streams of the pod have started (a client is following its log)."""
+        deadline = time.monotonic() + timeout
+        while self.follows.get(pod, 0) < count:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"no client follows the log of {pod} ({self.follows})")
+            time.sleep(0.05)
 
     def find(self, coll: str, ns: str, name: str) -> Optional[dict[str, Any]]:
         with self.lock:
@@ -300,10 +309,13 @@ class _Handler(BaseHTTPRequestHandler):
                 lines = st.logs.get((ns, pod_name), [])[i:]
             return [("2026-01-01T00:00:00.000000000Z " if stamp else "") + ln + "\n" for ln in lines]
 
-        def container_state() -> dict[str, Any]:
+        def container() -> dict[str, Any]:
             with st.lock:
                 pod = st.find("pods", ns, pod_name)
-                return pod["status"]["containerStatuses"][0]["state"] if pod else {"terminated": {}}
+                return copy.deepcopy(pod["status"]["containerStatuses"][0]) if pod else {"state": {"terminated": {}}}
+
+        def container_state() -> dict[str, Any]:
+            return container()["state"]
 
         if "waiting" in container_state():
             return self._send(400, _status(400, "BadRequest", f'container in pod "{pod_name}" is waiting to start: '
@@ -316,14 +328,20 @@ class _Handler(BaseHTTPRequestHandler):
             self.end_headers()
             self.wfile.write(data)
             return
+        with st.lock:
+            st.follows[pod_name] = st.follows.get(pod_name, 0) + 1
         self.send_response(200)
         self.send_header("Content-Type", "text/plain")
         self.send_header("Transfer-Encoding", "chunked")
         self.send_header("Connection", "close")
         self.end_headers()
         sent = 0
+        incarnation = container().get("restartCount")
         while True:
-            ended = "terminated" in container_state()  # asked before the last read: no line is lost
+            # the container this stream belongs to has ended (or was replaced by a restart); asked
+            # before the last read, so no line it wrote is lost
+            now = container()
+            ended = "terminated" in now["state"] or now.get("restartCount") != incarnation
             new = lines_from(sent)
             sent += len(new)
             for chunk in new:

@@ -95,13 +95,14 @@ def test_submit_status_logs_list_cancel(fake_cluster: FakeCluster, run_root: Pat
     follow = subprocess.Popen([sys.executable, "-m", "fsdp_jobs", "logs", "k8s-run", "-f", "--run-root", str(run_root)],
                               cwd=REPO, env={**os.environ, **fake.env}, stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True)
-    time.sleep(3)
+    for pod in pods:
+        st.wait_follows(pod, 1)
     st.write_log(NS, pods[0], "rank0 step 3")
-    time.sleep(1)
+    time.sleep(0.5)
     st.set_pods(NS, name, "Failed", only=pods[0])
     st.logs[(NS, pods[0])] = ["rank0 restarted: resuming from step-2"]  # the new container's log
     st.set_pods(NS, name, "Running", restart=True, only=pods[0])
-    time.sleep(3)
+    st.wait_follows(pods[0], 2)  # the client noticed the restart and follows the new container
     st.set_pods(NS, name, "Succeeded")
     st.set_job_status(NS, name, DONE[kind])
     out, err = follow.communicate(timeout=60)
