@@ -14,7 +14,6 @@ file's text in the ConfigMap, so the pods run exactly the version that submitted
 """
 
 import os
-import shutil
 import socket
 import sys
 import time
