@@ -48,8 +48,8 @@ def _condition_state(kind: str, status: dict[str, Any]) -> tuple[JobState, str]:
     table = {"Succeeded": JobState.SUCCEEDED, "Completed": JobState.SUCCEEDED, "Failed": JobState.FAILED,
              "Running": JobState.RUNNING, "Restarting": JobState.RUNNING, "Created": JobState.PENDING,
              "Suspended": JobState.PENDING}
-    state = table.get(last, JobState.UNKNOWN)
-    if kind == "jobset" and state is JobState.UNKNOWN:  # no terminal condition yet: active pods decide
+    state = table.get(last, JobState.UNKNOWN if last else JobState.PENDING)  # no condition yet: just created
+    if kind == "jobset" and last not in table:  # no terminal condition yet: active pods decide
         active = sum(int(r.get("active") or 0) for r in status.get("replicatedJobsStatus") or [])
         state = JobState.RUNNING if active else JobState.PENDING
         last = f"{'active' if active else 'no active'} Jobs, restarts {status.get('restarts', 0)}"
