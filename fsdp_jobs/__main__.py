@@ -44,7 +44,7 @@ def summarize(plan: Plan, status: int) -> str:
              f"  run dir:      {run_dir}",
              f"  checkpoint:   {ckpt or 'none yet'}",
              f"  metrics:      {run_dir / runs.METRICS_FILE}"]
-    if metrics:
+    if metrics and "loss" in metrics[0] and "loss" in metrics[-1]:  # a user's script may log no loss
         first, last = metrics[0], metrics[-1]
         lines.append(f"  loss:         {first['loss']:.4f} (step {first['step']}) -> "
                      f"{last['loss']:.4f} (step {last['step']})")

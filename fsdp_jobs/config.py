@@ -12,6 +12,7 @@ from typing import Any, Dict, List, Optional
 
 from hydra.core.config_store import ConfigStore
 
+from fsdp_jobs.byo import validate as validate_byo
 from fsdp_jobs.errors import UserError
 
 STRATEGIES = ("full_shard", "shard_grad_op", "hybrid_shard", "hybrid_shard_zero2", "no_shard")
@@ -39,6 +40,8 @@ class ModelConfig:
     tie_embeddings: bool = False
     dtype: str = "float32"  # storage dtype of the sharded parameters (FSDP2 keeps them in this)
     kwargs: Dict[str, Any] = field(default_factory=dict)  # extra arguments for a custom _target_
+    # model=hf: a local directory of safetensors weights loaded into the sharded model on a fresh start
+    pretrained: Optional[str] = None
 
 
 @dataclass
@@ -241,6 +244,11 @@ class JobConfig:
     train: TrainConfig = field(default_factory=TrainConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     data: DataConfig = field(default_factory=DataConfig)
+    # your own training instead of the built-in trainer (fsdp_jobs/byo.py): a torchrun-ready script, whose
+    # directory is copied into the run dir at submission, or a module run as `python -m`
+    script: Optional[str] = None
+    module: Optional[str] = None
+    script_args: List[str] = field(default_factory=list)  # its command-line arguments
 
 
 def register_schemas() -> None:
@@ -334,6 +342,7 @@ def validate(cfg: Any) -> None:
         raise UserError("data.seq_len", d.seq_len, f"must be <= model.max_seq_len={m.max_seq_len}")
     if d._target_.endswith(".TokenFile") and not d.path:
         raise UserError("data.path", d.path, "data=token_file needs the token file: data.path=/path/tokens.bin")
+    validate_byo(cfg)  # script=/module=/model=hf: before the import-path checks, which name transformers
     for key, target in (("model._target_", m._target_), ("data._target_", d._target_),
                         *(("fsdp.wrap.transformer_blocks", b) for b in f.wrap.transformer_blocks)):
         _importable(key, target)

@@ -31,7 +31,7 @@ def find_checkpoint(path: Path, step: Optional[int]) -> Path:
     return ckpt
 
 
-def export(ckpt: Path, out: Path, dtype: Optional[str] = None) -> dict[str, Any]:
+def export(ckpt: Path, out: Path, dtype: Optional[str] = None, hf_model: Optional[dict[str, Any]] = None) -> dict[str, Any]:
     """Read every shard of the checkpoint (no process group needed) and write the model weights."""
     import torch
     from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
@@ -42,6 +42,10 @@ def export(ckpt: Path, out: Path, dtype: Optional[str] = None) -> dict[str, Any]
         model_sd = torch.load(full, weights_only=False)["model"]
     if dtype:
         model_sd = {k: v.to(getattr(torch, dtype)) if v.is_floating_point() else v for k, v in model_sd.items()}
+    if hf_model is not None:  # --format hf: an HF directory (config.json + safetensors) for from_pretrained
+        from fsdp_jobs.models.hf import export_hf
+
+        return {"checkpoint": str(ckpt), "output": str(out), **export_hf(model_sd, hf_model, out)}
     tmp_out = out.with_name(f".{out.name}.tmp")
     torch.save(model_sd, tmp_out)
     tmp_out.rename(out)
@@ -63,12 +67,31 @@ def build_plain_model(run_dir: Path) -> Any:
     return model
 
 
+def hf_export_model(run_dir: Path) -> dict[str, Any]:
+    """The run's model config, if --format hf can write it (a model=hf run, transformers installed)."""
+    import importlib.util
+
+    from fsdp_jobs import runs
+    from fsdp_jobs.byo import is_hf
+
+    model = runs.load_job(run_dir)["model"]
+    if not is_hf(model):
+        raise UserError("--format", "hf", f"run {run_dir.name} trained {model.get('_target_')}, not a Hugging Face "
+                                          "model (model=hf); use --format torch")
+    if importlib.util.find_spec("transformers") is None:
+        raise UserError("--format", "hf", "needs the transformers package: pip install 'fsdp-jobs[hf]'")
+    return model
+
+
 def main(argv: Optional[list[str]] = None) -> int:
     p = argparse.ArgumentParser(prog="python -m fsdp_jobs.export", description=__doc__.splitlines()[0])
     p.add_argument("path", help="a run dir (its newest complete checkpoint) or one checkpoint dir")
     p.add_argument("--step", type=int, help="export checkpoint step-N instead of the newest")
     p.add_argument("-o", "--output", help="output file (default: RUN_DIR/export/model-step-N.pt); never overwritten")
     p.add_argument("--dtype", choices=sorted(DTYPE_BYTES), help="cast floating-point weights")
+    p.add_argument("--format", choices=("torch", "hf"), default="torch",
+                   help="torch: one state_dict file; hf: a Hugging Face directory (config.json + model.safetensors, "
+                        "for from_pretrained) of a model=hf run (default: RUN_DIR/export/hf-step-N)")
     args = p.parse_args(argv)
     try:
         path = Path(args.path)
@@ -76,13 +99,15 @@ def main(argv: Optional[list[str]] = None) -> int:
             raise UserError("path", args.path, "is not a directory (a run dir or a checkpoints/step-N dir)")
         ckpt = find_checkpoint(path, args.step)
         run_dir = ckpt.parent.parent
-        out = Path(args.output) if args.output else run_dir / "export" / f"model-{ckpt.name}.pt"
+        hf_model = hf_export_model(run_dir) if args.format == "hf" else None
+        default = f"hf-{ckpt.name}" if hf_model is not None else f"model-{ckpt.name}.pt"
+        out = Path(args.output) if args.output else run_dir / "export" / default
         if out.exists():
             raise UserError("--output", str(out), "exists already; it is never overwritten (choose another path)")
     except UserError as e:
         die(e)
     out.parent.mkdir(parents=True, exist_ok=True)
-    info = export(ckpt, out, args.dtype)
+    info = export(ckpt, out, args.dtype, hf_model)
     print(f"exported {info['tensors']} tensors ({info['params']:,} params) from {ckpt} to {out}")
     return 0
 

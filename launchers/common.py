@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Any
+from pathlib import Path
+from typing import Any, Optional
+
+from fsdp_jobs import runs
 
 
 def torchrun_args(plan: Any, endpoint: str, stop_grace_s: int) -> list[str]:
@@ -36,3 +39,72 @@ def runtime_env(cfg: Any) -> dict[str, str]:
         env["OMP_NUM_THREADS"] = "1"  # several ranks share the cores; torchrun would set 1 anyway
     env.update({str(k): str(v) for k, v in cfg.cluster.env.items()})
     return env
+
+
+# the run dir of the job, for every rank (fsdp_jobs.job.init() reads the job config from it) and the copy of the
+# user's code (script=/module=) that the ranks run, decided by the dry run and taken by submit
+RUN_DIR_ENV = "FSDP_JOBS_RUN_DIR"
+USER_CODE_ENV = "FSDP_JOBS_USER_CODE"
+
+
+def user_mode(cfg: Any) -> bool:
+    """script= or module=: the user's own training runs instead of the built-in trainer."""
+    return bool(cfg.get("script") or cfg.get("module"))
+
+
+def user_code_dir(cfg: Any, run_dir: Path) -> Optional[Path]:
+    """Where submit copies the user's code (run_dir/script/NNN), or None: the built-in trainer, or a
+    module installed in the environment."""
+    from fsdp_jobs.byo import user_code_source
+    from launchers.snapshot import next_user_code_dir
+
+    if not user_mode(cfg) or user_code_source(cfg) is None:
+        return None
+    return next_user_code_dir(run_dir)
+
+
+def rank_entry(cfg: Any, run_dir: str, user_dir: Optional[str]) -> list[str]:
+    """What torchrun starts on every rank, after its own flags: THE place the entry point is chosen, for
+    every backend. The built-in trainer takes the run dir; a user's script or module takes its own
+    arguments after a `--`, which torchrun drops: without it torchrun's parser would claim arguments
+    that prefix-match its own flags (`--log`, `--max`, `--nproc`: env-notes pitfall 5)."""
+    args = [str(a) for a in cfg.get("script_args") or []]
+    tail = ["--", *args] if args else []
+    if cfg.get("script"):
+        return [str(Path(user_dir or Path(str(cfg.get("script"))).parent) / Path(str(cfg.get("script"))).name), *tail]
+    if cfg.get("module"):
+        return ["-m", str(cfg.get("module")), *tail]
+    return ["-m", "fsdp_jobs.runtime", run_dir]
+
+
+def rank_env(cfg: Any, run_dir: str, user_dir: Optional[str]) -> dict[str, str]:
+    """The per-run part of the ranks' environment (runtime_env is the per-config part)."""
+    env = {RUN_DIR_ENV: run_dir}
+    if user_dir:
+        env[USER_CODE_ENV] = user_dir
+    return env
+
+
+def python_path(cfg: Any, user_dir: Optional[str], rest: str = "") -> str:
+    """PYTHONPATH for the ranks: the copy of the user's code first (a module='s package; a script's
+    siblings, which PYTHONSAFEPATH=1 would otherwise hide where a backend sets it), then `rest`."""
+    parts = ([user_dir] if user_dir else []) + ([rest] if rest else [])
+    return ":".join(parts)
+
+
+def begin_user_attempt(job: Any, run_dir: Path) -> None:
+    """Before the ranks start: state.json says running, so an outcome left by an earlier attempt
+    (preempted, completed) is never taken for this attempt's."""
+    if user_mode(job):
+        runs.write_state(run_dir, status="running", step=runs.read_state(run_dir).get("step"))
+
+
+def settle_user_state(job: Any, run_dir: Path, rc: int) -> str:
+    """A user's script need not write state.json. When every rank exited 0 it completed, unless it
+    recorded a stop (fsdp_jobs.job's should_stop: preempted, to be requeued). Returns the status."""
+    state = runs.read_state(run_dir)
+    status = str(state.get("status") or "")
+    if user_mode(job) and rc == 0 and status not in ("preempted", "completed"):
+        runs.write_state(run_dir, status="completed", step=state.get("step"), reason="the script exited 0")
+        return "completed"
+    return status

@@ -34,8 +34,9 @@ import yaml
 from fsdp_jobs import runs
 from fsdp_jobs.errors import UserError
 from launchers.base import Backend, DryRun, JobState, JobStatus, Run, Submitted, state_from_training
-from launchers.common import runtime_env, torchrun_args
-from launchers.snapshot import PROJECT_ROOT, next_snapshot_dir, take_snapshot
+from launchers.common import (begin_user_attempt, python_path, rank_entry, rank_env, runtime_env, torchrun_args,
+                              user_code_dir)
+from launchers.snapshot import PROJECT_ROOT, next_snapshot_dir, take_snapshot, take_user_code
 
 SKEL_IMAGE = "fsdp-jobs-skel:1"  # an empty root: /usr and Python come from the host, read-only
 DEFAULT_RDZV_PORT = 29400
@@ -140,7 +141,7 @@ def project_name(run_dir: Path) -> str:
 
 
 # ------------------------------------------------------------------------------------ the request
-def compose_spec(plan: Any, cfg: Any, code_dir: Path) -> dict[str, Any]:
+def compose_spec(plan: Any, cfg: Any, code_dir: Path, user_dir: Optional[Path] = None) -> dict[str, Any]:
     """The compose file: one service per node on one private bridge network."""
     c = cfg.cluster
     run_dir = plan.run_dir
@@ -151,14 +152,16 @@ def compose_spec(plan: Any, cfg: Any, code_dir: Path) -> dict[str, Any]:
     user = container_user(cfg)
     services = {}
     for i in range(plan.nodes):
-        env = {**runtime_env(cfg), "FSDP_JOBS_NODE": f"node{i}",
+        user_code = str(user_dir) if user_dir else None
+        env = {**runtime_env(cfg), **rank_env(cfg, run_dir, user_code), "FSDP_JOBS_NODE": f"node{i}",
                # the job imports the code frozen at launch; `-m` must not put the cwd before it
-               "PYTHONPATH": str(code_dir), "PYTHONSAFEPATH": "1", "HOME": "/tmp", "USER": f"uid{user.split(':')[0]}"}
+               "PYTHONPATH": python_path(cfg, user_code, str(code_dir)), "PYTHONSAFEPATH": "1", "HOME": "/tmp",
+               "USER": f"uid{user.split(':')[0]}"}
         service: dict[str, Any] = {
             "image": SKEL_IMAGE if c.image == "auto" else c.image,
             "hostname": f"node{i}",
             "user": user,
-            "command": [python, "-m", "torch.distributed.run", *args, "-m", "fsdp_jobs.runtime", run_dir],
+            "command": [python, "-m", "torch.distributed.run", *args, *rank_entry(cfg, run_dir, user_code)],
             "environment": env,
             "volumes": list(volumes),
             "working_dir": run_dir,
@@ -208,7 +211,8 @@ class DockerBackend(Backend):
     def dryrun(self, plan: Any, cfg: Any) -> DryRun:
         run_dir = Path(plan.run_dir)
         code_dir = next_snapshot_dir(run_dir) if cfg.cluster.snapshot_code else PROJECT_ROOT
-        spec = compose_spec(plan, cfg, code_dir)
+        user_dir = user_code_dir(cfg, run_dir)
+        spec = compose_spec(plan, cfg, code_dir, user_dir)
         project = project_name(run_dir)
         file = run_dir / COMPOSE_FILE
         compose = compose_command(cfg)
@@ -219,8 +223,9 @@ class DockerBackend(Backend):
                 + "\n".join(shlex.join(c) for c in commands))
         node0 = spec["services"]["node0"]
         request = {"compose": spec, "file": str(file), "project": project, "code_dir": str(code_dir),
-                   "commands": commands}
-        return DryRun(self.name, plan, cfg, request, text, agent_args=node0["command"][3:-3],
+                   "commands": commands, "user_dir": str(user_dir) if user_dir else None}
+        entry = rank_entry(cfg, plan.run_dir, request["user_dir"])
+        return DryRun(self.name, plan, cfg, request, text, agent_args=node0["command"][3:-len(entry)],
                       agent_env={k: v for k, v in node0["environment"].items() if k in runtime_env(cfg)})
 
     def submit(self, dryrun: DryRun) -> Submitted:
@@ -231,6 +236,9 @@ class DockerBackend(Backend):
         if cfg.cluster.image == "auto":
             ensure_skel_image()
         code = take_snapshot(Path(req["code_dir"])) if cfg.cluster.snapshot_code else {"code": str(PROJECT_ROOT), "git_commit": ""}
+        if req.get("user_dir"):  # the user's script/package, where the containers' command names it
+            take_user_code(cfg, Path(req["user_dir"]))
+        begin_user_attempt(cfg, run_dir)
         runs.write_atomic(Path(req["file"]), yaml.safe_dump(req["compose"], sort_keys=False))
         runs.clear_stop_request(run_dir)
         runs.record_launch(run_dir, backend="docker", job_id=req["project"], project=req["project"],

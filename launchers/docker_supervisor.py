@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, Optional, TextIO
 
 from fsdp_jobs import runs
+from launchers.common import settle_user_state
 from launchers.docker import RESULT_FILE, containers, give_to
 
 POLL_S = 1.0
@@ -131,8 +132,10 @@ def supervise(run_dir: Path, echo: bool = False) -> int:
         done.set()
         for f in followers.values():
             f.join(timeout=30)
-        state = runs.read_state(run_dir).get("status")
         codes = [c["State"]["ExitCode"] for c in found.values()]
+        if codes and not interrupted:  # a plain script exiting 0 everywhere completed (it writes no state.json)
+            settle_user_state(runs.load_job(run_dir), run_dir, next((c for c in codes if c), 0))
+        state = runs.read_state(run_dir).get("status")
         if interrupted:
             status = 130
         elif state == "completed":

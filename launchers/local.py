@@ -16,11 +16,13 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, Optional, TextIO
 
 from fsdp_jobs import runs
 from launchers.base import Backend, DryRun, JobState, JobStatus, Run, Submitted, state_from_training
-from launchers.common import runtime_env, torchrun_args
+from launchers.common import (USER_CODE_ENV, begin_user_attempt, python_path, rank_entry, rank_env, runtime_env,
+                              settle_user_state, torchrun_args, user_code_dir)
+from launchers.snapshot import take_user_code
 
 PEER_FAILED_GRACE_S = 20.0
 
@@ -31,10 +33,13 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def node_commands(plan: Any, cfg: Any, port: int) -> list[list[str]]:
-    endpoint = f"127.0.0.1:{port}"
-    args = torchrun_args(plan, endpoint, cfg.cluster.stop_grace_s) + ["--local-addr=127.0.0.1"]
-    return [[sys.executable, "-m", "torch.distributed.run", *args, "-m", "fsdp_jobs.runtime", plan.run_dir]
+def agent_args(plan: Any, cfg: Any, port: int) -> list[str]:
+    return torchrun_args(plan, f"127.0.0.1:{port}", cfg.cluster.stop_grace_s) + ["--local-addr=127.0.0.1"]
+
+
+def node_commands(plan: Any, cfg: Any, port: int, user_dir: Optional[str] = None) -> list[list[str]]:
+    entry = rank_entry(cfg, plan.run_dir, user_dir)
+    return [[sys.executable, "-m", "torch.distributed.run", *agent_args(plan, cfg, port), *entry]
             for _ in range(plan.nodes)]
 
 
@@ -87,13 +92,22 @@ class LocalBackend(Backend):
 
     def dryrun(self, plan: Any, cfg: Any) -> DryRun:
         port = cfg.cluster.rdzv_port or free_port()  # chosen now, so the dry run shows the real one
-        request = [({**runtime_env(cfg), "FSDP_JOBS_NODE": f"node{i}"}, cmd)
-                   for i, cmd in enumerate(node_commands(plan, cfg, port))]
-        return DryRun(self.name, plan, cfg, request, render(request), agent_args=request[0][1][3:-3],
+        user = user_code_dir(cfg, Path(plan.run_dir))
+        user_dir = str(user) if user else None
+        extra = rank_env(cfg, plan.run_dir, user_dir)
+        path = python_path(cfg, user_dir, os.environ.get("PYTHONPATH", ""))
+        if path:
+            extra["PYTHONPATH"] = path
+        request = [({**runtime_env(cfg), **extra, "FSDP_JOBS_NODE": f"node{i}"}, cmd)
+                   for i, cmd in enumerate(node_commands(plan, cfg, port, user_dir))]
+        return DryRun(self.name, plan, cfg, request, render(request), agent_args=agent_args(plan, cfg, port),
                       agent_env=runtime_env(cfg))
 
     def submit(self, dryrun: DryRun, echo: bool = True) -> Submitted:
         """Run the job in the foreground; its exit status is 0 when every node finished."""
+        user_dir = dryrun.request[0][0].get(USER_CODE_ENV)
+        if user_dir:  # the dry run named this copy of the user's code in the commands
+            take_user_code(dryrun.cfg, Path(user_dir))
         return Submitted(str(os.getpid()), run_agents(dryrun, echo))
 
     def describe(self, run: Run) -> JobStatus:
@@ -119,6 +133,7 @@ def run_agents(dryrun: DryRun, echo: bool = True) -> int:
     plan, cfg = dryrun.plan, dryrun.cfg
     run_dir = Path(plan.run_dir)
     runs.clear_stop_request(run_dir)
+    begin_user_attempt(cfg, run_dir)
     runs.record_launch(run_dir, backend="local", job_id=str(os.getpid()), pid=os.getpid(), nodes=plan.nodes,
                        gpus_per_node=plan.gpus_per_node)
     agents = _Agents()
@@ -167,7 +182,9 @@ def run_agents(dryrun: DryRun, echo: bool = True) -> int:
     if interrupted:
         return 130
     codes = [p.returncode for p in agents.procs]
-    return next((c for c in codes if c != 0), 0)
+    rc = next((c for c in codes if c != 0), 0)
+    settle_user_state(cfg, run_dir, rc)
+    return rc
 
 
 BACKEND = LocalBackend()

@@ -20,8 +20,8 @@ from typing import Any, Optional
 from fsdp_jobs import runs
 from fsdp_jobs.errors import UserError
 from launchers.base import Backend, DryRun, JobState, JobStatus, Run, Submitted
-from launchers.common import runtime_env, torchrun_args
-from launchers.snapshot import PROJECT_ROOT, next_snapshot_dir, take_snapshot
+from launchers.common import python_path, rank_entry, rank_env, runtime_env, torchrun_args, user_code_dir
+from launchers.snapshot import PROJECT_ROOT, next_snapshot_dir, take_snapshot, take_user_code
 
 ACTIVE_STATES = ("PENDING", "RUNNING", "REQUEUED", "RESIZING", "SUSPENDED", "CONFIGURING", "COMPLETING",
                  "REQUEUE_HOLD", "REQUEUE_FED", "SIGNALING", "STAGE_OUT")
@@ -46,12 +46,14 @@ def wants_gpus(cfg: Any) -> bool:
     return cfg.cluster.device != "cpu" and partition_has_gpus(cfg.cluster.partition)
 
 
-def sbatch_parameters(plan: Any, cfg: Any, code_dir: Path) -> dict[str, Any]:
+def sbatch_parameters(plan: Any, cfg: Any, code_dir: Path, user_dir: Optional[Path] = None) -> dict[str, Any]:
     """submitit's SlurmExecutor parameters (sbatch's own names)."""
     c = cfg.cluster
+    user = str(user_dir) if user_dir else None
     setup = list(c.setup) + [
-        # the job imports the code frozen at submission, also when requeued after edits
-        f"export PYTHONPATH={shlex.quote(str(code_dir))}${{PYTHONPATH:+:$PYTHONPATH}}",
+        # the job imports the code frozen at submission, also when requeued after edits (a module='s
+        # package too: its copy in the run dir comes first)
+        f"export PYTHONPATH={shlex.quote(python_path(cfg, user, str(code_dir)))}${{PYTHONPATH:+:$PYTHONPATH}}",
         # `python -m` would put the working directory (usually the user's checkout) first on
         # sys.path, shadowing the snapshot; Python >= 3.11 leaves it out with this
         "export PYTHONSAFEPATH=1",
@@ -60,6 +62,9 @@ def sbatch_parameters(plan: Any, cfg: Any, code_dir: Path) -> dict[str, Any]:
         f"export SUBMITIT_PREEMPT_SIGNAL={c.signal}",
     ]
     setup += [f"export {k}={shlex.quote(v)}" for k, v in sorted(runtime_env(cfg).items())]
+    # the node task (slurm_task.py) starts rank_entry(): the user's script from this copy, or the trainer
+    setup += [f"export {k}={shlex.quote(v)}" for k, v in sorted(rank_env(cfg, plan.run_dir, user).items())]
+    setup.append(f"# every node: torchrun <flags> {shlex.join(rank_entry(cfg, plan.run_dir, user))}")
     params: dict[str, Any] = {
         "job_name": c.job_name or plan.name,
         "nodes": plan.nodes,
@@ -152,14 +157,16 @@ class SlurmBackend(Backend):
         from submitit.slurm.slurm import _make_sbatch_string
 
         code_dir = next_snapshot_dir(Path(plan.run_dir)) if cfg.cluster.snapshot_code else PROJECT_ROOT
-        params = sbatch_parameters(plan, cfg, code_dir)
+        user_dir = user_code_dir(cfg, Path(plan.run_dir))
+        params = sbatch_parameters(plan, cfg, code_dir, user_dir)
         folder = Path(_folder(plan)).expanduser().absolute()
         command = " ".join([shlex.quote(sys.executable), "-u -m submitit.core._submit", shlex.quote(str(folder))])
         script = _make_sbatch_string(command=command, folder=folder, **params)
         # the node task (slurm_task.py) builds the same flags at run time, at the allocation's first node
         port = cfg.cluster.rdzv_port or "<20000 + job id % 20000>"
         agent_args = torchrun_args(plan, f"<first node>:{port}", cfg.cluster.stop_grace_s)
-        return DryRun(self.name, plan, cfg, {"parameters": params, "code_dir": str(code_dir), "sbatch": script},
+        return DryRun(self.name, plan, cfg, {"parameters": params, "code_dir": str(code_dir), "sbatch": script,
+                                             "user_dir": str(user_dir) if user_dir else None},
                       script, agent_args=agent_args, agent_env=runtime_env(cfg))
 
     def submit(self, dryrun: DryRun) -> Submitted:
@@ -189,6 +196,8 @@ class SlurmBackend(Backend):
 
 
 def _snapshot(dryrun: DryRun) -> dict[str, str]:
+    if dryrun.request.get("user_dir"):  # the user's script/package: always, requeues must find it
+        take_user_code(dryrun.cfg, Path(dryrun.request["user_dir"]))
     if dryrun.cfg.cluster.snapshot_code:  # into the very directory the dry run's script names
         return take_snapshot(Path(dryrun.request["code_dir"]))
     return {"code": str(PROJECT_ROOT), "git_commit": ""}  # the live checkout (developing the tool itself)

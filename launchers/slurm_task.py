@@ -27,7 +27,7 @@ import submitit
 from fsdp_jobs import runs
 from fsdp_jobs.plan import CKPT_DIR_RE, newest_checkpoint
 from fsdp_jobs.runs import clear_stop_request, request_stop
-from launchers.common import torchrun_args
+from launchers.common import USER_CODE_ENV, begin_user_attempt, rank_entry, settle_user_state, torchrun_args
 
 KILL_WAIT_S = 300  # after a requeue, SLURM kills the tasks; do not report "done" meanwhile
 
@@ -87,6 +87,7 @@ class NodeTask(submitit.helpers.Checkpointable):
         start_ckpt = newest_checkpoint(run_dir)
         if env.global_rank == 0:
             clear_stop_request(run_dir)  # before torchrun starts: only rank 0 (on this node) reads it
+            begin_user_attempt(job, run_dir)
         print(f"fsdp-jobs: node {env.node}/{env.num_nodes} host {socket.gethostname()} "
               f"(slurm node {os.environ.get('SLURMD_NODENAME')}) job {job_id} attempt {attempt} "
               f"rendezvous {master}:{port} code {Path(__file__).resolve().parent.parent}", flush=True)
@@ -96,10 +97,11 @@ class NodeTask(submitit.helpers.Checkpointable):
             max_nodes=job["nodes"], max_restarts=job["cluster"]["max_restarts"]))
         cmd = [sys.executable, "-m", "torch.distributed.run",
                *torchrun_args(plan, f"{master}:{port}", job["cluster"]["stop_grace_s"]),
-               "-m", "fsdp_jobs.runtime", str(run_dir)]
+               *rank_entry(job, str(run_dir), os.environ.get(USER_CODE_ENV))]
         signal.signal(signal.SIGTERM, self._on_sigterm)
         self._proc = subprocess.Popen(cmd, preexec_fn=_ignore_stop_signal(job["cluster"]["signal"]))
         rc = self._proc.wait()
+        settle_user_state(job, run_dir, rc)  # a plain script exiting 0 completed (it writes no state.json)
         state = runs.read_state(run_dir)
         if rc == 0 and state.get("status") == "completed":
             return {"status": "completed", "node": env.node, "step": state.get("step")}

@@ -6,6 +6,7 @@ from __future__ import annotations
 import shutil
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import fsdp_jobs
 
@@ -40,3 +41,35 @@ def take_snapshot(dest: Path) -> dict[str, str]:
     (tmp / "SOURCE").write_text(str(PROJECT_ROOT) + "\n")
     tmp.rename(dest)
     return {"code": str(dest), "git_commit": commit}
+
+
+def next_user_code_dir(run_dir: Path) -> Path:
+    """run_dir/script/NNN: where submit copies the user's script= directory or module= package (the
+    number is decided by the dry run, like the code snapshot's)."""
+    existing = [int(p.name) for p in (run_dir / "script").glob("[0-9][0-9][0-9]") if p.is_dir()]
+    return run_dir / "script" / f"{max(existing, default=0) + 1:03d}"
+
+
+def take_user_code(cfg: Any, dest: Path) -> None:
+    """Copy the user's code (fsdp_jobs.byo.user_code_source) into dest: a requeued job or a container
+    finds it in the run dir, as it was at submission. The run root is never copied into itself."""
+    from fsdp_jobs.byo import snapshot_files, user_code_source
+
+    src = user_code_source(cfg)
+    if src is None:
+        return
+    tmp = dest.with_name(f".{dest.name}.tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    run_root = Path(cfg.run_root).expanduser().resolve()
+    if src.is_file():  # module= naming a single-file module
+        shutil.copy2(src, tmp / src.name)
+    else:
+        # script=: the directory's contents (the script's siblings import as before);
+        # module=: the package under its own name, so `python -m pkg.mod` finds it on PYTHONPATH
+        base = src.parent if cfg.get("module") else src
+        for f in snapshot_files(src, (run_root,)):
+            target = tmp / f.relative_to(base)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(f, target)
+    tmp.rename(dest)

@@ -35,9 +35,14 @@ class MetricsWriter:
         self.file.flush()
         step = record["step"]
         if step % self.interval == 0 or step == self.total or step == 1:
-            print(f"step {step:>6}/{self.total}  loss {record['loss']:.4f}  lr {record['lr']:.2e}  "
-                  f"{record['tokens_per_s']:>9.0f} tok/s  mfu {100 * record['mfu']:.2f}%  "
-                  f"mem {record['peak_mem_gb']:.2f} GB", flush=True)
+            if all(k in record for k in ("loss", "lr", "tokens_per_s", "mfu", "peak_mem_gb")):
+                print(f"step {step:>6}/{self.total}  loss {record['loss']:.4f}  lr {record['lr']:.2e}  "
+                      f"{record['tokens_per_s']:>9.0f} tok/s  mfu {100 * record['mfu']:.2f}%  "
+                      f"mem {record['peak_mem_gb']:.2f} GB", flush=True)
+            else:  # a user's script (fsdp_jobs.job.log) logs what it has
+                shown = "  ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in record.items()
+                                  if k not in ("step", "time", "attempt", "world_size", "restart"))
+                print(f"step {step:>6}/{self.total}  {shown}", flush=True)
 
     def close(self) -> None:
         if self.file:

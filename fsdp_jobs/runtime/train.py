@@ -26,6 +26,7 @@ from fsdp_jobs.runtime.mesh import World, build_mesh, init_process_group, read_w
 from fsdp_jobs.runtime.metrics import MetricsWriter, flops_per_token, log, peak_memory_gb
 from fsdp_jobs.runtime.shard import build_meta_model, dtype_of, materialize, shard_model
 from fsdp_jobs.runtime.signals import StopFlag
+from fsdp_jobs.runtime.outputs import load_pretrained_weights, logits_of
 
 # test-only fault injection: the training step raises from this step on (a job that cannot progress)
 FAIL_AT_STEP_ENV = "FSDP_JOBS_TEST_FAIL_AT_STEP"
@@ -88,6 +89,8 @@ def train(run_dir: Path, stop: StopFlag) -> int:
     # a checkpoint overwrites every parameter: only a fresh start pays for the seeded init
     materialize(model, world.device, tcfg["seed"], job["fsdp"]["mixed_precision"].get("buffer_dtype"),
                 init_params=resume_from is None)
+    if resume_from is None and job["model"].get("pretrained"):  # model=hf: local weights replace the init
+        load_pretrained_weights(model, job["model"]["pretrained"], rank)
     n_params = sum(p.numel() for p in model.parameters())
 
     optimizer = torch.optim.AdamW(model.parameters(), lr=tcfg["lr"], betas=tuple(tcfg["betas"]),
@@ -119,7 +122,7 @@ def train(run_dir: Path, stop: StopFlag) -> int:
         inputs, targets = inputs.to(world.device), targets.to(world.device)
         if fail_at and state.step + 1 >= fail_at:
             raise RuntimeError(f"test fault injection: step {state.step + 1} raises ({FAIL_AT_STEP_ENV})")
-        logits = model(inputs)
+        logits = logits_of(model(inputs))  # a tensor, or an HF output object
         loss = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
         loss.backward()
         grad_norm = None
@@ -175,7 +178,7 @@ def save_probe(run_dir: Path, model: torch.nn.Module, dataset: Any, step: int, w
     """Logits of the final sharded model on a fixed batch (rank 0 writes probe.pt): what an exported
     plain model must reproduce. A forward under FSDP is collective, so every rank runs it."""
     inputs = torch.stack([dataset[i][:-1] for i in range(2)]).to(world.device)
-    logits = model(inputs).float().cpu()
+    logits = logits_of(model(inputs)).float().cpu()
     if world.rank == 0:
         tmp = run_dir / ".probe.pt.tmp"
         torch.save({"step": step, "inputs": inputs.cpu(), "logits": logits}, tmp)

@@ -1,0 +1,41 @@
+"""A script that uses fsdp_jobs.job (the in-job API): FSDP2 over the configured mesh, atomic resumable
+checkpoints, preemption handling and metrics, with train.steps and checkpoint.interval from the config."""
+
+import torch
+import torch.nn.functional as F
+
+import fsdp_jobs.job
+from model_def import BlockNet
+
+
+def batch(step: int, rank: int):
+    gen = torch.Generator().manual_seed(step * 1000 + rank)  # depends on (step, rank) only: resumes exactly
+    x = torch.randn(16, 8, generator=gen)
+    return x, x[:, :4].sum(1, keepdim=True).sin()
+
+
+def main():
+    job = fsdp_jobs.job.init()
+    torch.manual_seed(job.config["train"]["seed"])
+    model = job.shard(BlockNet())
+    optim = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    total, every = job.config["train"]["steps"], job.config["checkpoint"]["interval"]
+    step = job.checkpoint.load(model=model, optim=optim)
+    while step < total:
+        x, y = batch(step, job.rank)
+        loss = F.mse_loss(model(x.to(job.device)), y.to(job.device))
+        loss.backward()
+        optim.step()
+        optim.zero_grad()
+        step += 1
+        job.log(step=step, loss=loss.item())
+        if job.should_stop():
+            job.checkpoint.save(step, model=model, optim=optim)
+            break
+        if (every and step % every == 0) or step == total:
+            job.checkpoint.save(step, model=model, optim=optim)
+    job.checkpoint.wait()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,158 @@
+"""Bring your own training, fast tier: refusals of script=/module=/model=hf, what every backend's dry run
+starts on the ranks, the state a plain script leaves, and the torch-free planning of HF models."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO, cli
+
+SCRIPTS = REPO / "tests" / "scripts"
+TINY_HF = ("model=hf", "model.kwargs.config.hidden_size=64", "model.kwargs.config.intermediate_size=128",
+           "model.kwargs.config.num_hidden_layers=2", "model.kwargs.config.vocab_size=128",
+           "model.kwargs.config.max_position_embeddings=64", "data.seq_len=32")
+
+
+def assert_refused(r: subprocess.CompletedProcess[str], *words: str) -> None:
+    assert r.returncode == 2, r.stdout + r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("fsdp-jobs: error: "), r.stderr
+    for w in words:
+        assert w in lines[0], lines[0]
+
+
+def test_missing_script_is_one_line_and_writes_nothing(tmp_path):
+    root = tmp_path / "runs"
+    r = cli(f"run_root={root}", "name=x", "script=missing.py")
+    assert_refused(r, "script='missing.py'", "no such file")
+    assert not root.exists()
+
+
+def test_a_script_that_is_not_python_is_refused(tmp_path):
+    root = tmp_path / "runs"
+    shell = tmp_path / "train.sh"
+    shell.write_text("#!/bin/bash\nfor i in 1 2; do echo $i; done\n")
+    r = cli(f"run_root={root}", "name=x", f"script={shell}")
+    assert_refused(r, "script=", "is not a Python script", "line 2")
+    binary = tmp_path / "train.py"
+    binary.write_bytes(b"\x7fELF\x02\x01\x01\x00\x00\x00")
+    assert_refused(cli(f"run_root={root}", "name=x", f"script={binary}"), "is not a Python script")
+    assert not root.exists()
+
+
+def test_model_hf_without_transformers_is_one_line(tmp_path, monkeypatch, capsys):
+    """transformers is hidden from the finder (it is installed here for the other tests)."""
+    import importlib.util
+
+    from fsdp_jobs.__main__ import main
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name.split(".")[0] == "transformers" else real(name, *a))
+    root = tmp_path / "runs"
+    with pytest.raises(SystemExit) as e:
+        main([f"run_root={root}", "name=x", "model=hf"])
+    assert e.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("fsdp-jobs: error: model='hf': needs the transformers package"), err
+    assert "pip install 'fsdp-jobs[hf]'" in err[0]
+    assert not root.exists()
+
+
+def test_script_args_without_a_script_and_both_modes_are_refused(tmp_path):
+    root = tmp_path / "runs"
+    assert_refused(cli(f"run_root={root}", "script_args=[--epochs,3]"), "script_args", "needs script=")
+    assert_refused(cli(f"run_root={root}", f"script={SCRIPTS / 'ddp_train.py'}", "module=json.tool"),
+                   "module=", "choose one")
+    assert_refused(cli(f"run_root={root}", "module=no_such_pkg_xyz.train"), "module=", "not importable")
+    assert not root.exists()
+
+
+def dry(backend: str, tmp_path: Path, *args: str) -> str:
+    extra = ["cluster.image=registry.example.com/fsdp-jobs:1"] if backend == "kubernetes" else []
+    r = cli(f"cluster={backend}", "cluster.device=cpu", f"run_root={tmp_path / 'runs'}", "name=byo", "dry_run=true",
+            *extra, *args)
+    assert r.returncode == 0, r.stderr
+    return r.stdout
+
+
+@pytest.mark.parametrize("backend", ["local", "slurm", "docker"])
+def test_every_backend_starts_the_copied_script_after_torchrun_with_its_arguments(tmp_path, backend):
+    """The dry run shows it; `--` keeps torchrun from claiming `--log` (prefix of its --log-dir...)."""
+    out = dry(backend, tmp_path, f"script={SCRIPTS / 'ddp_train.py'}", "script_args=[--epochs,3,--log,1]")
+    run_dir = tmp_path / "runs" / "byo"
+    entry = f"{run_dir}/script/001/ddp_train.py -- --epochs 3 --log 1"
+    if backend == "docker":  # the compose file, as YAML: the command is a list
+        import yaml
+
+        spec = yaml.safe_load(out.split("# launch commands (docker)\n", 1)[1].split("# then", 1)[0])
+        out = out + "\n" + " ".join(spec["services"]["node0"]["command"])
+    assert entry in out, out[-3000:]
+    assert "fsdp_jobs.runtime" not in out.split("# launch commands", 1)[1]
+    assert f"FSDP_JOBS_RUN_DIR={run_dir}" in out.replace(": ", "=").replace("'", "")
+    assert not (tmp_path / "runs").exists()  # a dry run writes nothing
+
+
+def test_module_mode_runs_the_copied_package_first_on_the_path(tmp_path):
+    pkg = tmp_path / "src" / "mypkg"
+    pkg.mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "train.py").write_text("print('hi')\n")
+    r = subprocess.run([sys.executable, "-m", "fsdp_jobs", f"run_root={tmp_path / 'runs'}", "name=m", "dry_run=true",
+                        "module=mypkg.train", "script_args=[--x,1]"], cwd=REPO, text=True, capture_output=True,
+                       env={**__import__("os").environ, "PYTHONPATH": str(tmp_path / "src")})
+    assert r.returncode == 0, r.stderr
+    run_dir = tmp_path / "runs" / "m"
+    assert f"-m mypkg.train -- --x 1" in r.stdout
+    assert f"PYTHONPATH={run_dir}/script/001:{tmp_path / 'src'}" in r.stdout
+
+
+def test_copy_of_the_user_code_skips_the_run_root_and_caches(tmp_path):
+    from omegaconf import OmegaConf
+
+    from launchers.snapshot import take_user_code
+
+    src = tmp_path / "proj"
+    (src / "runs" / "old").mkdir(parents=True)
+    (src / "runs" / "old" / "big.bin").write_bytes(b"x" * 100)
+    (src / "__pycache__").mkdir()
+    (src / "__pycache__" / "m.cpython-311.pyc").write_bytes(b"x")
+    (src / "train.py").write_text("import helper\n")
+    (src / "helper.py").write_text("")
+    cfg = OmegaConf.create({"script": str(src / "train.py"), "module": None, "run_root": str(src / "runs")})
+    take_user_code(cfg, tmp_path / "copy")
+    assert sorted(p.name for p in (tmp_path / "copy").rglob("*")) == ["helper.py", "train.py"]
+
+
+def test_a_plain_script_that_exits_0_completed_and_a_stopped_one_stays_preempted(tmp_path):
+    from fsdp_jobs import runs
+    from launchers.common import begin_user_attempt, settle_user_state
+
+    script = {"script": "/x/train.py"}
+    runs.write_state(tmp_path, status="preempted", step=7)  # left by an earlier attempt
+    begin_user_attempt(script, tmp_path)
+    assert runs.read_state(tmp_path)["status"] == "running"
+    assert settle_user_state(script, tmp_path, 1) == "running"  # a failure is not a completion
+    assert settle_user_state(script, tmp_path, 0) == "completed"
+    runs.write_state(tmp_path, status="preempted", step=9)  # fsdp_jobs.job recorded a stop
+    assert settle_user_state(script, tmp_path, 0) == "preempted"
+    runs.write_state(tmp_path, status="running", step=3)
+    assert settle_user_state({"script": None, "module": None}, tmp_path, 0) == "running"  # built-in: its own record
+
+
+def test_hf_plan_counts_the_real_parameters_without_torch_or_transformers(tmp_path):
+    code = ("import sys, json; from fsdp_jobs.compose import compose; from fsdp_jobs.plan import make_plan; "
+            f"cfg, job = compose({list(TINY_HF) + [f'run_root={tmp_path}']!r}); p = make_plan(cfg); "
+            "print(json.dumps({'params': p.memory.params, 'vocab': job['model']['vocab_size'], "
+            "'heavy': [m for m in ('torch', 'transformers') if m in sys.modules]}))")
+    r = subprocess.run([sys.executable, "-c", code], cwd=REPO, text=True, capture_output=True)
+    assert r.returncode == 0, r.stderr
+    got = json.loads(r.stdout.strip().splitlines()[-1])
+    # embeddings 2 x 128 x 64, per layer q/o 64x64, k/v 64x32 (2 kv heads), mlp 3 x 64x128, 2 norms; final norm
+    assert got == {"params": 2 * 128 * 64 + 2 * (2 * 64 * 64 + 2 * 64 * 32 + 3 * 64 * 128 + 2 * 64) + 64,
+                   "vocab": 128, "heavy": []}
