@@ -95,7 +95,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     except UserError as e:
         die(e)
     for note in plan.notes:
-        print(f"fsdp-jobs: note: {note}", file=sys.stderr)
+        print(f"fsdp-jobs: {note if note.startswith('warning:') else 'note: ' + note}", file=sys.stderr)
     if cfg.dry_run:
         sys.stdout.write(render_dry_run(plan, request.text))
         return 0

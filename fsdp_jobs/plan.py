@@ -104,7 +104,7 @@ def resolve_mixed_precision(mp: Any, device: str) -> dict[str, Optional[str]]:
     """`auto` param/reduce dtypes: bf16 compute with fp32 reduction on GPU (what real models train
     with), full precision on CPU (where bf16 matmuls are slow and tests compare bitwise)."""
     gpu = device != "cpu"
-    out = {k: mp[k] for k in ("param_dtype", "reduce_dtype", "output_dtype", "buffer_dtype")}
+    out = {k: mp.get(k) for k in ("param_dtype", "reduce_dtype", "output_dtype", "buffer_dtype")}
     if out["param_dtype"] == "auto":
         out["param_dtype"] = "bfloat16" if gpu else None
     if out["reduce_dtype"] == "auto":
@@ -316,6 +316,9 @@ def make_plan(cfg: Any, name: Optional[str] = None) -> Plan:
                      f"{memory.state_gb} + unsharded params {memory.unsharded_gb} + activations "
                      f"{memory.activation_gb}), over the budget of {memory.budget_gb} GB")
 
+    from fsdp_jobs.inputs import check_inputs
+
+    notes += check_inputs(cfg)  # the token file, test fault variables
     run_name = name or cfg.name or generated_name(cfg)
     run_dir = (Path(cfg.run_root).expanduser() / run_name).resolve()
     resume = newest_checkpoint(run_dir)

@@ -48,8 +48,9 @@ class TokenFile:
     """A flat binary file of token ids, memory-mapped; window i starts at a position drawn from
     (seed, i), so nothing is read until used and no index file is needed."""
 
-    def __init__(self, seed: int, seq_len: int, path: str, token_dtype: str = "uint16") -> None:
-        self.seed, self.seq_len = seed, seq_len
+    def __init__(self, seed: int, seq_len: int, path: str, token_dtype: str = "uint16",
+                 vocab_size: int | None = None) -> None:
+        self.seed, self.seq_len, self.path, self.vocab_size = seed, seq_len, path, vocab_size
         self.tokens = np.memmap(path, dtype=np.dtype(token_dtype), mode="r")
         self.windows = len(self.tokens) - seq_len - 1
         if self.windows < 1:
@@ -57,7 +58,13 @@ class TokenFile:
 
     def __getitem__(self, index: int) -> torch.Tensor:
         start = int(sample_generator(self.seed, index).integers(0, self.windows + 1))
-        return torch.from_numpy(self.tokens[start:start + self.seq_len + 1].astype(np.int64))
+        window = self.tokens[start:start + self.seq_len + 1].astype(np.int64)
+        # an id past the embedding table would be an opaque index error deep in the model
+        if self.vocab_size is not None and window.max() >= self.vocab_size:
+            bad = int(np.argmax(window >= self.vocab_size))
+            raise ValueError(f"{self.path}: token id {int(window[bad])} at position {start + bad} is >= "
+                             f"model.vocab_size={self.vocab_size}; wrong data.token_dtype or tokenizer?")
+        return torch.from_numpy(window)
 
 
 def rank_batch(dataset: TokenDataset, position: int, rank: int, per_rank: int) -> tuple[torch.Tensor, torch.Tensor]:

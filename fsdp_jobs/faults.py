@@ -1,0 +1,36 @@
+"""Test-only fault injection through FSDP_JOBS_TEST_* environment variables.
+
+Parsed in one place: a bad value is one line at plan time (not a crash on every rank), and any such
+variable that reaches a job is announced, so one forgotten in a shell never goes unnoticed."""
+
+from __future__ import annotations
+
+import os
+from typing import Mapping
+
+from fsdp_jobs.errors import UserError
+
+PREFIX = "FSDP_JOBS_TEST_"
+KNOWN = {
+    "FSDP_JOBS_TEST_FAIL_AT_STEP": "every training step from this one on raises",
+    "FSDP_JOBS_TEST_CRASH_IN_SAVE": "rank 0 SIGKILLs itself in the middle of saving this step (first attempt)",
+}
+
+
+def parse(env: Mapping[str, str]) -> dict[str, int]:
+    """The fault variables in `env` and their step numbers; UserError for an unknown name or a bad value."""
+    out = {}
+    for name, value in env.items():
+        if not name.startswith(PREFIX):
+            continue
+        if name not in KNOWN:
+            raise UserError(name, value, "unknown test fault variable; known: " + ", ".join(KNOWN))
+        if not str(value).strip().isdigit():
+            raise UserError(name, value, "must be a step number (an integer >= 0)")
+        out[name] = int(value)
+    return out
+
+
+def step(name: str) -> int:
+    """In the job: the step the fault fires at, 0 = off (the plan already refused a bad value)."""
+    return parse({name: os.environ[name]}).get(name, 0) if name in os.environ else 0

@@ -1,0 +1,59 @@
+"""Inputs besides the config, refused at plan time in one line: the token file and the test
+fault-injection variables; and token ids past the vocabulary, named with file and position."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tests.conftest import cli
+
+
+def refused(run_root, *args: str, env: dict | None = None) -> str:
+    r = cli(f"run_root={run_root}", "name=x", *args, env=env)
+    assert r.returncode == 2, r
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in r.stderr, r.stderr
+    assert list(run_root.iterdir()) == []  # nothing written
+    return lines[0]
+
+
+def test_missing_token_file_is_refused_before_anything_runs(run_root):
+    line = refused(run_root, "data=token_file", f"data.path={run_root.parent}/nope.bin")
+    assert "data.path=" in line and "no such file" in line
+
+
+def test_too_short_token_file_is_refused(run_root, tmp_path):
+    f = tmp_path / "tiny.bin"
+    np.arange(10, dtype=np.uint16).tofile(f)
+    line = refused(run_root, "data=token_file", f"data.path={f}", "data.seq_len=64")
+    assert "holds 10 uint16 tokens" in line
+
+
+@pytest.mark.parametrize("name, value, says", [
+    ("FSDP_JOBS_TEST_FAIL_AT_STEP", "abc", "must be a step number"),
+    ("FSDP_JOBS_TEST_CRASH_IN_SAVE", "1.5", "must be a step number"),
+    ("FSDP_JOBS_TEST_TYPO", "3", "unknown test fault variable"),
+])
+def test_bad_fault_injection_variable_is_one_line(run_root, name, value, says):
+    assert name in refused(run_root, env={name: value}) and says in refused(run_root, f"+cluster.env.{name}={value}")
+
+
+def test_a_fault_variable_reaching_a_job_is_announced(run_root):
+    r = cli(f"run_root={run_root}", "dry_run=true", env={"FSDP_JOBS_TEST_FAIL_AT_STEP": "3"})
+    assert r.returncode == 0
+    assert "fsdp-jobs: warning: test fault injection FSDP_JOBS_TEST_FAIL_AT_STEP=3 reaches this job" in r.stderr
+
+
+def test_token_id_past_the_vocabulary_names_file_id_and_position(tmp_path):
+    from fsdp_jobs.runtime.data import TokenFile
+
+    f = tmp_path / "tokens.bin"
+    tokens = np.zeros(100, dtype=np.uint16)
+    tokens[:] = 5
+    tokens[40:] = 700
+    tokens.tofile(f)
+    data = TokenFile(seed=0, seq_len=98, path=str(f), vocab_size=512)  # one window: positions 0..98
+    with pytest.raises(ValueError, match=rf"{f}: token id 700 at position (40|41) is >= model.vocab_size=512"):
+        data[0]
+    assert TokenFile(seed=0, seq_len=30, path=str(f), vocab_size=1024)[0].max() <= 700
