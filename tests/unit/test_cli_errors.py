@@ -50,3 +50,14 @@ def test_dry_run_prints_plan_and_commands_and_imports_no_torch(run_root):
     assert r.stdout.count("torch.distributed.run") == 2  # one torchrun agent per node
     assert list(run_root.iterdir()) == []  # a dry run writes nothing
     print(r.stdout.splitlines()[-1])  # the measured time, for the log (benchmarks report it as JSON)
+
+
+def test_elastic_shrink_the_global_batch_cannot_follow_is_refused_before_anything_runs(run_root):
+    """3 nodes divide a global batch of 3; the 2 that cluster.min_nodes allows do not."""
+    r = cli("nodes=3", "gpus_per_node=1", "cluster.min_nodes=2", "train.global_batch_size=3",
+            f"run_root={run_root}", "name=shrink")
+    assert r.returncode == 2 and r.stdout == ""
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("fsdp-jobs: error: train.global_batch_size=3: "), r.stderr
+    assert "at 2 nodes (world 2)" in lines[0] and "cluster.min_nodes=2" in lines[0]
+    assert list(run_root.iterdir()) == []
