@@ -14,6 +14,7 @@ file's text in the ConfigMap, so the pods run exactly the version that submitted
 """
 
 import os
+import shutil
 import socket
 import sys
 import time
@@ -47,6 +48,28 @@ def copy_job(config_dir: str, run_dir: str) -> None:
         os.replace(tmp, dst)
 
 
+def unpack_user_code(config_dir: str) -> None:
+    """script=/module=: the user's code came in the ConfigMap; unpack it where the command names it
+    (FSDP_JOBS_USER_CODE, a directory named by the content's hash: the first pod to get there wins)."""
+    import tarfile
+
+    archive, dest = os.path.join(config_dir, "user-code.tgz"), os.environ.get("FSDP_JOBS_USER_CODE")
+    if not dest or not os.path.isfile(archive) or os.path.isdir(dest):
+        return
+    tmp = "%s.tmp-%s" % (dest, socket.gethostname())
+    shutil.rmtree(tmp, ignore_errors=True)
+    os.makedirs(tmp)
+    with tarfile.open(archive) as tar:
+        for member in tar.getmembers():  # our own archive, but never write outside tmp
+            if member.name.startswith("/") or ".." in member.name.split("/"):
+                raise SystemExit("fsdp-jobs: unsafe path in the user code archive: %s" % member.name)
+        tar.extractall(tmp)
+    try:
+        os.rename(tmp, dest)
+    except OSError:  # another pod unpacked the same content first
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
 def rendezvous_host(command: list) -> str:
     endpoint = next((a.split("=", 1)[1] for a in command if a.startswith("--rdzv-endpoint=")), "")
     return endpoint.rsplit(":", 1)[0]
@@ -75,6 +98,7 @@ def main(argv: list) -> None:
         raise SystemExit(2)
     config_dir, run_dir, command = argv[1], argv[2], argv[3:]
     copy_job(config_dir, run_dir)
+    unpack_user_code(config_dir)
     host = rendezvous_host(command)
     if host:
         wait_for_dns(host)

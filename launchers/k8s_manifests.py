@@ -29,7 +29,8 @@ from typing import Any, Optional
 import yaml
 from omegaconf import OmegaConf
 
-from launchers.common import runtime_env, torchrun_args
+from fsdp_jobs.errors import UserError
+from launchers.common import python_path, rank_entry, rank_env, runtime_env, torchrun_args
 
 ROLE = "node"  # TorchX role / JobSet replicated job: pods are <job>-node-<k>-0
 CONFIG_DIR = "/etc/fsdp-jobs"  # where the ConfigMap is mounted
@@ -131,12 +132,43 @@ def endpoint(kind: str, job: str, port: int) -> str:
     return f"{KINDS[kind].first_pod.format(job=job)}:{port}"
 
 
+USER_CODE_KEY = "user-code.tgz"  # script=/module=: the user's code in the ConfigMap; boot.py unpacks it
+CONFIGMAP_LIMIT = 1024 * 1024
+
+
+def user_code(plan: Any, cfg: Any) -> tuple[Optional[str], Optional[bytes]]:
+    """(where the pods unpack the user's code, the .tar.gz) for script=/module=; (None, None) otherwise.
+    The directory is named by the content's hash: pods restarting or starting together unpack it once."""
+    import hashlib
+
+    from launchers.common import user_mode
+    from launchers.snapshot import user_code_tar
+
+    tar = user_code_tar(cfg) if user_mode(cfg) else None
+    if tar is None:
+        return None, None
+    if len(tar) * 4 // 3 > CONFIGMAP_LIMIT - 256 * 1024:  # base64, beside job.yaml and boot.py
+        key = "script" if cfg.get("script") else "module"
+        raise UserError(key, cfg.get(key), f"its code is {len(tar) // 1024} KiB compressed, too large for the job's "
+                                           "Kubernetes ConfigMap (1 MiB); put it in the image (module=) instead")
+    return f"{pod_run_dir(plan, cfg)}/script/{hashlib.sha256(tar).hexdigest()[:12]}", tar
+
+
 def node_command(plan: Any, cfg: Any, rdzv_endpoint: str) -> list[str]:
     """The container's command: boot.py, then the same torchrun agent as every other backend."""
     run_dir = pod_run_dir(plan, cfg)
     return ["python", f"{CONFIG_DIR}/boot.py", CONFIG_DIR, run_dir,
             "python", "-m", "torch.distributed.run",
-            *torchrun_args(plan, rdzv_endpoint, cfg.cluster.stop_grace_s), "-m", "fsdp_jobs.runtime", run_dir]
+            *torchrun_args(plan, rdzv_endpoint, cfg.cluster.stop_grace_s),
+            *rank_entry(cfg, run_dir, user_code(plan, cfg)[0])]
+
+
+def pod_env(plan: Any, cfg: Any) -> dict[str, str]:
+    run_dir, user_dir = pod_run_dir(plan, cfg), user_code(plan, cfg)[0]
+    env = {**runtime_env(cfg), **rank_env(cfg, run_dir, user_dir)}
+    if user_dir:
+        env["PYTHONPATH"] = python_path(cfg, user_dir)
+    return env
 
 
 def torchx_role(plan: Any, cfg: Any, rdzv_endpoint: str, port_name: str = "c10d") -> Any:
@@ -151,7 +183,7 @@ def torchx_role(plan: Any, cfg: Any, rdzv_endpoint: str, port_name: str = "c10d"
         image=c.image,
         entrypoint=command[0],
         args=command[1:],
-        env=runtime_env(cfg),
+        env=pod_env(plan, cfg),
         num_replicas=plan.nodes,
         min_replicas=plan.rendezvous.min_nodes if plan.rendezvous.min_nodes != plan.nodes else None,
         max_retries=c.max_retries,
@@ -196,7 +228,14 @@ def secure_pod(pod: dict[str, Any], plan: Any, cfg: Any, configmap: str, job: st
 def configmap(plan: Any, cfg: Any, job: str) -> dict[str, Any]:
     return {"apiVersion": "v1", "kind": "ConfigMap",
             "metadata": {"name": f"{job}-job", "namespace": cfg.cluster.namespace, "labels": labels(plan, job)},
-            "immutable": True, "data": job_files(plan, cfg)}
+            "immutable": True, "data": job_files(plan, cfg), **user_code_data(plan, cfg)}
+
+
+def user_code_data(plan: Any, cfg: Any) -> dict[str, Any]:
+    import base64
+
+    tar = user_code(plan, cfg)[1]
+    return {"binaryData": {USER_CODE_KEY: base64.b64encode(tar).decode()}} if tar else {}
 
 
 def _serialize(obj: Any) -> Any:

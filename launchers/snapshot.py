@@ -6,7 +6,7 @@ from __future__ import annotations
 import shutil
 import subprocess
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 import fsdp_jobs
 
@@ -73,3 +73,30 @@ def take_user_code(cfg: Any, dest: Path) -> None:
             target.parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(f, target)
     tmp.rename(dest)
+
+
+def user_code_tar(cfg: Any) -> Optional[bytes]:
+    """The files take_user_code copies, as a reproducible .tar.gz (same bytes for the same files): what
+    travels to Kubernetes pods in the job's ConfigMap, where no submitter can write the run dir."""
+    import gzip
+    import io
+    import tarfile
+
+    from fsdp_jobs.byo import snapshot_files, user_code_source
+
+    src = user_code_source(cfg)
+    if src is None:
+        return None
+    if src.is_file():
+        members = [(src, src.name)]
+    else:
+        base = src.parent if cfg.get("module") else src
+        members = [(f, str(f.relative_to(base))) for f in snapshot_files(src, (Path(cfg.run_root).expanduser().resolve(),))]
+    raw = io.BytesIO()
+    with tarfile.open(fileobj=raw, mode="w") as tar:
+        for path, name in members:
+            info = tarfile.TarInfo(name)
+            data = path.read_bytes()
+            info.size, info.mode, info.mtime = len(data), 0o644, 0
+            tar.addfile(info, io.BytesIO(data))
+    return gzip.compress(raw.getvalue(), mtime=0)

@@ -156,3 +156,36 @@ def test_hf_plan_counts_the_real_parameters_without_torch_or_transformers(tmp_pa
     # embeddings 2 x 128 x 64, per layer q/o 64x64, k/v 64x32 (2 kv heads), mlp 3 x 64x128, 2 norms; final norm
     assert got == {"params": 2 * 128 * 64 + 2 * (2 * 64 * 64 + 2 * 64 * 32 + 3 * 64 * 128 + 2 * 64) + 64,
                    "vocab": 128, "heavy": []}
+
+
+def test_kubernetes_pods_get_the_script_through_the_configmap_and_unpack_it(tmp_path, monkeypatch):
+    """No submitter can write the PVC: the code travels in the job's ConfigMap; boot.py unpacks it where
+    the pods' command names it (the same rank_entry as every backend)."""
+    import base64
+
+    from fsdp_jobs.compose import compose
+    from fsdp_jobs.plan import make_plan
+    import launchers
+    from launchers import k8s_boot, k8s_manifests
+
+    cfg, _ = compose(["cluster=kubernetes", "cluster.image=registry.example.com/fsdp-jobs:1", "cluster.device=cpu",
+                      f"run_root={tmp_path / 'runs'}", "name=byo", f"script={SCRIPTS / 'ddp_train.py'}",
+                      "script_args=[--log,1]"])
+    plan = make_plan(cfg)
+    d = launchers.get("kubernetes").dryrun(plan, cfg)
+    cm = next(o for o in d.request.objects if o["kind"] == "ConfigMap")
+    pod = k8s_manifests.pod_templates(d.request.job)[0]["spec"]["containers"][0]
+    user_dir = pod["command"][-4].rsplit("/", 1)[0]
+    assert pod["command"][-3:] == ["--", "--log", "1"] and pod["command"][-4].endswith("/ddp_train.py")
+    assert user_dir.startswith("/runs/byo/script/")
+    env = {e["name"]: e.get("value") for e in pod["env"]}
+    assert env["FSDP_JOBS_USER_CODE"] == user_dir and env["FSDP_JOBS_RUN_DIR"] == "/runs/byo"
+
+    config_dir, dest = tmp_path / "cm", tmp_path / "pvc" / "script" / "abc"
+    config_dir.mkdir()
+    (config_dir / "user-code.tgz").write_bytes(base64.b64decode(cm["binaryData"]["user-code.tgz"]))
+    dest.parent.mkdir(parents=True)
+    monkeypatch.setenv("FSDP_JOBS_USER_CODE", str(dest))
+    k8s_boot.unpack_user_code(str(config_dir))
+    assert (dest / "ddp_train.py").read_text() == (SCRIPTS / "ddp_train.py").read_text()
+    assert (dest / "model_def.py").is_file()
