@@ -93,6 +93,15 @@ def sbatch_parameters(plan: Any, cfg: Any, code_dir: Path, user_dir: Optional[Pa
     return params
 
 
+def sbatch_script(folder: Path, params: dict[str, Any]) -> str:
+    """The script submitit writes for these parameters (its own function, with the command it runs)."""
+    from submitit.slurm.slurm import _make_sbatch_string
+
+    folder = Path(folder).expanduser().absolute()
+    command = " ".join([shlex.quote(sys.executable), "-u -m submitit.core._submit", shlex.quote(str(folder))])
+    return _make_sbatch_string(command=command, folder=folder, **params)
+
+
 def _folder(plan: Any) -> Path:
     return Path(plan.run_dir) / "slurm" / "%j"
 
@@ -154,14 +163,10 @@ class SlurmBackend(Backend):
 
     def dryrun(self, plan: Any, cfg: Any) -> DryRun:
         """submitit's parameters and the sbatch script they make, byte for byte (no cluster needed)."""
-        from submitit.slurm.slurm import _make_sbatch_string
-
         code_dir = next_snapshot_dir(Path(plan.run_dir)) if cfg.cluster.snapshot_code else PROJECT_ROOT
         user_dir = user_code_dir(cfg, Path(plan.run_dir))
         params = sbatch_parameters(plan, cfg, code_dir, user_dir)
-        folder = Path(_folder(plan)).expanduser().absolute()
-        command = " ".join([shlex.quote(sys.executable), "-u -m submitit.core._submit", shlex.quote(str(folder))])
-        script = _make_sbatch_string(command=command, folder=folder, **params)
+        script = sbatch_script(_folder(plan), params)
         # the node task (slurm_task.py) builds the same flags at run time, at the allocation's first node
         port = cfg.cluster.rdzv_port or "<20000 + job id % 20000>"
         agent_args = torchrun_args(plan, f"<first node>:{port}", cfg.cluster.stop_grace_s)
@@ -171,6 +176,13 @@ class SlurmBackend(Backend):
 
     def submit(self, dryrun: DryRun) -> Submitted:
         return Submitted(submit_job(dryrun))
+
+    def group_text(self, dryruns: list[DryRun]) -> Optional[str]:
+        """The one array script submit_group will submit for several requests, byte for byte."""
+        if len(dryruns) < 2:
+            return None
+        folder, params = array_parameters(dryruns)
+        return sbatch_script(folder, {**params, "map_count": len(dryruns)})
 
     def group_key(self, dryrun: DryRun) -> Optional[str]:
         return group_key(dryrun)

@@ -133,7 +133,8 @@ class NodeTask(submitit.helpers.Checkpointable):
             time.sleep(KILL_WAIT_S)
             raise RuntimeError(reason)
         reason = (f"torchrun exited with {rc} and this attempt committed no checkpoint newer than step {before}; "
-                  "not requeued (it would fail the same way). Fix the error in the log and resubmit the same name=")
+                  "not requeued (it would fail the same way). Fix the error in the log and submit again "
+                  "(the same name=, or the same sweep command)")
         runs.write_state(run_dir, status="failed", reason=reason, step=after)
         print(f"fsdp-jobs: {reason}", flush=True)
         raise RuntimeError(reason)
