@@ -55,9 +55,8 @@ def assert_same_state(a: Path, b: Path) -> None:
     assert flat_a.keys() == flat_b.keys()
     tensors = [k for k, v in flat_a.items() if isinstance(v, torch.Tensor)]
     assert any(k.startswith("model.") for k in tensors) and any(k.startswith("optim.state.") for k in tensors)
+    assert any(k.startswith("rng.") for k in flat_a)  # the restored RNG is compared too
     for k in flat_a:
-        if k.startswith("rng."):
-            continue
         va, vb = flat_a[k], flat_b[k]
         if isinstance(va, torch.Tensor):
             assert torch.equal(va, vb), f"{k} differs"
@@ -75,6 +74,13 @@ def _flatten(d, prefix=""):
         else:
             out[f"{prefix}{k}"] = v
     return out
+
+
+@pytest.fixture(autouse=True)
+def journal_in_tmp(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every submission is journalled (fsdp_jobs/journal.py): tests write theirs to a temporary state
+    directory, never the user's ~/.local/state/fsdp-jobs/."""
+    monkeypatch.setenv("FSDP_JOBS_STATE_DIR", str(tmp_path_factory.mktemp("state")))
 
 
 @pytest.fixture
@@ -113,3 +119,15 @@ def docker_engine():
         rules = subprocess.run(["iptables-save"], capture_output=True, text=True).stdout
         assert "DOCKER" not in rules and "docker0" not in rules, rules
         assert not Path("/tmp/fsdp-jobs-docker").exists()
+
+
+# A hung test fails in its tier's time, not after the global 20 minutes: unit tests (fast, pure logic
+# and single CLI calls) get 90 s; tiers that start real processes and clusters get more.
+TIER_TIMEOUT_S = {"unit": 90, "kubernetes": 180, "integration": 900, "docker": 900, "slurm": 1200}
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        tier = Path(str(item.fspath)).parent.name
+        if tier in TIER_TIMEOUT_S and item.get_closest_marker("timeout") is None:
+            item.add_marker(pytest.mark.timeout(TIER_TIMEOUT_S[tier]))

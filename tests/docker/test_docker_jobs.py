@@ -14,7 +14,7 @@ import pytest
 
 from tests.conftest import REPO, assert_same_state, cli, committed, metrics
 
-pytestmark = [pytest.mark.docker, pytest.mark.usefixtures("docker_engine")]
+pytestmark = [pytest.mark.docker, pytest.mark.integration, pytest.mark.usefixtures("docker_engine")]
 
 SHORT = ("model.dim=64", "model.n_layers=2", "model.ffn_dim=128", "model.vocab_size=128", "data.seq_len=32")
 # long enough that a node can be killed mid-run after the first checkpoint

@@ -1,0 +1,52 @@
+"""The sbatch script `cluster=slurm` submits, rendered without a cluster (dry_run prints exactly what
+submitit hands to sbatch): every cluster.* knob lands on its #SBATCH line or in the setup."""
+
+from __future__ import annotations
+
+import re
+
+from tests.conftest import cli
+
+
+def script(run_root, *args: str) -> str:
+    r = cli("cluster=slurm", "cluster.device=cpu", f"run_root={run_root}", "name=s", "dry_run=true", *args)
+    assert r.returncode == 0, r.stderr
+    assert list(run_root.iterdir()) == []
+    return r.stdout.split("# launch commands (slurm)\n", 1)[1]
+
+
+def sbatch_lines(text: str) -> dict[str, str]:
+    return dict(re.findall(r"^#SBATCH --([\w-]+)(?:=(.*))?$", text, flags=re.M))
+
+
+def test_every_knob_reaches_its_sbatch_line(run_root):
+    text = script(run_root, "nodes=4", "gpus_per_node=8", "cluster.partition=gpu", "cluster.account=proj",
+                  "cluster.qos=high", "cluster.mem=200G", "cluster.gres=gpu:h100:8", "cluster.time_min=60",
+                  "+cluster.sbatch.reservation=big", "cluster.constraint=h100", "cluster.exclusive=true",
+                  "cluster.signal=URG", "cluster.signal_delay_s=90")
+    s = sbatch_lines(text)
+    assert s["partition"] == "gpu" and s["account"] == "proj" and s["qos"] == "high" and s["mem"] == "200G"
+    assert s["gres"] == "gpu:h100:8" and "gpus-per-node" not in s  # gres replaces the GPU request
+    assert s["nodes"] == "4" and s["ntasks-per-node"] == "1"  # one torchrun agent per node
+    assert s["cpus-per-task"] == "8"  # the agent's task holds all its ranks
+    assert s["time"] == "60" and s["reservation"] == "big" and s["constraint"] == "h100"
+    assert "exclusive" in s and "requeue" in s
+    assert s["signal"] == "URG@90"
+    assert "export SUBMITIT_PREEMPT_SIGNAL=URG" in text and "export FSDP_JOBS_STOP_SIGNAL=URG" in text
+
+
+def test_setup_lines_run_before_the_job_and_the_snapshot_comes_first_on_the_path(run_root):
+    text = script(run_root, "cluster.setup=[\"module load cuda/12.4\",\"source ~/venv/bin/activate\"]",
+                  "+cluster.env.NCCL_DEBUG=INFO")
+    setup = text.split("# setup\n", 1)[1].split("# command", 1)[0]
+    assert setup.index("module load cuda/12.4") < setup.index("source ~/venv/bin/activate") < setup.index("PYTHONPATH")
+    run_dir = (run_root / "s").resolve()
+    assert f"export PYTHONPATH={run_dir}/code/001" in setup and "export PYTHONSAFEPATH=1" in setup
+    assert "export NCCL_DEBUG=INFO" in setup and "export TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1" in setup
+    assert text.rstrip().splitlines()[-1].startswith("srun ")
+
+
+def test_gpus_are_asked_per_node_unless_the_job_runs_on_cpu(run_root):
+    assert "gpus-per-node" not in sbatch_lines(script(run_root))  # cluster.device=cpu
+    s = sbatch_lines(script(run_root, "cluster.gpus=true", "gpus_per_node=4"))
+    assert s["gpus-per-node"] == "4"
