@@ -28,6 +28,7 @@ from fsdp_jobs import runs
 from fsdp_jobs.plan import CKPT_DIR_RE, newest_checkpoint
 from fsdp_jobs.runs import clear_stop_request, request_stop
 from launchers.common import USER_CODE_ENV, begin_user_attempt, rank_entry, settle_user_state, torchrun_args
+from launchers.requeue import COMPLETED, PREEMPTED, REQUEUE, TERMINATED, decide
 
 KILL_WAIT_S = 300  # after a requeue, SLURM kills the tasks; do not report "done" meanwhile
 
@@ -103,41 +104,31 @@ class NodeTask(submitit.helpers.Checkpointable):
         rc = self._proc.wait()
         settle_user_state(job, run_dir, rc)  # a plain script exiting 0 completed (it writes no state.json)
         state = runs.read_state(run_dir)
-        if rc == 0 and state.get("status") == "completed":
-            return {"status": "completed", "node": env.node, "step": state.get("step")}
-        if self._terminated:
-            # SLURM itself is ending this job (scancel, a preemption in REQUEUE mode, a node failure):
-            # it decides whether the job comes back; requeueing here would undo a user's scancel
-            print(f"fsdp-jobs: SLURM terminated the job (torchrun exit {rc}); not requeueing it myself",
-                  flush=True)
-            return {"status": "terminated", "node": env.node, "step": state.get("step")}
-        if rc == 0 and state.get("status") == "preempted":
-            # task 0's signal handler requeues the job; everyone waits here to be killed by it
+        decision = decide(rc, state.get("status"), self._terminated, _step_of(start_ckpt),
+                          _step_of(newest_checkpoint(run_dir)))
+        done = {"status": decision.action, "node": env.node, "step": state.get("step")}
+        if decision.action == COMPLETED:
+            return done
+        if decision.action == TERMINATED:
+            print(f"fsdp-jobs: {decision.reason}", flush=True)
+            return done
+        if decision.action == PREEMPTED:  # task 0's signal handler requeues; everyone waits to be killed by it
             print(f"fsdp-jobs: stopped at step {state.get('step')} for a requeue", flush=True)
             time.sleep(KILL_WAIT_S)
-            return {"status": "preempted", "node": env.node, "step": state.get("step")}
-        return self._crashed(run_dir, env, rc, start_ckpt)
-
-    def _crashed(self, run_dir: Path, env: Any, rc: int, start_ckpt: Optional[Path]) -> dict[str, Any]:
-        now = newest_checkpoint(run_dir)
-        before, after = _step_of(start_ckpt), _step_of(now)
+            return done
         if env.global_rank != 0:
-            time.sleep(30)  # give task 0 the time to decide (requeue kills us)
+            time.sleep(30)  # give task 0 the time to act (a requeue kills us)
             raise RuntimeError(f"torchrun exited with {rc} on node {env.node}")
-        if after > before:
-            reason = f"torchrun exited with {rc}; this attempt advanced the checkpoint {before} -> {after}: requeued"
-            runs.write_state(run_dir, status="requeued-after-crash", reason=reason, step=after)
-            print(f"fsdp-jobs: {reason}", flush=True)
+        print(f"fsdp-jobs: {decision.reason}", flush=True)
+        if decision.action == REQUEUE:
+            runs.write_state(run_dir, status="requeued-after-crash", reason=decision.reason,
+                             step=_step_of(newest_checkpoint(run_dir)))
             # by <array id>_<i>: the element holding the array's own id would otherwise requeue them all
             subprocess.run(["scontrol", "requeue", env.job_id], check=True, timeout=60)
             time.sleep(KILL_WAIT_S)
-            raise RuntimeError(reason)
-        reason = (f"torchrun exited with {rc} and this attempt committed no checkpoint newer than step {before}; "
-                  "not requeued (it would fail the same way). Fix the error in the log and submit again "
-                  "(the same name=, or the same sweep command)")
-        runs.write_state(run_dir, status="failed", reason=reason, step=after)
-        print(f"fsdp-jobs: {reason}", flush=True)
-        raise RuntimeError(reason)
+        else:
+            runs.write_state(run_dir, status="failed", reason=decision.reason, step=_step_of(newest_checkpoint(run_dir)))
+        raise RuntimeError(decision.reason)
 
     def _on_sigterm(self, signum: int, _frame: Any) -> None:
         self._terminated = True  # torchrun gets it too and stops its ranks, which checkpoint first
