@@ -65,7 +65,9 @@ class _Objects(Stateful):
         return self.model
 
     def state_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"progress": {"step": self.step}}
+        # the torch RNG continues where it was (dropout, sampling); rank 0's stream, as the trainer keeps it:
+        # ranks seeded alike (train.seed) share it
+        out: dict[str, Any] = {"progress": {"step": self.step}, "rng": {"torch": torch.get_rng_state()}}
         for name, obj in self.objects.items():
             if isinstance(obj, nn.Module):
                 out[name] = get_model_state_dict(obj)
@@ -86,6 +88,7 @@ class _Objects(Stateful):
             else:
                 obj.load_state_dict(sd[name])
         self.step = int(sd["progress"]["step"])
+        torch.set_rng_state(sd["rng"]["torch"])
 
 
 class Checkpoints:
