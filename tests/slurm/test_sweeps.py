@@ -220,11 +220,16 @@ def test_failing_member_shows_failed_with_its_reason_and_a_rerun_submits_only_it
 
 
 def test_a_bad_member_is_one_line_and_nothing_is_submitted_or_written(run_root, state_dir):
-    jobs_before = sh("sacct", "-X", "-n", "-a", "-o", "JobID")
+    queue_before = sh("squeue", "-h", "-r", "-o", "%i")
     s = sweep(run_root, "train.lr=1e-3,2e-3", "nodes=2,0")
     assert s.returncode == 2, s.stdout + s.stderr
     lines = s.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("fsdp-jobs: error: "), s.stderr
     assert "member 2 of 4 (nodes=0,lr=0.001)" in lines[0] and "nodes=0" in lines[0] and ">= 1" in lines[0], lines[0]
     assert s.stdout == "" and list(run_root.iterdir()) == [] and not state_dir.exists()
-    assert sh("sacct", "-X", "-n", "-a", "-o", "JobID") == jobs_before
+    # nothing reached SLURM: no job in the queue, none in the accounting under the sweep's or a member's name
+    assert sh("squeue", "-h", "-r", "-o", "%i") == queue_before
+    sid = re.search(r"sweep (\S+), member", lines[0]).group(1)
+    time.sleep(2)  # accounting records lag the scheduler by about a second
+    names = set(sh("sacct", "-X", "-n", "-a", "-P", "-o", "JobName").split())
+    assert not names & {sid, "nodes=2,lr=0.001", "nodes=2,lr=0.002"}, names
