@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any, Optional
 
@@ -32,14 +31,13 @@ def find_checkpoint(path: Path, step: Optional[int]) -> Path:
 
 
 def export(ckpt: Path, out: Path, dtype: Optional[str] = None, hf_model: Optional[dict[str, Any]] = None) -> dict[str, Any]:
-    """Read every shard of the checkpoint (no process group needed) and write the model weights."""
+    """Read the model's shards of the checkpoint (never the optimizer's; no process group needed) and
+    write its weights."""
     import torch
-    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
-    with tempfile.TemporaryDirectory(dir=out.parent) as tmp:
-        full = Path(tmp) / "full.pt"
-        dcp_to_torch_save(str(ckpt), str(full))
-        model_sd = torch.load(full, weights_only=False)["model"]
+    from fsdp_jobs.consolidate import read_model_state
+
+    model_sd = read_model_state(ckpt)
     if dtype:
         model_sd = {k: v.to(getattr(torch, dtype)) if v.is_floating_point() else v for k, v in model_sd.items()}
     if hf_model is not None:  # --format hf: an HF directory (config.json + safetensors) for from_pretrained

@@ -87,6 +87,8 @@ class TransformerBlock(nn.Module):
 class Transformer(nn.Module):
     # the default FSDP wrap units (fsdp.wrap.transformer_blocks overrides)
     fsdp_wrap_classes = (TransformerBlock,)
+    # never cast by fsdp.mixed_precision.buffer_dtype: rotary angles need float32 at long positions
+    fp32_buffers = ("rope",)
 
     def __init__(self, dim: int, n_layers: int, n_heads: int, ffn_dim: int, vocab_size: int,
                  n_kv_heads: Optional[int] = None, max_seq_len: int = 2048, norm_eps: float = 1e-5,

@@ -14,9 +14,13 @@ def main() -> None:
     from fsdp_jobs.runtime.signals import StopFlag
 
     stop = StopFlag()  # first, before the slow torch import: a stop signal may come any moment
+    from torch.distributed.elastic.multiprocessing.errors import record
+
     from fsdp_jobs.runtime.train import shutdown, train
 
-    shutdown(train(Path(sys.argv[1]), stop))
+    # @record: a rank that raises writes its traceback to torchrun's error file, so the agent's
+    # failure summary (and the job log) names the rank and the real error, not just an exit code
+    shutdown(record(train)(Path(sys.argv[1]), stop))
 
 
 if __name__ == "__main__":  # the guard DCP's process-based async save needs (env-notes pitfall 8)

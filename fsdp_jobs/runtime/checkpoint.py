@@ -8,6 +8,11 @@
 Each save goes to a fresh directory (DCP's "overwrite" leaves an old .metadata beside new data if it
 dies mid-save: env-notes pitfall 3). Rank 0 writes the manifest after every rank finished, then
 renames the directory into place: a reader sees a whole checkpoint or none.
+
+No rank waits for rank 0's file work: DCP's save returns on rank 0 (its coordinator) only after it
+gathered every rank's write results and wrote .metadata, so rank 0 alone can commit, and the others
+go on training meanwhile. An async save is committed by rank 0 the moment its background write
+ends (not at the next save), and old checkpoints are pruned in a thread of their own.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ import json
 import os
 import shutil
 import signal
+import threading
 import time
 from pathlib import Path
 from typing import Any, Callable, Optional
@@ -23,6 +29,7 @@ from typing import Any, Callable, Optional
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from torch.distributed.checkpoint.stateful import Stateful
 
@@ -60,19 +67,16 @@ class TrainState(Stateful):
         torch.set_rng_state(sd["rng"]["torch"])
 
 
-def _barrier() -> None:
-    if dist.is_initialized():
-        dist.barrier()
-
-
 class CheckpointManager:
     def __init__(self, run_dir: Path, keep_last: int, manifest_extra: dict[str, Any], rank: int,
                  attempt: str, async_save: bool = False, log: Callable[[str], None] = print) -> None:
         self.root = run_dir / "checkpoints"
         self.keep_last, self.extra, self.rank, self.attempt = keep_last, manifest_extra, rank, attempt
         self.async_save, self.log = async_save, log
-        self.pending: Optional[tuple[Any, Path, Path, dict[str, Any]]] = None
+        self.pending: Optional[tuple[Any, threading.Event, Path]] = None
         self._async_group: Any = None
+        self._stager: Optional[DefaultStager] = None
+        self._pruner: Optional[threading.Thread] = None
         self.root.mkdir(parents=True, exist_ok=True)
 
     # ------------------------------------------------------------------ load
@@ -123,8 +127,21 @@ class CheckpointManager:
             # training loop's on the default group
             if self._async_group is None and dist.is_initialized():
                 self._async_group = dist.new_group(backend="gloo")
-            future = dcp.async_save(sd, checkpoint_id=str(tmp), process_group=self._async_group)
-            self.pending = (future, tmp, final, manifest)
+            if self._stager is None:
+                # one stager for the whole run: it keeps the host copies (pinned on GPU, so the
+                # device-to-host copy runs at full speed) and refills them at every save; save()
+                # waited for the previous upload first, so nothing still reads them
+                gpu = torch.cuda.is_available() and any(
+                    t.is_cuda for t in _tensors(sd))
+                self._stager = DefaultStager(StagingOptions(use_pinned_memory=gpu, use_shared_memory=False,
+                                                            use_async_staging=False, use_non_blocking_copy=gpu))
+            future = dcp.async_save(sd, checkpoint_id=str(tmp), process_group=self._async_group,
+                                    async_stager=self._stager)
+            if not hasattr(future, "add_done_callback"):
+                future = future.upload_completion
+            committed = threading.Event()
+            future.add_done_callback(lambda f: self._commit_when_written(f, tmp, final, manifest, committed))
+            self.pending = (future, committed, final)
             self.log(f"checkpoint: step {state.step} saving in the background "
                      f"(training blocked {time.perf_counter() - t0:.2f}s)")
             return None
@@ -134,35 +151,62 @@ class CheckpointManager:
         return final
 
     def wait(self) -> None:
-        """Finish and commit a background save (collective)."""
+        """Block until the background save has been written and committed (not a collective)."""
         if self.pending is None:
             return
-        future, tmp, final, manifest = self.pending
+        future, committed, final = self.pending
         self.pending = None
-        result = future.result() if hasattr(future, "result") else future.upload_completion.result()
-        del result
-        self._commit(tmp, final, manifest)
-        self.log(f"checkpoint: committed {final.name} (background save)")
+        future.result()  # raises what the background write raised
+        committed.wait()
+
+    def close(self) -> None:
+        """End of the run: finish the background save and the pruning."""
+        self.wait()
+        if self._pruner is not None:
+            self._pruner.join()
+        if self._stager is not None:
+            self._stager.close()
+            self._stager = None
+
+    def _commit_when_written(self, future: Any, tmp: Path, final: Path, manifest: dict[str, Any],
+                             committed: threading.Event) -> None:
+        """Runs in DCP's background thread as soon as the write ends."""
+        try:
+            if future.exception() is None:
+                self._commit(tmp, final, manifest)
+                self.log(f"checkpoint: committed {final.name} (background save)")
+        finally:
+            committed.set()
 
     def _commit(self, tmp: Path, final: Path, manifest: dict[str, Any]) -> None:
-        _barrier()  # every rank's shards are written
-        if self.rank == 0:
-            crash_step = os.environ.get(CRASH_IN_SAVE_ENV)
-            if crash_step and int(crash_step) == manifest["step"] and os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0":
-                self.log(f"checkpoint: test fault injection: killing rank 0 mid-save at step {manifest['step']}")
-                os.kill(os.getpid(), signal.SIGKILL)
-            (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
-            _fsync_dir(tmp)
-            os.rename(tmp, final)
-            _fsync_dir(self.root)
-        _barrier()  # nobody trains on (or resumes from) a checkpoint that is not yet visible
-        if self.rank == 0:
-            self._prune()  # after the barrier: deleting big old checkpoints must not stall the others
+        """Rank 0 only, nobody waits: DCP returned, so every rank's shards and .metadata are written."""
+        if self.rank != 0:
+            return
+        crash_step = os.environ.get(CRASH_IN_SAVE_ENV)
+        if crash_step and int(crash_step) == manifest["step"] and os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0":
+            self.log(f"checkpoint: test fault injection: killing rank 0 mid-save at step {manifest['step']}")
+            os.kill(os.getpid(), signal.SIGKILL)
+        (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
+        _fsync_dir(tmp)
+        os.rename(tmp, final)
+        _fsync_dir(self.root)
+        # deleting big old checkpoints takes seconds on a shared file system: not on this thread
+        if self._pruner is not None:
+            self._pruner.join()
+        self._pruner = threading.Thread(target=self._prune, name="checkpoint-prune", daemon=True)
+        self._pruner.start()
 
     def _prune(self) -> None:
         committed = committed_checkpoints(self.root.parent)
-        for _, p in committed[:-self.keep_last]:
-            shutil.rmtree(p, ignore_errors=True)
+        for step, p in committed[:-self.keep_last]:
+            # renamed first (atomic): a prune cut short by the process exiting leaves a .tmp leftover,
+            # never a half-deleted directory that still looks committed
+            doomed = self.root / f".tmp-step-{step:06d}-pruned"
+            try:
+                os.rename(p, doomed)
+            except OSError:
+                continue
+            shutil.rmtree(doomed, ignore_errors=True)
         # leftovers of saves that died mid-way, older than the newest commit, are garbage now
         newest = committed[-1][0] if committed else -1
         for p in self.root.glob(".tmp-step-*"):
@@ -172,6 +216,16 @@ class CheckpointManager:
                 continue
             if step <= newest:
                 shutil.rmtree(p, ignore_errors=True)
+
+
+def _tensors(tree: Any) -> list[torch.Tensor]:
+    if isinstance(tree, torch.Tensor):
+        return [tree]
+    if isinstance(tree, dict):
+        return [t for v in tree.values() for t in _tensors(v)]
+    if isinstance(tree, (list, tuple)):
+        return [t for v in tree for t in _tensors(v)]
+    return []
 
 
 def _fsync_dir(path: Path) -> None:

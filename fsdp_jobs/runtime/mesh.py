@@ -48,12 +48,16 @@ def read_world(device_kind: str) -> World:
     )
 
 
-def init_process_group(world: World, timeout_s: float = 600) -> None:
-    """nccl on GPU, gloo on CPU. The device is bound first so NCCL uses the right GPU. On GPU a gloo
-    backend rides along for CPU tensors: async checkpoint saves and CPU-offloaded gradients need it."""
+def init_process_group(world: World, timeout_s: float = 600, cpu_collectives: bool = False) -> None:
+    """nccl on GPU, gloo on CPU. The device is bound first so NCCL uses the right GPU (and connects
+    eagerly). A world-wide gloo backend rides along only when CPU tensors take part in the default
+    group's collectives (`cpu_collectives`: CPU offload's gradient-norm all-reduce): at thousands of
+    ranks it is a start-up cost and picks network interfaces of its own. Async checkpoint saves make
+    their own gloo group (checkpoint.py)."""
     if world.device.type == "cuda":
         torch.cuda.set_device(world.device)
-        dist.init_process_group("cuda:nccl,cpu:gloo", device_id=world.device, timeout=timedelta(seconds=timeout_s))
+        backend = "cuda:nccl,cpu:gloo" if cpu_collectives else "nccl"
+        dist.init_process_group(backend, device_id=world.device, timeout=timedelta(seconds=timeout_s))
     else:
         dist.init_process_group("gloo", timeout=timedelta(seconds=timeout_s))
 

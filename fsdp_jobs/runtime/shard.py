@@ -10,14 +10,16 @@ checkpoint_wrapper around each wrap unit.
 from __future__ import annotations
 
 import inspect
+import math
 import zlib
-from typing import Any
+from typing import Any, Callable
 
 import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
-from torch.distributed.tensor import DTensor, distribute_tensor
+from torch.distributed.tensor import DTensor
+from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
 from fsdp_jobs.runtime.imports import import_object
 
@@ -51,21 +53,35 @@ def wrap_units(model: nn.Module, wrap_cfg: dict[str, Any]) -> list[nn.Module]:
 
 
 def _size_based_units(model: nn.Module, min_params: int) -> list[nn.Module]:
-    """Post-order: a module whose not-yet-wrapped parameters reach the threshold becomes a unit."""
+    """Post-order: a module whose not-yet-wrapped parameters reach the threshold becomes a unit.
+
+    Never a container without its own forward (ModuleList, ModuleDict): FSDP2 gathers a unit's
+    parameters in its forward pre-hook, which a container never runs. Never a module holding a
+    parameter that a module outside it also holds (tied embeddings): the tie would be split across
+    two units; such parameters stay with the smallest module that holds every user (often the root)."""
+    owners: dict[int, list[str]] = {}
+    for mname, module in model.named_modules(remove_duplicate=False):
+        for param in module.parameters(recurse=False):
+            owners.setdefault(id(param), []).append(mname)
     units: list[nn.Module] = []
     claimed: set[int] = set()
 
-    def visit(module: nn.Module) -> None:
-        for child in module.children():
-            visit(child)
-        if module is model:
+    def inside(owner: str, prefix: str) -> bool:
+        return owner == prefix or owner.startswith(prefix + ".")
+
+    def visit(name: str, module: nn.Module) -> None:
+        for child_name, child in module.named_children():
+            visit(f"{name}.{child_name}" if name else child_name, child)
+        if module is model or type(module).forward is nn.Module.forward:
             return
-        free = sum(p.numel() for p in module.parameters() if id(p) not in claimed)
-        if free >= min_params:
+        params = [p for p in module.parameters() if id(p) not in claimed]
+        if any(not inside(o, name) for p in params for o in owners[id(p)]):
+            return  # tied to a module outside: wrapping here would split the tie
+        if sum(p.numel() for p in params) >= min_params:
             units.append(module)
             claimed.update(id(p) for p in module.parameters())
 
-    visit(model)
+    visit("", model)
     return units
 
 
@@ -83,12 +99,28 @@ def apply_activation_checkpointing(model: nn.Module, units: list[nn.Module]) -> 
     return wrapped
 
 
+def init_devices(fsdp_cfg: dict[str, Any], device: torch.device) -> tuple[torch.device, torch.device]:
+    """(where parameters are materialised, where buffers live). With CPU offload FSDP2 keeps the
+    sharded parameters in (pinned) host memory and copies them in for each all-gather, so they must
+    be created on the CPU (torchtitan: init_device="cpu"); buffers are used by the GPU forward."""
+    if fsdp_cfg.get("cpu_offload") and device.type != "cpu":
+        return torch.device("cpu"), device
+    return device, device
+
+
 def shard_model(model: nn.Module, mesh: DeviceMesh, fsdp_cfg: dict[str, Any], reshard_after_forward: bool,
-                device: torch.device) -> nn.Module:
+                device: torch.device, compile_blocks: bool = False) -> nn.Module:
     units = wrap_units(model, fsdp_cfg["wrap"])
+    if compile_blocks:
+        # in place (same module, same state-dict keys), per block, before sharding: FSDP2's hooks
+        # stay outside the compiled region, as in torchtitan
+        for unit in units:
+            unit.compile()
     if fsdp_cfg.get("activation_checkpointing"):
         units = apply_activation_checkpointing(model, units)
-    mp = fsdp_cfg["mixed_precision"]
+    from fsdp_jobs.plan import resolve_mixed_precision
+
+    mp = resolve_mixed_precision(fsdp_cfg["mixed_precision"], device.type)
     mp_policy = MixedPrecisionPolicy(param_dtype=dtype_of(mp.get("param_dtype")),
                                      reduce_dtype=dtype_of(mp.get("reduce_dtype")),
                                      output_dtype=dtype_of(mp.get("output_dtype")))
@@ -107,32 +139,76 @@ def shard_model(model: nn.Module, mesh: DeviceMesh, fsdp_cfg: dict[str, Any], re
     return model
 
 
+# rows of a parameter drawn from one generator: fixed (not derived from the world), so the values
+# do not depend on how the rows are split; 1M elements keep each draw a cheap, large kernel
+INIT_BLOCK_ELEMS = 1 << 20
+
+
+def _default_init(name: str, block: torch.Tensor, gen: torch.Generator, ndim: int) -> None:
+    if ndim == 1:
+        block.fill_(1.0 if name.endswith("weight") else 0.0)
+    else:
+        block.normal_(0.0, 0.02, generator=gen)
+
+
+def _init_local_rows(local: torch.Tensor, name: str, full_shape: tuple[int, ...], row0: int, seed: int,
+                     fill: Callable[[str, torch.Tensor, torch.Generator], None]) -> None:
+    """Fill `local` (rows row0.. of the full parameter) block by block: block b of the full tensor
+    comes from a generator seeded by (seed, name, b), so each rank draws only the blocks its own
+    rows touch (at most two more than it keeps) and every split yields the same values."""
+    if not full_shape:  # a scalar parameter: one block
+        full_shape, local = (1,), local.view(1)
+    n = local.shape[0]
+    if n == 0:
+        return
+    row_numel = math.prod(full_shape[1:])
+    per_block = max(1, INIT_BLOCK_ELEMS // max(1, row_numel))
+    base = (seed * 1_000_003 + zlib.crc32(name.encode())) % 2**62
+    for b in range(row0 // per_block, (row0 + n - 1) // per_block + 1):
+        b0, b1 = b * per_block, min(full_shape[0], (b + 1) * per_block)
+        gen = torch.Generator(device=local.device).manual_seed((base * 65_537 + b) % 2**63)
+        block = torch.empty((b1 - b0, *full_shape[1:]), dtype=local.dtype, device=local.device)
+        fill(name, block, gen)
+        lo, hi = max(b0, row0), min(b1, row0 + n)
+        local[lo - row0:hi - row0].copy_(block[lo - b0:hi - b0])
+
+
 @torch.no_grad()
 def materialize(model: nn.Module, device: torch.device, seed: int, buffer_dtype: str | None = None,
-                init_params: bool = True) -> None:
-    """Allocate the local shards and fill them with the values an unsharded model would get:
-    parameter i's full value comes from a generator seeded by (seed, its name), then each rank keeps
-    its own slice. So the weights do not depend on the world size or the mesh."""
+                init_params: bool = True, buffer_device: torch.device | None = None) -> None:
+    """Allocate each rank's own shards on `device` and fill them there with the values an unsharded
+    model would get (see _init_local_rows): no full parameter is built, nothing is copied from the
+    host, and the weights do not depend on the world size or the mesh (for one device type: CPU and
+    CUDA generators draw different streams).
+
+    A model's `init_parameter(name, block, generator)` is called with blocks of rows of the full
+    parameter, so it must fill element-wise (constant or i.i.d. draws), as llama-style inits do."""
     model.to_empty(device=device)
     init_param = getattr(model, "init_parameter", None)
     for name, param in (model.named_parameters() if init_params else ()):
-        clean = name.replace("_checkpoint_wrapped_module.", "")
-        gen = torch.Generator().manual_seed((seed * 1_000_003 + zlib.crc32(clean.encode())) % 2**63)
-        full = torch.empty(param.shape, dtype=param.dtype)
-        if init_param is not None:
-            init_param(clean, full, gen)
-        elif param.dim() == 1:
-            full.fill_(1.0 if clean.endswith("weight") else 0.0)
-        else:
-            full.normal_(0.0, 0.02, generator=gen)
+        clean = name.replace("_checkpoint_wrapped_module.", "").replace("_orig_mod.", "")
+        full_shape = tuple(param.shape)
+        fill = init_param if init_param is not None else (
+            lambda n, t, g, nd=len(full_shape): _default_init(n, t, g, nd))
         if isinstance(param, DTensor):
-            local = distribute_tensor(full, param.device_mesh, param.placements, src_data_rank=None).to_local()
-            param.to_local().copy_(local)
+            local = param.to_local()
+            _, offset = compute_local_shape_and_global_offset(param.shape, param.device_mesh, param.placements)
+            row0 = offset[0] if offset else 0
         else:
-            param.copy_(full)
+            local, row0 = param.data, 0
+        _init_local_rows(local, clean, full_shape, row0, seed, fill)
+    buffer_device = buffer_device or device
     if hasattr(model, "init_buffers"):
-        model.init_buffers(device)
+        model.init_buffers(buffer_device)
+    elif buffer_device != device:
+        for module in model.modules():
+            for bname, buf in module.named_buffers(recurse=False):
+                module.register_buffer(bname, buf.to(buffer_device),
+                                       persistent=bname not in module._non_persistent_buffers_set)
     if buffer_dtype:
-        for buf in model.buffers():
-            if buf.is_floating_point():
+        # tables a model needs in float32 (RoPE's cos/sin: bf16 angles drift by whole radians at
+        # long positions) are listed in its `fp32_buffers` and never cast
+        keep = set(getattr(model, "fp32_buffers", ()))
+        for bname, buf in model.named_buffers():
+            if buf.is_floating_point() and bname.rsplit(".", 1)[-1] not in keep:
                 buf.data = buf.data.to(dtype_of(buffer_dtype))

@@ -1,0 +1,60 @@
+"""The checkpoint manager in one process (DCP without a process group): an async save is committed
+as soon as its background write ends, old checkpoints are pruned off the caller's thread, and
+staging buffers are reused from one save to the next."""
+
+from __future__ import annotations
+
+import time
+import warnings
+
+import pytest
+import torch
+
+from fsdp_jobs.plan import committed_checkpoints
+from fsdp_jobs.runtime.checkpoint import CheckpointManager, TrainState
+
+warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+
+
+def make_state() -> TrainState:
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.Linear(16, 4))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    model(torch.randn(2, 16)).sum().backward()
+    opt.step()
+    return TrainState(model, opt, torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0))
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+def test_async_save_commits_when_written_without_waiting_for_the_next_save(tmp_path):
+    state = make_state()
+    log: list[str] = []
+    ckpt = CheckpointManager(tmp_path, keep_last=1, manifest_extra={}, rank=0, attempt="a", async_save=True,
+                             log=log.append)
+    state.step = 1
+    assert ckpt.save(state, {"shard": 1}, 1) is None  # returned before the write finished
+    deadline = time.monotonic() + 60
+    while not committed_checkpoints(tmp_path) and time.monotonic() < deadline:
+        time.sleep(0.05)  # nobody calls wait() or save(): the commit must happen on its own
+    assert [s for s, _ in committed_checkpoints(tmp_path)] == [1]
+    assert any("committed step-000001 (background save)" in m for m in log)
+
+    cache = ckpt._stager._state_dict_stager._cached_storage_mapping
+    staged_before = len(cache)
+    state.step = 2
+    ckpt.save(state, {"shard": 1}, 1)
+    staged_after = len(cache)
+    ckpt.close()  # waits for the write, the commit and the pruning thread
+    assert [s for s, _ in committed_checkpoints(tmp_path)] == [2]  # keep_last=1 pruned step 1
+    assert not list((tmp_path / "checkpoints").glob(".tmp-*"))  # nothing half-deleted or left over
+    # the same host buffers were refilled, not allocated again
+    assert staged_after == staged_before > 0
+
+
+def test_sync_save_commits_before_returning(tmp_path):
+    state = make_state()
+    ckpt = CheckpointManager(tmp_path, keep_last=2, manifest_extra={"x": 1}, rank=0, attempt="a")
+    state.step = 5
+    final = ckpt.save(state, {"shard": 1}, 1)
+    assert final is not None and [s for s, _ in committed_checkpoints(tmp_path)] == [5]
+    ckpt.close()
