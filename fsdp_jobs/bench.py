@@ -1,10 +1,20 @@
 """Benchmarks that print JSON (never timed assertions in tests; these machines are noisy, so each
 benchmark compares side by side in one run and reports ratios).
 
-    python -m fsdp_jobs.bench checkpoint [--mb 256] [--repeats 3] [--dir DIR]
-        DCP save/load bandwidth next to a raw write/read of the same bytes to the same directory.
+    python -m fsdp_jobs.bench step [--repeats 3] [--steps 60] [--ranks 2]
+        median step time of the orchestrated job (python -m fsdp_jobs, cluster=local) and of a minimal
+        hand-written FSDP2 loop (bench_workers.hand_loop) with the same model, mesh and batch,
+        alternated; ratio = hand / job (1.0 = no overhead).
+    python -m fsdp_jobs.bench checkpoint [--ranks 2] [--repeats 3] [--dir DIR]
+        the real save path (CheckpointManager on every rank: sync, and async's blocked and total time)
+        next to a raw fsynced write of the same bytes by the same ranks.
+    python -m fsdp_jobs.bench checkpoint-dcp [--mb 256] [--repeats 3] [--dir DIR]
+        single-process DCP save/load bandwidth next to a raw write/read of the same bytes.
     python -m fsdp_jobs.bench dry-run [--repeats 5]
-        wall time of `python -m fsdp_jobs dry_run=true`, and whether the planning path imported torch.
+        wall time of `python -m fsdp_jobs dry_run=true` (a 4x8 SLURM job) next to
+        `torchx run --dryrun -s slurm dist.ddp -j 4x8`, alternated, and whether planning imported torch.
+    python -m fsdp_jobs.bench init [--ranks 4] [--model llama3_1b]
+        per-shard init of a model at world size N on CPU next to a plain unsharded init.
 """
 
 from __future__ import annotations
@@ -29,6 +39,79 @@ def _fsync_tree(path: Path) -> None:
             os.fsync(fd)
         finally:
             os.close(fd)
+
+
+BENCH_MODEL = {"_target_": "fsdp_jobs.models.llama.Transformer", "dim": 256, "n_layers": 4, "n_heads": 4,
+               "ffn_dim": 768, "vocab_size": 2048, "max_seq_len": 256}
+
+
+def _torchrun(which: str, ranks: int, args: dict[str, Any], timeout: float = 1800) -> dict[str, Any]:
+    """Run bench_workers WHICH on `ranks` CPU processes; rank 0's JSON line."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={ranks}",
+           "-m", "fsdp_jobs.bench_workers", which, json.dumps(args)]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}  # what the local launcher gives every rank
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, cwd=_REPO)
+    line = next((x for x in r.stdout.splitlines() if x.startswith("BENCH ")), None)
+    if r.returncode != 0 or line is None:
+        raise SystemExit(f"bench worker {which} failed ({r.returncode}):\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}")
+    return json.loads(line[len("BENCH "):])
+
+
+_REPO = Path(__file__).resolve().parent.parent
+
+
+def _spread(values: list[float]) -> dict[str, float]:
+    return {"median": round(statistics.median(values), 4), "min": round(min(values), 4), "max": round(max(values), 4)}
+
+
+def bench_step(repeats: int, steps: int, ranks: int, warmup: int = 10) -> dict[str, Any]:
+    model = {**BENCH_MODEL}
+    seq_len, batch = 64, 4
+    train = {"lr": 3e-3, "betas": [0.9, 0.95], "weight_decay": 0.0, "grad_clip": 1.0, "batch_per_rank": batch}
+    overrides = [f"model.{k}={v}" for k, v in model.items() if k != "_target_"] + [
+        "nodes=1", f"gpus_per_node={ranks}", "fsdp=full_shard", f"train.steps={steps}", f"data.seq_len={seq_len}",
+        f"train.batch_per_rank={batch}", "checkpoint.interval=0", "checkpoint.save_final=false",
+        f"train.log_interval={max(1, steps // 3)}", "train.warmup_steps=0"]
+    job_medians, hand_medians = [], []
+    with tempfile.TemporaryDirectory(prefix="bench-step-") as tmp:
+        for i in range(repeats):  # alternated, so drift in the machine's load hits both alike
+            r = subprocess.run([sys.executable, "-m", "fsdp_jobs", f"run_root={tmp}", f"name=job{i}", *overrides],
+                               capture_output=True, text=True, cwd=_REPO, stdin=subprocess.DEVNULL)
+            if r.returncode != 0:
+                raise SystemExit(f"orchestrated job failed:\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}")
+            lines = [json.loads(x) for x in (Path(tmp) / f"job{i}" / "metrics.jsonl").read_text().splitlines()]
+            stamps = [x["time"] for x in lines]  # host time at the end of each step
+            job_medians.append(statistics.median(b - a for a, b in zip(stamps[warmup:], stamps[warmup + 1:])))
+            hand = _torchrun("loop", ranks, {"model": model, "train": train, "seq_len": seq_len, "steps": steps})
+            hand_medians.append(statistics.median(hand["step_times"][warmup + 1:]))
+    ratios = [h / j for h, j in zip(hand_medians, job_medians)]
+    return {"benchmark": "step", "ranks": ranks, "model": model, "batch_per_rank": batch, "seq_len": seq_len,
+            "steps": steps, "repeats": repeats, "job_step_s": [round(x, 5) for x in job_medians],
+            "hand_step_s": [round(x, 5) for x in hand_medians],
+            "job_step_s_median": round(statistics.median(job_medians), 5),
+            "hand_step_s_median": round(statistics.median(hand_medians), 5),
+            "ratio_hand_over_job": round(statistics.median(hand_medians) / statistics.median(job_medians), 4),
+            "ratio_per_pair": _spread(ratios), "goal": ">= 0.99"}
+
+
+def bench_checkpoint_real(ranks: int, repeats: int, directory: Path) -> dict[str, Any]:
+    model = {**BENCH_MODEL, "dim": 512, "ffn_dim": 1536, "vocab_size": 8192}
+    out = _torchrun("ckpt", ranks, {"model": model, "repeats": repeats, "dir": str(directory)})
+    rows, nbytes = out["rows"], out["state_bytes"]
+    med = {k: statistics.median(v) for k, v in rows.items()}
+    return {
+        "benchmark": "checkpoint", "ranks": ranks, "repeats": repeats, "directory": str(directory),
+        "state_bytes": nbytes, "checkpoint_bytes": out["checkpoint_bytes"],
+        "seconds_median": {k: round(v, 4) for k, v in med.items()},
+        "seconds_all": {k: [round(x, 4) for x in v] for k, v in rows.items()},
+        "GB_per_s": {"sync_save": round(nbytes / med["sync_save"] / 1e9, 3),
+                     "async_total": round(nbytes / med["async_total"] / 1e9, 3),
+                     "raw_write": round(nbytes / med["raw_write"] / 1e9, 3)},
+        "ratio_sync_save_over_raw_bandwidth": round(med["raw_write"] / med["sync_save"], 3),
+        "ratio_async_blocked_over_sync_save": round(med["async_blocked"] / med["sync_save"], 3),
+        "goal": "async blocked / sync save <= 0.1",
+        "note": "sync_save and async_total include the commit (manifest, rename, fsync); raw_write fsyncs too",
+    }
 
 
 def bench_checkpoint(mb: int, repeats: int, directory: Path) -> dict[str, Any]:
@@ -87,37 +170,91 @@ def bench_checkpoint(mb: int, repeats: int, directory: Path) -> dict[str, Any]:
 
 
 def bench_dry_run(repeats: int) -> dict[str, Any]:
+    """Our dry run of a 4-node x 8-GPU SLURM job next to TorchX's dry run of the same shape."""
+    job = ["dry_run=true", "run_root=/nonexistent-bench", "cluster=slurm", "nodes=4", "gpus_per_node=8",
+           "model=llama3_8b"]
     code = ("import sys, time; t=time.perf_counter(); from fsdp_jobs.__main__ import main; "
-            "rc = main(['dry_run=true', 'run_root=/nonexistent-bench']); "
+            f"rc = main({job!r}); "
             "sys.stderr.write(repr(('torch' in sys.modules, time.perf_counter()-t))); sys.exit(rc)")
-    walls, inner, torch_seen = [], [], False
-    for _ in range(repeats):
+    torchx = [sys.executable, "-m", "torchx.cli.main", "run", "--dryrun", "-s", "slurm", "dist.ddp", "-j", "4x8",
+              "-m", "fsdp_jobs.runtime"]
+    walls, tx_walls, inner, torch_seen = [], [], [], False
+    for _ in range(repeats):  # alternated
         t0 = time.perf_counter()
-        r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+        r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=_REPO)
         walls.append(time.perf_counter() - t0)
+        if r.returncode != 0:
+            raise SystemExit(f"dry run failed:\n{r.stderr[-3000:]}")
         imported, seconds = eval(r.stderr.strip().splitlines()[-1])  # noqa: S307 (our own repr)
         torch_seen |= imported
         inner.append(seconds)
-    return {"benchmark": "dry-run", "repeats": repeats, "wall_s_median": round(statistics.median(walls), 3),
-            "wall_s_all": [round(x, 3) for x in walls], "in_process_s_median": round(statistics.median(inner), 3),
+        t0 = time.perf_counter()
+        r = subprocess.run(torchx, capture_output=True, text=True, cwd=tempfile.gettempdir())
+        tx_walls.append(time.perf_counter() - t0)
+        if r.returncode != 0:
+            raise SystemExit(f"torchx dry run failed:\n{r.stderr[-3000:]}")
+    return {"benchmark": "dry-run", "repeats": repeats, "command": "python -m fsdp_jobs " + " ".join(job),
+            "torchx_command": "torchx run --dryrun -s slurm dist.ddp -j 4x8 -m fsdp_jobs.runtime",
+            "wall_s": _spread(walls), "torchx_wall_s": _spread(tx_walls),
+            "ratio_ours_over_torchx": round(statistics.median(walls) / statistics.median(tx_walls), 3),
+            "goal": "<= 1.0", "in_process_s_median": round(statistics.median(inner), 3),
             "torch_imported": torch_seen}
+
+
+def bench_init(ranks: int, model_name: str) -> dict[str, Any]:
+    """Per-shard init at world size `ranks` (slowest rank) next to one plain unsharded init."""
+    import yaml
+
+    cfg = yaml.safe_load((_REPO / "conf" / "model" / f"{model_name}.yaml").read_text())
+    model = {k: v for k, v in cfg.items() if k not in ("defaults", "name")}
+    model.setdefault("_target_", "fsdp_jobs.models.llama.Transformer")
+    sharded = _torchrun("init", ranks, {"model": model})
+    code = ("import json, sys; from fsdp_jobs.bench_workers import plain_init; "
+            "print(json.dumps(plain_init(json.loads(sys.argv[1]))))")
+    r = subprocess.run([sys.executable, "-c", code, json.dumps(model)], capture_output=True, text=True, cwd=_REPO,
+                       env={**os.environ, "OMP_NUM_THREADS": "1"})
+    if r.returncode != 0:
+        raise SystemExit(f"plain init failed:\n{r.stderr[-3000:]}")
+    plain = float(r.stdout.strip().splitlines()[-1])
+    return {"benchmark": "init", "model": model_name, "world_size": ranks,
+            "sharded_init_s": round(sharded["seconds"], 3), "plain_unsharded_init_s": round(plain, 3),
+            "speedup": round(plain / sharded["seconds"], 3),
+            "note": "all ranks share this machine's cores; on a cluster each rank has its own GPU"}
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m fsdp_jobs.bench")
     sub = p.add_subparsers(dest="which", required=True)
+    st = sub.add_parser("step")
+    st.add_argument("--repeats", type=int, default=3)
+    st.add_argument("--steps", type=int, default=60)
+    st.add_argument("--ranks", type=int, default=2)
     c = sub.add_parser("checkpoint")
-    c.add_argument("--mb", type=int, default=256)
+    c.add_argument("--ranks", type=int, default=2)
     c.add_argument("--repeats", type=int, default=3)
     c.add_argument("--dir", type=Path, default=None, help="where to write (default: a temp dir under ./runs)")
+    cd = sub.add_parser("checkpoint-dcp")
+    cd.add_argument("--mb", type=int, default=256)
+    cd.add_argument("--repeats", type=int, default=3)
+    cd.add_argument("--dir", type=Path, default=None, help="where to write (default: a temp dir under ./runs)")
     d = sub.add_parser("dry-run")
     d.add_argument("--repeats", type=int, default=5)
+    i = sub.add_parser("init")
+    i.add_argument("--ranks", type=int, default=4)
+    i.add_argument("--model", default="llama3_1b")
     args = p.parse_args(argv)
-    if args.which == "checkpoint":
+    if args.which in ("checkpoint", "checkpoint-dcp"):
         base = args.dir or Path("runs")
         base.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(dir=base, prefix="bench-") as tmp:
-            result = bench_checkpoint(args.mb, args.repeats, Path(tmp))
+            if args.which == "checkpoint":
+                result = bench_checkpoint_real(args.ranks, args.repeats, Path(tmp).resolve())
+            else:
+                result = bench_checkpoint(args.mb, args.repeats, Path(tmp))
+    elif args.which == "step":
+        result = bench_step(args.repeats, args.steps, args.ranks)
+    elif args.which == "init":
+        result = bench_init(args.ranks, args.model)
     else:
         result = bench_dry_run(args.repeats)
     print(json.dumps(result, indent=2))
