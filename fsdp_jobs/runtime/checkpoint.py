@@ -69,13 +69,18 @@ class TrainState(Stateful):
 
 class CheckpointManager:
     def __init__(self, run_dir: Path, keep_last: int, manifest_extra: dict[str, Any], rank: int,
-                 attempt: str, async_save: bool = False, log: Callable[[str], None] = print) -> None:
+                 attempt: str, async_save: bool = False, log: Callable[[str], None] = print,
+                 overlap_staging: bool = False) -> None:
         self.root = run_dir / "checkpoints"
         self.keep_last, self.extra, self.rank, self.attempt = keep_last, manifest_extra, rank, attempt
         self.async_save, self.log = async_save, log
         self.pending: Optional[tuple[Any, threading.Event, Path]] = None
         self._async_group: Any = None
         self._stager: Optional[DefaultStager] = None
+        # async saves only: copy the state to host memory in the background too. The caller must then
+        # call wait_staging() before anything changes the state (the next optimizer step)
+        self.overlap_staging = overlap_staging
+        self._staging: Any = None
         self._pruner: Optional[threading.Thread] = None
         self.root.mkdir(parents=True, exist_ok=True)
 
@@ -134,10 +139,16 @@ class CheckpointManager:
                 gpu = torch.cuda.is_available() and any(
                     t.is_cuda for t in _tensors(sd))
                 self._stager = DefaultStager(StagingOptions(use_pinned_memory=gpu, use_shared_memory=False,
-                                                            use_async_staging=False, use_non_blocking_copy=gpu))
+                                                            use_async_staging=self.overlap_staging,
+                                                            use_non_blocking_copy=gpu))
+            if self.overlap_staging and torch.cuda.is_available():
+                # the staging stream does not wait for the compute stream: let the last optimizer
+                # step's kernels finish before it reads the parameters
+                torch.cuda.current_stream().synchronize()
             future = dcp.async_save(sd, checkpoint_id=str(tmp), process_group=self._async_group,
                                     async_stager=self._stager)
-            if not hasattr(future, "add_done_callback"):
+            if not hasattr(future, "add_done_callback"):  # AsyncSaveResponse (background staging)
+                self._staging = future.staging_completion
                 future = future.upload_completion
             committed = threading.Event()
             future.add_done_callback(lambda f: self._commit_when_written(f, tmp, final, manifest, committed))
@@ -150,8 +161,15 @@ class CheckpointManager:
         self.log(f"checkpoint: saved {final.name} in {time.perf_counter() - t0:.2f}s")
         return final
 
+    def wait_staging(self) -> None:
+        """Block until a background copy of the state to host memory has finished (overlap_staging)."""
+        if self._staging is not None:
+            staging, self._staging = self._staging, None
+            staging.result()
+
     def wait(self) -> None:
         """Block until the background save has been written and committed (not a collective)."""
+        self.wait_staging()
         if self.pending is None:
             return
         future, committed, final = self.pending

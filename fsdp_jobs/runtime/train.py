@@ -160,7 +160,7 @@ def train(run_dir: Path, stop: StopFlag) -> int:
     attempt = [f"{int(time.time())}-{os.getpid()}"]
     dist.broadcast_object_list(attempt, src=0)  # one name for this attempt's checkpoint dirs on every rank
     ckpt = CheckpointManager(run_dir, ccfg["keep_last"], {"config_hash": runs.job_hash(job)}, rank, attempt[0],
-                             async_save=ccfg["async_save"], log=lambda m: log(rank, m))
+                             async_save=ccfg["async_save"], log=lambda m: log(rank, m), overlap_staging=True)
     resume_from = ckpt.find_latest() if ccfg["resume"] else None
     # a checkpoint overwrites every parameter: only a fresh start pays for the seeded init
     param_device, buffer_device = init_devices(job["fsdp"], world.device)
@@ -242,6 +242,7 @@ def train(run_dir: Path, stop: StopFlag) -> int:
         grad_norm = None
         if tcfg["grad_clip"]:
             grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), tcfg["grad_clip"])
+        ckpt.wait_staging()  # an async save's host copy overlapped this forward/backward; done before the update
         optimizer.step()
         scheduler.step()
         optimizer.zero_grad(set_to_none=True)

@@ -58,3 +58,22 @@ def test_sync_save_commits_before_returning(tmp_path):
     final = ckpt.save(state, {"shard": 1}, 1)
     assert final is not None and [s for s, _ in committed_checkpoints(tmp_path)] == [5]
     ckpt.close()
+
+
+def test_overlapped_staging_snapshots_the_state_before_the_next_update(tmp_path):
+    import torch.distributed.checkpoint as dcp
+
+    state = make_state()
+    before = {k: v.clone() for k, v in state.model.state_dict().items()}
+    ckpt = CheckpointManager(tmp_path, keep_last=1, manifest_extra={}, rank=0, attempt="a", async_save=True,
+                             log=lambda m: None, overlap_staging=True)
+    state.step = 1
+    ckpt.save(state, {"shard": 1}, 1)
+    ckpt.wait_staging()  # what the trainer calls before optimizer.step()
+    with torch.no_grad():  # the next update, while the write may still be running
+        for p in state.model.parameters():
+            p.add_(1.0)
+    ckpt.close()
+    saved = {k: torch.empty_like(v) for k, v in before.items()}
+    dcp.load({"model": saved}, checkpoint_id=str(committed_checkpoints(tmp_path)[-1][1]))
+    assert all(torch.equal(saved[k], before[k]) for k in before)
