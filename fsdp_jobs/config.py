@@ -238,6 +238,7 @@ class JobConfig:
     gpus_per_node: int = 2  # ranks per node (on CPU: processes per simulated node)
     dry_run: bool = False  # print the plan and the launch commands, run nothing
     run_root: str = "runs"  # run directories go under here
+    sweep: Optional[str] = None  # set by -m: the sweep this run is a member of (its dir under run_root)
     model: ModelConfig = field(default_factory=ModelConfig)
     fsdp: FSDPConfig = field(default_factory=FSDPConfig)
     cluster: Any = None  # one of the *ClusterConfig schemas, chosen by the cluster= group

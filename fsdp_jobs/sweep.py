@@ -26,7 +26,7 @@ from fsdp_jobs.errors import UserError, die
 
 SWEEP_FLAGS = ("-m", "--multirun")
 # they name or place the sweep itself, the same for every member
-UNSWEEPABLE = ("name", "run_root", "dry_run")
+UNSWEEPABLE = ("name", "run_root", "dry_run", "sweep")
 NAME_MAX = 100
 
 
@@ -184,6 +184,7 @@ def prepare_members(overrides: list[str]) -> tuple[str, list[Member]]:
             m.cfg, m.job = result
             m.cfg.name, m.job["name"] = name, name
             m.cfg.run_root = m.job["run_root"] = str(Path(m.cfg.run_root).expanduser() / sid)
+            m.cfg.sweep = m.job["sweep"] = sid  # backends whose storage is elsewhere (a PVC) keep members apart by it
             m.plan = make_plan(m.cfg)
             m.backend = launchers.get(m.plan.backend)
             if not m.cfg.dry_run:

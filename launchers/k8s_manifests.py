@@ -105,7 +105,9 @@ def wants_gpus(cfg: Any) -> bool:
 
 
 def pod_run_dir(plan: Any, cfg: Any) -> str:
-    return f"{str(cfg.cluster.mount_path).rstrip('/')}/{plan.name}"
+    """<mount_path>/[<sweep>/]<name> on the PVC: members of different sweeps share names, not dirs."""
+    sweep = f"{cfg.sweep}/" if cfg.get("sweep") else ""
+    return f"{str(cfg.cluster.mount_path).rstrip('/')}/{sweep}{plan.name}"
 
 
 def job_files(plan: Any, cfg: Any) -> dict[str, str]:
