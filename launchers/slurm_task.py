@@ -28,7 +28,7 @@ from fsdp_jobs import runs
 from fsdp_jobs.plan import CKPT_DIR_RE, newest_checkpoint
 from fsdp_jobs.runs import clear_stop_request, request_stop
 from launchers.common import USER_CODE_ENV, begin_user_attempt, rank_entry, settle_user_state, torchrun_args
-from launchers.requeue import COMPLETED, PREEMPTED, REQUEUE, TERMINATED, decide
+from launchers.requeue import COMPLETED, PREEMPTED, REQUEUE, TERMINATED, decide, root_cause
 
 KILL_WAIT_S = 300  # after a requeue, SLURM kills the tasks; do not report "done" meanwhile
 
@@ -100,7 +100,12 @@ class NodeTask(submitit.helpers.Checkpointable):
                *torchrun_args(plan, f"{master}:{port}", job["cluster"]["stop_grace_s"]),
                *rank_entry(job, str(run_dir), os.environ.get(USER_CODE_ENV))]
         signal.signal(signal.SIGTERM, self._on_sigterm)
-        self._proc = subprocess.Popen(cmd, preexec_fn=_ignore_stop_signal(job["cluster"]["signal"]))
+        # the agent writes its failing rank's exception here, so the job's reason can name it
+        error_file = run_dir / "logs" / f"torchrun-error-{job_id}-node{env.node}.json"
+        error_file.parent.mkdir(exist_ok=True)
+        error_file.unlink(missing_ok=True)
+        self._proc = subprocess.Popen(cmd, preexec_fn=_ignore_stop_signal(job["cluster"]["signal"]),
+                                      env={**os.environ, "TORCHELASTIC_ERROR_FILE": str(error_file)})
         rc = self._proc.wait()
         settle_user_state(job, run_dir, rc)  # a plain script exiting 0 completed (it writes no state.json)
         state = runs.read_state(run_dir)
@@ -119,16 +124,18 @@ class NodeTask(submitit.helpers.Checkpointable):
         if env.global_rank != 0:
             time.sleep(30)  # give task 0 the time to act (a requeue kills us)
             raise RuntimeError(f"torchrun exited with {rc} on node {env.node}")
-        print(f"fsdp-jobs: {decision.reason}", flush=True)
+        cause = root_cause(error_file)
+        reason = f"{decision.reason} (first error: {cause})" if cause else decision.reason
+        print(f"fsdp-jobs: {reason}", flush=True)
         if decision.action == REQUEUE:
-            runs.write_state(run_dir, status="requeued-after-crash", reason=decision.reason,
+            runs.write_state(run_dir, status="requeued-after-crash", reason=reason,
                              step=_step_of(newest_checkpoint(run_dir)))
             # by <array id>_<i>: the element holding the array's own id would otherwise requeue them all
             subprocess.run(["scontrol", "requeue", env.job_id], check=True, timeout=60)
             time.sleep(KILL_WAIT_S)
         else:
-            runs.write_state(run_dir, status="failed", reason=decision.reason, step=_step_of(newest_checkpoint(run_dir)))
-        raise RuntimeError(decision.reason)
+            runs.write_state(run_dir, status="failed", reason=reason, step=_step_of(newest_checkpoint(run_dir)))
+        raise RuntimeError(reason)
 
     def _on_sigterm(self, signum: int, _frame: Any) -> None:
         self._terminated = True  # torchrun gets it too and stops its ranks, which checkpoint first

@@ -33,6 +33,7 @@ from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from torch.distributed.checkpoint.stateful import Stateful
 
+from fsdp_jobs import faults
 from fsdp_jobs.plan import committed_checkpoints, is_committed, newest_checkpoint
 
 # test-only fault injection: "STEP" makes rank 0 SIGKILL itself in the middle of saving that step
@@ -200,8 +201,8 @@ class CheckpointManager:
         """Rank 0 only, nobody waits: DCP returned, so every rank's shards and .metadata are written."""
         if self.rank != 0:
             return
-        crash_step = os.environ.get(CRASH_IN_SAVE_ENV)
-        if crash_step and int(crash_step) == manifest["step"] and os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0":
+        crash_step = faults.step(CRASH_IN_SAVE_ENV)
+        if crash_step and crash_step == manifest["step"] and os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0":
             self.log(f"checkpoint: test fault injection: killing rank 0 mid-save at step {manifest['step']}")
             os.kill(os.getpid(), signal.SIGKILL)
         (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")

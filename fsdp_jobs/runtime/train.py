@@ -19,7 +19,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from omegaconf import OmegaConf
 
-from fsdp_jobs import runs
+from fsdp_jobs import faults, runs
 from fsdp_jobs.plan import STRATEGY_TABLE, compute_dtype, micro_batch
 from fsdp_jobs.runtime.checkpoint import CheckpointManager, TrainState
 from fsdp_jobs.runtime.data import build_dataset
@@ -189,7 +189,7 @@ def train(run_dir: Path, stop: StopFlag) -> int:
     peak = mfu_peak_flops(job, world.device)
     total = tcfg["steps"]
     metrics = MetricsWriter(run_dir / runs.METRICS_FILE, rank == 0, total, tcfg["log_interval"])
-    fail_at = int(os.environ.get(FAIL_AT_STEP_ENV, "0") or 0)
+    fail_at = faults.step(FAIL_AT_STEP_ENV)
     if rank == 0:
         runs.write_state(run_dir, status="running", step=state.step, resumed_from=str(resumed) if resumed else None)
     log(rank, f"training steps {state.step + 1}..{total}: {n_params:,} params, global batch {global_batch} "

@@ -26,3 +26,16 @@ def test_decision(rc, status, terminated, start, now, action):
         assert f"no checkpoint newer than step {start}" in d.reason and "not requeued" in d.reason
     if action == REQUEUE:
         assert f"{start} -> {now}" in d.reason
+
+
+def test_the_root_cause_comes_from_torchruns_error_file(tmp_path):
+    from launchers.requeue import root_cause
+
+    f = tmp_path / "error.json"
+    f.write_text('{"message": {"message": "RuntimeError: test fault injection: step 3 raises", '
+                 '"extraInfo": {"py_callstack": "Traceback ..."}}, "errorCode": 1}')
+    assert root_cause(f) == "RuntimeError: test fault injection: step 3 raises"
+    f.write_text('{"message": "plain text error"}')
+    assert root_cause(f) == "plain text error"
+    f.write_text('{"mess')
+    assert root_cause(f) is None and root_cause(tmp_path / "none.json") is None
