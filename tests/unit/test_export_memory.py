@@ -12,15 +12,20 @@ import torch.distributed.checkpoint as dcp
 
 from tests.conftest import REPO
 
+# the imports' own peak would hide the export's: reset the high-water mark (Linux: clear_refs 5),
+# then the peak is VmHWM after minus VmRSS before
 MEASURE = """
-import json, resource, sys
+import json, sys
 from pathlib import Path
 import torch
 from fsdp_jobs.export import export
-before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+def kib(field):
+    line = next(x for x in open('/proc/self/status') if x.startswith(field + ':'))
+    return int(line.split()[1]) * 1024
+open('/proc/self/clear_refs', 'w').write('5')
+before = kib('VmRSS')
 info = export(Path(sys.argv[1]), Path(sys.argv[2]))
-after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-print(json.dumps({"peak_increase": after - before, **info}))
+print(json.dumps({"peak_increase": kib('VmHWM') - before, **info}))
 """
 
 
@@ -41,8 +46,11 @@ def test_export_peak_memory_is_about_the_model_not_model_plus_optimizer(tmp_path
                        text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
     result = json.loads(r.stdout.strip().splitlines()[-1])
-    # the model once, plus read buffers; reading the optimizer too would add 2x the model
-    assert result["peak_increase"] < 1.5 * model_bytes, (result["peak_increase"] / model_bytes)
+    # measured: 2.1x (the model, plus per-tensor read buffers the allocator keeps); the old path that
+    # read the optimizer state too and reloaded a full copy measured 3.7x. The lower bound shows the
+    # measurement sees the export at all (a test that cannot fail would pass with 0)
+    ratio = result["peak_increase"] / model_bytes
+    assert 0.9 < ratio < 2.5, ratio
     exported = torch.load(out)
     assert exported.keys() == model.keys()
     assert all(torch.equal(exported[k], model[k]) for k in model)
