@@ -1,0 +1,21 @@
+"""A rank that raises writes torchrun's error file (@record): the agent's failure summary in the job
+log carries the rank's real traceback instead of a pointer to the docs."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.conftest import cli
+
+pytestmark = pytest.mark.integration
+
+
+def test_a_failing_ranks_traceback_reaches_the_failure_summary(run_root):
+    r = cli(f"run_root={run_root}", "name=fails", "nodes=1", "gpus_per_node=2", "cluster.max_restarts=0",
+            "train.steps=5", "model.dim=64", "model.n_layers=1", "model.ffn_dim=128", "model.vocab_size=128",
+            "data.seq_len=16", env={"FSDP_JOBS_TEST_FAIL_AT_STEP": "2"})
+    out = r.stdout + r.stderr
+    assert r.returncode != 0
+    summary = out[out.index("Root Cause"):]  # torchrun's ChildFailedError report
+    assert "To enable traceback" not in summary  # what torchrun says when no error file was written
+    assert "test fault injection: step 2 raises" in summary and "train.py" in summary
