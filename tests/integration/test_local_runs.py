@@ -120,15 +120,28 @@ def test_checkpoint_torn_by_a_killed_writer_is_never_loaded(run_root, reference_
 
 def test_resume_on_fewer_nodes_continues_at_the_same_data_position(run_root):
     args = (f"run_root={run_root}", "name=resize", "train.global_batch_size=16", *SHORT)
+    run_dir = run_root / "resize"
     assert_ok(cli(*args, "train.steps=20", "checkpoint.interval=10"))
-    r = cli(*args, "train.steps=30", "nodes=1", "gpus_per_node=2")
+    saved = torch.load(run_dir / "probe.pt")  # the world-4 model's outputs at step 20
+    # the same checkpoint loaded at world size 2 with nothing left to train: the resharded weights
+    # give the saved model's outputs
+    r = cli(*args, "train.steps=20", "nodes=1", "gpus_per_node=2")
     assert_ok(r)
     assert "resumed from step-000020 (step 20, saved at world size 4)" in r.stdout
-    m = metrics(run_root / "resize")
+    resharded = torch.load(run_dir / "probe.pt")
+    assert resharded["step"] == saved["step"] == 20 and torch.equal(resharded["inputs"], saved["inputs"])
+    torch.testing.assert_close(resharded["logits"], saved["logits"], rtol=1e-5, atol=1e-5)
+
+    r = cli(*args, "train.steps=30", "nodes=1", "gpus_per_node=2")
+    assert_ok(r)
+    m = metrics(run_dir)
+    before = [x for x in m if x["world_size"] == 4]
     after = [x for x in m if x["world_size"] == 2]
     assert [x["step"] for x in after] == list(range(21, 31))
     assert after[0]["sample_start"] == 20 * 16  # the next unseen sample, not a restart of the stream
-    assert manifest(run_root / "resize" / "checkpoints" / "step-000030")["mesh"] == {"replicate": 1, "shard": 2}
+    # the loss goes on from where it was, far from a fresh start's
+    assert abs(after[0]["loss"] - before[-1]["loss"]) < 0.2 * (before[0]["loss"] - before[-1]["loss"])
+    assert manifest(run_dir / "checkpoints" / "step-000030")["mesh"] == {"replicate": 1, "shard": 2}
 
 
 def test_export_loads_into_a_plain_model_with_the_same_outputs(reference_run, tmp_path):
@@ -200,3 +213,11 @@ def test_fsdp_knobs_async_save_and_fsdp1_vocabulary(run_root):
     assert committed(run_dir) == ["step-000020", "step-000030"]
     m = metrics(run_dir)
     assert m[-1]["loss"] < m[0]["loss"] - 1.0
+    # the same run goes on from its newest checkpoint, which was written in the background
+    r = cli(f"run_root={run_root}", "name=knobs", "train.steps=35", "checkpoint.interval=10",
+            "checkpoint.async_save=true", "fsdp.activation_checkpointing=true", "fsdp.forward_prefetch=true",
+            "fsdp.wrap.min_params=10000", "fsdp.limit_all_gathers=true", "fsdp.cpu_offload=true",
+            "fsdp.mixed_precision.param_dtype=bfloat16", "fsdp.mixed_precision.buffer_dtype=bfloat16", *SHORT)
+    assert_ok(r)
+    assert "resumed from step-000030" in r.stdout
+    assert [x["step"] for x in metrics(run_dir)][-5:] == list(range(31, 36))
