@@ -32,7 +32,8 @@ LOCAL = json.dumps({"backend": "local", "job_id": "999999", "pid": 999999}) + "\
 
 
 def test_status_logs_cancel_of_a_finished_local_run_only_read(run_root):
-    make_run(run_root, "done", LOCAL, {"status": "completed", "step": 5}, "[node0] step 5/5\n")
+    run_dir = make_run(run_root, "done", LOCAL, {"status": "completed", "step": 5}, "[node0] step 5/5\n")
+    (run_dir / ".lock").write_text("999999")  # what a finished launcher leaves behind
     before = tree(run_root)
     status = cli("status", "done", "--run-root", str(run_root))
     assert status.returncode == 0, status.stderr
