@@ -5,8 +5,6 @@ Hugging Face Llama trains, resumes bit for bit and exports to a directory from_p
 from __future__ import annotations
 
 import json
-import os
-import signal
 import subprocess
 from pathlib import Path
 
@@ -14,7 +12,7 @@ import pytest
 import torch
 
 from tests.conftest import REPO, assert_same_state, cli, committed, manifest, metrics
-from tests.integration.test_local_runs import start, wait_for
+from tests.integration.test_local_runs import kill_rank_and_finish
 
 pytestmark = pytest.mark.integration
 
@@ -78,21 +76,8 @@ def job_reference(tmp_path_factory) -> Path:
     return root / "ref"
 
 
-def kill_rank_and_finish(run_root: Path, name: str, args: tuple[str, ...]) -> tuple[Path, str]:
-    run_dir = run_root / name
-    proc = start([f"run_root={run_root}", f"name={name}", *args])
-    wait_for(lambda: (run_dir / "checkpoints" / "step-000005" / "manifest.json").exists(), 400, proc)
-    victim = json.loads((run_dir / "ranks" / "rank-3.json").read_text())["pid"]
-    os.kill(victim, signal.SIGKILL)
-    out, _ = proc.communicate(timeout=600)
-    assert proc.returncode == 0, out[-4000:]
-    assert "resumed from step-0000" in out
-    assert max(x["restart"] for x in metrics(run_dir)) >= 1  # torchrun really restarted the workers
-    return run_dir, out
-
-
 def test_job_api_script_killed_rank_restarts_bitwise_like_the_builtin_trainer(run_root, job_reference):
-    run_dir, _ = kill_rank_and_finish(run_root, "killed", (f"script={SCRIPTS / 'job_train.py'}", *KILL))
+    run_dir, _ = kill_rank_and_finish(run_root, "killed", (f"script={SCRIPTS / 'job_train.py'}", *KILL), after_step=5)
     assert manifest(run_dir / "checkpoints" / "step-000020")["mesh"] == {"replicate": 2, "shard": 2}
     assert_same_state(job_reference / "checkpoints" / "step-000020", run_dir / "checkpoints" / "step-000020")
     assert state(run_dir)["status"] == "completed"
@@ -125,7 +110,7 @@ def test_hf_llama_trains_hybrid_shard_and_resumes_bitwise(run_root, hf_reference
     assert [x["step"] for x in m] == list(range(1, 21))
     assert sum(x["loss"] for x in m[-3:]) / 3 < sum(x["loss"] for x in m[:3]) / 3 - 0.3  # ln(128) = 4.85 falls
     assert manifest(hf_reference / "checkpoints" / "step-000020")["mesh"] == {"replicate": 2, "shard": 2}
-    run_dir, _ = kill_rank_and_finish(run_root, "hfkill", TINY_HF + KILL)
+    run_dir, _ = kill_rank_and_finish(run_root, "hfkill", TINY_HF + KILL, after_step=5)
     assert_same_state(hf_reference / "checkpoints" / "step-000020", run_dir / "checkpoints" / "step-000020")
 
 

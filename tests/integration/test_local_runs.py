@@ -95,16 +95,22 @@ def wait_for(predicate, timeout: float, proc: subprocess.Popen[str]) -> None:
         time.sleep(0.05)
 
 
-def test_sigkill_one_rank_restarts_and_matches_uninterrupted_run_bitwise(run_root, reference_run):
-    run_dir = run_root / "killed"
-    proc = start([f"run_root={run_root}", "name=killed", *KILL_ARGS, "train.log_interval=1"])
-    wait_for(lambda: (run_dir / "checkpoints" / "step-000010" / "manifest.json").exists(), 300, proc)
+def kill_rank_and_finish(run_root: Path, name: str, args: tuple[str, ...], after_step: int) -> tuple[Path, str]:
+    """Start a run, SIGKILL rank 3 once checkpoint `after_step` is committed, let torchrun restart it."""
+    run_dir = run_root / name
+    proc = start([f"run_root={run_root}", f"name={name}", *args])
+    wait_for(lambda: (run_dir / "checkpoints" / f"step-{after_step:06d}" / "manifest.json").exists(), 400, proc)
     victim = json.loads((run_dir / "ranks" / "rank-3.json").read_text())["pid"]
     os.kill(victim, signal.SIGKILL)
     out, _ = proc.communicate(timeout=600)
     assert proc.returncode == 0, out[-4000:]
     assert "resumed from step-0000" in out
-    assert max(x["restart"] for x in metrics(run_dir)) >= 1  # torchrun really restarted workers
+    assert max(x["restart"] for x in metrics(run_dir)) >= 1  # torchrun really restarted the workers
+    return run_dir, out
+
+
+def test_sigkill_one_rank_restarts_and_matches_uninterrupted_run_bitwise(run_root, reference_run):
+    run_dir, _ = kill_rank_and_finish(run_root, "killed", (*KILL_ARGS, "train.log_interval=1"), after_step=10)
     assert_same_state(reference_run / "checkpoints" / "step-000040", run_dir / "checkpoints" / "step-000040")
 
 
@@ -202,10 +208,11 @@ def test_repeated_runs_never_fail_at_rendezvous_or_exit(run_root):
 def test_fsdp_knobs_async_save_and_fsdp1_vocabulary(run_root):
     """Activation checkpointing, size-based wrapping, explicit forward prefetch, bf16 params/buffers,
     cpu_offload (a no-op on CPU), async checkpoints and an FSDP1-only option, all in one run."""
-    r = cli(f"run_root={run_root}", "name=knobs", "train.steps=30", "checkpoint.interval=10",
-            "checkpoint.async_save=true", "fsdp.activation_checkpointing=true", "fsdp.forward_prefetch=true",
-            "fsdp.wrap.min_params=10000", "fsdp.limit_all_gathers=true", "fsdp.cpu_offload=true",
-            "fsdp.mixed_precision.param_dtype=bfloat16", "fsdp.mixed_precision.buffer_dtype=bfloat16", *SHORT)
+    knobs = (f"run_root={run_root}", "name=knobs", "checkpoint.interval=10", "checkpoint.async_save=true",
+             "fsdp.activation_checkpointing=true", "fsdp.forward_prefetch=true", "fsdp.wrap.min_params=10000",
+             "fsdp.limit_all_gathers=true", "fsdp.cpu_offload=true", "fsdp.mixed_precision.param_dtype=bfloat16",
+             "fsdp.mixed_precision.buffer_dtype=bfloat16", *SHORT)
+    r = cli(*knobs, "train.steps=30")
     assert_ok(r)
     assert "note: fsdp.limit_all_gathers=True: no FSDP2 meaning" in r.stderr
     assert "saving in the background" in r.stdout and "committed step-000030 (background save)" in r.stdout
@@ -214,10 +221,7 @@ def test_fsdp_knobs_async_save_and_fsdp1_vocabulary(run_root):
     m = metrics(run_dir)
     assert m[-1]["loss"] < m[0]["loss"] - 1.0
     # the same run goes on from its newest checkpoint, which was written in the background
-    r = cli(f"run_root={run_root}", "name=knobs", "train.steps=35", "checkpoint.interval=10",
-            "checkpoint.async_save=true", "fsdp.activation_checkpointing=true", "fsdp.forward_prefetch=true",
-            "fsdp.wrap.min_params=10000", "fsdp.limit_all_gathers=true", "fsdp.cpu_offload=true",
-            "fsdp.mixed_precision.param_dtype=bfloat16", "fsdp.mixed_precision.buffer_dtype=bfloat16", *SHORT)
+    r = cli(*knobs, "train.steps=35")
     assert_ok(r)
     assert "resumed from step-000030" in r.stdout
     assert [x["step"] for x in metrics(run_dir)][-5:] == list(range(31, 36))

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO, cli, committed, manifest, metrics
-from tests.slurm.conftest import job_log, job_state, sh, submit, wait_for, wait_job
+from tests.slurm.conftest import job_log, sh, submit, wait_for, wait_job
 
 pytestmark = [pytest.mark.slurm, pytest.mark.usefixtures("slurm_cluster")]
 

@@ -5,11 +5,9 @@ from __future__ import annotations
 
 import fcntl
 import json
-import subprocess
-import sys
 from pathlib import Path
 
-from tests.conftest import REPO, cli
+from tests.conftest import cli
 
 
 def make_run(run_root: Path, name: str, launches: str | None, state: dict | None = None, log: str = "") -> Path:
