@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 from pathlib import Path
@@ -98,7 +99,7 @@ def _compose_one(hydra_compose: Any, overrides: list[str]) -> tuple[DictConfig, 
         cfg = hydra_compose("config", overrides=overrides)
     except (HydraException, OmegaConfBaseException, ValueError) as e:
         raise _translate(e, overrides) from None
-    schema_keys = set(OmegaConf.structured(JobConfig).keys())
+    schema_keys = {f.name for f in dataclasses.fields(JobConfig)}  # (OmegaConf.structured costs 8 ms)
     for key in cfg.keys():
         if key not in schema_keys and key != "hydra":
             raise UserError(str(key), cfg[key], "unknown key; known top-level keys: " + ", ".join(sorted(schema_keys)))
