@@ -20,7 +20,8 @@ from tests.conftest import REPO, cli
 from tests.kubernetes import schemas
 from tests.kubernetes.conftest import FakeCluster
 
-pytestmark = pytest.mark.kubernetes
+# end to end through the CLI against a server process: with the integration tier, not the quick loop
+pytestmark = [pytest.mark.kubernetes, pytest.mark.integration]
 
 NS = "fsdp-jobs"
 RUNNING = {"volcano": {"state": {"phase": "Running"},
