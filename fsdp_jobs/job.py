@@ -152,7 +152,7 @@ class Job:
         """Apply the configured FSDP2 policy (fsdp.*: wrap classes, mixed precision, offload, activation
         checkpointing, reshard) over the job's mesh. A model built on the meta device is materialised
         here and initialised from train.seed (the same values whatever the world size)."""
-        from fsdp_jobs.runtime.shard import materialize, shard_model
+        from fsdp_jobs.runtime.shard import init_devices, materialize, shard_model
 
         f = self.config["fsdp"]
         reshard = f["reshard_after_forward"]
@@ -161,9 +161,10 @@ class Job:
         if not on_meta and self.device.type == "cuda":
             model.to(self.device)
         shard_model(model, self.mesh, f, reshard, self.device)
-        if on_meta:
-            materialize(model, self.device, self.config["train"]["seed"] if seed is None else seed,
-                        f["mixed_precision"].get("buffer_dtype"))
+        if on_meta:  # with CPU offload on GPU the parameters are born on the host (as in the trainer)
+            param_device, buffer_device = init_devices(f, self.device)
+            materialize(model, param_device, self.config["train"]["seed"] if seed is None else seed,
+                        f["mixed_precision"].get("buffer_dtype"), buffer_device=buffer_device)
         return model
 
     def should_stop(self) -> bool:
@@ -225,7 +226,8 @@ def init(run_dir: Optional[str] = None) -> Job:
     path = Path(where)
     config = runs.load_job(path)
     world = read_world(config["cluster"]["device"])
-    init_process_group(world)
+    # CPU offload: the grad-norm all-reduce runs on host tensors, so the default group needs gloo too
+    init_process_group(world, cpu_collectives=bool(config["fsdp"].get("cpu_offload")))
     from fsdp_jobs.runtime.train import write_rank_file
 
     write_rank_file(path, world)  # pid, host, restart of this rank, for tools (and tests that kill ranks)
