@@ -150,19 +150,27 @@ def supervise(run_dir: Path, echo: bool = False) -> int:
                                  for n, c in sorted(found.items())}}
         for n, r in result["containers"].items():
             sink.write(f"fsdp-jobs: {n} exited {r['exit_code']} after {r['restarts']} restarts")
+        remove_containers(launch, sink)
+        # written last: once the result exists the job has ended AND its containers are gone (describe,
+        # `logs -f` and `status` take it as the end)
         runs.write_atomic(run_dir / RESULT_FILE, json.dumps(result, indent=2) + "\n")
         give_to(run_dir / RESULT_FILE, user)
     finally:
         done.set()
         if stopper is not None:
             stopper.wait()
-        down = subprocess.run(launch["down"], capture_output=True, text=True, timeout=300)
-        if down.returncode:
-            sink.write(f"fsdp-jobs: could not remove the containers: {down.stderr.strip()[-300:]}")
+        if not (run_dir / RESULT_FILE).exists():  # ended by an error: still remove what we started
+            remove_containers(launch, sink)
         log.close()
         for s, h in old.items():
             signal.signal(s, h)
     return status
+
+
+def remove_containers(launch: dict[str, Any], sink: _Sink) -> None:
+    down = subprocess.run(launch["down"], capture_output=True, text=True, timeout=300)
+    if down.returncode:
+        sink.write(f"fsdp-jobs: could not remove the containers: {down.stderr.strip()[-300:]}")
 
 
 def start_detached(run_dir: Path) -> int:
