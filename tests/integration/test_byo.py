@@ -5,6 +5,7 @@ Hugging Face Llama trains, resumes bit for bit and exports to a directory from_p
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 from pathlib import Path
 
@@ -39,7 +40,8 @@ def test_plain_ddp_script_runs_unmodified_on_two_nodes_of_two(run_root):
     r = cli(f"run_root={run_root}", "name=ddp", f"script={SCRIPTS / 'ddp_train.py'}",
             "script_args=[--epochs,3,--log,1]")
     assert_ok(r)
-    ranks = {line.split("ddp rank ")[1] for line in r.stdout.splitlines() if "ddp rank " in line}
+    # two ranks of one node share the agent's pipe, so their lines can run together: match, not split
+    ranks = set(re.findall(r"ddp rank (\d of 4 node \d epochs 3)", r.stdout))
     assert ranks == {"0 of 4 node 0 epochs 3", "1 of 4 node 0 epochs 3", "2 of 4 node 1 epochs 3",
                      "3 of 4 node 1 epochs 3"}, r.stdout[-3000:]
     losses = [float(line.split("loss ")[1]) for line in r.stdout.splitlines() if "ddp epoch" in line]
@@ -54,8 +56,9 @@ def test_plain_ddp_script_runs_unmodified_on_two_nodes_of_two(run_root):
 def test_plain_fsdp1_script_runs_unmodified_on_two_nodes_of_two(run_root):
     r = cli(f"run_root={run_root}", "name=fsdp1", f"script={SCRIPTS / 'fsdp1_train.py'}", "script_args=[--epochs,2]")
     assert_ok(r)
-    lines = [line for line in r.stdout.splitlines() if "fsdp1 rank " in line]
-    assert len(lines) == 4 and all("of 4" in x and "units 3" in x for x in lines), r.stdout[-3000:]  # 2 blocks + root
+    # ranks sharing a node's pipe can print onto one line: find the reports, do not split lines
+    assert sorted(re.findall(r"fsdp1 rank (\d) of 4", r.stdout)) == ["0", "1", "2", "3"], r.stdout[-3000:]
+    assert r.stdout.count("units 3") == 4  # 2 blocks + root on every rank
     first, last = (float(x) for x in r.stdout.split("fsdp1 loss ")[1].split()[0:3:2])
     assert last < first
     assert state(run_root / "fsdp1")["status"] == "completed"
