@@ -253,18 +253,16 @@ class JobConfig:
 
 
 def register_schemas() -> None:
-    """Let conf/ files name the schemas in their defaults lists."""
+    """Let conf/ files name the schemas in their defaults lists: the root (job_schema, which types every
+    group but `cluster`) and one per backend, which each cluster/*.yaml extends. The other groups need
+    no schema of their own: merged under the typed root, their values are checked against it (a schema
+    per group would be merged once more on every compose, about 12 ms of a dry run's 0.3 s)."""
     cs = ConfigStore.instance()
     cs.store(name="job_schema", node=JobConfig)
     cs.store(group="cluster", name="local_schema", node=LocalClusterConfig)
     cs.store(group="cluster", name="slurm_schema", node=SlurmClusterConfig)
     cs.store(group="cluster", name="kubernetes_schema", node=KubernetesClusterConfig)
     cs.store(group="cluster", name="docker_schema", node=DockerClusterConfig)
-    cs.store(group="model", name="model_schema", node=ModelConfig)
-    cs.store(group="fsdp", name="fsdp_schema", node=FSDPConfig)
-    cs.store(group="train", name="train_schema", node=TrainConfig)
-    cs.store(group="checkpoint", name="checkpoint_schema", node=CheckpointConfig)
-    cs.store(group="data", name="data_schema", node=DataConfig)
 
 
 def _importable(key: str, path: str) -> None:
