@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import json
 import os
-import sqlite3
 import time
 from pathlib import Path
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
+
+if TYPE_CHECKING:
+    import sqlite3
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS submissions (
@@ -51,6 +53,8 @@ def _connect(create: bool) -> Optional[sqlite3.Connection]:
     if not create and not p.is_file():
         return None  # reading never creates the state directory
     p.parent.mkdir(parents=True, exist_ok=True)
+    import sqlite3  # here, not at the top: every CLI start imports this module, few open the journal
+
     conn = sqlite3.connect(p, timeout=30)  # several CLIs may submit at once: wait for the write lock
     conn.row_factory = sqlite3.Row
     conn.executescript(SCHEMA)

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import statistics
 from pathlib import Path
 from typing import Any, Iterable, Optional
 
@@ -37,6 +36,8 @@ def summarize_run(run_dir: Path) -> dict[str, Any]:
     steady = [m for prev, m in zip([None] + metrics[:-1], metrics)
               if prev is not None and prev.get("attempt") == m.get("attempt")] or metrics
     recent = steady[-WINDOW:]
+    import statistics  # here: ctl imports this module on every start, and few commands summarise
+
     for key in ("tokens_per_s", "mfu"):
         values = [m[key] for m in recent if isinstance(m.get(key), (int, float))]
         out[key] = statistics.median(values) if values else None
