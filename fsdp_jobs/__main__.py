@@ -6,6 +6,7 @@ anything is written.
 
 from __future__ import annotations
 
+import gc
 import sys
 from pathlib import Path
 from typing import Optional
@@ -63,6 +64,16 @@ def record_submission(plan: Plan, job: dict, overrides: list[str], job_id: str) 
         print(f"fsdp-jobs: warning: could not record the run in {journal.path()}: {e}", file=sys.stderr)
 
 
+def cli() -> int:
+    """The command itself (python -m fsdp_jobs, fsdp-jobs)."""
+    try:
+        return main()
+    finally:
+        # Everything the command built (Hydra's and OmegaConf's nodes, the modules) lives until exit;
+        # frozen, the interpreter's final collection does not walk it again: 45 ms of a 0.35 s dry run.
+        gc.freeze()
+
+
 def main(argv: Optional[list[str]] = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     from fsdp_jobs import ctl
@@ -79,21 +90,23 @@ def main(argv: Optional[list[str]] = None) -> int:
     flags = [a for a in argv if a.startswith("-")]
     if flags:
         die(UserError("", flags[0], f"unknown option {flags[0]!r}; overrides are key=value (try --help)"))
+    # Planning only allocates what lives until exit (the config, the plan, imported modules): the cyclic
+    # collector finds nothing to free here, and pausing it saves about 10 ms. It runs again before
+    # anything long-lived (an attached job is supervised from this process for hours).
+    gc.disable()
     try:
         cfg, job = compose(argv)
         plan = make_plan(cfg)
-    except UserError as e:
-        die(e)
+        import launchers  # after planning: a bad override never pays for a backend import
 
-    import launchers  # after planning: a bad override never pays for a backend import
-
-    backend = launchers.get(plan.backend)
-    try:
+        backend = launchers.get(plan.backend)
         if not cfg.dry_run:
             backend.check(plan, cfg)  # refusals that need the backend (is it there? is the run busy?)
         request = backend.dryrun(plan, cfg)  # exactly what submit() will hand to the backend
     except UserError as e:
         die(e)
+    finally:
+        gc.enable()
     for note in plan.notes:
         print(f"fsdp-jobs: {note if note.startswith('warning:') else 'note: ' + note}", file=sys.stderr)
     if cfg.dry_run:
@@ -128,4 +141,4 @@ def main(argv: Optional[list[str]] = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(cli())
