@@ -29,8 +29,10 @@ def rope_table(head_dim: int, max_seq_len: int, theta: float, device: torch.devi
     return torch.stack((angles.cos(), angles.sin()), dim=-1)
 
 
-def apply_rope(x: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
-    # x: (batch, seq, heads, head_dim)
+def apply_rope(x: torch.Tensor, rotations: torch.Tensor) -> torch.Tensor:
+    # x: (batch, seq, heads, head_dim); rotations: the table's rows for these positions as complex64 (see
+    # Transformer.forward), viewed back as the float32 (seq, head_dim // 2, 2) cos/sin table, no copy
+    table = torch.view_as_real(rotations)
     seq = x.shape[1]
     xr = x.float().reshape(*x.shape[:-1], -1, 2)
     cos = table[:seq, :, 0].view(1, seq, 1, -1)
@@ -48,10 +50,10 @@ class Attention(nn.Module):
         self.wv = nn.Linear(dim, n_kv_heads * self.head_dim, bias=False)
         self.wo = nn.Linear(n_heads * self.head_dim, dim, bias=False)
 
-    def forward(self, x: torch.Tensor, rope: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, rotations: torch.Tensor) -> torch.Tensor:
         b, s, _ = x.shape
-        q = apply_rope(self.wq(x).view(b, s, self.n_heads, self.head_dim), rope)
-        k = apply_rope(self.wk(x).view(b, s, self.n_kv_heads, self.head_dim), rope)
+        q = apply_rope(self.wq(x).view(b, s, self.n_heads, self.head_dim), rotations)
+        k = apply_rope(self.wk(x).view(b, s, self.n_kv_heads, self.head_dim), rotations)
         v = self.wv(x).view(b, s, self.n_kv_heads, self.head_dim)
         if self.n_kv_heads != self.n_heads:
             rep = self.n_heads // self.n_kv_heads
@@ -79,8 +81,8 @@ class TransformerBlock(nn.Module):
         self.ffn_norm = RMSNorm(dim, norm_eps)
         self.feed_forward = FeedForward(dim, ffn_dim)
 
-    def forward(self, x: torch.Tensor, rope: torch.Tensor) -> torch.Tensor:
-        x = x + self.attention(self.attention_norm(x), rope)
+    def forward(self, x: torch.Tensor, rotations: torch.Tensor) -> torch.Tensor:
+        x = x + self.attention(self.attention_norm(x), rotations)
         return x + self.feed_forward(self.ffn_norm(x))
 
 
@@ -120,6 +122,11 @@ class Transformer(nn.Module):
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         h = self.tok_embeddings(tokens)
+        # The blocks get the table as complex64: FSDP2 casts every floating-point tensor argument of a unit
+        # to its param_dtype (MixedPrecisionPolicy.cast_forward_inputs), which would hand each block a
+        # bfloat16 copy; complex tensors are left alone. Only this sequence's rows: each block saves
+        # what it gets for backward.
+        rotations = torch.view_as_complex(self.rope[: tokens.shape[1]])
         for layer in self.layers:
-            h = layer(h, self.rope)
+            h = layer(h, rotations)
         return self.output(self.norm(h))
