@@ -29,6 +29,7 @@ from typing import Any, Callable, Optional
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint import FileSystemWriter
 from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from torch.distributed.checkpoint.stateful import Stateful
@@ -137,17 +138,21 @@ class CheckpointManager:
                 # one stager for the whole run: it keeps the host copies (pinned on GPU, so the
                 # device-to-host copy runs at full speed) and refills them at every save; save()
                 # waited for the previous upload first, so nothing still reads them
-                gpu = torch.cuda.is_available() and any(
-                    t.is_cuda for t in _tensors(sd))
+                gpu = any(t.is_cuda for t in _tensors(sd))
                 self._stager = DefaultStager(StagingOptions(use_pinned_memory=gpu, use_shared_memory=False,
                                                             use_async_staging=self.overlap_staging,
                                                             use_non_blocking_copy=gpu))
-            if self.overlap_staging and torch.cuda.is_available():
-                # the staging stream does not wait for the compute stream: let the last optimizer
-                # step's kernels finish before it reads the parameters
+            # the staging stream does not wait for the compute stream: let the last optimizer step's
+            # kernels finish before it reads the parameters (asked of the state's tensors, not of the
+            # host: a CPU run on a GPU host would create a context on cuda:0 here)
+            if self.overlap_staging and any(t.is_cuda for t in _tensors(sd)):
                 torch.cuda.current_stream().synchronize()
-            future = dcp.async_save(sd, checkpoint_id=str(tmp), process_group=self._async_group,
-                                    async_stager=self._stager)
+            # An explicit writer with no copy-ahead: the default one, seeing CUDA on the host, would sync
+            # a CUDA stream from DCP's upload thread, which never set the device, so cuda:0's: a context
+            # there from every rank of the node. The state is in host memory by then anyway.
+            writer = FileSystemWriter(str(tmp), per_thread_copy_ahead=0)
+            future = dcp.async_save(sd, checkpoint_id=str(tmp), storage_writer=writer,
+                                    process_group=self._async_group, async_stager=self._stager)
             if not hasattr(future, "add_done_callback"):  # AsyncSaveResponse (background staging)
                 self._staging = future.staging_completion
                 future = future.upload_completion
