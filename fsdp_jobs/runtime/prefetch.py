@@ -22,7 +22,9 @@ class BatchPrefetcher:
     def _make(self, position: int) -> tuple[torch.Tensor, torch.Tensor]:
         inputs, targets = rank_batch(self.dataset, position, self.rank, self.per_rank)
         if self.pin:  # pinned host memory: the copy to the GPU is truly asynchronous
-            inputs, targets = inputs.pin_memory(), targets.pin_memory()
+            # contiguous first: inputs/targets are strided views of one row block, and a copy from a
+            # non-contiguous tensor goes through a pageable temporary, which may block the host
+            inputs, targets = inputs.contiguous().pin_memory(), targets.contiguous().pin_memory()
         return inputs, targets
 
     def get(self, position: int) -> tuple[torch.Tensor, torch.Tensor]:
