@@ -128,9 +128,10 @@ def train(run_dir: Path, stop: StopFlag) -> int:
     # CPU offload: the grad-norm all-reduce runs on host tensors, so the default group needs gloo too
     init_process_group(world, cpu_collectives=offload)
     if world.device.type == "cuda":
-        # fp32 matmuls (float32 compute, the fp32 parts of mixed precision) on tensor cores
-        torch.backends.cuda.matmul.allow_tf32 = True
-        torch.backends.cudnn.allow_tf32 = True
+        # fp32 matmuls (float32 compute, the fp32 parts of mixed precision) on tensor cores; the
+        # fp32_precision API, not allow_tf32: torch refuses a mix of the two, and inductor reads only this
+        torch.backends.cuda.matmul.fp32_precision = "tf32"
+        torch.backends.cudnn.conv.fp32_precision = "tf32"
     write_rank_file(run_dir, world)
     rank = world.rank
     # TORCHELASTIC_RESTART_COUNT is per agent: a node whose workers were stopped for a re-rendezvous
@@ -141,6 +142,10 @@ def train(run_dir: Path, stop: StopFlag) -> int:
     world.restart = int(restarts.item())
     if offload and world.device.type == "cpu":
         log(rank, "fsdp.cpu_offload=true: no effect on CPU (the state is in host memory already)")
+    elif offload and "OMP_NUM_THREADS" not in job["cluster"]["env"]:
+        # the optimizer step and the gradient norm run on host tensors: give each rank its share of the
+        # cores it may use (torchrun's default, OMP_NUM_THREADS=1, would leave them on one core each)
+        torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) // world.local_world_size))
 
     mesh = build_mesh(job, world)
     mesh_shape = dict(zip(mesh.mesh_dim_names or (), mesh.mesh.shape))
