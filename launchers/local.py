@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, Optional, TextIO
 
 from fsdp_jobs import runs
+from fsdp_jobs.errors import UserError
 from launchers.base import Backend, DryRun, JobState, JobStatus, Run, Submitted, state_from_training
 from launchers.common import (USER_CODE_ENV, begin_user_attempt, python_path, rank_entry, rank_env, runtime_env,
                               settle_user_state, torchrun_args, user_code_dir)
@@ -41,6 +42,22 @@ def node_commands(plan: Any, cfg: Any, port: int, user_dir: Optional[str] = None
     entry = rank_entry(cfg, plan.run_dir, user_dir)
     return [[sys.executable, "-m", "torch.distributed.run", *agent_args(plan, cfg, port), *entry]
             for _ in range(plan.nodes)]
+
+
+def node_gpus(plan: Any, cfg: Any) -> list[dict[str, str]]:
+    """Each simulated node's own GPUs. Every agent numbers its ranks from LOCAL_RANK 0 and rank r binds
+    cuda:r, so without this node1's ranks would take node0's GPUs (NCCL: duplicate GPU). Taken in order
+    from CUDA_VISIBLE_DEVICES when it is set; a CPU job sets nothing."""
+    if cfg.cluster.device == "cpu":
+        return [{} for _ in range(plan.nodes)]
+    g, need = plan.gpus_per_node, plan.nodes * plan.gpus_per_node
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    ids = [d.strip() for d in visible.split(",") if d.strip()] if visible is not None else [str(i) for i in range(need)]
+    if len(ids) < need:
+        raise UserError("cluster.device", cfg.cluster.device,
+                        f"{plan.nodes} simulated nodes x {g} GPUs need {need} GPUs, and CUDA_VISIBLE_DEVICES "
+                        f"lists {len(ids)}; lower nodes/gpus_per_node or use cluster.device=cpu")
+    return [{"CUDA_VISIBLE_DEVICES": ",".join(ids[i * g:(i + 1) * g])} for i in range(plan.nodes)]
 
 
 def render(request: list[tuple[dict[str, str], list[str]]]) -> str:
@@ -98,7 +115,8 @@ class LocalBackend(Backend):
         path = python_path(cfg, user_dir, os.environ.get("PYTHONPATH", ""))
         if path:
             extra["PYTHONPATH"] = path
-        request = [({**runtime_env(cfg), **extra, "FSDP_JOBS_NODE": f"node{i}"}, cmd)
+        gpus = node_gpus(plan, cfg)
+        request = [({**runtime_env(cfg), **extra, **gpus[i], "FSDP_JOBS_NODE": f"node{i}"}, cmd)
                    for i, cmd in enumerate(node_commands(plan, cfg, port, user_dir))]
         return DryRun(self.name, plan, cfg, request, render(request), agent_args=agent_args(plan, cfg, port),
                       agent_env=runtime_env(cfg))
