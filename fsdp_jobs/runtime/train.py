@@ -192,6 +192,9 @@ def train(run_dir: Path, stop: StopFlag) -> int:
     seq_len = job["data"]["seq_len"]
     fpt = flops_per_token(n_params, job["model"]["n_layers"], job["model"]["dim"], seq_len)
     peak = mfu_peak_flops(job, world.device)
+    if world.device.type == "cuda":  # the peak is configured, not detected: say what it is measured against
+        log(rank, f"MFU against {peak / 1e12:g} TFLOPS per GPU (cluster.peak_tflops, peak_tflops_fp32) on "
+                  f"{torch.cuda.get_device_name(world.device)}")
     total = tcfg["steps"]
     metrics = MetricsWriter(run_dir / runs.METRICS_FILE, rank == 0, total, tcfg["log_interval"])
     fail_at = faults.step(FAIL_AT_STEP_ENV)
