@@ -9,7 +9,7 @@
     while step < total:
         ...; step += 1
         job.log(step=step, loss=loss.item())  # metrics.jsonl + the progress line (rank 0)
-        if job.should_stop():                  # preemption / time limit / cancel, agreed by all ranks
+        if job.should_stop():                  # preemption / time limit / cancel, agreed by all ranks (one call late)
             job.checkpoint.save(step, model=model, optim=opt)
             break
         if step % 50 == 0:
@@ -50,12 +50,26 @@ from fsdp_jobs.runtime.signals import StopFlag
 RUN_DIR_ENV = "FSDP_JOBS_RUN_DIR"  # set by every launcher (launchers/common.py rank_env)
 
 
+CUDA_RNG_KEY = "rng.cuda"  # DCP's flattened name of the CUDA generator's state (absent from older checkpoints)
+
+
+def _checkpoint_has(path: Path, key: str) -> bool:
+    """Whether the DCP checkpoint at `path` holds `key` (read from its metadata file, nothing else)."""
+    from torch.distributed.checkpoint import FileSystemReader
+
+    return key in FileSystemReader(str(path)).read_metadata().state_dict_metadata
+
+
 class _Objects(Stateful):
     """Any stateful objects under names, as DCP sees them: modules and optimizers through the
-    distributed state-dict API (sharded, reshardable), anything else by its state_dict()."""
+    distributed state-dict API (sharded, reshardable), anything else by its state_dict().
 
-    def __init__(self, step: int, objects: dict[str, Any]) -> None:
+    `cuda_rng`: the CUDA device whose generator is saved (and restored) beside the CPU one, None when
+    the job runs on the CPU or (loading) when the checkpoint has none: saved on the CPU, or older."""
+
+    def __init__(self, step: int, objects: dict[str, Any], cuda_rng: Optional[torch.device] = None) -> None:
         self.step, self.samples_seen, self.objects = step, 0, objects  # samples_seen: CheckpointManager's manifest
+        self.cuda_rng = cuda_rng
         models = [o for o in objects.values() if isinstance(o, nn.Module)]
         self.model = models[0] if len(models) == 1 else None
 
@@ -66,8 +80,12 @@ class _Objects(Stateful):
 
     def state_dict(self) -> dict[str, Any]:
         # the torch RNG continues where it was (dropout, sampling); rank 0's stream, as the trainer keeps it:
-        # ranks seeded alike (train.seed) share it
-        out: dict[str, Any] = {"progress": {"step": self.step}, "rng": {"torch": torch.get_rng_state()}}
+        # ranks seeded alike (train.seed) share it. On GPU dropout and random ops draw from the CUDA
+        # generator: its state (a small CPU byte tensor) is kept the same way
+        rng = {"torch": torch.get_rng_state()}
+        if self.cuda_rng is not None:
+            rng["cuda"] = torch.cuda.get_rng_state(self.cuda_rng)
+        out: dict[str, Any] = {"progress": {"step": self.step}, "rng": rng}
         for name, obj in self.objects.items():
             if isinstance(obj, nn.Module):
                 out[name] = get_model_state_dict(obj)
@@ -89,6 +107,8 @@ class _Objects(Stateful):
                 obj.load_state_dict(sd[name])
         self.step = int(sd["progress"]["step"])
         torch.set_rng_state(sd["rng"]["torch"])
+        if self.cuda_rng is not None and "cuda" in sd["rng"]:
+            torch.cuda.set_rng_state(sd["rng"]["cuda"], self.cuda_rng)
 
 
 class Checkpoints:
@@ -111,8 +131,16 @@ class Checkpoints:
         (or checkpoint.resume=false)."""
         if not self._job.config["checkpoint"]["resume"]:
             return 0
-        state = _Objects(0, objects)
-        if self.manager.load(state, self.manager.find_latest()) is None:  # type: ignore[arg-type]
+        path = self.manager.find_latest()
+        if path is None:
+            return 0
+        # DCP loads exactly the keys asked for, and a missing one is an error: ask for the CUDA RNG only
+        # if the checkpoint has it (one saved on the CPU, or before it was kept, has not)
+        cuda_rng = self._cuda_rng()
+        if cuda_rng is not None and not _checkpoint_has(path, CUDA_RNG_KEY):
+            cuda_rng = None
+        state = _Objects(0, objects, cuda_rng)
+        if self.manager.load(state, path) is None:  # type: ignore[arg-type]
             return 0
         self._job.step = state.step
         return state.step
@@ -120,7 +148,8 @@ class Checkpoints:
     def save(self, step: int, **objects: Any) -> None:
         """Save the objects as checkpoint step-N (in the background with checkpoint.async_save); it becomes
         visible only once complete, and older ones beyond checkpoint.keep_last are deleted."""
-        self.manager.save(_Objects(step, objects), self._job.mesh_shape, self._job.world.world_size)  # type: ignore[arg-type]
+        self.manager.save(_Objects(step, objects, self._cuda_rng()), self._job.mesh_shape,  # type: ignore[arg-type]
+                          self._job.world.world_size)
         self._job.step = step
         if self._job.stopping:
             self.manager.wait()  # the process is about to exit: the checkpoint must be committed first
@@ -129,6 +158,9 @@ class Checkpoints:
     def wait(self) -> None:
         """Finish a background save (collective)."""
         self.manager.wait()
+
+    def _cuda_rng(self) -> Optional[torch.device]:
+        return self._job.device if self._job.device.type == "cuda" else None
 
 
 class Job:
@@ -142,6 +174,13 @@ class Job:
         self.step = 0
         self.stopping = False
         self._stop = StopFlag()
+        # the trainer's stop machinery: rank 0 looks for the stop-request file in a thread (a slow shared
+        # file system never stalls the step), and the ranks vote without a host sync (see should_stop)
+        from fsdp_jobs.runtime.train import StopFileWatcher, StopVote
+
+        self._stop_file = StopFileWatcher(run_dir, enabled=self.rank == 0)
+        self._vote = StopVote(self.device)
+        self._voted = False  # what this rank put in the vote now in flight
         self._metrics = MetricsWriter(run_dir / runs.METRICS_FILE, self.rank == 0, config["train"]["steps"],
                                       config["train"]["log_interval"])
         self._attempt = ""
@@ -151,7 +190,9 @@ class Job:
     def shard(self, model: nn.Module, seed: Optional[int] = None) -> nn.Module:
         """Apply the configured FSDP2 policy (fsdp.*: wrap classes, mixed precision, offload, activation
         checkpointing, reshard) over the job's mesh. A model built on the meta device is materialised
-        here and initialised from train.seed (the same values whatever the world size)."""
+        here and initialised from train.seed (the same values whatever the world size); its buffers
+        keep their values if they were made on a real device, and those made on meta must be rebuilt
+        by the model's `init_buffers(device)` (else this refuses: they would hold garbage)."""
         from fsdp_jobs.runtime.shard import init_devices, materialize, shard_model
 
         f = self.config["fsdp"]
@@ -168,19 +209,28 @@ class Job:
         return model
 
     def should_stop(self) -> bool:
-        """Collective, call it at a step boundary on every rank: has any rank been signalled (SLURM's
-        preemption/time-limit signal, SIGTERM from a cancel or Ctrl-C), or has the launcher left a
-        stop request? Then save a checkpoint and leave the loop: the run is recorded as preempted
-        and requeued where the backend does that."""
-        local = self._stop.set or (self.rank == 0 and runs.stop_requested(self.run_dir))
-        flag = torch.tensor(1.0 if local else 0.0, device=self.device)
-        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-        if flag.item() > 0 and not self.stopping:
+        """Collective, call it at a step boundary on every rank, as often on each: has any rank been
+        signalled (SLURM's preemption/time-limit signal, SIGTERM from a cancel or Ctrl-C), or has the
+        launcher left a stop request? Then save a checkpoint and leave the loop: the run is recorded
+        as preempted and requeued where the backend does that.
+
+        Every rank gets the same answer at the same call, but one call late: a call starts a
+        non-blocking vote and returns the previous call's (as the built-in trainer's loop does), so
+        on GPU the host never waits for the device and the step queue never drains. A stop seen
+        during call N (or before it) is reported by call N+1; the first call returns False. Once it
+        has returned True it keeps returning True, with no more collectives."""
+        if self.stopping:
+            return True
+        if self._vote.result():  # the previous call's vote: long finished, so no stall
             self.stopping = True
-            why = self._stop.received.name if self._stop.received else "stop request" if local else "another rank"
+            why = self._stop.received.name if self._stop.received else \
+                "stop request" if self._voted or self._stop_file.seen.is_set() else "another rank"
             log(self.rank, f"stop requested ({why}) at step {self.step}")
             self._record("preempted")
-        return self.stopping
+            return True
+        self._voted = self._stop.set or self._stop_file.seen.is_set()
+        self._vote.cast(self._voted)
+        return False
 
     def log(self, **metrics: Any) -> None:
         """One line in metrics.jsonl (rank 0; other ranks' calls are ignored) and the progress line every
@@ -203,6 +253,8 @@ class Job:
             return
         self._closed = True
         self._metrics.close()
+        if dist.is_initialized():
+            self._vote.result()  # every rank cast as many votes (should_stop is collective): drain the last
         gc.collect()
         if dist.is_initialized():
             dist.destroy_process_group()

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import re
+import signal
 import subprocess
 from pathlib import Path
 
@@ -13,7 +14,7 @@ import pytest
 import torch
 
 from tests.conftest import REPO, assert_same_state, cli, committed, manifest, metrics
-from tests.integration.test_local_runs import kill_rank_and_finish
+from tests.integration.test_local_runs import kill_rank_and_finish, start, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -85,6 +86,24 @@ def test_job_api_script_killed_rank_restarts_bitwise_like_the_builtin_trainer(ru
     assert_same_state(job_reference / "checkpoints" / "step-000020", run_dir / "checkpoints" / "step-000020")
     assert state(run_dir)["status"] == "completed"
     assert [x["step"] for x in metrics(job_reference)] == list(range(1, 21))
+
+
+def test_job_api_script_ctrl_c_stops_every_rank_at_one_step_with_a_checkpoint(run_root):
+    """should_stop() answers one call late (its vote is non-blocking), the same on every rank: the four
+    ranks, signalled at different moments, save one collective checkpoint at one step and stop."""
+    run_dir = run_root / "jobstop"
+    proc = start([f"run_root={run_root}", "name=jobstop", f"script={SCRIPTS / 'job_train.py'}",
+                  "train.steps=1000000", "checkpoint.interval=0", "train.log_interval=1000"])
+    wait_for(lambda: (run_dir / "metrics.jsonl").exists() and len(metrics(run_dir)) >= 5, 300, proc)
+    proc.send_signal(signal.SIGINT)  # Ctrl-C: the launcher stops torchrun, which sends the ranks SIGTERM
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 130, out[-3000:]
+    stops = re.findall(r"stop requested \((?:SIGTERM|another rank)\) at step (\d+)", out)  # rank 0's line
+    assert len(stops) == 1, out[-3000:]
+    step = int(stops[0])
+    assert committed(run_dir) == [f"step-{step:06d}"]  # a collective save: every rank stopped at this step
+    assert metrics(run_dir)[-1]["step"] == step
+    assert state(run_dir)["status"] == "preempted"
 
 
 def test_hf_model_builds_on_meta_and_wraps_the_named_decoder_layer():
