@@ -94,10 +94,11 @@ def _clean(name: str) -> str:
 @torch.no_grad()
 def load_pretrained(model: nn.Module, directory: str) -> int:
     """Copy the weights of every *.safetensors file in `directory` into the (sharded) parameters: each rank
-    reads the full tensor and keeps its own shard. Returns the number of tensors loaded; a parameter the
-    files lack is an error (a tied output embedding takes the input embedding's weights)."""
+    reads only its own shard of each tensor (on the host) and copies that into its local tensor. Returns
+    the number of tensors loaded; a parameter the files lack is an error (a tied output embedding takes
+    the input embedding's weights)."""
     from safetensors import safe_open
-    from torch.distributed.tensor import DTensor, distribute_tensor
+    from torch.distributed.tensor import DTensor
 
     files = sorted(Path(directory).expanduser().glob("*.safetensors"))
     where: dict[str, Path] = {}
@@ -113,14 +114,31 @@ def load_pretrained(model: nn.Module, directory: str) -> int:
         if key not in where:
             raise KeyError(f"model.pretrained={directory}: no tensor {key!r} in its safetensors files")
         with safe_open(str(where[key]), framework="pt") as h:
-            full = h.get_tensor(key).to(param.dtype)
-        if isinstance(param, DTensor):
-            param.to_local().copy_(distribute_tensor(full, param.device_mesh, param.placements,
-                                                     src_data_rank=None).to_local())
-        else:
-            param.copy_(full)
+            if isinstance(param, DTensor):
+                param.to_local().copy_(_read_local_shard(h, key, param))
+            else:
+                param.copy_(h.get_tensor(key).to(param.dtype))
         loaded += 1
     return loaded
+
+
+def _read_local_shard(h: Any, key: str, param: Any) -> torch.Tensor:
+    """This rank's part of tensor `key` of an open safetensors file for the DTensor `param`, in its dtype.
+    Read on the host, only those elements: distribute_tensor would first move the whole tensor to the
+    parameter's device on every rank (GBs for a large embedding). The part is the block the placements
+    give this rank (FSDP2's Shard(0), HSDP's Replicate x Shard(0); what shard.materialize fills)."""
+    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+
+    stored = h.get_slice(key)
+    if stored.get_shape() != list(param.shape):
+        raise ValueError(f"tensor {key!r} has shape {stored.get_shape()}, the parameter {list(param.shape)}")
+    if param.ndim == 0 or any(type(p) not in (Shard, Replicate) for p in param.placements):
+        # a scalar, or a placement whose part is not one block of the full tensor (strided, partial)
+        full = h.get_tensor(key).to(param.dtype)
+        return distribute_tensor(full, param.device_mesh, param.placements, src_data_rank=None).to_local()
+    shape, offset = compute_local_shape_and_global_offset(param.shape, param.device_mesh, param.placements)
+    return stored[tuple(slice(o, o + n) for o, n in zip(offset, shape))].to(param.dtype)
 
 
 def export_hf(model_sd: dict[str, torch.Tensor], model_cfg: dict[str, Any], out: Path) -> dict[str, Any]:
