@@ -112,8 +112,13 @@ def shard_model(model: nn.Module, mesh: DeviceMesh, fsdp_cfg: dict[str, Any], re
                 device: torch.device, compile_blocks: bool = False) -> nn.Module:
     units = wrap_units(model, fsdp_cfg["wrap"])
     if compile_blocks:
-        # in place (same module, same state-dict keys), per block, before sharding: FSDP2's hooks
-        # stay outside the compiled region, as in torchtitan
+        # in place (same module, same state-dict keys), per block, before sharding. Module.compile()
+        # wraps the block's _call_impl (which runs the forward hooks) in torch.compile, but Dynamo
+        # skips that frame itself (torch.nn is on its skip list): the hooks, FSDP2's among them (on
+        # the block, or with activation checkpointing on its CheckpointWrapper; FSDP2 also marks them
+        # torch._dynamo.disable), run as plain Python, and what compiles is the block's forward,
+        # which _call_impl calls: one graph, shared by every block of a shape (no recompile per
+        # layer), no graph breaks (torch 2.13; tests/unit/test_compile_blocks.py)
         for unit in units:
             unit.compile()
     if fsdp_cfg.get("activation_checkpointing"):
@@ -173,6 +178,35 @@ def _init_local_rows(local: torch.Tensor, name: str, full_shape: tuple[int, ...]
         local[lo - row0:hi - row0].copy_(block[lo - b0:hi - b0])
 
 
+class BufferInitError(ValueError):
+    """A meta-built model has buffers with no values and no `init_buffers` to make them."""
+
+
+def _take_real_buffers(model: nn.Module, has_init_buffers: bool) -> list[tuple[nn.Module, str, torch.Tensor]]:
+    """Detach the buffers that hold values (not on meta) from their modules, so to_empty() skips them
+    (it would allocate uninitialised replacements); the caller puts them back. Refuses a model whose
+    meta buffers nothing will initialise."""
+    if not has_init_buffers:
+        empty = [name.replace("_checkpoint_wrapped_module.", "").replace("_orig_mod.", "")
+                 for name, buf in model.named_buffers() if buf.is_meta]
+        if empty:
+            cls = type(model).__name__
+            raise BufferInitError(
+                f"{cls} has buffers built on the meta device, which hold no values: {', '.join(empty)}. "
+                f"Materialising it would leave them uninitialised (to_empty). Give {cls} an "
+                f"`init_buffers(self, device)` method that recreates them on `device`, or create them as "
+                f"real tensors (e.g. under `with torch.device('cpu'):`, they are kept), or build the "
+                f"model on its device instead of meta")
+    kept = []
+    for module in model.modules():
+        for bname, buf in module._buffers.items():
+            if buf is not None and not buf.is_meta:
+                kept.append((module, bname, buf))
+    for module, bname, _ in kept:
+        module._buffers[bname] = None
+    return kept
+
+
 @torch.no_grad()
 def materialize(model: nn.Module, device: torch.device, seed: int, buffer_dtype: str | None = None,
                 init_params: bool = True, buffer_device: torch.device | None = None) -> None:
@@ -182,8 +216,23 @@ def materialize(model: nn.Module, device: torch.device, seed: int, buffer_dtype:
     CUDA generators draw different streams).
 
     A model's `init_parameter(name, block, generator)` is called with blocks of rows of the full
-    parameter, so it must fill element-wise (constant or i.i.d. draws), as llama-style inits do."""
-    model.to_empty(device=device)
+    parameter, so it must fill element-wise (constant or i.i.d. draws), as llama-style inits do.
+
+    Buffers: to_empty() would leave them uninitialised memory (on GPU, recycled values). A buffer
+    made on a real device keeps its value (moved to `buffer_device`); one made on the meta device
+    has none, so the model must rebuild it in `init_buffers(device)` (called last), else this
+    refuses (BufferInitError) rather than train on garbage."""
+    init_buffers = getattr(model, "init_buffers", None)
+    kept = _take_real_buffers(model, init_buffers is not None)
+    try:
+        model.to_empty(device=device)
+    finally:
+        buffer_device = buffer_device or device
+        moved: dict[int, torch.Tensor] = {}  # a buffer shared by modules stays shared
+        for module, bname, buf in kept:
+            if id(buf) not in moved:
+                moved[id(buf)] = buf.to(buffer_device)
+            module._buffers[bname] = moved[id(buf)]
     init_param = getattr(model, "init_parameter", None)
     for name, param in (model.named_parameters() if init_params else ()):
         clean = name.replace("_checkpoint_wrapped_module.", "").replace("_orig_mod.", "")
@@ -197,14 +246,8 @@ def materialize(model: nn.Module, device: torch.device, seed: int, buffer_dtype:
         else:
             local, row0 = param.data, 0
         _init_local_rows(local, clean, full_shape, row0, seed, fill)
-    buffer_device = buffer_device or device
-    if hasattr(model, "init_buffers"):
-        model.init_buffers(buffer_device)
-    elif buffer_device != device:
-        for module in model.modules():
-            for bname, buf in module.named_buffers(recurse=False):
-                module.register_buffer(bname, buf.to(buffer_device),
-                                       persistent=bname not in module._non_persistent_buffers_set)
+    if init_buffers is not None:
+        init_buffers(buffer_device)
     if buffer_dtype:
         # tables a model needs in float32 (RoPE's cos/sin: bf16 angles drift by whole radians at
         # long positions) are listed in its `fp32_buffers` and never cast
