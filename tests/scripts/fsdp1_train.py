@@ -26,9 +26,10 @@ def main():
         torch.cuda.set_device(local_rank)
         dist.init_process_group("nccl")
         device_id = torch.cuda.current_device()
+        device = torch.device("cuda", device_id)
     else:
         dist.init_process_group("gloo")
-        device_id = torch.device("cpu")
+        device_id = device = torch.device("cpu")
     rank, world = dist.get_rank(), dist.get_world_size()
 
     torch.manual_seed(0)
@@ -43,13 +44,14 @@ def main():
             gen = torch.Generator().manual_seed(epoch * 1000 + i * 10 + rank)
             x = torch.randn(16, 8, generator=gen)
             y = x[:, :4].sum(1, keepdim=True).sin()
+            x, y = x.to(device), y.to(device)  # inputs and targets on the model's device
             optimizer.zero_grad()
-            loss = F.mse_loss(model(x.to(device_id if device_id != torch.device("cpu") else "cpu")), y.to(x.device))
+            loss = F.mse_loss(model(x), y)
             loss.backward()
             optimizer.step()
             first = loss.item() if first is None else first
             last = loss.item()
-    dist.all_reduce(torch.tensor(0.0))
+    dist.all_reduce(torch.zeros(1, device=device))  # every rank is done (NCCL reduces device tensors only)
     if rank == 0:
         print(f"fsdp1 loss {first:.4f} -> {last:.4f}", flush=True)
     dist.destroy_process_group()
