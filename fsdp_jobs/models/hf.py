@@ -23,8 +23,7 @@ import torch
 from torch import nn
 
 from fsdp_jobs.models.hf_config import config_dict
-
-WRAPPED_PREFIX = "_checkpoint_wrapped_module."
+from fsdp_jobs.runtime.shard import plain_name
 
 
 def hf_config(config: Optional[dict[str, Any]] = None, config_dir: Optional[str] = None,
@@ -87,10 +86,6 @@ def build(architecture: Optional[str] = None, config: Optional[dict[str, Any]] =
     return model
 
 
-def _clean(name: str) -> str:
-    return name.replace(WRAPPED_PREFIX, "").replace("_orig_mod.", "")  # activation checkpointing, compile
-
-
 @torch.no_grad()
 def load_pretrained(model: nn.Module, directory: str) -> int:
     """Copy the weights of every *.safetensors file in `directory` into the (sharded) parameters: each rank
@@ -108,7 +103,7 @@ def load_pretrained(model: nn.Module, directory: str) -> int:
     tied = getattr(getattr(model, "config", None), "tie_word_embeddings", False)
     loaded = 0
     for name, param in model.named_parameters():
-        key = _clean(name)
+        key = plain_name(name)
         if key not in where and tied and key.endswith("lm_head.weight"):
             key = next((k for k in where if k.endswith("embed_tokens.weight")), key)
         if key not in where:
@@ -150,7 +145,7 @@ def export_hf(model_sd: dict[str, torch.Tensor], model_cfg: dict[str, Any], out:
     cfg = hf_config(kwargs.get("config"), kwargs.get("config_dir"), kwargs.get("overrides"))
     if kwargs.get("architecture"):
         cfg.architectures = [kwargs["architecture"]]
-    sd = {_clean(k): v.detach().contiguous() for k, v in model_sd.items()}
+    sd = {plain_name(k): v.detach().contiguous() for k, v in model_sd.items()}
     if cfg.tie_word_embeddings:  # shared storage cannot be saved twice; from_pretrained ties it again
         sd.pop("lm_head.weight", None)
     tmp = out.with_name(f".{out.name}.tmp")

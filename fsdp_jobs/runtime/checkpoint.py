@@ -134,18 +134,18 @@ class CheckpointManager:
             # training loop's on the default group
             if self._async_group is None and dist.is_initialized():
                 self._async_group = dist.new_group(backend="gloo")
+            on_gpu = any(t.is_cuda for t in _tensors(sd))
             if self._stager is None:
                 # one stager for the whole run: it keeps the host copies (pinned on GPU, so the
                 # device-to-host copy runs at full speed) and refills them at every save; save()
                 # waited for the previous upload first, so nothing still reads them
-                gpu = any(t.is_cuda for t in _tensors(sd))
-                self._stager = DefaultStager(StagingOptions(use_pinned_memory=gpu, use_shared_memory=False,
+                self._stager = DefaultStager(StagingOptions(use_pinned_memory=on_gpu, use_shared_memory=False,
                                                             use_async_staging=self.overlap_staging,
-                                                            use_non_blocking_copy=gpu))
+                                                            use_non_blocking_copy=on_gpu))
             # the staging stream does not wait for the compute stream: let the last optimizer step's
             # kernels finish before it reads the parameters (asked of the state's tensors, not of the
             # host: a CPU run on a GPU host would create a context on cuda:0 here)
-            if self.overlap_staging and any(t.is_cuda for t in _tensors(sd)):
+            if self.overlap_staging and on_gpu:
                 torch.cuda.current_stream().synchronize()
             # An explicit writer with no copy-ahead: the default one, seeing CUDA on the host, would sync
             # a CUDA stream from DCP's upload thread, which never set the device, so cuda:0's: a context

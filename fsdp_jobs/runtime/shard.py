@@ -178,6 +178,12 @@ def _init_local_rows(local: torch.Tensor, name: str, full_shape: tuple[int, ...]
         local[lo - row0:hi - row0].copy_(block[lo - b0:hi - b0])
 
 
+def plain_name(name: str) -> str:
+    """A parameter's or buffer's name in the model as written: without the prefixes that activation
+    checkpointing and compile add."""
+    return name.replace("_checkpoint_wrapped_module.", "").replace("_orig_mod.", "")
+
+
 class BufferInitError(ValueError):
     """A meta-built model has buffers with no values and no `init_buffers` to make them."""
 
@@ -187,8 +193,7 @@ def _take_real_buffers(model: nn.Module, has_init_buffers: bool) -> list[tuple[n
     (it would allocate uninitialised replacements); the caller puts them back. Refuses a model whose
     meta buffers nothing will initialise."""
     if not has_init_buffers:
-        empty = [name.replace("_checkpoint_wrapped_module.", "").replace("_orig_mod.", "")
-                 for name, buf in model.named_buffers() if buf.is_meta]
+        empty = [plain_name(name) for name, buf in model.named_buffers() if buf.is_meta]
         if empty:
             cls = type(model).__name__
             raise BufferInitError(
@@ -235,7 +240,7 @@ def materialize(model: nn.Module, device: torch.device, seed: int, buffer_dtype:
             module._buffers[bname] = moved[id(buf)]
     init_param = getattr(model, "init_parameter", None)
     for name, param in (model.named_parameters() if init_params else ()):
-        clean = name.replace("_checkpoint_wrapped_module.", "").replace("_orig_mod.", "")
+        clean = plain_name(name)
         full_shape = tuple(param.shape)
         fill = init_param if init_param is not None else (
             lambda n, t, g, nd=len(full_shape): _default_init(n, t, g, nd))
