@@ -97,9 +97,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     try:
         cfg, job = compose(argv)
         plan = make_plan(cfg)
-        import launchers  # after planning: a bad override never pays for a backend import
+        from fsdp_jobs import backends  # after planning: a bad override never pays for a backend import
 
-        backend = launchers.get(plan.backend)
+        backend = backends.get(plan.backend)
         if not cfg.dry_run:
             backend.check(plan, cfg)  # refusals that need the backend (is it there? is the run busy?)
         request = backend.dryrun(plan, cfg)  # exactly what submit() will hand to the backend

@@ -10,8 +10,8 @@ from typing import Any, Union
 
 from omegaconf import DictConfig, OmegaConf
 
-from fsdp_jobs.config import (DockerClusterConfig, JobConfig, KubernetesClusterConfig, LocalClusterConfig,
-                              SlurmClusterConfig, register_schemas, validate)
+from fsdp_jobs import backends
+from fsdp_jobs.config import JobConfig, register_schemas, validate
 from fsdp_jobs.errors import UserError
 
 CONF_DIR = Path(os.environ.get("FSDP_JOBS_CONF", Path(__file__).resolve().parent.parent / "conf"))
@@ -47,16 +47,13 @@ def _translate(exc: BaseException, overrides: list[str]) -> UserError:
     return UserError("", None, f"bad override: {first}")
 
 
-CLUSTER_SCHEMAS = {"local": LocalClusterConfig, "slurm": SlurmClusterConfig, "docker": DockerClusterConfig,
-                   "kubernetes": KubernetesClusterConfig}
-
-
 def _known(parent: str, overrides: list[str]) -> list[str]:
     node: Any = OmegaConf.structured(JobConfig)
     parts = [p for p in parent.split(".") if p]
     if parts and parts[0] == "cluster":  # its schema depends on the chosen backend
-        chosen = next((o.split("=", 1)[1] for o in overrides if o.startswith("cluster=")), "local")
-        node = OmegaConf.create({"cluster": OmegaConf.structured(CLUSTER_SCHEMAS.get(chosen, LocalClusterConfig))})
+        chosen = next((o.split("=", 1)[1] for o in overrides if o.startswith("cluster=")), backends.DEFAULT)
+        chosen = chosen if chosen in backends.names() else backends.DEFAULT
+        node = OmegaConf.create({"cluster": OmegaConf.structured(backends.schema(chosen))})
     for part in parts:
         node = node[part] if isinstance(node, DictConfig) and part in node else None
         if node is None:

@@ -1,17 +1,18 @@
 """The job's config schema: structured dataclasses Hydra validates `conf/` and overrides against.
 
-Every knob a user can set lives here with a comment, and in `conf/`. Nothing here imports torch.
+Every knob a user can set lives here with a comment, and in `conf/`; a backend's own `cluster.*` keys
+live in its package (launchers/<name>/config.py), as subclasses of ClusterConfig. Nothing here imports torch.
 Checks that need more than one key (does the shard group divide the world?) live in `plan.py`.
 """
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
 from hydra.core.config_store import ConfigStore
 
+from fsdp_jobs import backends
 from fsdp_jobs.byo import validate as validate_byo
 from fsdp_jobs.errors import UserError
 
@@ -19,7 +20,6 @@ STRATEGIES = ("full_shard", "shard_grad_op", "hybrid_shard", "hybrid_shard_zero2
 DTYPES = ("float32", "bfloat16", "float16")
 BACKWARD_PREFETCH = ("BACKWARD_PRE", "BACKWARD_POST")
 LR_SCHEDULES = ("cosine", "linear", "constant")
-BACKENDS = ("local", "slurm", "docker", "kubernetes")
 
 
 @dataclass
@@ -144,94 +144,6 @@ class ClusterConfig:
 
 
 @dataclass
-class LocalClusterConfig(ClusterConfig):
-    """Simulated nodes on this machine: one torchrun agent per node on loopback."""
-
-    backend: str = "local"
-    device: str = "cpu"
-    peak_tflops: float = 0.5  # a rough figure for one CPU core, so MFU stays meaningful-ish
-    peak_tflops_fp32: Optional[float] = 0.5  # CPU: fp32 is the dtype that runs
-
-
-@dataclass
-class SlurmClusterConfig(ClusterConfig):
-    """One sbatch job through submitit: one task per node, each running a torchrun agent."""
-
-    backend: str = "slurm"
-    partition: Optional[str] = None
-    account: Optional[str] = None
-    qos: Optional[str] = None
-    time_min: int = 1440  # the job's time limit in minutes (--time)
-    constraint: Optional[str] = None
-    exclusive: bool = False
-    mem: Optional[str] = None  # per node, sbatch syntax: "200G", "0" = all of it
-    cpus_per_task: Optional[int] = None  # one task per node runs the torchrun agent and its ranks
-    gpus: str = "auto"  # auto = --gpus-per-node=<gpus_per_node> unless cluster.device=cpu; or true/false
-    gres: Optional[str] = None  # e.g. "gpu:h100:8"; replaces the --gpus-per-node request
-    sbatch: Dict[str, str] = field(default_factory=dict)  # extra #SBATCH --key=value lines
-    setup: List[str] = field(default_factory=list)  # shell lines before srun: module load, venv activation
-    srun_args: List[str] = field(default_factory=list)
-    signal: str = "USR2"  # sent signal_delay_s before the time limit and on preemption (NCCL owns USR1)
-    signal_delay_s: int = 120
-    max_timeouts: int = 3  # requeues after hitting the time limit; preemptions are unlimited
-    job_name: Optional[str] = None  # None = the run name
-    snapshot_code: bool = True  # run from a copy of the code taken at submission (requeues too)
-    rdzv_port: Optional[int] = None  # None = 20000 + job id % 20000 (jobs sharing a node differ)
-
-
-@dataclass
-class DockerClusterConfig(ClusterConfig):
-    """One container per node through docker-compose on a local engine, on a private bridge network."""
-
-    backend: str = "docker"
-    device: str = "cpu"  # cpu (gloo) or cuda (nccl; node i is given GPUs i*gpus_per_node ...)
-    # auto = a minimal image built here in a second: this machine's Python, torch and packages come in
-    # through read-only bind mounts at the same paths. Or any image that has torch and the project's
-    # dependencies (deploy/docker/Dockerfile builds one); the code always comes from the run's snapshot
-    image: str = "auto"
-    python: Optional[str] = None  # the interpreter in the container; None = this one (image=auto) or python3
-    detach: bool = False  # return at once; follow with fsdp-jobs status|logs -f|cancel RUN
-    user: Optional[str] = None  # "UID:GID" the containers run as; None = the invoking user (sudo's caller)
-    shm_size: str = "2g"  # /dev/shm per container (NCCL and data loaders need more than Docker's 64m)
-    container_restarts: int = 3  # Docker restarts a failed container this often (restart: on-failure:N)
-    mounts: List[str] = field(default_factory=list)  # extra bind mounts "SRC:DST[:ro]"
-    internal_network: bool = False  # true = the job's network has no route out of this machine
-    cpus: Optional[float] = None  # CPU limit per container (compose cpus)
-    mem: Optional[str] = None  # memory limit per container, e.g. "16g"
-    compose: str = "auto"  # auto (docker compose v2 if present, else docker-compose v1), or a command
-    snapshot_code: bool = True  # run from a copy of the code taken at launch (restarts too)
-    rdzv_port: Optional[int] = None  # None = 29400 (each job has its own network, so no clash)
-
-
-@dataclass
-class KubernetesClusterConfig(ClusterConfig):
-    """One gang-scheduled job of `nodes` pods, each running a torchrun agent (launchers/kubernetes.py)."""
-
-    backend: str = "kubernetes"
-    # volcano: a Volcano Job built by TorchX's kubernetes scheduler; pytorchjob: a Kubeflow PyTorchJob
-    # (training-operator, elasticPolicy); jobset: a JobSet (jobset.x-k8s.io) with a headless Service
-    kind: str = "volcano"
-    image: Optional[str] = None  # required: an image with torch and fsdp_jobs (deploy/docker/Dockerfile)
-    namespace: str = "fsdp-jobs"  # deploy/kubernetes creates it, with the PVC, ServiceAccount and queue
-    context: Optional[str] = None  # kube config context; None = the current one (or in-cluster config)
-    pvc: str = "fsdp-jobs-runs"  # ReadWriteMany claim holding the run dirs, so checkpoints outlive pods
-    mount_path: str = "/runs"  # where the claim is mounted in the pods; run dir = <mount_path>/<name>
-    service_account: str = "fsdp-jobs"  # the pods' identity (no API token is mounted into them)
-    queue: str = "fsdp-jobs"  # Volcano queue (kind=volcano and pytorchjob under Volcano gang scheduling)
-    priority_class: Optional[str] = None  # e.g. fsdp-jobs-training from deploy/kubernetes
-    cpu: Optional[float] = None  # cores per pod; None = 4 per rank
-    memory_gb: Optional[float] = None  # memory per pod; None = 16 per rank
-    gpus: str = "auto"  # auto = gpus_per_node nvidia.com/gpu per pod unless cluster.device=cpu; true/false
-    max_retries: int = 3  # a failed pod restarts the whole job this often (Volcano maxRetry, backoffLimit)
-    node_selector: Dict[str, str] = field(default_factory=dict)  # e.g. {nvidia.com/gpu.product: H100}
-    # environment taken from Kubernetes Secrets: {VAR: "secret-name/key"}; only the reference is saved
-    secret_env: Dict[str, str] = field(default_factory=dict)
-    run_as_user: int = 1000  # the pods run as this non-root UID (and group), never as root
-    run_as_group: int = 1000
-    rdzv_port: Optional[int] = 29500  # c10d store on the first pod (each job has its own pods)
-
-
-@dataclass
 class JobConfig:
     name: Optional[str] = None  # run name; the same name resumes the same run. None = generated
     nodes: int = 2
@@ -241,7 +153,7 @@ class JobConfig:
     sweep: Optional[str] = None  # set by -m: the sweep this run is a member of (its dir under run_root)
     model: ModelConfig = field(default_factory=ModelConfig)
     fsdp: FSDPConfig = field(default_factory=FSDPConfig)
-    cluster: Any = None  # one of the *ClusterConfig schemas, chosen by the cluster= group
+    cluster: Any = None  # a backend's ClusterConfig subclass (launchers/<name>/config.py), chosen by cluster=
     train: TrainConfig = field(default_factory=TrainConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     data: DataConfig = field(default_factory=DataConfig)
@@ -256,13 +168,15 @@ def register_schemas() -> None:
     """Let conf/ files name the schemas in their defaults lists: the root (job_schema, which types every
     group but `cluster`) and one per backend, which each cluster/*.yaml extends. The other groups need
     no schema of their own: merged under the typed root, their values are checked against it (a schema
-    per group would be merged once more on every compose, about 12 ms of a dry run's 0.3 s)."""
-    cs = ConfigStore.instance()
-    cs.store(name="job_schema", node=JobConfig)
-    cs.store(group="cluster", name="local_schema", node=LocalClusterConfig)
-    cs.store(group="cluster", name="slurm_schema", node=SlurmClusterConfig)
-    cs.store(group="cluster", name="kubernetes_schema", node=KubernetesClusterConfig)
-    cs.store(group="cluster", name="docker_schema", node=DockerClusterConfig)
+    per group would be merged once more on every compose, about 12 ms of a dry run's 0.3 s). Each
+    backend registers its own (launchers/<name>/config.py), found through fsdp_jobs/backends.py."""
+    ConfigStore.instance().store(name="job_schema", node=JobConfig)
+    backends.register_schemas()
+
+
+def register_cluster_schema(backend: str, schema: type) -> None:
+    """What a backend's config.py `register()` calls: conf/cluster/<backend>.yaml extends <backend>_schema."""
+    ConfigStore.instance().store(group="cluster", name=f"{backend}_schema", node=schema)
 
 
 def _importable(key: str, path: str) -> None:
@@ -274,12 +188,12 @@ def _importable(key: str, path: str) -> None:
         raise UserError(key, path, "must be an import path package.module.Name of an installed package")
 
 
-def _positive(key: str, value: Any, minimum: int = 1) -> None:
+def positive(key: str, value: Any, minimum: int = 1) -> None:
     if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
         raise UserError(key, value, f"must be an integer >= {minimum}")
 
 
-def _choice(key: str, value: Any, allowed: tuple[str, ...], optional: bool = False) -> None:
+def choice(key: str, value: Any, allowed: tuple[str, ...], optional: bool = False) -> None:
     if value is None and optional:
         return
     if value not in allowed:
@@ -288,55 +202,55 @@ def _choice(key: str, value: Any, allowed: tuple[str, ...], optional: bool = Fal
 
 def validate(cfg: Any) -> None:
     """Per-key checks the types alone do not express. Raises UserError on the first bad key."""
-    _positive("nodes", cfg.nodes)
-    _positive("gpus_per_node", cfg.gpus_per_node)
+    positive("nodes", cfg.nodes)
+    positive("gpus_per_node", cfg.gpus_per_node)
     if cfg.name is not None and (not cfg.name or "/" in cfg.name or cfg.name.startswith(".")):
         raise UserError("name", cfg.name, "must be a plain directory name (no '/', not starting with '.')")
     f = cfg.fsdp
-    _choice("fsdp.strategy", f.strategy, STRATEGIES)
+    choice("fsdp.strategy", f.strategy, STRATEGIES)
     sgs = f.shard_group_size
     if not (sgs is None or sgs == "auto" or (isinstance(sgs, int) and not isinstance(sgs, bool) and sgs >= 1)):
         raise UserError("fsdp.shard_group_size", sgs, "allowed: an integer >= 1, auto, or null (one node)")
     for k in ("param_dtype", "reduce_dtype", "output_dtype", "buffer_dtype"):
         auto = ("auto",) if k in ("param_dtype", "reduce_dtype") else ()
-        _choice(f"fsdp.mixed_precision.{k}", f.mixed_precision[k], DTYPES + auto, optional=True)
+        choice(f"fsdp.mixed_precision.{k}", f.mixed_precision[k], DTYPES + auto, optional=True)
     for k in ("param_dtype", "reduce_dtype"):
         if f.mixed_precision[k] == "float16":  # gradients underflow without a loss scaler
             raise UserError(f"fsdp.mixed_precision.{k}", "float16", "needs loss scaling, which is not "
                             "implemented; use bfloat16")
-    _choice("fsdp.backward_prefetch", f.backward_prefetch, BACKWARD_PREFETCH, optional=True)
+    choice("fsdp.backward_prefetch", f.backward_prefetch, BACKWARD_PREFETCH, optional=True)
     if f.wrap.min_params is not None:
-        _positive("fsdp.wrap.min_params", f.wrap.min_params)
+        positive("fsdp.wrap.min_params", f.wrap.min_params)
     m = cfg.model
     for k in ("dim", "n_layers", "n_heads", "ffn_dim", "vocab_size", "max_seq_len"):
-        _positive(f"model.{k}", m[k])
-    _choice("model.dtype", m.dtype, ("float32", "bfloat16"))
+        positive(f"model.{k}", m[k])
+    choice("model.dtype", m.dtype, ("float32", "bfloat16"))
     if m.dim % m.n_heads:
         raise UserError("model.dim", m.dim, f"must be divisible by model.n_heads={m.n_heads}")
     if m.n_kv_heads is not None and (m.n_kv_heads < 1 or m.n_heads % m.n_kv_heads):
         raise UserError("model.n_kv_heads", m.n_kv_heads, f"must divide model.n_heads={m.n_heads}")
     t = cfg.train
-    _positive("train.steps", t.steps)
-    _positive("train.batch_per_rank", t.batch_per_rank)
+    positive("train.steps", t.steps)
+    positive("train.batch_per_rank", t.batch_per_rank)
     if t.global_batch_size is not None:
-        _positive("train.global_batch_size", t.global_batch_size)
+        positive("train.global_batch_size", t.global_batch_size)
     if t.micro_batch_per_rank is not None:
-        _positive("train.micro_batch_per_rank", t.micro_batch_per_rank)
+        positive("train.micro_batch_per_rank", t.micro_batch_per_rank)
         if t.global_batch_size is None:
             raise UserError("train.micro_batch_per_rank", t.micro_batch_per_rank,
                             "needs train.global_batch_size (accumulation keeps a global batch constant)")
-    _positive("train.log_interval", t.log_interval)
-    _positive("train.warmup_steps", t.warmup_steps, minimum=0)
-    _choice("train.lr_schedule", t.lr_schedule, LR_SCHEDULES)
+    positive("train.log_interval", t.log_interval)
+    positive("train.warmup_steps", t.warmup_steps, minimum=0)
+    choice("train.lr_schedule", t.lr_schedule, LR_SCHEDULES)
     if not t.lr > 0:
         raise UserError("train.lr", t.lr, "must be > 0")
     if len(t.betas) != 2:
         raise UserError("train.betas", list(t.betas), "must be two numbers, e.g. [0.9,0.95]")
     c = cfg.checkpoint
-    _positive("checkpoint.interval", c.interval, minimum=0)
-    _positive("checkpoint.keep_last", c.keep_last)
+    positive("checkpoint.interval", c.interval, minimum=0)
+    positive("checkpoint.keep_last", c.keep_last)
     d = cfg.data
-    _positive("data.seq_len", d.seq_len)
+    positive("data.seq_len", d.seq_len)
     if d.seq_len > m.max_seq_len:
         raise UserError("data.seq_len", d.seq_len, f"must be <= model.max_seq_len={m.max_seq_len}")
     if d._target_.endswith(".TokenFile") and not d.path:
@@ -346,65 +260,14 @@ def validate(cfg: Any) -> None:
                         *(("fsdp.wrap.transformer_blocks", b) for b in f.wrap.transformer_blocks)):
         _importable(key, target)
     cl = cfg.cluster
-    _choice("cluster.backend", cl.backend, BACKENDS)
-    _choice("cluster.device", cl.device, ("auto", "cpu", "cuda"))
-    _positive("cluster.stop_grace_s", cl.stop_grace_s)
-    _positive("cluster.max_restarts", cl.max_restarts, minimum=0)
+    choice("cluster.backend", cl.backend, backends.names())
+    choice("cluster.device", cl.device, ("auto", "cpu", "cuda"))
+    positive("cluster.stop_grace_s", cl.stop_grace_s)
+    positive("cluster.max_restarts", cl.max_restarts, minimum=0)
     if cl.min_nodes is not None and not (1 <= cl.min_nodes <= cfg.nodes):
         raise UserError("cluster.min_nodes", cl.min_nodes, f"must be between 1 and nodes={cfg.nodes}")
     if not 0 < cl.memory_fraction <= 1:
         raise UserError("cluster.memory_fraction", cl.memory_fraction, "must be in (0, 1]")
     if cl.rdzv_port is not None and not 1 <= cl.rdzv_port <= 65535:
         raise UserError("cluster.rdzv_port", cl.rdzv_port, "must be a TCP port 1-65535 or null")
-    if cl.backend == "slurm":
-        _positive("cluster.time_min", cl.time_min)
-        _positive("cluster.signal_delay_s", cl.signal_delay_s)
-        _positive("cluster.max_timeouts", cl.max_timeouts, minimum=0)
-        # TERM/INT/HUP are torchrun's own stop signals and USR1 is NCCL's: they cannot carry a requeue
-        _choice("cluster.signal", cl.signal, ("USR2", "URG"))
-        _choice("cluster.gpus", str(cl.gpus).lower(), ("auto", "true", "false"))
-    if cl.backend == "docker":
-        _choice("cluster.device", cl.device, ("cpu", "cuda"))
-        _positive("cluster.container_restarts", cl.container_restarts, minimum=0)
-        if cl.user is not None and not re.fullmatch(r"\d+:\d+", str(cl.user)):
-            raise UserError("cluster.user", cl.user, "must be UID:GID (numbers), or null for the invoking user")
-        if not re.fullmatch(r"\d+[bkmg]?", str(cl.shm_size).lower()):
-            raise UserError("cluster.shm_size", cl.shm_size, "must be a size such as 2g, 512m")
-        for m in cl.mounts:
-            if not re.fullmatch(r"/[^:]*:/[^:]*(:ro|:rw)?", str(m)):
-                raise UserError("cluster.mounts", m, "each mount is /host/path:/container/path[:ro]")
-    if cl.backend == "kubernetes":
-        _validate_kubernetes(cl)
-
-
-K8S_KINDS = ("volcano", "pytorchjob", "jobset")
-_DNS_LABEL = r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?"
-
-
-def _validate_kubernetes(cl: Any) -> None:
-    """What the API server would refuse later, refused now with the key that causes it."""
-    if not cl.image:
-        raise UserError("cluster.image", cl.image, "required for cluster=kubernetes: an image with torch and "
-                        "fsdp_jobs installed (deploy/docker/Dockerfile builds one), e.g. cluster.image=REGISTRY/fsdp-jobs:TAG")
-    _choice("cluster.kind", cl.kind, K8S_KINDS)
-    _choice("cluster.gpus", str(cl.gpus).lower(), ("auto", "true", "false"))
-    for key in ("namespace", "pvc", "service_account", "queue", "priority_class"):
-        value = cl[key]
-        if value is None and key == "priority_class":
-            continue
-        if not isinstance(value, str) or not re.fullmatch(_DNS_LABEL, value):
-            raise UserError(f"cluster.{key}", value, "must be a Kubernetes name: lowercase letters, digits and "
-                            "'-', starting and ending with a letter or digit, at most 63 characters")
-    if not str(cl.mount_path).startswith("/") or str(cl.mount_path).rstrip("/") == "":
-        raise UserError("cluster.mount_path", cl.mount_path, "must be an absolute path other than /, e.g. /runs")
-    for key in ("cpu", "memory_gb"):
-        if cl[key] is not None and not cl[key] > 0:
-            raise UserError(f"cluster.{key}", cl[key], "must be > 0, or null for the per-rank default")
-    _positive("cluster.max_retries", cl.max_retries, minimum=0)
-    for key in ("run_as_user", "run_as_group"):  # 0 is root: the pods never run as root
-        _positive(f"cluster.{key}", cl[key], minimum=1)
-    for var, ref in cl.secret_env.items():
-        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", str(var)):
-            raise UserError(f"cluster.secret_env.{var}", ref, "the key must be an environment variable name")
-        if not re.fullmatch(rf"{_DNS_LABEL}(\.{_DNS_LABEL})*/[-._a-zA-Z0-9]+", str(ref)):
-            raise UserError(f"cluster.secret_env.{var}", ref, "must be SECRET_NAME/KEY of a Secret in cluster.namespace")
+    backends.config_module(cl.backend).validate(cl)  # the chosen backend's own keys (launchers/<name>/config.py)

@@ -26,14 +26,14 @@ COMMANDS = ("list", "status", "logs", "cancel", "chaos", "compare", "plot")
 
 
 def _backend(run: Any) -> Any:
-    import launchers
+    from fsdp_jobs import backends
 
     name = run.launch.get("backend")
     if not name:
         raise UserError("RUN", run.run_dir.name, f"{run.run_dir / runs.LAUNCHES_FILE} records no launch "
                                                  "(missing or damaged); nothing to ask a backend about")
     try:
-        return launchers.get(str(name))
+        return backends.get(str(name))
     except ValueError as e:
         raise UserError("RUN", run.run_dir.name, str(e)) from None
 
@@ -58,7 +58,7 @@ def find_run(ref: str, run_root: Path) -> Path:
 
 
 def run_status(run_dir: Path) -> dict[str, Any]:
-    from launchers.base import JobState, JobStatus, Run
+    from fsdp_jobs.status import JobState, JobStatus, Run
 
     run = Run.load(run_dir)
     out: dict[str, Any] = {"run": run_dir.name, "run_dir": str(run_dir), "backend": run.launch.get("backend"),
@@ -106,7 +106,7 @@ def sweep_statuses(members: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def cancel_sweep(members: list[dict[str, Any]]) -> list[str]:
     """Cancel every member whose job has not ended yet (an ended one has nothing to cancel)."""
-    from launchers.base import JobState, Run
+    from fsdp_jobs.status import JobState, Run
 
     lines = []
     for s, m in zip(sweep_statuses(members), members):
@@ -119,7 +119,7 @@ def cancel_sweep(members: list[dict[str, Any]]) -> list[str]:
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    from launchers.base import Run
+    from fsdp_jobs.status import Run
 
     p = argparse.ArgumentParser(prog="fsdp-jobs", description="Follow and control submitted runs.")
     sub = p.add_subparsers(dest="cmd", required=True)

@@ -7,17 +7,18 @@ import os
 from pathlib import Path
 from typing import Any
 
-from fsdp_jobs import faults
+from fsdp_jobs import backends, faults
 from fsdp_jobs.errors import UserError
 
 DTYPE_SIZES = {"uint8": 1, "uint16": 2, "int16": 2, "uint32": 4, "int32": 4, "int64": 8}
 
 
 def check_token_file(cfg: Any) -> None:
-    """data.path must be a readable file holding at least one window. Kubernetes reads it inside the
-    pod (a path on the PVC), so only backends that see this machine's files check it here."""
+    """data.path must be a readable file holding at least one window. Only backends whose processes see
+    this machine's files check it here (HOST_FILES in launchers/<name>/config.py); the others read it
+    where the job runs (a Kubernetes pod: a path on the PVC)."""
     path = cfg.data.path
-    if not path or cfg.cluster.backend == "kubernetes":
+    if not path or not backends.config_module(cfg.cluster.backend).HOST_FILES:
         return
     p = Path(path).expanduser()
     if not p.is_file():

@@ -144,8 +144,8 @@ def sweep_id(overrides: list[str], members: list[tuple[list[str], dict[str, str]
 
 def _existing(member: Member) -> str:
     """Why an existing run must not be submitted again: it completed, or its job is still queued/running."""
-    import launchers
-    from launchers.base import JobState, Run
+    from fsdp_jobs import backends
+    from fsdp_jobs.status import JobState, Run
 
     run_dir = Path(member.plan.run_dir)
     if not (run_dir / runs.JOB_FILE).is_file():
@@ -155,7 +155,7 @@ def _existing(member: Member) -> str:
         return f"completed at step {state.get('step')}"
     run = Run.load(run_dir)
     if run.launch.get("backend"):
-        status = launchers.get(str(run.launch["backend"])).describe(run)
+        status = backends.get(str(run.launch["backend"])).describe(run)
         if status.state in (JobState.PENDING, JobState.RUNNING):
             return f"{status.state.value.lower()} as {run.launch['backend']} job {run.launch.get('job_id')}"
     return ""
@@ -163,7 +163,7 @@ def _existing(member: Member) -> str:
 
 def prepare_members(overrides: list[str]) -> tuple[str, list[Member]]:
     """Steps 1 and 2: every member composed, planned and dry-run, or a UserError naming the bad one."""
-    import launchers
+    from fsdp_jobs import backends
 
     from fsdp_jobs.compose import compose_many
     from fsdp_jobs.plan import make_plan
@@ -186,7 +186,7 @@ def prepare_members(overrides: list[str]) -> tuple[str, list[Member]]:
             m.cfg.run_root = m.job["run_root"] = str(Path(m.cfg.run_root).expanduser() / sid)
             m.cfg.sweep = m.job["sweep"] = sid  # backends whose storage is elsewhere (a PVC) keep members apart by it
             m.plan = make_plan(m.cfg)
-            m.backend = launchers.get(m.plan.backend)
+            m.backend = backends.get(m.plan.backend)
             if not m.cfg.dry_run:
                 m.skip = _existing(m)
                 if not m.skip:

@@ -1,16 +1,6 @@
-"""One module per backend, each defining BACKEND, an instance of `launchers.base.Backend` (dryrun,
-submit, describe, log_iter, cancel). Only the chosen backend's module is imported."""
+"""One package per backend (launchers/local, slurm, docker, kubernetes), each with its config schema
+(config.py) and its `Backend` (backend.py, launchers/base.py's interface), plus what every backend
+shares: launchers/common.py (torchrun flags, the ranks' environment and entry point),
+launchers/snapshot.py (code snapshots). fsdp_jobs/backends.py is the registry that finds them.
 
-from __future__ import annotations
-
-import importlib
-
-from fsdp_jobs.config import BACKENDS
-from launchers.base import Backend
-
-
-def get(backend: str) -> Backend:
-    """Import only the chosen backend: a backend's dependencies never load for another."""
-    if backend not in BACKENDS:
-        raise ValueError(f"unknown backend {backend!r}; known: {', '.join(BACKENDS)}")
-    return importlib.import_module(f"launchers.{backend}").BACKEND
+Nothing is imported here: importing a backend's config for planning must not load any backend."""

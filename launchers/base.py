@@ -10,110 +10,88 @@
 
 `run` is a `Run`: the run dir plus its newest launch record, which is all a backend needs to find its
 job again (`launches.jsonl` is the journal; `fsdp-jobs list` reads the run dirs). The CLI and ctl
-know no backend by name: they call `launchers.get(name)` and this interface. A new backend is one
-module with one `Backend` subclass named BACKEND, plus its config schema.
+know no backend by name: they call `fsdp_jobs.backends.get(name)` and this interface. A new backend is
+one package, launchers/<name>/ (config.py + backend.py), and one line in fsdp_jobs/backends.py
+(ARCHITECTURE.md, "Adding a backend").
 """
 
 from __future__ import annotations
 
-import enum
+import abc
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator, Optional
+from typing import Any, Generic, Iterator, Optional, Protocol, TypeVar
 
-from fsdp_jobs import runs
 from fsdp_jobs.errors import UserError
+# the vocabulary the CLI reads (fsdp_jobs/status.py); backends import it from here
+from fsdp_jobs.status import JobState, JobStatus, Run, Submitted, state_from_training
+
+__all__ = ["Backend", "DryRun", "Request", "JobState", "JobStatus", "Run", "Submitted", "state_from_training"]
 
 
-class JobState(str, enum.Enum):
-    PENDING = "PENDING"
-    RUNNING = "RUNNING"
-    SUCCEEDED = "SUCCEEDED"
-    FAILED = "FAILED"
-    CANCELLED = "CANCELLED"
-    UNKNOWN = "UNKNOWN"
+class Request(Protocol):
+    """A backend's typed request: a dataclass that `dryrun` returns, `submit` takes, and `render` shows."""
 
-    @property
-    def terminal(self) -> bool:
-        return self in (JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED)
+    def render(self) -> str: ...
 
 
-@dataclass
-class JobStatus:
-    state: JobState
-    detail: str  # the backend's own words, e.g. "RUNNING (Reason=None)" or "exited 0 (node0, node1)"
-    info: dict[str, Any] = field(default_factory=dict)  # backend-specific fields for `status` (JSON)
+R = TypeVar("R", bound=Request)
 
 
 @dataclass
-class DryRun:
-    """What `submit` will hand to the backend, exactly; `text` is how `dry_run=true` shows it."""
+class DryRun(Generic[R]):
+    """What `submit` will hand to the backend, exactly; `text` (what `dry_run=true` prints) is rendered
+    from that very request, so the dry run cannot show anything but what goes out."""
 
     backend: str
     plan: Any
     cfg: Any
-    request: Any
-    text: str
+    request: R
     # what every node's torchrun agent gets, whatever the backend (one test compares them across backends):
     agent_args: list[str] = field(default_factory=list)  # torchrun flags (endpoint as the backend names it)
     agent_env: dict[str, str] = field(default_factory=dict)  # environment of the agent and its ranks
 
-
-@dataclass
-class Submitted:
-    job_id: str
-    exit_status: Optional[int] = None  # set by backends that stay attached until the job ends
+    @property
+    def text(self) -> str:
+        return self.request.render()
 
 
-@dataclass
-class Run:
-    run_dir: Path
-    launch: dict[str, Any]  # the newest record in launches.jsonl ({} if none survived)
-
-    @classmethod
-    def load(cls, run_dir: Path) -> "Run":
-        return cls(run_dir, runs.last_launch(run_dir))
-
-
-def state_from_training(run_dir: Path) -> JobState:
-    """When the backend has nothing left to say, state.json (rank 0's own record) tells the outcome."""
-    status = runs.read_state(run_dir).get("status")
-    return {"completed": JobState.SUCCEEDED, "failed": JobState.FAILED,
-            "preempted": JobState.CANCELLED}.get(str(status), JobState.UNKNOWN)
-
-
-class Backend:
+class Backend(abc.ABC, Generic[R]):
     name = ""
 
     def check(self, plan: Any, cfg: Any) -> None:
         """Refusals that need the backend (is it reachable? is the run busy?), before anything is written."""
 
-    def dryrun(self, plan: Any, cfg: Any) -> DryRun:
-        raise NotImplementedError
+    @abc.abstractmethod
+    def dryrun(self, plan: Any, cfg: Any) -> DryRun[R]:
+        ...
 
-    def submit(self, dryrun: DryRun) -> Submitted:
-        raise NotImplementedError
+    @abc.abstractmethod
+    def submit(self, dryrun: DryRun[R]) -> Submitted:
+        ...
 
-    def group_key(self, dryrun: DryRun) -> Optional[str]:
+    def group_key(self, dryrun: DryRun[R]) -> Optional[str]:
         """Requests with the same key can go out as ONE submission (`submit_group`: a SLURM job array);
         None = this request goes out alone. Default: always alone."""
         return None
 
-    def group_text(self, dryruns: list[DryRun]) -> Optional[str]:
+    def group_text(self, dryruns: list[DryRun[R]]) -> Optional[str]:
         """How `submit_group` submits these together, as a dry run shows it; None = as their own dry runs."""
         return None
 
-    def submit_group(self, dryruns: list[DryRun]) -> list[Submitted]:
+    def submit_group(self, dryruns: list[DryRun[R]]) -> list[Submitted]:
         """Submit requests that share a `group_key` (members of a sweep), quietly: the caller reports.
         Default: one after another (an attached backend runs them one at a time)."""
         return [self.submit(d) for d in dryruns]
 
+    @abc.abstractmethod
     def describe(self, run: Run) -> JobStatus:
-        raise NotImplementedError
+        ...
 
+    @abc.abstractmethod
     def cancel(self, run: Run) -> str:
-        raise NotImplementedError
+        ...
 
     def chaos(self, run: Run, action: str, node: int) -> str:
         """Failure injection for testing resilience (kill-node: it comes back; stop-node: gone for good)."""

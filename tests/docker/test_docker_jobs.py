@@ -157,7 +157,7 @@ def test_detached_job_status_logs_follow_and_cancel(run_root):
 
 
 def test_ctrl_c_stops_exactly_its_own_containers_after_a_checkpoint(run_root):
-    from launchers.docker import ensure_skel_image
+    from launchers.docker.engine import ensure_skel_image
 
     ensure_skel_image()
     bystander = subprocess.run(["docker", "run", "-d", "--rm", "-v", "/usr:/usr:ro", "fsdp-jobs-skel:1", "/bin/sleep",

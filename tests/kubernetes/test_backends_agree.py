@@ -3,7 +3,6 @@ agent's flags, the ranks' environment); only where the rendezvous lives may diff
 
 from __future__ import annotations
 
-import importlib.util
 import re
 from pathlib import Path
 
@@ -11,13 +10,12 @@ import pytest
 
 from fsdp_jobs.compose import compose
 from fsdp_jobs.plan import make_plan
-import launchers
-from launchers import k8s_manifests
+from fsdp_jobs import backends
+from launchers.kubernetes import manifests as k8s_manifests
 
 pytestmark = pytest.mark.kubernetes
 
-# launchers/docker.py is written in parallel with this backend: compared as soon as it exists
-BACKENDS = ["local", "slurm", "kubernetes"] + (["docker"] if importlib.util.find_spec("launchers.docker") else [])
+BACKENDS = list(backends.names())
 PER_BACKEND = {"kubernetes": ["cluster.image=registry.example.com/fsdp-jobs:1"]}
 # SLURM warns the ranks with its own signal before a time limit or preemption; everywhere else the stop
 # signal is torchrun's SIGTERM, so this one variable is SLURM's alone
@@ -38,7 +36,7 @@ def test_dry_runs_of_every_backend_agree(tmp_path: Path) -> None:
     for backend in BACKENDS:
         cfg, _ = compose([f"cluster={backend}", *common, *PER_BACKEND.get(backend, [])])
         plan = make_plan(cfg)
-        d = launchers.get(backend).dryrun(plan, cfg)
+        d = backends.get(backend).dryrun(plan, cfg)
         env = {k: v for k, v in d.agent_env.items() if backend == "slurm" or k not in SLURM_ONLY}
         assert backend == "slurm" or not SLURM_ONLY & set(d.agent_env), backend
         seen[backend] = {"world": plan.world_size, "mesh": plan.mesh, "args": masked(d.agent_args),

@@ -16,8 +16,8 @@ import yaml
 
 from fsdp_jobs.compose import compose
 from fsdp_jobs.plan import make_plan
-from launchers import k8s_manifests
-from launchers.kubernetes import BACKEND
+from launchers.kubernetes import manifests as k8s_manifests
+from launchers.kubernetes.backend import BACKEND
 from tests.conftest import REPO
 from tests.kubernetes import schemas
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from launchers.base import JobState
-from launchers.kubernetes import _condition_state
+from fsdp_jobs.status import JobState
+from launchers.kubernetes.backend import _condition_state
 
 pytestmark = pytest.mark.kubernetes
 

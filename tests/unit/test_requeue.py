@@ -1,10 +1,10 @@
-"""The SLURM node task's decision after torchrun exits (launchers/requeue.py), case by case."""
+"""The SLURM node task's decision after torchrun exits (launchers/slurm/requeue.py), case by case."""
 
 from __future__ import annotations
 
 import pytest
 
-from launchers.requeue import COMPLETED, FAILED, PREEMPTED, REQUEUE, TERMINATED, decide
+from launchers.slurm.requeue import COMPLETED, FAILED, PREEMPTED, REQUEUE, TERMINATED, decide
 
 
 @pytest.mark.parametrize("rc, status, terminated, start, now, action", [
@@ -29,7 +29,7 @@ def test_decision(rc, status, terminated, start, now, action):
 
 
 def test_the_root_cause_comes_from_torchruns_error_file(tmp_path):
-    from launchers.requeue import root_cause
+    from launchers.slurm.requeue import root_cause
 
     f = tmp_path / "error.json"
     f.write_text('{"message": {"message": "RuntimeError: test fault injection: step 3 raises", '

@@ -88,7 +88,7 @@ def test_sweep_id_is_derived_from_the_command_or_given():
 def _slurm_dryruns(tmp_path: Path, members: list[list[str]]):
     from fsdp_jobs.compose import compose
     from fsdp_jobs.plan import make_plan
-    from launchers.slurm import BACKEND
+    from launchers.slurm.backend import BACKEND
 
     out = []
     for i, extra in enumerate(members):
@@ -99,7 +99,7 @@ def _slurm_dryruns(tmp_path: Path, members: list[list[str]]):
 
 
 def test_members_of_one_shape_share_a_group_and_different_shapes_do_not(tmp_path):
-    from launchers.slurm import BACKEND
+    from launchers.slurm.backend import BACKEND
 
     same = _slurm_dryruns(tmp_path, [["train.lr=1e-3"], ["train.lr=2e-3", "+cluster.env.FOO=1"]])
     assert BACKEND.group_key(same[0]) == BACKEND.group_key(same[1])  # env and paths are per element
@@ -112,7 +112,7 @@ def test_the_array_script_runs_each_elements_own_setup(tmp_path):
     """The one sbatch script of an array: element i gets member i's code snapshot and environment."""
     from submitit.slurm.slurm import _make_sbatch_string
 
-    from launchers.slurm import array_parameters
+    from launchers.slurm.backend import array_parameters
 
     dryruns = _slurm_dryruns(tmp_path, [["train.lr=1e-3"], ["train.lr=2e-3", "+cluster.env.FOO=bar"]])
     folder, params = array_parameters(dryruns)
@@ -124,7 +124,7 @@ def test_the_array_script_runs_each_elements_own_setup(tmp_path):
         env = subprocess.run(["bash", "-c", setup + '\necho "$PYTHONPATH|${FOO:-}"'], capture_output=True, text=True,
                              env={"SLURM_ARRAY_TASK_ID": str(i), "PATH": os.environ["PATH"]}, check=True).stdout
         code_dir, foo = env.strip().split("|")
-        assert code_dir == d.request["code_dir"]
+        assert code_dir == d.request.code_dir
         assert foo == ("bar" if i == 1 else "")
 
 

@@ -3,7 +3,7 @@
 
 `dryrun` builds submitit's parameters and the exact sbatch script submitit will write from them;
 `submit` snapshots the code into the run dir, submits those parameters, records the job and
-returns at once. What runs inside the job: launchers/slurm_task.py.
+returns at once. What runs inside the job: launchers/slurm/node_task.py.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ import shlex
 import shutil
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
@@ -22,6 +23,19 @@ from fsdp_jobs.errors import UserError
 from launchers.base import Backend, DryRun, JobState, JobStatus, Run, Submitted
 from launchers.common import python_path, rank_entry, rank_env, runtime_env, torchrun_args, user_code_dir
 from launchers.snapshot import PROJECT_ROOT, next_snapshot_dir, take_snapshot, take_user_code
+
+@dataclass
+class SlurmRequest:
+    """submitit's SlurmExecutor parameters and the sbatch script submitit writes from them, byte for byte."""
+
+    parameters: dict[str, Any]
+    code_dir: str  # the code snapshot the script puts first on PYTHONPATH (taken by submit)
+    sbatch: str
+    user_dir: Optional[str]  # where submit copies the user's script/package, or None
+
+    def render(self) -> str:
+        return self.sbatch
+
 
 ACTIVE_STATES = ("PENDING", "RUNNING", "REQUEUED", "RESIZING", "SUSPENDED", "CONFIGURING", "COMPLETING",
                  "REQUEUE_HOLD", "REQUEUE_FED", "SIGNALING", "STAGE_OUT")
@@ -62,7 +76,7 @@ def sbatch_parameters(plan: Any, cfg: Any, code_dir: Path, user_dir: Optional[Pa
         f"export SUBMITIT_PREEMPT_SIGNAL={c.signal}",
     ]
     setup += [f"export {k}={shlex.quote(v)}" for k, v in sorted(runtime_env(cfg).items())]
-    # the node task (slurm_task.py) starts rank_entry(): the user's script from this copy, or the trainer
+    # the node task (launchers/slurm/node_task.py) starts rank_entry(): the user's script from this copy, or the trainer
     setup += [f"export {k}={shlex.quote(v)}" for k, v in sorted(rank_env(cfg, plan.run_dir, user).items())]
     setup.append(f"# every node: torchrun <flags> {shlex.join(rank_entry(cfg, plan.run_dir, user))}")
     params: dict[str, Any] = {
@@ -146,7 +160,7 @@ def common_state(slurm: str) -> JobState:
     return JobState.UNKNOWN if slurm == "UNKNOWN" else JobState.FAILED
 
 
-class SlurmBackend(Backend):
+class SlurmBackend(Backend[SlurmRequest]):
     name = "slurm"
 
     def check(self, plan: Any, cfg: Any) -> None:
@@ -161,33 +175,32 @@ class SlurmBackend(Backend):
             raise UserError("name", plan.name, f"run already has SLURM job {job} queued or running; "
                                                f"cancel it (fsdp-jobs cancel {plan.name}) or choose another name")
 
-    def dryrun(self, plan: Any, cfg: Any) -> DryRun:
+    def dryrun(self, plan: Any, cfg: Any) -> DryRun[SlurmRequest]:
         """submitit's parameters and the sbatch script they make, byte for byte (no cluster needed)."""
         code_dir = next_snapshot_dir(Path(plan.run_dir)) if cfg.cluster.snapshot_code else PROJECT_ROOT
         user_dir = user_code_dir(cfg, Path(plan.run_dir))
         params = sbatch_parameters(plan, cfg, code_dir, user_dir)
         script = sbatch_script(_folder(plan), params)
-        # the node task (slurm_task.py) builds the same flags at run time, at the allocation's first node
+        # the node task (launchers/slurm/node_task.py) builds the same flags at run time, at the allocation's first node
         port = cfg.cluster.rdzv_port or "<20000 + job id % 20000>"
         agent_args = torchrun_args(plan, f"<first node>:{port}", cfg.cluster.stop_grace_s)
-        return DryRun(self.name, plan, cfg, {"parameters": params, "code_dir": str(code_dir), "sbatch": script,
-                                             "user_dir": str(user_dir) if user_dir else None},
-                      script, agent_args=agent_args, agent_env=runtime_env(cfg))
+        request = SlurmRequest(params, str(code_dir), script, str(user_dir) if user_dir else None)
+        return DryRun(self.name, plan, cfg, request, agent_args=agent_args, agent_env=runtime_env(cfg))
 
-    def submit(self, dryrun: DryRun) -> Submitted:
+    def submit(self, dryrun: DryRun[SlurmRequest]) -> Submitted:
         return Submitted(submit_job(dryrun))
 
-    def group_text(self, dryruns: list[DryRun]) -> Optional[str]:
+    def group_text(self, dryruns: list[DryRun[SlurmRequest]]) -> Optional[str]:
         """The one array script submit_group will submit for several requests, byte for byte."""
         if len(dryruns) < 2:
             return None
         folder, params = array_parameters(dryruns)
         return sbatch_script(folder, {**params, "map_count": len(dryruns)})
 
-    def group_key(self, dryrun: DryRun) -> Optional[str]:
+    def group_key(self, dryrun: DryRun[SlurmRequest]) -> Optional[str]:
         return group_key(dryrun)
 
-    def submit_group(self, dryruns: list[DryRun]) -> list[Submitted]:
+    def submit_group(self, dryruns: list[DryRun[SlurmRequest]]) -> list[Submitted]:
         return [Submitted(job_id) for job_id in submit_jobs(dryruns)]
 
     def describe(self, run: Run) -> JobStatus:
@@ -207,47 +220,47 @@ class SlurmBackend(Backend):
         return f"cancelled SLURM job {job_id} ({run.run_dir.name})"
 
 
-def _snapshot(dryrun: DryRun) -> dict[str, str]:
-    if dryrun.request.get("user_dir"):  # the user's script/package: always, requeues must find it
-        take_user_code(dryrun.cfg, Path(dryrun.request["user_dir"]))
+def _snapshot(dryrun: DryRun[SlurmRequest]) -> dict[str, str]:
+    if dryrun.request.user_dir:  # the user's script/package: always, requeues must find it
+        take_user_code(dryrun.cfg, Path(dryrun.request.user_dir))
     if dryrun.cfg.cluster.snapshot_code:  # into the very directory the dry run's script names
-        return take_snapshot(Path(dryrun.request["code_dir"]))
+        return take_snapshot(Path(dryrun.request.code_dir))
     return {"code": str(PROJECT_ROOT), "git_commit": ""}  # the live checkout (developing the tool itself)
 
 
-def group_key(dryrun: DryRun) -> str:
+def group_key(dryrun: DryRun[SlurmRequest]) -> str:
     """The resource shape: every sbatch parameter but the job's name and its setup lines (those hold
     the run's own paths and environment; an array runs each element's own, see array_parameters)."""
-    params = {k: v for k, v in dryrun.request["parameters"].items() if k not in ("job_name", "setup")}
+    params = {k: v for k, v in dryrun.request.parameters.items() if k not in ("job_name", "setup")}
     return json.dumps({"parameters": params, "max_timeouts": dryrun.cfg.cluster.max_timeouts}, sort_keys=True)
 
 
-def array_parameters(dryruns: list[DryRun]) -> tuple[Path, dict[str, Any]]:
+def array_parameters(dryruns: list[DryRun[SlurmRequest]]) -> tuple[Path, dict[str, Any]]:
     """One sbatch script for requests of one shape: element i runs the setup of dryruns[i] (its code
     snapshot, its environment), picked by SLURM_ARRAY_TASK_ID. Logs go under the members' common
     parent (a sweep's dir): submitit gives every element its own folder there, <array id>_<i>."""
-    params = dict(dryruns[0].request["parameters"])
-    names = {d.request["parameters"]["job_name"] for d in dryruns}
+    params = dict(dryruns[0].request.parameters)
+    names = {d.request.parameters["job_name"] for d in dryruns}
     parent = Path(os.path.commonpath([d.plan.run_dir for d in dryruns]))
     params["job_name"] = names.pop() if len(names) == 1 else parent.name
     setup = ['case "$SLURM_ARRAY_TASK_ID" in']
     for i, d in enumerate(dryruns):
-        setup += [f"  {i})"] + [f"    {line}" for line in d.request["parameters"]["setup"]] + ["    ;;"]
+        setup += [f"  {i})"] + [f"    {line}" for line in d.request.parameters["setup"]] + ["    ;;"]
     params["setup"] = setup + ["esac"]
     return parent / "slurm" / "%j", params
 
 
-def submit_jobs(dryruns: list[DryRun]) -> list[str]:
+def submit_jobs(dryruns: list[DryRun[SlurmRequest]]) -> list[str]:
     """Submit one job, or several requests of one shape as ONE job array (submitit's batch). Every
     element is a full multi-node allocation running NodeTask for its own run dir, and is requeued
     on its own: its job id is <array id>_<i>."""
     import submitit
 
-    from launchers.slurm_task import NodeTask
+    from launchers.slurm.node_task import NodeTask
 
     codes = [_snapshot(d) for d in dryruns]
     if len(dryruns) == 1:
-        folder, params = _folder(dryruns[0].plan), dryruns[0].request["parameters"]
+        folder, params = _folder(dryruns[0].plan), dryruns[0].request.parameters
     else:
         folder, params = array_parameters(dryruns)
     executor = submitit.SlurmExecutor(folder=folder, max_num_timeout=dryruns[0].cfg.cluster.max_timeouts)
@@ -271,7 +284,7 @@ def submit_jobs(dryruns: list[DryRun]) -> list[str]:
     return [str(job.job_id) for job in jobs]
 
 
-def submit_job(dryrun: DryRun) -> str:
+def submit_job(dryrun: DryRun[SlurmRequest]) -> str:
     plan = dryrun.plan
     job_id = submit_jobs([dryrun])[0]
     launch = runs.last_launch(Path(plan.run_dir))

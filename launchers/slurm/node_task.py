@@ -28,7 +28,7 @@ from fsdp_jobs import runs
 from fsdp_jobs.plan import CKPT_DIR_RE, newest_checkpoint
 from fsdp_jobs.runs import clear_stop_request, request_stop
 from launchers.common import USER_CODE_ENV, begin_user_attempt, rank_entry, settle_user_state, torchrun_args
-from launchers.requeue import COMPLETED, PREEMPTED, REQUEUE, TERMINATED, decide, root_cause
+from launchers.slurm.requeue import COMPLETED, PREEMPTED, REQUEUE, TERMINATED, decide, root_cause
 
 KILL_WAIT_S = 300  # after a requeue, SLURM kills the tasks; do not report "done" meanwhile
 

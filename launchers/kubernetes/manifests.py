@@ -8,7 +8,7 @@
 
 Every pod is the same TorchX pod (`role_to_pod`: resources, /dev/shm, the PVC at cluster.mount_path)
 with the same patch on top: non-root, no privilege escalation, all capabilities dropped, a dedicated
-ServiceAccount without an API token, the job's ConfigMap. Each runs `boot.py` (launchers/k8s_boot.py),
+ServiceAccount without an API token, the job's ConfigMap. Each runs `boot.py` (launchers/kubernetes/boot.py),
 which copies the job into its run dir on the PVC and execs torchrun with the flags every backend uses
 (launchers/common.py), the rendezvous endpoint being the first pod's stable DNS name.
 Imports torchx/kubernetes only inside functions: the planning path stays fast.
@@ -35,7 +35,7 @@ from launchers.common import python_path, rank_entry, rank_env, runtime_env, tor
 ROLE = "node"  # TorchX role / JobSet replicated job: pods are <job>-node-<k>-0
 CONFIG_DIR = "/etc/fsdp-jobs"  # where the ConfigMap is mounted
 CONFIG_VOLUME = "fsdp-jobs-config"
-BOOT_FILE = Path(__file__).with_name("k8s_boot.py")
+BOOT_FILE = Path(__file__).with_name("boot.py")
 LABEL_RUN = "fsdp-jobs/run"
 LABEL_JOB = "fsdp-jobs/job"
 MANAGED_BY = {"app.kubernetes.io/managed-by": "fsdp-jobs"}
@@ -84,6 +84,9 @@ class Request:
     @property
     def configmap(self) -> dict[str, Any]:
         return self.objects[0]
+
+    def render(self) -> str:
+        return to_text(self)
 
 
 def name_prefix(run_name: str) -> str:

@@ -4,7 +4,7 @@ has ended for good, records how in docker-result.json, and removes the container
 
 It runs in the CLI's foreground for an attached job (Ctrl-C stops exactly these containers: SIGTERM
 to each agent, whose ranks checkpoint, then SIGKILL after the grace), or detached
-(`python -m launchers.docker_supervisor RUN_DIR`, started by `submit` with cluster.detach=true).
+(`python -m launchers.docker.supervisor RUN_DIR`, started by `submit` with cluster.detach=true).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from typing import Any, Optional, TextIO
 
 from fsdp_jobs import runs
 from launchers.common import settle_user_state
-from launchers.docker import RESULT_FILE, containers, give_to
+from launchers.docker.engine import RESULT_FILE, containers, give_to
 
 POLL_S = 1.0
 # a node ended for good and fewer than min_nodes remain: the others wait in the rendezvous for a
@@ -177,7 +177,7 @@ def start_detached(run_dir: Path) -> int:
     """The supervisor in its own session, outliving this command; its own output goes to a file."""
     out = open(run_dir / "logs" / "supervisor.log", "a")
     give_to(run_dir / "logs" / "supervisor.log", runs.last_launch(run_dir)["user"])
-    p = subprocess.Popen([sys.executable, "-m", "launchers.docker_supervisor", str(run_dir)], stdout=out,
+    p = subprocess.Popen([sys.executable, "-m", "launchers.docker.supervisor", str(run_dir)], stdout=out,
                          stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
     out.close()
     return p.pid

@@ -2,7 +2,7 @@
 
 `dryrun` renders the compose file (data, and the YAML `dry_run=true` prints) and the exact commands;
 `submit` snapshots the code, writes the compose file into the run dir, starts it (`up -d`) and hands
-over to the supervisor (launchers/docker_supervisor.py): in the foreground by default, like
+over to the supervisor (launchers/docker/supervisor.py): in the foreground by default, like
 cluster=local (merged node-prefixed log, progress, the job's exit status, Ctrl-C stops exactly these
 containers), or in the background with cluster.detach=true. The supervisor removes the containers
 and the network when the job ends; the run dir stays.
@@ -15,8 +15,6 @@ comes back and the job resumes from the newest checkpoint.
 from __future__ import annotations
 
 import hashlib
-import io
-import json
 import os
 import re
 import shlex
@@ -25,7 +23,7 @@ import signal
 import site
 import subprocess
 import sys
-import tarfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
@@ -36,89 +34,16 @@ from fsdp_jobs.errors import UserError
 from launchers.base import Backend, DryRun, JobState, JobStatus, Run, Submitted, state_from_training
 from launchers.common import (begin_user_attempt, python_path, rank_entry, rank_env, runtime_env, torchrun_args,
                               user_code_dir)
+from launchers.docker.engine import (RESULT_FILE, SKEL_IMAGE, compose_command, container_user, containers, docker,
+                                     engine_error, ensure_skel_image, give_to, read_result)
 from launchers.snapshot import PROJECT_ROOT, next_snapshot_dir, take_snapshot, take_user_code
 
-SKEL_IMAGE = "fsdp-jobs-skel:1"  # an empty root: /usr and Python come from the host, read-only
 DEFAULT_RDZV_PORT = 29400
 COMPOSE_FILE = "compose.yaml"
-RESULT_FILE = "docker-result.json"  # the supervisor's record of how the containers ended
-NOBODY = "65534:65534"
 LABEL = "fsdp-jobs.run"
 
 
-# ------------------------------------------------------------------------------------- the engine
-def docker(*args: str, timeout: float = 60, input: Optional[bytes] = None) -> subprocess.CompletedProcess[bytes]:
-    return subprocess.run(["docker", *args], capture_output=True, timeout=timeout, input=input)
-
-
-def compose_command(cfg: Any) -> list[str]:
-    """Compose v2 (`docker compose`) where installed, else v1 (`docker-compose`, Debian 12's)."""
-    choice = str(cfg.cluster.compose)
-    if choice != "auto":
-        return shlex.split(choice)
-    try:
-        if docker("compose", "version", timeout=20).returncode == 0:
-            return ["docker", "compose"]
-    except (OSError, subprocess.TimeoutExpired):
-        pass
-    return ["docker-compose"]
-
-
-def engine_error() -> Optional[str]:
-    """Why no engine answers (None when one does)."""
-    try:
-        r = docker("version", "--format", "{{.Server.Version}}", timeout=20)
-    except FileNotFoundError:
-        return "the docker command is not installed"
-    except subprocess.TimeoutExpired:
-        return "the Docker engine did not answer in 20 s"
-    if r.returncode:
-        lines = r.stderr.decode(errors="replace").strip().splitlines()
-        return lines[-1][:200] if lines else "docker version failed"
-    return None
-
-
-def ensure_skel_image() -> None:
-    """Build SKEL_IMAGE (a few empty directories, 0.05 s) unless the engine already has it."""
-    if docker("image", "inspect", SKEL_IMAGE).returncode == 0:
-        return
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w") as tar:
-        def add(name: str, mode: int = 0o755, kind: bytes = tarfile.DIRTYPE, target: str = "",
-                data: bytes = b"") -> None:
-            info = tarfile.TarInfo(name)
-            info.type, info.mode, info.linkname, info.size = kind, mode, target, len(data)
-            tar.addfile(info, io.BytesIO(data) if data else None)
-        for d in ("etc", "proc", "sys", "dev", "root", "run", "usr", "home", "var"):
-            add(d)
-        add("tmp", 0o1777)
-        for d in ("bin", "lib", "lib64", "sbin"):  # Debian 12's merged /usr, as on the host
-            add(d, kind=tarfile.SYMTYPE, target=f"usr/{d}")
-        for name, data in (("etc/passwd", b"root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/tmp:/bin/sh\n"),
-                           ("etc/group", b"root:x:0:\nnogroup:x:65534:\n"), ("etc/hosts", b""),
-                           ("etc/resolv.conf", b""), ("etc/hostname", b"")):
-            add(name, 0o644, tarfile.REGTYPE, data=data)
-    r = docker("import", "-", SKEL_IMAGE, input=buf.getvalue())
-    if r.returncode:
-        raise UserError("cluster.image", "auto", f"docker import failed: {r.stderr.decode(errors='replace').strip()[:200]}")
-
-
-# ------------------------------------------------------------------------------ who and what mounts
-def invoking_user() -> tuple[int, int]:
-    """The user who asked for the job: sudo's caller when run through sudo, else this process's user."""
-    if os.getuid() == 0 and os.environ.get("SUDO_UID", "").isdigit() and os.environ.get("SUDO_GID", "").isdigit():
-        return int(os.environ["SUDO_UID"]), int(os.environ["SUDO_GID"])
-    return os.getuid(), os.getgid()
-
-
-def container_user(cfg: Any) -> str:
-    """UID:GID the containers run as: cluster.user, else the invoking user; never root (root gets nobody)."""
-    if cfg.cluster.user:
-        return str(cfg.cluster.user)
-    uid, gid = invoking_user()
-    return NOBODY if uid == 0 else f"{uid}:{gid}"
-
-
+# ------------------------------------------------------------------------------ what mounts
 def python_mounts() -> list[str]:
     """Read-only mounts that give a skeleton container this machine's interpreter and packages at the
     same paths (the venv's python links into its base prefix, which links against /usr's libraries)."""
@@ -192,7 +117,25 @@ def compose_args(compose: list[str], project: str, file: Path, *args: str) -> li
     return [*compose, "-p", project, "-f", str(file), *args]
 
 
-class DockerBackend(Backend):
+@dataclass
+class DockerRequest:
+    """The compose file (as data) and the exact commands that start it and take it down."""
+
+    compose: dict[str, Any]
+    file: str  # where submit writes it: <run_dir>/compose.yaml
+    project: str
+    code_dir: str  # the code snapshot the containers import (taken by submit)
+    commands: list[list[str]]  # [up, down]
+    user_dir: Optional[str]  # where submit copies the user's script/package, or None
+    detach: bool
+
+    def render(self) -> str:
+        return (f"# {self.file}\n{yaml.safe_dump(self.compose, sort_keys=False)}"
+                f"# then (the second when the job ends{', run by a background supervisor' if self.detach else ''}):\n"
+                + "\n".join(shlex.join(c) for c in self.commands))
+
+
+class DockerBackend(Backend[DockerRequest]):
     name = "docker"
 
     def check(self, plan: Any, cfg: Any) -> None:
@@ -208,7 +151,7 @@ class DockerBackend(Backend):
             raise UserError("name", plan.name, f"run already has {len(live)} containers; cancel it "
                                                f"(fsdp-jobs cancel {plan.name}) or choose another name")
 
-    def dryrun(self, plan: Any, cfg: Any) -> DryRun:
+    def dryrun(self, plan: Any, cfg: Any) -> DryRun[DockerRequest]:
         run_dir = Path(plan.run_dir)
         code_dir = next_snapshot_dir(run_dir) if cfg.cluster.snapshot_code else PROJECT_ROOT
         user_dir = user_code_dir(cfg, run_dir)
@@ -218,49 +161,46 @@ class DockerBackend(Backend):
         compose = compose_command(cfg)
         commands = [compose_args(compose, project, file, "up", "-d", "--no-build", "--remove-orphans"),
                     compose_args(compose, project, file, "down", "-v", "--remove-orphans")]
-        text = (f"# {file}\n{yaml.safe_dump(spec, sort_keys=False)}"
-                f"# then (the second when the job ends{', run by a background supervisor' if cfg.cluster.detach else ''}):\n"
-                + "\n".join(shlex.join(c) for c in commands))
+        request = DockerRequest(spec, str(file), project, str(code_dir), commands,
+                                str(user_dir) if user_dir else None, bool(cfg.cluster.detach))
         node0 = spec["services"]["node0"]
-        request = {"compose": spec, "file": str(file), "project": project, "code_dir": str(code_dir),
-                   "commands": commands, "user_dir": str(user_dir) if user_dir else None}
-        entry = rank_entry(cfg, plan.run_dir, request["user_dir"])
-        return DryRun(self.name, plan, cfg, request, text, agent_args=node0["command"][3:-len(entry)],
+        entry = rank_entry(cfg, plan.run_dir, request.user_dir)
+        return DryRun(self.name, plan, cfg, request, agent_args=node0["command"][3:-len(entry)],
                       agent_env={k: v for k, v in node0["environment"].items() if k in runtime_env(cfg)})
 
-    def submit(self, dryrun: DryRun) -> Submitted:
-        from launchers import docker_supervisor
+    def submit(self, dryrun: DryRun[DockerRequest]) -> Submitted:
+        from launchers.docker import supervisor as docker_supervisor
 
         plan, cfg, req = dryrun.plan, dryrun.cfg, dryrun.request
         run_dir = Path(plan.run_dir)
         if cfg.cluster.image == "auto":
             ensure_skel_image()
-        code = take_snapshot(Path(req["code_dir"])) if cfg.cluster.snapshot_code else {"code": str(PROJECT_ROOT), "git_commit": ""}
-        if req.get("user_dir"):  # the user's script/package, where the containers' command names it
-            take_user_code(cfg, Path(req["user_dir"]))
+        code = take_snapshot(Path(req.code_dir)) if cfg.cluster.snapshot_code else {"code": str(PROJECT_ROOT), "git_commit": ""}
+        if req.user_dir:  # the user's script/package, where the containers' command names it
+            take_user_code(cfg, Path(req.user_dir))
         begin_user_attempt(cfg, run_dir)
-        runs.write_atomic(Path(req["file"]), yaml.safe_dump(req["compose"], sort_keys=False))
+        runs.write_atomic(Path(req.file), yaml.safe_dump(req.compose, sort_keys=False))
         runs.clear_stop_request(run_dir)
-        runs.record_launch(run_dir, backend="docker", job_id=req["project"], project=req["project"],
-                           file=req["file"], nodes=plan.nodes, gpus_per_node=plan.gpus_per_node,
-                           user=container_user(cfg), detach=bool(cfg.cluster.detach), down=req["commands"][1],
+        runs.record_launch(run_dir, backend="docker", job_id=req.project, project=req.project,
+                           file=req.file, nodes=plan.nodes, gpus_per_node=plan.gpus_per_node,
+                           user=container_user(cfg), detach=bool(cfg.cluster.detach), down=req.commands[1],
                            grace=cfg.cluster.stop_grace_s + 15, **code)
         (run_dir / RESULT_FILE).unlink(missing_ok=True)
         give_to(run_dir, container_user(cfg))
-        up = subprocess.run(req["commands"][0], capture_output=True, text=True, timeout=300)
+        up = subprocess.run(req.commands[0], capture_output=True, text=True, timeout=300)
         if up.returncode:
-            subprocess.run(req["commands"][1], capture_output=True, timeout=300)
+            subprocess.run(req.commands[1], capture_output=True, timeout=300)
             lines = [ln for ln in up.stderr.strip().splitlines() if ln.strip()] or ["(no output)"]
             raise UserError("cluster", "docker", f"docker compose up failed: {lines[-1][:300]}")
         if cfg.cluster.detach:
             pid = docker_supervisor.start_detached(run_dir)
-            print(f"started {plan.nodes} containers (compose project {req['project']}): {plan.name}\n"
+            print(f"started {plan.nodes} containers (compose project {req.project}): {plan.name}\n"
                   f"  run dir:  {run_dir}\n"
                   f"  follow:   fsdp-jobs logs {plan.name} -f    status: fsdp-jobs status {plan.name}\n"
                   f"  cancel:   fsdp-jobs cancel {plan.name}     (supervisor pid {pid} removes the "
                   f"containers when the job ends)", flush=True)
-            return Submitted(req["project"])
-        return Submitted(req["project"], docker_supervisor.supervise(run_dir, echo=True))
+            return Submitted(req.project)
+        return Submitted(req.project, docker_supervisor.supervise(run_dir, echo=True))
 
     def describe(self, run: Run) -> JobStatus:
         project = str(run.launch.get("project", ""))
@@ -313,41 +253,7 @@ class DockerBackend(Backend):
         return f"node{node} is gone for good (docker kill: not restarted); the others continue if min_nodes allows"
 
 
-def containers(project: str) -> dict[str, dict[str, Any]]:
-    """`docker inspect` of the project's containers, by compose service name (node0, node1, ...)."""
-    if not project:
-        return {}
-    try:
-        ids = docker("ps", "-aq", "--filter", f"label=com.docker.compose.project={project}", timeout=30)
-    except (OSError, subprocess.TimeoutExpired):
-        return {}
-    id_list = ids.stdout.decode().split()
-    if ids.returncode or not id_list:
-        return {}
-    r = docker("inspect", *id_list, timeout=30)
-    if r.returncode:  # a container removed between the two calls
-        return {}
-    return {c["Config"]["Labels"].get("com.docker.compose.service", c["Name"]): c for c in json.loads(r.stdout)}
-
-
-def read_result(run_dir: Path) -> Optional[dict[str, Any]]:
-    try:
-        return json.loads((run_dir / RESULT_FILE).read_text())
-    except (OSError, json.JSONDecodeError):
-        return None
-
-
-def give_to(path: Path, user: str) -> None:
-    """Files the launcher writes as root (through sudo) go to the user the containers run as (the
-    invoking user), so both can write the run dir. A non-root launcher already writes them as that user."""
-    if os.getuid() != 0:
-        return
-    uid, gid = (int(x) for x in user.split(":"))
-    for p in [path, *path.rglob("*")] if path.is_dir() else [path]:
-        try:
-            os.lchown(p, uid, gid)
-        except FileNotFoundError:
-            pass
+BACKEND = DockerBackend()
 
 
 BACKEND = DockerBackend()

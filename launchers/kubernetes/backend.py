@@ -1,6 +1,6 @@
 """cluster=kubernetes: one gang-scheduled job of `nodes` pods, each running one torchrun agent.
 
-    dryrun   every object, as submitted (launchers/k8s_manifests.py): the job's ConfigMap, for
+    dryrun   every object, as submitted (launchers/kubernetes/manifests.py): the job's ConfigMap, for
              kind=jobset a headless Service, and the job (Volcano Job built by TorchX's kubernetes
              scheduler | Kubeflow PyTorchJob | JobSet)
     submit   creates them in that order (the Volcano Job through TorchX's `schedule`), makes the job
@@ -24,10 +24,10 @@ from typing import Any, Iterator, Optional
 
 from fsdp_jobs import runs
 from fsdp_jobs.errors import UserError
-from launchers import k8s_manifests as manifests
+from launchers.kubernetes import manifests
 from launchers.base import Backend, DryRun, JobState, JobStatus, Run, Submitted
 from launchers.common import runtime_env, torchrun_args
-from launchers.k8s_api import api_client, explain, require_package
+from launchers.kubernetes.api import api_client, explain, require_package
 
 TIMESTAMP = re.compile(r"^\d{4}-\d\d-\d\dT[0-9:.]+Z ")  # TorchX asks the API for timestamped lines
 INSTALL_HINT = {"volcano": "Volcano (volcano.sh)", "pytorchjob": "the Kubeflow training-operator",
@@ -56,7 +56,7 @@ def _condition_state(kind: str, status: dict[str, Any]) -> tuple[JobState, str]:
     return state, last or "no conditions yet"
 
 
-class KubernetesBackend(Backend):
+class KubernetesBackend(Backend[manifests.Request]):
     name = "kubernetes"
 
     # ---- submission -------------------------------------------------------------------------------
@@ -85,14 +85,14 @@ class KubernetesBackend(Backend):
                 raise UserError("name", plan.name, f"run already has Kubernetes job {last['job_id']} "
                                 f"({status.detail}); cancel it (fsdp-jobs cancel {plan.name}) or choose another name")
 
-    def dryrun(self, plan: Any, cfg: Any) -> DryRun:
+    def dryrun(self, plan: Any, cfg: Any) -> DryRun[manifests.Request]:
         require_package()  # TorchX builds its pods with the kubernetes package's models
         request = manifests.render(plan, cfg)
-        return DryRun(self.name, plan, cfg, request, manifests.to_text(request),
+        return DryRun(self.name, plan, cfg, request,
                       agent_args=torchrun_args(plan, request.endpoint, cfg.cluster.stop_grace_s),
                       agent_env=runtime_env(cfg))
 
-    def submit(self, dryrun: DryRun) -> Submitted:
+    def submit(self, dryrun: DryRun[manifests.Request]) -> Submitted:
         plan, cfg, req = dryrun.plan, dryrun.cfg, dryrun.request
         client = api_client(req.context)
         from kubernetes import client as k8s

@@ -15,13 +15,14 @@ import subprocess
 import sys
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional, TextIO
 
 from fsdp_jobs import runs
 from fsdp_jobs.errors import UserError
 from launchers.base import Backend, DryRun, JobState, JobStatus, Run, Submitted, state_from_training
-from launchers.common import (USER_CODE_ENV, begin_user_attempt, python_path, rank_entry, rank_env, runtime_env,
+from launchers.common import (begin_user_attempt, python_path, rank_entry, rank_env, runtime_env,
                               settle_user_state, torchrun_args, user_code_dir)
 from launchers.snapshot import take_user_code
 
@@ -60,13 +61,26 @@ def node_gpus(plan: Any, cfg: Any) -> list[dict[str, str]]:
     return [{"CUDA_VISIBLE_DEVICES": ",".join(ids[i * g:(i + 1) * g])} for i in range(plan.nodes)]
 
 
-def render(request: list[tuple[dict[str, str], list[str]]]) -> str:
-    """The exact commands `submit` runs, one line per simulated node (environment beyond the caller's)."""
-    lines = []
-    for i, (env, cmd) in enumerate(request):
-        extra = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(env.items()))
-        lines.append(f"# node{i}\n{extra} {shlex.join(cmd)}")
-    return "\n".join(lines)
+@dataclass
+class Agent:
+    """One simulated node: its torchrun command and the environment it gets beyond the caller's."""
+
+    env: dict[str, str]
+    argv: list[str]
+
+
+@dataclass
+class LocalRequest:
+    agents: list[Agent]
+    user_dir: Optional[str]  # where submit copies the user's script/package (the commands name it), or None
+
+    def render(self) -> str:
+        """The exact commands `submit` runs, one line per simulated node."""
+        lines = []
+        for i, agent in enumerate(self.agents):
+            extra = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(agent.env.items()))
+            lines.append(f"# node{i}\n{extra} {shlex.join(agent.argv)}")
+        return "\n".join(lines)
 
 
 class _Agents:
@@ -104,10 +118,10 @@ class _Agents:
                 p.wait()
 
 
-class LocalBackend(Backend):
+class LocalBackend(Backend[LocalRequest]):
     name = "local"
 
-    def dryrun(self, plan: Any, cfg: Any) -> DryRun:
+    def dryrun(self, plan: Any, cfg: Any) -> DryRun[LocalRequest]:
         port = cfg.cluster.rdzv_port or free_port()  # chosen now, so the dry run shows the real one
         user = user_code_dir(cfg, Path(plan.run_dir))
         user_dir = str(user) if user else None
@@ -116,16 +130,15 @@ class LocalBackend(Backend):
         if path:
             extra["PYTHONPATH"] = path
         gpus = node_gpus(plan, cfg)
-        request = [({**runtime_env(cfg), **extra, **gpus[i], "FSDP_JOBS_NODE": f"node{i}"}, cmd)
-                   for i, cmd in enumerate(node_commands(plan, cfg, port, user_dir))]
-        return DryRun(self.name, plan, cfg, request, render(request), agent_args=agent_args(plan, cfg, port),
+        request = LocalRequest([Agent({**runtime_env(cfg), **extra, **gpus[i], "FSDP_JOBS_NODE": f"node{i}"}, cmd)
+                                for i, cmd in enumerate(node_commands(plan, cfg, port, user_dir))], user_dir)
+        return DryRun(self.name, plan, cfg, request, agent_args=agent_args(plan, cfg, port),
                       agent_env=runtime_env(cfg))
 
-    def submit(self, dryrun: DryRun, echo: bool = True) -> Submitted:
+    def submit(self, dryrun: DryRun[LocalRequest], echo: bool = True) -> Submitted:
         """Run the job in the foreground; its exit status is 0 when every node finished."""
-        user_dir = dryrun.request[0][0].get(USER_CODE_ENV)
-        if user_dir:  # the dry run named this copy of the user's code in the commands
-            take_user_code(dryrun.cfg, Path(user_dir))
+        if dryrun.request.user_dir:  # the dry run named this copy of the user's code in the commands
+            take_user_code(dryrun.cfg, Path(dryrun.request.user_dir))
         return Submitted(str(os.getpid()), run_agents(dryrun, echo))
 
     def describe(self, run: Run) -> JobStatus:
@@ -147,7 +160,7 @@ class LocalBackend(Backend):
         return f"asked local launcher pid {pid} to stop ({run.run_dir.name})"
 
 
-def run_agents(dryrun: DryRun, echo: bool = True) -> int:
+def run_agents(dryrun: DryRun[LocalRequest], echo: bool = True) -> int:
     plan, cfg = dryrun.plan, dryrun.cfg
     run_dir = Path(plan.run_dir)
     runs.clear_stop_request(run_dir)
@@ -167,8 +180,8 @@ def run_agents(dryrun: DryRun, echo: bool = True) -> int:
 
     old = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
-        for i, (env, cmd) in enumerate(dryrun.request):
-            p = subprocess.Popen(cmd, env={**os.environ, **env}, stdout=subprocess.PIPE,
+        for i, agent in enumerate(dryrun.request.agents):
+            p = subprocess.Popen(agent.argv, env={**os.environ, **agent.env}, stdout=subprocess.PIPE,
                                  stderr=subprocess.STDOUT, start_new_session=True)
             agents.procs.append(p)
             t = threading.Thread(target=agents.pump, args=(i, p, log, echo), daemon=True)

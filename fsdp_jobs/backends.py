@@ -1,0 +1,60 @@
+"""The registry of backends: the one place in fsdp_jobs/ that names them.
+
+A backend is a package `launchers/<name>/` (ARCHITECTURE.md, "Adding a backend"):
+
+    config.py   its `cluster.*` schema (a dataclass registered with Hydra's ConfigStore by `register()`),
+                `validate(cluster)` for what the types cannot say, and `HOST_FILES` (do the job's
+                processes see this machine's files? False for Kubernetes: they read the PVC)
+    backend.py  `BACKEND`, an instance of launchers.base.Backend: dryrun, submit, describe, cancel, ...
+
+Adding one is that folder, its `conf/cluster/<name>.yaml`, and one line below. Modules are imported by
+name when asked for, so planning loads only config modules (no backend's dependencies), and fsdp_jobs/
+never imports launchers/ statically: the CLI sits above the backends, the backends above fsdp_jobs' core,
+as TorchX finds its schedulers through entry points.
+"""
+
+from __future__ import annotations
+
+import importlib
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from launchers.base import Backend
+
+BACKENDS: dict[str, str] = {
+    "local": "launchers.local",
+    "slurm": "launchers.slurm",
+    "docker": "launchers.docker",
+    "kubernetes": "launchers.kubernetes",
+}
+DEFAULT = "local"  # conf/config.yaml's cluster= default
+
+
+def names() -> tuple[str, ...]:
+    return tuple(BACKENDS)
+
+
+def config_module(name: str) -> ModuleType:
+    """launchers/<name>/config.py: its schema, validate() and HOST_FILES (cheap: no backend dependencies)."""
+    if name not in BACKENDS:
+        raise ValueError(f"unknown backend {name!r}; known: {', '.join(BACKENDS)}")
+    return importlib.import_module(f"{BACKENDS[name]}.config")
+
+
+def schema(name: str) -> Any:
+    """The cluster.* dataclass of a backend."""
+    return config_module(name).SCHEMA
+
+
+def register_schemas() -> None:
+    """Every backend's cluster schema into Hydra's ConfigStore (cluster/<name>_schema)."""
+    for name in BACKENDS:
+        config_module(name).register()
+
+
+def get(name: str) -> "Backend":
+    """The backend itself; only the chosen one is imported, so one backend's dependencies never load for another."""
+    if name not in BACKENDS:
+        raise ValueError(f"unknown backend {name!r}; known: {', '.join(BACKENDS)}")
+    return importlib.import_module(f"{BACKENDS[name]}.backend").BACKEND

@@ -1,0 +1,57 @@
+"""cluster=docker's keys: one container per node through docker-compose (launchers/docker/backend.py)."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any, List, Optional
+
+from fsdp_jobs.config import ClusterConfig, choice, positive, register_cluster_schema
+from fsdp_jobs.errors import UserError
+
+NAME = "docker"
+HOST_FILES = True  # the job's processes see this machine's files (data.path is checked here at plan time)
+
+
+@dataclass
+class DockerClusterConfig(ClusterConfig):
+    """One container per node through docker-compose on a local engine, on a private bridge network."""
+
+    backend: str = "docker"
+    device: str = "cpu"  # cpu (gloo) or cuda (nccl; node i is given GPUs i*gpus_per_node ...)
+    # auto = a minimal image built here in a second: this machine's Python, torch and packages come in
+    # through read-only bind mounts at the same paths. Or any image that has torch and the project's
+    # dependencies (deploy/docker/Dockerfile builds one); the code always comes from the run's snapshot
+    image: str = "auto"
+    python: Optional[str] = None  # the interpreter in the container; None = this one (image=auto) or python3
+    detach: bool = False  # return at once; follow with fsdp-jobs status|logs -f|cancel RUN
+    user: Optional[str] = None  # "UID:GID" the containers run as; None = the invoking user (sudo's caller)
+    shm_size: str = "2g"  # /dev/shm per container (NCCL and data loaders need more than Docker's 64m)
+    container_restarts: int = 3  # Docker restarts a failed container this often (restart: on-failure:N)
+    mounts: List[str] = field(default_factory=list)  # extra bind mounts "SRC:DST[:ro]"
+    internal_network: bool = False  # true = the job's network has no route out of this machine
+    cpus: Optional[float] = None  # CPU limit per container (compose cpus)
+    mem: Optional[str] = None  # memory limit per container, e.g. "16g"
+    compose: str = "auto"  # auto (docker compose v2 if present, else docker-compose v1), or a command
+    snapshot_code: bool = True  # run from a copy of the code taken at launch (restarts too)
+    rdzv_port: Optional[int] = None  # None = 29400 (each job has its own network, so no clash)
+
+
+SCHEMA = DockerClusterConfig
+
+
+def register() -> None:
+    register_cluster_schema(NAME, SCHEMA)
+
+
+def validate(cl: Any) -> None:
+    """The checks of cluster.* keys the types alone do not express; the first bad key raises UserError."""
+    choice("cluster.device", cl.device, ("cpu", "cuda"))
+    positive("cluster.container_restarts", cl.container_restarts, minimum=0)
+    if cl.user is not None and not re.fullmatch(r"\d+:\d+", str(cl.user)):
+        raise UserError("cluster.user", cl.user, "must be UID:GID (numbers), or null for the invoking user")
+    if not re.fullmatch(r"\d+[bkmg]?", str(cl.shm_size).lower()):
+        raise UserError("cluster.shm_size", cl.shm_size, "must be a size such as 2g, 512m")
+    for m in cl.mounts:
+        if not re.fullmatch(r"/[^:]*:/[^:]*(:ro|:rw)?", str(m)):
+            raise UserError("cluster.mounts", m, "each mount is /host/path:/container/path[:ro]")

@@ -1,0 +1,128 @@
+"""The Docker engine as cluster=docker's backend (launchers/docker/backend.py) and its supervisor
+(launchers/docker/supervisor.py) both use it: the docker command, compose, the skeleton image, who the
+containers run as, the project's containers, and the supervisor's record of how they ended."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import shlex
+import subprocess
+import tarfile
+from pathlib import Path
+from typing import Any, Optional
+
+from fsdp_jobs.errors import UserError
+
+SKEL_IMAGE = "fsdp-jobs-skel:1"  # an empty root: /usr and Python come from the host, read-only
+RESULT_FILE = "docker-result.json"  # the supervisor's record of how the containers ended
+NOBODY = "65534:65534"
+
+
+def docker(*args: str, timeout: float = 60, input: Optional[bytes] = None) -> subprocess.CompletedProcess[bytes]:
+    return subprocess.run(["docker", *args], capture_output=True, timeout=timeout, input=input)
+
+
+def compose_command(cfg: Any) -> list[str]:
+    """Compose v2 (`docker compose`) where installed, else v1 (`docker-compose`, Debian 12's)."""
+    choice = str(cfg.cluster.compose)
+    if choice != "auto":
+        return shlex.split(choice)
+    try:
+        if docker("compose", "version", timeout=20).returncode == 0:
+            return ["docker", "compose"]
+    except (OSError, subprocess.TimeoutExpired):
+        pass
+    return ["docker-compose"]
+
+
+def engine_error() -> Optional[str]:
+    """Why no engine answers (None when one does)."""
+    try:
+        r = docker("version", "--format", "{{.Server.Version}}", timeout=20)
+    except FileNotFoundError:
+        return "the docker command is not installed"
+    except subprocess.TimeoutExpired:
+        return "the Docker engine did not answer in 20 s"
+    if r.returncode:
+        lines = r.stderr.decode(errors="replace").strip().splitlines()
+        return lines[-1][:200] if lines else "docker version failed"
+    return None
+
+
+def ensure_skel_image() -> None:
+    """Build SKEL_IMAGE (a few empty directories, 0.05 s) unless the engine already has it."""
+    if docker("image", "inspect", SKEL_IMAGE).returncode == 0:
+        return
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        def add(name: str, mode: int = 0o755, kind: bytes = tarfile.DIRTYPE, target: str = "",
+                data: bytes = b"") -> None:
+            info = tarfile.TarInfo(name)
+            info.type, info.mode, info.linkname, info.size = kind, mode, target, len(data)
+            tar.addfile(info, io.BytesIO(data) if data else None)
+        for d in ("etc", "proc", "sys", "dev", "root", "run", "usr", "home", "var"):
+            add(d)
+        add("tmp", 0o1777)
+        for d in ("bin", "lib", "lib64", "sbin"):  # Debian 12's merged /usr, as on the host
+            add(d, kind=tarfile.SYMTYPE, target=f"usr/{d}")
+        for name, data in (("etc/passwd", b"root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/tmp:/bin/sh\n"),
+                           ("etc/group", b"root:x:0:\nnogroup:x:65534:\n"), ("etc/hosts", b""),
+                           ("etc/resolv.conf", b""), ("etc/hostname", b"")):
+            add(name, 0o644, tarfile.REGTYPE, data=data)
+    r = docker("import", "-", SKEL_IMAGE, input=buf.getvalue())
+    if r.returncode:
+        raise UserError("cluster.image", "auto", f"docker import failed: {r.stderr.decode(errors='replace').strip()[:200]}")
+
+
+def invoking_user() -> tuple[int, int]:
+    """The user who asked for the job: sudo's caller when run through sudo, else this process's user."""
+    if os.getuid() == 0 and os.environ.get("SUDO_UID", "").isdigit() and os.environ.get("SUDO_GID", "").isdigit():
+        return int(os.environ["SUDO_UID"]), int(os.environ["SUDO_GID"])
+    return os.getuid(), os.getgid()
+
+
+def container_user(cfg: Any) -> str:
+    """UID:GID the containers run as: cluster.user, else the invoking user; never root (root gets nobody)."""
+    if cfg.cluster.user:
+        return str(cfg.cluster.user)
+    uid, gid = invoking_user()
+    return NOBODY if uid == 0 else f"{uid}:{gid}"
+
+
+def containers(project: str) -> dict[str, dict[str, Any]]:
+    """`docker inspect` of the project's containers, by compose service name (node0, node1, ...)."""
+    if not project:
+        return {}
+    try:
+        ids = docker("ps", "-aq", "--filter", f"label=com.docker.compose.project={project}", timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return {}
+    id_list = ids.stdout.decode().split()
+    if ids.returncode or not id_list:
+        return {}
+    r = docker("inspect", *id_list, timeout=30)
+    if r.returncode:  # a container removed between the two calls
+        return {}
+    return {c["Config"]["Labels"].get("com.docker.compose.service", c["Name"]): c for c in json.loads(r.stdout)}
+
+
+def read_result(run_dir: Path) -> Optional[dict[str, Any]]:
+    try:
+        return json.loads((run_dir / RESULT_FILE).read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+
+
+def give_to(path: Path, user: str) -> None:
+    """Files the launcher writes as root (through sudo) go to the user the containers run as (the
+    invoking user), so both can write the run dir. A non-root launcher already writes them as that user."""
+    if os.getuid() != 0:
+        return
+    uid, gid = (int(x) for x in user.split(":"))
+    for p in [path, *path.rglob("*")] if path.is_dir() else [path]:
+        try:
+            os.lchown(p, uid, gid)
+        except FileNotFoundError:
+            pass

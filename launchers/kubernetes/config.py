@@ -1,0 +1,81 @@
+"""cluster=kubernetes' keys: one gang-scheduled job of `nodes` pods (launchers/kubernetes/backend.py)."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any, Dict, Optional
+
+from fsdp_jobs.config import ClusterConfig, choice, positive, register_cluster_schema
+from fsdp_jobs.errors import UserError
+
+NAME = "kubernetes"
+HOST_FILES = False  # the pods read data.path from the PVC, not this machine's files
+
+
+@dataclass
+class KubernetesClusterConfig(ClusterConfig):
+    """One gang-scheduled job of `nodes` pods, each running a torchrun agent (launchers/kubernetes/backend.py)."""
+
+    backend: str = "kubernetes"
+    # volcano: a Volcano Job built by TorchX's kubernetes scheduler; pytorchjob: a Kubeflow PyTorchJob
+    # (training-operator, elasticPolicy); jobset: a JobSet (jobset.x-k8s.io) with a headless Service
+    kind: str = "volcano"
+    image: Optional[str] = None  # required: an image with torch and fsdp_jobs (deploy/docker/Dockerfile)
+    namespace: str = "fsdp-jobs"  # deploy/kubernetes creates it, with the PVC, ServiceAccount and queue
+    context: Optional[str] = None  # kube config context; None = the current one (or in-cluster config)
+    pvc: str = "fsdp-jobs-runs"  # ReadWriteMany claim holding the run dirs, so checkpoints outlive pods
+    mount_path: str = "/runs"  # where the claim is mounted in the pods; run dir = <mount_path>/<name>
+    service_account: str = "fsdp-jobs"  # the pods' identity (no API token is mounted into them)
+    queue: str = "fsdp-jobs"  # Volcano queue (kind=volcano and pytorchjob under Volcano gang scheduling)
+    priority_class: Optional[str] = None  # e.g. fsdp-jobs-training from deploy/kubernetes
+    cpu: Optional[float] = None  # cores per pod; None = 4 per rank
+    memory_gb: Optional[float] = None  # memory per pod; None = 16 per rank
+    gpus: str = "auto"  # auto = gpus_per_node nvidia.com/gpu per pod unless cluster.device=cpu; true/false
+    max_retries: int = 3  # a failed pod restarts the whole job this often (Volcano maxRetry, backoffLimit)
+    node_selector: Dict[str, str] = field(default_factory=dict)  # e.g. {nvidia.com/gpu.product: H100}
+    # environment taken from Kubernetes Secrets: {VAR: "secret-name/key"}; only the reference is saved
+    secret_env: Dict[str, str] = field(default_factory=dict)
+    run_as_user: int = 1000  # the pods run as this non-root UID (and group), never as root
+    run_as_group: int = 1000
+    rdzv_port: Optional[int] = 29500  # c10d store on the first pod (each job has its own pods)
+
+
+SCHEMA = KubernetesClusterConfig
+
+
+def register() -> None:
+    register_cluster_schema(NAME, SCHEMA)
+
+
+K8S_KINDS = ("volcano", "pytorchjob", "jobset")
+_DNS_LABEL = r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?"
+
+
+def validate(cl: Any) -> None:
+    """What the API server would refuse later, refused now with the key that causes it."""
+    if not cl.image:
+        raise UserError("cluster.image", cl.image, "required for cluster=kubernetes: an image with torch and "
+                        "fsdp_jobs installed (deploy/docker/Dockerfile builds one), e.g. cluster.image=REGISTRY/fsdp-jobs:TAG")
+    choice("cluster.kind", cl.kind, K8S_KINDS)
+    choice("cluster.gpus", str(cl.gpus).lower(), ("auto", "true", "false"))
+    for key in ("namespace", "pvc", "service_account", "queue", "priority_class"):
+        value = cl[key]
+        if value is None and key == "priority_class":
+            continue
+        if not isinstance(value, str) or not re.fullmatch(_DNS_LABEL, value):
+            raise UserError(f"cluster.{key}", value, "must be a Kubernetes name: lowercase letters, digits and "
+                            "'-', starting and ending with a letter or digit, at most 63 characters")
+    if not str(cl.mount_path).startswith("/") or str(cl.mount_path).rstrip("/") == "":
+        raise UserError("cluster.mount_path", cl.mount_path, "must be an absolute path other than /, e.g. /runs")
+    for key in ("cpu", "memory_gb"):
+        if cl[key] is not None and not cl[key] > 0:
+            raise UserError(f"cluster.{key}", cl[key], "must be > 0, or null for the per-rank default")
+    positive("cluster.max_retries", cl.max_retries, minimum=0)
+    for key in ("run_as_user", "run_as_group"):  # 0 is root: the pods never run as root
+        positive(f"cluster.{key}", cl[key], minimum=1)
+    for var, ref in cl.secret_env.items():
+        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", str(var)):
+            raise UserError(f"cluster.secret_env.{var}", ref, "the key must be an environment variable name")
+        if not re.fullmatch(rf"{_DNS_LABEL}(\.{_DNS_LABEL})*/[-._a-zA-Z0-9]+", str(ref)):
+            raise UserError(f"cluster.secret_env.{var}", ref, "must be SECRET_NAME/KEY of a Secret in cluster.namespace")

@@ -1,0 +1,32 @@
+"""cluster=local's keys: simulated nodes on this machine (launchers/local/backend.py)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Optional
+
+from fsdp_jobs.config import ClusterConfig, register_cluster_schema
+
+NAME = "local"
+HOST_FILES = True  # the job's processes see this machine's files (data.path is checked here at plan time)
+
+
+@dataclass
+class LocalClusterConfig(ClusterConfig):
+    """Simulated nodes on this machine: one torchrun agent per node on loopback."""
+
+    backend: str = "local"
+    device: str = "cpu"
+    peak_tflops: float = 0.5  # a rough figure for one CPU core, so MFU stays meaningful-ish
+    peak_tflops_fp32: Optional[float] = 0.5  # CPU: fp32 is the dtype that runs
+
+
+SCHEMA = LocalClusterConfig
+
+
+def register() -> None:
+    register_cluster_schema(NAME, SCHEMA)
+
+
+def validate(cl: Any) -> None:
+    """Nothing beyond the common keys (fsdp_jobs/config.py ClusterConfig)."""
