@@ -1,7 +1,7 @@
 """python -m fsdp_jobs [key=value ...]: compose -> plan -> launch (or print the plan with dry_run=true).
 
 Reads top to bottom: every step that can fail on user input fails with one line and exit 2 before
-anything is written.
+anything is written. One run goes through the same path as a sweep's members (fsdp_jobs/submit.py).
 """
 
 from __future__ import annotations
@@ -11,12 +11,10 @@ import sys
 from pathlib import Path
 from typing import Optional
 
-import yaml
-
-from fsdp_jobs.compose import compose
+from fsdp_jobs import runs, submit
+from fsdp_jobs.compose import compose_many
 from fsdp_jobs.errors import UserError, die
-from fsdp_jobs.plan import Plan, make_plan, newest_checkpoint
-from fsdp_jobs import runs
+from fsdp_jobs.plan import Plan, newest_checkpoint
 
 USAGE = """usage: python -m fsdp_jobs [key=value ...]      (fsdp-jobs [key=value ...])
 
@@ -30,11 +28,6 @@ hybrid_shard_zero2|no_shard  cluster=local|slurm|docker|kubernetes  data=synthet
 Submitted runs: fsdp-jobs list | status RUN | logs RUN [-f] | cancel RUN | chaos RUN kill-node|stop-node N; sweeps: status|cancel SWEEP,
 cancel SWEEP/MEMBER, compare SWEEP, plot RUN_OR_SWEEP... -o out.png. Every key: conf/ and
 fsdp_jobs/config.py. Export a checkpoint: python -m fsdp_jobs.export RUN_DIR."""
-
-
-def render_dry_run(plan: Plan, launch_text: str) -> str:
-    head = yaml.safe_dump({"plan": plan.to_dict()}, sort_keys=False)
-    return f"{head}# launch commands ({plan.backend})\n{launch_text.rstrip()}\n"
 
 
 def summarize(plan: Plan, status: int) -> str:
@@ -51,17 +44,6 @@ def summarize(plan: Plan, status: int) -> str:
                      f"{last['loss']:.4f} (step {last['step']})")
     lines.append(f"  logs:         {run_dir / 'logs' / 'launcher.log'}")
     return "\n".join(lines)
-
-
-def record_submission(plan: Plan, job: dict, overrides: list[str], job_id: str) -> None:
-    """Into the user's journal (fsdp_jobs/journal.py); a journal we cannot write only warns: the job is out."""
-    from fsdp_jobs import journal
-
-    try:
-        journal.record(sweep=None, member=plan.name, overrides=overrides, params={}, backend=plan.backend,
-                       job_id=job_id, run_dir=plan.run_dir, config_hash=runs.job_hash(job))
-    except Exception as e:  # noqa: BLE001
-        print(f"fsdp-jobs: warning: could not record the run in {journal.path()}: {e}", file=sys.stderr)
 
 
 def cli() -> int:
@@ -94,49 +76,24 @@ def main(argv: Optional[list[str]] = None) -> int:
     # collector finds nothing to free here, and pausing it saves about 10 ms. It runs again before
     # anything long-lived (an attached job is supervised from this process for hours).
     gc.disable()
+    member = submit.Member(None, argv)
     try:
-        cfg, job = compose(argv)
-        plan = make_plan(cfg)
-        from fsdp_jobs import backends  # after planning: a bad override never pays for a backend import
-
-        backend = backends.get(plan.backend)
-        if not cfg.dry_run:
-            backend.check(plan, cfg)  # refusals that need the backend (is it there? is the run busy?)
-        request = backend.dryrun(plan, cfg)  # exactly what submit() will hand to the backend
+        submit.plan_member(member, compose_many([argv])[0])
     except UserError as e:
         die(e)
     finally:
         gc.enable()
-    for note in plan.notes:
-        print(f"fsdp-jobs: {note if note.startswith('warning:') else 'note: ' + note}", file=sys.stderr)
-    if cfg.dry_run:
-        sys.stdout.write(render_dry_run(plan, request.text))
+    submit.print_notes([member])
+    if member.cfg.dry_run:
+        sys.stdout.write(submit.render_dry_run(member.plan, member.dryrun.text))
         return 0
-
-    run_dir = Path(plan.run_dir)
-    lock = runs.RunLock(run_dir)
     try:
-        acquired = lock.acquire()
-    except OSError as e:
-        die(UserError("run_root", cfg.run_root, f"cannot create the run dir {run_dir}: {e.strerror}"))
-    if not acquired:
-        die(UserError("name", plan.name, f"that run is being launched/run by pid {lock.holder()} "
-                                         "right now; wait for it or choose another name"))
-    try:
-        runs.prepare(run_dir, job, plan.to_dict())
-        verb = f"resuming from {plan.resume_from}" if plan.resume_from else "starting"
-        mesh = " x ".join(f"{k} {v}" for k, v in plan.mesh.items())
-        print(f"fsdp-jobs: {verb} run {plan.name}: {plan.nodes} nodes x {plan.gpus_per_node} ranks, "
-              f"{plan.strategy} (mesh {mesh}), run dir {run_dir}", flush=True)
-        submitted = backend.submit(request)
+        [(_, submitted)] = submit.submit_group(None, [member])
     except UserError as e:
         die(e)
-    finally:
-        lock.release()
-    record_submission(plan, job, argv, submitted.job_id)
     if submitted.exit_status is None:  # submitted; the backend said where to follow it
         return 0
-    print(summarize(plan, submitted.exit_status), flush=True)
+    print(summarize(member.plan, submitted.exit_status), flush=True)
     return submitted.exit_status
 
 

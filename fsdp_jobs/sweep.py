@@ -8,7 +8,8 @@
            go out grouped by the backend's group_key (SLURM: one job array per resource shape); every
            submission is recorded in the journal. Attached backends (local) run them one at a time.
 
-Hydra's own launchers cannot do this: hydra-submitit-launcher blocks until every job ends.
+Hydra's own launchers cannot do this: hydra-submitit-launcher blocks until every job ends. Planning,
+checking and submitting are the single run's own steps (fsdp_jobs/submit.py): a run is a sweep of one.
 """
 
 from __future__ import annotations
@@ -16,31 +17,18 @@ from __future__ import annotations
 import hashlib
 import re
 import sys
-from dataclasses import dataclass, field
 from itertools import product
 from pathlib import Path
 from typing import Any, Optional
 
-from fsdp_jobs import journal, runs
+from fsdp_jobs import runs
 from fsdp_jobs.errors import UserError, die
+from fsdp_jobs.submit import Member, plan_member, print_notes, render_dry_run, submit_group
 
 SWEEP_FLAGS = ("-m", "--multirun")
 # they name or place the sweep itself, the same for every member
 UNSWEEPABLE = ("name", "run_root", "dry_run", "sweep")
 NAME_MAX = 100
-
-
-@dataclass
-class Member:
-    name: str
-    overrides: list[str]  # everything it is composed from (the sweep's fixed overrides + its values)
-    params: dict[str, str]  # swept key -> this member's value
-    cfg: Any = None
-    job: dict[str, Any] = field(default_factory=dict)
-    plan: Any = None
-    backend: Any = None
-    dryrun: Any = None
-    skip: str = ""  # why it is not submitted (completed, still queued/running)
 
 
 def _plain_key(key: str) -> str:
@@ -163,10 +151,7 @@ def _existing(member: Member) -> str:
 
 def prepare_members(overrides: list[str]) -> tuple[str, list[Member]]:
     """Steps 1 and 2: every member composed, planned and dry-run, or a UserError naming the bad one."""
-    from fsdp_jobs import backends
-
     from fsdp_jobs.compose import compose_many
-    from fsdp_jobs.plan import make_plan
 
     combos = expand(overrides)
     sid = sweep_id(overrides, combos)
@@ -174,28 +159,12 @@ def prepare_members(overrides: list[str]) -> tuple[str, list[Member]]:
         raise UserError("name", sid, "must be a plain directory name (no '/', not starting with '.')")
     names = member_names([p for _, p in combos])
     lists = [[o for o in member_overrides if o.split("=", 1)[0] != "name"] for member_overrides, _ in combos]
-    composed = compose_many(lists)
-    members: list[Member] = []
-    for i, (member_overrides, (_, params), name, result) in enumerate(zip(lists, combos, names, composed)):
-        m = Member(name, member_overrides, params)
+    members = [Member(name, member_overrides, params) for name, member_overrides, (_, params) in zip(names, lists, combos)]
+    for i, (m, composed) in enumerate(zip(members, compose_many(lists))):
         try:
-            if isinstance(result, UserError):
-                raise result
-            m.cfg, m.job = result
-            m.cfg.name, m.job["name"] = name, name
-            m.cfg.run_root = m.job["run_root"] = str(Path(m.cfg.run_root).expanduser() / sid)
-            m.cfg.sweep = m.job["sweep"] = sid  # backends whose storage is elsewhere (a PVC) keep members apart by it
-            m.plan = make_plan(m.cfg)
-            m.backend = backends.get(m.plan.backend)
-            if not m.cfg.dry_run:
-                m.skip = _existing(m)
-                if not m.skip:
-                    m.backend.check(m.plan, m.cfg)
-            if not m.skip:
-                m.dryrun = m.backend.dryrun(m.plan, m.cfg)
+            plan_member(m, composed, sweep=sid, skip_existing=_existing)
         except UserError as e:
-            raise UserError("", None, f"sweep {sid}, member {i + 1} of {len(combos)} ({name}): {e}") from None
-        members.append(m)
+            raise UserError("", None, f"sweep {sid}, member {i + 1} of {len(combos)} ({m.name}): {e}") from None
     return sid, members
 
 
@@ -208,43 +177,11 @@ def _groups(members: list[Member]) -> list[list[Member]]:
     return list(groups.values())
 
 
-def _record(sid: str, m: Member, job_id: str) -> None:
-    try:
-        journal.record(sweep=sid, member=m.name, overrides=m.overrides, params=m.params, backend=m.backend.name,
-                       job_id=job_id, run_dir=m.plan.run_dir, config_hash=runs.job_hash(m.job))
-    except Exception as e:  # noqa: BLE001  the job is out: a journal we cannot write must not hide that
-        print(f"fsdp-jobs: warning: could not record {m.name} in the journal {journal.path()}: {e}",
-              file=sys.stderr)
-
-
-def submit_group(sid: str, group: list[Member]) -> list[tuple[Member, Any]]:
-    """Lock, prepare and submit one group; the locks keep a second launcher off these run dirs."""
-    locks = [runs.RunLock(Path(m.plan.run_dir)) for m in group]
-    try:
-        for m, lock in zip(group, locks):
-            if not lock.acquire():
-                raise UserError("", None, f"sweep {sid}, member {m.name}: its run is being launched by pid "
-                                          f"{lock.holder()} right now")
-            runs.prepare(Path(m.plan.run_dir), m.job, m.plan.to_dict())
-        submitted = group[0].backend.submit_group([m.dryrun for m in group])
-    except OSError as e:  # an unwritable run_root
-        raise UserError("run_root", str(Path(group[0].plan.run_dir).parent.parent),
-                        f"cannot write the run dirs of sweep {sid}: {e.strerror or e}") from None
-    finally:
-        for lock in locks:
-            lock.release()
-    for m, s in zip(group, submitted):
-        _record(sid, m, s.job_id)
-    return list(zip(group, submitted))
-
-
 def _line(m: Member, width: int, what: str) -> str:
     return f"  {m.name:<{width}}  {m.plan.backend:<8} {what}"
 
 
 def dry_run(sid: str, members: list[Member]) -> int:
-    from fsdp_jobs.__main__ import render_dry_run
-
     for m in members:
         sys.stdout.write(f"# ---- sweep {sid}, member {m.name}\n{render_dry_run(m.plan, m.dryrun.text)}")
     groups = _groups(members)
@@ -268,8 +205,7 @@ def main(argv: list[str]) -> int:
         sid, members = prepare_members(overrides)
     except UserError as e:
         die(e)
-    for note in dict.fromkeys(n for m in members if m.plan for n in m.plan.notes):
-        print(f"fsdp-jobs: note: {note}", file=sys.stderr)
+    print_notes(members)
     if members[0].cfg.dry_run:
         return dry_run(sid, [m for m in members if m.dryrun])
 
