@@ -1,6 +1,7 @@
-"""The supervisor of one cluster=docker job, on the host: it follows every node container's log into
-<run_dir>/logs/launcher.log (node-prefixed, across container restarts), waits until every container
-has ended for good, records how in docker-result.json, and removes the containers and the network.
+"""The supervisor of one cluster=docker job, on the host: launchers/supervisor.py (shared with
+cluster=local: log pump, signals, peer-death grace, exit status) over one `ContainerNode` per node,
+which follows its container's log across restarts; then it records how they ended in
+docker-result.json and removes the containers and the network.
 
 It runs in the CLI's foreground for an attached job (Ctrl-C stops exactly these containers: SIGTERM
 to each agent, whose ranks checkpoint, then SIGKILL after the grace), or detached
@@ -11,22 +12,17 @@ from __future__ import annotations
 
 import json
 import re
-import signal
 import subprocess
 import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any, Optional, TextIO
+from typing import Any, Optional
 
 from fsdp_jobs import runs
-from launchers.common import settle_user_state
 from launchers.docker.engine import RESULT_FILE, containers, give_to
-
-POLL_S = 1.0
-# a node ended for good and fewer than min_nodes remain: the others wait in the rendezvous for a
-# node that never comes; give it this long (a Docker restart takes seconds), then stop them
-PEERS_GONE_GRACE_S = 60.0
+from launchers.supervisor import STOP_EXTRA_S, LogSink, Node, exit_status
+from launchers.supervisor import supervise as supervise_nodes
 
 
 def ended_for_good(c: dict[str, Any]) -> bool:
@@ -43,43 +39,71 @@ def _sortable(ts: str) -> str:
     return f"{m.group(1)}.{(m.group(2) or '').ljust(9, '0')}" if m else ts
 
 
-class _Follower(threading.Thread):
-    """`docker logs -f` of one container, again after each restart, each line once."""
+class Fleet:
+    """The project's containers as `docker inspect` shows them, asked at most once a second for all nodes."""
 
-    def __init__(self, node: str, container_id: str, sink: "_Sink", done: threading.Event) -> None:
-        super().__init__(daemon=True)
-        self.node, self.container_id, self.sink, self.done = node, container_id, sink, done
-        self.last, self.last_raw = "", ""  # newest line seen: sortable form, and as Docker wrote it
+    def __init__(self, project: str) -> None:
+        self.project, self.asked, self.found = project, 0.0, containers(project)
 
-    def run(self) -> None:
+    def get(self, name: str) -> Optional[dict[str, Any]]:
+        if time.monotonic() - self.asked > 1.0:
+            self.found, self.asked = containers(self.project), time.monotonic()
+        return self.found.get(name)
+
+
+class ContainerNode(Node):
+    """One node's container; Docker restarts it on failure (restart: on-failure:N), so it has ended
+    for good only once Docker will not bring it back."""
+
+    def __init__(self, name: str, fleet: Fleet) -> None:
+        self.name, self.fleet = name, fleet
+        self.last: dict[str, Any] = fleet.get(name) or {}
+        self.follower: Optional[threading.Thread] = None
+        self.stopper: Optional[subprocess.Popen[bytes]] = None
+
+    def follow(self, sink: LogSink, done: threading.Event) -> None:
+        self.follower = threading.Thread(target=self._follow, args=(sink, done), daemon=True)
+        self.follower.start()
+
+    def _follow(self, sink: LogSink, done: threading.Event) -> None:
+        """`docker logs -f` of the container, again after each restart, each line once."""
+        last, last_raw = "", ""  # newest line seen: sortable form, and as Docker wrote it
         while True:
-            since = ["--since", self.last_raw] if self.last else []
-            p = subprocess.Popen(["docker", "logs", "-f", "--timestamps", *since, self.container_id],
+            since = ["--since", last_raw] if last else []
+            p = subprocess.Popen(["docker", "logs", "-f", "--timestamps", *since, self.last["Id"]],
                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
             assert p.stdout is not None
             for raw in iter(p.stdout.readline, b""):
                 ts, _, text = raw.decode(errors="replace").rstrip("\n").partition(" ")
-                key = _sortable(ts)
-                if key <= self.last:
+                if _sortable(ts) <= last:
                     continue
-                self.last, self.last_raw = key, ts
-                self.sink.write(f"[{self.node}] {text.rstrip()}")
+                last, last_raw = _sortable(ts), ts
+                sink.write(f"[{self.name}] {text.rstrip()}")
             p.wait()
-            if self.done.is_set():  # the stream ended because the container ended for good
+            if done.is_set() or self.ended() is not None:  # the stream ended because the container did
                 return
-            self.done.wait(0.5)  # it is restarting: follow it again
+            done.wait(0.5)  # it is restarting: follow it again
 
+    def ended(self) -> Optional[int]:
+        c = self.fleet.get(self.name)
+        if c is None:  # removed: it has ended, as it last was
+            return int(self.last.get("State", {}).get("ExitCode", 1)) if self.last else 1
+        self.last = c
+        return int(c["State"]["ExitCode"]) if ended_for_good(c) else None
 
-class _Sink:
-    def __init__(self, log: TextIO, echo: bool) -> None:
-        self.log, self.echo, self.lock = log, echo, threading.Lock()
+    def stop(self, grace_s: float) -> None:
+        """SIGTERM to the agent (its ranks checkpoint); Docker itself kills it after the grace."""
+        self.stopper = subprocess.Popen(["docker", "stop", "-t", str(int(grace_s + STOP_EXTRA_S)), self.last["Id"]],
+                                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
-    def write(self, line: str) -> None:
-        with self.lock:
-            self.log.write(line + "\n")
-            self.log.flush()
-            if self.echo:
-                print(line, flush=True)
+    def kill(self) -> None:
+        subprocess.run(["docker", "kill", self.last["Id"]], capture_output=True, timeout=60)
+        if self.stopper is not None:
+            self.stopper.wait()
+
+    def join(self, timeout: float) -> None:
+        if self.follower is not None:
+            self.follower.join(timeout)
 
 
 def supervise(run_dir: Path, echo: bool = False) -> int:
@@ -87,67 +111,19 @@ def supervise(run_dir: Path, echo: bool = False) -> int:
     launch = runs.last_launch(run_dir)
     project, user = launch["project"], launch["user"]
     job = runs.load_job(run_dir)
-    min_nodes = job["cluster"].get("min_nodes") or job["nodes"]
     log_path = run_dir / "logs" / "launcher.log"
-    log = open(log_path, "a")
+    sink = LogSink(log_path, echo)
     give_to(log_path, user)
-    sink = _Sink(log, echo)
-    done = threading.Event()
-    followers: dict[str, _Follower] = {}
-    interrupted: list[int] = []
-    stopper: Optional[subprocess.Popen[bytes]] = None
-    peers_gone_since: Optional[float] = None
-    found: dict[str, dict[str, Any]] = {}
-    status = 1
-
-    def on_signal(signum: int, _frame: Any) -> None:
-        interrupted.append(signum)
-
-    old = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+    fleet = Fleet(project)
+    nodes = [ContainerNode(name, fleet) for name in sorted(fleet.found)]
     try:
-        while True:
-            found = containers(project)
-            for name, c in found.items():
-                if name not in followers:
-                    followers[name] = _Follower(name, c["Id"], sink, done)
-                    followers[name].start()
-            if not found or all(ended_for_good(c) for c in found.values()):
-                break
-            gone = [n for n, c in found.items() if ended_for_good(c) and c["State"]["ExitCode"] != 0]
-            live = [c["Id"] for c in found.values() if not ended_for_good(c)]
-            if gone and len(live) < min_nodes:
-                peers_gone_since = peers_gone_since or time.monotonic()
-            else:
-                peers_gone_since = None
-            why = None
-            if interrupted:
-                why = f"got {signal.Signals(interrupted[0]).name}; stopping the containers (ranks checkpoint first)"
-            elif peers_gone_since and time.monotonic() - peers_gone_since > PEERS_GONE_GRACE_S:
-                why = f"{', '.join(gone)} ended for good and {len(live)} nodes remain (min_nodes {min_nodes}); stopping them"
-            if why and stopper is None:
-                sink.write(f"fsdp-jobs: {why}")
-                stopper = subprocess.Popen(["docker", "stop", "-t", str(launch.get("grace", 135)), *live],
-                                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-            time.sleep(POLL_S)
-        done.set()
-        for f in followers.values():
-            f.join(timeout=30)
-        codes = [c["State"]["ExitCode"] for c in found.values()]
-        if codes and not interrupted:  # a plain script exiting 0 everywhere completed (it writes no state.json)
-            settle_user_state(runs.load_job(run_dir), run_dir, next((c for c in codes if c), 0))
-        state = runs.read_state(run_dir).get("status")
-        if interrupted:
-            status = 130
-        elif state == "completed":
-            status = 0  # nodes stopped for good (exit 137) while the others finished do not fail the job
-        elif state == "preempted":
-            status = 143  # stopped from outside (fsdp-jobs cancel, docker stop): the ranks checkpointed
-        else:
-            status = next((c for c in codes if c), 1)
+        outcome = supervise_nodes(nodes, sink, job["cluster"].get("min_nodes") or job["nodes"],
+                                  job["cluster"]["stop_grace_s"])
+        status = exit_status(outcome, job, run_dir)
         result = {"project": project, "time": time.time(), "exit_status": status,
-                  "cancelled": bool(interrupted) or state == "preempted",
-                  "containers": {n: {"exit_code": c["State"]["ExitCode"], "restarts": c.get("RestartCount", 0)}
-                                 for n, c in sorted(found.items())}}
+                  "cancelled": outcome.interrupted or runs.read_state(run_dir).get("status") == "preempted",
+                  "containers": {n.name: {"exit_code": n.last["State"]["ExitCode"],
+                                          "restarts": n.last.get("RestartCount", 0)} for n in nodes}}
         for n, r in result["containers"].items():
             sink.write(f"fsdp-jobs: {n} exited {r['exit_code']} after {r['restarts']} restarts")
         remove_containers(launch, sink)
@@ -156,18 +132,13 @@ def supervise(run_dir: Path, echo: bool = False) -> int:
         runs.write_atomic(run_dir / RESULT_FILE, json.dumps(result, indent=2) + "\n")
         give_to(run_dir / RESULT_FILE, user)
     finally:
-        done.set()
-        if stopper is not None:
-            stopper.wait()
         if not (run_dir / RESULT_FILE).exists():  # ended by an error: still remove what we started
             remove_containers(launch, sink)
-        log.close()
-        for s, h in old.items():
-            signal.signal(s, h)
+        sink.close()
     return status
 
 
-def remove_containers(launch: dict[str, Any], sink: _Sink) -> None:
+def remove_containers(launch: dict[str, Any], sink: LogSink) -> None:
     down = subprocess.run(launch["down"], capture_output=True, text=True, timeout=300)
     if down.returncode:
         sink.write(f"fsdp-jobs: could not remove the containers: {down.stderr.strip()[-300:]}")

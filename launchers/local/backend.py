@@ -1,8 +1,9 @@
 """cluster=local: one torchrun agent per simulated node on this machine, c10d rendezvous on loopback.
 
 Each agent is a subprocess in its own session, so Ctrl-C reaches only this launcher, which then
-stops exactly the agents it started (SIGTERM, then SIGKILL of their process groups). Their output
-is merged into one node-prefixed stream, on the terminal and in <run_dir>/logs/launcher.log.
+stops exactly the agents it started (SIGTERM, then SIGKILL of their process groups). The supervisor
+(launchers/supervisor.py, shared with cluster=docker) merges their output into one node-prefixed
+stream, on the terminal and in <run_dir>/logs/launcher.log, and maps how they ended to an exit status.
 """
 
 from __future__ import annotations
@@ -14,20 +15,17 @@ import socket
 import subprocess
 import sys
 import threading
-import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional, TextIO
+from typing import Any, Optional
 
 from fsdp_jobs import runs
 from fsdp_jobs.errors import UserError
 from launchers.base import Backend, DryRun, JobState, JobStatus, Run, Submitted, state_from_training
 from launchers.common import (begin_user_attempt, python_path, rank_entry, rank_env, runtime_env,
-                              settle_user_state, torchrun_args, user_code_dir)
+                              torchrun_args, user_code_dir)
 from launchers.snapshot import take_user_code
-
-PEER_FAILED_GRACE_S = 20.0
-
+from launchers.supervisor import LogSink, Node, exit_status, supervise
 
 def free_port() -> int:
     with socket.socket() as s:
@@ -83,39 +81,41 @@ class LocalRequest:
         return "\n".join(lines)
 
 
-class _Agents:
-    def __init__(self) -> None:
-        self.procs: list[subprocess.Popen[bytes]] = []
-        self.log_lock = threading.Lock()
+class AgentNode(Node):
+    """One simulated node: a torchrun agent in its own session (Ctrl-C reaches only the launcher)."""
 
-    def pump(self, node: int, proc: subprocess.Popen[bytes], log: TextIO, echo: bool) -> None:
-        assert proc.stdout is not None
-        for raw in iter(proc.stdout.readline, b""):
-            line = f"[node{node}] {raw.decode(errors='replace').rstrip()}"
-            with self.log_lock:
-                log.write(line + "\n")
-                log.flush()
-                if echo:
-                    print(line, flush=True)
+    def __init__(self, name: str, agent: Agent) -> None:
+        self.name = name
+        self.proc = subprocess.Popen(agent.argv, env={**os.environ, **agent.env}, stdout=subprocess.PIPE,
+                                     stderr=subprocess.STDOUT, start_new_session=True)
+        self.pump: Optional[threading.Thread] = None
 
-    def stop(self, grace: float) -> None:
-        """SIGTERM to the agents we started (torchrun forwards it to its workers), then SIGKILL."""
-        for p in self.procs:
-            if p.poll() is None:
-                p.send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + grace
-        for p in self.procs:
-            try:
-                p.wait(timeout=max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
+    def follow(self, sink: LogSink, done: threading.Event) -> None:
+        def pump() -> None:
+            assert self.proc.stdout is not None
+            for raw in iter(self.proc.stdout.readline, b""):
+                sink.write(f"[{self.name}] {raw.decode(errors='replace').rstrip()}")
+        self.pump = threading.Thread(target=pump, daemon=True)
+        self.pump.start()
+
+    def ended(self) -> Optional[int]:
+        return self.proc.poll()  # torchrun restarts its workers itself: its own exit is for good
+
+    def stop(self, grace_s: float) -> None:
+        if self.proc.poll() is None:  # torchrun forwards SIGTERM to its workers, which checkpoint
+            self.proc.send_signal(signal.SIGTERM)
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            try:  # the agent's own session/group: it and the workers it spawned, nothing else
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
                 pass
-        for p in self.procs:
-            if p.poll() is None:
-                try:  # the agent's own session/group: it and the workers it spawned, nothing else
-                    os.killpg(p.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-                p.wait()
+        self.proc.wait()
+
+    def join(self, timeout: float) -> None:
+        if self.pump is not None:
+            self.pump.join(timeout)
 
 
 class LocalBackend(Backend[LocalRequest]):
@@ -167,55 +167,18 @@ def run_agents(dryrun: DryRun[LocalRequest], echo: bool = True) -> int:
     begin_user_attempt(cfg, run_dir)
     runs.record_launch(run_dir, backend="local", job_id=str(os.getpid()), pid=os.getpid(), nodes=plan.nodes,
                        gpus_per_node=plan.gpus_per_node)
-    agents = _Agents()
-    log = open(run_dir / "logs" / "launcher.log", "a")
-    pumps = []
-    interrupted = False
-
-    def on_signal(signum: int, _frame: Any) -> None:
-        nonlocal interrupted
-        interrupted = True
-        print(f"\nfsdp-jobs: got {signal.Signals(signum).name}; stopping the job "
-              f"(ranks checkpoint at the next step boundary)...", file=sys.stderr, flush=True)
-
-    old = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+    sink = LogSink(run_dir / "logs" / "launcher.log", echo)
+    nodes: list[Node] = []
     try:
         for i, agent in enumerate(dryrun.request.agents):
-            p = subprocess.Popen(agent.argv, env={**os.environ, **agent.env}, stdout=subprocess.PIPE,
-                                 stderr=subprocess.STDOUT, start_new_session=True)
-            agents.procs.append(p)
-            t = threading.Thread(target=agents.pump, args=(i, p, log, echo), daemon=True)
-            t.start()
-            pumps.append(t)
-        failed_at = None
-        while True:
-            codes = [p.poll() for p in agents.procs]
-            if interrupted:
-                agents.stop(cfg.cluster.stop_grace_s + 15.0)  # torchrun's own grace, then ours
-                break
-            if all(c is not None for c in codes):
-                break
-            if any(c not in (None, 0) for c in codes):
-                # a node gave up (restarts exhausted): its peers cannot finish without it
-                failed_at = failed_at or time.monotonic()
-                if time.monotonic() - failed_at > PEER_FAILED_GRACE_S:
-                    agents.stop(10.0)
-                    break
-            time.sleep(0.2)
+            nodes.append(AgentNode(f"node{i}", agent))
+        outcome = supervise(nodes, sink, plan.rendezvous.min_nodes, cfg.cluster.stop_grace_s)
     finally:
-        if any(p.poll() is None for p in agents.procs):
-            agents.stop(10.0)
-        for t in pumps:
-            t.join(timeout=5)
-        log.close()
-        for s, h in old.items():
-            signal.signal(s, h)
-    if interrupted:
-        return 130
-    codes = [p.returncode for p in agents.procs]
-    rc = next((c for c in codes if c != 0), 0)
-    settle_user_state(cfg, run_dir, rc)
-    return rc
+        for n in nodes:  # started before a failure to start the others
+            if n.ended() is None:
+                n.kill()
+        sink.close()
+    return exit_status(outcome, cfg, run_dir)
 
 
 BACKEND = LocalBackend()

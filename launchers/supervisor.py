@@ -1,0 +1,148 @@
+"""The one supervisor of the processes a launcher owns: cluster=local's torchrun agents and cluster=docker's
+node containers (each backend says how to follow, poll and stop one node: a `Node`).
+
+Written once, for both:
+  * the log pump: every node's lines, prefixed `[nodeN]`, into <run_dir>/logs/launcher.log (and the
+    terminal when attached), one line at a time whichever node writes;
+  * signals: SIGINT/SIGTERM stop the job: every node is asked to stop (torchrun gives its ranks
+    cluster.stop_grace_s to checkpoint), and whatever is still alive `STOP_EXTRA_S` after that is killed;
+  * peer death: a node that ended for good with a failure, leaving fewer than min_nodes alive, leaves
+    the others waiting in the rendezvous for a node that never comes: after PEER_GONE_GRACE_S they are
+    stopped too (a Docker restart or a torchrun restart takes seconds, so one that comes back in time counts);
+  * the exit status: `exit_status` below, the same for every backend.
+"""
+
+from __future__ import annotations
+
+import abc
+import signal
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+from fsdp_jobs import runs
+from launchers.common import settle_user_state
+
+POLL_S = 0.2
+PEER_GONE_GRACE_S = 30.0
+STOP_EXTRA_S = 15.0  # after torchrun's own grace for the ranks, before we kill
+INTERRUPTED = 130  # the shell's status for Ctrl-C
+STOPPED_FROM_OUTSIDE = 143  # the ranks recorded a stop (cancel, docker stop) and checkpointed
+
+
+class LogSink:
+    """Node-prefixed lines into the job's launcher log, and the terminal when attached."""
+
+    def __init__(self, path: Path, echo: bool) -> None:
+        self.path, self.echo, self.lock = path, echo, threading.Lock()
+        self.file = open(path, "a")
+
+    def write(self, line: str) -> None:
+        with self.lock:
+            self.file.write(line + "\n")
+            self.file.flush()
+            if self.echo:
+                print(line, flush=True)
+
+    def close(self) -> None:
+        with self.lock:
+            self.file.close()
+
+
+class Node(abc.ABC):
+    """One node of the job as its backend runs it (an agent process, a container)."""
+
+    name: str
+
+    @abc.abstractmethod
+    def follow(self, sink: LogSink, done: threading.Event) -> None:
+        """Start writing this node's output lines to `sink` (a thread) until it ends for good or `done` is set."""
+
+    @abc.abstractmethod
+    def ended(self) -> Optional[int]:
+        """The exit code once the node has ended for good (no restart is coming), else None."""
+
+    @abc.abstractmethod
+    def stop(self, grace_s: float) -> None:
+        """Ask it to stop (SIGTERM: the ranks checkpoint), without waiting."""
+
+    @abc.abstractmethod
+    def kill(self) -> None:
+        """It did not stop in time: end it and everything it started."""
+
+    def join(self, timeout: float) -> None:
+        """Wait for the log pump to write the node's last lines."""
+
+
+@dataclass
+class Outcome:
+    codes: dict[str, int] = field(default_factory=dict)  # node -> exit code (what each ended with)
+    interrupted: bool = False  # SIGINT/SIGTERM reached the supervisor
+
+
+def supervise(nodes: list[Node], sink: LogSink, min_nodes: int, stop_grace_s: float) -> Outcome:
+    """Until every node has ended for good; returns how each ended. Always leaves none running."""
+    done = threading.Event()
+    signals: list[int] = []
+    old = {s: signal.signal(s, lambda signum, _frame: signals.append(signum)) for s in (signal.SIGINT, signal.SIGTERM)}
+    for n in nodes:
+        n.follow(sink, done)
+    stopping_until: Optional[float] = None
+    peers_gone_since: Optional[float] = None
+    codes: dict[str, Optional[int]] = {}
+    try:
+        while True:
+            codes = {n.name: n.ended() for n in nodes}
+            live = [n for n in nodes if codes[n.name] is None]
+            if not live:
+                break
+            gone = [name for name, c in codes.items() if c not in (None, 0)]
+            peers_gone_since = (peers_gone_since or time.monotonic()) if gone and len(live) < min_nodes else None
+            why = _why_stop(signals, gone, live, min_nodes, peers_gone_since)
+            if why and stopping_until is None:
+                sink.write(f"fsdp-jobs: {why}")
+                for n in live:
+                    n.stop(stop_grace_s)
+                stopping_until = time.monotonic() + stop_grace_s + STOP_EXTRA_S
+            if stopping_until is not None and time.monotonic() > stopping_until:
+                for n in live:
+                    n.kill()
+            time.sleep(POLL_S)
+    finally:
+        for n in nodes:
+            if n.ended() is None:  # ended by an error here: still leave nothing running
+                n.kill()
+        done.set()
+        for n in nodes:
+            n.join(timeout=30)
+        for s, h in old.items():
+            signal.signal(s, h)
+    return Outcome({k: int(v) for k, v in codes.items() if v is not None}, bool(signals))
+
+
+def _why_stop(signals: list[int], gone: list[str], live: list[Node], min_nodes: int,
+              peers_gone_since: Optional[float]) -> Optional[str]:
+    if signals:
+        return (f"got {signal.Signals(signals[0]).name}; stopping the job (the ranks checkpoint at the next "
+                "step boundary)")
+    if peers_gone_since is not None and time.monotonic() - peers_gone_since > PEER_GONE_GRACE_S:
+        return (f"{', '.join(gone)} ended for good and {len(live)} nodes remain (min_nodes {min_nodes}); "
+                "stopping them")
+    return None
+
+
+def exit_status(outcome: Outcome, job: Any, run_dir: Path) -> int:
+    """The job's exit status from how its nodes ended and what rank 0 recorded (state.json)."""
+    failure = next((c for c in outcome.codes.values() if c), 0)
+    if outcome.codes and not outcome.interrupted:  # a plain script exiting 0 everywhere completed
+        settle_user_state(job, run_dir, failure)
+    if outcome.interrupted:
+        return INTERRUPTED
+    state = runs.read_state(run_dir).get("status")
+    if state == "completed":
+        return 0  # nodes stopped for good (exit 137) while the others finished do not fail the job
+    if state == "preempted":
+        return STOPPED_FROM_OUTSIDE
+    return failure if outcome.codes else 1
