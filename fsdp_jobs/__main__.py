@@ -21,10 +21,10 @@ USAGE = """usage: python -m fsdp_jobs [key=value ...]      (fsdp-jobs [key=value
   python -m fsdp_jobs                                  2 simulated nodes x 2 ranks on this machine
   python -m fsdp_jobs nodes=3 gpus_per_node=8 model=llama3_8b dry_run=true
   python -m fsdp_jobs name=my-run train.steps=1000     the same name again resumes that run
-  python -m fsdp_jobs -m cluster=slurm train.lr=1e-4,3e-4 fsdp=glob(*shard)   a sweep (Hydra multirun)
+  python -m fsdp_jobs -m nodes=2,4 train.lr=1e-4,3e-4 fsdp=glob(*shard)     a sweep (Hydra multirun)
 
 Groups: model=tiny|llama3_1b|llama3_8b|llama3_70b  fsdp=full_shard|shard_grad_op|hybrid_shard|
-hybrid_shard_zero2|no_shard  cluster=local|slurm|docker|kubernetes  data=synthetic|token_file.
+hybrid_shard_zero2|no_shard  cluster={backends}  data=synthetic|token_file.
 Submitted runs: fsdp-jobs list | status RUN | logs RUN [-f] | cancel RUN | chaos RUN kill-node|stop-node N; sweeps: status|cancel SWEEP,
 cancel SWEEP/MEMBER, compare SWEEP, plot RUN_OR_SWEEP... -o out.png. Every key: conf/ and
 fsdp_jobs/config.py. Export a checkpoint: python -m fsdp_jobs.export RUN_DIR."""
@@ -63,7 +63,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     if argv and argv[0] in ctl.COMMANDS:
         return ctl.main(argv)
     if any(a in ("-h", "--help") for a in argv):
-        print(USAGE)
+        from fsdp_jobs import backends
+
+        print(USAGE.replace("{backends}", "|".join(backends.names())))
         return 0
     if any(a in ("-m", "--multirun") for a in argv):
         from fsdp_jobs import sweep

@@ -8,19 +8,17 @@ A backend is a package `launchers/<name>/` (ARCHITECTURE.md, "Adding a backend")
     backend.py  `BACKEND`, an instance of launchers.base.Backend: dryrun, submit, describe, cancel, ...
 
 Adding one is that folder, its `conf/cluster/<name>.yaml`, and one line below. Modules are imported by
-name when asked for, so planning loads only config modules (no backend's dependencies), and fsdp_jobs/
-never imports launchers/ statically: the CLI sits above the backends, the backends above fsdp_jobs' core,
-as TorchX finds its schedulers through entry points.
+name when asked for: this module loads config modules only (planning never pays for a backend's
+dependencies), fsdp_jobs/launcher.py loads the chosen backend itself. fsdp_jobs/ never imports
+launchers/ statically: backends are plugins found by name, as TorchX finds its schedulers through entry
+points, and tests/unit/test_architecture.py holds the import graph, these edges included, free of cycles.
 """
 
 from __future__ import annotations
 
 import importlib
 from types import ModuleType
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from launchers.base import Backend
+from typing import Any
 
 BACKENDS: dict[str, str] = {
     "local": "launchers.local",
@@ -29,6 +27,8 @@ BACKENDS: dict[str, str] = {
     "kubernetes": "launchers.kubernetes",
 }
 DEFAULT = "local"  # conf/config.yaml's cluster= default
+# `python -m fsdp_jobs.bench dry-run` times our dry run on this backend against TorchX's scheduler of the same name
+DRY_RUN_BENCH = "slurm"
 
 
 def names() -> tuple[str, ...]:
@@ -53,8 +53,8 @@ def register_schemas() -> None:
         config_module(name).register()
 
 
-def get(name: str) -> "Backend":
-    """The backend itself; only the chosen one is imported, so one backend's dependencies never load for another."""
+def backend_module(name: str) -> str:
+    """Where the backend's `BACKEND` lives; fsdp_jobs/launcher.py imports it when a command needs it."""
     if name not in BACKENDS:
         raise ValueError(f"unknown backend {name!r}; known: {', '.join(BACKENDS)}")
-    return importlib.import_module(f"{BACKENDS[name]}.backend").BACKEND
+    return f"{BACKENDS[name]}.backend"

@@ -170,13 +170,16 @@ def bench_checkpoint(mb: int, repeats: int, directory: Path) -> dict[str, Any]:
 
 
 def bench_dry_run(repeats: int) -> dict[str, Any]:
-    """Our dry run of a 4-node x 8-GPU SLURM job next to TorchX's dry run of the same shape, both the
-    commands users type (process start and exit included), alternated."""
-    job = ["dry_run=true", "run_root=/nonexistent-bench", "cluster=slurm", "nodes=4", "gpus_per_node=8",
+    """Our dry run of a 4-node x 8-GPU job next to TorchX's dry run of the same shape on the scheduler
+    of the same name (fsdp_jobs/backends.py DRY_RUN_BENCH), both the commands users type (process start
+    and exit included), alternated."""
+    from fsdp_jobs.backends import DRY_RUN_BENCH as backend
+
+    job = ["dry_run=true", "run_root=/nonexistent-bench", f"cluster={backend}", "nodes=4", "gpus_per_node=8",
            "model=llama3_8b"]
     ours = [sys.executable, "-m", "fsdp_jobs", *job]
-    torchx = [sys.executable, "-m", "torchx.cli.main", "run", "--dryrun", "-s", "slurm", "dist.ddp", "-j", "4x8",
-              "-m", "fsdp_jobs.runtime"]
+    torchx_args = ["run", "--dryrun", "-s", backend, "dist.ddp", "-j", "4x8", "-m", "fsdp_jobs.runtime"]
+    torchx = [sys.executable, "-m", "torchx.cli.main", *torchx_args]
     walls, tx_walls = [], []
     for _ in range(repeats):
         for cmd, cwd, out in ((ours, _REPO, walls), (torchx, tempfile.gettempdir(), tx_walls)):
@@ -194,7 +197,7 @@ def bench_dry_run(repeats: int) -> dict[str, Any]:
         raise SystemExit(f"dry run failed:\n{r.stderr[-3000:]}")
     torch_seen, inner = eval(r.stderr.strip().splitlines()[-1])  # noqa: S307 (our own repr)
     return {"benchmark": "dry-run", "repeats": repeats, "command": "python -m fsdp_jobs " + " ".join(job),
-            "torchx_command": "torchx run --dryrun -s slurm dist.ddp -j 4x8 -m fsdp_jobs.runtime",
+            "torchx_command": "torchx " + " ".join(torchx_args),
             "wall_s": _spread(walls), "torchx_wall_s": _spread(tx_walls),
             "ratio_ours_over_torchx": round(statistics.median(walls) / statistics.median(tx_walls), 3),
             "goal": "<= 1.0", "in_process_s": round(inner, 3), "torch_imported": torch_seen}

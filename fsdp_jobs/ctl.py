@@ -26,14 +26,14 @@ COMMANDS = ("list", "status", "logs", "cancel", "chaos", "compare", "plot")
 
 
 def _backend(run: Any) -> Any:
-    from fsdp_jobs import backends
+    from fsdp_jobs import launcher
 
     name = run.launch.get("backend")
     if not name:
         raise UserError("RUN", run.run_dir.name, f"{run.run_dir / runs.LAUNCHES_FILE} records no launch "
                                                  "(missing or damaged); nothing to ask a backend about")
     try:
-        return backends.get(str(name))
+        return launcher.get(str(name))
     except ValueError as e:
         raise UserError("RUN", run.run_dir.name, str(e)) from None
 

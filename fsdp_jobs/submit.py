@@ -41,7 +41,7 @@ class Member:
 def plan_member(m: Member, composed: Any, sweep: Optional[str] = None, skip_existing: Any = None) -> None:
     """Plan a composed member and ask its backend for the dry run (and, unless dry_run=true, its checks).
     `sweep` places it under <run_root>/<sweep>/<name>; `skip_existing(m)` says why not to submit it."""
-    from fsdp_jobs import backends
+    from fsdp_jobs import launcher
     from fsdp_jobs.plan import make_plan
 
     if isinstance(composed, UserError):
@@ -53,7 +53,7 @@ def plan_member(m: Member, composed: Any, sweep: Optional[str] = None, skip_exis
         m.cfg.sweep = m.job["sweep"] = sweep  # backends whose storage is elsewhere (a PVC) keep members apart by it
     m.plan = make_plan(m.cfg)
     m.name = m.plan.name
-    m.backend = backends.get(m.plan.backend)  # after planning: a bad override never pays for a backend import
+    m.backend = launcher.get(m.plan.backend)  # after planning: a bad override never pays for a backend import
     if not m.cfg.dry_run:
         m.skip = skip_existing(m) if skip_existing else ""
         if not m.skip:

@@ -132,7 +132,7 @@ def sweep_id(overrides: list[str], members: list[tuple[list[str], dict[str, str]
 
 def _existing(member: Member) -> str:
     """Why an existing run must not be submitted again: it completed, or its job is still queued/running."""
-    from fsdp_jobs import backends
+    from fsdp_jobs import launcher
     from fsdp_jobs.status import JobState, Run
 
     run_dir = Path(member.plan.run_dir)
@@ -143,7 +143,7 @@ def _existing(member: Member) -> str:
         return f"completed at step {state.get('step')}"
     run = Run.load(run_dir)
     if run.launch.get("backend"):
-        status = backends.get(str(run.launch["backend"])).describe(run)
+        status = launcher.get(str(run.launch["backend"])).describe(run)
         if status.state in (JobState.PENDING, JobState.RUNNING):
             return f"{status.state.value.lower()} as {run.launch['backend']} job {run.launch.get('job_id')}"
     return ""

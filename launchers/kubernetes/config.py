@@ -6,7 +6,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Dict, Optional
 
-from fsdp_jobs.config import ClusterConfig, choice, positive, register_cluster_schema
+from fsdp_jobs.cluster_config import ClusterConfig, choice, positive, register_cluster_schema
 from fsdp_jobs.errors import UserError
 
 NAME = "kubernetes"

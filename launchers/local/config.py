@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from fsdp_jobs.config import ClusterConfig, register_cluster_schema
+from fsdp_jobs.cluster_config import ClusterConfig, register_cluster_schema
 
 NAME = "local"
 HOST_FILES = True  # the job's processes see this machine's files (data.path is checked here at plan time)

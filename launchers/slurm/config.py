@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
-from fsdp_jobs.config import ClusterConfig, choice, positive, register_cluster_schema
+from fsdp_jobs.cluster_config import ClusterConfig, choice, positive, register_cluster_schema
 
 NAME = "slurm"
 HOST_FILES = True  # the job's processes see this machine's files (data.path is checked here at plan time)

@@ -104,8 +104,10 @@ class NodeTask(submitit.helpers.Checkpointable):
         error_file = run_dir / "logs" / f"torchrun-error-{job_id}-node{env.node}.json"
         error_file.parent.mkdir(exist_ok=True)
         error_file.unlink(missing_ok=True)
+        node = os.environ.get("SLURMD_NODENAME") or socket.gethostname()  # how the ranks name their node
         self._proc = subprocess.Popen(cmd, preexec_fn=_ignore_stop_signal(job["cluster"]["signal"]),
-                                      env={**os.environ, "TORCHELASTIC_ERROR_FILE": str(error_file)})
+                                      env={**os.environ, "TORCHELASTIC_ERROR_FILE": str(error_file),
+                                           "FSDP_JOBS_NODE": node})
         rc = self._proc.wait()
         settle_user_state(job, run_dir, rc)  # a plain script exiting 0 completed (it writes no state.json)
         state = runs.read_state(run_dir)

@@ -10,7 +10,7 @@ import pytest
 
 from fsdp_jobs.compose import compose
 from fsdp_jobs.plan import make_plan
-from fsdp_jobs import backends
+from fsdp_jobs import backends, launcher
 from launchers.kubernetes import manifests as k8s_manifests
 
 pytestmark = pytest.mark.kubernetes
@@ -36,7 +36,7 @@ def test_dry_runs_of_every_backend_agree(tmp_path: Path) -> None:
     for backend in BACKENDS:
         cfg, _ = compose([f"cluster={backend}", *common, *PER_BACKEND.get(backend, [])])
         plan = make_plan(cfg)
-        d = backends.get(backend).dryrun(plan, cfg)
+        d = launcher.get(backend).dryrun(plan, cfg)
         env = {k: v for k, v in d.agent_env.items() if backend == "slurm" or k not in SLURM_ONLY}
         assert backend == "slurm" or not SLURM_ONLY & set(d.agent_env), backend
         seen[backend] = {"world": plan.world_size, "mesh": plan.mesh, "args": masked(d.agent_args),

@@ -165,14 +165,14 @@ def test_kubernetes_pods_get_the_script_through_the_configmap_and_unpack_it(tmp_
 
     from fsdp_jobs.compose import compose
     from fsdp_jobs.plan import make_plan
-    from fsdp_jobs import backends
+    from fsdp_jobs import launcher
     from launchers.kubernetes import boot as k8s_boot, manifests as k8s_manifests
 
     cfg, _ = compose(["cluster=kubernetes", "cluster.image=registry.example.com/fsdp-jobs:1", "cluster.device=cpu",
                       f"run_root={tmp_path / 'runs'}", "name=byo", f"script={SCRIPTS / 'ddp_train.py'}",
                       "script_args=[--log,1]"])
     plan = make_plan(cfg)
-    d = backends.get("kubernetes").dryrun(plan, cfg)
+    d = launcher.get("kubernetes").dryrun(plan, cfg)
     cm = next(o for o in d.request.objects if o["kind"] == "ConfigMap")
     pod = k8s_manifests.pod_templates(d.request.job)[0]["spec"]["containers"][0]
     user_dir = pod["command"][-4].rsplit("/", 1)[0]

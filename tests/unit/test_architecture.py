@@ -1,0 +1,189 @@
+"""The layout ARCHITECTURE.md promises, held by reading the source (no imports executed):
+
+- no import cycle between files: an import inside a function counts, one under `if TYPE_CHECKING:` does
+  not (it never runs), and the imports by name count too: fsdp_jobs/backends.py (the registry) reaches every
+  launchers/<name>/config.py, fsdp_jobs/launcher.py every launchers/<name>/backend.py;
+- no import cycle between packages (fsdp_jobs, launchers, and each backend package launchers/<name>) in
+  their static imports: backends are plugins the CLI finds by name, as TorchX finds its schedulers;
+- no backend is named in fsdp_jobs/ outside the registry: not in code, not in a string (comments and
+  docstrings may describe how a cluster behaves).
+"""
+
+from __future__ import annotations
+
+import ast
+import io
+import re
+import tokenize
+from pathlib import Path
+
+from tests.conftest import REPO
+
+PACKAGES = ("fsdp_jobs", "launchers")
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(REPO).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def source_files() -> dict[str, Path]:
+    return {module_name(p): p for pkg in PACKAGES for p in sorted((REPO / pkg).rglob("*.py"))}
+
+
+def _runtime_nodes(tree: ast.AST) -> list[ast.AST]:
+    """Every node but those under `if TYPE_CHECKING:`."""
+    out, stack = [], [tree]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            stack.extend(node.orelse)
+            continue
+        out.append(node)
+        stack.extend(ast.iter_child_nodes(node))
+    return out
+
+
+def imports_of(name: str, path: Path, modules: set[str]) -> set[str]:
+    """The project modules `name` imports (a package's __init__ too, which importing anything in it runs)."""
+    found: set[str] = set()
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    for node in _runtime_nodes(ast.parse(path.read_text())):
+        targets: list[str] = []
+        if isinstance(node, ast.Import):
+            targets = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                base = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1] + ([base] if base else []))
+            targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base for a in node.names]
+        for t in targets:
+            parts = t.split(".")
+            for i in range(1, len(parts) + 1):  # importing a.b.c runs a, a.b and a.b.c
+                if ".".join(parts[:i]) in modules:
+                    found.add(".".join(parts[:i]))
+    return found - {name}
+
+
+def import_graph(by_name: bool = True) -> dict[str, set[str]]:
+    from fsdp_jobs import backends
+
+    files = source_files()
+    modules = set(files)
+    graph = {name: imports_of(name, path, modules) for name, path in files.items()}
+    if by_name:  # importlib.import_module(...) of the registry
+        graph["fsdp_jobs.backends"] |= {f"{p}.config" for p in backends.BACKENDS.values()} & modules
+        graph["fsdp_jobs.launcher"] |= {f"{p}.backend" for p in backends.BACKENDS.values()} & modules
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components with more than one member (Tarjan), or a node importing itself."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    out: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in graph.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1 or v in graph.get(v, ()):
+                out.append(sorted(comp))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def package_of(module: str) -> str:
+    """fsdp_jobs (all of it), launchers (what backends share) or launchers.<backend>."""
+    parts = module.split(".")
+    if parts[0] == "launchers" and len(parts) > 2:
+        return ".".join(parts[:2])
+    if parts[0] == "launchers" and len(parts) == 2 and (REPO / "launchers" / parts[1]).is_dir():
+        return module
+    return parts[0]
+
+
+def test_no_import_cycle_between_files():
+    graph = import_graph()
+    found = cycles(graph)
+    assert not found, f"import cycles between files: {found}"
+    assert "launchers.slurm.node_task" in graph["launchers.slurm.backend"]  # imports in functions are seen
+    assert "fsdp_jobs.errors" in graph["launchers.docker.engine"]
+
+
+def test_no_import_cycle_between_packages():
+    graph: dict[str, set[str]] = {}
+    for src, targets in import_graph(by_name=False).items():
+        for dst in targets:
+            a, b = package_of(src), package_of(dst)
+            graph.setdefault(a, set())
+            if a != b:
+                graph[a].add(b)
+    found = cycles(graph)
+    assert not found, f"import cycles between packages: {found}"
+    assert "launchers" in graph["launchers.slurm"] and "fsdp_jobs" in graph["launchers"]  # the graph is real
+
+
+def test_the_cycle_check_finds_a_cycle():
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert cycles({"a": {"b"}, "b": set()}) == []
+
+
+BACKEND_WORD = re.compile(r"\b(slurm\w*|sbatch|srun|docker\w*|kubernetes|k8s|volcano|jobset|pytorchjob)\b", re.I)
+
+
+def backend_mentions(path: Path, names: tuple[str, ...]) -> list[str]:
+    """Backend names in code and strings, comments and docstrings left out."""
+    src = path.read_text()
+    docstrings = {node.body[0].lineno for node in ast.walk(ast.parse(src))
+                  if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+                  and node.body and isinstance(node.body[0], ast.Expr)
+                  and isinstance(getattr(node.body[0], "value", None), ast.Constant)
+                  and isinstance(node.body[0].value.value, str)}
+    found = []
+    for tok in tokenize.generate_tokens(io.StringIO(src).readline):
+        if tok.type == tokenize.COMMENT or (tok.type == tokenize.STRING and tok.start[0] in docstrings):
+            continue
+        text = tok.string
+        quoted = tok.type == tokenize.STRING or tok.type == getattr(tokenize, "FSTRING_MIDDLE", -1)
+        if BACKEND_WORD.search(text) or (quoted and any(re.search(rf"(^|[=\"'|]){n}([\"'|]|$)", text) for n in names)):
+            found.append(f"{path.relative_to(REPO)}:{tok.start[0]}: {text[:80]}")
+    return found
+
+
+def test_fsdp_jobs_names_no_backend_outside_the_registry():
+    from fsdp_jobs import backends
+
+    mentions = [m for p in sorted((REPO / "fsdp_jobs").rglob("*.py")) if p.name != "backends.py"
+                for m in backend_mentions(p, backends.names())]
+    assert not mentions, "backend names in fsdp_jobs/ (ask fsdp_jobs/backends.py instead):\n" + "\n".join(mentions)
+
+
+def test_the_backend_name_check_sees_code_and_strings_but_not_comments(tmp_path, monkeypatch):
+    monkeypatch.setattr("tests.unit.test_architecture.REPO", tmp_path)
+    f = tmp_path / "m.py"
+    f.write_text('"""Talks about SLURM."""\n# and docker here\nx = 1\n')
+    assert backend_mentions(f, ("local", "slurm")) == []
+    f.write_text('x = "local"\n')
+    assert len(backend_mentions(f, ("local", "slurm"))) == 1
+    f.write_text('env = os.environ.get("SLURMD_NODENAME")\n')
+    assert len(backend_mentions(f, ("local", "slurm"))) == 1
