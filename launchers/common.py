@@ -29,7 +29,7 @@ def runtime_env(cfg: Any) -> dict[str, str]:
     """Environment every agent and rank needs, whatever the backend."""
     env = {
         # torch 2.13: without it, restarted workers read stale addresses from the rendezvous
-        # store the agent shares with them and fail in init_process_group (env-notes pitfall 1)
+        # store the agent shares with them and fail in init_process_group (ARCHITECTURE.md, pitfall 1)
         "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",
         "PYTHONUNBUFFERED": "1",
     }
@@ -67,7 +67,7 @@ def rank_entry(cfg: Any, run_dir: str, user_dir: Optional[str]) -> list[str]:
     """What torchrun starts on every rank, after its own flags: THE place the entry point is chosen, for
     every backend. The built-in trainer takes the run dir; a user's script or module takes its own
     arguments after a `--`, which torchrun drops: without it torchrun's parser would claim arguments
-    that prefix-match its own flags (`--log`, `--max`, `--nproc`: env-notes pitfall 5)."""
+    that prefix-match its own flags (`--log`, `--max`, `--nproc`: ARCHITECTURE.md, pitfall 5)."""
     args = [str(a) for a in cfg.get("script_args") or []]
     tail = ["--", *args] if args else []
     if cfg.get("script"):

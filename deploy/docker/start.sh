@@ -3,7 +3,7 @@
 #
 # Installs Debian's docker.io and docker-compose (v1) if missing, then starts dockerd by hand with its
 # own data and exec roots under $FSDP_DOCKER_DIR, listening on the standard socket so `docker` and
-# `docker-compose` work as usual. Recipe and pitfalls: shared/env-notes/docker-one-machine.md.
+# `docker-compose` work as usual. See README.md ("In local containers") for how it is used.
 # stop.sh removes every trace of it. If an engine is already reachable, nothing is started (and stop.sh
 # will leave that engine alone).
 #

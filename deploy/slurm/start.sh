@@ -3,7 +3,7 @@
 #
 # slurmctld + one slurmd per node (n1..nN) + munge, from Debian's packages (installed with apt if missing),
 # plus MariaDB + slurmdbd so that `sacct` works (submitit polls sacct for job states).
-# Based on the team's tested recipe (shared/env-notes/slurm-one-machine.md); see README.md next to this file.
+# See README.md next to this file for what it starts and why.
 #
 #   SLURM_CI_MODE=netns  (default) one network + UTS namespace per node (own eth0 $SUBNET.i and hostname nI),
 #                        linked by macvlan interfaces, controller at $SUBNET.254: node<->node traffic really
