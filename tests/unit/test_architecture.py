@@ -187,3 +187,12 @@ def test_the_backend_name_check_sees_code_and_strings_but_not_comments(tmp_path,
     assert len(backend_mentions(f, ("local", "slurm"))) == 1
     f.write_text('env = os.environ.get("SLURMD_NODENAME")\n')
     assert len(backend_mentions(f, ("local", "slurm"))) == 1
+
+
+def test_no_function_in_the_runtime_or_launchers_runs_over_80_lines():
+    """Small functions with one job each: a longer one is split where it has a seam."""
+    long = [f"{p.relative_to(REPO)}:{n.lineno} {n.name} ({n.end_lineno - n.lineno + 1} lines)"
+            for p in sorted([*(REPO / "fsdp_jobs" / "runtime").rglob("*.py"), *(REPO / "launchers").rglob("*.py")])
+            for n in ast.walk(ast.parse(p.read_text()))
+            if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.end_lineno - n.lineno + 1 > 80]
+    assert not long, "functions over 80 lines:\n" + "\n".join(long)
