@@ -61,6 +61,17 @@ def _known(parent: str, overrides: list[str]) -> list[str]:
     return sorted(k for k in node.keys()) if isinstance(node, DictConfig) else []
 
 
+def absolute_paths(cfg: DictConfig) -> None:
+    """Paths of this machine's files, relative to where the command runs, made absolute: the ranks run in
+    the run dir (launchers/node.py), not here. A backend whose jobs read elsewhere (a PVC) keeps them."""
+    if not backends.config_module(cfg.cluster.backend).HOST_FILES:
+        return
+    for node, key in ((cfg.data, "path"), (cfg.model, "pretrained"), (cfg.model.kwargs, "config_dir")):
+        value = node.get(key)
+        if isinstance(value, str) and value and not value.startswith("/"):
+            node[key] = str(Path(value).expanduser().absolute())
+
+
 def compose(overrides: list[str]) -> tuple[DictConfig, dict[str, Any]]:
     """Compose, type-check and validate. Returns the typed config and its resolved plain dict."""
     result = compose_many([overrides])[0]
@@ -102,6 +113,7 @@ def _compose_one(hydra_compose: Any, overrides: list[str]) -> tuple[DictConfig, 
             raise UserError(str(key), cfg[key], "unknown key; known top-level keys: " + ", ".join(sorted(schema_keys)))
     try:
         validate(cfg)
+        absolute_paths(cfg)
         job = OmegaConf.to_container(cfg, resolve=True)
     except OmegaConfBaseException as e:
         raise _translate(e, overrides) from None

@@ -44,6 +44,8 @@ def runtime_env(cfg: Any) -> dict[str, str]:
 # the run dir of the job, for every rank (fsdp_jobs.job.init() reads the job config from it) and the copy of the
 # user's code (script=/module=) that the ranks run, decided by the dry run and taken by submit
 RUN_DIR_ENV = "FSDP_JOBS_RUN_DIR"
+NODE_WRAPPER = "launchers.node"  # what every backend starts on each node, around torchrun (launchers/node.py)
+USER_CODE_SHIM = "fsdp_jobs.runtime.user_code"  # runs script=/module= under torchrun's @record
 USER_CODE_ENV = "FSDP_JOBS_USER_CODE"
 
 
@@ -65,15 +67,17 @@ def user_code_dir(cfg: Any, run_dir: Path) -> Optional[Path]:
 
 def rank_entry(cfg: Any, run_dir: str, user_dir: Optional[str]) -> list[str]:
     """What torchrun starts on every rank, after its own flags: THE place the entry point is chosen, for
-    every backend. The built-in trainer takes the run dir; a user's script or module takes its own
-    arguments after a `--`, which torchrun drops: without it torchrun's parser would claim arguments
-    that prefix-match its own flags (`--log`, `--max`, `--nproc`: ARCHITECTURE.md, pitfall 5)."""
+    every backend. The built-in trainer takes the run dir; a user's script or module runs under
+    fsdp_jobs/runtime/user_code.py, which records its exception in torchrun's error file as the trainer
+    does. Everything after the `--` is the rank's, which torchrun drops: without it torchrun's parser
+    would claim arguments that prefix-match its own flags (`--log`, `--max`, `--nproc`: ARCHITECTURE.md,
+    pitfall 5)."""
     args = [str(a) for a in cfg.get("script_args") or []]
-    tail = ["--", *args] if args else []
     if cfg.get("script"):
-        return [str(Path(user_dir or Path(str(cfg.get("script"))).parent) / Path(str(cfg.get("script"))).name), *tail]
+        script = str(Path(user_dir or Path(str(cfg.get("script"))).parent) / Path(str(cfg.get("script"))).name)
+        return ["-m", USER_CODE_SHIM, "--", script, *args]
     if cfg.get("module"):
-        return ["-m", str(cfg.get("module")), *tail]
+        return ["-m", USER_CODE_SHIM, "--", "-m", str(cfg.get("module")), *args]
     return ["-m", "fsdp_jobs.runtime", run_dir]
 
 

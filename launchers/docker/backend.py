@@ -32,7 +32,7 @@ import yaml
 from fsdp_jobs import runs
 from fsdp_jobs.errors import UserError
 from launchers.base import Backend, DryRun, JobState, JobStatus, Run, Submitted, state_from_training
-from launchers.common import (begin_user_attempt, python_path, rank_entry, rank_env, runtime_env, torchrun_args,
+from launchers.common import (NODE_WRAPPER, begin_user_attempt, python_path, rank_entry, rank_env, runtime_env, torchrun_args,
                               user_code_dir)
 from launchers.docker.engine import (RESULT_FILE, SKEL_IMAGE, compose_command, container_user, containers, docker,
                                      engine_error, ensure_skel_image, give_to, read_result)
@@ -86,7 +86,7 @@ def compose_spec(plan: Any, cfg: Any, code_dir: Path, user_dir: Optional[Path] =
             "image": SKEL_IMAGE if c.image == "auto" else c.image,
             "hostname": f"node{i}",
             "user": user,
-            "command": [python, "-m", "torch.distributed.run", *args, *rank_entry(cfg, run_dir, user_code)],
+            "command": [python, "-m", NODE_WRAPPER, *args, *rank_entry(cfg, run_dir, user_code)],
             "environment": env,
             "volumes": list(volumes),
             "working_dir": run_dir,

@@ -30,7 +30,7 @@ import yaml
 from omegaconf import OmegaConf
 
 from fsdp_jobs.errors import UserError
-from launchers.common import python_path, rank_entry, rank_env, runtime_env, torchrun_args
+from launchers.common import NODE_WRAPPER, python_path, rank_entry, rank_env, runtime_env, torchrun_args
 
 ROLE = "node"  # TorchX role / JobSet replicated job: pods are <job>-node-<k>-0
 CONFIG_DIR = "/etc/fsdp-jobs"  # where the ConfigMap is mounted
@@ -160,10 +160,10 @@ def user_code(plan: Any, cfg: Any) -> tuple[Optional[str], Optional[bytes]]:
 
 
 def node_command(plan: Any, cfg: Any, rdzv_endpoint: str) -> list[str]:
-    """The container's command: boot.py, then the same torchrun agent as every other backend."""
+    """The container's command: boot.py, then the same node wrapper and torchrun agent as every other backend."""
     run_dir = pod_run_dir(plan, cfg)
     return ["python", f"{CONFIG_DIR}/boot.py", CONFIG_DIR, run_dir,
-            "python", "-m", "torch.distributed.run",
+            "python", "-m", NODE_WRAPPER,
             *torchrun_args(plan, rdzv_endpoint, cfg.cluster.stop_grace_s),
             *rank_entry(cfg, run_dir, user_code(plan, cfg)[0])]
 

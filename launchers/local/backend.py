@@ -22,7 +22,7 @@ from typing import Any, Optional
 from fsdp_jobs import runs
 from fsdp_jobs.errors import UserError
 from launchers.base import Backend, DryRun, JobState, JobStatus, Run, Submitted, state_from_training
-from launchers.common import (begin_user_attempt, python_path, rank_entry, rank_env, runtime_env,
+from launchers.common import (NODE_WRAPPER, begin_user_attempt, python_path, rank_entry, rank_env, runtime_env,
                               torchrun_args, user_code_dir)
 from launchers.snapshot import take_user_code
 from launchers.supervisor import LogSink, Node, exit_status, supervise
@@ -39,7 +39,7 @@ def agent_args(plan: Any, cfg: Any, port: int) -> list[str]:
 
 def node_commands(plan: Any, cfg: Any, port: int, user_dir: Optional[str] = None) -> list[list[str]]:
     entry = rank_entry(cfg, plan.run_dir, user_dir)
-    return [[sys.executable, "-m", "torch.distributed.run", *agent_args(plan, cfg, port), *entry]
+    return [[sys.executable, "-m", NODE_WRAPPER, *agent_args(plan, cfg, port), *entry]
             for _ in range(plan.nodes)]
 
 

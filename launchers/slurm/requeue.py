@@ -11,9 +11,8 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
-from pathlib import Path
+
 
 COMPLETED, TERMINATED, PREEMPTED, REQUEUE, FAILED = "completed", "terminated", "preempted", "requeue", "failed"
 
@@ -39,14 +38,3 @@ def decide(rc: int, status: str | None, terminated: bool, start_step: int, now_s
     return Decision(FAILED, f"torchrun exited with {rc} and this attempt committed no checkpoint newer than step "
                             f"{start_step}; not requeued (it would fail the same way). Fix the error in the log and "
                             "submit again (the same name=, or the same sweep command)")
-
-
-def root_cause(error_file: Path) -> str | None:
-    """The first failing rank's error, from torchrun's error file (TORCHELASTIC_ERROR_FILE, written by
-    the agent when its workers fail; the ranks' @record puts their exception there)."""
-    try:
-        message = json.loads(error_file.read_text())["message"]
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-    text = message.get("message") if isinstance(message, dict) else message
-    return str(text).strip().splitlines()[-1][:300] if text else None

@@ -19,3 +19,19 @@ def test_a_failing_ranks_traceback_reaches_the_failure_summary(run_root):
     summary = out[out.index("Root Cause"):]  # torchrun's ChildFailedError report
     assert "To enable traceback" not in summary  # what torchrun says when no error file was written
     assert "test fault injection: step 2 raises" in summary and "train.py" in summary
+
+
+def test_a_failing_scripts_exception_reaches_the_failure_summary_like_the_trainers(run_root, tmp_path):
+    """script= runs under the same @record as the built-in trainer (fsdp_jobs/runtime/user_code.py)."""
+    script = tmp_path / "boom.py"
+    script.write_text("import os, sys\n"
+                      "if __name__ == '__main__':\n"
+                      "    assert sys.argv[1:] == ['--lr', '3'], sys.argv\n"
+                      "    raise ValueError(f'boom from rank {os.environ[\"RANK\"]}')\n")
+    r = cli(f"run_root={run_root}", "name=boom", "nodes=1", "gpus_per_node=2", "cluster.max_restarts=0",
+            f"script={script}", "script_args=[--lr,3]")
+    out = r.stdout + r.stderr
+    assert r.returncode != 0
+    summary = out[out.index("Root Cause"):]
+    assert "To enable traceback" not in summary and "error_file: <N/A>" not in summary
+    assert "ValueError: boom from rank" in summary and "boom.py" in summary

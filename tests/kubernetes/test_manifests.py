@@ -211,7 +211,7 @@ def test_pod_boot_puts_the_job_in_the_run_dir_then_execs_torchrun(tmp_path: Path
     assert (run_dir / "job.yaml").read_text() == cm["job.yaml"]
     assert json.loads((run_dir / "plan.json").read_text())["run_dir"] == str(run_dir)
     assert [p.read_text() for p in (run_dir / "history").iterdir()] == ["old: config\n"]
-    assert (tmp_path / "exec.txt").read_text().split() == ["-m", "torch.distributed.run", *[
+    assert (tmp_path / "exec.txt").read_text().split() == ["-m", "launchers.node", *[
         a for a in command[7:]]]
 
 

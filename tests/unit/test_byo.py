@@ -83,17 +83,18 @@ def dry(backend: str, tmp_path: Path, *args: str) -> str:
 
 @pytest.mark.parametrize("backend", ["local", "slurm", "docker"])
 def test_every_backend_starts_the_copied_script_after_torchrun_with_its_arguments(tmp_path, backend):
-    """The dry run shows it; `--` keeps torchrun from claiming `--log` (prefix of its --log-dir...)."""
+    """The dry run shows it, under the shim that records its exception (fsdp_jobs/runtime/user_code.py); `--`
+    keeps torchrun from claiming `--log` (prefix of its --log-dir...)."""
     out = dry(backend, tmp_path, f"script={SCRIPTS / 'ddp_train.py'}", "script_args=[--epochs,3,--log,1]")
     run_dir = tmp_path / "runs" / "byo"
-    entry = f"{run_dir}/script/001/ddp_train.py -- --epochs 3 --log 1"
+    entry = f"-m fsdp_jobs.runtime.user_code -- {run_dir}/script/001/ddp_train.py --epochs 3 --log 1"
     if backend == "docker":  # the compose file, as YAML: the command is a list
         import yaml
 
         spec = yaml.safe_load(out.split("# launch commands (docker)\n", 1)[1].split("# then", 1)[0])
         out = out + "\n" + " ".join(spec["services"]["node0"]["command"])
     assert entry in out, out[-3000:]
-    assert "fsdp_jobs.runtime" not in out.split("# launch commands", 1)[1]
+    assert f"fsdp_jobs.runtime {run_dir}" not in out.split("# launch commands", 1)[1]  # not the trainer
     assert f"FSDP_JOBS_RUN_DIR={run_dir}" in out.replace(": ", "=").replace("'", "")
     assert not (tmp_path / "runs").exists()  # a dry run writes nothing
 
@@ -108,7 +109,7 @@ def test_module_mode_runs_the_copied_package_first_on_the_path(tmp_path):
                        env={**__import__("os").environ, "PYTHONPATH": str(tmp_path / "src")})
     assert r.returncode == 0, r.stderr
     run_dir = tmp_path / "runs" / "m"
-    assert f"-m mypkg.train -- --x 1" in r.stdout
+    assert "-m fsdp_jobs.runtime.user_code -- -m mypkg.train --x 1" in r.stdout
     assert f"PYTHONPATH={run_dir}/script/001:{tmp_path / 'src'}" in r.stdout
 
 
@@ -175,8 +176,9 @@ def test_kubernetes_pods_get_the_script_through_the_configmap_and_unpack_it(tmp_
     d = launcher.get("kubernetes").dryrun(plan, cfg)
     cm = next(o for o in d.request.objects if o["kind"] == "ConfigMap")
     pod = k8s_manifests.pod_templates(d.request.job)[0]["spec"]["containers"][0]
-    user_dir = pod["command"][-4].rsplit("/", 1)[0]
-    assert pod["command"][-3:] == ["--", "--log", "1"] and pod["command"][-4].endswith("/ddp_train.py")
+    user_dir = pod["command"][-3].rsplit("/", 1)[0]
+    assert pod["command"][-2:] == ["--log", "1"] and pod["command"][-3].endswith("/ddp_train.py")
+    assert pod["command"][-6:-3] == ["-m", "fsdp_jobs.runtime.user_code", "--"]
     assert user_dir.startswith("/runs/byo/script/")
     env = {e["name"]: e.get("value") for e in pod["env"]}
     assert env["FSDP_JOBS_USER_CODE"] == user_dir and env["FSDP_JOBS_RUN_DIR"] == "/runs/byo"

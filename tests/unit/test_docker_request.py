@@ -30,7 +30,7 @@ def test_compose_file_has_one_node_per_service_on_a_private_network(run_root):
     for i, (name, s) in enumerate(sorted(spec["services"].items())):
         assert s["hostname"] == name and s["networks"] == ["job"]
         cmd = s["command"]
-        assert cmd[1:3] == ["-m", "torch.distributed.run"] and cmd[-3:] == ["-m", "fsdp_jobs.runtime", run_dir]
+        assert cmd[1:3] == ["-m", "launchers.node"] and cmd[-3:] == ["-m", "fsdp_jobs.runtime", run_dir]
         assert "--rdzv-endpoint=node0:29400" in cmd and "--nnodes=3" in cmd and "--nproc-per-node=2" in cmd
         assert s["environment"]["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] == "1"
         assert s["environment"]["PYTHONPATH"] == f"{run_dir}/code/001"  # the code snapshot, not the checkout

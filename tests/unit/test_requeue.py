@@ -29,7 +29,7 @@ def test_decision(rc, status, terminated, start, now, action):
 
 
 def test_the_root_cause_comes_from_torchruns_error_file(tmp_path):
-    from launchers.slurm.requeue import root_cause
+    from launchers.node import root_cause
 
     f = tmp_path / "error.json"
     f.write_text('{"message": {"message": "RuntimeError: test fault injection: step 3 raises", '

@@ -1,0 +1,42 @@
+"""How every rank runs your own training (script= or module=), unmodified:
+
+    torchrun ... -m fsdp_jobs.runtime.user_code -- /run/dir/script/001/train.py ARGS...
+    torchrun ... -m fsdp_jobs.runtime.user_code -- -m mypkg.train ARGS...
+
+It runs the script (or module) as `__main__`, exactly as `python train.py ARGS` would (sys.argv, the
+script's directory first on sys.path), inside torchrun's `@record`: an exception your script raises is
+written to torchrun's error file, so the job's failure names it as it names the built-in trainer's
+(fsdp_jobs/runtime/__main__.py) instead of "error_file: <N/A>". The `--` keeps torchrun from reading your
+arguments as its own (ARCHITECTURE.md, pitfall 5); torchrun drops it.
+"""
+
+from __future__ import annotations
+
+import runpy
+import sys
+from pathlib import Path
+
+
+def run(argv: list[str]) -> None:
+    if argv[:1] == ["-m"] and len(argv) >= 2:
+        module, args = argv[1], argv[2:]
+        sys.argv = [module, *args]
+        runpy.run_module(module, run_name="__main__", alter_sys=True)
+    elif argv:
+        script, args = argv[0], argv[1:]
+        sys.argv = [script, *args]
+        sys.path.insert(0, str(Path(script).resolve().parent))  # as `python script.py` does
+        runpy.run_path(script, run_name="__main__")
+    else:
+        print("usage: python -m fsdp_jobs.runtime.user_code SCRIPT|-m MODULE [ARGS...]", file=sys.stderr)
+        raise SystemExit(2)
+
+
+def main() -> None:
+    from torch.distributed.elastic.multiprocessing.errors import record
+
+    record(run)(sys.argv[1:])
+
+
+if __name__ == "__main__":  # the guard a script's process-based async save needs (ARCHITECTURE.md, pitfall 8)
+    main()

@@ -1,0 +1,87 @@
+"""What every node of every backend runs: one small wrapper around its torchrun agent.
+
+    python -m launchers.node TORCHRUN_FLAGS... ENTRY...      (cluster=local's agents, each Docker container,
+                                                           each Kubernetes pod after boot.py, each SLURM node task)
+
+What must happen on every node is written here once:
+  * the working directory of the agent and its ranks is the run dir (FSDP_JOBS_RUN_DIR), on every
+    backend, so a script= that writes `checkpoints/` relative to its directory writes into its run dir
+    wherever it runs; the ranks import the code this wrapper was started from (PYTHONPATH keeps it);
+  * torchrun's error file (TORCHELASTIC_ERROR_FILE) is <run_dir>/logs/torchrun-error-<node>.json unless
+    the backend named one, so a failing rank's exception can be named;
+  * SIGTERM/SIGINT/SIGHUP go on to the agent (torchrun stops its ranks, which checkpoint); any other
+    signal keeps the disposition the backend gave it (SLURM's stop signal stays ignored by the agent);
+  * the exit status is the agent's, and a failure is one line naming the node and the first error.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any, Optional
+
+RUN_DIR_ENV = "FSDP_JOBS_RUN_DIR"
+NODE_ENV = "FSDP_JOBS_NODE"
+FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+
+
+def code_root() -> str:
+    """The directory this code is imported from (a code snapshot, a checkout or site-packages)."""
+    return str(Path(__file__).resolve().parent.parent)
+
+
+def agent_env(environ: dict[str, str], run_dir: str, node: str) -> dict[str, str]:
+    env = dict(environ)
+    env.setdefault(NODE_ENV, node)
+    env.setdefault("TORCHELASTIC_ERROR_FILE", str(Path(run_dir) / "logs" / f"torchrun-error-{node}.json"))
+    paths = [p for p in env.get("PYTHONPATH", "").split(":") if p]
+    if code_root() not in paths:  # after the snapshot/user code the backend put first
+        env["PYTHONPATH"] = ":".join([*paths, code_root()])
+    return env
+
+
+def root_cause(error_file: str) -> Optional[str]:
+    """The first failing rank's error, from torchrun's error file (the ranks' @record writes it)."""
+    import json
+
+    try:
+        message = json.loads(Path(error_file).read_text())["message"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    text = message.get("message") if isinstance(message, dict) else message
+    return str(text).strip().splitlines()[-1][:300] if text else None
+
+
+def run(argv: list[str], environ: Optional[dict[str, str]] = None) -> int:
+    """Run the torchrun agent with `argv` (its flags, then the ranks' entry) until it exits; its status."""
+    environ = dict(os.environ if environ is None else environ)
+    run_dir = environ.get(RUN_DIR_ENV)
+    if not run_dir or not argv:
+        print("usage: FSDP_JOBS_RUN_DIR=RUN_DIR python -m launchers.node TORCHRUN_FLAGS... ENTRY...", file=sys.stderr)
+        return 2
+    node = environ.get(NODE_ENV) or socket.gethostname()
+    env = agent_env(environ, run_dir, node)
+    Path(env["TORCHELASTIC_ERROR_FILE"]).parent.mkdir(parents=True, exist_ok=True)
+    Path(env["TORCHELASTIC_ERROR_FILE"]).unlink(missing_ok=True)  # an earlier attempt's is not this one's
+    agent = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", *argv], cwd=run_dir, env=env)
+
+    def forward(signum: int, _frame: Any) -> None:
+        if agent.poll() is None:
+            agent.send_signal(signum)
+
+    for s in FORWARDED:
+        if signal.getsignal(s) is not signal.SIG_IGN:
+            signal.signal(s, forward)
+    rc = agent.wait()
+    if rc:
+        cause = root_cause(env["TORCHELASTIC_ERROR_FILE"])
+        print(f"fsdp-jobs: {node}: torchrun exited {rc}" + (f"; first error: {cause}" if cause else ""), flush=True)
+    return rc
+
+
+if __name__ == "__main__":
+    sys.exit(run(sys.argv[1:]))
