@@ -1,0 +1,105 @@
+"""The one supervisor (launchers/supervisor.py) that cluster=local and cluster=docker share: peer-death
+grace, stopping on a signal, killing what does not stop, and the exit status, on scripted nodes."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+from typing import Optional
+
+import pytest
+
+from fsdp_jobs import runs
+from launchers import supervisor
+from launchers.supervisor import LogSink, Node, Outcome, exit_status, supervise
+
+
+class ScriptedNode(Node):
+    """Ends with `code` after `ends_after` seconds (None: only when stopped/killed)."""
+
+    def __init__(self, name: str, code: int = 0, ends_after: Optional[float] = None, obeys_stop: bool = True):
+        self.name, self.code, self.obeys_stop = name, code, obeys_stop
+        self.t0 = time.monotonic()
+        self.ends_after = ends_after
+        self.stopped = self.killed = False
+        self.result: Optional[int] = None
+
+    def follow(self, sink: LogSink, done: threading.Event) -> None:
+        sink.write(f"[{self.name}] hello")
+
+    def ended(self) -> Optional[int]:
+        if self.result is None and self.ends_after is not None and time.monotonic() - self.t0 >= self.ends_after:
+            self.result = self.code
+        return self.result
+
+    def stop(self, grace_s: float) -> None:
+        self.stopped = True
+        if self.obeys_stop:
+            self.result = 0
+
+    def kill(self) -> None:
+        self.killed = True
+        self.result = 137
+
+
+@pytest.fixture
+def sink(tmp_path):
+    s = LogSink(tmp_path / "launcher.log", echo=False)
+    yield s
+    s.close()
+
+
+def test_every_node_finishing_ends_the_job_with_their_lines_in_the_log(sink, tmp_path):
+    nodes = [ScriptedNode("node0", ends_after=0.1), ScriptedNode("node1", ends_after=0.2)]
+    out = supervise(nodes, sink, min_nodes=2, stop_grace_s=1)
+    assert out == Outcome({"node0": 0, "node1": 0}, False)
+    assert (tmp_path / "launcher.log").read_text().splitlines() == ["[node0] hello", "[node1] hello"]
+
+
+def test_a_dead_node_below_min_nodes_stops_its_peers_after_the_grace(sink, monkeypatch):
+    monkeypatch.setattr(supervisor, "PEER_GONE_GRACE_S", 0.3)
+    dead, waiting = ScriptedNode("node0", code=1, ends_after=0.0), ScriptedNode("node1")
+    t0 = time.monotonic()
+    out = supervise([dead, waiting], sink, min_nodes=2, stop_grace_s=1)
+    assert waiting.stopped and not waiting.killed and time.monotonic() - t0 >= 0.3
+    assert out.codes == {"node0": 1, "node1": 0} and not out.interrupted
+
+
+def test_a_dead_node_that_min_nodes_allows_leaves_its_peers_running(sink, monkeypatch):
+    monkeypatch.setattr(supervisor, "PEER_GONE_GRACE_S", 0.1)
+    dead, elastic = ScriptedNode("node0", code=1, ends_after=0.0), ScriptedNode("node1", ends_after=0.6)
+    supervise([dead, elastic], sink, min_nodes=1, stop_grace_s=1)
+    assert not elastic.stopped  # it finished on its own
+
+
+def test_a_signal_stops_every_node_and_what_does_not_stop_is_killed(sink, monkeypatch):
+    monkeypatch.setattr(supervisor, "STOP_EXTRA_S", 0.2)
+    polite, stubborn = ScriptedNode("node0"), ScriptedNode("node1", obeys_stop=False)
+    threading.Timer(0.2, os.kill, (os.getpid(), signal.SIGINT)).start()
+    out = supervise([polite, stubborn], sink, min_nodes=2, stop_grace_s=0)
+    assert out.interrupted and polite.stopped and not polite.killed and stubborn.killed
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # restored
+
+
+@pytest.mark.parametrize("codes, interrupted, state, status", [
+    ({"node0": 0, "node1": 0}, False, "completed", 0),
+    ({"node0": 0, "node1": 137}, False, "completed", 0),  # a node stopped for good while the others finished
+    ({"node0": 1, "node1": 0}, False, "failed", 1),
+    ({"node0": 0, "node1": 0}, True, "preempted", 130),  # Ctrl-C
+    ({"node0": 143, "node1": 0}, False, "preempted", 143),  # cancelled from outside: the ranks checkpointed
+    ({}, False, None, 1),  # nothing ran
+])
+def test_exit_status(tmp_path, codes, interrupted, state, status):
+    if state:
+        runs.write_state(tmp_path, status=state)
+    job = {"script": None, "module": None}
+    assert exit_status(Outcome(codes, interrupted), job, Path(tmp_path)) == status
+
+
+def test_a_plain_script_exiting_0_everywhere_completed(tmp_path):
+    job = {"script": "train.py", "module": None}
+    assert exit_status(Outcome({"node0": 0}, False), job, tmp_path) == 0
+    assert runs.read_state(tmp_path)["status"] == "completed"
