@@ -159,7 +159,8 @@ def prepare_members(overrides: list[str]) -> tuple[str, list[Member]]:
         raise UserError("name", sid, "must be a plain directory name (no '/', not starting with '.')")
     names = member_names([p for _, p in combos])
     lists = [[o for o in member_overrides if o.split("=", 1)[0] != "name"] for member_overrides, _ in combos]
-    members = [Member(name, member_overrides, params) for name, member_overrides, (_, params) in zip(names, lists, combos)]
+    members = [Member(name, member_overrides, params)
+               for name, member_overrides, (_, params) in zip(names, lists, combos)]
     for i, (m, composed) in enumerate(zip(members, compose_many(lists))):
         try:
             plan_member(m, composed, sweep=sid, skip_existing=_existing)

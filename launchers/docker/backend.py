@@ -32,8 +32,8 @@ import yaml
 from fsdp_jobs import runs
 from fsdp_jobs.errors import UserError
 from launchers.base import Backend, DryRun, JobState, JobStatus, Run, Submitted, state_from_training
-from launchers.common import (NODE_WRAPPER, begin_user_attempt, python_path, rank_entry, rank_env, runtime_env, torchrun_args,
-                              user_code_dir)
+from launchers.common import (NODE_WRAPPER, begin_user_attempt, python_path, rank_entry, rank_env, runtime_env,
+                              torchrun_args, user_code_dir)
 from launchers.docker.engine import (RESULT_FILE, SKEL_IMAGE, compose_command, container_user, containers, docker,
                                      engine_error, ensure_skel_image, give_to, read_result)
 from launchers.snapshot import PROJECT_ROOT, next_snapshot_dir, take_snapshot, take_user_code
