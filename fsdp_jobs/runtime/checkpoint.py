@@ -1,9 +1,5 @@
-"""Sharded, atomic, resumable checkpoints with torch.distributed.checkpoint (DCP).
-
-    checkpoints/.tmp-step-000100-<attempt>/   written by every rank (DCP), never read
-    checkpoints/step-000100/                  visible only once complete:
-        .metadata, __*_*.distcp                   DCP's files
-        manifest.json                             step, world size, mesh, config hash; written last
+"""Sharded, atomic, resumable checkpoints with torch.distributed.checkpoint (DCP), in the layout
+fsdp_jobs/checkpoints.py owns (checkpoints/.tmp-step-N-<attempt>/ while written, step-N/ once committed).
 
 Each save goes to a fresh directory (DCP's "overwrite" leaves an old .metadata beside new data if it
 dies mid-save: env-notes pitfall 3). Rank 0 writes the manifest after every rank finished, then
@@ -17,9 +13,7 @@ ends (not at the next save), and old checkpoints are pruned in a thread of their
 
 from __future__ import annotations
 
-import json
 import os
-import shutil
 import signal
 import threading
 import time
@@ -34,8 +28,8 @@ from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from torch.distributed.checkpoint.stateful import Stateful
 
+from fsdp_jobs import checkpoints as layout
 from fsdp_jobs import faults
-from fsdp_jobs.plan import committed_checkpoints, is_committed, newest_checkpoint
 
 # test-only fault injection: "STEP" makes rank 0 SIGKILL itself in the middle of saving that step
 # (after the shards are on disk, before the commit), on the first attempt only
@@ -73,7 +67,7 @@ class CheckpointManager:
     def __init__(self, run_dir: Path, keep_last: int, manifest_extra: dict[str, Any], rank: int,
                  attempt: str, async_save: bool = False, log: Callable[[str], None] = print,
                  overlap_staging: bool = False) -> None:
-        self.root = run_dir / "checkpoints"
+        self.run_dir, self.root = run_dir, layout.root_of(run_dir)
         self.keep_last, self.extra, self.rank, self.attempt = keep_last, manifest_extra, rank, attempt
         self.async_save, self.log = async_save, log
         self.pending: Optional[tuple[Any, threading.Event, Path]] = None
@@ -92,10 +86,9 @@ class CheckpointManager:
         shared directory on their own can disagree (NFS attribute caching) and would mix shards."""
         choice: list[Optional[str]] = [None]
         if self.rank == 0:
-            for p in sorted(self.root.iterdir()):
-                if not is_committed(p):
-                    self.log(f"checkpoint: skipping incomplete {p.name} (no manifest: its writer died mid-save)")
-            newest = newest_checkpoint(self.root.parent)
+            for p in layout.uncommitted_entries(self.root):
+                self.log(f"checkpoint: skipping incomplete {p.name} (no manifest: its writer died mid-save)")
+            newest = layout.newest_checkpoint(self.run_dir)
             choice = [str(newest) if newest else None]
         if dist.is_initialized():
             dist.broadcast_object_list(choice, src=0)
@@ -109,7 +102,7 @@ class CheckpointManager:
         sd = state.state_dict()
         dcp.load(sd, checkpoint_id=str(path))
         state.load_state_dict(sd)
-        manifest = json.loads((path / "manifest.json").read_text())
+        manifest = layout.read_manifest(path)
         self.log(f"checkpoint: resumed from {path.name} (step {state.step}, saved at world size "
                  f"{manifest.get('world_size')}) in {time.perf_counter() - t0:.2f}s")
         return path
@@ -118,13 +111,13 @@ class CheckpointManager:
     def save(self, state: TrainState, mesh_shape: dict[str, int], world_size: int) -> Optional[Path]:
         """Collective: every rank calls it at the same step."""
         self.wait()
-        final = self.root / f"step-{state.step:06d}"
+        final = layout.step_dir(self.root, state.step)
         exists = [final.exists()]
         if dist.is_initialized():
             dist.broadcast_object_list(exists, src=0)  # one answer for all ranks
         if exists[0]:  # already committed (resumed exactly here): never overwrite
             return final
-        tmp = self.root / f".tmp-step-{state.step:06d}-{self.attempt}"
+        tmp = layout.tmp_dir(self.root, state.step, self.attempt)
         manifest = {"step": state.step, "samples_seen": state.samples_seen, "world_size": world_size,
                     "mesh": mesh_shape, "time": time.strftime("%Y-%m-%dT%H:%M:%S"), **self.extra}
         t0 = time.perf_counter()
@@ -210,10 +203,7 @@ class CheckpointManager:
         if crash_step and crash_step == manifest["step"] and os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0":
             self.log(f"checkpoint: test fault injection: killing rank 0 mid-save at step {manifest['step']}")
             os.kill(os.getpid(), signal.SIGKILL)
-        (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
-        _fsync_dir(tmp)
-        os.rename(tmp, final)
-        _fsync_dir(self.root)
+        layout.commit(tmp, manifest, final)
         # deleting big old checkpoints takes seconds on a shared file system: not on this thread
         if self._pruner is not None:
             self._pruner.join()
@@ -221,25 +211,7 @@ class CheckpointManager:
         self._pruner.start()
 
     def _prune(self) -> None:
-        committed = committed_checkpoints(self.root.parent)
-        for step, p in committed[:-self.keep_last]:
-            # renamed first (atomic): a prune cut short by the process exiting leaves a .tmp leftover,
-            # never a half-deleted directory that still looks committed
-            doomed = self.root / f".tmp-step-{step:06d}-pruned"
-            try:
-                os.rename(p, doomed)
-            except OSError:
-                continue
-            shutil.rmtree(doomed, ignore_errors=True)
-        # leftovers of saves that died mid-way, older than the newest commit, are garbage now
-        newest = committed[-1][0] if committed else -1
-        for p in self.root.glob(".tmp-step-*"):
-            try:
-                step = int(p.name.split("-")[2])
-            except (IndexError, ValueError):
-                continue
-            if step <= newest:
-                shutil.rmtree(p, ignore_errors=True)
+        layout.prune(self.run_dir, self.keep_last)
 
 
 def _tensors(tree: Any) -> list[torch.Tensor]:
@@ -251,10 +223,3 @@ def _tensors(tree: Any) -> list[torch.Tensor]:
         return [t for v in tree for t in _tensors(v)]
     return []
 
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

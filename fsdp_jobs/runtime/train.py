@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from omegaconf import OmegaConf
 
 from fsdp_jobs import faults, runs
+from fsdp_jobs.checkpoints import step_dir
 from fsdp_jobs.plan import STRATEGY_TABLE, compute_dtype, micro_batch
 from fsdp_jobs.runtime.checkpoint import CheckpointManager, TrainState
 from fsdp_jobs.runtime.data import build_dataset
@@ -287,7 +288,7 @@ def train(run_dir: Path, stop: StopFlag) -> int:
     metrics.close()
     if rank == 0:
         runs.write_state(run_dir, status="preempted" if stopped_by else "completed", step=state.step,
-                    checkpoint=str(ckpt.root / f"step-{state.step:06d}"))
+                    checkpoint=str(step_dir(ckpt.root, state.step)))
         log(rank, f"{'stopped' if stopped_by else 'done'} at step {state.step}")
     return 0
 

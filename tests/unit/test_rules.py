@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from fsdp_jobs.plan import committed_checkpoints, is_committed, newest_checkpoint
+from fsdp_jobs.checkpoints import committed_checkpoints, is_committed, newest_checkpoint
 from tests.conftest import REPO
 
 
