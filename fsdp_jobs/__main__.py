@@ -15,7 +15,9 @@ import yaml
 
 from fsdp_jobs.compose import compose
 from fsdp_jobs.errors import UserError, die
-from fsdp_jobs.plan import Plan, make_plan, newest_checkpoint
+from fsdp_jobs.checkpoints import newest_checkpoint
+from fsdp_jobs.plan import Plan
+from fsdp_jobs.rundir_checks import plan_run
 from fsdp_jobs import runs
 
 USAGE = """usage: python -m fsdp_jobs [key=value ...]      (fsdp-jobs [key=value ...])
@@ -96,7 +98,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     gc.disable()
     try:
         cfg, job = compose(argv)
-        plan = make_plan(cfg)
+        plan = plan_run(cfg)
         import launchers  # after planning: a bad override never pays for a backend import
 
         backend = launchers.get(plan.backend)

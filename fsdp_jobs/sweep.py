@@ -166,7 +166,7 @@ def prepare_members(overrides: list[str]) -> tuple[str, list[Member]]:
     import launchers
 
     from fsdp_jobs.compose import compose_many
-    from fsdp_jobs.plan import make_plan
+    from fsdp_jobs.rundir_checks import plan_run
 
     combos = expand(overrides)
     sid = sweep_id(overrides, combos)
@@ -185,7 +185,7 @@ def prepare_members(overrides: list[str]) -> tuple[str, list[Member]]:
             m.cfg.name, m.job["name"] = name, name
             m.cfg.run_root = m.job["run_root"] = str(Path(m.cfg.run_root).expanduser() / sid)
             m.cfg.sweep = m.job["sweep"] = sid  # backends whose storage is elsewhere (a PVC) keep members apart by it
-            m.plan = make_plan(m.cfg)
+            m.plan = plan_run(m.cfg)
             m.backend = launchers.get(m.plan.backend)
             if not m.cfg.dry_run:
                 m.skip = _existing(m)
