@@ -25,7 +25,8 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint import FileSystemWriter
 from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
-from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.checkpoint.state_dict import (get_model_state_dict, get_optimizer_state_dict,
+                                                     set_model_state_dict, set_optimizer_state_dict)
 from torch.distributed.checkpoint.stateful import Stateful
 
 from fsdp_jobs import checkpoints as layout
@@ -36,31 +37,71 @@ from fsdp_jobs import faults
 CRASH_IN_SAVE_ENV = "FSDP_JOBS_TEST_CRASH_IN_SAVE"
 
 
-class TrainState(Stateful):
-    """Model + optimizer + scheduler + data position + RNG + step, as DCP sees them."""
+class StateObjects(Stateful):
+    """Named stateful objects plus step and RNG (and, for the built-in loop, the data position), as
+    DCP sees them: modules and optimizers through the distributed state-dict API (sharded,
+    reshardable), anything else by its state_dict(). The built-in loop's are TrainState's;
+    fsdp_jobs.job's are whatever the script passes.
 
-    def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any) -> None:
-        self.model, self.optimizer, self.scheduler = model, optimizer, scheduler
-        self.step = 0
-        self.samples_seen = 0
+    `data_position`: whether samples_seen is saved (the built-in loop's; a script's checkpoint has
+    none, and DCP refuses a key the checkpoint lacks). `cuda_rng`: the CUDA device whose generator is
+    saved (and restored) beside the CPU one, None when the job runs on the CPU, when (loading) the
+    checkpoint has none (saved on the CPU, or older), and in the built-in loop (it never kept it)."""
+
+    def __init__(self, objects: dict[str, Any], step: int = 0, data_position: bool = False,
+                 cuda_rng: Optional[torch.device] = None) -> None:
+        self.objects, self.step, self.samples_seen = objects, step, 0  # samples_seen: also the manifest's
+        self.data_position, self.cuda_rng = data_position, cuda_rng
+        models = [o for o in objects.values() if isinstance(o, torch.nn.Module)]
+        self.model = models[0] if len(models) == 1 else None
+
+    def _model_for(self, name: str) -> torch.nn.Module:
+        if self.model is None:
+            raise ValueError(f"checkpoint object {name!r} is an optimizer: pass exactly one model beside it")
+        return self.model
 
     def state_dict(self) -> dict[str, Any]:
-        model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
-        return {
-            "model": model_sd,
-            "optim": optim_sd,
-            "scheduler": self.scheduler.state_dict(),
-            "progress": {"step": self.step, "samples_seen": self.samples_seen},
-            # every rank's RNG is the same stream (seeded from train.seed), so rank 0's is enough
-            "rng": {"torch": torch.get_rng_state()},
-        }
+        # the torch RNG continues where it was (dropout, sampling): rank 0's stream is enough, every rank's
+        # is the same (seeded from train.seed). On GPU dropout and random ops draw from the CUDA
+        # generator: its state (a small CPU byte tensor) is kept the same way
+        rng = {"torch": torch.get_rng_state()}
+        if self.cuda_rng is not None:
+            rng["cuda"] = torch.cuda.get_rng_state(self.cuda_rng)
+        progress = {"step": self.step, **({"samples_seen": self.samples_seen} if self.data_position else {})}
+        out: dict[str, Any] = {"progress": progress, "rng": rng}
+        for name, obj in self.objects.items():
+            if isinstance(obj, torch.nn.Module):
+                out[name] = get_model_state_dict(obj)
+            elif isinstance(obj, torch.optim.Optimizer):
+                out[name] = get_optimizer_state_dict(self._model_for(name), obj)
+            elif hasattr(obj, "state_dict"):
+                out[name] = obj.state_dict()
+            else:
+                raise TypeError(f"checkpoint object {name!r} ({type(obj).__name__}) has no state_dict()")
+        return out
 
     def load_state_dict(self, sd: dict[str, Any]) -> None:
-        set_state_dict(self.model, self.optimizer, model_state_dict=sd["model"], optim_state_dict=sd["optim"])
-        self.scheduler.load_state_dict(sd["scheduler"])
+        for name, obj in self.objects.items():
+            if isinstance(obj, torch.nn.Module):
+                set_model_state_dict(obj, sd[name])
+            elif isinstance(obj, torch.optim.Optimizer):
+                set_optimizer_state_dict(self._model_for(name), obj, sd[name])
+            else:
+                obj.load_state_dict(sd[name])
         self.step = int(sd["progress"]["step"])
-        self.samples_seen = int(sd["progress"]["samples_seen"])
+        if self.data_position:
+            self.samples_seen = int(sd["progress"]["samples_seen"])
         torch.set_rng_state(sd["rng"]["torch"])
+        if self.cuda_rng is not None and "cuda" in sd["rng"]:
+            torch.cuda.set_rng_state(sd["rng"]["cuda"], self.cuda_rng)
+
+
+class TrainState(StateObjects):
+    """The built-in loop's state: model + optimizer + scheduler + data position + RNG + step."""
+
+    def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any) -> None:
+        super().__init__({"model": model, "optim": optimizer, "scheduler": scheduler}, data_position=True)
+        self.optimizer, self.scheduler = optimizer, scheduler
 
 
 class CheckpointManager:
@@ -94,7 +135,7 @@ class CheckpointManager:
             dist.broadcast_object_list(choice, src=0)
         return Path(choice[0]) if choice[0] else None
 
-    def load(self, state: TrainState, path: Optional[Path]) -> Optional[Path]:
+    def load(self, state: StateObjects, path: Optional[Path]) -> Optional[Path]:
         """Load checkpoint `path` (from find_latest, the same on every rank) into `state`."""
         if path is None:
             return None
@@ -108,7 +149,7 @@ class CheckpointManager:
         return path
 
     # ------------------------------------------------------------------ save
-    def save(self, state: TrainState, mesh_shape: dict[str, int], world_size: int) -> Optional[Path]:
+    def save(self, state: StateObjects, mesh_shape: dict[str, int], world_size: int) -> Optional[Path]:
         """Collective: every rank calls it at the same step."""
         self.wait()
         final = layout.step_dir(self.root, state.step)
