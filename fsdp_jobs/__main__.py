@@ -14,7 +14,8 @@ from typing import Optional
 from fsdp_jobs import runs, submit
 from fsdp_jobs.compose import compose_many
 from fsdp_jobs.errors import UserError, die
-from fsdp_jobs.plan import Plan, newest_checkpoint
+from fsdp_jobs.checkpoints import newest_checkpoint
+from fsdp_jobs.plan import Plan
 
 USAGE = """usage: python -m fsdp_jobs [key=value ...]      (fsdp-jobs [key=value ...])
 

@@ -20,7 +20,7 @@ from typing import Any, Optional
 
 from fsdp_jobs import journal, report, runs
 from fsdp_jobs.errors import UserError, die
-from fsdp_jobs.plan import newest_checkpoint
+from fsdp_jobs.checkpoints import newest_checkpoint
 
 COMMANDS = ("list", "status", "logs", "cancel", "chaos", "compare", "plot")
 

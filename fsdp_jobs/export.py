@@ -12,19 +12,20 @@ import sys
 from pathlib import Path
 from typing import Any, Optional
 
+from fsdp_jobs import checkpoints
 from fsdp_jobs.errors import UserError, die
-from fsdp_jobs.plan import DTYPE_BYTES, newest_checkpoint
+from fsdp_jobs.plan import DTYPE_BYTES
 
 
 def find_checkpoint(path: Path, step: Optional[int]) -> Path:
-    if (path / "manifest.json").is_file():
+    if checkpoints.has_manifest(path):
         return path
     if step is not None:
-        ckpt = path / "checkpoints" / f"step-{step:06d}"
-        if not (ckpt / "manifest.json").is_file():
-            raise UserError("--step", step, f"no complete checkpoint step-{step:06d} in {path / 'checkpoints'}")
+        ckpt = checkpoints.step_dir(checkpoints.root_of(path), step)
+        if not checkpoints.has_manifest(ckpt):
+            raise UserError("--step", step, f"no complete checkpoint {ckpt.name} in {ckpt.parent}")
         return ckpt
-    ckpt = newest_checkpoint(path)
+    ckpt = checkpoints.newest_checkpoint(path)
     if ckpt is None:
         raise UserError("RUN_DIR", str(path), "holds no complete checkpoint (checkpoints/step-N with manifest.json)")
     return ckpt

@@ -15,10 +15,11 @@
         if step % 50 == 0:
             job.checkpoint.save(step, model=model, optim=opt)
 
-Everything here reuses the built-in trainer's pieces (fsdp_jobs/runtime): the mesh rule, the sharding
-policy, the atomic DCP CheckpointManager (keep-last, async), the stop signals and the stop-request
-file, the metrics writer; and it writes state.json as the trainer does, so the SLURM node task
-requeues a stopped script and not a finished one: the script needs no other code to be preemption-safe.
+Everything here is the built-in trainer's (fsdp_jobs/runtime/trainer.py: Trainer): its bring-up and
+mesh rule, the sharding policy, the atomic DCP CheckpointManager (keep-last, async), the stop signals,
+the stop-request file and the stop vote, the metrics writer; and it writes state.json as the trainer
+does, so the SLURM node task requeues a stopped script and not a finished one: the script needs no
+other code to be preemption-safe.
 """
 
 from __future__ import annotations
@@ -35,17 +36,14 @@ from typing import Any, Optional
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.checkpoint.state_dict import (get_model_state_dict, get_optimizer_state_dict,
-                                                     set_model_state_dict, set_optimizer_state_dict)
-from torch.distributed.checkpoint.stateful import Stateful
 from torch.distributed.device_mesh import DeviceMesh
 
 from fsdp_jobs import runs
-from fsdp_jobs.plan import STRATEGY_TABLE
-from fsdp_jobs.runtime.checkpoint import CheckpointManager
-from fsdp_jobs.runtime.mesh import World, build_mesh, init_process_group, read_world
+from fsdp_jobs.runtime.checkpoint import StateObjects
+from fsdp_jobs.runtime.mesh import World
 from fsdp_jobs.runtime.metrics import MetricsWriter, log
 from fsdp_jobs.runtime.signals import StopFlag
+from fsdp_jobs.runtime.trainer import Trainer
 
 RUN_DIR_ENV = "FSDP_JOBS_RUN_DIR"  # set by every launcher (launchers/common.py rank_env)
 
@@ -60,57 +58,6 @@ def _checkpoint_has(path: Path, key: str) -> bool:
     return key in FileSystemReader(str(path)).read_metadata().state_dict_metadata
 
 
-class _Objects(Stateful):
-    """Any stateful objects under names, as DCP sees them: modules and optimizers through the
-    distributed state-dict API (sharded, reshardable), anything else by its state_dict().
-
-    `cuda_rng`: the CUDA device whose generator is saved (and restored) beside the CPU one, None when
-    the job runs on the CPU or (loading) when the checkpoint has none: saved on the CPU, or older."""
-
-    def __init__(self, step: int, objects: dict[str, Any], cuda_rng: Optional[torch.device] = None) -> None:
-        self.step, self.samples_seen, self.objects = step, 0, objects  # samples_seen: CheckpointManager's manifest
-        self.cuda_rng = cuda_rng
-        models = [o for o in objects.values() if isinstance(o, nn.Module)]
-        self.model = models[0] if len(models) == 1 else None
-
-    def _model_for(self, name: str) -> nn.Module:
-        if self.model is None:
-            raise ValueError(f"checkpoint object {name!r} is an optimizer: pass exactly one model beside it")
-        return self.model
-
-    def state_dict(self) -> dict[str, Any]:
-        # the torch RNG continues where it was (dropout, sampling); rank 0's stream, as the trainer keeps it:
-        # ranks seeded alike (train.seed) share it. On GPU dropout and random ops draw from the CUDA
-        # generator: its state (a small CPU byte tensor) is kept the same way
-        rng = {"torch": torch.get_rng_state()}
-        if self.cuda_rng is not None:
-            rng["cuda"] = torch.cuda.get_rng_state(self.cuda_rng)
-        out: dict[str, Any] = {"progress": {"step": self.step}, "rng": rng}
-        for name, obj in self.objects.items():
-            if isinstance(obj, nn.Module):
-                out[name] = get_model_state_dict(obj)
-            elif isinstance(obj, torch.optim.Optimizer):
-                out[name] = get_optimizer_state_dict(self._model_for(name), obj)
-            elif hasattr(obj, "state_dict"):
-                out[name] = obj.state_dict()
-            else:
-                raise TypeError(f"checkpoint object {name!r} ({type(obj).__name__}) has no state_dict()")
-        return out
-
-    def load_state_dict(self, sd: dict[str, Any]) -> None:
-        for name, obj in self.objects.items():
-            if isinstance(obj, nn.Module):
-                set_model_state_dict(obj, sd[name])
-            elif isinstance(obj, torch.optim.Optimizer):
-                set_optimizer_state_dict(self._model_for(name), obj, sd[name])
-            else:
-                obj.load_state_dict(sd[name])
-        self.step = int(sd["progress"]["step"])
-        torch.set_rng_state(sd["rng"]["torch"])
-        if self.cuda_rng is not None and "cuda" in sd["rng"]:
-            torch.cuda.set_rng_state(sd["rng"]["cuda"], self.cuda_rng)
-
-
 class Checkpoints:
     """`job.checkpoint`: atomic, sharded DCP checkpoints of any stateful objects in the run dir
     (checkpoint.keep_last, checkpoint.async_save, checkpoint.resume from the job config). Collective:
@@ -118,13 +65,8 @@ class Checkpoints:
 
     def __init__(self, job: "Job") -> None:
         self._job = job
-        c = job.config["checkpoint"]
-        attempt = [f"{int(time.time())}-{os.getpid()}"]
-        dist.broadcast_object_list(attempt, src=0)  # one name for this attempt's temporary dirs on every rank
-        self.manager = CheckpointManager(job.run_dir, c["keep_last"], {"config_hash": runs.job_hash(job.config),
-                                                                       "script": True},
-                                         job.rank, attempt[0], async_save=c["async_save"],
-                                         log=lambda m: log(job.rank, m))
+        self.manager = job._trainer.open_checkpoints({"config_hash": runs.job_hash(job.config), "script": True},
+                                                     overlap_staging=False)
 
     def load(self, **objects: Any) -> int:
         """Load the newest committed checkpoint into the objects (in place); returns its step, 0 if none
@@ -139,8 +81,8 @@ class Checkpoints:
         cuda_rng = self._cuda_rng()
         if cuda_rng is not None and not _checkpoint_has(path, CUDA_RNG_KEY):
             cuda_rng = None
-        state = _Objects(0, objects, cuda_rng)
-        if self.manager.load(state, path) is None:  # type: ignore[arg-type]
+        state = StateObjects(objects, 0, cuda_rng=cuda_rng)
+        if self.manager.load(state, path) is None:
             return 0
         self._job.step = state.step
         return state.step
@@ -148,11 +90,11 @@ class Checkpoints:
     def save(self, step: int, **objects: Any) -> None:
         """Save the objects as checkpoint step-N (in the background with checkpoint.async_save); it becomes
         visible only once complete, and older ones beyond checkpoint.keep_last are deleted."""
-        self.manager.save(_Objects(step, objects, self._cuda_rng()), self._job.mesh_shape,  # type: ignore[arg-type]
-                          self._job.world.world_size)
+        # stopping: the process is about to exit, the checkpoint must be committed first
+        self._job._trainer.save_checkpoint(StateObjects(objects, step, cuda_rng=self._cuda_rng()),
+                                           wait=self._job.stopping)
         self._job.step = step
         if self._job.stopping:
-            self.manager.wait()  # the process is about to exit: the checkpoint must be committed first
             self._job._record("preempted")
 
     def wait(self) -> None:
@@ -166,20 +108,22 @@ class Checkpoints:
 class Job:
     """What `init()` returns: the run's config and world, and the helpers."""
 
-    def __init__(self, run_dir: Path, config: dict[str, Any], world: World, mesh: DeviceMesh) -> None:
+    def __init__(self, run_dir: Path, config: dict[str, Any], world: World, mesh: DeviceMesh,
+                 trainer: Optional[Trainer] = None) -> None:
         self.run_dir, self.config, self.world, self.mesh = run_dir, config, world, mesh
+        if trainer is None:  # brought up elsewhere (a test's one-rank group)
+            trainer = Trainer(run_dir, config)
+            trainer.use(world, mesh)
+        self._trainer = trainer
         self.device: torch.device = world.device
         self.rank, self.world_size, self.local_rank = world.rank, world.world_size, world.local_rank
         self.mesh_shape = dict(zip(mesh.mesh_dim_names or (), mesh.mesh.shape))
         self.step = 0
         self.stopping = False
-        self._stop = StopFlag()
         # the trainer's stop machinery: rank 0 looks for the stop-request file in a thread (a slow shared
         # file system never stalls the step), and the ranks vote without a host sync (see should_stop)
-        from fsdp_jobs.runtime.train import StopFileWatcher, StopVote
-
-        self._stop_file = StopFileWatcher(run_dir, enabled=self.rank == 0)
-        self._vote = StopVote(self.device)
+        trainer.watch_for_stop(StopFlag())
+        self._stop, self._stop_file, self._vote = trainer.stop, trainer.stop_file, trainer.vote
         self._voted = False  # what this rank put in the vote now in flight
         self._metrics = MetricsWriter(run_dir / runs.METRICS_FILE, self.rank == 0, config["train"]["steps"],
                                       config["train"]["log_interval"])
@@ -193,15 +137,13 @@ class Job:
         here and initialised from train.seed (the same values whatever the world size); its buffers
         keep their values if they were made on a real device, and those made on meta must be rebuilt
         by the model's `init_buffers(device)` (else this refuses: they would hold garbage)."""
-        from fsdp_jobs.runtime.shard import init_devices, materialize, shard_model
+        from fsdp_jobs.runtime.shard import init_devices, materialize
 
         f = self.config["fsdp"]
-        reshard = f["reshard_after_forward"]
-        reshard = STRATEGY_TABLE[f["strategy"]][1] if reshard is None else bool(reshard)
         on_meta = any(p.is_meta for p in model.parameters())
         if not on_meta and self.device.type == "cuda":
             model.to(self.device)
-        shard_model(model, self.mesh, f, reshard, self.device)
+        self._trainer.shard(model)
         if on_meta:  # with CPU offload on GPU the parameters are born on the host (as in the trainer)
             param_device, buffer_device = init_devices(f, self.device)
             materialize(model, param_device, self.config["train"]["seed"] if seed is None else seed,
@@ -221,15 +163,14 @@ class Job:
         has returned True it keeps returning True, with no more collectives."""
         if self.stopping:
             return True
-        if self._vote.result():  # the previous call's vote: long finished, so no stall
+        if self._trainer.stop_agreed():  # the previous call's vote: long finished, so no stall
             self.stopping = True
             why = self._stop.received.name if self._stop.received else \
                 "stop request" if self._voted or self._stop_file.seen.is_set() else "another rank"
             log(self.rank, f"stop requested ({why}) at step {self.step}")
             self._record("preempted")
             return True
-        self._voted = self._stop.set or self._stop_file.seen.is_set()
-        self._vote.cast(self._voted)
+        self._voted = self._trainer.cast_stop_vote()
         return False
 
     def log(self, **metrics: Any) -> None:
@@ -277,14 +218,10 @@ def init(run_dir: Optional[str] = None) -> Job:
                            f"script=...` (which sets {RUN_DIR_ENV}) or pass init(run_dir=...)")
     path = Path(where)
     config = runs.load_job(path)
-    world = read_world(config["cluster"]["device"])
-    # CPU offload: the grad-norm all-reduce runs on host tensors, so the default group needs gloo too
-    init_process_group(world, cpu_collectives=bool(config["fsdp"].get("cpu_offload")))
-    from fsdp_jobs.runtime.train import write_rank_file
-
-    write_rank_file(path, world)  # pid, host, restart of this rank, for tools (and tests that kill ranks)
-    mesh = build_mesh(config, world)
-    _JOB = Job(path, config, world, mesh)
+    trainer = Trainer(path, config)
+    trainer.bring_up()  # process group (nccl on GPU, gloo on CPU), device, this rank's record, the mesh
+    world = trainer.world
+    _JOB = Job(path, config, world, trainer.mesh, trainer)
     shape = _JOB.mesh_shape
     log(world.rank, f"fsdp_jobs.job: world {world.world_size} = {world.nodes} nodes x {world.local_world_size}, "
                     f"{config['fsdp']['strategy']} mesh {shape}, device {world.device.type}, restart {world.restart}")

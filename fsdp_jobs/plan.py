@@ -1,13 +1,15 @@
 """Pure planning: a validated config -> a Plan (plain data: print it, save it, diff it).
 
 World size, the device mesh (automatic HSDP grouping), the per-GPU memory estimate, rendezvous
-settings, the run directory and the checkpoint to resume from. Imports no torch: `dry_run` and
-every launch start here and must feel instant.
+settings, the run directory and the checkpoint to resume from. Reads no file: what the run dir and
+the input files hold comes in as an ExistingRun (fsdp_jobs/rundir_checks.py reads them, and its
+plan_run() does both). Imports no torch: `dry_run` and every launch start here and must feel instant.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import os
 import re
 import time
 from dataclasses import dataclass, field
@@ -31,7 +33,6 @@ NO_FSDP2_MEANING = {
     "sync_module_states": "parameters are initialised deterministically from train.seed on every rank",
     "use_orig_params": "FSDP2 always exposes the original parameters (as DTensors)",
 }
-CKPT_DIR_RE = re.compile(r"^step-(\d+)$")
 
 
 @dataclass
@@ -64,6 +65,15 @@ class Rendezvous:
     max_restarts: int
 
 
+@dataclass(frozen=True)
+class ExistingRun:
+    """What planning needs from outside the config (fsdp_jobs/rundir_checks.py reads it)."""
+
+    run_dir: str  # the run dir, resolved
+    resume_from: Optional[str]  # its newest committed checkpoint
+    notes: list[str] = field(default_factory=list)  # warnings of the input checks
+
+
 @dataclass
 class Plan:
     name: str
@@ -86,6 +96,13 @@ class Plan:
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+
+def reshard_after_forward(fsdp: Any) -> bool:
+    """fsdp.reshard_after_forward, or the strategy's default when unset (the one place it is decided:
+    the plan, the memory estimate, the trainer and fsdp_jobs.job all ask here)."""
+    value = fsdp["reshard_after_forward"]
+    return STRATEGY_TABLE[fsdp["strategy"]][1] if value is None else bool(value)
 
 
 def count_params(model: Any) -> int:
@@ -158,8 +175,7 @@ def estimate_memory(cfg: Any, params: int, shard_size: int, world: Optional[int]
     optimizer_gb = per_shard * 8 / gb
     state = 0.0 if cfg.fsdp.cpu_offload else param_gb + grad_gb + optimizer_gb
     c_bytes = DTYPE_BYTES[compute_dtype(cfg, cfg.cluster.device)]
-    reshard = cfg.fsdp.reshard_after_forward
-    reshard = STRATEGY_TABLE[cfg.fsdp.strategy][1] if reshard is None else bool(reshard)
+    reshard = reshard_after_forward(cfg.fsdp)
     if shard_size == 1:
         unsharded = 0.0  # nothing is gathered: the local shard is the whole parameter
     else:
@@ -250,55 +266,20 @@ def generated_name(cfg: Any) -> str:
     return f"{cfg.model.name}-{cfg.fsdp.strategy}-{time.strftime('%Y%m%d-%H%M%S')}"
 
 
-def is_committed(ckpt: Path) -> bool:
-    """A step-N directory with DCP's .metadata and our manifest (written last, before the rename)."""
-    return bool(CKPT_DIR_RE.match(ckpt.name)) and (ckpt / "manifest.json").is_file() and (ckpt / ".metadata").is_file()
+def run_name(cfg: Any, name: Optional[str] = None) -> str:
+    return name or cfg.name or generated_name(cfg)
 
 
-def committed_checkpoints(run_dir: Path) -> list[tuple[int, Path]]:
-    """(step, path) of every committed checkpoint of the run, oldest first."""
-    ckpts = run_dir / "checkpoints"
-    if not ckpts.is_dir():
-        return []
-    return sorted((int(p.name.split("-")[1]), p) for p in ckpts.iterdir() if is_committed(p))
-
-
-def newest_checkpoint(run_dir: Path) -> Optional[Path]:
-    """The newest committed checkpoint, or None."""
-    found = committed_checkpoints(run_dir)
-    return found[-1][1] if found else None
-
-
-MODEL_IDENTITY_KEYS = ("_target_", "dim", "n_layers", "n_heads", "n_kv_heads", "ffn_dim", "vocab_size",
-                       "tie_embeddings", "kwargs")
-
-
-def check_same_model(run_dir: Path, model: Any) -> None:
-    """Resuming loads the run's checkpoints: refuse a model they cannot hold, before anything runs."""
-    import yaml
-
-    try:
-        saved = (yaml.safe_load((run_dir / "job.yaml").read_text()) or {}).get("model", {})
-    except (OSError, yaml.YAMLError):
-        return
-    for key in MODEL_IDENTITY_KEYS:
-        if key in saved and saved[key] != model[key]:
-            raise UserError(f"model.{key}", model[key],
-                            f"run {run_dir.name} has checkpoints of a model with model.{key}={saved[key]!r}; "
-                            "keep it, choose another name=, or set checkpoint.resume=false")
-
-
-def make_plan(cfg: Any, name: Optional[str] = None) -> Plan:
-    """Everything decided before launch. Raises UserError for combinations no key can express."""
+def make_plan(cfg: Any, name: Optional[str] = None, existing: Optional[ExistingRun] = None) -> Plan:
+    """Everything decided before launch. Raises UserError for combinations no key can express.
+    Without `existing` the run dir is taken as empty (no resume) and its path is not resolved."""
     nodes, gpn = cfg.nodes, cfg.gpus_per_node
     world = nodes * gpn
     params = count_params(cfg.model)
     mesh, memory = choose_mesh(cfg, params)
     per_rank_batch = per_rank_batch_size(cfg.train, world)
     check_elastic_range(cfg)
-    _, reshard_default = STRATEGY_TABLE[cfg.fsdp.strategy]
-    reshard = cfg.fsdp.reshard_after_forward
-    reshard = reshard_default if reshard is None else bool(reshard)
+    reshard = reshard_after_forward(cfg.fsdp)
 
     notes = [f"fsdp.{k}={cfg.fsdp[k]}: no FSDP2 meaning, ignored ({why})"
              for k, why in NO_FSDP2_MEANING.items() if cfg.fsdp[k] is not None]
@@ -316,29 +297,22 @@ def make_plan(cfg: Any, name: Optional[str] = None) -> Plan:
                      f"{memory.state_gb} + unsharded params {memory.unsharded_gb} + activations "
                      f"{memory.activation_gb}), over the budget of {memory.budget_gb} GB")
 
-    from fsdp_jobs.inputs import check_inputs
-
-    notes += check_inputs(cfg)  # the token file, test fault variables
-    run_name = name or cfg.name or generated_name(cfg)
-    run_dir = (Path(cfg.run_root).expanduser() / run_name).resolve()
-    resume = newest_checkpoint(run_dir)
-    if resume is not None and not cfg.checkpoint.resume:
-        raise UserError("checkpoint.resume", False, f"run {run_name} already has checkpoints (newest {resume.name}); "
-                        "starting it over would mix new checkpoints with them: choose another name=")
-    if resume is not None:
-        check_same_model(run_dir, cfg.model)
+    if existing is not None:
+        notes += existing.notes
+    name = run_name(cfg, name)
+    run_dir = existing.run_dir if existing else os.path.abspath(Path(cfg.run_root).expanduser() / name)
     device = cfg.cluster.device
     min_nodes = cfg.cluster.min_nodes or nodes
     rdzv = Rendezvous(
         backend="c10d",
         endpoint=None,
-        run_id=re.sub(r"[^A-Za-z0-9_-]", "-", run_name)[:64],
+        run_id=re.sub(r"[^A-Za-z0-9_-]", "-", name)[:64],
         min_nodes=min_nodes,
         max_nodes=nodes,
         max_restarts=cfg.cluster.max_restarts,
     )
     return Plan(
-        name=run_name,
+        name=name,
         run_dir=str(run_dir),
         backend=cfg.cluster.backend,
         device=device,
@@ -351,7 +325,7 @@ def make_plan(cfg: Any, name: Optional[str] = None) -> Plan:
         per_rank_batch=per_rank_batch,
         memory=memory,
         rendezvous=rdzv,
-        resume_from=str(resume) if resume else None,
+        resume_from=existing.resume_from if existing else None,
         notes=notes,
         micro_batch=micro_batch(cfg.train, world)[0],
         grad_accum=micro_batch(cfg.train, world)[1],

@@ -42,7 +42,7 @@ def plan_member(m: Member, composed: Any, sweep: Optional[str] = None, skip_exis
     """Plan a composed member and ask its backend for the dry run (and, unless dry_run=true, its checks).
     `sweep` places it under <run_root>/<sweep>/<name>; `skip_existing(m)` says why not to submit it."""
     from fsdp_jobs import launcher
-    from fsdp_jobs.plan import make_plan
+    from fsdp_jobs.rundir_checks import plan_run
 
     if isinstance(composed, UserError):
         raise composed
@@ -51,7 +51,7 @@ def plan_member(m: Member, composed: Any, sweep: Optional[str] = None, skip_exis
         m.cfg.name, m.job["name"] = m.name, m.name
         m.cfg.run_root = m.job["run_root"] = str(Path(m.cfg.run_root).expanduser() / sweep)
         m.cfg.sweep = m.job["sweep"] = sweep  # backends whose storage is elsewhere (a PVC) keep members apart by it
-    m.plan = make_plan(m.cfg)
+    m.plan = plan_run(m.cfg)  # pure planning, then what the run dir and input files allow
     m.name = m.plan.name
     m.backend = launcher.get(m.plan.backend)  # after planning: a bad override never pays for a backend import
     if not m.cfg.dry_run:

@@ -1,9 +1,5 @@
-"""Sharded, atomic, resumable checkpoints with torch.distributed.checkpoint (DCP).
-
-    checkpoints/.tmp-step-000100-<attempt>/   written by every rank (DCP), never read
-    checkpoints/step-000100/                  visible only once complete:
-        .metadata, __*_*.distcp                   DCP's files
-        manifest.json                             step, world size, mesh, config hash; written last
+"""Sharded, atomic, resumable checkpoints with torch.distributed.checkpoint (DCP), in the layout
+fsdp_jobs/checkpoints.py owns (checkpoints/.tmp-step-N-<attempt>/ while written, step-N/ once committed).
 
 Each save goes to a fresh directory (DCP's "overwrite" leaves an old .metadata beside new data if it
 dies mid-save: env-notes pitfall 3). Rank 0 writes the manifest after every rank finished, then
@@ -17,9 +13,7 @@ ends (not at the next save), and old checkpoints are pruned in a thread of their
 
 from __future__ import annotations
 
-import json
 import os
-import shutil
 import signal
 import threading
 import time
@@ -31,49 +25,90 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint import FileSystemWriter
 from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
-from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.checkpoint.state_dict import (get_model_state_dict, get_optimizer_state_dict,
+                                                     set_model_state_dict, set_optimizer_state_dict)
 from torch.distributed.checkpoint.stateful import Stateful
 
+from fsdp_jobs import checkpoints as layout
 from fsdp_jobs import faults
-from fsdp_jobs.plan import committed_checkpoints, is_committed, newest_checkpoint
 
 # test-only fault injection: "STEP" makes rank 0 SIGKILL itself in the middle of saving that step
 # (after the shards are on disk, before the commit), on the first attempt only
 CRASH_IN_SAVE_ENV = "FSDP_JOBS_TEST_CRASH_IN_SAVE"
 
 
-class TrainState(Stateful):
-    """Model + optimizer + scheduler + data position + RNG + step, as DCP sees them."""
+class StateObjects(Stateful):
+    """Named stateful objects plus step and RNG (and, for the built-in loop, the data position), as
+    DCP sees them: modules and optimizers through the distributed state-dict API (sharded,
+    reshardable), anything else by its state_dict(). The built-in loop's are TrainState's;
+    fsdp_jobs.job's are whatever the script passes.
 
-    def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any) -> None:
-        self.model, self.optimizer, self.scheduler = model, optimizer, scheduler
-        self.step = 0
-        self.samples_seen = 0
+    `data_position`: whether samples_seen is saved (the built-in loop's; a script's checkpoint has
+    none, and DCP refuses a key the checkpoint lacks). `cuda_rng`: the CUDA device whose generator is
+    saved (and restored) beside the CPU one, None when the job runs on the CPU, when (loading) the
+    checkpoint has none (saved on the CPU, or older), and in the built-in loop (it never kept it)."""
+
+    def __init__(self, objects: dict[str, Any], step: int = 0, data_position: bool = False,
+                 cuda_rng: Optional[torch.device] = None) -> None:
+        self.objects, self.step, self.samples_seen = objects, step, 0  # samples_seen: also the manifest's
+        self.data_position, self.cuda_rng = data_position, cuda_rng
+        models = [o for o in objects.values() if isinstance(o, torch.nn.Module)]
+        self.model = models[0] if len(models) == 1 else None
+
+    def _model_for(self, name: str) -> torch.nn.Module:
+        if self.model is None:
+            raise ValueError(f"checkpoint object {name!r} is an optimizer: pass exactly one model beside it")
+        return self.model
 
     def state_dict(self) -> dict[str, Any]:
-        model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
-        return {
-            "model": model_sd,
-            "optim": optim_sd,
-            "scheduler": self.scheduler.state_dict(),
-            "progress": {"step": self.step, "samples_seen": self.samples_seen},
-            # every rank's RNG is the same stream (seeded from train.seed), so rank 0's is enough
-            "rng": {"torch": torch.get_rng_state()},
-        }
+        # the torch RNG continues where it was (dropout, sampling): rank 0's stream is enough, every rank's
+        # is the same (seeded from train.seed). On GPU dropout and random ops draw from the CUDA
+        # generator: its state (a small CPU byte tensor) is kept the same way
+        rng = {"torch": torch.get_rng_state()}
+        if self.cuda_rng is not None:
+            rng["cuda"] = torch.cuda.get_rng_state(self.cuda_rng)
+        progress = {"step": self.step, **({"samples_seen": self.samples_seen} if self.data_position else {})}
+        out: dict[str, Any] = {"progress": progress, "rng": rng}
+        for name, obj in self.objects.items():
+            if isinstance(obj, torch.nn.Module):
+                out[name] = get_model_state_dict(obj)
+            elif isinstance(obj, torch.optim.Optimizer):
+                out[name] = get_optimizer_state_dict(self._model_for(name), obj)
+            elif hasattr(obj, "state_dict"):
+                out[name] = obj.state_dict()
+            else:
+                raise TypeError(f"checkpoint object {name!r} ({type(obj).__name__}) has no state_dict()")
+        return out
 
     def load_state_dict(self, sd: dict[str, Any]) -> None:
-        set_state_dict(self.model, self.optimizer, model_state_dict=sd["model"], optim_state_dict=sd["optim"])
-        self.scheduler.load_state_dict(sd["scheduler"])
+        for name, obj in self.objects.items():
+            if isinstance(obj, torch.nn.Module):
+                set_model_state_dict(obj, sd[name])
+            elif isinstance(obj, torch.optim.Optimizer):
+                set_optimizer_state_dict(self._model_for(name), obj, sd[name])
+            else:
+                obj.load_state_dict(sd[name])
         self.step = int(sd["progress"]["step"])
-        self.samples_seen = int(sd["progress"]["samples_seen"])
+        if self.data_position:
+            self.samples_seen = int(sd["progress"]["samples_seen"])
         torch.set_rng_state(sd["rng"]["torch"])
+        if self.cuda_rng is not None and "cuda" in sd["rng"]:
+            torch.cuda.set_rng_state(sd["rng"]["cuda"], self.cuda_rng)
+
+
+class TrainState(StateObjects):
+    """The built-in loop's state: model + optimizer + scheduler + data position + RNG + step."""
+
+    def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any) -> None:
+        super().__init__({"model": model, "optim": optimizer, "scheduler": scheduler}, data_position=True)
+        self.optimizer, self.scheduler = optimizer, scheduler
 
 
 class CheckpointManager:
     def __init__(self, run_dir: Path, keep_last: int, manifest_extra: dict[str, Any], rank: int,
                  attempt: str, async_save: bool = False, log: Callable[[str], None] = print,
                  overlap_staging: bool = False) -> None:
-        self.root = run_dir / "checkpoints"
+        self.run_dir, self.root = run_dir, layout.root_of(run_dir)
         self.keep_last, self.extra, self.rank, self.attempt = keep_last, manifest_extra, rank, attempt
         self.async_save, self.log = async_save, log
         self.pending: Optional[tuple[Any, threading.Event, Path]] = None
@@ -92,16 +127,15 @@ class CheckpointManager:
         shared directory on their own can disagree (NFS attribute caching) and would mix shards."""
         choice: list[Optional[str]] = [None]
         if self.rank == 0:
-            for p in sorted(self.root.iterdir()):
-                if not is_committed(p):
-                    self.log(f"checkpoint: skipping incomplete {p.name} (no manifest: its writer died mid-save)")
-            newest = newest_checkpoint(self.root.parent)
+            for p in layout.uncommitted_entries(self.root):
+                self.log(f"checkpoint: skipping incomplete {p.name} (no manifest: its writer died mid-save)")
+            newest = layout.newest_checkpoint(self.run_dir)
             choice = [str(newest) if newest else None]
         if dist.is_initialized():
             dist.broadcast_object_list(choice, src=0)
         return Path(choice[0]) if choice[0] else None
 
-    def load(self, state: TrainState, path: Optional[Path]) -> Optional[Path]:
+    def load(self, state: StateObjects, path: Optional[Path]) -> Optional[Path]:
         """Load checkpoint `path` (from find_latest, the same on every rank) into `state`."""
         if path is None:
             return None
@@ -109,22 +143,22 @@ class CheckpointManager:
         sd = state.state_dict()
         dcp.load(sd, checkpoint_id=str(path))
         state.load_state_dict(sd)
-        manifest = json.loads((path / "manifest.json").read_text())
+        manifest = layout.read_manifest(path)
         self.log(f"checkpoint: resumed from {path.name} (step {state.step}, saved at world size "
                  f"{manifest.get('world_size')}) in {time.perf_counter() - t0:.2f}s")
         return path
 
     # ------------------------------------------------------------------ save
-    def save(self, state: TrainState, mesh_shape: dict[str, int], world_size: int) -> Optional[Path]:
+    def save(self, state: StateObjects, mesh_shape: dict[str, int], world_size: int) -> Optional[Path]:
         """Collective: every rank calls it at the same step."""
         self.wait()
-        final = self.root / f"step-{state.step:06d}"
+        final = layout.step_dir(self.root, state.step)
         exists = [final.exists()]
         if dist.is_initialized():
             dist.broadcast_object_list(exists, src=0)  # one answer for all ranks
         if exists[0]:  # already committed (resumed exactly here): never overwrite
             return final
-        tmp = self.root / f".tmp-step-{state.step:06d}-{self.attempt}"
+        tmp = layout.tmp_dir(self.root, state.step, self.attempt)
         manifest = {"step": state.step, "samples_seen": state.samples_seen, "world_size": world_size,
                     "mesh": mesh_shape, "time": time.strftime("%Y-%m-%dT%H:%M:%S"), **self.extra}
         t0 = time.perf_counter()
@@ -210,10 +244,7 @@ class CheckpointManager:
         if crash_step and crash_step == manifest["step"] and os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0":
             self.log(f"checkpoint: test fault injection: killing rank 0 mid-save at step {manifest['step']}")
             os.kill(os.getpid(), signal.SIGKILL)
-        (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
-        _fsync_dir(tmp)
-        os.rename(tmp, final)
-        _fsync_dir(self.root)
+        layout.commit(tmp, manifest, final)
         # deleting big old checkpoints takes seconds on a shared file system: not on this thread
         if self._pruner is not None:
             self._pruner.join()
@@ -221,25 +252,7 @@ class CheckpointManager:
         self._pruner.start()
 
     def _prune(self) -> None:
-        committed = committed_checkpoints(self.root.parent)
-        for step, p in committed[:-self.keep_last]:
-            # renamed first (atomic): a prune cut short by the process exiting leaves a .tmp leftover,
-            # never a half-deleted directory that still looks committed
-            doomed = self.root / f".tmp-step-{step:06d}-pruned"
-            try:
-                os.rename(p, doomed)
-            except OSError:
-                continue
-            shutil.rmtree(doomed, ignore_errors=True)
-        # leftovers of saves that died mid-way, older than the newest commit, are garbage now
-        newest = committed[-1][0] if committed else -1
-        for p in self.root.glob(".tmp-step-*"):
-            try:
-                step = int(p.name.split("-")[2])
-            except (IndexError, ValueError):
-                continue
-            if step <= newest:
-                shutil.rmtree(p, ignore_errors=True)
+        layout.prune(self.run_dir, self.keep_last)
 
 
 def _tensors(tree: Any) -> list[torch.Tensor]:
@@ -251,10 +264,3 @@ def _tensors(tree: Any) -> list[torch.Tensor]:
         return [t for v in tree for t in _tensors(v)]
     return []
 
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

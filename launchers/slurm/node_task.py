@@ -25,7 +25,7 @@ from typing import Any, Optional
 import submitit
 
 from fsdp_jobs import runs
-from fsdp_jobs.plan import CKPT_DIR_RE, newest_checkpoint
+from fsdp_jobs.checkpoints import CKPT_DIR_RE, newest_checkpoint
 from fsdp_jobs.runs import clear_stop_request, request_stop
 from launchers.common import NODE_WRAPPER, USER_CODE_ENV, begin_user_attempt, rank_entry, settle_user_state, torchrun_args
 from launchers.node import root_cause

@@ -7,6 +7,7 @@ import pytest
 from fsdp_jobs.compose import compose
 from fsdp_jobs.errors import UserError
 from fsdp_jobs.plan import count_params, make_plan, shard_group_candidates
+from fsdp_jobs.rundir_checks import plan_run
 
 
 def plan_for(*overrides: str):
@@ -155,7 +156,7 @@ def test_same_name_resumes_newest_committed_checkpoint(tmp_path):
         if complete:
             (d / "manifest.json").write_text("{}")
     cfg, _ = compose([f"run_root={tmp_path}", "name=r1"])
-    assert make_plan(cfg).resume_from == str(ckpts / "step-000020")
+    assert plan_run(cfg).resume_from == str(ckpts / "step-000020")
 
 
 def test_resuming_a_run_with_another_model_shape_is_refused(tmp_path):
@@ -166,7 +167,30 @@ def test_resuming_a_run_with_another_model_shape_is_refused(tmp_path):
     (tmp_path / "r2" / "job.yaml").write_text("model: {dim: 128, n_layers: 2}\n")
     cfg, _ = compose([f"run_root={tmp_path}", "name=r2", "model.dim=64", "model.ffn_dim=128"])
     with pytest.raises(UserError, match="model.dim=128"):
-        make_plan(cfg)
+        plan_run(cfg)
     cfg, _ = compose([f"run_root={tmp_path}", "name=r2", "model.dim=64", "checkpoint.resume=false"])
     with pytest.raises(UserError, match="already has checkpoints"):
-        make_plan(cfg)  # a fresh start would mix its checkpoints with the old ones
+        plan_run(cfg)  # a fresh start would mix its checkpoints with the old ones
+
+
+def test_make_plan_reads_no_file_and_plan_run_adds_what_the_run_dir_holds(tmp_path, monkeypatch):
+    """make_plan is pure (a dry run of a config gives the same plan wherever it runs); plan_run, what
+    the CLI and sweeps call, reads the run dir and resumes from its newest committed checkpoint."""
+    import builtins
+    import os
+
+    d = tmp_path / "r3" / "checkpoints" / "step-000010"
+    d.mkdir(parents=True)
+    (d / ".metadata").write_text("x")
+    (d / "manifest.json").write_text("{}")
+    cfg, _ = compose([f"run_root={tmp_path}", "name=r3"])
+
+    def no_io(*args, **kwargs):
+        raise AssertionError(f"make_plan touched the file system: {args}")
+
+    with monkeypatch.context() as m:
+        for module, name in ((os, "stat"), (os, "lstat"), (os, "scandir"), (os, "listdir"), (builtins, "open")):
+            m.setattr(module, name, no_io)
+        plan = make_plan(cfg)
+    assert plan.resume_from is None and plan.run_dir == str(tmp_path / "r3")
+    assert plan_run(cfg).resume_from == str(d)

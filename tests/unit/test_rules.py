@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from fsdp_jobs.plan import committed_checkpoints, is_committed, newest_checkpoint
+from fsdp_jobs.checkpoints import committed_checkpoints, is_committed, newest_checkpoint
 from tests.conftest import REPO
 
 
@@ -40,7 +40,7 @@ def test_only_whole_checkpoints_count_and_the_newest_is_by_step(tmp_path):
 
 
 def schedule(kind: str, warmup: int = 10, total: int = 110, floor: float = 0.1):
-    from fsdp_jobs.runtime.train import lr_lambda
+    from fsdp_jobs.runtime.trainer import lr_lambda
 
     return lr_lambda({"warmup_steps": warmup, "steps": total, "min_lr_ratio": floor, "lr_schedule": kind})
 

@@ -1,0 +1,64 @@
+"""The ranks' agreement on stopping (fsdp_jobs/runtime/signals.py sets the local flag): rank 0 watches
+for the launcher's stop-request file, and every rank votes without stalling the host."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from fsdp_jobs import runs
+
+
+class StopFileWatcher:
+    """Rank 0 looks for the launcher's stop-request file in a thread, so a slow shared file system
+    never stalls the step loop (and with it every other rank)."""
+
+    def __init__(self, run_dir: Path, enabled: bool, period_s: float = 0.5) -> None:
+        self.seen = threading.Event()
+        if enabled:
+            threading.Thread(target=self._poll, args=(run_dir, period_s), daemon=True, name="stop-file").start()
+
+    def _poll(self, run_dir: Path, period_s: float) -> None:
+        while not self.seen.is_set():
+            if runs.stop_requested(run_dir):
+                self.seen.set()
+            time.sleep(period_s)
+
+
+class StopVote:
+    """"Has any rank been told to stop?", agreed without stalling the host: each step issues a
+    non-blocking all-reduce of the local flag; the next step reads it (by then long finished, so on
+    GPU the host waits for the previous step only, and the device queue never drains). All ranks
+    read the same step's vote, so they stop at the same step, one step after the signal."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device, self.pending = device, None
+        if device.type == "cuda":  # one pinned slot and one event, reused: result() runs before cast()
+            self.host, self.event = torch.empty(1, pin_memory=True), torch.cuda.Event()
+
+    def cast(self, local: bool) -> None:
+        # torch.full is a fill kernel; torch.tensor(..., device=cuda) would be a synchronous copy
+        flag = torch.full((1,), 1.0 if local else 0.0, device=self.device)
+        work = dist.all_reduce(flag, async_op=True)
+        if self.device.type == "cuda":
+            work.wait()  # orders the current stream after the reduce; does not block the host
+            self.host.copy_(flag, non_blocking=True)
+            self.event.record()
+            self.pending = (self.event, self.host)
+        else:
+            self.pending = (work, flag)
+
+    def result(self) -> bool:
+        if self.pending is None:
+            return False
+        done, value = self.pending
+        self.pending = None
+        if isinstance(done, torch.cuda.Event):
+            done.synchronize()
+        else:
+            done.wait()
+        return bool(value.item() > 0)

@@ -1,0 +1,361 @@
+"""One rank of a job, top to bottom: bring-up (process group, device, mesh) -> build (model, shard,
+optimizer, schedule) -> resume -> the step loop (train_step, the stop vote, the checkpoint policy:
+every checkpoint.interval steps, at the end, on preemption) -> finish.
+
+`Trainer.run` is the built-in loop (`python -m fsdp_jobs.runtime RUN_DIR`, fsdp_jobs/runtime/train.py);
+fsdp_jobs.job drives the same Trainer's bring-up, sharding, stop vote and checkpoints from a user's own loop.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import socket
+import time
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from omegaconf import OmegaConf
+
+from fsdp_jobs import faults, runs
+from fsdp_jobs.checkpoints import step_dir
+from fsdp_jobs.plan import compute_dtype, micro_batch, reshard_after_forward
+from fsdp_jobs.runtime.checkpoint import CheckpointManager, StateObjects, TrainState
+from fsdp_jobs.runtime.data import build_dataset
+from fsdp_jobs.runtime.mesh import World, build_mesh, init_process_group, read_world
+from fsdp_jobs.runtime.metrics import MetricsWriter, flops_per_token, log, peak_memory_gb
+from fsdp_jobs.runtime.outputs import load_pretrained_weights, logits_of
+from fsdp_jobs.runtime.prefetch import BatchPrefetcher
+from fsdp_jobs.runtime.shard import build_meta_model, dtype_of, init_devices, materialize, shard_model
+from fsdp_jobs.runtime.signals import StopFlag
+from fsdp_jobs.runtime.stopping import StopFileWatcher, StopVote
+
+# test-only fault injection: the training step raises from this step on (a job that cannot progress)
+FAIL_AT_STEP_ENV = "FSDP_JOBS_TEST_FAIL_AT_STEP"
+PROBE_TOKENS = 16  # positions per probe sequence: enough to check an export, small at any vocab size
+
+
+def lr_lambda(train: dict[str, Any]) -> Callable[[int], float]:
+    warmup, total, floor, kind = train["warmup_steps"], train["steps"], train["min_lr_ratio"], train["lr_schedule"]
+
+    def factor(step: int) -> float:
+        if warmup and step < warmup:
+            return (step + 1) / warmup
+        if kind == "constant":
+            return 1.0
+        progress = min(1.0, (step - warmup) / max(1, total - warmup))
+        if kind == "linear":
+            return floor + (1 - floor) * (1 - progress)
+        return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * progress))
+
+    return factor
+
+
+def write_rank_file(run_dir: Path, world: World) -> None:
+    d = run_dir / "ranks"
+    d.mkdir(exist_ok=True)
+    info = {"rank": world.rank, "pid": os.getpid(), "uid": os.getuid(), "host": socket.gethostname(),
+            "node_rank": world.node_rank,
+            "node": os.environ.get("FSDP_JOBS_NODE") or socket.gethostname(),  # set by launchers/node.py
+            "restart": world.restart, "world_size": world.world_size, "time": time.time()}
+    runs.write_atomic(d / f"rank-{world.rank}.json", json.dumps(info) + "\n")
+
+
+def mfu_peak_flops(job: dict[str, Any], device: torch.device) -> float:
+    """The accelerator's peak at the dtype the matmuls actually run in (bf16 vs fp32/TF32)."""
+    cl = job["cluster"]
+    dtype = compute_dtype(OmegaConf.create(job), device.type)
+    if dtype in ("bfloat16", "float16"):
+        return cl["peak_tflops"] * 1e12
+    return (cl.get("peak_tflops_fp32") or cl["peak_tflops"] / 2) * 1e12
+
+
+class MetricsWindow:
+    """Per-step values stay on the device until the next log/checkpoint step: then one all-reduce and
+    one host sync agree on the buffered losses, and their metrics lines are written."""
+
+    def __init__(self, metrics: MetricsWriter, world: World, attempt: str, tokens_per_step: int,
+                 flops_per_token: float, peak_flops: float) -> None:
+        self.metrics, self.world, self.attempt = metrics, world, attempt
+        self.tokens_per_step, self.fpt, self.peak = tokens_per_step, flops_per_token, peak_flops
+        self.window: list[tuple[torch.Tensor, Any, dict[str, Any]]] = []
+        self.t_window = time.perf_counter()
+
+    def append(self, loss: torch.Tensor, grad_norm: Any, record: dict[str, Any]) -> None:
+        self.window.append((loss, grad_norm, record))
+
+    def flush(self) -> None:
+        if not self.window:
+            return
+        world, window = self.world, self.window
+        losses = torch.stack([w[0] for w in window])
+        dist.all_reduce(losses)
+        norms = [w[1].full_tensor() if hasattr(w[1], "full_tensor") else w[1] for w in window]
+        norm_values = torch.stack(norms).float().tolist() if norms[0] is not None else [None] * len(window)
+        loss_values = (losses / world.world_size).tolist()
+        dt = (time.perf_counter() - self.t_window) / len(window)  # host and device agree only over a window
+        tokens_per_s = self.tokens_per_step / dt
+        mem = peak_memory_gb(world.device)
+        for (_, _, rec), loss_value, norm_value in zip(window, loss_values, norm_values):
+            mfu = tokens_per_s / world.world_size * self.fpt / self.peak
+            self.metrics.write({"step": rec["step"], "loss": loss_value, "lr": rec["lr"], "grad_norm": norm_value,
+                                "tokens_per_s": tokens_per_s, "mfu": mfu,
+                                "peak_mem_gb": mem, "step_time_s": dt, "sample_start": rec["sample_start"],
+                                "world_size": world.world_size, "restart": world.restart, "attempt": self.attempt,
+                                "time": rec["time"]})
+        self.window, self.t_window = [], time.perf_counter()
+
+
+class Trainer:
+    """See the module docstring. The phases are methods, called in the order they are defined."""
+
+    world: World
+    mesh: Any
+    mesh_shape: dict[str, int]
+    stop: StopFlag
+    stop_file: StopFileWatcher
+    vote: StopVote
+    ckpt: CheckpointManager
+    state: TrainState
+
+    def __init__(self, run_dir: Path, job: dict[str, Any]) -> None:
+        self.run_dir, self.job = run_dir, job
+        self.tcfg, self.ccfg = job["train"], job["checkpoint"]
+
+    def run(self, stop: StopFlag) -> int:
+        """The built-in loop, start to exit."""
+        self.bring_up()
+        self.tune_for_training()
+        self.build()
+        self.resume()
+        self.prepare_loop()
+        stopped = self.fit(stop)
+        self.finish(stopped)
+        return 0
+
+    # ------------------------------------------------------------------ bring-up (also fsdp_jobs.job's)
+    def bring_up(self) -> None:
+        """Process group on the world torchrun started, this rank's record, the configured mesh."""
+        world = read_world(self.job["cluster"]["device"])
+        # CPU offload: the grad-norm all-reduce runs on host tensors, so the default group needs gloo too
+        init_process_group(world, cpu_collectives=bool(self.job["fsdp"].get("cpu_offload")))
+        write_rank_file(self.run_dir, world)  # pid, host, restart of this rank, for tools (and tests that kill ranks)
+        self.use(world, build_mesh(self.job, world))
+
+    def use(self, world: World, mesh: Any) -> None:
+        """Take a world and mesh brought up already (bring_up, or a test's one-rank group)."""
+        self.world, self.mesh = world, mesh
+        self.mesh_shape = dict(zip(mesh.mesh_dim_names or (), mesh.mesh.shape))
+
+    def tune_for_training(self) -> None:
+        """The built-in loop's settings beyond bring-up (a user's script makes its own), and its banner."""
+        world, rank, offload = self.world, self.world.rank, bool(self.job["fsdp"].get("cpu_offload"))
+        if world.device.type == "cuda":
+            # fp32 matmuls (float32 compute, the fp32 parts of mixed precision) on tensor cores; the
+            # fp32_precision API, not allow_tf32: torch refuses a mix of the two, and inductor reads only this
+            torch.backends.cuda.matmul.fp32_precision = "tf32"
+            torch.backends.cudnn.conv.fp32_precision = "tf32"
+        # TORCHELASTIC_RESTART_COUNT is per agent: a node whose workers were stopped for a re-rendezvous
+        # (another node's rank died) does not count it (env-notes pitfall 6). The job's attempt number
+        # is the largest count of any node: agree on it once, so metrics and logs say the same everywhere
+        restarts = torch.tensor([world.restart], device=world.device)
+        dist.all_reduce(restarts, op=dist.ReduceOp.MAX)
+        world.restart = int(restarts.item())
+        if offload and world.device.type == "cpu":
+            log(rank, "fsdp.cpu_offload=true: no effect on CPU (the state is in host memory already)")
+        elif offload and "OMP_NUM_THREADS" not in self.job["cluster"]["env"]:
+            # the optimizer step and the gradient norm run on host tensors: give each rank its share of the
+            # cores it may use (torchrun's default, OMP_NUM_THREADS=1, would leave them on one core each)
+            torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) // world.local_world_size))
+        log(rank, f"world {world.world_size} = {world.nodes} nodes x {world.local_world_size}, "
+                  f"{self.job['fsdp']['strategy']} mesh {self.mesh_shape}, device {world.device.type}, "
+                  f"restart {world.restart}")
+        log(rank, f"node {world.node_rank} host {socket.gethostname()} "
+                  f"({os.environ.get('FSDP_JOBS_NODE', '')})",
+            all_ranks=world.local_rank == 0)
+
+    def shard(self, model: torch.nn.Module, compile_blocks: bool = False) -> None:
+        """The configured FSDP2 policy over the mesh (reshard_after_forward as the plan decides it)."""
+        fsdp = self.job["fsdp"]
+        shard_model(model, self.mesh, fsdp, reshard_after_forward(fsdp), self.world.device,
+                    compile_blocks=compile_blocks)
+
+    def open_checkpoints(self, manifest_extra: dict[str, Any], overlap_staging: bool) -> CheckpointManager:
+        attempt = [f"{int(time.time())}-{os.getpid()}"]
+        dist.broadcast_object_list(attempt, src=0)  # one name for this attempt's checkpoint dirs on every rank
+        rank = self.world.rank
+        self.ckpt = CheckpointManager(self.run_dir, self.ccfg["keep_last"], manifest_extra, rank, attempt[0],
+                                      async_save=self.ccfg["async_save"], log=lambda m: log(rank, m),
+                                      overlap_staging=overlap_staging)
+        return self.ckpt
+
+    # ------------------------------------------------------------------ build and resume
+    def build(self) -> None:
+        """Model on meta -> sharded -> materialised (a checkpoint overwrites every parameter: only a
+        fresh start pays for the seeded init) -> optimizer and schedule."""
+        job, tcfg, rank = self.job, self.tcfg, self.world.rank
+        torch.manual_seed(tcfg["seed"])
+        model = build_meta_model(job["model"])
+        model.to(dtype_of(job["model"]["dtype"]))
+        self.shard(model, compile_blocks=bool(tcfg.get("compile")))
+        self.open_checkpoints({"config_hash": runs.job_hash(job)}, overlap_staging=True)
+        self.resume_from = self.ckpt.find_latest() if self.ccfg["resume"] else None
+        param_device, buffer_device = init_devices(job["fsdp"], self.world.device)
+        t_init = time.perf_counter()
+        materialize(model, param_device, tcfg["seed"], job["fsdp"]["mixed_precision"].get("buffer_dtype"),
+                    init_params=self.resume_from is None, buffer_device=buffer_device)
+        log(rank, f"parameters {'initialised' if self.resume_from is None else 'allocated'} on {param_device} "
+                  f"in {time.perf_counter() - t_init:.2f}s")
+        if self.resume_from is None and job["model"].get("pretrained"):  # model=hf: local weights replace the init
+            load_pretrained_weights(model, job["model"]["pretrained"], rank)
+        self.model, self.n_params = model, sum(p.numel() for p in model.parameters())
+        optimizer = torch.optim.AdamW(model.parameters(), lr=tcfg["lr"], betas=tuple(tcfg["betas"]),
+                                      weight_decay=tcfg["weight_decay"], foreach=True)
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(tcfg))
+        self.state = TrainState(model, optimizer, scheduler)
+
+    def resume(self) -> None:
+        self.resumed = self.ckpt.load(self.state, self.resume_from)
+
+    def prepare_loop(self) -> None:
+        """Data, batch shape, metrics; the run is recorded as running."""
+        job, tcfg, world, state = self.job, self.tcfg, self.world, self.state
+        self.dataset = build_dataset(job["data"], tcfg["seed"], job["model"]["vocab_size"])
+        self.micro, self.accum = micro_batch(OmegaConf.create(tcfg), world.world_size)
+        self.per_rank = self.micro * self.accum
+        self.global_batch = self.per_rank * world.world_size
+        seq_len = job["data"]["seq_len"]
+        fpt = flops_per_token(self.n_params, job["model"]["n_layers"], job["model"]["dim"], seq_len)
+        peak = mfu_peak_flops(job, world.device)
+        if world.device.type == "cuda":  # the peak is configured, not detected: say what it is measured against
+            log(world.rank, f"MFU against {peak / 1e12:g} TFLOPS per GPU (cluster.peak_tflops, peak_tflops_fp32) on "
+                            f"{torch.cuda.get_device_name(world.device)}")
+        self.metrics = MetricsWriter(self.run_dir / runs.METRICS_FILE, world.rank == 0, tcfg["steps"],
+                                     tcfg["log_interval"])
+        self.window_args = (self.global_batch * seq_len, fpt, peak)  # fit() opens the window when the steps start
+        self.fail_at = faults.step(FAIL_AT_STEP_ENV)
+        if world.rank == 0:
+            runs.write_state(self.run_dir, status="running", step=state.step,
+                             resumed_from=str(self.resumed) if self.resumed else None)
+        accum = f" = {self.accum} micro batches of {self.micro}" if self.accum > 1 else ""
+        log(world.rank, f"training steps {state.step + 1}..{tcfg['steps']}: {self.n_params:,} params, global batch "
+                        f"{self.global_batch} ({self.per_rank}/rank{accum}) x {seq_len} "
+                        f"tokens, data position {state.samples_seen}")
+
+    # ------------------------------------------------------------------ the step loop
+    def train_step(self, inputs: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, Any]:
+        """Forward/backward over the micro batches, clip, update: (mean loss on the device, grad norm)."""
+        state, micro, accum = self.state, self.micro, self.accum
+        step_loss = None
+        for i in range(accum):  # same rows per rank as without accumulation, in micro-batch slices
+            rows = slice(i * micro, (i + 1) * micro)
+            logits = logits_of(self.model(inputs[rows]))  # a tensor, or an HF output object
+            loss = F.cross_entropy(logits.flatten(0, 1).float(), targets[rows].flatten())
+            (loss / accum if accum > 1 else loss).backward()
+            step_loss = loss.detach() if step_loss is None else step_loss + loss.detach()
+        assert step_loss is not None
+        grad_norm = None
+        if self.tcfg["grad_clip"]:
+            grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.tcfg["grad_clip"])
+        self.ckpt.wait_staging()  # an async save's host copy overlapped this forward/backward; done before the update
+        state.optimizer.step()
+        state.scheduler.step()
+        state.optimizer.zero_grad(set_to_none=True)
+        state.step += 1
+        state.samples_seen += self.global_batch
+        return step_loss.float() / accum, grad_norm
+
+    def watch_for_stop(self, stop: StopFlag) -> None:
+        """Start the stop machinery: the local flag (signals), rank 0's stop-request file watcher, the vote."""
+        self.stop = stop
+        self.stop_file = StopFileWatcher(self.run_dir, enabled=self.world.rank == 0)
+        self.vote = StopVote(self.world.device)
+
+    def stop_agreed(self) -> bool:
+        """The previous cast's vote: already finished, so no stall. The same answer on every rank."""
+        return self.vote.result()
+
+    def cast_stop_vote(self) -> bool:
+        """Vote on whether this rank was told to stop (a signal, or the stop-request file); returns the vote."""
+        local = self.stop.set or self.stop_file.seen.is_set()
+        self.vote.cast(local)
+        return local
+
+    def checkpoint_due(self) -> bool:
+        """checkpoint.interval steps passed (the final step is checkpoint.save_final's)."""
+        interval, step = self.ccfg["interval"], self.state.step
+        return bool(interval) and step % interval == 0 and step < self.tcfg["steps"]
+
+    def save_checkpoint(self, state: StateObjects, wait: bool = False) -> None:
+        """Collective. `wait`: the process is about to exit, the checkpoint must be committed first."""
+        self.ckpt.save(state, self.mesh_shape, self.world.world_size)
+        if wait:
+            self.ckpt.wait()
+
+    def fit(self, stop: StopFlag) -> Optional[str]:
+        """Steps until train.steps or an agreed stop; returns "signal" if stopped."""
+        state, world, total = self.state, self.world, self.tcfg["steps"]
+        self.watch_for_stop(stop)
+        batches = BatchPrefetcher(self.dataset, world.rank, self.per_rank, self.global_batch,
+                                  pin=world.device.type == "cuda")
+        self.window = MetricsWindow(self.metrics, world, self.ckpt.attempt, *self.window_args)
+        stopped_by = None
+        while state.step < total:
+            position = state.samples_seen
+            inputs, targets = batches.get(position)
+            inputs, targets = inputs.to(world.device, non_blocking=True), targets.to(world.device, non_blocking=True)
+            if self.fail_at and state.step + 1 >= self.fail_at:
+                raise RuntimeError(f"test fault injection: step {state.step + 1} raises ({FAIL_AT_STEP_ENV})")
+            loss, grad_norm = self.train_step(inputs, targets)
+            self.window.append(loss, grad_norm, {"step": state.step, "lr": state.scheduler.get_last_lr()[0],
+                                                 "sample_start": position, "time": time.time()})
+            stopping = self.stop_agreed()
+            self.cast_stop_vote()
+            checkpoint_now = self.checkpoint_due()
+            if stopping or checkpoint_now or state.step % self.tcfg["log_interval"] == 0 or state.step == total:
+                self.window.flush()
+            if stopping:
+                stopped_by = "signal"
+                why = stop.received.name if stop.received else "stop-request file" if self.stop_file.seen.is_set() \
+                    else "by another rank"
+                log(world.rank, f"stop requested ({why}): checkpointing at step {state.step}")
+                self.save_checkpoint(state, wait=True)
+                break
+            if checkpoint_now:
+                self.save_checkpoint(state)
+        self.vote.result()  # every rank cast the same number of votes: drain the last one
+        batches.close()
+        return stopped_by
+
+    def finish(self, stopped_by: Optional[str]) -> None:
+        """The final checkpoint and probe of a finished run, the run's record."""
+        state, rank = self.state, self.world.rank
+        if stopped_by is None and self.ccfg["save_final"]:
+            self.save_checkpoint(state)
+        self.ckpt.wait()
+        if stopped_by is None:
+            # after the final commit: it may OOM
+            save_probe(self.run_dir, self.model, self.dataset, state.step, self.world)
+        self.ckpt.close()
+        self.metrics.close()
+        if rank == 0:
+            runs.write_state(self.run_dir, status="preempted" if stopped_by else "completed", step=state.step,
+                             checkpoint=str(step_dir(self.ckpt.root, state.step)))
+            log(rank, f"{'stopped' if stopped_by else 'done'} at step {state.step}")
+
+
+@torch.no_grad()
+def save_probe(run_dir: Path, model: torch.nn.Module, dataset: Any, step: int, world: World) -> None:
+    """Logits of the final sharded model on a small fixed batch (2 x PROBE_TOKENS): what an exported
+    plain model must reproduce. A forward under FSDP is collective, so every rank runs it; only
+    rank 0 copies its result to the host and writes probe.pt."""
+    inputs = torch.stack([dataset[i][:PROBE_TOKENS] for i in range(2)]).to(world.device)
+    logits = logits_of(model(inputs))
+    if world.rank == 0:
+        tmp = run_dir / ".probe.pt.tmp"
+        torch.save({"step": step, "inputs": inputs.cpu(), "logits": logits.float().cpu()}, tmp)
+        os.replace(tmp, run_dir / "probe.pt")
