@@ -19,7 +19,7 @@ from typing import Any, Optional
 from fsdp_jobs.errors import UserError
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
-# FSDP2 strategy table (DESIGN.md): mesh kind, reshard_after_forward default
+# FSDP2 strategy table (FSDP1/Accelerate names -> FSDP2): mesh kind, reshard_after_forward default
 STRATEGY_TABLE = {
     "full_shard": ("flat", True),
     "shard_grad_op": ("flat", False),

@@ -1,7 +1,7 @@
 """Entry point of every rank: `python -m fsdp_jobs.runtime RUN_DIR` (torchrun starts it).
 
 The run dir is a positional argument on purpose: torchrun's parser prefix-matches flags placed after
-the script (env-notes pitfall 5)."""
+the script (ARCHITECTURE.md, pitfall 5)."""
 
 import sys
 from pathlib import Path
@@ -23,5 +23,5 @@ def main() -> None:
     shutdown(record(train)(Path(sys.argv[1]), stop))
 
 
-if __name__ == "__main__":  # the guard DCP's process-based async save needs (env-notes pitfall 8)
+if __name__ == "__main__":  # the guard DCP's process-based async save needs (ARCHITECTURE.md, pitfall 8)
     main()

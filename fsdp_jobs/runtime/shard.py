@@ -1,8 +1,8 @@
 """Build the model on the meta device, apply FSDP2 `fully_shard` per wrap unit and at the root, then
 materialise and initialise the parameters deterministically from train.seed.
 
-FSDP1 / Accelerate vocabulary -> FSDP2 (see DESIGN.md): the strategy picks the mesh (mesh.py) and
-reshard_after_forward; mixed precision -> MixedPrecisionPolicy; cpu_offload -> CPUOffloadPolicy;
+FSDP1 / Accelerate vocabulary -> FSDP2 (the strategy table: fsdp_jobs/plan.py STRATEGY_TABLE): the
+strategy picks the mesh (mesh.py) and reshard_after_forward; mixed precision -> MixedPrecisionPolicy; cpu_offload -> CPUOffloadPolicy;
 forward_prefetch -> explicit set_modules_to_forward_prefetch; activation checkpointing ->
 checkpoint_wrapper around each wrap unit.
 """

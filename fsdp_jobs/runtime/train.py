@@ -20,7 +20,7 @@ def train(run_dir: Path, stop: StopFlag) -> int:
 
 
 def shutdown(code: int) -> None:
-    """Leave without the FSDP2+gloo abort at interpreter exit (env-notes pitfall 2): collect the
+    """Leave without the FSDP2+gloo abort at interpreter exit (ARCHITECTURE.md, pitfall 2): collect the
     objects gloo's thread still references, destroy the group, then skip interpreter teardown."""
     gc.collect()
     if dist.is_initialized():

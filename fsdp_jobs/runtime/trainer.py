@@ -160,7 +160,7 @@ class Trainer:
             torch.backends.cuda.matmul.fp32_precision = "tf32"
             torch.backends.cudnn.conv.fp32_precision = "tf32"
         # TORCHELASTIC_RESTART_COUNT is per agent: a node whose workers were stopped for a re-rendezvous
-        # (another node's rank died) does not count it (env-notes pitfall 6). The job's attempt number
+        # (another node's rank died) does not count it (ARCHITECTURE.md, pitfall 6). The job's attempt number
         # is the largest count of any node: agree on it once, so metrics and logs say the same everywhere
         restarts = torch.tensor([world.restart], device=world.device)
         dist.all_reduce(restarts, op=dist.ReduceOp.MAX)
