@@ -9,6 +9,9 @@ from pathlib import Path
 
 import pytest
 
+import yaml
+
+from fsdp_jobs import runs
 from tests.conftest import REPO, cli, committed, manifest, metrics
 from tests.slurm.conftest import job_log, sh, submit, wait_for, wait_job
 
@@ -118,21 +121,27 @@ def test_preemption_by_higher_priority_partition_requeues_and_resumes(run_root):
 
 
 def test_time_limit_signal_checkpoints_and_requeues(run_root):
-    """A 3-minute limit with the signal 90 s before it: SLURM warns 30-60 s into the run. After the
-    first time-out requeue the test raises the limit (as an admin would) so the run can finish."""
+    """A 3-minute limit with the signal 90 s before it: SLURM warns 30-60 s into the run. While the job
+    waits to be requeued, the test raises the limit (as an admin would) and shortens what is left to 200
+    steps, so the second attempt takes the same few seconds on any machine: a fixed step count made this
+    test last 220 s on one machine and 610 s on a slower one, most of it training after the resume."""
     total = 12000  # ~90 steps/s here: the 30-60 s before the warning never finish it
     job_id, _, _ = submit(f"run_root={run_root}", "name=timeout", "nodes=2", "gpus_per_node=1",
                           f"train.steps={total}", "checkpoint.interval=100000", "checkpoint.keep_last=10",
                           "cluster.time_min=3", "cluster.signal_delay_s=90", *SHORT)
     run_dir = run_root / "timeout"
-    wait_for(lambda: len(steps_by_attempt(run_dir)) >= 2 if (run_dir / "metrics.jsonl").exists() else False,
-             600, "the first time-out requeue")
+    wait_for(lambda: runs.read_state(run_dir).get("status") == "preempted", 600, "the checkpoint at the time-out signal")
+    stopped_at = int(runs.read_state(run_dir)["step"])
+    assert stopped_at < total and len(steps_by_attempt(run_dir)) == 1  # requeued, not yet restarted
+    job = yaml.safe_load((run_dir / "job.yaml").read_text())
+    job["train"]["steps"] = total = stopped_at + 200
+    runs.write_atomic(run_dir / "job.yaml", yaml.safe_dump(job, sort_keys=False))
     sh("scontrol", "update", f"JobId={job_id}", "TimeLimit=30", check=True)
     assert wait_job(job_id, 900) == "COMPLETED", job_log(run_dir, job_id)
     log = job_log(run_dir, job_id)
     assert "this job is timed-out" in log  # submitit told the time limit from a preemption
     attempts = assert_resumed_losing_at_most_one_step(run_dir, total)
-    assert attempts[0][-1] < total
+    assert attempts[0][-1] == stopped_at
 
 
 def test_a_job_that_always_crashes_is_not_requeued_forever(run_root):
