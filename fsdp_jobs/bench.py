@@ -2,17 +2,17 @@
 benchmark compares side by side in one run and reports ratios).
 
     python -m fsdp_jobs.bench step [--repeats 3] [--steps 60] [--ranks 2]
-        median and mean step time of the orchestrated job (python -m fsdp_jobs, cluster=local) and of a minimal
-        hand-written FSDP2 loop (bench_workers.hand_loop) with the same model, mesh and batch,
-        alternated; ratio = hand / job (1.0 = no overhead).
+        median and mean step time of the orchestrated job (python -m fsdp_jobs on the default cluster,
+        this machine) and of a minimal hand-written FSDP2 loop (bench_workers.hand_loop) with the same
+        model, mesh and batch, alternated; ratio = hand / job (1.0 = no overhead).
     python -m fsdp_jobs.bench checkpoint [--ranks 2] [--repeats 3] [--dir DIR]
         the real save path (CheckpointManager on every rank: sync, and async's blocked and total time)
         next to a raw fsynced write of the same bytes by the same ranks.
     python -m fsdp_jobs.bench checkpoint-dcp [--mb 256] [--repeats 3] [--dir DIR]
         single-process DCP save/load bandwidth next to a raw write/read of the same bytes.
     python -m fsdp_jobs.bench dry-run [--repeats 9]
-        wall time of `python -m fsdp_jobs dry_run=true` (a 4x8 SLURM job) next to
-        `torchx run --dryrun -s slurm dist.ddp -j 4x8`, alternated, and whether planning imported torch.
+        wall time of `python -m fsdp_jobs dry_run=true` (a 4x8 job on backends.DRY_RUN_BENCH) next to
+        `torchx run --dryrun -s <the same scheduler> dist.ddp -j 4x8`, alternated, and whether planning imported torch.
     python -m fsdp_jobs.bench init [--ranks 4] [--model llama3_1b]
         per-shard init of a model at world size N on CPU next to a plain unsharded init.
 """

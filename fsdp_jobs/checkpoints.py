@@ -1,5 +1,5 @@
 """The checkpoint layout of a run dir and its rules, in one place (imports no torch: the CLI, ctl,
-export and the SLURM node task read it too; fsdp_jobs/runtime/checkpoint.py writes through it):
+export and the backends' in-job side read it too; fsdp_jobs/runtime/checkpoint.py writes through it):
 
     checkpoints/.tmp-step-000100-<attempt>/   written by every rank (DCP), never read
     checkpoints/step-000100/                  visible only once complete:

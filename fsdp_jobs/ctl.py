@@ -50,7 +50,7 @@ def find_run(ref: str, run_root: Path) -> Path:
     for m in (report.find_sweep(sweep, run_root) or []) if member else []:  # SWEEP/MEMBER from anywhere
         if m["member"] == member and (m["run_dir"] / runs.JOB_FILE).is_file():
             return m["run_dir"]
-    for run_dir in run_dirs(run_root):  # a backend's job id (SLURM job, compose project, ...)
+    for run_dir in run_dirs(run_root):  # a backend's job id (a batch job, a compose project, ...)
         if any(str(r.get("job_id")) == ref for r in runs.launches(run_dir)):
             return run_dir.resolve()
     known = ", ".join(p.name for p in run_dirs(run_root)[:20]) or "none"

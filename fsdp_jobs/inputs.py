@@ -16,7 +16,7 @@ DTYPE_SIZES = {"uint8": 1, "uint16": 2, "int16": 2, "uint32": 4, "int32": 4, "in
 def check_token_file(cfg: Any) -> None:
     """data.path must be a readable file holding at least one window. Only backends whose processes see
     this machine's files check it here (HOST_FILES in launchers/<name>/config.py); the others read it
-    where the job runs (a Kubernetes pod: a path on the PVC)."""
+    where the job runs (a pod reads a path on its volume)."""
     path = cfg.data.path
     if not path or not backends.config_module(cfg.cluster.backend).HOST_FILES:
         return

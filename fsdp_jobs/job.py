@@ -18,7 +18,7 @@
 Everything here is the built-in trainer's (fsdp_jobs/runtime/trainer.py: Trainer): its bring-up and
 mesh rule, the sharding policy, the atomic DCP CheckpointManager (keep-last, async), the stop signals,
 the stop-request file and the stop vote, the metrics writer; and it writes state.json as the trainer
-does, so the SLURM node task requeues a stopped script and not a finished one: the script needs no
+does, so a backend that requeues a job requeues a stopped script and not a finished one: the script needs no
 other code to be preemption-safe.
 """
 
@@ -152,7 +152,7 @@ class Job:
 
     def should_stop(self) -> bool:
         """Collective, call it at a step boundary on every rank, as often on each: has any rank been
-        signalled (SLURM's preemption/time-limit signal, SIGTERM from a cancel or Ctrl-C), or has the
+        signalled (the scheduler's preemption/time-limit signal, SIGTERM from a cancel or Ctrl-C), or has the
         launcher left a stop request? Then save a checkpoint and leave the loop: the run is recorded
         as preempted and requeued where the backend does that.
 

@@ -5,7 +5,7 @@
 2. check   compose, plan, backend.check and backend.dryrun for EVERY member first; one bad member
            stops the sweep with one line naming it, before anything is written or submitted
 3. submit  completed members are skipped, members still queued or running are left alone, the rest
-           go out grouped by the backend's group_key (SLURM: one job array per resource shape); every
+           go out grouped by the backend's group_key (a job array per resource shape where the backend has them); every
            submission is recorded in the journal. Attached backends (local) run them one at a time.
 
 Hydra's own launchers cannot do this: hydra-submitit-launcher blocks until every job ends. Planning,

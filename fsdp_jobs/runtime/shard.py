@@ -2,9 +2,9 @@
 materialise and initialise the parameters deterministically from train.seed.
 
 FSDP1 / Accelerate vocabulary -> FSDP2 (the strategy table: fsdp_jobs/plan.py STRATEGY_TABLE): the
-strategy picks the mesh (mesh.py) and reshard_after_forward; mixed precision -> MixedPrecisionPolicy; cpu_offload -> CPUOffloadPolicy;
-forward_prefetch -> explicit set_modules_to_forward_prefetch; activation checkpointing ->
-checkpoint_wrapper around each wrap unit.
+strategy picks the mesh (mesh.py) and reshard_after_forward; mixed precision -> MixedPrecisionPolicy;
+cpu_offload -> CPUOffloadPolicy; forward_prefetch -> explicit set_modules_to_forward_prefetch; activation
+checkpointing -> checkpoint_wrapper around each wrap unit.
 """
 
 from __future__ import annotations

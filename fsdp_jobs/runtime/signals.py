@@ -1,7 +1,7 @@
 """Preemption: a signal handler only sets a flag; the ranks agree on it at the next step boundary
 (the flag rides on the loss all-reduce), save one collective checkpoint and stop together.
 
-A signal can arrive before a rank has installed its handler (SLURM's time-limit warning may come a
+A signal can arrive before a rank has installed its handler (a scheduler's time-limit warning may come a
 second after the job starts, while ranks still import torch). So the launcher side also leaves a
 stop-request file in the run dir (runs.request_stop), which rank 0 checks at every step boundary."""
 
@@ -13,8 +13,8 @@ from typing import Iterable
 
 
 def stop_signals() -> tuple[signal.Signals, ...]:
-    """SIGTERM (torchrun stopping, Ctrl-C, pod stop), USR2 (SLURM's --signal; USR1 is NCCL's), and the
-    cluster's configured signal (FSDP_JOBS_STOP_SIGNAL) if it is another one."""
+    """SIGTERM (torchrun stopping, Ctrl-C, pod stop), USR2 (the batch scheduler's stop signal; USR1 is
+    NCCL's), and the cluster's configured signal (FSDP_JOBS_STOP_SIGNAL) if it is another one."""
     sigs = {signal.SIGTERM, signal.SIGUSR2}
     name = os.environ.get("FSDP_JOBS_STOP_SIGNAL")
     if name:
