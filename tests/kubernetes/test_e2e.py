@@ -117,7 +117,7 @@ def test_submit_status_logs_list_cancel(fake_cluster: FakeCluster, run_root: Pat
     assert "kubernetes" in row and "SUCCEEDED" in row and f"{NS}:{name}" in row
 
     c = ctl(fake, run_root, "cancel", "k8s-run")
-    assert c.returncode == 0 and f"deleted Kubernetes" in c.stdout, c.stdout + c.stderr
+    assert c.returncode == 0 and "deleted Kubernetes" in c.stdout, c.stdout + c.stderr
     assert st.jobs() == [] and st.find("configmaps", NS, f"{name}-job") is None and st.pods(NS, name) == []
     assert "no longer exists" in json.loads(ctl(fake, run_root, "status", "k8s-run").stdout)["detail"]
 
