@@ -170,6 +170,20 @@ def stop_requested(run_dir: Path) -> bool:
 def clear_stop_request(run_dir: Path) -> None:
     """At the start of every attempt, before any rank runs: an old request must not stop a new run."""
     (run_dir / STOP_REQUEST_FILE).unlink(missing_ok=True)
+    (run_dir / CANCEL_FILE).unlink(missing_ok=True)
+
+
+CANCEL_FILE = "cancel-requested"
+
+
+def record_cancel(run_dir: Path) -> None:
+    """`fsdp-jobs cancel` was asked for this attempt: however its nodes then exit (they are stopped one
+    by one, so one may see its peer vanish mid-step and fail), the job ended as CANCELLED."""
+    write_atomic(run_dir / CANCEL_FILE, time.strftime("%Y-%m-%dT%H:%M:%S") + "\n")
+
+
+def cancel_recorded(run_dir: Path) -> bool:
+    return (run_dir / CANCEL_FILE).exists()
 
 
 def read_metrics(run_dir: Path) -> list[dict[str, Any]]:

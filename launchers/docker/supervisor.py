@@ -121,7 +121,8 @@ def supervise(run_dir: Path, echo: bool = False) -> int:
                                   job["cluster"]["stop_grace_s"])
         status = exit_status(outcome, job, run_dir)
         result = {"project": project, "time": time.time(), "exit_status": status,
-                  "cancelled": outcome.interrupted or runs.read_state(run_dir).get("status") == "preempted",
+                  "cancelled": outcome.interrupted or runs.cancel_recorded(run_dir)
+                               or runs.read_state(run_dir).get("status") == "preempted",
                   "containers": {n.name: {"exit_code": n.last["State"]["ExitCode"],
                                           "restarts": n.last.get("RestartCount", 0)} for n in nodes}}
         for n, r in result["containers"].items():
