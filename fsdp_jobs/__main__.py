@@ -7,6 +7,7 @@ anything is written. One run goes through the same path as a sweep's members (fs
 from __future__ import annotations
 
 import gc
+import os
 import sys
 from pathlib import Path
 from typing import Optional
@@ -59,6 +60,7 @@ def cli() -> int:
 
 def main(argv: Optional[list[str]] = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    os.umask(runs.OWNER_ONLY_UMASK)  # before anything is written: run dirs and the journal are the owner's
     from fsdp_jobs import ctl
 
     if argv and argv[0] in ctl.COMMANDS:

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import importlib
 from types import ModuleType
-from typing import Any
+from typing import Any, Optional
 
 BACKENDS: dict[str, str] = {
     "local": "launchers.local",
@@ -58,3 +58,9 @@ def backend_module(name: str) -> str:
     if name not in BACKENDS:
         raise ValueError(f"unknown backend {name!r}; known: {', '.join(BACKENDS)}")
     return f"{BACKENDS[name]}.backend"
+
+
+def secret_store(name: str) -> Optional[str]:
+    """How to use the backend's own secret store, if cluster.secret_env names its secrets (SECRET_STORE in
+    its config.py); None: fsdp_jobs/secret_env.py resolves the references and passes the values on."""
+    return getattr(config_module(name), "SECRET_STORE", None)

@@ -26,15 +26,44 @@ def is_hf(model: Any) -> bool:
     return str(model.get("_target_") or "").startswith(HF_TARGET_PREFIX)
 
 
-def snapshot_files(src: Path, exclude: tuple[Path, ...] = ()) -> Iterator[Path]:
-    """Files of the user's code directory that travel with the job (what the snapshot copies)."""
+def stays_behind(name: str) -> bool:
+    """A file next to the user's code that is not code and may hold credentials: dotfiles (.env, .netrc),
+    keys and files named like secrets. It is never copied into the run dir, nor into a ConfigMap."""
+    return name.startswith(".") or name.endswith((".pyc", ".pyo")) or bool(_SECRET_FILE.search(name))
+
+
+# (a whole-word "token": hf_token, token.txt; never tokenizer.json)
+_SECRET_FILE = re.compile(r"secret|credential|passw|(^|[._-])token([._-]|$)|\.pem$|\.key$|\.p12$|\.pfx$"
+                          r"|^id_(rsa|ed25519|ecdsa|dsa)", re.IGNORECASE)
+
+
+def snapshot_files(src: Path, exclude: tuple[Path, ...] = (), skipped: Optional[list[Path]] = None) -> Iterator[Path]:
+    """Files of the user's code directory that travel with the job (what the snapshot copies); those that
+    stay behind are appended to `skipped` when given."""
     skip = {os.path.realpath(p) for p in exclude}
     for root, dirs, files in os.walk(src):
         dirs[:] = sorted(d for d in dirs if d not in SNAPSHOT_SKIP and not d.startswith(".")
                          and os.path.realpath(os.path.join(root, d)) not in skip)
         for f in sorted(files):
-            if not f.endswith((".pyc", ".pyo")):
+            if not stays_behind(f):
                 yield Path(root) / f
+            elif skipped is not None and not f.endswith((".pyc", ".pyo")):
+                skipped.append(Path(root) / f)
+
+
+def travel_note(cfg: Any) -> Optional[str]:
+    """What the dry run says travels with script=/module= (and what stays behind)."""
+    src = user_code_source(cfg)
+    if src is None or not src.is_dir():
+        return None
+    skipped: list[Path] = []
+    files = list(snapshot_files(src, (Path(cfg.run_root).expanduser().resolve(),), skipped))
+    names = [str(f.relative_to(src)) for f in files]
+    shown = ", ".join(names[:12]) + (f" and {len(names) - 12} more" if len(names) > 12 else "")
+    note = f"{cfg.get('script') and 'script=' or 'module='} copies {len(names)} files of {src} into the run dir: {shown}"
+    if skipped:
+        note += f"; left behind (dotfiles, keys, secret-looking names): {', '.join(str(f.relative_to(src)) for f in skipped[:12])}"
+    return note
 
 
 def user_code_source(cfg: Any) -> Optional[Path]:

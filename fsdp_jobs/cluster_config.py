@@ -26,6 +26,9 @@ class ClusterConfig:
     min_nodes: Optional[int] = None  # elastic lower bound (torchrun --nnodes min:max); None = nodes
     rdzv_port: Optional[int] = None  # None = a free port
     env: Dict[str, str] = field(default_factory=dict)  # extra environment for every rank
+    # environment from secrets, by reference (fsdp_jobs/secret_env.py): {VAR: "env:NAME" | "file:PATH"}, or
+    # what a backend with a secret store of its own takes (its config.py says); only the reference is written
+    secret_env: Dict[str, str] = field(default_factory=dict)
     # after a stop (SIGTERM, Ctrl-C, scancel) the ranks get this long to checkpoint before SIGKILL
     stop_grace_s: int = 120
 

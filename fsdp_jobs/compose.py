@@ -13,6 +13,7 @@ from omegaconf import DictConfig, OmegaConf
 from fsdp_jobs import backends
 from fsdp_jobs.config import JobConfig, register_schemas, validate
 from fsdp_jobs.errors import UserError
+from fsdp_jobs.input_rules import check_text
 
 CONF_DIR = Path(os.environ.get("FSDP_JOBS_CONF", Path(__file__).resolve().parent.parent / "conf"))
 
@@ -33,6 +34,8 @@ def _translate(exc: BaseException, overrides: list[str]) -> UserError:
         key = m.group(1)
         value = next((o.split("=", 1)[1] for o in overrides if o.lstrip("+~").split("=", 1)[0] == key), None)
         parent = key.rsplit(".", 1)[0] if "." in key else ""
+        if _known(key, overrides) == [] and _is_map(key, overrides):  # cluster.env={A:1}: a map set whole
+            return UserError(key, value, f"is a map; set its entries one by one: +{key}.NAME=value")
         known = ", ".join(_known(parent, overrides))
         if parent and not known:  # a free-form map such as cluster.env: entries are added with '+'
             return UserError(key, value, f"{parent} is a map; add an entry with +{key}={value}")
@@ -43,6 +46,10 @@ def _translate(exc: BaseException, overrides: list[str]) -> UserError:
         msg = str(cause).splitlines()[0]
         value = next((o.split("=", 1)[1] for o in overrides if o.split("=", 1)[0] == full_key), None)
         return UserError(full_key, value, msg)
+    m = re.search(r"Ambiguous value for argument '([^'=]+)=(.*)'", text)
+    if m:
+        return UserError(m.group(1), m.group(2), "a value with ',' is a sweep (run it with -m) or must be quoted: "
+                                                 f"{m.group(1)}='{m.group(2)}'")
     first = text.strip().splitlines()[0] if text.strip() else type(exc).__name__
     return UserError("", None, f"bad override: {first}")
 
@@ -59,6 +66,27 @@ def _known(parent: str, overrides: list[str]) -> list[str]:
         if node is None:
             return []
     return sorted(k for k in node.keys()) if isinstance(node, DictConfig) else []
+
+
+def _is_map(key: str, overrides: list[str]) -> bool:
+    """Does the schema declare `key` as a free-form map (cluster.env, model.kwargs)?"""
+    parent, _, leaf = key.rpartition(".")
+    return leaf in _known(parent, overrides) and not _known(key, overrides) and leaf in _maps(parent, overrides)
+
+
+def _maps(parent: str, overrides: list[str]) -> list[str]:
+    node: Any = OmegaConf.structured(JobConfig)
+    parts = [p for p in parent.split(".") if p]
+    if parts and parts[0] == "cluster":
+        chosen = next((o.split("=", 1)[1] for o in overrides if o.startswith("cluster=")), backends.DEFAULT)
+        chosen = chosen if chosen in backends.names() else backends.DEFAULT
+        node = OmegaConf.create({"cluster": OmegaConf.structured(backends.schema(chosen))})
+    for part in parts:
+        node = node[part] if isinstance(node, DictConfig) and part in node else None
+        if node is None:
+            return []
+    return [k for k in node.keys() if isinstance(node.get(k), DictConfig) and not node[k].keys()] \
+        if isinstance(node, DictConfig) else []
 
 
 def absolute_paths(cfg: DictConfig) -> None:
@@ -119,4 +147,5 @@ def _compose_one(hydra_compose: Any, overrides: list[str]) -> tuple[DictConfig, 
         raise _translate(e, overrides) from None
     assert isinstance(job, dict)
     job.pop("hydra", None)
+    check_text(job)
     return cfg, job

@@ -14,6 +14,7 @@ from hydra.core.config_store import ConfigStore
 
 from fsdp_jobs import backends
 from fsdp_jobs.cluster_config import choice, positive
+from fsdp_jobs.input_rules import check_env_names, check_name, check_sizes, check_target, finite
 from fsdp_jobs.byo import validate as validate_byo
 from fsdp_jobs.errors import UserError
 
@@ -170,8 +171,9 @@ def validate(cfg: Any) -> None:
     """Per-key checks the types alone do not express. Raises UserError on the first bad key."""
     positive("nodes", cfg.nodes)
     positive("gpus_per_node", cfg.gpus_per_node)
-    if cfg.name is not None and (not cfg.name or "/" in cfg.name or cfg.name.startswith(".")):
-        raise UserError("name", cfg.name, "must be a plain directory name (no '/', not starting with '.')")
+    check_sizes(cfg)
+    if cfg.name is not None:
+        check_name("name", cfg.name)
     f = cfg.fsdp
     choice("fsdp.strategy", f.strategy, STRATEGIES)
     sgs = f.shard_group_size
@@ -191,6 +193,8 @@ def validate(cfg: Any) -> None:
     for k in ("dim", "n_layers", "n_heads", "ffn_dim", "vocab_size", "max_seq_len"):
         positive(f"model.{k}", m[k])
     choice("model.dtype", m.dtype, ("float32", "bfloat16"))
+    finite("model.norm_eps", m.norm_eps, 0, low_open=True)
+    finite("model.rope_theta", m.rope_theta, 0, low_open=True)
     if m.dim % m.n_heads:
         raise UserError("model.dim", m.dim, f"must be divisible by model.n_heads={m.n_heads}")
     if m.n_kv_heads is not None and (m.n_kv_heads < 1 or m.n_heads % m.n_kv_heads):
@@ -208,10 +212,14 @@ def validate(cfg: Any) -> None:
     positive("train.log_interval", t.log_interval)
     positive("train.warmup_steps", t.warmup_steps, minimum=0)
     choice("train.lr_schedule", t.lr_schedule, LR_SCHEDULES)
-    if not t.lr > 0:
-        raise UserError("train.lr", t.lr, "must be > 0")
+    finite("train.lr", t.lr, 0, low_open=True)
+    finite("train.min_lr_ratio", t.min_lr_ratio, 0, 1)
+    finite("train.weight_decay", t.weight_decay, 0)
+    finite("train.grad_clip", t.grad_clip, 0)  # 0 = off
     if len(t.betas) != 2:
         raise UserError("train.betas", list(t.betas), "must be two numbers, e.g. [0.9,0.95]")
+    for i, beta in enumerate(t.betas):
+        finite(f"train.betas[{i}]", beta, 0, 1, high_open=True)
     c = cfg.checkpoint
     positive("checkpoint.interval", c.interval, minimum=0)
     positive("checkpoint.keep_last", c.keep_last)
@@ -224,8 +232,14 @@ def validate(cfg: Any) -> None:
     validate_byo(cfg)  # script=/module=/model=hf: before the import-path checks, which name transformers
     for key, target in (("model._target_", m._target_), ("data._target_", d._target_),
                         *(("fsdp.wrap.transformer_blocks", b) for b in f.wrap.transformer_blocks)):
+        check_target(key, target)
         _importable(key, target)
     cl = cfg.cluster
+    check_env_names("cluster.env", cl.env)
+    check_env_names("cluster.secret_env", cl.secret_env)
+    for key in ("gpu_memory_gb", "peak_tflops", "peak_tflops_fp32"):
+        if cl[key] is not None:
+            finite(f"cluster.{key}", cl[key], 0, low_open=True)
     choice("cluster.backend", cl.backend, backends.names())
     choice("cluster.device", cl.device, ("auto", "cpu", "cuda"))
     positive("cluster.stop_grace_s", cl.stop_grace_s)

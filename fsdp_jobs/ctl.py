@@ -148,8 +148,10 @@ def main(argv: Optional[list[str]] = None) -> int:
             return 0
         if args.cmd in ("compare", "plot"):
             return sweep_command(args, root)
-        members = report.find_sweep(args.run, root) if args.cmd in ("status", "cancel") else None
-        if members is not None and not (root / args.run / runs.JOB_FILE).is_file():
+        # a run is found without the journal (a damaged journal must not stop `status RUN`)
+        is_run = any((d / runs.JOB_FILE).is_file() for d in (Path(args.run), root / args.run))
+        members = report.find_sweep(args.run, root) if args.cmd in ("status", "cancel") and not is_run else None
+        if members is not None:
             if args.cmd == "cancel":
                 print("\n".join(cancel_sweep(members)))
             elif args.json:

@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 from typing import Any, Optional
@@ -38,7 +39,12 @@ def export(ckpt: Path, out: Path, dtype: Optional[str] = None, hf_model: Optiona
 
     from fsdp_jobs.consolidate import read_model_state
 
-    model_sd = read_model_state(ckpt)
+    try:
+        model_sd = read_model_state(ckpt)
+    except Exception as e:  # noqa: BLE001  DCP's reader fails in many ways on a damaged .metadata or shard
+        raise UserError("checkpoint", str(ckpt), f"cannot be read ({type(e).__name__}: {str(e)[:200]}); it is "
+                                                 "damaged: export another step with --step N") from None
+    out.parent.mkdir(parents=True, exist_ok=True)  # only once there is something to write
     if dtype:
         model_sd = {k: v.to(getattr(torch, dtype)) if v.is_floating_point() else v for k, v in model_sd.items()}
     if hf_model is not None:  # --format hf: an HF directory (config.json + safetensors) for from_pretrained
@@ -73,7 +79,13 @@ def hf_export_model(run_dir: Path) -> dict[str, Any]:
     from fsdp_jobs import runs
     from fsdp_jobs.byo import is_hf
 
-    model = runs.load_job(run_dir)["model"]
+    import yaml
+
+    try:
+        model = runs.load_job(run_dir)["model"]
+    except (OSError, ValueError, TypeError, KeyError, yaml.YAMLError) as e:
+        raise UserError("--format", "hf", f"needs the run's model config, {run_dir / runs.JOB_FILE}, which cannot be "
+                                          f"read ({type(e).__name__}); export the run dir, or use --format torch") from None
     if not is_hf(model):
         raise UserError("--format", "hf", f"run {run_dir.name} trained {model.get('_target_')}, not a Hugging Face "
                                           "model (model=hf); use --format torch")
@@ -92,6 +104,7 @@ def main(argv: Optional[list[str]] = None) -> int:
                    help="torch: one state_dict file; hf: a Hugging Face directory (config.json + model.safetensors, "
                         "for from_pretrained) of a model=hf run (default: RUN_DIR/export/hf-step-N)")
     args = p.parse_args(argv)
+    os.umask(0o077)  # the exported weights are the owner's, like the run dir they come from
     try:
         path = Path(args.path)
         if not path.is_dir():
@@ -103,10 +116,9 @@ def main(argv: Optional[list[str]] = None) -> int:
         out = Path(args.output) if args.output else run_dir / "export" / default
         if out.exists():
             raise UserError("--output", str(out), "exists already; it is never overwritten (choose another path)")
+        info = export(ckpt, out, args.dtype, hf_model)
     except UserError as e:
         die(e)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    info = export(ckpt, out, args.dtype, hf_model)
     print(f"exported {info['tensors']} tensors ({info['params']:,} params) from {ckpt} to {out}")
     return 0
 

@@ -16,6 +16,8 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
 
+from fsdp_jobs.errors import UserError
+
 if TYPE_CHECKING:
     import sqlite3
 
@@ -48,16 +50,27 @@ def path() -> Path:
     return state_dir() / "journal.sqlite"
 
 
+def damaged(e: Exception) -> UserError:
+    """A journal sqlite cannot read: one line naming it and the way out, never a traceback."""
+    return UserError("", None, f"the journal {path()} is damaged or unreadable ({e}); move it aside "
+                               f"(mv {path()} {path()}.bad): runs and sweep dirs under the run root are found "
+                               "without it")
+
+
 def _connect(create: bool) -> Optional[sqlite3.Connection]:
     p = path()
     if not create and not p.is_file():
         return None  # reading never creates the state directory
-    p.parent.mkdir(parents=True, exist_ok=True)
+    p.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     import sqlite3  # here, not at the top: every CLI start imports this module, few open the journal
 
-    conn = sqlite3.connect(p, timeout=30)  # several CLIs may submit at once: wait for the write lock
-    conn.row_factory = sqlite3.Row
-    conn.executescript(SCHEMA)
+    try:
+        conn = sqlite3.connect(p, timeout=30)  # several CLIs may submit at once: wait for the write lock
+        p.chmod(0o600)  # the raw overrides are the owner's (secrets are masked before they get here)
+        conn.row_factory = sqlite3.Row
+        conn.executescript(SCHEMA)
+    except (sqlite3.Error, OSError) as e:
+        raise damaged(e) from None
     return conn
 
 
@@ -85,13 +98,20 @@ def submissions(sweep: Optional[str] = None) -> list[dict[str, Any]]:
     conn = _connect(create=False)
     if conn is None:
         return []
-    with conn:
-        if sweep is None:
-            rows = conn.execute("SELECT * FROM submissions ORDER BY id").fetchall()
-        else:
-            rows = conn.execute("SELECT * FROM submissions WHERE sweep = ? ORDER BY id", (sweep,)).fetchall()
-    conn.close()
-    return [_row(r) for r in rows]
+    import sqlite3
+
+    try:
+        with conn:
+            if sweep is None:
+                rows = conn.execute("SELECT * FROM submissions ORDER BY id").fetchall()
+            else:
+                rows = conn.execute("SELECT * FROM submissions WHERE sweep = ? ORDER BY id", (sweep,)).fetchall()
+        out = [_row(r) for r in rows]
+    except (sqlite3.Error, ValueError, TypeError) as e:  # a damaged file, or rows not of our making
+        raise damaged(e) from None
+    finally:
+        conn.close()
+    return out
 
 
 def members(sweep: str) -> list[dict[str, Any]]:

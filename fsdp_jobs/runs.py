@@ -21,9 +21,10 @@ import fcntl
 import json
 import os
 import shutil
+import tempfile
 import time
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, TextIO
 
 import yaml
 
@@ -34,15 +35,35 @@ METRICS_FILE = "metrics.jsonl"
 
 
 def write_atomic(path: Path, text: str) -> None:
-    """Readers never see a half-written file (tmp + rename in the same directory)."""
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+    """Readers never see a half-written file (tmp + rename in the same directory). The temporary file is
+    created exclusively (mkstemp, owner-only): a link planted at a predictable name by whoever else can
+    write the run dir (a container's user) is never written through."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.tmp-")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def open_append(path: Path) -> TextIO:
+    """A log opened for appending that is never a link: a launcher running as root appends to files in a
+    run dir another user can write (a container backend gives it to the containers' user)."""
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+    return os.fdopen(fd, "a")
+
+
+# run dirs, their files and the journal are the owner's alone (README: Security): the CLI sets this umask
+# before it writes anything, and the ranks it starts inherit it
+OWNER_ONLY_UMASK = 0o077
 
 
 def prepare(run_dir: Path, job: dict[str, Any], plan: dict[str, Any]) -> None:
     """Create or refresh a run dir. A config that differs from the saved one is kept in history/."""
     run_dir.mkdir(parents=True, exist_ok=True)
+    run_dir.chmod(0o700)  # also a run dir made by an older version (0755)
     (run_dir / "logs").mkdir(exist_ok=True)
     text = yaml.safe_dump(job, sort_keys=False)
     old = run_dir / JOB_FILE
@@ -82,7 +103,7 @@ def launches(run_dir: Path) -> list[dict[str, Any]]:
     for line in text.splitlines():
         try:
             record = json.loads(line)
-        except json.JSONDecodeError:
+        except ValueError:
             continue
         if isinstance(record, dict) and record.get("backend"):
             out.append(record)
@@ -115,6 +136,22 @@ class RunLock:
         self._file.write(str(os.getpid()))
         self._file.flush()
         return True
+
+    def held_by(self, pid: int) -> bool:
+        """Does process `pid` hold this lock file open (Linux /proc)? The proof that a pid named in
+        launches.jsonl, a file anyone who can write the run dir can edit, is this run's launcher."""
+        target = os.path.realpath(self.path)
+        try:
+            fds = os.listdir(f"/proc/{int(pid)}/fd")
+        except (OSError, ValueError):
+            return False
+        for fd in fds:
+            try:
+                if os.readlink(f"/proc/{int(pid)}/fd/{fd}") == target:
+                    return True
+            except OSError:
+                continue
+        return False
 
     def held(self) -> bool:
         """Is a launcher holding this run right now? Only reads: never creates the lock file."""
@@ -149,10 +186,12 @@ def write_state(run_dir: Path, **fields: Any) -> None:
 
 
 def read_state(run_dir: Path) -> dict[str, Any]:
+    """{} when missing or damaged (not JSON, not an object, not UTF-8): readers treat it as not recorded."""
     try:
-        return json.loads((run_dir / "state.json").read_text())
-    except (OSError, json.JSONDecodeError):
+        state = json.loads((run_dir / "state.json").read_text())
+    except (OSError, ValueError):  # (json's and UTF-8's errors are ValueErrors)
         return {}
+    return state if isinstance(state, dict) else {}
 
 
 STOP_REQUEST_FILE = "stop-request"
@@ -191,9 +230,11 @@ def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
     if not path.exists():
         return []
     out = []
-    for line in path.read_text().splitlines():
+    for line in path.read_text(errors="replace").splitlines():
         try:
-            out.append(json.loads(line))
-        except json.JSONDecodeError:  # a line cut by a kill mid-write
+            record = json.loads(line)
+        except ValueError:  # a line cut by a kill mid-write
             continue
+        if isinstance(record, dict) and isinstance(record.get("step"), int):  # anything else is not ours
+            out.append(record)
     return out

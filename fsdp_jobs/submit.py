@@ -12,6 +12,7 @@ only decide what the members are and how to report them.
 
 from __future__ import annotations
 
+import os
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,7 +20,7 @@ from typing import Any, Optional
 
 import yaml
 
-from fsdp_jobs import journal, runs
+from fsdp_jobs import backends, journal, runs, secret_env
 from fsdp_jobs.errors import UserError
 
 
@@ -36,6 +37,7 @@ class Member:
     backend: Any = None
     dryrun: Any = None
     skip: str = ""  # why it is not submitted (a sweep's completed or still active member)
+    secrets: dict[str, str] = field(default_factory=dict)  # held in memory only (fsdp_jobs/secret_env.py)
 
 
 def plan_member(m: Member, composed: Any, sweep: Optional[str] = None, skip_existing: Any = None) -> None:
@@ -51,7 +53,9 @@ def plan_member(m: Member, composed: Any, sweep: Optional[str] = None, skip_exis
         m.cfg.name, m.job["name"] = m.name, m.name
         m.cfg.run_root = m.job["run_root"] = str(Path(m.cfg.run_root).expanduser() / sweep)
         m.cfg.sweep = m.job["sweep"] = sweep  # backends whose storage is elsewhere (a PVC) keep members apart by it
+    m.secrets, secret_notes = secret_env.take(m.cfg, m.job, backends.secret_store(m.cfg.cluster.backend))
     m.plan = plan_run(m.cfg)  # pure planning, then what the run dir and input files allow
+    m.plan.notes.extend(secret_notes)
     m.name = m.plan.name
     m.backend = launcher.get(m.plan.backend)  # after planning: a bad override never pays for a backend import
     if not m.cfg.dry_run:
@@ -85,7 +89,8 @@ def announce(m: Member) -> None:
 def record(sweep: Optional[str], m: Member, job_id: str) -> None:
     """Into the user's journal; a journal we cannot write only warns: the job is out."""
     try:
-        journal.record(sweep=sweep, member=m.name, overrides=m.overrides, params=m.params, backend=m.backend.name,
+        journal.record(sweep=sweep, member=m.name, overrides=[secret_env.mask(o, m.secrets) for o in m.overrides],
+                       params={k: secret_env.mask(v, m.secrets) for k, v in m.params.items()}, backend=m.backend.name,
                        job_id=job_id, run_dir=m.plan.run_dir, config_hash=runs.job_hash(m.job))
     except Exception as e:  # noqa: BLE001  a journal we cannot write must not hide that the job went out
         print(f"fsdp-jobs: warning: could not record {m.name} in the journal {journal.path()}: {e}", file=sys.stderr)
@@ -106,6 +111,17 @@ def _unwritable(sweep: Optional[str], group: list[Member], e: OSError) -> UserEr
                                                              f"{e.strerror or e}")
 
 
+def pass_secrets(group: list[Member]) -> None:
+    """Into this process's environment, which every backend hands on without writing it (secret_env.py).
+    Members submitted together share one environment, so they must agree on each value."""
+    for m in group:
+        for name, value in m.secrets.items():
+            if group[0].secrets.get(name) != value:
+                raise UserError(f"cluster.env.{name}", secret_env.MASK, f"members {group[0].name} and {m.name} are "
+                                "submitted together (one job array) with different values of this secret")
+        os.environ.update(m.secrets)
+
+
 def submit_group(sweep: Optional[str], group: list[Member]) -> list[tuple[Member, Any]]:
     """Lock, write and submit members that go out together (one backend, one group_key), then record them.
     The locks keep a second launcher off these run dirs; an attached backend holds them while it runs."""
@@ -118,6 +134,7 @@ def submit_group(sweep: Optional[str], group: list[Member]) -> list[tuple[Member
                 runs.prepare(Path(m.plan.run_dir), m.job, m.plan.to_dict())
         except OSError as e:  # an unwritable run_root
             raise _unwritable(sweep, group, e) from None
+        pass_secrets(group)
         if sweep is None:  # a single run: the backend reports its submission itself
             announce(group[0])
             submitted = [group[0].backend.submit(group[0].dryrun)]

@@ -23,6 +23,7 @@ from typing import Any, Optional
 
 from fsdp_jobs import runs
 from fsdp_jobs.errors import UserError, die
+from fsdp_jobs.input_rules import check_name
 from fsdp_jobs.submit import Member, plan_member, print_notes, render_dry_run, submit_group
 
 SWEEP_FLAGS = ("-m", "--multirun")
@@ -95,8 +96,10 @@ def _short_hash(text: str) -> str:
 
 
 def _clean(text: str) -> str:
-    text = re.sub(r"[^A-Za-z0-9._+\-=,:\[\]]", "_", text)
-    return "_" + text[1:] if text.startswith(".") else text
+    """A member name in the alphabet every name keeps to (fsdp_jobs/input_rules.py NAME_RE): no ':' (it
+    would split PYTHONPATH and a container volume spec), no brackets."""
+    text = re.sub(r"[^A-Za-z0-9._+\-=,@]", "_", text)
+    return "_" + text[1:] if text[:1] in (".", "-", "+", "=", ",", "@") else text
 
 
 def member_names(params: list[dict[str, str]]) -> list[str]:
@@ -155,8 +158,7 @@ def prepare_members(overrides: list[str]) -> tuple[str, list[Member]]:
 
     combos = expand(overrides)
     sid = sweep_id(overrides, combos)
-    if not sid or "/" in sid or sid.startswith("."):  # it is the sweep's directory under run_root
-        raise UserError("name", sid, "must be a plain directory name (no '/', not starting with '.')")
+    check_name("name", sid)  # it is the sweep's directory under run_root, and a job name
     names = member_names([p for _, p in combos])
     lists = [[o for o in member_overrides if o.split("=", 1)[0] != "name"] for member_overrides, _ in combos]
     members = [Member(name, member_overrides, params)

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import os.path
 from pathlib import Path
 from typing import Any, Optional
 
 from fsdp_jobs import runs
+from fsdp_jobs.secret_env import MASK
 
 
 def torchrun_args(plan: Any, endpoint: str, stop_grace_s: int) -> list[str]:
@@ -37,7 +39,8 @@ def runtime_env(cfg: Any) -> dict[str, str]:
         env["FSDP_JOBS_STOP_SIGNAL"] = str(cfg.cluster.signal)  # the ranks checkpoint and stop on it
     if cfg.cluster.device == "cpu":
         env["OMP_NUM_THREADS"] = "1"  # several ranks share the cores; torchrun would set 1 anyway
-    env.update({str(k): str(v) for k, v in cfg.cluster.env.items()})
+    # a masked secret is not a value: it reaches the ranks from the submitting process's environment
+    env.update({str(k): str(v) for k, v in cfg.cluster.env.items() if v != MASK})
     return env
 
 
@@ -112,3 +115,14 @@ def settle_user_state(job: Any, run_dir: Path, rc: int) -> str:
         runs.write_state(run_dir, status="completed", step=state.get("step"), reason="the script exited 0")
         return "completed"
     return status
+
+
+# host paths that hand a container the machine, and container paths that would replace its system
+SYSTEM_PATHS = ("/etc", "/usr", "/bin", "/sbin", "/lib", "/lib64", "/boot", "/dev", "/proc", "/sys", "/root",
+                "/var/run", "/run", "/var/lib/docker", "/var/lib/kubelet")
+
+
+def system_path(path: str) -> bool:
+    """/, a system directory or anything under one, or a socket (the container engine's)."""
+    p = os.path.normpath(path)
+    return p == "/" or p.endswith(".sock") or any(p == s or p.startswith(s + "/") for s in SYSTEM_PATHS)

@@ -37,7 +37,7 @@ class LogSink:
 
     def __init__(self, path: Path, echo: bool) -> None:
         self.path, self.echo, self.lock = path, echo, threading.Lock()
-        self.file = open(path, "a")
+        self.file = runs.open_append(path)
 
     def write(self, line: str) -> None:
         with self.lock:

@@ -30,6 +30,7 @@ from typing import Any, Optional
 import yaml
 
 from fsdp_jobs import runs
+from fsdp_jobs.secret_env import passed_names
 from fsdp_jobs.errors import UserError
 from launchers.base import Backend, DryRun, JobState, JobStatus, Run, Submitted, state_from_training
 from launchers.common import (NODE_WRAPPER, begin_user_attempt, python_path, rank_entry, rank_env, runtime_env,
@@ -65,6 +66,22 @@ def project_name(run_dir: Path) -> str:
     return f"fsdpjobs-{base}-{hashlib.sha1(str(run_dir).encode()).hexdigest()[:8]}"
 
 
+def own_project(run: Run) -> str:
+    """The run's compose project, proven: launches.jsonl (a file the containers' user can edit) names it,
+    but only containers labelled with this run dir (compose_spec sets the label) are taken as the run's."""
+    project = str(run.launch.get("project", ""))
+    if not re.fullmatch(r"fsdpjobs-[a-z0-9_-]+-[0-9a-f]{8}", project):
+        raise UserError("RUN", run.run_dir.name, f"{run.run_dir / runs.LAUNCHES_FILE} names compose project "
+                                                 f"{project!r}, which fsdp-jobs never makes; nothing was touched")
+    mine = str(run.run_dir.resolve())
+    for name, c in containers(project).items():
+        label = (c.get("Config", {}).get("Labels") or {}).get(LABEL, "")
+        if not label or str(Path(label).resolve()) != mine:
+            raise UserError("RUN", run.run_dir.name, f"container {name} of project {project} belongs to "
+                                                     f"{label or 'no run'}, not to this run; nothing was touched")
+    return project
+
+
 # ------------------------------------------------------------------------------------ the request
 def compose_spec(plan: Any, cfg: Any, code_dir: Path, user_dir: Optional[Path] = None) -> dict[str, Any]:
     """The compose file: one service per node on one private bridge network."""
@@ -81,7 +98,9 @@ def compose_spec(plan: Any, cfg: Any, code_dir: Path, user_dir: Optional[Path] =
         env = {**runtime_env(cfg), **rank_env(cfg, run_dir, user_code), "FSDP_JOBS_NODE": f"node{i}",
                # the job imports the code frozen at launch; `-m` must not put the cwd before it
                "PYTHONPATH": python_path(cfg, user_code, str(code_dir)), "PYTHONSAFEPATH": "1", "HOME": "/tmp",
-               "USER": f"uid{user.split(':')[0]}"}
+               "USER": f"uid{user.split(':')[0]}",
+               # secrets: named without a value, compose passes its own environment's (fsdp_jobs/secret_env.py)
+               **{name: None for name in passed_names(cfg)}}
         service: dict[str, Any] = {
             "image": SKEL_IMAGE if c.image == "auto" else c.image,
             "hostname": f"node{i}",
@@ -96,6 +115,9 @@ def compose_spec(plan: Any, cfg: Any, code_dir: Path, user_dir: Optional[Path] =
             # docker stop / Ctrl-C: torchrun's grace for the ranks' checkpoint, then ours
             "stop_grace_period": f"{c.stop_grace_s + 15}s",
             "labels": {LABEL: run_dir, "fsdp-jobs.node": str(i)},
+            # training needs no capability and no setuid: a compromised rank stays that user
+            "cap_drop": ["ALL"],
+            "security_opt": ["no-new-privileges:true"],
         }
         if c.cpus:
             service["cpus"] = float(c.cpus)
@@ -181,10 +203,11 @@ class DockerBackend(Backend[DockerRequest]):
         begin_user_attempt(cfg, run_dir)
         runs.write_atomic(Path(req.file), yaml.safe_dump(req.compose, sort_keys=False))
         runs.clear_stop_request(run_dir)
-        runs.record_launch(run_dir, backend="docker", job_id=req.project, project=req.project,
-                           file=req.file, nodes=plan.nodes, gpus_per_node=plan.gpus_per_node,
-                           user=container_user(cfg), detach=bool(cfg.cluster.detach), down=req.commands[1],
-                           grace=cfg.cluster.stop_grace_s + 15, **code)
+        launch = dict(backend="docker", job_id=req.project, project=req.project, file=req.file, nodes=plan.nodes,
+                      gpus_per_node=plan.gpus_per_node, user=container_user(cfg), detach=bool(cfg.cluster.detach),
+                      down=req.commands[1], grace=cfg.cluster.stop_grace_s + 15, **code)
+        runs.record_launch(run_dir, **launch)
+        job = runs.load_job(run_dir)  # as submit wrote it, before any container could touch the run dir
         (run_dir / RESULT_FILE).unlink(missing_ok=True)
         give_to(run_dir, container_user(cfg))
         up = subprocess.run(req.commands[0], capture_output=True, text=True, timeout=300)
@@ -193,17 +216,17 @@ class DockerBackend(Backend[DockerRequest]):
             lines = [ln for ln in up.stderr.strip().splitlines() if ln.strip()] or ["(no output)"]
             raise UserError("cluster", "docker", f"docker compose up failed: {lines[-1][:300]}")
         if cfg.cluster.detach:
-            pid = docker_supervisor.start_detached(run_dir)
+            pid = docker_supervisor.start_detached(run_dir, launch, job)
             print(f"started {plan.nodes} containers (compose project {req.project}): {plan.name}\n"
                   f"  run dir:  {run_dir}\n"
                   f"  follow:   fsdp-jobs logs {plan.name} -f    status: fsdp-jobs status {plan.name}\n"
                   f"  cancel:   fsdp-jobs cancel {plan.name}     (supervisor pid {pid} removes the "
                   f"containers when the job ends)", flush=True)
             return Submitted(req.project)
-        return Submitted(req.project, docker_supervisor.supervise(run_dir, echo=True))
+        return Submitted(req.project, docker_supervisor.supervise(run_dir, launch, job, echo=True))
 
     def describe(self, run: Run) -> JobStatus:
-        project = str(run.launch.get("project", ""))
+        project = own_project(run)
         result = read_result(run.run_dir)
         if result is not None and result.get("project") == project:
             state = state_from_training(run.run_dir) if result["exit_status"] == 0 else (
@@ -221,7 +244,7 @@ class DockerBackend(Backend[DockerRequest]):
                          {"containers": nodes})
 
     def cancel(self, run: Run) -> str:
-        project = str(run.launch.get("project", ""))
+        project = own_project(run)
         found = containers(project)
         if not found:
             return f"{run.run_dir.name} is not running (no containers of project {project})"
@@ -234,7 +257,7 @@ class DockerBackend(Backend[DockerRequest]):
         return f"stopped {len(found)} containers of {run.run_dir.name} (project {project}); the ranks checkpointed"
 
     def chaos(self, run: Run, action: str, node: int) -> str:
-        found = containers(str(run.launch.get("project", "")))
+        found = containers(own_project(run))
         c = found.get(f"node{node}")
         if c is None or c["State"]["Status"] != "running":
             raise UserError("node", node, f"no running container for node{node}; nodes: "

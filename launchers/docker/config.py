@@ -8,6 +8,7 @@ from typing import Any, List, Optional
 
 from fsdp_jobs.cluster_config import ClusterConfig, choice, positive, register_cluster_schema
 from fsdp_jobs.errors import UserError
+from launchers.common import system_path
 
 NAME = "docker"
 HOST_FILES = True  # the job's processes see this machine's files (data.path is checked here at plan time)
@@ -35,6 +36,9 @@ class DockerClusterConfig(ClusterConfig):
     compose: str = "auto"  # auto (docker compose v2 if present, else docker-compose v1), or a command
     snapshot_code: bool = True  # run from a copy of the code taken at launch (restarts too)
     rdzv_port: Optional[int] = None  # None = 29400 (each job has its own network, so no clash)
+    # the containers never run as root nor see the host's system directories or the Docker socket
+    # (root in a container with the socket is root on the host); true lifts both refusals
+    allow_root: bool = False
 
 
 SCHEMA = DockerClusterConfig
@@ -52,6 +56,17 @@ def validate(cl: Any) -> None:
         raise UserError("cluster.user", cl.user, "must be UID:GID (numbers), or null for the invoking user")
     if not re.fullmatch(r"\d+[bkmg]?", str(cl.shm_size).lower()):
         raise UserError("cluster.shm_size", cl.shm_size, "must be a size such as 2g, 512m")
+    if cl.mem is not None and not re.fullmatch(r"\d+[bkmg]?", str(cl.mem).lower()):
+        raise UserError("cluster.mem", cl.mem, "must be a size such as 16g, 512m, or null for no limit")
+    if cl.user is not None and str(cl.user).split(":")[0] == "0" and not cl.allow_root:
+        raise UserError("cluster.user", cl.user, "uid 0 is root: the containers run as a user (null = the "
+                                                 "invoking one); cluster.allow_root=true if you really mean it")
     for m in cl.mounts:
         if not re.fullmatch(r"/[^:]*:/[^:]*(:ro|:rw)?", str(m)):
             raise UserError("cluster.mounts", m, "each mount is /host/path:/container/path[:ro]")
+        src, dst = str(m).split(":")[:2]
+        for side, path in (("host", src), ("container", dst)):
+            if system_path(path) and not cl.allow_root:
+                raise UserError("cluster.mounts", m, f"the {side} path {path} is the system's (/, /etc, /usr, /proc, "
+                                                     "/sys, /dev, /boot, /root, the Docker socket ...): mount your data "
+                                                     "directories; cluster.allow_root=true if you really mean it")

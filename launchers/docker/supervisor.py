@@ -106,11 +106,11 @@ class ContainerNode(Node):
             self.follower.join(timeout)
 
 
-def supervise(run_dir: Path, echo: bool = False) -> int:
-    """Until every container has ended for good; then record, clean up, and return the job's status."""
-    launch = runs.last_launch(run_dir)
+def supervise(run_dir: Path, launch: dict[str, Any], job: dict[str, Any], echo: bool = False) -> int:
+    """Until every container has ended for good; then record, clean up, and return the job's status.
+    `launch` (project, user, the `down` command) and `job` come from the submitting process, in memory:
+    never read back from the run dir, which the containers' user can rewrite while this runs as root."""
     project, user = launch["project"], launch["user"]
-    job = runs.load_job(run_dir)
     log_path = run_dir / "logs" / "launcher.log"
     sink = LogSink(log_path, echo)
     give_to(log_path, user)
@@ -145,15 +145,20 @@ def remove_containers(launch: dict[str, Any], sink: LogSink) -> None:
         sink.write(f"fsdp-jobs: could not remove the containers: {down.stderr.strip()[-300:]}")
 
 
-def start_detached(run_dir: Path) -> int:
-    """The supervisor in its own session, outliving this command; its own output goes to a file."""
-    out = open(run_dir / "logs" / "supervisor.log", "a")
-    give_to(run_dir / "logs" / "supervisor.log", runs.last_launch(run_dir)["user"])
+def start_detached(run_dir: Path, launch: dict[str, Any], job: dict[str, Any]) -> int:
+    """The supervisor in its own session, outliving this command; its own output goes to a file. What it
+    acts on travels through its stdin, not through a file."""
+    out = runs.open_append(run_dir / "logs" / "supervisor.log")
+    give_to(run_dir / "logs" / "supervisor.log", launch["user"])
     p = subprocess.Popen([sys.executable, "-m", "launchers.docker.supervisor", str(run_dir)], stdout=out,
-                         stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+                         stderr=subprocess.STDOUT, stdin=subprocess.PIPE, start_new_session=True, text=True)
+    assert p.stdin is not None
+    p.stdin.write(json.dumps({"launch": launch, "job": job}))
+    p.stdin.close()
     out.close()
     return p.pid
 
 
 if __name__ == "__main__":
-    sys.exit(supervise(Path(sys.argv[1])))
+    given = json.loads(sys.stdin.read())
+    sys.exit(supervise(Path(sys.argv[1]), given["launch"], given["job"]))

@@ -8,8 +8,11 @@ from typing import Any, Dict, Optional
 
 from fsdp_jobs.cluster_config import ClusterConfig, choice, positive, register_cluster_schema
 from fsdp_jobs.errors import UserError
+from launchers.common import system_path
 
 NAME = "kubernetes"
+# cluster.secret_env names Kubernetes Secrets, which the pods read (fsdp_jobs/secret_env.py asks this)
+SECRET_STORE = "put it in a Kubernetes Secret and use cluster.secret_env.{name}=SECRET_NAME/KEY"
 HOST_FILES = False  # the pods read data.path from the PVC, not this machine's files
 
 
@@ -66,8 +69,9 @@ def validate(cl: Any) -> None:
         if not isinstance(value, str) or not re.fullmatch(_DNS_LABEL, value):
             raise UserError(f"cluster.{key}", value, "must be a Kubernetes name: lowercase letters, digits and "
                             "'-', starting and ending with a letter or digit, at most 63 characters")
-    if not str(cl.mount_path).startswith("/") or str(cl.mount_path).rstrip("/") == "":
-        raise UserError("cluster.mount_path", cl.mount_path, "must be an absolute path other than /, e.g. /runs")
+    if not str(cl.mount_path).startswith("/") or system_path(str(cl.mount_path)):
+        raise UserError("cluster.mount_path", cl.mount_path, "must be an absolute path outside the system's "
+                                                             "directories (/, /etc, /usr, /proc ...), e.g. /runs")
     for key in ("cpu", "memory_gb"):
         if cl[key] is not None and not cl[key] > 0:
             raise UserError(f"cluster.{key}", cl[key], "must be > 0, or null for the per-rank default")

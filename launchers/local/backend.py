@@ -155,7 +155,11 @@ class LocalBackend(Backend[LocalRequest]):
     def cancel(self, run: Run) -> str:
         if not runs.RunLock(run.run_dir).held():
             return f"{run.run_dir.name} is not running"
-        pid = int(run.launch["pid"])
+        lock, pid = runs.RunLock(run.run_dir), run.launch.get("pid")
+        if not isinstance(pid, int) or not lock.held_by(pid):
+            raise UserError("RUN", run.run_dir.name, f"{run.run_dir / runs.LAUNCHES_FILE} names pid {pid!r}, which "
+                                                     f"does not hold the run's lock {lock.path}: not this run's "
+                                                     "launcher, so nothing was signalled")
         os.kill(pid, signal.SIGTERM)  # the launcher stops the agents it started; the ranks checkpoint
         return f"asked local launcher pid {pid} to stop ({run.run_dir.name})"
 

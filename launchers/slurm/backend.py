@@ -205,6 +205,8 @@ class SlurmBackend(Backend[SlurmRequest]):
 
     def describe(self, run: Run) -> JobStatus:
         job_id = str(run.launch.get("job_id", ""))
+        if job_id:
+            job_id_shape(run, job_id)
         state, detail = slurm_state(job_id) if job_id else ("UNKNOWN", "UNKNOWN (no job id recorded)")
         return JobStatus(common_state(state), detail, {"job_id": job_id, "slurm_state": detail})
 
@@ -213,11 +215,33 @@ class SlurmBackend(Backend[SlurmRequest]):
         return sorted(Path(folder).glob("*_log.out")) if folder else []
 
     def cancel(self, run: Run) -> str:
-        job_id = run.launch.get("job_id")
-        r = subprocess.run(["scancel", str(job_id)], capture_output=True, text=True, timeout=60)
+        job_id = own_job_id(run)
+        r = subprocess.run(["scancel", job_id], capture_output=True, text=True, timeout=60)
         if r.returncode:
             raise UserError("RUN", run.run_dir.name, f"scancel {job_id} failed: {r.stderr.strip()[:200]}")
         return f"cancelled SLURM job {job_id} ({run.run_dir.name})"
+
+
+def job_id_shape(run: Run, job_id: str) -> str:
+    """A SLURM job id (an array element's too), or a one-line refusal: launches.jsonl is a file in the
+    run dir, and a value such as `-u root` must never reach squeue or scancel as an option."""
+    if not re.fullmatch(r"\d+(_\d+)?", job_id):
+        raise UserError("RUN", run.run_dir.name, f"{run.run_dir / runs.LAUNCHES_FILE} names job id {job_id!r}, "
+                                                 "which is not a SLURM job id; nothing was sent to SLURM")
+    return job_id
+
+
+def own_job_id(run: Run) -> str:
+    """The run's job id, proven to be this run's job: SLURM itself says the job writes its output into
+    this run dir (a single run's) or its sweep dir (an array's shared folder)."""
+    job_id = job_id_shape(run, str(run.launch.get("job_id", "")))
+    shown = _sh("scontrol", "show", "job", "-o", job_id)
+    out = re.search(r"\bStdOut=(\S+)", shown)
+    run_dir = run.run_dir.resolve()
+    if out and not any(Path(out.group(1)).resolve().is_relative_to(d) for d in (run_dir, run_dir.parent)):
+        raise UserError("RUN", run.run_dir.name, f"SLURM job {job_id} writes to {out.group(1)}, not into this run dir: "
+                                                 "it is not this run's job; nothing was cancelled")
+    return job_id
 
 
 def _snapshot(dryrun: DryRun[SlurmRequest]) -> dict[str, str]:

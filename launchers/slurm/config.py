@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
 from fsdp_jobs.cluster_config import ClusterConfig, choice, positive, register_cluster_schema
+from fsdp_jobs.errors import UserError
+from fsdp_jobs.input_rules import check_name
 
 NAME = "slurm"
 HOST_FILES = True  # the job's processes see this machine's files (data.path is checked here at plan time)
@@ -52,3 +55,32 @@ def validate(cl: Any) -> None:
     # TERM/INT/HUP are torchrun's own stop signals and USR1 is NCCL's: they cannot carry a requeue
     choice("cluster.signal", cl.signal, ("USR2", "URG"))
     choice("cluster.gpus", str(cl.gpus).lower(), ("auto", "true", "false"))
+    # each lands on an #SBATCH line: sbatch's own alphabets, so nothing else can ride along
+    for key, pattern, allowed in _SBATCH_VALUES:
+        value = cl[key]
+        if value is not None and not re.fullmatch(pattern, str(value)):
+            raise UserError(f"cluster.{key}", value, allowed)
+    if cl.job_name is not None:
+        check_name("cluster.job_name", cl.job_name)
+    for key in cl.sbatch:
+        if not re.fullmatch(r"[a-z][a-z0-9-]*", str(key)) or str(key) in _SBATCH_OURS:
+            raise UserError(f"cluster.sbatch.{key}", cl.sbatch[key],
+                            "must be a long sbatch option name (e.g. reservation, comment), not one fsdp-jobs sets "
+                            f"itself ({', '.join(_SBATCH_OURS)}: use their cluster.* keys)")
+
+
+_NAMES = r"[A-Za-z0-9_][A-Za-z0-9._-]*"
+_SBATCH_VALUES = (
+    ("partition", rf"{_NAMES}(,{_NAMES})*", "must be a partition name (or a comma list of them), or null for the "
+                                            "cluster's default"),
+    ("account", _NAMES, "must be an account name (letters, digits, . _ -), or null"),
+    ("qos", _NAMES, "must be a QOS name (letters, digits, . _ -), or null"),
+    ("constraint", r"[A-Za-z0-9_.&|,*\[\]():!-]+", "must be a feature expression such as h100&ib, or null"),
+    ("mem", r"(?i)\d+[KMGT]?", "must be an sbatch size: a number with an optional K, M, G or T suffix "
+                               "(0 = all of the node's memory), or null"),
+    ("gres", r"[A-Za-z0-9_.:,=-]+", "must be a GRES spec such as gpu:h100:8, or null"),
+)
+# what the rendered script already sets (launchers/slurm/backend.py sbatch_parameters): a second line
+# would silently fight the first
+_SBATCH_OURS = ("job-name", "output", "error", "nodes", "ntasks-per-node", "requeue", "signal", "open-mode",
+                "wrap", "chdir", "export")
