@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from fsdp_jobs import journal, report, runs
-from fsdp_jobs.errors import UserError, die
+from fsdp_jobs.errors import OneLineParser, UserError, die
 from fsdp_jobs.checkpoints import newest_checkpoint
 
 COMMANDS = ("list", "status", "logs", "cancel", "chaos", "compare", "plot")
@@ -121,7 +121,7 @@ def cancel_sweep(members: list[dict[str, Any]]) -> list[str]:
 def main(argv: Optional[list[str]] = None) -> int:
     from fsdp_jobs.status import Run
 
-    p = argparse.ArgumentParser(prog="fsdp-jobs", description="Follow and control submitted runs.")
+    p = OneLineParser(prog="fsdp-jobs", description="Follow and control submitted runs.")
     sub = p.add_subparsers(dest="cmd", required=True)
     parsers = {"list": sub.add_parser("list", help="runs under the run root, with their state")}
     for name in ("status", "cancel", "logs", "chaos"):

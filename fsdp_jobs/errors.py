@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import sys
 from typing import Any, NoReturn
 
@@ -27,3 +28,11 @@ def die(error: UserError | str) -> NoReturn:
     text = str(error).replace("\n", " ").strip()
     print(f"fsdp-jobs: error: {text}", file=sys.stderr)
     raise SystemExit(USAGE_EXIT)
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line and exit 2 like every other refusal (argparse prints the
+    usage block first)."""
+
+    def error(self, message: str) -> NoReturn:
+        die(UserError("", None, f"{self.prog}: {message} (try --help)"))

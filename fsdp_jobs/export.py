@@ -7,14 +7,13 @@
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 from pathlib import Path
 from typing import Any, Optional
 
 from fsdp_jobs import checkpoints
-from fsdp_jobs.errors import UserError, die
+from fsdp_jobs.errors import OneLineParser, UserError, die
 from fsdp_jobs.plan import DTYPE_BYTES
 
 
@@ -37,13 +36,18 @@ def export(ckpt: Path, out: Path, dtype: Optional[str] = None, hf_model: Optiona
     write its weights."""
     import torch
 
+    from torch.distributed.checkpoint.api import CheckpointException
+
     from fsdp_jobs.consolidate import read_model_state
 
     try:
         model_sd = read_model_state(ckpt)
-    except Exception as e:  # noqa: BLE001  DCP's reader fails in many ways on a damaged .metadata or shard
-        raise UserError("checkpoint", str(ckpt), f"cannot be read ({type(e).__name__}: {str(e)[:200]}); it is "
-                                                 "damaged: export another step with --step N") from None
+    # DCP's reader fails in many ways on a damaged .metadata or shard (CheckpointException is a BaseException)
+    except (Exception, CheckpointException) as e:  # noqa: BLE001
+        why = [ln.strip() for ln in str(e).splitlines() if ln.strip()][-1:] or [type(e).__name__]  # DCP's
+        # exception text holds each rank's traceback: its last line is the cause
+        raise UserError("checkpoint", str(ckpt), f"cannot be read ({why[0][:200]}); it is damaged: export another "
+                                                 "step with --step N") from None
     out.parent.mkdir(parents=True, exist_ok=True)  # only once there is something to write
     if dtype:
         model_sd = {k: v.to(getattr(torch, dtype)) if v.is_floating_point() else v for k, v in model_sd.items()}
@@ -95,7 +99,7 @@ def hf_export_model(run_dir: Path) -> dict[str, Any]:
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m fsdp_jobs.export", description=__doc__.splitlines()[0])
+    p = OneLineParser(prog="python -m fsdp_jobs.export", description=__doc__.splitlines()[0])
     p.add_argument("path", help="a run dir (its newest complete checkpoint) or one checkpoint dir")
     p.add_argument("--step", type=int, help="export checkpoint step-N instead of the newest")
     p.add_argument("-o", "--output", help="output file (default: RUN_DIR/export/model-step-N.pt); never overwritten")

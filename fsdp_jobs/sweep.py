@@ -163,7 +163,11 @@ def prepare_members(overrides: list[str]) -> tuple[str, list[Member]]:
     lists = [[o for o in member_overrides if o.split("=", 1)[0] != "name"] for member_overrides, _ in combos]
     members = [Member(name, member_overrides, params)
                for name, member_overrides, (_, params) in zip(names, lists, combos)]
-    for i, (m, composed) in enumerate(zip(members, compose_many(lists))):
+    composed_all = compose_many(lists)
+    for i, (m, composed) in enumerate(zip(members, composed_all)):  # every member's config before any backend
+        if isinstance(composed, UserError):
+            raise UserError("", None, f"sweep {sid}, member {i + 1} of {len(combos)} ({m.name}): {composed}")
+    for i, (m, composed) in enumerate(zip(members, composed_all)):
         try:
             plan_member(m, composed, sweep=sid, skip_existing=_existing)
         except UserError as e:

@@ -67,7 +67,8 @@ def run(argv: list[str], environ: Optional[dict[str, str]] = None) -> int:
     env = agent_env(environ, run_dir, node)
     Path(env["TORCHELASTIC_ERROR_FILE"]).parent.mkdir(parents=True, exist_ok=True)
     Path(env["TORCHELASTIC_ERROR_FILE"]).unlink(missing_ok=True)  # an earlier attempt's is not this one's
-    agent = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", *argv], cwd=run_dir, env=env)
+    # torchrun itself, its stores kept on loopback when the rendezvous host is (launchers/agent.py)
+    agent = subprocess.Popen([sys.executable, "-m", "launchers.agent", *argv], cwd=run_dir, env=env)
 
     def forward(signum: int, _frame: Any) -> None:
         if agent.poll() is None:

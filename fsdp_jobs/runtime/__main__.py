@@ -14,6 +14,9 @@ def main() -> None:
     from fsdp_jobs.runtime.signals import StopFlag
 
     stop = StopFlag()  # first, before the slow torch import: a stop signal may come any moment
+    from fsdp_jobs.runtime.loopback_store import install
+
+    install()  # before any store: rank 0's own listens on loopback when the job's host is loopback
     from torch.distributed.elastic.multiprocessing.errors import record
 
     from fsdp_jobs.runtime.train import shutdown, train

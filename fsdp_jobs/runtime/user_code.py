@@ -35,6 +35,10 @@ def run(argv: list[str]) -> None:
 def main() -> None:
     from torch.distributed.elastic.multiprocessing.errors import record
 
+    from fsdp_jobs.runtime.loopback_store import install
+
+    install()  # the script's init_process_group: rank 0's store on loopback when the job's host is loopback
+
     record(run)(sys.argv[1:])
 
 

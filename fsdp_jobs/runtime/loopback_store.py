@@ -1,0 +1,74 @@
+"""The c10d store on loopback when its host is loopback.
+
+torch's TCPStore server listens on every interface: it binds the wildcard address and takes no bind
+address, even when the job's rendezvous host is 127.0.0.1. Anyone who can reach the machine can then
+talk to it, and torch unpickles the rendezvous state it reads from that store (README: Security). For a
+loopback host, `install()` makes every store server this process starts bind its listening socket to
+that address first and hand it over (TCPStore's `master_listen_fd`); any other host is left as torch does
+it. Installed in the torchrun agent (launchers/agent.py) and in every rank's entry point, before torch
+creates a store: the agent's rendezvous store, the workers' store and a rank's own are all covered.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import socket
+import sys
+from typing import Any, Optional
+
+import torch.distributed as dist
+
+_ARGS = ("host_name", "port", "world_size", "is_master", "timeout", "wait_for_workers", "multi_tenant",
+         "master_listen_fd", "use_libuv")
+_ORIGINAL = dist.TCPStore
+
+
+def loopback_address(host: str) -> Optional[tuple[int, str]]:
+    """(family, address) when `host` names this machine's loopback (127.x, ::1, localhost), else None."""
+    try:
+        infos = socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
+    except (OSError, UnicodeError):
+        return None
+    for family, _, _, _, addr in infos:
+        try:
+            if ipaddress.ip_address(addr[0]).is_loopback:
+                return family, str(addr[0])
+        except ValueError:
+            continue
+    return None
+
+
+def _listening_socket(host: str, port: int) -> Optional[socket.socket]:
+    where = loopback_address(host)
+    if where is None:
+        return None
+    sock = socket.socket(where[0], socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the store's own socket does
+        sock.bind((where[1], port))
+        sock.listen(socket.SOMAXCONN)
+    except OSError:  # the port is taken (a multi-tenant server already has it): let torch say so its way
+        sock.close()
+        return None
+    return sock
+
+
+class LoopbackTCPStore(_ORIGINAL):  # type: ignore[misc, valid-type]
+    """A TCPStore whose server, for a loopback host, listens on that address only."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kw = {**dict(zip(_ARGS, args)), **kwargs}
+        if kw.get("is_master") and kw.get("master_listen_fd") is None:
+            sock = _listening_socket(str(kw["host_name"]), int(kw.get("port") or 0))
+            if sock is not None:
+                kw["port"] = sock.getsockname()[1]
+                kw["master_listen_fd"] = sock.detach()  # the store owns it from here
+        super().__init__(**kw)
+
+
+def install() -> None:
+    """Every `TCPStore` name torch's modules hold, now and in modules imported later, becomes LoopbackTCPStore."""
+    dist.TCPStore = LoopbackTCPStore
+    for name, module in list(sys.modules.items()):
+        if name.startswith("torch.distributed") and getattr(module, "TCPStore", None) is _ORIGINAL:
+            module.TCPStore = LoopbackTCPStore
