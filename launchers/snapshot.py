@@ -14,6 +14,14 @@ PROJECT_ROOT = Path(fsdp_jobs.__file__).resolve().parent.parent
 CODE_DIRS = ("fsdp_jobs", "launchers", "conf")
 
 
+def owner_only(tree: Path) -> None:
+    """A copy keeps its source's modes (0644, 0755); in a run dir everything is the owner's alone
+    (README: Security), whatever the checkout's modes."""
+    for p in [tree, *tree.rglob("*")]:
+        if not p.is_symlink():
+            p.chmod(p.stat().st_mode & 0o700)
+
+
 def next_snapshot_dir(run_dir: Path) -> Path:
     """run_dir/code/NNN: deterministic, so a dry run names the same path the submission will use."""
     existing = [int(p.name) for p in (run_dir / "code").glob("[0-9][0-9][0-9]") if p.is_dir()]
@@ -39,6 +47,7 @@ def take_snapshot(dest: Path) -> dict[str, str]:
     (tmp / "GIT_COMMIT").write_text((commit or "not a git checkout") + "\n")
     (tmp / "uncommitted.diff").write_text(_git("diff", "HEAD", "--", *CODE_DIRS))
     (tmp / "SOURCE").write_text(str(PROJECT_ROOT) + "\n")
+    owner_only(tmp)
     tmp.rename(dest)
     return {"code": str(dest), "git_commit": commit}
 
@@ -72,6 +81,7 @@ def take_user_code(cfg: Any, dest: Path) -> None:
             target = tmp / f.relative_to(base)
             target.parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(f, target)
+    owner_only(tmp)
     tmp.rename(dest)
 
 

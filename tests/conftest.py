@@ -131,3 +131,41 @@ def pytest_collection_modifyitems(config, items):
         tier = Path(str(item.fspath)).parent.name
         if tier in TIER_TIMEOUT_S and item.get_closest_marker("timeout") is None:
             item.add_marker(pytest.mark.timeout(TIER_TIMEOUT_S[tier]))
+
+
+# ------------------------------------------------------------------ secrets (README: Security)
+SECRET_SCRIPT = REPO / "tests" / "scripts" / "env_probe.py"
+
+
+def secret_job(tmp_path: Path) -> tuple[list[str], dict[str, str], list[str]]:
+    """Overrides and environment passing three secrets every way a user can (a secret-looking cluster.env
+    entry, cluster.secret_env from the environment and from a file), and the values, to look for later.
+    The job runs tests/scripts/env_probe.py, which checks each rank got each value."""
+    import hashlib
+    import secrets
+
+    values = {name: f"s3cr3t-{name.lower()}-{secrets.token_hex(8)}" for name in ("HF_TOKEN", "MY_API_KEY", "DB_PASSWORD")}
+    pw = tmp_path / "db-password"
+    pw.write_text(values["DB_PASSWORD"] + "\n")
+    probe = ",".join(f"'{k}={hashlib.sha256(v.encode()).hexdigest()}'" for k, v in values.items())
+    overrides = [f"script={SECRET_SCRIPT}", f"script_args=[{probe}]", f"+cluster.env.HF_TOKEN={values['HF_TOKEN']}",
+                 "+cluster.secret_env.MY_API_KEY=env:SOURCE_OF_MY_API_KEY", f"+cluster.secret_env.DB_PASSWORD=file:{pw}"]
+    return overrides, {"SOURCE_OF_MY_API_KEY": values["MY_API_KEY"]}, list(values.values())
+
+
+def assert_no_secret_anywhere(values: list[str], roots: list[Path], printed: str) -> None:
+    """No value in any file under the roots (names included) nor in what the commands printed."""
+    for value in values:
+        assert value not in printed, "a secret was printed"
+        for root in roots:
+            for p in root.rglob("*"):
+                assert value not in str(p), f"a secret in a file name: {p}"
+                if p.is_file() and not p.is_symlink():
+                    assert value.encode() not in p.read_bytes(), f"a secret in {p}"
+
+
+def assert_owner_only(run_dir: Path) -> None:
+    """The run dir, and everything the launcher and the ranks wrote in it, are the owner's alone."""
+    assert run_dir.stat().st_mode & 0o077 == 0, oct(run_dir.stat().st_mode)
+    loose = [str(p) for p in run_dir.rglob("*") if not p.is_symlink() and p.stat().st_mode & 0o077]
+    assert not loose, loose[:10]
