@@ -26,6 +26,7 @@ from typing import Any, Optional
 
 RUN_DIR_ENV = "FSDP_JOBS_RUN_DIR"
 NODE_ENV = "FSDP_JOBS_NODE"
+OWNER_ONLY_UMASK = 0o077  # fsdp_jobs/runs.py's; this wrapper imports nothing of the project before it runs
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
 
@@ -64,6 +65,9 @@ def run(argv: list[str], environ: Optional[dict[str, str]] = None) -> int:
         print("usage: FSDP_JOBS_RUN_DIR=RUN_DIR python -m launchers.node TORCHRUN_FLAGS... ENTRY...", file=sys.stderr)
         return 2
     node = environ.get(NODE_ENV) or socket.gethostname()
+    # what the agent and the ranks write (checkpoints, logs, bytecode) is the owner's alone, as the
+    # launcher's is, whatever umask the node (a container, a batch step) starts with (README: Security)
+    os.umask(OWNER_ONLY_UMASK)
     env = agent_env(environ, run_dir, node)
     Path(env["TORCHELASTIC_ERROR_FILE"]).parent.mkdir(parents=True, exist_ok=True)
     Path(env["TORCHELASTIC_ERROR_FILE"]).unlink(missing_ok=True)  # an earlier attempt's is not this one's

@@ -98,6 +98,9 @@ def compose_spec(plan: Any, cfg: Any, code_dir: Path, user_dir: Optional[Path] =
         env = {**runtime_env(cfg), **rank_env(cfg, run_dir, user_code), "FSDP_JOBS_NODE": f"node{i}",
                # the job imports the code frozen at launch; `-m` must not put the cwd before it
                "PYTHONPATH": python_path(cfg, user_code, str(code_dir)), "PYTHONSAFEPATH": "1", "HOME": "/tmp",
+               # bytecode in the container, not in the run dir (Python writes the first of it before
+               # launchers/node.py can set the owner-only umask)
+               "PYTHONPYCACHEPREFIX": "/tmp/pycache",
                "USER": f"uid{user.split(':')[0]}",
                # secrets: named without a value, compose passes its own environment's (fsdp_jobs/secret_env.py)
                **{name: None for name in passed_names(cfg)}}

@@ -25,3 +25,24 @@ def test_plain_ddp_script_runs_unmodified_in_two_containers_of_two(run_root):
     assert f"{run_dir}/script/001/ddp_train.py" in compose  # the containers run the run dir's copy
     status = json.loads(cli("status", "ddp", "--run-root", str(run_root)).stdout)
     assert "SUCCEEDED" in json.dumps(status), status
+
+
+def test_secrets_reach_every_container_which_runs_unprivileged_and_nothing_holds_them(run_root, tmp_path):
+    """compose names each secret without a value and takes it from its own environment, which submit filled
+    (fsdp_jobs/secret_env.py); the containers drop every capability and cannot gain privileges."""
+    import os
+    from pathlib import Path
+
+    from tests.conftest import assert_no_secret_anywhere, assert_owner_only, secret_job
+
+    overrides, env, values = secret_job(tmp_path)
+    r = cli("cluster=docker", f"run_root={run_root}", "name=sec", "nodes=2", "gpus_per_node=1", *overrides, env=env)
+    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]
+    assert r.stdout.count("secrets ok on rank") == 2, r.stdout[-3000:]
+    assert_no_secret_anywhere(values, [run_root, Path(os.environ["FSDP_JOBS_STATE_DIR"])], r.stdout + r.stderr)
+    assert_owner_only(run_root / "sec")
+    import yaml
+
+    node = yaml.safe_load((run_root / "sec" / "compose.yaml").read_text())["services"]["node0"]
+    assert node["cap_drop"] == ["ALL"] and node["security_opt"] == ["no-new-privileges:true"]
+    assert node["environment"]["HF_TOKEN"] is None and not node["user"].startswith("0:")
