@@ -56,6 +56,15 @@ def _condition_state(kind: str, status: dict[str, Any]) -> tuple[JobState, str]:
     return state, last or "no conditions yet"
 
 
+def side_object(client: Any, verb: str, kind: str) -> Any:
+    """The client call that creates, patches or deletes one of the objects beside the job."""
+    from kubernetes import client as k8s
+
+    api, name = {"ConfigMap": (k8s.CoreV1Api, "config_map"), "Service": (k8s.CoreV1Api, "service"),
+                 "NetworkPolicy": (k8s.NetworkingV1Api, "network_policy")}[kind]
+    return getattr(api(client), f"{verb}_namespaced_{name}")
+
+
 class KubernetesBackend(Backend[manifests.Request]):
     name = "kubernetes"
 
@@ -97,25 +106,21 @@ class KubernetesBackend(Backend[manifests.Request]):
         client = api_client(req.context)
         from kubernetes import client as k8s
 
-        core = k8s.CoreV1Api(client)
         created: list[dict[str, Any]] = []
         try:
-            for obj in req.objects[:-1]:  # the ConfigMap (and Service) first: the pods mount/resolve them
-                create = core.create_namespaced_config_map if obj["kind"] == "ConfigMap" else core.create_namespaced_service
-                create(req.namespace, obj)
+            # the ConfigMap, Service and NetworkPolicy first: the pods mount, resolve and are fenced by them
+            for obj in req.objects[:-1]:
+                side_object(client, "create", obj["kind"])(req.namespace, obj)
                 created.append(obj)
             owner = self._create_job(client, req)
         except Exception as e:  # noqa: BLE001
-            self._delete_quietly(core, created)  # no half-submitted job left behind
+            self._delete_quietly(client, created)  # no half-submitted job left behind
             what = f"the API server refused the {manifests.KINDS[req.kind].kind} {req.namespace}/{req.name}"
             raise (e if isinstance(e, UserError) else explain(e, what, client)) from None
         for obj in created:  # deleted with the job by Kubernetes' garbage collector
             patch = {"metadata": {"ownerReferences": [owner]}}
             try:
-                if obj["kind"] == "ConfigMap":
-                    core.patch_namespaced_config_map(obj["metadata"]["name"], req.namespace, patch)
-                else:
-                    core.patch_namespaced_service(obj["metadata"]["name"], req.namespace, patch)
+                side_object(client, "patch", obj["kind"])(obj["metadata"]["name"], req.namespace, patch)
             except Exception as e:  # noqa: BLE001 - the job runs anyway; say what is left to clean up
                 print(f"fsdp-jobs: note: {obj['kind']} {obj['metadata']['name']} is not owned by the job "
                       f"({explain(e, 'patch', client).allowed}); delete it after the job", flush=True)
@@ -152,13 +157,10 @@ class KubernetesBackend(Backend[manifests.Request]):
                 "uid": body["metadata"]["uid"], "blockOwnerDeletion": False}
 
     @staticmethod
-    def _delete_quietly(core: Any, objs: list[dict[str, Any]]) -> None:
+    def _delete_quietly(client: Any, objs: list[dict[str, Any]]) -> None:
         for obj in objs:
             try:
-                if obj["kind"] == "ConfigMap":
-                    core.delete_namespaced_config_map(obj["metadata"]["name"], obj["metadata"]["namespace"])
-                else:
-                    core.delete_namespaced_service(obj["metadata"]["name"], obj["metadata"]["namespace"])
+                side_object(client, "delete", obj["kind"])(obj["metadata"]["name"], obj["metadata"]["namespace"])
             except Exception:  # noqa: BLE001 - best effort; the error that matters is raised by the caller
                 pass
 

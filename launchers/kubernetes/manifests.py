@@ -253,6 +253,16 @@ def _meta(plan: Any, cfg: Any, job: str) -> dict[str, Any]:
     return {"name": job, "namespace": cfg.cluster.namespace, "labels": labels(plan, job)}
 
 
+def network_policy(plan: Any, cfg: Any, job: str) -> dict[str, Any]:
+    """Only the job's own pods may connect to its pods: the c10d store (torch unpickles what it reads from
+    it) and the collectives' ports. With deploy/kubernetes/networkpolicy.yaml's default deny, nothing else
+    in the namespace, nor outside it, reaches them (README: Security). Policies only add: a pod selected
+    by this one accepts what this one admits."""
+    own = {"matchLabels": {LABEL_JOB: job}}
+    return {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy", "metadata": _meta(plan, cfg, job),
+            "spec": {"podSelector": own, "policyTypes": ["Ingress"], "ingress": [{"from": [{"podSelector": own}]}]}}
+
+
 def volcano(plan: Any, cfg: Any) -> Request:
     """TorchX builds the Volcano Job (gang, /dev/shm, PVC, maxRetry + RestartJob); we patch its pods."""
     from torchx import specs
@@ -274,7 +284,8 @@ def volcano(plan: Any, cfg: Any) -> Request:
     for task in resource["spec"]["tasks"]:
         secure_pod(task["template"], plan, cfg, f"{job}-job", job)
     info.request.resource = resource  # TorchX's schedule() sends exactly this
-    return Request("volcano", c.namespace, c.context, job, [configmap(plan, cfg, job), resource],
+    return Request("volcano", c.namespace, c.context, job,
+                   [configmap(plan, cfg, job), network_policy(plan, cfg, job), resource],
                    pod_run_dir(plan, cfg), torchx=info, endpoint=endpoint("volcano", job, rdzv_port(cfg)))
 
 
@@ -316,7 +327,8 @@ def pytorchjob(plan: Any, cfg: Any) -> Request:
                                                "template": pod}},
         },
     }
-    return Request("pytorchjob", c.namespace, c.context, job, [configmap(plan, cfg, job), body],
+    return Request("pytorchjob", c.namespace, c.context, job,
+                   [configmap(plan, cfg, job), network_policy(plan, cfg, job), body],
                    pod_run_dir(plan, cfg), endpoint=endpoint("pytorchjob", job, rdzv_port(cfg)))
 
 
@@ -346,7 +358,7 @@ def jobset(plan: Any, cfg: Any) -> Request:
         },
     }
     return Request("jobset", c.namespace, c.context, job,
-                   [configmap(plan, cfg, job), headless_service(plan, cfg, job), body],
+                   [configmap(plan, cfg, job), headless_service(plan, cfg, job), network_policy(plan, cfg, job), body],
                    pod_run_dir(plan, cfg), endpoint=endpoint("jobset", job, rdzv_port(cfg)))
 
 

@@ -30,7 +30,8 @@ from tests.kubernetes import schemas
 
 CORE = {"configmaps": "ConfigMap", "services": "Service", "pods": "Pod"}
 CUSTOM = {("batch.volcano.sh", "v1alpha1", "jobs"): "Job", ("kubeflow.org", "v1", "pytorchjobs"): "PyTorchJob",
-          ("jobset.x-k8s.io", "v1alpha2", "jobsets"): "JobSet"}
+          ("jobset.x-k8s.io", "v1alpha2", "jobsets"): "JobSet",
+          ("networking.k8s.io", "v1", "networkpolicies"): "NetworkPolicy"}  # stored, never run
 CORE_PATH = re.compile(r"^/api/v1/namespaces/([^/]+)/([a-z]+)(?:/([^/]+))?(?:/(log))?$")
 CUSTOM_PATH = re.compile(r"^/apis/([^/]+)/([^/]+)/namespaces/([^/]+)/([a-z]+)(?:/([^/]+))?(?:/(status))?$")
 
@@ -74,7 +75,7 @@ class State:
 
     def jobs(self) -> list[dict[str, Any]]:
         with self.lock:
-            return [o for (c, _, _), o in self.objects.items() if c.startswith("apis/")]
+            return [o for (c, _, _), o in self.objects.items() if c.startswith("apis/") and o["kind"] != "NetworkPolicy"]
 
     def pods(self, ns: str, job: str) -> list[dict[str, Any]]:
         with self.lock:
@@ -240,7 +241,7 @@ class _Handler(BaseHTTPRequestHandler):
             meta.update(namespace=ns, uid=str(uuid.uuid4()), resourceVersion="1",
                         creationTimestamp=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
             st.objects[(coll, ns, name)] = obj
-            if coll.startswith("apis/"):
+            if coll.startswith("apis/") and kind != "NetworkPolicy":
                 self._start(obj)
         self._send(201, obj)
 

@@ -45,7 +45,12 @@ def test_every_generated_object_validates_strictly(tmp_path: Path, kind: str) ->
                "+cluster.secret_env.HF_TOKEN=hf-token/token", "+cluster.env.NCCL_DEBUG=WARN")
     objs = d.request.objects
     assert [o["kind"] for o in objs] == ["ConfigMap"] + (["Service"] if kind == "jobset" else []) + \
-        [k8s_manifests.KINDS[kind].kind]
+        ["NetworkPolicy", k8s_manifests.KINDS[kind].kind]
+    # only the job's own pods reach its pods (the c10d store): the policy selects, and admits, exactly them
+    policy, job_name = objs[-2], objs[-1]["metadata"]["name"]
+    own = {"matchLabels": {"fsdp-jobs/job": job_name}}
+    assert policy["spec"] == {"podSelector": own, "policyTypes": ["Ingress"], "ingress": [{"from": [{"podSelector": own}]}]}
+    assert all(t["metadata"]["labels"]["fsdp-jobs/job"] == job_name for _, t in schemas.pod_templates(objs[-1]))
     for obj in objs:
         schemas.validate(obj)
     assert list(schemas.pod_templates(objs[-1])), "the pod templates were validated too"
@@ -62,7 +67,7 @@ def test_deploy_objects_validate_strictly() -> None:
             schemas.validate(obj)
             kinds.add(obj["kind"])
     assert kinds == {"Namespace", "PersistentVolumeClaim", "ServiceAccount", "Role", "RoleBinding", "Queue",
-                     "PriorityClass"}
+                     "PriorityClass", "NetworkPolicy"}
     pvc = yaml.safe_load((DEPLOY / "pvc.yaml").read_text())
     assert pvc["spec"]["accessModes"] == ["ReadWriteMany"]
 
