@@ -79,3 +79,29 @@ def test_chaos_on_a_backend_without_it_is_one_line(run_root):
     make_run(run_root, "loc", LOCAL, {"status": "completed"})
     r = cli("chaos", "loc", "kill-node", "1", "--run-root", str(run_root))
     assert r.returncode == 2 and "not supported by the local backend" in r.stderr
+
+
+def test_damaged_files_in_a_run_dir_never_give_a_traceback(run_root):
+    """Non-object JSON in state.json and metrics.jsonl, binary junk in launches.jsonl, a job.yaml that is not
+    YAML: status, list, logs and compare still answer (the damaged record counts as not recorded) or say in
+    one line which file is damaged."""
+    run_dir = make_run(run_root, "dmg", LOCAL)
+    (run_dir / "state.json").write_text("[1, 2, 3]\n")
+    (run_dir / "metrics.jsonl").write_text('1\n"x"\n[]\n{"step": "a"}\n{"step": 3, "loss": 1.5}\n\xff\n')
+    (run_dir / "plan.json").write_bytes(b"\x00\xff not json")
+    before = tree(run_root)
+    status = cli("status", "dmg", "--run-root", str(run_root))
+    assert status.returncode == 0 and "Traceback" not in status.stderr, status.stderr
+    out = json.loads(status.stdout)
+    assert out["train"] == {} and out["last_step"]["step"] == 3  # only the well-formed record counts
+    for args in (("list",), ("logs", "dmg"), ("compare", str(run_root))):
+        r = cli(*args, "--run-root", str(run_root))
+        assert "Traceback" not in r.stderr and r.returncode in (0, 2), (args, r.stderr)
+        assert r.returncode == 0 or len(r.stderr.strip().splitlines()) == 1, (args, r.stderr)
+    assert tree(run_root) == before  # they only read
+    (run_dir / "launches.jsonl").write_bytes(b"\xff\xfe\x00garbage\n")
+    (run_dir / "job.yaml").write_text("name: [unclosed\n")
+    for args in (("status", "dmg"), ("list",), ("cancel", "dmg")):
+        r = cli(*args, "--run-root", str(run_root))
+        assert "Traceback" not in r.stderr and r.returncode in (0, 2), (args, r.stderr)
+        assert r.returncode == 0 or len(r.stderr.strip().splitlines()) == 1, (args, r.stderr)
