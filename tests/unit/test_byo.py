@@ -191,3 +191,28 @@ def test_kubernetes_pods_get_the_script_through_the_configmap_and_unpack_it(tmp_
     k8s_boot.unpack_user_code(str(config_dir))
     assert (dest / "ddp_train.py").read_text() == (SCRIPTS / "ddp_train.py").read_text()
     assert (dest / "model_def.py").is_file()
+
+
+def test_dotfiles_keys_and_secret_looking_files_stay_behind_in_the_run_dir_and_the_configmap(tmp_path):
+    """A .env, a secrets.json or a key next to the script is not code: neither the run dir's copy nor the
+    Kubernetes ConfigMap's archive carries it, and the dry run's note says what stays behind."""
+    import gzip
+    import io
+    import tarfile
+
+    from omegaconf import OmegaConf
+
+    from fsdp_jobs.byo import travel_note
+    from launchers.snapshot import take_user_code, user_code_tar
+
+    src = tmp_path / "proj"
+    src.mkdir()
+    for name in ("train.py", "tokenizer.json", ".env", "secrets.json", "server.key", "hf_token", ".netrc"):
+        (src / name).write_text("HF_TOKEN=hunter2\n" if name not in ("train.py", "tokenizer.json") else "x = 1\n")
+    cfg = OmegaConf.create({"script": str(src / "train.py"), "module": None, "run_root": str(tmp_path / "runs")})
+    take_user_code(cfg, tmp_path / "copy")
+    assert sorted(p.name for p in (tmp_path / "copy").rglob("*")) == ["tokenizer.json", "train.py"]
+    with tarfile.open(fileobj=io.BytesIO(gzip.decompress(user_code_tar(cfg)))) as tar:
+        assert sorted(tar.getnames()) == ["tokenizer.json", "train.py"]
+    note = travel_note(cfg)
+    assert "copies 2 files" in note and ".env" in note.split("left behind")[1] and "secrets.json" in note

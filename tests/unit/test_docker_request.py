@@ -72,3 +72,18 @@ def test_no_engine_is_one_line_exit_2_nothing_written(run_root):
 def test_bad_docker_keys_are_one_line(run_root, override, key):
     r = cli("cluster=docker", override, f"run_root={run_root}", "dry_run=true")
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and key in r.stderr, r.stderr
+
+
+def test_the_supervisor_acts_on_nothing_it_reads_back_from_the_run_dir():
+    """The supervisor runs as the submitting user (root under sudo) while the containers' user can rewrite
+    the run dir: the project, the `down` command and the job's numbers come from the submitting process
+    (its stdin when detached), never from launches.jsonl or job.yaml."""
+    import ast
+    import inspect
+
+    from launchers.docker import supervisor
+
+    calls = {f"{n.func.value.id}.{n.func.attr}" for n in ast.walk(ast.parse(inspect.getsource(supervisor)))
+             if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and isinstance(n.func.value, ast.Name)}
+    assert not calls & {"runs.last_launch", "runs.launches", "runs.load_job"}, calls
+    assert list(inspect.signature(supervisor.supervise).parameters)[:3] == ["run_dir", "launch", "job"]
