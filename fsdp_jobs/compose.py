@@ -34,7 +34,7 @@ def _translate(exc: BaseException, overrides: list[str]) -> UserError:
         key = m.group(1)
         value = next((o.split("=", 1)[1] for o in overrides if o.lstrip("+~").split("=", 1)[0] == key), None)
         parent = key.rsplit(".", 1)[0] if "." in key else ""
-        if _known(key, overrides) == [] and _is_map(key, overrides):  # cluster.env={A:1}: a map set whole
+        if _is_map(key, overrides):  # cluster.env={A:1}: a map set whole
             return UserError(key, value, f"is a map; set its entries one by one: +{key}.NAME=value")
         known = ", ".join(_known(parent, overrides))
         if parent and not known:  # a free-form map such as cluster.env: entries are added with '+'
@@ -54,9 +54,10 @@ def _translate(exc: BaseException, overrides: list[str]) -> UserError:
     return UserError("", None, f"bad override: {first}")
 
 
-def _known(parent: str, overrides: list[str]) -> list[str]:
+def _schema_node(path: str, overrides: list[str]) -> Any:
+    """The schema's node at a dotted path (None if there is none); cluster.* is the chosen backend's."""
     node: Any = OmegaConf.structured(JobConfig)
-    parts = [p for p in parent.split(".") if p]
+    parts = [p for p in path.split(".") if p]
     if parts and parts[0] == "cluster":  # its schema depends on the chosen backend
         chosen = next((o.split("=", 1)[1] for o in overrides if o.startswith("cluster=")), backends.DEFAULT)
         chosen = chosen if chosen in backends.names() else backends.DEFAULT
@@ -64,29 +65,19 @@ def _known(parent: str, overrides: list[str]) -> list[str]:
     for part in parts:
         node = node[part] if isinstance(node, DictConfig) and part in node else None
         if node is None:
-            return []
+            return None
+    return node
+
+
+def _known(parent: str, overrides: list[str]) -> list[str]:
+    node = _schema_node(parent, overrides)
     return sorted(k for k in node.keys()) if isinstance(node, DictConfig) else []
 
 
 def _is_map(key: str, overrides: list[str]) -> bool:
-    """Does the schema declare `key` as a free-form map (cluster.env, model.kwargs)?"""
-    parent, _, leaf = key.rpartition(".")
-    return leaf in _known(parent, overrides) and not _known(key, overrides) and leaf in _maps(parent, overrides)
-
-
-def _maps(parent: str, overrides: list[str]) -> list[str]:
-    node: Any = OmegaConf.structured(JobConfig)
-    parts = [p for p in parent.split(".") if p]
-    if parts and parts[0] == "cluster":
-        chosen = next((o.split("=", 1)[1] for o in overrides if o.startswith("cluster=")), backends.DEFAULT)
-        chosen = chosen if chosen in backends.names() else backends.DEFAULT
-        node = OmegaConf.create({"cluster": OmegaConf.structured(backends.schema(chosen))})
-    for part in parts:
-        node = node[part] if isinstance(node, DictConfig) and part in node else None
-        if node is None:
-            return []
-    return [k for k in node.keys() if isinstance(node.get(k), DictConfig) and not node[k].keys()] \
-        if isinstance(node, DictConfig) else []
+    """Does the schema declare `key` as a free-form map, empty by default (cluster.env, model.kwargs)?"""
+    node = _schema_node(key, overrides)
+    return isinstance(node, DictConfig) and not node.keys() and "." in key
 
 
 def absolute_paths(cfg: DictConfig) -> None:
