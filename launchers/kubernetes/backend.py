@@ -104,8 +104,6 @@ class KubernetesBackend(Backend[manifests.Request]):
     def submit(self, dryrun: DryRun[manifests.Request]) -> Submitted:
         plan, cfg, req = dryrun.plan, dryrun.cfg, dryrun.request
         client = api_client(req.context)
-        from kubernetes import client as k8s
-
         created: list[dict[str, Any]] = []
         try:
             # the ConfigMap, Service and NetworkPolicy first: the pods mount, resolve and are fenced by them
