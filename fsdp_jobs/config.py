@@ -104,6 +104,24 @@ class TrainConfig:
     betas: List[float] = field(default_factory=lambda: [0.9, 0.95])
     grad_clip: float = 1.0  # max global grad norm; 0 = off
     log_interval: int = 10  # progress line every N steps (metrics.jsonl gets every step)
+    # a collective that waits longer fails the rank (NCCL's default is 10 min, gloo's 30); the hang
+    # watchdog (fault.*) fires well before it
+    collective_timeout_s: float = 600
+
+
+@dataclass
+class FaultConfig:
+    """A rank that stops making progress without dying (a deadlock, a stopped process, a GPU or NIC that no
+    longer answers): each node's watchdog (launchers/watchdog.py) sees its ranks' heartbeats stop, dumps
+    every local rank's stack into logs/hang-*/, names the rank that stopped first, and restarts the
+    workers, which resume from the newest checkpoint."""
+
+    watchdog: bool = True
+    # no rank advanced for this long = a hang. None = derived: max(60 s, 10 x the slowest recent step)
+    hang_timeout_s: Optional[float] = None
+    # ... before the first steps, and while a checkpoint is saved or loaded (these may take long)
+    startup_timeout_s: float = 300
+    max_hang_restarts: int = 3  # restarts after hangs, on top of cluster.max_restarts (crashes)
 
 
 @dataclass
@@ -140,6 +158,7 @@ class JobConfig:
     cluster: Any = None  # a backend's ClusterConfig subclass (launchers/<name>/config.py), chosen by cluster=
     train: TrainConfig = field(default_factory=TrainConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    fault: FaultConfig = field(default_factory=FaultConfig)
     data: DataConfig = field(default_factory=DataConfig)
     # your own training instead of the built-in trainer (fsdp_jobs/byo.py): a torchrun-ready script, whose
     # directory is copied into the run dir at submission, or a module run as `python -m`
@@ -220,6 +239,14 @@ def validate(cfg: Any) -> None:
         raise UserError("train.betas", list(t.betas), "must be two numbers, e.g. [0.9,0.95]")
     for i, beta in enumerate(t.betas):
         finite(f"train.betas[{i}]", beta, 0, 1, high_open=True)
+    finite("train.collective_timeout_s", t.collective_timeout_s, 10)
+    fc = cfg.fault
+    positive("fault.max_hang_restarts", fc.max_hang_restarts, minimum=0)
+    # the watchdog must fire well before a collective times out and fails the rank with a less useful error
+    limit = t.collective_timeout_s / 2
+    finite("fault.startup_timeout_s", fc.startup_timeout_s, 10, limit)
+    if fc.hang_timeout_s is not None:
+        finite("fault.hang_timeout_s", fc.hang_timeout_s, 5, limit)
     c = cfg.checkpoint
     positive("checkpoint.interval", c.interval, minimum=0)
     positive("checkpoint.keep_last", c.keep_last)

@@ -18,7 +18,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any, Optional
 
-from fsdp_jobs import journal, report, runs
+from fsdp_jobs import hangs, journal, report, runs
 from fsdp_jobs.errors import OneLineParser, UserError, die
 from fsdp_jobs.checkpoints import newest_checkpoint
 
@@ -74,6 +74,11 @@ def run_status(run_dir: Path) -> dict[str, Any]:
         out["last_step"] = {k: metrics[-1].get(k) for k in ("step", "loss", "tokens_per_s", "world_size")}
     ckpt = newest_checkpoint(run_dir)
     out["checkpoint"] = str(ckpt) if ckpt else None
+    hang = hangs.summary(run_dir)
+    if hang:  # the rank that stopped first, its node and frame (launchers/watchdog.py)
+        out["hang"] = hang
+        out["detail"] += (f"; {hang['hangs']} hang(s), last: rank {hang['rank']} on {hang['node']} stopped at step "
+                          f"{hang['step']} in {hang['frame'] or 'an unknown frame'}")
     return out
 
 
@@ -129,9 +134,11 @@ def main(argv: Optional[list[str]] = None) -> int:
         parsers[name].add_argument("run", help="run name, run dir, the backend's job id, SWEEP/MEMBER"
                                    + (" or SWEEP" if name in ("status", "cancel") else ""))
     parsers["logs"].add_argument("-f", "--follow", action="store_true", help="until the job ends")
-    parsers["chaos"].add_argument("action", choices=("kill-node", "stop-node"),
-                                  help="kill-node: SIGKILL the node's agent (it restarts); stop-node: gone for good")
-    parsers["chaos"].add_argument("node", type=int, help="node index (0 = the rendezvous host)")
+    parsers["chaos"].add_argument("action", choices=("kill-node", "stop-node", "hang-rank", "slow-node", "resume"),
+                                  help="kill-node: SIGKILL the node's agent (it restarts); stop-node: gone for good; "
+                                       "hang-rank: SIGSTOP one rank; slow-node: throttle a node's ranks; resume: undo")
+    parsers["chaos"].add_argument("node", type=int, nargs="?", default=0,
+                                  help="node index (0 = the rendezvous host), or the rank for hang-rank")
     parsers["status"].add_argument("--json", action="store_true", help="a sweep's member statuses as JSON")
     parsers["compare"] = sub.add_parser("compare", help="a sweep's members: overrides, final loss, tokens/s, MFU")
     parsers["compare"].add_argument("sweep", help="sweep id (see fsdp-jobs list) or sweep dir")

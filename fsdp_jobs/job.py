@@ -82,6 +82,7 @@ class Checkpoints:
         if cuda_rng is not None and not _checkpoint_has(path, CUDA_RNG_KEY):
             cuda_rng = None
         state = StateObjects(objects, 0, cuda_rng=cuda_rng)
+        self._job._trainer.beat_phase("load")
         if self.manager.load(state, path) is None:
             return 0
         self._job.step = state.step
@@ -178,10 +179,18 @@ class Job:
         train.log_interval steps. Pass step=N (else the last checkpoint/log step + 1 is used)."""
         step = int(metrics.pop("step", self.step + 1))
         self.step = step
+        self._trainer.beat(step)
         record = {"step": step, **{k: float(v) if isinstance(v, torch.Tensor) else v for k, v in metrics.items()},
                   "world_size": self.world_size, "restart": self.world.restart, "attempt": self._attempt,
                   "time": time.time()}
         self._metrics.write(record)
+
+    def heartbeat(self, step: Optional[int] = None) -> None:
+        """Tell the node's hang watchdog this rank is making progress (job.log does it too). Cheap: no I/O,
+        no sync; call it from a loop that logs rarely, or during long work of your own."""
+        if step is not None:
+            self.step = int(step)
+        self._trainer.beat(self.step)
 
     def _record(self, status: str) -> None:
         if self.rank == 0:

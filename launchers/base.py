@@ -94,7 +94,20 @@ class Backend(abc.ABC, Generic[R]):
         ...
 
     def chaos(self, run: Run, action: str, node: int) -> str:
-        """Failure injection for testing resilience (kill-node: it comes back; stop-node: gone for good)."""
+        """Failure injection for testing resilience. hang-rank R, slow-node N and resume act on the rank
+        processes this machine can see (launchers/chaos.py); kill-node (it comes back) and stop-node (gone
+        for good) are a backend's own (cluster=docker has them)."""
+        from launchers import chaos
+
+        try:
+            if action == "hang-rank":
+                return chaos.hang_rank(run.run_dir, node)
+            if action == "slow-node":
+                return chaos.slow_node(run.run_dir, f"node{node}")
+            if action == "resume":
+                return chaos.resume(run.run_dir)
+        except LookupError as e:
+            raise UserError("chaos", action, str(e)) from None
         raise UserError("chaos", action, f"not supported by the {self.name} backend (cluster=docker has it)")
 
     def log_files(self, run: Run) -> list[Path]:

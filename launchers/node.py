@@ -81,11 +81,42 @@ def run(argv: list[str], environ: Optional[dict[str, str]] = None) -> int:
     for s in FORWARDED:
         if signal.getsignal(s) is not signal.SIG_IGN:
             signal.signal(s, forward)
-    rc = agent.wait()
+    rc = supervise_agent(agent, Path(run_dir), node)
     if rc:
         cause = root_cause(env["TORCHELASTIC_ERROR_FILE"])
         print(f"fsdp-jobs: {node}: torchrun exited {rc}" + (f"; first error: {cause}" if cause else ""), flush=True)
     return rc
+
+
+def job_fault(run_dir: Path) -> Optional[dict[str, Any]]:
+    """The job's fault.* keys, or None when its watchdog is off (or job.yaml cannot be read)."""
+    import yaml
+
+    try:
+        fault = (yaml.safe_load((run_dir / "job.yaml").read_text()) or {}).get("fault") or {}
+    except (OSError, ValueError, AttributeError, yaml.YAMLError):
+        return None
+    return fault if fault.get("watchdog", True) else None
+
+
+def supervise_agent(agent: subprocess.Popen, run_dir: Path, node: str) -> int:
+    """Wait for the agent, with the hang watchdog (launchers/watchdog.py) looking at its ranks every second."""
+    from launchers.watchdog import Watchdog
+
+    fault = job_fault(run_dir)
+    watchdog = Watchdog(run_dir, node, agent.pid, fault) if fault is not None else None
+    while True:
+        try:
+            return agent.wait(timeout=1.0)
+        except subprocess.TimeoutExpired:
+            pass
+        line = watchdog.tick() if watchdog is not None else None
+        if line:
+            print(line, flush=True)
+        if watchdog is not None and watchdog.given_up:  # the hang budget is spent: the job fails here
+            agent.kill()
+            agent.wait()
+            return 1
 
 
 if __name__ == "__main__":

@@ -24,6 +24,7 @@ from omegaconf import OmegaConf
 from fsdp_jobs import faults, runs
 from fsdp_jobs.checkpoints import step_dir
 from fsdp_jobs.plan import compute_dtype, micro_batch, reshard_after_forward
+from fsdp_jobs.runtime import heartbeat
 from fsdp_jobs.runtime.checkpoint import CheckpointManager, StateObjects, TrainState
 from fsdp_jobs.runtime.data import build_dataset
 from fsdp_jobs.runtime.mesh import World, build_mesh, init_process_group, read_world
@@ -125,6 +126,7 @@ class Trainer:
     def __init__(self, run_dir: Path, job: dict[str, Any]) -> None:
         self.run_dir, self.job = run_dir, job
         self.tcfg, self.ccfg = job["train"], job["checkpoint"]
+        self.heartbeat: Optional[heartbeat.Heartbeat] = None
 
     def run(self, stop: StopFlag) -> int:
         """The built-in loop, start to exit."""
@@ -141,8 +143,11 @@ class Trainer:
     def bring_up(self) -> None:
         """Process group on the world torchrun started, this rank's record, the configured mesh."""
         world = read_world(self.job["cluster"]["device"])
+        # first: the node's watchdog (launchers/watchdog.py) follows this rank from here on
+        self.heartbeat = heartbeat.start(self.run_dir, self.job, world.rank, world.local_rank, world.restart)
         # CPU offload: the grad-norm all-reduce runs on host tensors, so the default group needs gloo too
-        init_process_group(world, cpu_collectives=bool(self.job["fsdp"].get("cpu_offload")))
+        init_process_group(world, timeout_s=float(self.tcfg.get("collective_timeout_s", 600)),
+                           cpu_collectives=bool(self.job["fsdp"].get("cpu_offload")))
         write_rank_file(self.run_dir, world)  # pid, host, restart of this rank, for tools (and tests that kill ranks)
         self.use(world, build_mesh(self.job, world))
 
@@ -219,6 +224,7 @@ class Trainer:
         self.state = TrainState(model, optimizer, scheduler)
 
     def resume(self) -> None:
+        self.beat_phase("load")
         self.resumed = self.ckpt.load(self.state, self.resume_from)
 
     def prepare_loop(self) -> None:
@@ -292,9 +298,20 @@ class Trainer:
 
     def save_checkpoint(self, state: StateObjects, wait: bool = False) -> None:
         """Collective. `wait`: the process is about to exit, the checkpoint must be committed first."""
+        self.beat_phase("save")
         self.ckpt.save(state, self.mesh_shape, self.world.world_size)
         if wait:
             self.ckpt.wait()
+        self.beat(state.step)
+
+    def beat(self, step: int) -> None:
+        """Progress for the hang watchdog (fsdp_jobs/runtime/heartbeat.py): no I/O, no sync."""
+        if self.heartbeat is not None:
+            self.heartbeat.advance(step)
+
+    def beat_phase(self, name: str) -> None:
+        if self.heartbeat is not None:
+            self.heartbeat.phase(name)
 
     def fit(self, stop: StopFlag) -> Optional[str]:
         """Steps until train.steps or an agreed stop; returns "signal" if stopped."""
@@ -311,6 +328,7 @@ class Trainer:
             if self.fail_at and state.step + 1 >= self.fail_at:
                 raise RuntimeError(f"test fault injection: step {state.step + 1} raises ({FAIL_AT_STEP_ENV})")
             loss, grad_norm = self.train_step(inputs, targets)
+            self.beat(state.step)
             self.window.append(loss, grad_norm, {"step": state.step, "lr": state.scheduler.get_last_lr()[0],
                                                  "sample_start": position, "time": time.time()})
             stopping = self.stop_agreed()
@@ -334,6 +352,7 @@ class Trainer:
     def finish(self, stopped_by: Optional[str]) -> None:
         """The final checkpoint and probe of a finished run, the run's record."""
         state, rank = self.state, self.world.rank
+        self.beat_phase("finish")
         if stopped_by is None and self.ccfg["save_final"]:
             self.save_checkpoint(state)
         self.ckpt.wait()

@@ -260,6 +260,8 @@ class DockerBackend(Backend[DockerRequest]):
         return f"stopped {len(found)} containers of {run.run_dir.name} (project {project}); the ranks checkpointed"
 
     def chaos(self, run: Run, action: str, node: int) -> str:
+        if action not in ("kill-node", "stop-node"):  # the rank-level faults: launchers/chaos.py
+            return super().chaos(run, action, node)
         found = containers(own_project(run))
         c = found.get(f"node{node}")
         if c is None or c["State"]["Status"] != "running":

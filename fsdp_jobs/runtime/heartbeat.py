@@ -1,0 +1,97 @@
+"""Each rank's heartbeat: what the node's hang watchdog (launchers/watchdog.py) reads.
+
+The training thread only sets two attributes per step (the step number, the time): no I/O, no
+host-device sync, no collective. A daemon thread writes them once a second to RUN_DIR/ranks/hb-R.json,
+with `alive`, the time of the write itself: a rank stopped by a signal or a debugger stops writing
+altogether, while a rank blocked in a collective (the GIL released) keeps writing but does not advance.
+That difference is how the watchdog names the rank that stopped first.
+
+The rank also asks the interpreter to write every thread's Python stack to logs/stacks/rank-R.txt on
+SIGUSR1 (faulthandler, from C: it works while Python is blocked in a collective), which the watchdog
+uses when py-spy is not installed.
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import json
+import os
+import signal
+import threading
+import time
+from collections import deque
+from pathlib import Path
+from typing import Any, Optional
+
+from fsdp_jobs import runs
+
+INTERVAL_S = 1.0
+STACK_SIGNAL = signal.SIGUSR1  # NCCL's flight recorder dump is triggered by its own mechanism, not a signal
+
+
+def heartbeat_path(run_dir: Path, rank: int) -> Path:
+    return run_dir / "ranks" / f"hb-{rank}.json"
+
+
+def stack_path(run_dir: Path, rank: int) -> Path:
+    return run_dir / "logs" / "stacks" / f"rank-{rank}.txt"
+
+
+def start(run_dir: Path, job: dict[str, Any], rank: int, local_rank: int, restart: int) -> Optional["Heartbeat"]:
+    """The rank's heartbeat, unless fault.watchdog=false (a job.yaml older than fault.* has it on)."""
+    if not (job.get("fault") or {}).get("watchdog", True):
+        return None
+    return Heartbeat(run_dir, rank, local_rank, restart)
+
+
+class Heartbeat:
+    """Started once per rank process; `advance(step)` after each optimizer step, `phase(name)` around work
+    that may take much longer than a step (loading, saving a checkpoint, the first compiled steps)."""
+
+    def __init__(self, run_dir: Path, rank: int, local_rank: int, restart: int) -> None:
+        self.run_dir, self.rank = run_dir, rank
+        self.info = {"rank": rank, "local_rank": local_rank, "node": os.environ.get("FSDP_JOBS_NODE", ""),
+                     "pid": os.getpid(), "restart": restart}
+        self.step, self.name, self.progress = 0, "start", time.time()
+        self.step_times: deque[float] = deque(maxlen=20)
+        heartbeat_path(run_dir, rank).parent.mkdir(parents=True, exist_ok=True)
+        stacks = stack_path(run_dir, rank)
+        stacks.parent.mkdir(parents=True, exist_ok=True)
+        self._stack_file = open(stacks, "a")  # held open: faulthandler writes to its descriptor from C
+        faulthandler.register(STACK_SIGNAL, file=self._stack_file, all_threads=True)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._beat, name="fsdp-jobs-heartbeat", daemon=True)
+        self._thread.start()
+
+    def advance(self, step: int) -> None:
+        """The training thread's only cost: a clock read and three assignments."""
+        now = time.time()
+        if step != self.step and self.name == "step":
+            # the gap between advances, which is what the watchdog waits through (a script that logs
+            # every 100 steps advances every 100 steps), not the time per step
+            self.step_times.append(now - self.progress)
+        self.step, self.name, self.progress = step, "step", now
+
+    def phase(self, name: str) -> None:
+        """Entering work the watchdog allows fault.startup_timeout_s for (a save, a load); advance() ends it."""
+        self.name, self.progress = name, time.time()
+
+    def record(self) -> dict[str, Any]:
+        recent: Optional[float] = max(self.step_times) if len(self.step_times) >= 3 else None
+        return {**self.info, "step": self.step, "phase": self.name, "progress": self.progress,
+                "step_s": recent, "alive": time.time()}
+
+    def _beat(self) -> None:
+        path = heartbeat_path(self.run_dir, self.rank)
+        while True:
+            try:
+                runs.write_atomic(path, json.dumps(self.record()) + "\n")
+            except OSError:  # a full or vanished disk must not kill training; the watchdog sees no beat
+                pass
+            if self._stop.wait(INTERVAL_S):
+                return
+
+    def close(self) -> None:
+        self._stop.set()
+        faulthandler.unregister(STACK_SIGNAL)
+        self._stack_file.close()

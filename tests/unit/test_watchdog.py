@@ -1,0 +1,85 @@
+"""The hang watchdog's decisions (launchers/watchdog.py), from hand-made heartbeats: the timeout, when a
+node is stalled, which rank stopped first, the frame in a stack dump, and what `status` shows."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from fsdp_jobs import hangs
+from launchers.watchdog import Beat, first_stopped, hang_timeout, innermost_frame, stalled_for
+
+NOW = 1_000_000.0
+
+
+def beat(rank: int, step: int = 10, phase: str = "step", progress: float = NOW - 1, alive: float = NOW - 0.5,
+         step_s: float | None = 0.2, node: str = "node0") -> Beat:
+    return Beat(rank, node, 100 + rank, step, phase, progress, alive, step_s)
+
+
+@pytest.mark.parametrize("beats, fault, expected", [
+    # derived: 10 x the slowest recent step, at least 60 s, at most the start-up allowance
+    ([beat(0, step_s=0.2), beat(1, step_s=0.5)], {"startup_timeout_s": 300}, 60.0),
+    ([beat(0, step_s=9.0), beat(1, step_s=2.0)], {"startup_timeout_s": 300}, 90.0),
+    ([beat(0, step_s=45.0)], {"startup_timeout_s": 300}, 300.0),
+    # a rank without a few timed steps yet, or loading/saving/starting: the start-up allowance
+    ([beat(0, step_s=0.2), beat(1, step_s=None)], {"startup_timeout_s": 300}, 300.0),
+    ([beat(0, phase="save"), beat(1)], {"startup_timeout_s": 120}, 120.0),
+    ([beat(0, phase="start", step_s=None)], {"startup_timeout_s": 120, "hang_timeout_s": 20}, 120.0),
+    # explicit: exactly that while stepping
+    ([beat(0, step_s=9.0)], {"startup_timeout_s": 300, "hang_timeout_s": 20}, 20.0),
+])
+def test_the_hang_timeout(beats, fault, expected):
+    assert hang_timeout(beats, fault) == expected
+
+
+def test_a_node_is_stalled_since_its_most_recent_progress():
+    assert stalled_for([beat(0, progress=NOW - 50), beat(1, progress=NOW - 3)], NOW) == pytest.approx(3)
+    assert stalled_for([], NOW) == 0
+
+
+def test_the_rank_that_stopped_first_is_the_one_whose_process_stopped():
+    """A rank blocked in a collective still beats (its thread runs) but does not advance; a stopped or
+    wedged process does neither: it is named, even when it reported a later step than others."""
+    waiting = [beat(0, step=45, progress=NOW - 30), beat(2, step=45, progress=NOW - 30, node="node1")]
+    stopped = beat(1, step=46, progress=NOW - 31, alive=NOW - 29)
+    assert first_stopped([*waiting, stopped], NOW).rank == 1
+    # nobody silent: the least advanced, then the longest without progress
+    assert first_stopped([beat(0, step=45, progress=NOW - 30), beat(3, step=44, progress=NOW - 20)], NOW).rank == 3
+
+
+PYSPY = '''Process 3621: python -u -m fsdp_jobs.runtime /runs/x
+Python v3.11.7 (/usr/bin/python3.11)
+
+Thread 3621 (idle): "MainThread"
+    forward (fsdp_jobs/models/llama.py:61)
+    _call_impl (torch/nn/modules/module.py:1784)
+Thread 3650 (idle): "fsdp-jobs-heartbeat"
+    wait (threading.py:331)
+'''
+FAULTHANDLER = '''Thread 0x00007f1 (most recent call first):
+  File "/usr/lib/python3.11/threading.py", line 331 in wait
+
+Current thread 0x00007f0 (most recent call first):
+  File "/runs/x/script/001/train.py", line 12 in inner
+  File "/runs/x/script/001/train.py", line 20 in <module>
+'''
+
+
+def test_the_innermost_frame_of_the_main_thread_from_either_dump():
+    assert innermost_frame(PYSPY) == "forward (fsdp_jobs/models/llama.py:61)"
+    assert innermost_frame(FAULTHANDLER) == "inner (/runs/x/script/001/train.py:12)"
+    assert innermost_frame("(no stack: the process is T (stopped))") is None
+
+
+def test_status_shows_one_hang_per_event_as_the_culprits_node_saw_it(tmp_path):
+    culprit = {"rank": 1, "node": "node0", "pid": 7, "step": 45, "state": "T (stopped)"}
+    for t, node, frame in ((NOW, "node1", None), (NOW + 0.5, "node0", "forward (llama.py:61)"),
+                           (NOW + 200, "node1", None)):
+        hangs.record(tmp_path, {"time": t, "node": node, "first_stopped": {**culprit, "frame": frame},
+                                "dir": f"/runs/x/logs/hang-{node}"})
+    (tmp_path / hangs.HANGS_FILE).open("a").write("not json\n" + json.dumps([1]) + "\n")
+    s = hangs.summary(tmp_path)
+    assert s["hangs"] == 2 and s["rank"] == 1 and s["node"] == "node0" and s["frame"] is None  # the newest hang
+    assert hangs.summary(tmp_path / "nothing") is None
