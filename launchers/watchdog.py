@@ -182,8 +182,11 @@ class Watchdog:
 
     def on_hang(self, everyone: list[Beat], mine: list[Beat], now: float, stalled: float, timeout: float) -> str:
         self.hangs += 1
-        live = [b for b in everyone if process_state(b.pid) != "gone"] or mine
+        # this attempt's ranks on every node (their files are shared; their pids may be another node's or
+        # container's): a heartbeat no older than the stall itself; files of earlier attempts are older
+        live = [b for b in everyone if now - b.alive <= stalled + 2 * STALE_S] or mine
         culprit = first_stopped(live, now)
+        state = process_state(culprit.pid) if culprit in mine else f"on {culprit.node}: see its node's record"
         where = self.run_dir / "logs" / f"hang-{time.strftime('%Y%m%d-%H%M%S', time.localtime(now))}-{self.node}"
         where.mkdir(parents=True, exist_ok=True)
         frames = {}
@@ -195,7 +198,7 @@ class Watchdog:
         record = {"time": now, "node": self.node, "stalled_s": round(stalled, 1), "timeout_s": round(timeout, 1),
                   "step": max(b.step for b in mine), "dir": str(where), "hang": self.hangs,
                   "first_stopped": {"rank": culprit.rank, "node": culprit.node, "pid": culprit.pid,
-                                    "step": culprit.step, "state": process_state(culprit.pid),
+                                    "step": culprit.step, "state": state,
                                     "frame": frames.get(culprit.rank)}}
         hangs.record(self.run_dir, record)
         self.given_up = self.hangs > int(self.fault.get("max_hang_restarts", 3))
