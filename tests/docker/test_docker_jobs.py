@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -180,3 +181,29 @@ def test_ctrl_c_stops_exactly_its_own_containers_after_a_checkpoint(run_root):
         assert alive.stdout.strip() == "true"  # a container it did not start is left alone
     finally:
         subprocess.run(["docker", "rm", "-f", bystander.stdout.strip()], capture_output=True)
+
+
+def test_a_stopped_rank_in_a_container_is_found_named_and_the_job_resumes_bitwise(run_root, reference_run):
+    """`chaos hang-rank` stops a rank inside a container (from the host); the watchdog in that container's node
+    wrapper declares the hang, dumps the rank's stack, and the workers restart from the newest checkpoint."""
+    timeout_s = 20
+    proc = start(f"run_root={run_root}", "name=hung", *RUN_ARGS, f"fault.hang_timeout_s={timeout_s}")
+    run_dir = run_root / "hung"
+    wait_for_file(run_dir / "checkpoints" / "step-000050" / "manifest.json", proc)
+    chaos = cli("chaos", "hung", "hang-rank", "1", "--run-root", str(run_root))
+    stopped_at = time.time()
+    assert_ok(chaos)
+    node = re.search(r"on (node\d)\)", chaos.stdout).group(1)
+    out, _ = proc.communicate(timeout=600)
+    assert proc.returncode == 0, out[-4000:]
+    records = [json.loads(line) for line in (run_dir / "hangs.jsonl").read_text().splitlines()]
+    mine = next(r for r in records if r["node"] == node)
+    assert mine["first_stopped"]["rank"] == 1 and mine["time"] - stopped_at <= timeout_s + 15, records
+    frame = mine["first_stopped"]["frame"]
+    assert frame and frame.split(" (")[0] in (Path(mine["dir"]) / "rank-1.txt").read_text()
+    status = json.loads(cli("status", "hung", "--run-root", str(run_root)).stdout)
+    assert status["hang"]["rank"] == 1 and status["hang"]["node"] == node
+    after = [m for m in metrics(run_dir) if m["restart"] >= 1]
+    print(f"docker: stop -> hang declared {mine['time'] - stopped_at:.1f} s, -> first step after it "
+          f"{after[0]['time'] - stopped_at:.1f} s")
+    assert_same_state(reference_run[0] / "checkpoints" / "step-000300", run_dir / "checkpoints" / "step-000300")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import re
 import shutil
+import time
 from pathlib import Path
 
 import pytest
@@ -12,7 +13,7 @@ import pytest
 import yaml
 
 from fsdp_jobs import runs
-from tests.conftest import REPO, cli, committed, manifest, metrics
+from tests.conftest import REPO, assert_same_state, cli, committed, manifest, metrics
 from tests.slurm.conftest import job_log, sh, submit, wait_for, wait_job
 
 pytestmark = [pytest.mark.slurm, pytest.mark.usefixtures("slurm_cluster")]
@@ -175,3 +176,30 @@ def test_status_logs_and_cancel_a_running_job(run_root):
     assert cancel.returncode == 0 and f"cancelled SLURM job {job_id}" in cancel.stdout
     assert wait_job(job_id, 120) == "CANCELLED"
     assert "CANCELLED" in json.loads(cli("status", job_id, "--run-root", str(run_root)).stdout)["slurm_state"]
+
+
+def test_a_stopped_rank_on_a_slurm_node_is_found_and_the_job_resumes_bitwise(run_root):
+    """The node wrapper under srun watches its ranks like everywhere else: `chaos hang-rank` (the nodes are
+    network namespaces of this machine, so the host sees their processes), the hang is declared within
+    the timeout on the rank's node, and the job ends where an uninterrupted one ends, bit for bit."""
+    args = ("nodes=2", "gpus_per_node=1", "train.steps=200", "checkpoint.interval=20", "checkpoint.keep_last=20",
+            "train.seed=5", *SHORT)
+    ref_id, _, _ = submit(f"run_root={run_root}", "name=ref", *args)
+    job_id, _, _ = submit(f"run_root={run_root}", "name=hung", *args, "fault.hang_timeout_s=20")
+    run_dir = run_root / "hung"
+    wait_for(lambda: (run_dir / "checkpoints" / "step-000020" / "manifest.json").exists(), 300, "step 20")
+    chaos = cli("chaos", "hung", "hang-rank", "1", "--run-root", str(run_root))
+    stopped_at = time.time()
+    assert chaos.returncode == 0, chaos.stderr
+    node = re.search(r"on (\S+)\)", chaos.stdout).group(1)
+    assert wait_job(job_id, 600) == "COMPLETED", job_log(run_dir, job_id)[-4000:]
+    assert wait_job(ref_id, 600) == "COMPLETED"
+    records = [json.loads(line) for line in (run_dir / "hangs.jsonl").read_text().splitlines()]
+    mine = next(r for r in records if r["node"] == node)
+    assert mine["first_stopped"]["rank"] == 1 and mine["time"] - stopped_at <= 20 + 15, records
+    frame = mine["first_stopped"]["frame"]
+    assert frame and frame.split(" (")[0] in (Path(mine["dir"]) / "rank-1.txt").read_text()
+    status = json.loads(cli("status", "hung", "--run-root", str(run_root)).stdout)
+    assert status["hang"]["rank"] == 1 and status["hang"]["node"] == node
+    print(f"slurm: stop -> hang declared {mine['time'] - stopped_at:.1f} s")
+    assert_same_state(run_root / "ref" / "checkpoints" / "step-000200", run_dir / "checkpoints" / "step-000200")
