@@ -65,6 +65,8 @@ def prepare(run_dir: Path, job: dict[str, Any], plan: dict[str, Any]) -> None:
     run_dir.mkdir(parents=True, exist_ok=True)
     run_dir.chmod(0o700)  # also a run dir made by an older version (0755)
     (run_dir / "logs").mkdir(exist_ok=True)
+    (run_dir / "failures.jsonl").unlink(missing_ok=True)  # a new submission: earlier ones' failures are not its
+    # (fsdp_jobs/failures.py; the name is spelled out here: that module is the ranks')
     text = yaml.safe_dump(job, sort_keys=False)
     old = run_dir / JOB_FILE
     if old.exists() and old.read_text() != text:

@@ -45,6 +45,19 @@ def agent_env(environ: dict[str, str], run_dir: str, node: str) -> dict[str, str
     return env
 
 
+def agent_error_file(run_dir: Path, node: str) -> str:
+    return os.environ.get("TORCHELASTIC_ERROR_FILE") or str(run_dir / "logs" / f"torchrun-error-{node}.json")
+
+
+def write_error_file(path: Path, why: str) -> None:
+    """In torchrun's format, for root_cause(): the agent was stopped before it could write its own."""
+    import json
+    import time
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"message": {"message": why, "extraInfo": {"timestamp": str(int(time.time()))}}}))
+
+
 def root_cause(error_file: str) -> Optional[str]:
     """The first failing rank's error, from torchrun's error file (the ranks' @record writes it)."""
     import json
@@ -103,6 +116,8 @@ def supervise_agent(agent: subprocess.Popen, run_dir: Path, node: str) -> int:
     """Wait for the agent, with the hang watchdog (launchers/watchdog.py) looking at its ranks every second."""
     from launchers.watchdog import Watchdog
 
+    from fsdp_jobs import failures
+
     fault = job_fault(run_dir)
     watchdog = Watchdog(run_dir, node, agent.pid, fault) if fault is not None else None
     while True:
@@ -113,9 +128,16 @@ def supervise_agent(agent: subprocess.Popen, run_dir: Path, node: str) -> int:
         line = watchdog.tick() if watchdog is not None else None
         if line:
             print(line, flush=True)
-        if watchdog is not None and watchdog.given_up:  # the hang budget is spent: the job fails here
+        repeated = failures.repeating(failures.read(run_dir))
+        if repeated or (watchdog is not None and watchdog.given_up):  # no restart can help: the job fails here
             agent.kill()
             agent.wait()
+            why = repeated or "the hang watchdog used fault.max_hang_restarts"
+            print(f"fsdp-jobs: {node}: stopping: {why}", flush=True)
+            write_error_file(Path(agent_error_file(run_dir, node)), why)
+            from fsdp_jobs import runs
+
+            runs.write_state(run_dir, status="failed", reason=why, step=runs.read_state(run_dir).get("step"))
             return 1
 
 

@@ -23,7 +23,15 @@ def main() -> None:
 
     # @record: a rank that raises writes its traceback to torchrun's error file, so the agent's
     # failure summary (and the job log) names the rank and the real error, not just an exit code
-    shutdown(record(train)(Path(sys.argv[1]), stop))
+    run_dir = Path(sys.argv[1])
+    try:
+        shutdown(record(train)(run_dir, stop))
+    except Exception as e:  # also into failures.jsonl: a failure that repeats is not retried (fsdp_jobs/failures.py)
+        from fsdp_jobs import failures
+        from fsdp_jobs.runtime.heartbeat import current_step
+
+        failures.record(run_dir, e, current_step())
+        raise
 
 
 if __name__ == "__main__":  # the guard DCP's process-based async save needs (ARCHITECTURE.md, pitfall 8)

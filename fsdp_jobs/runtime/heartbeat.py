@@ -37,11 +37,21 @@ def stack_path(run_dir: Path, rank: int) -> Path:
     return run_dir / "logs" / "stacks" / f"rank-{rank}.txt"
 
 
+_CURRENT: Optional["Heartbeat"] = None
+
+
+def current_step() -> Optional[int]:
+    """The step this process last reported (None before the first heartbeat, or without one)."""
+    return _CURRENT.step if _CURRENT is not None and _CURRENT.name == "step" else None
+
+
 def start(run_dir: Path, job: dict[str, Any], rank: int, local_rank: int, restart: int) -> Optional["Heartbeat"]:
     """The rank's heartbeat, unless fault.watchdog=false (a job.yaml older than fault.* has it on)."""
+    global _CURRENT
     if not (job.get("fault") or {}).get("watchdog", True):
         return None
-    return Heartbeat(run_dir, rank, local_rank, restart)
+    _CURRENT = Heartbeat(run_dir, rank, local_rank, restart)
+    return _CURRENT
 
 
 class Heartbeat:

@@ -39,7 +39,17 @@ def main() -> None:
 
     install()  # the script's init_process_group: rank 0's store on loopback when the job's host is loopback
 
-    record(run)(sys.argv[1:])
+    try:
+        record(run)(sys.argv[1:])
+    except Exception as e:  # also into failures.jsonl: a failure that repeats is not retried (fsdp_jobs/failures.py)
+        import os
+
+        from fsdp_jobs import failures
+        from fsdp_jobs.runtime.heartbeat import current_step
+
+        if os.environ.get("FSDP_JOBS_RUN_DIR"):
+            failures.record(Path(os.environ["FSDP_JOBS_RUN_DIR"]), e, current_step())
+        raise
 
 
 if __name__ == "__main__":  # the guard a script's process-based async save needs (ARCHITECTURE.md, pitfall 8)

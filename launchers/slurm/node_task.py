@@ -26,6 +26,7 @@ import submitit
 
 from fsdp_jobs import runs
 from fsdp_jobs.checkpoints import CKPT_DIR_RE, newest_checkpoint
+from fsdp_jobs.failures import ATTEMPT_ENV
 from fsdp_jobs.plan import hang_restarts
 from fsdp_jobs.runs import clear_stop_request, request_stop
 from launchers.common import NODE_WRAPPER, USER_CODE_ENV, begin_user_attempt, rank_entry, settle_user_state, torchrun_args
@@ -109,7 +110,9 @@ class NodeTask(submitit.helpers.Checkpointable):
         node = os.environ.get("SLURMD_NODENAME") or socket.gethostname()  # how the ranks name their node
         self._proc = subprocess.Popen(cmd, preexec_fn=_ignore_stop_signal(job["cluster"]["signal"]),
                                       env={**os.environ, "TORCHELASTIC_ERROR_FILE": str(error_file),
-                                           "FSDP_JOBS_NODE": node})
+                                           "FSDP_JOBS_NODE": node,
+                                           # which requeue: fsdp_jobs/failures.py tells attempts apart by it
+                                           ATTEMPT_ENV: f"{job_id}.{attempt}"})
         rc = self._proc.wait()
         settle_user_state(job, run_dir, rc)  # a plain script exiting 0 completed (it writes no state.json)
         state = runs.read_state(run_dir)

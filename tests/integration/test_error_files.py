@@ -35,3 +35,20 @@ def test_a_failing_scripts_exception_reaches_the_failure_summary_like_the_traine
     summary = out[out.index("Root Cause"):]
     assert "To enable traceback" not in summary and "error_file: <N/A>" not in summary
     assert "ValueError: boom from rank" in summary and "boom.py" in summary
+
+
+def test_a_failure_that_repeats_is_not_retried_until_the_budget_is_gone(run_root, tmp_path):
+    """A script that raises the same exception at start-up in two attempts in a row will raise it again:
+    the job stops as failed after the second (not after cluster.max_restarts + 1 = 4), with that exception
+    as its reason (fsdp_jobs/failures.py, launchers/node.py)."""
+    import json
+
+    script = tmp_path / "boom.py"
+    script.write_text("raise ValueError('bad config value 42')\n")
+    r = cli(f"run_root={run_root}", "name=boom", f"script={script}", "cluster.max_restarts=3")
+    assert r.returncode != 0
+    failures = [json.loads(line) for line in (run_root / "boom" / "failures.jsonl").read_text().splitlines()]
+    assert len({f["attempt"] for f in failures}) == 2, failures  # run twice, not four times
+    state = json.loads((run_root / "boom" / "state.json").read_text())
+    assert state["status"] == "failed" and "ValueError: bad config value 42" in state["reason"], state
+    assert "the same failure twice in a row, at start-up: ValueError: bad config value 42" in r.stdout

@@ -83,3 +83,19 @@ def test_status_shows_one_hang_per_event_as_the_culprits_node_saw_it(tmp_path):
     s = hangs.summary(tmp_path)
     assert s["hangs"] == 2 and s["rank"] == 1 and s["node"] == "node0" and s["frame"] is None  # the newest hang
     assert hangs.summary(tmp_path / "nothing") is None
+
+
+def test_a_failure_repeats_only_as_the_same_first_exception_at_the_same_step_in_the_last_two_attempts():
+    from fsdp_jobs.failures import repeating
+
+    def f(attempt: str, t: float, error: str = "ValueError: x", step: int | None = 3, where: str = "a.py:1"):
+        return {"attempt": attempt, "time": t, "error": error, "step": step, "where": where}
+
+    assert repeating([f(":0", 1)]) is None  # once is not a pattern
+    assert "at step 3: ValueError: x" in repeating([f(":0", 1), f(":1", 2)])
+    # an attempt's first failure is its cause: the peers' connection errors that follow do not count
+    assert repeating([f(":0", 1), f(":0", 1.5, "RuntimeError: Connection closed by peer"), f(":1", 2)]) is not None
+    assert repeating([f(":0", 1), f(":1", 2, step=4)]) is None  # progress between them: another chance
+    assert repeating([f(":0", 1), f(":1", 2, "KeyError: y")]) is None
+    assert repeating([f(":0", 1), f(":1", 2, "KeyError: y"), f(":2", 3, "KeyError: y")]) is not None  # the last two
+    assert "at start-up" in repeating([f("7.0:0", 1, step=None), f("7.0:1", 2, step=None)])
