@@ -60,7 +60,9 @@ def travel_note(cfg: Any) -> Optional[str]:
     files = list(snapshot_files(src, (Path(cfg.run_root).expanduser().resolve(),), skipped))
     names = [str(f.relative_to(src)) for f in files]
     shown = ", ".join(names[:12]) + (f" and {len(names) - 12} more" if len(names) > 12 else "")
-    note = f"{cfg.get('script') and 'script=' or 'module='} copies {len(names)} files of {src} into the run dir: {shown}"
+    # (no path in it: the note must read the same wherever the checkout is)
+    what = "script='s directory" if cfg.get("script") else f"module='s package {src.name}"
+    note = f"{what}: {len(names)} files travel into the run dir: {shown}"
     if skipped:
         note += f"; left behind (dotfiles, keys, secret-looking names): {', '.join(str(f.relative_to(src)) for f in skipped[:12])}"
     return note

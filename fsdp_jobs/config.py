@@ -121,7 +121,8 @@ class FaultConfig:
     hang_timeout_s: Optional[float] = None
     # ... before the first steps, and while a checkpoint is saved or loaded (these may take long)
     startup_timeout_s: float = 300
-    max_hang_restarts: int = 3  # restarts after hangs, on top of cluster.max_restarts (crashes)
+    # at most this many restarts after hangs; each also uses one of torchrun's (cluster.max_restarts)
+    max_hang_restarts: int = 3
 
 
 @dataclass

@@ -98,12 +98,6 @@ class Plan:
         return dataclasses.asdict(self)
 
 
-def hang_restarts(cfg: Any) -> int:
-    """The restarts the hang watchdog may ask torchrun for (0 with it off, or a config without fault.*)."""
-    fault = cfg.get("fault") or {}  # (a DictConfig or a job.yaml's dict)
-    return int(fault.get("max_hang_restarts", 0)) if fault.get("watchdog", True) else 0
-
-
 def reshard_after_forward(fsdp: Any) -> bool:
     """fsdp.reshard_after_forward, or the strategy's default when unset (the one place it is decided:
     the plan, the memory estimate, the trainer and fsdp_jobs.job all ask here)."""
@@ -315,9 +309,10 @@ def make_plan(cfg: Any, name: Optional[str] = None, existing: Optional[ExistingR
         run_id=re.sub(r"[^A-Za-z0-9_-]", "-", name)[:64],
         min_nodes=min_nodes,
         max_nodes=nodes,
-        # torchrun's one budget holds both: crashes (cluster.max_restarts) and the hang watchdog's restarts
-        # (fault.max_hang_restarts), which launchers/watchdog.py counts and caps itself
-        max_restarts=cfg.cluster.max_restarts + hang_restarts(cfg),
+        # torchrun's one budget: a restart after a hang (launchers/watchdog.py) uses it like a crash's. Adding
+        # fault.max_hang_restarts to it would hand crashes those restarts too, and a job whose ranks partly
+        # succeeded then waits out torchrun's 300 s exit barrier instead of failing at once
+        max_restarts=cfg.cluster.max_restarts,
     )
     return Plan(
         name=name,

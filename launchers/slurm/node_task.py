@@ -27,7 +27,6 @@ import submitit
 from fsdp_jobs import runs
 from fsdp_jobs.checkpoints import CKPT_DIR_RE, newest_checkpoint
 from fsdp_jobs.failures import ATTEMPT_ENV
-from fsdp_jobs.plan import hang_restarts
 from fsdp_jobs.runs import clear_stop_request, request_stop
 from launchers.common import NODE_WRAPPER, USER_CODE_ENV, begin_user_attempt, rank_entry, settle_user_state, torchrun_args
 from launchers.node import root_cause
@@ -98,7 +97,7 @@ class NodeTask(submitit.helpers.Checkpointable):
 
         plan = SimpleNamespace(gpus_per_node=job["gpus_per_node"], rendezvous=SimpleNamespace(
             backend="c10d", run_id=f"{raw_id}-{attempt}", min_nodes=job["cluster"]["min_nodes"] or job["nodes"],
-            max_nodes=job["nodes"], max_restarts=job["cluster"]["max_restarts"] + hang_restarts(job)))
+            max_nodes=job["nodes"], max_restarts=job["cluster"]["max_restarts"]))
         cmd = [sys.executable, "-m", NODE_WRAPPER,
                *torchrun_args(plan, f"{master}:{port}", job["cluster"]["stop_grace_s"]),
                *rank_entry(job, str(run_dir), os.environ.get(USER_CODE_ENV))]

@@ -215,4 +215,4 @@ def test_dotfiles_keys_and_secret_looking_files_stay_behind_in_the_run_dir_and_t
     with tarfile.open(fileobj=io.BytesIO(gzip.decompress(user_code_tar(cfg)))) as tar:
         assert sorted(tar.getnames()) == ["tokenizer.json", "train.py"]
     note = travel_note(cfg)
-    assert "copies 2 files" in note and ".env" in note.split("left behind")[1] and "secrets.json" in note
+    assert "2 files travel" in note and ".env" in note.split("left behind")[1] and "secrets.json" in note

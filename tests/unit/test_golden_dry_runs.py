@@ -87,8 +87,8 @@ def normalize(text: str, run_root: Path) -> str:
     text = re.sub(r"\n *- /usr:/usr:ro", "", text)
     text = re.sub(r"uid\d+", "uid<N>", text)
     # module=tests.scripts...: what travels is the whole tests/ package, which grows with every test file
-    text = re.sub(r"module= copies \d+ files of <REPO>/tests into the run dir:[^\n]*(\n    [^\n]*)*",
-                  "module= copies <N> files of <REPO>/tests into the run dir", text)
+    text = re.sub(r"module=('?)'s package tests: \d+ files travel into the run dir:[^\n]*(\n    [^\n]*)*",
+                  r"module=\1's package tests: <N> files travel into the run dir", text)
     text = re.sub(r"fsdpjobs-([A-Za-z0-9_.-]+)-[0-9a-f]{8}\b", r"fsdpjobs-\1-<HASH>", text)  # compose project
     return text
 
