@@ -13,6 +13,8 @@ import traceback
 from pathlib import Path
 from typing import Any, Optional
 
+from fsdp_jobs import runs
+
 FAILURES_FILE = "failures.jsonl"
 ATTEMPT_ENV = "FSDP_JOBS_ATTEMPT"
 
@@ -38,19 +40,8 @@ def record(run_dir: Path, exc: BaseException, step: Optional[int]) -> None:
 
 
 def read(run_dir: Path) -> list[dict[str, Any]]:
-    try:
-        lines = (run_dir / FAILURES_FILE).read_text(errors="replace").splitlines()
-    except OSError:
-        return []
-    out = []
-    for line in lines:
-        try:
-            entry = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(entry, dict) and isinstance(entry.get("attempt"), str) and isinstance(entry.get("error"), str):
-            out.append(entry)
-    return out
+    return [e for e in runs.read_jsonl(run_dir / FAILURES_FILE)
+            if isinstance(e.get("attempt"), str) and isinstance(e.get("error"), str)]
 
 
 def repeating(entries: list[dict[str, Any]]) -> Optional[str]:

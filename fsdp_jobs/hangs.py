@@ -7,6 +7,8 @@ import json
 from pathlib import Path
 from typing import Any, Optional
 
+from fsdp_jobs import runs
+
 HANGS_FILE = "hangs.jsonl"
 SAME_HANG_S = 30.0  # the nodes of one job declare the same hang within about a tick of each other
 
@@ -18,19 +20,8 @@ def record(run_dir: Path, entry: dict[str, Any]) -> None:
 
 def read(run_dir: Path) -> list[dict[str, Any]]:
     """Every record, oldest first (a damaged line is skipped)."""
-    try:
-        lines = (run_dir / HANGS_FILE).read_text(errors="replace").splitlines()
-    except OSError:
-        return []
-    out = []
-    for line in lines:
-        try:
-            entry = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(entry, dict) and isinstance(entry.get("first_stopped"), dict) and "time" in entry:
-            out.append(entry)
-    return out
+    return [e for e in runs.read_jsonl(run_dir / HANGS_FILE)
+            if isinstance(e.get("first_stopped"), dict) and isinstance(e.get("time"), (int, float))]
 
 
 def summary(run_dir: Path) -> Optional[dict[str, Any]]:

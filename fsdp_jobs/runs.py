@@ -227,6 +227,24 @@ def cancel_recorded(run_dir: Path) -> bool:
     return (run_dir / CANCEL_FILE).exists()
 
 
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    """The objects of a JSON-lines file, oldest first: a line cut short by a kill, or not an object, is
+    skipped (these files are appended to by processes that may die mid-write)."""
+    try:
+        lines = path.read_text(errors="replace").splitlines()
+    except OSError:
+        return []
+    out = []
+    for line in lines:
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(record, dict):
+            out.append(record)
+    return out
+
+
 def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
     path = run_dir / METRICS_FILE
     if not path.exists():
