@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from fsdp_jobs import hangs
-from fsdp_jobs.runtime.heartbeat import stack_path  # (no torch: the rank's side of the heartbeat)
+from fsdp_jobs.runtime.heartbeat import HEARTBEATS_DIR, stack_path  # (no torch: the rank's side of the heartbeat)
 
 STALE_S = 5.0  # a heartbeat thread silent this long: the process itself is not running
 DERIVED_FLOOR_S, DERIVED_FACTOR = 60.0, 10.0
@@ -41,7 +41,7 @@ DERIVED_FLOOR_S, DERIVED_FACTOR = 60.0, 10.0
 
 @dataclass
 class Beat:
-    """One rank's latest heartbeat (ranks/hb-R.json)."""
+    """One rank's latest heartbeat (heartbeats/rank-R.json)."""
 
     rank: int
     node: str
@@ -63,7 +63,7 @@ class Beat:
 
 
 def read_beats(run_dir: Path) -> list[Beat]:
-    beats = [Beat.read(p) for p in sorted((run_dir / "ranks").glob("hb-*.json"))]
+    beats = [Beat.read(p) for p in sorted((run_dir / HEARTBEATS_DIR).glob("rank-*.json"))]
     return [b for b in beats if b is not None]
 
 

@@ -1,7 +1,7 @@
 """Each rank's heartbeat: what the node's hang watchdog (launchers/watchdog.py) reads.
 
 The training thread only sets two attributes per step (the step number, the time): no I/O, no
-host-device sync, no collective. A daemon thread writes them once a second to RUN_DIR/ranks/hb-R.json,
+host-device sync, no collective. A daemon thread writes them once a second to RUN_DIR/heartbeats/rank-R.json,
 with `alive`, the time of the write itself: a rank stopped by a signal or a debugger stops writing
 altogether, while a rank blocked in a collective (the GIL released) keeps writing but does not advance.
 That difference is how the watchdog names the rank that stopped first.
@@ -29,8 +29,11 @@ INTERVAL_S = 1.0
 STACK_SIGNAL = signal.SIGUSR1  # NCCL's flight recorder dump is triggered by its own mechanism, not a signal
 
 
+HEARTBEATS_DIR = "heartbeats"  # beside ranks/ (rank-R.json: who each rank is), not in it
+
+
 def heartbeat_path(run_dir: Path, rank: int) -> Path:
-    return run_dir / "ranks" / f"hb-{rank}.json"
+    return run_dir / HEARTBEATS_DIR / f"rank-{rank}.json"
 
 
 def stack_path(run_dir: Path, rank: int) -> Path:
