@@ -161,11 +161,13 @@ class Watchdog:
         self.run_dir, self.node, self.agent_pid, self.fault = run_dir, node, agent_pid, fault
         self.hangs = 0
         self.given_up = False
+        self.killed: set[int] = set()  # a killed rank is a zombie until torchrun reaps it: never judged again
 
     def local_beats(self, beats: list[Beat]) -> list[Beat]:
         """Ranks of this node's current workers: children of our agent (stale files of earlier attempts,
         other nodes' ranks and reused pids are not)."""
-        return [b for b in beats if b.node == self.node and parent_pid(b.pid) == self.agent_pid]
+        return [b for b in beats if b.node == self.node and b.pid not in self.killed
+                and parent_pid(b.pid) == self.agent_pid and not process_state(b.pid).startswith("Z")]
 
     def tick(self, now: Optional[float] = None) -> Optional[str]:
         """Act on a hang, if there is one; returns the line to log."""
@@ -203,6 +205,7 @@ class Watchdog:
         hangs.record(self.run_dir, record)
         self.given_up = self.hangs > int(self.fault.get("max_hang_restarts", 3))
         for b in mine:  # SIGKILL works on a stopped process too; torchrun restarts the workers
+            self.killed.add(b.pid)
             try:
                 os.kill(b.pid, signal.SIGKILL)
             except OSError:

@@ -99,3 +99,24 @@ def test_a_failure_repeats_only_as_the_same_first_exception_at_the_same_step_in_
     assert repeating([f(":0", 1), f(":1", 2, "KeyError: y")]) is None
     assert repeating([f(":0", 1), f(":1", 2, "KeyError: y"), f(":2", 3, "KeyError: y")]) is not None  # the last two
     assert "at start-up" in repeating([f("7.0:0", 1, step=None), f("7.0:1", 2, step=None)])
+
+
+def test_a_rank_the_watchdog_killed_is_never_judged_again(tmp_path, monkeypatch):
+    """Until torchrun reaps it, a killed rank is a zombie still parented by the agent, with its old heartbeat:
+    judged again, it would be a second hang (a second restart used, its stack dump overwritten)."""
+    import launchers.watchdog as wd
+
+    hb = tmp_path / "heartbeats"
+    hb.mkdir()
+    (hb / "rank-0.json").write_text(json.dumps({"rank": 0, "node": "node0", "pid": 4242, "step": 5, "phase": "step",
+                                                "progress": NOW - 100, "alive": NOW - 100, "step_s": 0.1}))
+    monkeypatch.setattr(wd, "parent_pid", lambda pid: 77)
+    monkeypatch.setattr(wd, "process_state", lambda pid: "S (sleeping)")
+    monkeypatch.setattr(wd, "dump_stack", lambda beat, path: "(stack)\n")
+    killed = []
+    monkeypatch.setattr(wd.os, "kill", lambda pid, sig: killed.append(pid))
+    dog = wd.Watchdog(tmp_path, "node0", 77, {"hang_timeout_s": 20, "max_hang_restarts": 3})
+    assert "hang" in dog.tick(NOW) and killed == [4242]
+    assert dog.tick(NOW + 1) is None and dog.hangs == 1  # the same (now dead) rank is not a second hang
+    monkeypatch.setattr(wd, "process_state", lambda pid: "Z (zombie)")
+    assert wd.Watchdog(tmp_path, "node0", 77, {"hang_timeout_s": 20}).tick(NOW) is None  # nor a zombie
