@@ -1,5 +1,5 @@
 """What `python -m fsdp_jobs.bench` runs on every rank under torchrun (one JSON argument, no flags:
-torchrun prefix-matches flags after the module, env-notes pitfall 5). Rank 0 prints one JSON line.
+torchrun prefix-matches flags after the module, ARCHITECTURE.md pitfall 5). Rank 0 prints one JSON line.
 
     loop   the minimal hand-written FSDP2 loop the orchestrated job is compared with
     ckpt   the real save path (CheckpointManager, sync and async) next to a raw write of the same bytes
@@ -177,7 +177,7 @@ def main() -> None:
     finally:
         import gc
 
-        gc.collect()  # env-notes pitfall 2
+        gc.collect()  # ARCHITECTURE.md pitfall 2
         dist.barrier()
         dist.destroy_process_group()
     sys.stdout.flush()
