@@ -1,5 +1,6 @@
 """fsdp-jobs list | status RUN | logs RUN [-f] | cancel RUN | chaos RUN ACTION NODE
-         | compare SWEEP | plot RUN_OR_SWEEP... -o out.png        (also: python -m fsdp_jobs.ctl ...)
+         | compare SWEEP | plot RUN_OR_SWEEP... -o out.png | goodput RUN_OR_SWEEP [--json]
+                                                                (also: python -m fsdp_jobs.ctl ...)
 
 RUN is a run name (under run_root, default ./runs), a run dir, or a backend's job id; a sweep's member
 is SWEEP/MEMBER. status and cancel also take a SWEEP (its id, from the journal, or its dir). Everything goes
@@ -18,11 +19,11 @@ from collections import Counter
 from pathlib import Path
 from typing import Any, Optional
 
-from fsdp_jobs import hangs, journal, report, runs
+from fsdp_jobs import goodput, hangs, journal, report, runs
 from fsdp_jobs.errors import OneLineParser, UserError, die
 from fsdp_jobs.checkpoints import newest_checkpoint
 
-COMMANDS = ("list", "status", "logs", "cancel", "chaos", "compare", "plot")
+COMMANDS = ("list", "status", "logs", "cancel", "chaos", "compare", "plot", "goodput")
 
 
 def _backend(run: Any) -> Any:
@@ -79,7 +80,36 @@ def run_status(run_dir: Path) -> dict[str, Any]:
         out["hang"] = hang
         out["detail"] += (f"; {hang['hangs']} hang(s), last: rank {hang['rank']} on {hang['node']} stopped at step "
                           f"{hang['step']} in {hang['frame'] or 'an unknown frame'}")
+    gp = goodput.of_run(run_dir)  # where the wall time went (fsdp-jobs goodput RUN: per attempt)
+    out["goodput"] = {**gp["total"], "attempts": len(gp["attempts"])} if gp else None
     return out
+
+
+def goodput_of(run_dir: Path) -> dict[str, Any]:
+    """A run's goodput accounting, or one line naming the file that holds none."""
+    gp = goodput.of_run(run_dir)
+    if gp is None:
+        path = run_dir / goodput.GOODPUT_FILE
+        raise UserError("RUN", run_dir.name, f"{path} holds no attempt (missing or damaged; runs started before "
+                                             "goodput was recorded have none)")
+    return gp
+
+
+def goodput_command(ref: str, root: Path, as_json: bool) -> None:
+    is_run = any((d / runs.JOB_FILE).is_file() for d in (Path(ref), root / ref))
+    members = None if is_run else report.find_sweep(ref, root)
+    if members is None:
+        gp = goodput_of(find_run(ref, root))
+        lines = goodput.table_lines(gp)
+        if gp["damaged_lines"]:
+            lines.append(f"({gp['damaged_lines']} damaged line(s) of {gp['file']} skipped)")
+        print(json.dumps(gp, indent=2) if as_json else "\n".join(lines))
+        return
+    found = {m["member"]: goodput.of_run(Path(m["run_dir"])) for m in members}
+    if as_json:
+        print(json.dumps(found, indent=2))
+        return
+    print("\n".join(goodput.sweep_lines(found)))
 
 
 def list_lines(run_root: Path) -> list[str]:
@@ -140,6 +170,10 @@ def main(argv: Optional[list[str]] = None) -> int:
     parsers["chaos"].add_argument("node", type=int, nargs="?", default=0,
                                   help="node index (0 = the rendezvous host), or the rank for hang-rank")
     parsers["status"].add_argument("--json", action="store_true", help="a sweep's member statuses as JSON")
+    parsers["goodput"] = sub.add_parser("goodput", help="where the wall time went: queued, start-up, steps, "
+                                        "checkpoints, lost work, recovery, per attempt")
+    parsers["goodput"].add_argument("run", help="run name, run dir, job id, SWEEP/MEMBER or SWEEP")
+    parsers["goodput"].add_argument("--json", action="store_true", help="every part, per attempt, as JSON")
     parsers["compare"] = sub.add_parser("compare", help="a sweep's members: overrides, final loss, tokens/s, MFU")
     parsers["compare"].add_argument("sweep", help="sweep id (see fsdp-jobs list) or sweep dir")
     parsers["plot"] = sub.add_parser("plot", help="PNG of loss and tokens/s over steps, one line per run")
@@ -155,6 +189,9 @@ def main(argv: Optional[list[str]] = None) -> int:
             return 0
         if args.cmd in ("compare", "plot"):
             return sweep_command(args, root)
+        if args.cmd == "goodput":
+            goodput_command(args.run, root, args.json)
+            return 0
         # a run is found without the journal (a damaged journal must not stop `status RUN`)
         is_run = any((d / runs.JOB_FILE).is_file() for d in (Path(args.run), root / args.run))
         members = report.find_sweep(args.run, root) if args.cmd in ("status", "cancel") and not is_run else None

@@ -6,6 +6,7 @@
       launches.jsonl  one line per launch/submission (backend, job id, time)
       logs/           launcher and per-node logs
       metrics.jsonl   one line per training step (rank 0)
+      goodput.jsonl   the timeline every second of the job is accounted from (fsdp_jobs/goodput.py)
       checkpoints/    step-N/ directories, each committed by its manifest.json
       ranks/          rank-R.json: pid, host, restart count of the live workers (for tools and tests)
       state.json      running / completed / preempted / failed (+ step, reason), written by rank 0
@@ -92,7 +93,9 @@ def job_hash(job: dict[str, Any]) -> str:
 
 def record_launch(run_dir: Path, **fields: Any) -> None:
     with open(run_dir / LAUNCHES_FILE, "a") as f:
-        f.write(json.dumps({"time": time.strftime("%Y-%m-%dT%H:%M:%S"), **fields}) + "\n")
+        # unix: to the millisecond, where goodput's queued time begins (fsdp_jobs/goodput.py)
+        f.write(json.dumps({"time": time.strftime("%Y-%m-%dT%H:%M:%S"), "unix": round(time.time(), 3), **fields})
+                + "\n")
 
 
 def launches(run_dir: Path) -> list[dict[str, Any]]:

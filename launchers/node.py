@@ -21,6 +21,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any, Optional
 
@@ -72,6 +73,7 @@ def root_cause(error_file: str) -> Optional[str]:
 
 def run(argv: list[str], environ: Optional[dict[str, str]] = None) -> int:
     """Run the torchrun agent with `argv` (its flags, then the ranks' entry) until it exits; its status."""
+    started = time.time()  # goodput's queued time ends and start-up begins here (fsdp_jobs/goodput.py)
     environ = dict(os.environ if environ is None else environ)
     run_dir = environ.get(RUN_DIR_ENV)
     if not run_dir or not argv:
@@ -81,6 +83,9 @@ def run(argv: list[str], environ: Optional[dict[str, str]] = None) -> int:
     # what the agent and the ranks write (checkpoints, logs, bytecode) is the owner's alone, as the
     # launcher's is, whatever umask the node (a container, a batch step) starts with (README: Security)
     os.umask(OWNER_ONLY_UMASK)
+    from fsdp_jobs import goodput
+
+    goodput.append_event(Path(run_dir), "node_start", node=node, time=started)
     env = agent_env(environ, run_dir, node)
     Path(env["TORCHELASTIC_ERROR_FILE"]).parent.mkdir(parents=True, exist_ok=True)
     Path(env["TORCHELASTIC_ERROR_FILE"]).unlink(missing_ok=True)  # an earlier attempt's is not this one's
@@ -95,6 +100,7 @@ def run(argv: list[str], environ: Optional[dict[str, str]] = None) -> int:
         if signal.getsignal(s) is not signal.SIG_IGN:
             signal.signal(s, forward)
     rc = supervise_agent(agent, Path(run_dir), node)
+    goodput.append_event(Path(run_dir), "node_end", node=node, rc=rc)
     if rc:
         cause = root_cause(env["TORCHELASTIC_ERROR_FILE"])
         print(f"fsdp-jobs: {node}: torchrun exited {rc}" + (f"; first error: {cause}" if cause else ""), flush=True)

@@ -6,6 +6,8 @@ the script (ARCHITECTURE.md, pitfall 5)."""
 import sys
 from pathlib import Path
 
+from fsdp_jobs.runtime import timeline  # first: its MAIN_STARTED is when this rank's own code began
+
 
 def main() -> None:
     if len(sys.argv) != 2:
@@ -31,6 +33,7 @@ def main() -> None:
         from fsdp_jobs.runtime.heartbeat import current_step
 
         failures.record(run_dir, e, current_step())
+        timeline.failed(run_dir, e, current_step())
         raise
 
 

@@ -34,6 +34,7 @@ from fsdp_jobs.runtime.prefetch import BatchPrefetcher
 from fsdp_jobs.runtime.shard import build_meta_model, dtype_of, init_devices, materialize, shard_model
 from fsdp_jobs.runtime.signals import StopFlag
 from fsdp_jobs.runtime.stopping import StopFileWatcher, StopVote
+from fsdp_jobs.runtime.timeline import Timeline
 
 # test-only fault injection: the training step raises from this step on (a job that cannot progress)
 FAIL_AT_STEP_ENV = "FSDP_JOBS_TEST_FAIL_AT_STEP"
@@ -127,22 +128,29 @@ class Trainer:
         self.run_dir, self.job = run_dir, job
         self.tcfg, self.ccfg = job["train"], job["checkpoint"]
         self.heartbeat: Optional[heartbeat.Heartbeat] = None
+        self.timeline = Timeline(run_dir, enabled=False, restart=0)  # bring_up opens rank 0's (goodput.jsonl)
 
     def run(self, stop: StopFlag) -> int:
         """The built-in loop, start to exit."""
         self.bring_up()
         self.tune_for_training()
         self.build()
+        self.timeline.event("built")
         self.resume()
+        self.timeline.event("loaded", step=self.state.step, attempt=self.ckpt.attempt, restart=self.world.restart)
         self.prepare_loop()
+        self.timeline.loop(self.state.step)
         stopped = self.fit(stop)
         self.finish(stopped)
+        self.timeline.event("end", why="preempted" if stopped else "completed", step=self.state.step)
         return 0
 
     # ------------------------------------------------------------------ bring-up (also fsdp_jobs.job's)
     def bring_up(self) -> None:
         """Process group on the world torchrun started, this rank's record, the configured mesh."""
         world = read_world(self.job["cluster"]["device"])
+        self.timeline = Timeline(self.run_dir, enabled=world.rank == 0, restart=world.restart)
+        began = time.time()
         # first: the node's watchdog (launchers/watchdog.py) follows this rank from here on
         self.heartbeat = heartbeat.start(self.run_dir, self.job, world.rank, world.local_rank, world.restart)
         # CPU offload: the grad-norm all-reduce runs on host tensors, so the default group needs gloo too
@@ -150,6 +158,7 @@ class Trainer:
                            cpu_collectives=bool(self.job["fsdp"].get("cpu_offload")))
         write_rank_file(self.run_dir, world)  # pid, host, restart of this rank, for tools (and tests that kill ranks)
         self.use(world, build_mesh(self.job, world))
+        self.timeline.event("process_group", began=began)
 
     def use(self, world: World, mesh: Any) -> None:
         """Take a world and mesh brought up already (bring_up, or a test's one-rank group)."""
@@ -299,9 +308,11 @@ class Trainer:
     def save_checkpoint(self, state: StateObjects, wait: bool = False) -> None:
         """Collective. `wait`: the process is about to exit, the checkpoint must be committed first."""
         self.beat_phase("save")
+        began = time.time()
         self.ckpt.save(state, self.mesh_shape, self.world.world_size)
         if wait:
             self.ckpt.wait()
+        self.timeline.save(state.step, began)
         self.beat(state.step)
 
     def beat(self, step: int) -> None:
@@ -336,6 +347,7 @@ class Trainer:
             checkpoint_now = self.checkpoint_due()
             if stopping or checkpoint_now or state.step % self.tcfg["log_interval"] == 0 or state.step == total:
                 self.window.flush()
+                self.timeline.steps(state.step)  # goodput.jsonl: these steps' window, at the flush's sync
             if stopping:
                 stopped_by = "signal"
                 why = stop.received.name if stop.received else "stop-request file" if self.stop_file.seen.is_set() \
@@ -353,9 +365,11 @@ class Trainer:
         """The final checkpoint and probe of a finished run, the run's record."""
         state, rank = self.state, self.world.rank
         self.beat_phase("finish")
+        began = time.time()
         if stopped_by is None and self.ccfg["save_final"]:
             self.save_checkpoint(state)
         self.ckpt.wait()
+        self.timeline.save(state.step, began)  # the final save and the wait for a background one
         if stopped_by is None:
             # after the final commit: it may OOM
             save_probe(self.run_dir, self.model, self.dataset, state.step, self.world)

@@ -1,0 +1,67 @@
+"""Rank 0's side of RUN_DIR/goodput.jsonl (the format and its accounting: fsdp_jobs/goodput.py).
+
+Torch-free, so fsdp_jobs/runtime/__main__.py imports it before torch: MAIN_STARTED is the moment the rank's
+own code began. Nothing here runs on every step: the step loop calls `steps` only where it already syncs
+(the metrics flush at log and checkpoint steps), and a line is appended then.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Any, Optional
+
+from fsdp_jobs import goodput
+
+MAIN_STARTED = time.time()  # imported first thing by fsdp_jobs/runtime/__main__.py
+
+
+def process_start_time() -> Optional[float]:
+    """When this process was started (Linux: /proc/self/stat's starttime after the boot time), or None."""
+    try:
+        stat = Path("/proc/self/stat").read_text()
+        ticks = int(stat.rsplit(")", 1)[1].split()[19])  # field 22, counted after the command name
+        boot = next(float(ln.split()[1]) for ln in Path("/proc/stat").read_text().splitlines()
+                    if ln.startswith("btime "))
+        return boot + ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, StopIteration):
+        return None
+
+
+def failed(run_dir: Path, exc: BaseException, step: Optional[int]) -> None:
+    """Rank 0's attempt ends in an exception: when (goodput's lost work ends and its recovery begins here)."""
+    if os.environ.get("RANK", "0") == "0":
+        goodput.append_event(run_dir, "end", pid=os.getpid(), step=step, why=f"failed: {type(exc).__name__}")
+
+
+class Timeline:
+    """The events of one attempt; only rank 0's is enabled. `mark` is the end of the last steps window or save."""
+
+    def __init__(self, run_dir: Path, enabled: bool, restart: int) -> None:
+        self.run_dir, self.enabled, self.pid = run_dir, enabled, os.getpid()
+        self.mark, self.last_step = time.time(), 0
+        started = process_start_time()
+        # /proc's start is to the clock tick (10 ms): never after the moment the code began
+        self.event("start", time=min(started or MAIN_STARTED, MAIN_STARTED), main=MAIN_STARTED, restart=restart)
+
+    def event(self, name: str, **fields: Any) -> None:
+        if self.enabled:
+            goodput.append_event(self.run_dir, name, pid=self.pid, **fields)
+
+    def loop(self, step: int) -> None:
+        """The step loop begins after `step` (the resumed one)."""
+        self.mark, self.last_step = time.time(), step
+        self.event("loop", step=step, time=self.mark)
+
+    def steps(self, step: int) -> None:
+        """The steps since the last mark, up to `step`, were just flushed (their seconds: since that mark)."""
+        if step > self.last_step:
+            now = time.time()
+            self.event("steps", first=self.last_step + 1, last=step, seconds=now - self.mark, time=now)
+            self.mark, self.last_step = now, step
+
+    def save(self, step: int, began: float) -> None:
+        """A save that began at `began` (time.time()) returned: the loop was blocked until now."""
+        self.mark = time.time()
+        self.event("save", step=step, blocked=self.mark - began, time=self.mark)
