@@ -62,20 +62,32 @@ def table(header: list[str], rows: Iterable[list[str]]) -> list[str]:
     return ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
 
 
-def compare_lines(rows: list[dict[str, Any]], keys: Iterable[str] = (), extra: Iterable[str] = ()) -> list[str]:
-    """One line per member: its swept values (keys), extra columns, then step, final loss, tokens/s, MFU."""
+def compare_lines(rows: list[dict[str, Any]], keys: Iterable[str] = (), extra: Iterable[str] = (),
+                  goodput: bool = False) -> list[str]:
+    """One line per member: its swept values (keys), extra columns, then step, final loss, tokens/s, MFU
+    (and, with `goodput`, the effective training share of its wall time: fsdp_jobs/goodput.py)."""
     keys, extra = list(keys), list(extra)
     header = ["MEMBER", *keys, *(e.upper() for e in extra), "STEP", "FINAL LOSS", "TOKENS/S", "MFU"]
     body = [[str(r["member"]), *(str(r.get("params", {}).get(k, "-")) for k in keys),
              *(_fmt(r.get(e)) for e in extra), _fmt(r.get("step")), _fmt(r.get("loss"), "loss"),
              _fmt(r.get("tokens_per_s"), "tok"), _fmt(r.get("mfu"), "mfu")] for r in rows]
+    if goodput:
+        header.append("GOODPUT")
+        for line, r in zip(body, rows):
+            line.append("-" if r.get("effective_pct") is None else f"{r['effective_pct']:.1f}%")
     return table(header, body)
 
 
 def compare(members: list[dict[str, Any]]) -> list[str]:
+    from fsdp_jobs import goodput
+
     keys = list(dict.fromkeys(k for m in members for k in m["params"]))
-    rows = [{**m, **summarize_run(Path(m["run_dir"]))} for m in members]
-    return compare_lines(rows, keys)
+    rows = []
+    for m in members:
+        gp = goodput.of_run(Path(m["run_dir"]))
+        rows.append({**m, **summarize_run(Path(m["run_dir"])), "effective_pct": gp["total"]["effective_pct"] if gp
+                     else None})
+    return compare_lines(rows, keys, goodput=True)
 
 
 def status_lines(statuses: list[dict[str, Any]]) -> list[str]:

@@ -168,9 +168,9 @@ def test_compare_table_shows_overrides_final_loss_throughput_and_mfu(tmp_path):
     b = _fake_run(tmp_path / "b", [5.0, 4.5, 4.4, 4.2], [5.0, 500.0, 7.0, 700.0], ["1", "1", "2", "2"])
     lines = report.compare([{"member": "lr=1", "run_dir": a, "params": {"train.lr": "1"}},
                             {"member": "lr=2", "run_dir": b, "params": {"train.lr": "2"}}])
-    assert lines[0].split() == ["MEMBER", "train.lr", "STEP", "FINAL", "LOSS", "TOKENS/S", "MFU"]
-    assert lines[1].split() == ["lr=1", "1", "3", "3.5000", "1100", "0.11%"]
-    assert lines[2].split() == ["lr=2", "2", "4", "4.2000", "600", "0.06%"]
+    assert lines[0].split() == ["MEMBER", "train.lr", "STEP", "FINAL", "LOSS", "TOKENS/S", "MFU", "GOODPUT"]
+    assert lines[1].split() == ["lr=1", "1", "3", "3.5000", "1100", "0.11%", "-"]  # no goodput.jsonl
+    assert lines[2].split() == ["lr=2", "2", "4", "4.2000", "600", "0.06%", "-"]
 
 
 def count_colour(png: Path, colour: str, tolerance: int = 12) -> int:

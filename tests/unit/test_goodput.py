@@ -1,0 +1,181 @@
+"""fsdp_jobs/goodput.py on hand-made timelines: every second of every attempt lands in one part, the parts add
+up to the wall time, lost steps are the ones a later attempt computed again, and a damaged timeline gets one
+line naming the file (README: Goodput)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from fsdp_jobs import goodput
+from tests.conftest import cli
+from tests.unit.test_ctl import LOCAL, make_run
+
+
+def attempt(pid: int, t0: float, resumed: int, windows: list[tuple[int, float]], saves: dict[int, float],
+            end: tuple[str, float] | None) -> list[dict]:
+    """An attempt whose process starts at t0: 1 s interpreter, 2 s imports, 1 s process group, 2 s build,
+    0.5 s load, 0.5 s prepare; then windows (last step, seconds), a save of `saves[step]` seconds after the
+    window ending at that step; then `end` (why, seconds after the last mark)."""
+    ev = [{"event": "start", "pid": pid, "time": t0, "main": t0 + 1, "restart": 0},
+          {"event": "process_group", "pid": pid, "began": t0 + 3, "time": t0 + 4},
+          {"event": "built", "pid": pid, "time": t0 + 6},
+          {"event": "loaded", "pid": pid, "step": resumed, "time": t0 + 6.5, "attempt": f"a{pid}"},
+          {"event": "loop", "pid": pid, "step": resumed, "time": t0 + 7}]
+    t, first = t0 + 7, resumed + 1
+    for last, seconds in windows:
+        t += seconds
+        ev.append({"event": "steps", "pid": pid, "first": first, "last": last, "time": t})
+        first = last + 1
+        if last in saves:
+            t += saves[last]
+            ev.append({"event": "save", "pid": pid, "step": last, "blocked": saves[last], "time": t})
+    if end:
+        ev.append({"event": "end", "pid": pid, "why": end[0], "step": first - 1, "time": t + end[1]})
+    return ev
+
+
+def node(name: str, t: float, node_id: str = "node0") -> dict:
+    return {"event": name, "node": node_id, "time": t}
+
+
+def assert_adds_up(row: dict) -> None:
+    assert sum(row["parts_s"].values()) == pytest.approx(row["wall_s"], rel=0.02)
+    assert row["parts_s"]["other"] == pytest.approx(0, abs=1e-6)
+    assert sum(row["startup_s"].values()) == pytest.approx(row["parts_s"]["startup"], abs=1e-3)
+
+
+def test_one_attempt_every_part_in_its_place():
+    events = [node("node_start", 102), node("node_start", 102.5, "node1"),
+              *attempt(7, 105, 0, [(10, 4.0), (20, 4.0)], {10: 1.0, 20: 0.5}, ("completed", 2.0)),
+              node("node_end", 124), node("node_end", 124.5, "node1")]
+    gp = goodput.account(events, [100.0])
+    (a,) = gp["attempts"]
+    assert a["wall_s"] == 24.5 and a["steps"] == [1, 20] and a["lost_steps"] == 0 and a["ended"] == "completed"
+    assert a["parts_s"] == {"queued": 2.0, "startup": 10.0, "productive": 8.0, "checkpoint": 1.5, "lost": 0.0,
+                            "recovery": 0.0, "shutdown": 3.0, "other": 0.0}
+    assert a["startup_s"] == {"agent": 3.0, "interpreter": 1.0, "imports": 2.0, "process_group": 1.0, "build": 2.0,
+                              "checkpoint_load": 0.5, "prepare": 0.5}
+    assert a["effective_pct"] == pytest.approx(100 * 8 / 24.5, abs=0.01)
+    assert gp["total"]["wall_s"] == 24.5 and gp["total"]["effective_pct"] == a["effective_pct"]
+    assert_adds_up(a)
+
+
+def test_a_killed_attempt_loses_the_steps_after_the_checkpoint_the_next_one_resumed_from():
+    # attempt 1: steps 1-10 (save at 10), 11-15, 16-17 logged, then killed (no end recorded) at ~126;
+    # torchrun restarts: attempt 2 starts at 130 from step 10 and completes 11-30
+    a1 = attempt(11, 105, 0, [(10, 5.0), (15, 5.0), (17, 2.0)], {10: 1.0}, None)
+    a2 = attempt(12, 130, 10, [(30, 10.0)], {30: 1.0}, ("completed", 0.5))
+    gp = goodput.account([node("node_start", 101), *a1, *a2, node("node_end", 150)], [100.0])
+    r1, r2 = gp["attempts"]
+    assert (r1["steps"], r2["steps"], r2["resumed_from_step"]) == ([1, 17], [11, 30], 10)
+    assert r1["lost_steps"] == 7 and r2["lost_steps"] == 0 and gp["total"]["lost_steps"] == 7
+    assert r1["parts_s"]["lost"] == pytest.approx(7.0) and r1["parts_s"]["productive"] == pytest.approx(5.0)
+    assert r1["ended"].startswith("no end recorded")
+    # attempt 1 ends at its last mark (120 + 7 s start-up ... = 125); attempt 2 begins there: recovery
+    assert r1["end"] == 125.0 and r2["begin"] == 125.0
+    assert r2["parts_s"]["recovery"] == pytest.approx(5.0) and r2["parts_s"]["queued"] == 0
+    assert r2["startup_s"]["agent"] == 0 and r2["parts_s"]["shutdown"] == pytest.approx(0.5 + 1.5)
+    for row in (r1, r2, gp["total"]):
+        assert_adds_up(row)
+    assert gp["total"]["wall_s"] == pytest.approx(150 - 100)
+    assert gp["total"]["effective_pct"] == pytest.approx(100 * (5 + 10) / 50, abs=0.01)
+
+
+def test_a_window_is_lost_pro_rata_and_a_failure_ends_in_lost_work():
+    # log_interval 5: the window 11-15 straddles the checkpoint at 12 the next attempt resumed from
+    a1 = attempt(21, 105, 0, [(5, 5.0), (10, 5.0), (15, 5.0)], {}, ("failed: RuntimeError", 3.0))
+    a2 = attempt(22, 135, 12, [(20, 8.0)], {}, ("completed", 1.0))
+    gp = goodput.account([*a1, *a2], [])
+    r1, r2 = gp["attempts"]
+    assert r1["lost_steps"] == 3 and r1["ended"] == "failed: RuntimeError"
+    # 3/5 of the window 11-15 (3 s) and the 3 s from the last flush to the failure (steps in flight) are lost
+    assert r1["parts_s"]["lost"] == pytest.approx(6.0) and r1["parts_s"]["productive"] == pytest.approx(12.0)
+    assert r1["parts_s"]["queued"] == 0 and r1["startup_s"]["agent"] == 0  # no launch, no node: starts at start
+    assert r1["end"] == 130.0 and r2["parts_s"]["recovery"] == pytest.approx(5.0)
+    for row in (r1, r2, gp["total"]):
+        assert_adds_up(row)
+
+
+def test_a_failed_last_attempt_loses_against_the_newest_committed_checkpoint():
+    a1 = attempt(31, 105, 0, [(10, 5.0), (14, 2.0)], {10: 1.0}, ("failed: ValueError", 1.0))
+    assert goodput.account(a1, [100.0], committed_step=10)["attempts"][0]["lost_steps"] == 4
+    assert goodput.account(a1, [100.0])["attempts"][0]["lost_steps"] == 14  # nothing committed: all of it
+
+
+def test_attempts_split_by_launch_and_the_gap_between_launches_is_nobodys():
+    # launch 1 at 100 completes by 125; the user resubmits at 1000 (train.steps raised), which resumes from 20
+    first = [node("node_start", 101), *attempt(41, 105, 0, [(20, 8.0)], {20: 1.0}, ("completed", 1.0)),
+             node("node_end", 125)]
+    second = [node("node_start", 1003), *attempt(42, 1005, 20, [(30, 4.0)], {}, ("completed", 1.0)),
+              node("node_end", 1020)]
+    gp = goodput.account(first + second, [100.0, 1000.0])
+    r1, r2 = gp["attempts"]
+    assert (r1["launch"], r2["launch"]) == (1, 2) and r1["lost_steps"] == 0
+    assert r1["parts_s"]["queued"] == 1.0 and r2["parts_s"]["queued"] == 3.0 and r2["parts_s"]["recovery"] == 0
+    assert gp["total"]["wall_s"] == pytest.approx(25 + 20)
+    for row in (r1, r2, gp["total"]):
+        assert_adds_up(row)
+
+
+def test_launch_times_from_old_records_and_marks_out_of_order_still_add_up():
+    times = goodput.launch_times([{"unix": 5.5}, {"time": "not a time"}, {"time": "2026-01-01T00:00:00"}])
+    assert len(times) == 2 and times[0] == 5.5 and times[1] > 1.7e9
+    events = attempt(51, 105, 0, [(10, 4.0)], {}, ("completed", 1.0))
+    events[3]["time"] = 300.0  # "loaded" after everything else (a clock jump): nothing is counted twice
+    row = goodput.account(events, [])["attempts"][0]
+    assert sum(row["parts_s"].values()) == pytest.approx(row["wall_s"]) and row["wall_s"] == 300 - 105
+    assert min(row["parts_s"].values()) >= 0 and row["parts_s"]["productive"] == 0
+
+
+def write_timeline(run_dir: Path, events: list[dict], junk: str = "") -> None:
+    (run_dir / "goodput.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events) + junk)
+
+
+def test_cli_table_json_status_and_a_damaged_timeline(run_root):
+    run_dir = make_run(run_root, "gp", LOCAL)
+    (run_dir / "launches.jsonl").write_text(json.dumps({"backend": "local", "job_id": "9", "pid": 9, "unix": 100.0})
+                                            + "\n")
+    events = [node("node_start", 102), *attempt(7, 105, 0, [(10, 4.0)], {}, ("completed", 1.0)),
+              node("node_end", 119)]
+    # a line cut by a kill, binary junk, an event with a time that is no number, one without its pid
+    write_timeline(run_dir, events, '{"event": "steps", "pi\n\xff\xfe\n{"event": "end", "pid": 7, "time": "x"}\n'
+                                    '{"event": "loop", "time": 3}\n')
+    r = cli("goodput", "gp", "--json", "--run-root", str(run_root))
+    assert r.returncode == 0, r.stderr
+    gp = json.loads(r.stdout)
+    assert gp["damaged_lines"] == 4 and gp["total"]["wall_s"] == 19.0
+    table = cli("goodput", "gp", "--run-root", str(run_root))
+    lines = table.stdout.splitlines()
+    assert lines[0].split()[:4] == ["ATTEMPT", "STEPS", "LOST_STEPS", "WALL_S"] and lines[2].startswith("total")
+    assert "4 damaged line(s)" in lines[-1]
+    status = json.loads(cli("status", "gp", "--run-root", str(run_root)).stdout)
+    assert status["goodput"]["attempts"] == 1 and status["goodput"]["wall_s"] == 19.0
+
+    for text in ("\xff\x00 nothing here\n", None):  # all damaged, or no timeline at all: one line naming the file
+        if text is None:
+            (run_dir / "goodput.jsonl").unlink()
+        else:
+            (run_dir / "goodput.jsonl").write_text(text)
+        r = cli("goodput", "gp", "--run-root", str(run_root))
+        assert r.returncode == 2 and "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1
+        assert str(run_dir / "goodput.jsonl") in r.stderr
+        assert json.loads(cli("status", "gp", "--run-root", str(run_root)).stdout)["goodput"] is None
+
+
+def test_sweep_table_and_compare_column(run_root):
+    sweep = run_root / "sw"
+    for i, member in enumerate(("lr=1", "lr=2")):
+        run_dir = make_run(sweep, member, LOCAL)
+        write_timeline(run_dir, attempt(60 + i, 105, 0, [(10, 4.0 + i)], {}, ("completed", 1.0)))
+        (run_dir / "metrics.jsonl").write_text(json.dumps({"step": 10, "loss": 1.0, "attempt": "a"}) + "\n")
+    (sweep / "lr=2" / "goodput.jsonl").unlink()
+    r = cli("goodput", str(sweep), "--run-root", str(run_root))
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert lines[0].split()[0] == "MEMBER" and lines[1].split()[0] == "lr=1" and lines[1].split()[-1] == "33.3%"
+    assert lines[2].split() == ["lr=2"] + ["-"] * (len(lines[0].split()) - 1)
+    compare = cli("compare", str(sweep), "--run-root", str(run_root)).stdout.splitlines()
+    assert compare[0].split()[-1] == "GOODPUT" and compare[1].split()[-1] == "33.3%" and compare[2].split()[-1] == "-"
