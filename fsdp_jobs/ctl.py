@@ -100,7 +100,7 @@ def goodput_command(ref: str, root: Path, as_json: bool) -> None:
     members = None if is_run else report.find_sweep(ref, root)
     if members is None:
         gp = goodput_of(find_run(ref, root))
-        lines = goodput.table_lines(gp)
+        lines = report.goodput_lines(gp)
         if gp["damaged_lines"]:
             lines.append(f"({gp['damaged_lines']} damaged line(s) of {gp['file']} skipped)")
         print(json.dumps(gp, indent=2) if as_json else "\n".join(lines))
@@ -109,7 +109,7 @@ def goodput_command(ref: str, root: Path, as_json: bool) -> None:
     if as_json:
         print(json.dumps(found, indent=2))
         return
-    print("\n".join(goodput.sweep_lines(found)))
+    print("\n".join(report.goodput_sweep_lines(found)))
 
 
 def list_lines(run_root: Path) -> list[str]:

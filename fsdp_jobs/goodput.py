@@ -278,33 +278,3 @@ def of_run(run_dir: Path) -> Optional[dict[str, Any]]:
     out = account(events, launch_times(runs.launches(run_dir)), committed)
     out["file"], out["damaged_lines"] = str(path), damaged
     return out
-
-
-def _s(seconds: float) -> str:
-    return f"{seconds:.1f}"
-
-
-def _row(name: str, r: dict[str, Any]) -> list[str]:
-    steps = f"{r['steps'][0]}-{r['steps'][1]}" if r.get("steps") else "-"
-    eff = r["effective_pct"]
-    return [name, steps, str(r["lost_steps"]), _s(r["wall_s"]), *(_s(r["parts_s"][p]) for p in PARTS),
-            "-" if eff is None else f"{eff:.1f}%"]
-
-
-HEADER = ["STEPS", "LOST_STEPS", "WALL_S", *(p.upper() for p in PARTS), "EFFECTIVE"]
-
-
-def table_lines(result: dict[str, Any]) -> list[str]:
-    """`fsdp-jobs goodput RUN`: one row per attempt and the total, in seconds, and the effective share."""
-    from fsdp_jobs.report import table
-
-    rows = [_row(str(r["attempt"]), r) for r in result["attempts"]] + [_row("total", result["total"])]
-    return table(["ATTEMPT", *HEADER], rows)
-
-
-def sweep_lines(members: dict[str, Optional[dict[str, Any]]]) -> list[str]:
-    """`fsdp-jobs goodput SWEEP`: each member's total (a member with no timeline yet: dashes)."""
-    from fsdp_jobs.report import table
-
-    rows = [_row(name, gp["total"]) if gp else [name] + ["-"] * len(HEADER) for name, gp in members.items()]
-    return table(["MEMBER", *HEADER], rows)

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Iterable, Optional
 
-from fsdp_jobs import journal, runs
+from fsdp_jobs import goodput, journal, runs
 
 WINDOW = 20  # steps the throughput figures are averaged over (the newest ones)
 
@@ -63,15 +63,15 @@ def table(header: list[str], rows: Iterable[list[str]]) -> list[str]:
 
 
 def compare_lines(rows: list[dict[str, Any]], keys: Iterable[str] = (), extra: Iterable[str] = (),
-                  goodput: bool = False) -> list[str]:
+                  with_goodput: bool = False) -> list[str]:
     """One line per member: its swept values (keys), extra columns, then step, final loss, tokens/s, MFU
-    (and, with `goodput`, the effective training share of its wall time: fsdp_jobs/goodput.py)."""
+    (and, with_goodput, the effective training share of its wall time: fsdp_jobs/goodput.py)."""
     keys, extra = list(keys), list(extra)
     header = ["MEMBER", *keys, *(e.upper() for e in extra), "STEP", "FINAL LOSS", "TOKENS/S", "MFU"]
     body = [[str(r["member"]), *(str(r.get("params", {}).get(k, "-")) for k in keys),
              *(_fmt(r.get(e)) for e in extra), _fmt(r.get("step")), _fmt(r.get("loss"), "loss"),
              _fmt(r.get("tokens_per_s"), "tok"), _fmt(r.get("mfu"), "mfu")] for r in rows]
-    if goodput:
+    if with_goodput:
         header.append("GOODPUT")
         for line, r in zip(body, rows):
             line.append("-" if r.get("effective_pct") is None else f"{r['effective_pct']:.1f}%")
@@ -79,15 +79,13 @@ def compare_lines(rows: list[dict[str, Any]], keys: Iterable[str] = (), extra: I
 
 
 def compare(members: list[dict[str, Any]]) -> list[str]:
-    from fsdp_jobs import goodput
-
     keys = list(dict.fromkeys(k for m in members for k in m["params"]))
     rows = []
     for m in members:
         gp = goodput.of_run(Path(m["run_dir"]))
         rows.append({**m, **summarize_run(Path(m["run_dir"])), "effective_pct": gp["total"]["effective_pct"] if gp
                      else None})
-    return compare_lines(rows, keys, goodput=True)
+    return compare_lines(rows, keys, with_goodput=True)
 
 
 def status_lines(statuses: list[dict[str, Any]]) -> list[str]:
@@ -114,7 +112,15 @@ def plot(named_runs: list[tuple[str, Path]], out: Path) -> list[str]:
     matplotlib.use("Agg")  # no display: write the file only
     import matplotlib.pyplot as plt
 
-    fig, (ax_loss, ax_tok) = plt.subplots(2, 1, figsize=(9, 7), sharex=True)
+    timelines = [(label, goodput.of_run(run_dir)) for label, run_dir in named_runs]
+    bars = [(f"{label} #{a['attempt']}", a["parts_s"]) for label, gp in timelines if gp for a in gp["attempts"]]
+    if bars:  # a third panel: where each attempt's wall time went
+        fig, (ax_loss, ax_tok, ax_gp) = plt.subplots(3, 1, figsize=(9, 10), gridspec_kw={"height_ratios": [3, 3, 2]})
+        ax_tok.sharex(ax_loss)
+        ax_loss.tick_params(labelbottom=False)
+        goodput_bars(ax_gp, bars)
+    else:
+        fig, (ax_loss, ax_tok) = plt.subplots(2, 1, figsize=(9, 7), sharex=True)
     drawn = []
     for i, (label, run_dir) in enumerate(named_runs):
         metrics = [m for m in runs.read_metrics(run_dir) if isinstance(m.get("step"), int)]
@@ -137,3 +143,49 @@ def plot(named_runs: list[tuple[str, Path]], out: Path) -> list[str]:
     fig.savefig(out, dpi=100)
     plt.close(fig)
     return drawn
+
+
+# not the C0..C9 the runs' lines are drawn in
+GOODPUT_COLOURS = {"queued": "#bdbdbd", "startup": "#fdae6b", "productive": "#31a354", "checkpoint": "#6baed6",
+                   "lost": "#de2d26", "recovery": "#9e9ac8", "shutdown": "#636363", "other": "#000000"}
+
+
+def goodput_bars(ax: Any, bars: list[tuple[str, dict[str, float]]]) -> None:
+    """One horizontal bar per attempt, its wall time stacked by part (fsdp_jobs/goodput.py)."""
+    labels, left = [label for label, _ in bars], [0.0] * len(bars)
+    for part in goodput.PARTS:
+        widths = [parts.get(part, 0.0) for _, parts in bars]
+        if any(widths):
+            ax.barh(labels, widths, left=left, color=GOODPUT_COLOURS[part], label=part)
+            left = [x + w for x, w in zip(left, widths)]
+    ax.invert_yaxis()
+    ax.set_xlabel("wall time (s)")
+    ax.legend(fontsize=7, ncol=len(goodput.PARTS), loc="lower center", bbox_to_anchor=(0.5, 1.0), frameon=False)
+
+
+def _sec(seconds: float) -> str:
+    return f"{seconds:.1f}"
+
+
+def _goodput_row(name: str, r: dict[str, Any]) -> list[str]:
+    steps = f"{r['steps'][0]}-{r['steps'][1]}" if r.get("steps") else "-"
+    eff = r["effective_pct"]
+    return [name, steps, str(r["lost_steps"]), _sec(r["wall_s"]), *(_sec(r["parts_s"][p]) for p in goodput.PARTS),
+            "-" if eff is None else f"{eff:.1f}%"]
+
+
+GOODPUT_HEADER = ["STEPS", "LOST_STEPS", "WALL_S", *(p.upper() for p in goodput.PARTS), "EFFECTIVE"]
+
+
+def goodput_lines(result: dict[str, Any]) -> list[str]:
+    """`fsdp-jobs goodput RUN`: one row per attempt and the total, in seconds, and the effective share."""
+    rows = [_goodput_row(str(r["attempt"]), r) for r in result["attempts"]]
+    rows.append(_goodput_row("total", result["total"]))
+    return table(["ATTEMPT", *GOODPUT_HEADER], rows)
+
+
+def goodput_sweep_lines(members: dict[str, Optional[dict[str, Any]]]) -> list[str]:
+    """`fsdp-jobs goodput SWEEP`: each member's total (a member with no timeline yet: dashes)."""
+    rows = [_goodput_row(name, gp["total"]) if gp else [name] + ["-"] * len(GOODPUT_HEADER)
+            for name, gp in members.items()]
+    return table(["MEMBER", *GOODPUT_HEADER], rows)

@@ -12,6 +12,7 @@ import pytest
 from fsdp_jobs import goodput
 from tests.conftest import cli
 from tests.unit.test_ctl import LOCAL, make_run
+from tests.unit.test_sweeps import count_colour
 
 
 def attempt(pid: int, t0: float, resumed: int, windows: list[tuple[int, float]], saves: dict[int, float],
@@ -179,3 +180,21 @@ def test_sweep_table_and_compare_column(run_root):
     assert lines[2].split() == ["lr=2"] + ["-"] * (len(lines[0].split()) - 1)
     compare = cli("compare", str(sweep), "--run-root", str(run_root)).stdout.splitlines()
     assert compare[0].split()[-1] == "GOODPUT" and compare[1].split()[-1] == "33.3%" and compare[2].split()[-1] == "-"
+
+
+def test_plot_gets_a_goodput_bar_per_attempt(run_root, tmp_path):
+    from fsdp_jobs.report import GOODPUT_COLOURS
+
+    run_dir = make_run(run_root, "p", LOCAL)
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps({"step": i, "loss": 5.0 - i / 10, "tokens_per_s": 100.0,
+                                                               "attempt": "a"}) + "\n" for i in range(1, 11)))
+    png = tmp_path / "no-timeline.png"
+    assert cli("plot", "p", "-o", str(png), "--run-root", str(run_root)).returncode == 0
+    assert count_colour(png, GOODPUT_COLOURS["productive"], 4) == 0
+    write_timeline(run_dir, [*attempt(7, 105, 0, [(5, 4.0)], {5: 1.0}, None),
+                             *attempt(8, 130, 5, [(10, 4.0)], {}, ("completed", 1.0))])
+    png = tmp_path / "timeline.png"
+    r = cli("plot", "p", "-o", str(png), "--run-root", str(run_root))
+    assert r.returncode == 0, r.stderr
+    for part in ("productive", "startup", "checkpoint", "recovery"):  # two bars, stacked by part
+        assert count_colour(png, GOODPUT_COLOURS[part], 4) > 100, part
