@@ -42,7 +42,7 @@ import json
 import math
 import time
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 GOODPUT_FILE = "goodput.jsonl"
 PARTS = ("queued", "startup", "productive", "checkpoint", "lost", "recovery", "shutdown", "other")
@@ -189,17 +189,17 @@ def _summary(parts: dict[str, float], startup: dict[str, float], wall: float) ->
             "effective_pct": round(100 * parts["productive"] / wall, 2) if wall > 0 else None}
 
 
-def account(events: list[dict[str, Any]], launches: list[float] = (),  # type: ignore[assignment]
+def account(events: list[dict[str, Any]], launches: Sequence[float] = (),
             committed_step: Optional[int] = None) -> dict[str, Any]:
     """Per attempt and in total: wall time and its parts (PARTS, STARTUP_PARTS), lost steps, effective %.
 
     `events`: a timeline (read_events); `launches`: the launch records' unix times (launch_times);
     `committed_step`: the newest committed checkpoint's step, which a failed last attempt's later steps
     are lost against (no later attempt says what it resumed from)."""
-    launches = sorted(launches)
+    times = sorted(launches)
 
     def launch_of(t: float) -> int:
-        return sum(1 for x in launches if x <= t + 1.0) - 1  # + 1 s: an old record's time is to the second
+        return sum(1 for x in times if x <= t + 1.0) - 1  # + 1 s: an old record's time is to the second
 
     attempts: list[_Attempt] = []
     by_pid: dict[int, _Attempt] = {}
@@ -225,13 +225,14 @@ def account(events: list[dict[str, Any]], launches: list[float] = (),  # type: i
     for a in attempts:
         first = prev is None or prev.launch != a.launch
         starts = [t for t in node_starts.get(a.launch, []) if t <= float(a.start["time"])]
-        launch_at = launches[a.launch] if 0 <= a.launch < len(launches) else None
+        launch_at = times[a.launch] if 0 <= a.launch < len(times) else None
         prev_end = prev.t if prev is not None and not first else None
         _tile(a, first, launch_at, min(starts) if starts else None, prev_end)
         prev = a
-    for a, nxt in zip(attempts, attempts[1:] + [None]):
-        if nxt is not None and nxt.resumed_step() is not None:
-            _lose_after(a, nxt.resumed_step())  # type: ignore[arg-type]
+    for a, nxt in zip(attempts, [*attempts[1:], None]):
+        resumed = nxt.resumed_step() if nxt is not None else None
+        if resumed is not None:
+            _lose_after(a, resumed)
         elif nxt is None and a.end is not None and str(a.end.get("why", "")).startswith("failed"):
             _lose_after(a, committed_step if committed_step is not None else a.resumed_step() or 0)
         if nxt is None or nxt.launch != a.launch:  # the launch's last attempt: until its nodes exited
