@@ -123,6 +123,11 @@ class FaultConfig:
     startup_timeout_s: float = 300
     # at most this many restarts after hangs; each also uses one of torchrun's (cluster.max_restarts)
     max_hang_restarts: int = 3
+    # a node whose compute per step (step time minus waiting in collectives) is this many times the median
+    # node's is a straggler: `status` and `compare` name it, and its watchdog warns in the log ...
+    straggler_ratio: float = 1.5
+    # ... once it has stayed one for this many checks in a row, 10 s apart (fsdp_jobs/stragglers.py)
+    straggler_checks: int = 3
 
 
 @dataclass
@@ -248,6 +253,8 @@ def validate(cfg: Any) -> None:
     finite("fault.startup_timeout_s", fc.startup_timeout_s, 10, limit)
     if fc.hang_timeout_s is not None:
         finite("fault.hang_timeout_s", fc.hang_timeout_s, 5, limit)
+    finite("fault.straggler_ratio", fc.straggler_ratio, 1, low_open=True)
+    positive("fault.straggler_checks", fc.straggler_checks)
     c = cfg.checkpoint
     positive("checkpoint.interval", c.interval, minimum=0)
     positive("checkpoint.keep_last", c.keep_last)

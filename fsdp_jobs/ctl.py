@@ -19,7 +19,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any, Optional
 
-from fsdp_jobs import goodput, hangs, journal, report, runs
+from fsdp_jobs import goodput, hangs, journal, report, runs, stragglers
 from fsdp_jobs.errors import OneLineParser, UserError, die
 from fsdp_jobs.checkpoints import newest_checkpoint
 
@@ -58,6 +58,17 @@ def find_run(ref: str, run_root: Path) -> Path:
     raise UserError("RUN", ref, f"no such run or job under {run_root}; runs there: {known}")
 
 
+def straggler_ratio(run_dir: Path) -> float:
+    """The job's fault.straggler_ratio (the default for a run dir whose job.yaml is older or unreadable)."""
+    import yaml
+
+    try:
+        value = ((runs.load_job(run_dir) or {}).get("fault") or {}).get("straggler_ratio")
+    except (OSError, ValueError, AttributeError, yaml.YAMLError):
+        value = None
+    return float(value) if isinstance(value, (int, float)) and value > 1 else stragglers.DEFAULT_RATIO
+
+
 def run_status(run_dir: Path) -> dict[str, Any]:
     from fsdp_jobs.status import JobState, JobStatus, Run
 
@@ -75,6 +86,11 @@ def run_status(run_dir: Path) -> dict[str, Any]:
         out["last_step"] = {k: metrics[-1].get(k) for k in ("step", "loss", "tokens_per_s", "world_size")}
     ckpt = newest_checkpoint(run_dir)
     out["checkpoint"] = str(ckpt) if ckpt else None
+    slow = stragglers.of_run(run_dir, straggler_ratio(run_dir))
+    if slow:  # every node's compute per step next to the median node's (fsdp_jobs/stragglers.py)
+        out["stragglers"] = slow
+        if slow["stragglers"]:
+            out["detail"] += "; " + stragglers.describe(slow)
     hang = hangs.summary(run_dir)
     if hang:  # the rank that stopped first, its node and frame (launchers/watchdog.py)
         out["hang"] = hang

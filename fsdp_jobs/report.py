@@ -78,14 +78,23 @@ def compare_lines(rows: list[dict[str, Any]], keys: Iterable[str] = (), extra: I
     return table(header, body)
 
 
+def slowest_node(run_dir: Path) -> Optional[str]:
+    """`node2 2.4x`: the node whose compute per step is furthest above the median node's (fsdp_jobs/stragglers.py)."""
+    from fsdp_jobs import stragglers
+
+    s = stragglers.of_run(run_dir)
+    return f"{s['slowest']} {s['ratio']:g}x" if s else None
+
+
 def compare(members: list[dict[str, Any]]) -> list[str]:
     keys = list(dict.fromkeys(k for m in members for k in m["params"]))
     rows = []
     for m in members:
         gp = goodput.of_run(Path(m["run_dir"]))
-        rows.append({**m, **summarize_run(Path(m["run_dir"])), "effective_pct": gp["total"]["effective_pct"] if gp
-                     else None})
-    return compare_lines(rows, keys, with_goodput=True)
+        rows.append({**m, **summarize_run(Path(m["run_dir"])), "slowest node": slowest_node(Path(m["run_dir"])),
+                     "effective_pct": gp["total"]["effective_pct"] if gp else None})
+    timed = any(r["slowest node"] for r in rows)  # a column only where some member ran on several nodes
+    return compare_lines(rows, keys, extra=["slowest node"] if timed else [], with_goodput=True)
 
 
 def status_lines(statuses: list[dict[str, Any]]) -> list[str]:

@@ -3,10 +3,14 @@ processes this machine can see (cluster=local, cluster=docker's containers, the 
 
 A rank process is found by its environment (FSDP_JOBS_RUN_DIR = this run dir, RANK = R): the proof that it
 is this run's, whatever a file in the run dir says. hang-rank stops it (SIGSTOP: alive, but no progress,
-as a deadlock or a dead GPU looks from outside); slow-node throttles a node's ranks with a stop/continue
-duty cycle from a small background process; resume undoes both.
+as a deadlock or a dead GPU looks from outside). slow-node makes a node's ranks compute slowly, as a
+throttled or weaker machine does: a background process moves them into a cgroup of their own whose CPU
+quota is SHARE of a core per rank (the kernel's CFS bandwidth limit: a rank waiting in a collective uses
+no quota, so only its compute slows down, and the other nodes wait for it). Without the rights to make a
+cgroup (not root) it falls back to a stop/continue duty cycle, which also stops a rank inside its
+collectives: the whole job slows down and the node may not stand out. resume undoes both.
 
-    python -m launchers.chaos throttle RUN_DIR NODE FRACTION     (the duty cycle itself; started by slow-node)
+    python -m launchers.chaos throttle RUN_DIR NODE SHARE     (the throttler itself; started by slow-node)
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from typing import Optional
 
 THROTTLE_FILE = "chaos-throttle.json"
 PERIOD_S = 0.2
+SHARE = 0.2  # slow-node: what a throttled rank keeps of a core
 
 
 def _environ(pid: int) -> dict[str, str]:
@@ -60,17 +65,18 @@ def hang_rank(run_dir: Path, rank: int) -> str:
     return f"stopped rank {rank} (pid {pid} on {node}): it is alive and makes no progress; undo: chaos RUN resume"
 
 
-def slow_node(run_dir: Path, node: str, fraction: float = 0.6) -> str:
+def slow_node(run_dir: Path, node: str, share: float = SHARE) -> str:
     pids = [pid for pid, n in rank_processes(run_dir).values() if n == node]
     if not pids:
         raise LookupError(f"no running rank on {node} of this run on this machine")
     stop_throttle(run_dir)
-    p = subprocess.Popen([sys.executable, "-m", "launchers.chaos", "throttle", str(run_dir), node, str(fraction)],
+    p = subprocess.Popen([sys.executable, "-m", "launchers.chaos", "throttle", str(run_dir), node, str(share)],
                          stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                          start_new_session=True)
-    (run_dir / THROTTLE_FILE).write_text(json.dumps({"pid": p.pid, "node": node, "fraction": fraction}) + "\n")
-    return (f"throttling {node}'s {len(pids)} ranks: stopped {fraction:.0%} of every {PERIOD_S:g} s (pid {p.pid}); "
-            "undo: chaos RUN resume")
+    (run_dir / THROTTLE_FILE).write_text(json.dumps({"pid": p.pid, "node": node, "share": share}) + "\n")
+    how = (f"at most {share:.0%} of a core each (a cgroup's CPU quota)" if cpu_cgroup_root() is not None
+           else f"stopped {1 - share:.0%} of every {PERIOD_S:g} s (no cgroup rights: a stop/continue duty cycle)")
+    return f"throttling {node}'s {len(pids)} ranks: {how} (pid {p.pid}); undo: chaos RUN resume"
 
 
 def stop_throttle(run_dir: Path) -> Optional[int]:
@@ -82,6 +88,10 @@ def stop_throttle(run_dir: Path) -> Optional[int]:
         return None
     if b"launchers.chaos" in cmdline and str(run_dir).encode() in cmdline:
         os.kill(pid, signal.SIGTERM)
+        deadline = time.time() + 5  # it puts the ranks back into their own cgroup before it exits
+        while time.time() < deadline and Path(f"/proc/{pid}").exists() and not _read(
+                Path(f"/proc/{pid}/stat")).rsplit(")", 1)[-1].split()[:1] == ["Z"]:
+            time.sleep(0.05)
         (run_dir / THROTTLE_FILE).unlink(missing_ok=True)
         return pid
     return None
@@ -95,8 +105,76 @@ def resume(run_dir: Path) -> str:
     return (f"continued {len(procs)} ranks" + (f"; stopped the throttler (pid {throttler})" if throttler else ""))
 
 
-def throttle(run_dir: Path, node: str, fraction: float) -> None:
-    """Until SIGTERM: stop the node's ranks for `fraction` of each period, then let them run."""
+def cpu_cgroup_root() -> Optional[Path]:
+    """Where this process may make a cgroup with a CPU quota: cgroup v1's cpu controller, or a v2 root
+    with the cpu controller enabled; None without the rights (not root) or the controller."""
+    v1, v2 = Path("/sys/fs/cgroup/cpu"), Path("/sys/fs/cgroup")
+    if (v1 / "cpu.cfs_quota_us").exists() and os.access(v1, os.W_OK):
+        return v1
+    if "cpu" in _read(v2 / "cgroup.subtree_control").split() and os.access(v2, os.W_OK):
+        return v2
+    return None
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text()
+    except OSError:
+        return ""
+
+
+def cpu_cgroup_of(pid: int, root: Path) -> Path:
+    """The cgroup a process is in now, for the controller under `root` (to put it back on resume)."""
+    for line in _read(Path(f"/proc/{pid}/cgroup")).splitlines():
+        _, controllers, path = line.split(":", 2)
+        if (root.name == "cpu" and "cpu" in controllers.split(",")) or (root.name != "cpu" and controllers == ""):
+            return root / path.lstrip("/")
+    return root
+
+
+class QuotaThrottle:
+    """A cgroup of its own, CPU quota `share` of a core per rank: the node's ranks are moved in (restarted
+    ranks too), and back where they came from on `release`."""
+
+    def __init__(self, root: Path, run_dir: Path, node: str, share: float) -> None:
+        import hashlib
+
+        tag = hashlib.sha256(str(run_dir.resolve()).encode()).hexdigest()[:12]
+        self.root, self.share, self.cgroup = root, share, root / f"fsdp-jobs-chaos-{tag}-{node}"
+        self.cgroup.mkdir(exist_ok=True)
+        self.origin: dict[int, Path] = {}
+
+    def admit(self, pids: list[int]) -> None:
+        for pid in pids:
+            if pid not in self.origin:
+                self.origin[pid] = cpu_cgroup_of(pid, self.root)
+                _move(pid, self.cgroup)
+        period_us = 100_000
+        quota_us = max(1000, int(self.share * period_us * max(1, len(pids))))
+        if self.root.name == "cpu":
+            (self.cgroup / "cpu.cfs_period_us").write_text(str(period_us))
+            (self.cgroup / "cpu.cfs_quota_us").write_text(str(quota_us))
+        else:
+            (self.cgroup / "cpu.max").write_text(f"{quota_us} {period_us}")
+
+    def release(self) -> None:
+        for pid in _read(self.cgroup / "cgroup.procs").split():
+            _move(int(pid), self.origin.get(int(pid), self.root))
+        try:
+            self.cgroup.rmdir()
+        except OSError:
+            pass
+
+
+def _move(pid: int, cgroup: Path) -> None:
+    try:
+        (cgroup / "cgroup.procs").write_text(str(pid))
+    except OSError:  # it exited meanwhile
+        pass
+
+
+def throttle(run_dir: Path, node: str, share: float) -> None:
+    """Until SIGTERM: keep the node's ranks under the CPU quota (or the duty cycle without cgroup rights)."""
     running = True
 
     def stop(_s: int, _f: object) -> None:
@@ -104,19 +182,30 @@ def throttle(run_dir: Path, node: str, fraction: float) -> None:
         running = False
 
     signal.signal(signal.SIGTERM, stop)
+    root = cpu_cgroup_root()
+    quota = QuotaThrottle(root, run_dir, node, share) if root is not None else None
     pids: list[int] = []
-    cycle = -1
+    cycle, last_seen = -1, time.time()
     while running:
         cycle += 1
         if cycle % 10 == 0:  # look again every 2 s: restarted ranks have new pids (a /proc scan is not free)
             pids = [pid for pid, n in rank_processes(run_dir).values() if n == node]
-        for sig, share in ((signal.SIGSTOP, fraction), (signal.SIGCONT, 1 - fraction)):
+            last_seen = time.time() if pids else last_seen
+            running = time.time() - last_seen < 60  # the job has ended: nothing left to throttle
+            if quota is not None:
+                quota.admit(pids)
+        if quota is not None:
+            time.sleep(PERIOD_S)
+            continue
+        for sig, part in ((signal.SIGSTOP, 1 - share), (signal.SIGCONT, share)):
             for pid in pids:
                 try:
                     os.kill(pid, sig)
                 except OSError:
                     pass
-            time.sleep(PERIOD_S * share)
+            time.sleep(PERIOD_S * part)
+    if quota is not None:
+        quota.release()
     for pid, n in rank_processes(run_dir).values():
         if n == node:
             os.kill(pid, signal.SIGCONT)
@@ -126,4 +215,4 @@ if __name__ == "__main__":
     if sys.argv[1:2] == ["throttle"] and len(sys.argv) == 5:
         throttle(Path(sys.argv[2]), sys.argv[3], float(sys.argv[4]))
     else:
-        sys.exit("usage: python -m launchers.chaos throttle RUN_DIR NODE FRACTION")
+        sys.exit("usage: python -m launchers.chaos throttle RUN_DIR NODE SHARE")

@@ -13,6 +13,10 @@ node's ranks has advanced for the hang timeout, the watchdog
   3. SIGKILLs its local ranks: torchrun restarts the workers (every node's, through the rendezvous) and
      they resume from the newest checkpoint. After fault.max_hang_restarts hangs it stops the agent instead.
 
+It also watches for a straggler: every STRAGGLER_CHECK_S it compares every node's compute per step
+(fsdp_jobs/stragglers.py); when its own node has been one for fault.straggler_checks checks in a row, it
+says so in the log, once until the node recovers.
+
 The timeout: fault.hang_timeout_s, or derived from the ranks' recent step times (max(60 s, 10 x the
 slowest)); fault.startup_timeout_s until each rank has timed a few steps, and while it loads or saves a
 checkpoint. The decisions are pure functions of the heartbeats, tested in tests/unit/test_watchdog.py.
@@ -32,10 +36,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
-from fsdp_jobs import hangs
+from fsdp_jobs import hangs, stragglers
 from fsdp_jobs.runtime.heartbeat import HEARTBEATS_DIR, stack_path  # (no torch: the rank's side of the heartbeat)
 
 STALE_S = 5.0  # a heartbeat thread silent this long: the process itself is not running
+STRAGGLER_CHECK_S = 10.0
 DERIVED_FLOOR_S, DERIVED_FACTOR = 60.0, 10.0
 
 
@@ -162,6 +167,7 @@ class Watchdog:
         self.hangs = 0
         self.given_up = False
         self.killed: set[int] = set()  # a killed rank is a zombie until torchrun reaps it: never judged again
+        self.straggling, self.next_straggler_check = 0, 0.0  # checks in a row this node was a straggler
 
     def local_beats(self, beats: list[Beat]) -> list[Beat]:
         """Ranks of this node's current workers: children of our agent (stale files of earlier attempts,
@@ -179,8 +185,26 @@ class Watchdog:
         timeout = hang_timeout(mine, self.fault)
         stalled = stalled_for(mine, now)
         if stalled <= timeout:
-            return None
+            return self.check_straggler(now)
         return self.on_hang(everyone, mine, now, stalled, timeout)
+
+    def check_straggler(self, now: float) -> Optional[str]:
+        """The warning line when this node has stayed a straggler for fault.straggler_checks checks."""
+        if now < self.next_straggler_check:
+            return None
+        self.next_straggler_check = now + STRAGGLER_CHECK_S
+        ratio = float(self.fault.get("straggler_ratio") or stragglers.DEFAULT_RATIO)
+        s = stragglers.of_run(self.run_dir, ratio)
+        if s is None or self.node not in s["stragglers"]:
+            self.straggling = 0
+            return None
+        self.straggling += 1
+        if self.straggling != int(self.fault.get("straggler_checks") or 3):
+            return None
+        mine = s["nodes"][self.node]
+        return (f"fsdp-jobs: {self.node}: straggler: this node's ranks compute {mine['ratio']:g}x the median "
+                f"node's per step ({mine['compute_s']:.3g} s vs {s['median_compute_s']:.3g} s; the other nodes "
+                f"wait for it) for {self.straggling} checks in a row; `fsdp-jobs status` shows every node's")
 
     def on_hang(self, everyone: list[Beat], mine: list[Beat], now: float, stalled: float, timeout: float) -> str:
         self.hangs += 1

@@ -6,6 +6,10 @@ with `alive`, the time of the write itself: a rank stopped by a signal or a debu
 altogether, while a rank blocked in a collective (the GIL released) keeps writing but does not advance.
 That difference is how the watchdog names the rank that stopped first.
 
+Each advance also splits the gap since the last one into compute and waiting in collectives (the wait from
+fsdp_jobs/runtime/collective_clock.py): the record's `compute_s` and `wait_s`, means over the recent steps,
+are what fsdp_jobs/stragglers.py compares across nodes.
+
 The rank also asks the interpreter to write every thread's Python stack to logs/stacks/rank-R.txt on
 SIGUSR1 (faulthandler, from C: it works while Python is blocked in a collective), which the watchdog
 uses when py-spy is not installed.
@@ -17,11 +21,12 @@ import faulthandler
 import json
 import os
 import signal
+import statistics
 import threading
 import time
 from collections import deque
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from fsdp_jobs import runs
 
@@ -53,7 +58,10 @@ def start(run_dir: Path, job: dict[str, Any], rank: int, local_rank: int, restar
     global _CURRENT
     if not (job.get("fault") or {}).get("watchdog", True):
         return None
-    _CURRENT = Heartbeat(run_dir, rank, local_rank, restart)
+    from fsdp_jobs.runtime import collective_clock  # torch: only ranks start a heartbeat (the watchdog reads them)
+
+    clock = collective_clock.installed()
+    _CURRENT = Heartbeat(run_dir, rank, local_rank, restart, waited=lambda: clock.wait_s)
     return _CURRENT
 
 
@@ -61,12 +69,15 @@ class Heartbeat:
     """Started once per rank process; `advance(step)` after each optimizer step, `phase(name)` around work
     that may take much longer than a step (loading, saving a checkpoint, the first compiled steps)."""
 
-    def __init__(self, run_dir: Path, rank: int, local_rank: int, restart: int) -> None:
+    def __init__(self, run_dir: Path, rank: int, local_rank: int, restart: int,
+                 waited: Callable[[], float] = lambda: 0.0) -> None:
         self.run_dir, self.rank = run_dir, rank
         self.info = {"rank": rank, "local_rank": local_rank, "node": os.environ.get("FSDP_JOBS_NODE", ""),
                      "pid": os.getpid(), "restart": restart}
         self.step, self.name, self.progress = 0, "start", time.time()
         self.step_times: deque[float] = deque(maxlen=20)
+        self.waited, self.wait_mark = waited, waited()  # seconds in collectives, so far and at the last advance
+        self.waits: deque[float] = deque(maxlen=20)  # of each gap in step_times, the part spent waiting
         heartbeat_path(run_dir, rank).parent.mkdir(parents=True, exist_ok=True)
         stacks = stack_path(run_dir, rank)
         stacks.parent.mkdir(parents=True, exist_ok=True)
@@ -77,22 +88,29 @@ class Heartbeat:
         self._thread.start()
 
     def advance(self, step: int) -> None:
-        """The training thread's only cost: a clock read and three assignments."""
-        now = time.time()
+        """The training thread's only cost: a clock read and a few assignments."""
+        now, waited = time.time(), self.waited()
         if step != self.step and self.name == "step":
             # the gap between advances, which is what the watchdog waits through (a script that logs
             # every 100 steps advances every 100 steps), not the time per step
             self.step_times.append(now - self.progress)
-        self.step, self.name, self.progress = step, "step", now
+            self.waits.append(min(waited - self.wait_mark, now - self.progress))
+        self.step, self.name, self.progress, self.wait_mark = step, "step", now, waited
 
     def phase(self, name: str) -> None:
         """Entering work the watchdog allows fault.startup_timeout_s for (a save, a load); advance() ends it."""
         self.name, self.progress = name, time.time()
 
     def record(self) -> dict[str, Any]:
-        recent: Optional[float] = max(self.step_times) if len(self.step_times) >= 3 else None
+        timed = len(self.step_times) >= 3
+        gaps, waits = list(self.step_times), list(self.waits)  # the training thread appends meanwhile
+        n = min(len(gaps), len(waits))
         return {**self.info, "step": self.step, "phase": self.name, "progress": self.progress,
-                "step_s": recent, "alive": time.time()}
+                "step_s": max(gaps) if timed else None, "alive": time.time(),
+                # means, not medians: a node throttled every N-th step (a CPU quota's period, a noisy neighbour)
+                # is slow in total, which is what the other nodes wait for, while most of its steps look fine
+                "compute_s": statistics.fmean(g - w for g, w in zip(gaps[-n:], waits[-n:])) if timed else None,
+                "wait_s": statistics.fmean(waits[-n:]) if timed else None}
 
     def _beat(self) -> None:
         path = heartbeat_path(self.run_dir, self.rank)

@@ -1,0 +1,103 @@
+"""Stragglers (fsdp_jobs/stragglers.py): a rank's compute per step is its step time minus its wait in
+collectives (fsdp_jobs/runtime/heartbeat.py); the node whose compute stands out from the median node's is
+named by `status`/`compare`, and its own watchdog warns once it has stayed one (launchers/watchdog.py)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from fsdp_jobs import ctl, report, stragglers
+from fsdp_jobs.runtime import heartbeat
+
+
+def write_beats(run_dir: Path, computes: dict[str, float], restart: int = 0, ranks_per_node: int = 2,
+                start_rank: int = 0) -> None:
+    d = run_dir / heartbeat.HEARTBEATS_DIR
+    d.mkdir(parents=True, exist_ok=True)
+    rank = start_rank
+    for node, compute in computes.items():
+        for _ in range(ranks_per_node):
+            (d / f"rank-{rank}.json").write_text(json.dumps(
+                {"rank": rank, "node": node, "pid": 1000 + rank, "restart": restart, "step": 50, "phase": "step",
+                 "progress": 1.0, "alive": 1.0, "step_s": 0.3, "compute_s": compute, "wait_s": 0.3 - compute}))
+            rank += 1
+
+
+def test_the_node_whose_compute_stands_out_is_named_and_no_other(tmp_path):
+    write_beats(tmp_path, {"node0": 0.10, "node1": 0.26, "node2": 0.11})
+    s = stragglers.of_run(tmp_path)
+    assert s["slowest"] == "node1" and s["stragglers"] == ["node1"]
+    assert s["ratio"] == 2.36 and s["nodes"]["node0"]["ratio"] == 0.91
+    assert "straggler: node1 (slowest node1: 2.36x" in stragglers.describe(s)
+
+
+def test_nodes_that_compute_alike_name_no_straggler(tmp_path):
+    write_beats(tmp_path, {"node0": 0.10, "node1": 0.12, "node2": 0.11})
+    s = stragglers.of_run(tmp_path)
+    assert s["stragglers"] == [] and s["slowest"] == "node1" and s["ratio"] < 1.5
+    assert stragglers.of_run(tmp_path, ratio=1.05)["stragglers"] == ["node1"]  # fault.straggler_ratio decides
+
+
+def test_only_the_newest_attempt_counts_and_damaged_files_are_skipped(tmp_path):
+    write_beats(tmp_path, {"node0": 0.1, "node1": 0.1, "node2": 0.5}, restart=0)  # an earlier, 3-node attempt
+    write_beats(tmp_path, {"node0": 0.1, "node1": 0.1}, restart=1)  # overwrites ranks 0-3: node2's stay behind
+    (tmp_path / heartbeat.HEARTBEATS_DIR / "rank-9.json").write_text("{half a json")
+    s = stragglers.of_run(tmp_path)
+    assert set(s["nodes"]) == {"node0", "node1"} and s["stragglers"] == []
+    assert stragglers.of_run(tmp_path / "nowhere") is None  # no heartbeats (e.g. a plain script=): nothing said
+
+
+def test_one_node_or_steps_too_short_to_time_say_nothing(tmp_path):
+    write_beats(tmp_path / "one", {"node0": 0.1})
+    assert stragglers.of_run(tmp_path / "one") is None
+    write_beats(tmp_path / "tiny", {"node0": 1e-5, "node1": 5e-5})
+    assert stragglers.of_run(tmp_path / "tiny") is None
+
+
+def test_a_heartbeat_splits_each_step_into_compute_and_waiting(tmp_path, monkeypatch):
+    waited = [0.0]
+    now = [100.0]
+    monkeypatch.setattr(heartbeat.time, "time", lambda: now[0])
+    hb = heartbeat.Heartbeat(tmp_path, 0, 0, 0, waited=lambda: waited[0])
+    try:
+        hb.advance(1)  # the first advance starts the clock: no gap yet
+        for step in range(2, 7):
+            now[0] += 0.5  # a 0.5 s step, of which 0.3 s waiting in collectives
+            waited[0] += 0.3
+            hb.advance(step)
+        rec = hb.record()
+        assert abs(rec["compute_s"] - 0.2) < 1e-9 and abs(rec["wait_s"] - 0.3) < 1e-9 and rec["step_s"] == 0.5
+        hb.phase("save")  # a checkpoint save's time is neither: it does not enter the step timing
+        now[0] += 30
+        waited[0] += 1
+        hb.advance(7)
+        assert abs(hb.record()["compute_s"] - 0.2) < 1e-9
+    finally:
+        hb.close()
+
+
+def test_the_watchdog_warns_once_after_its_node_stayed_a_straggler(tmp_path):
+    from launchers.watchdog import STRAGGLER_CHECK_S, Watchdog
+
+    write_beats(tmp_path, {"node0": 0.1, "node1": 0.3, "node2": 0.1})
+    slow = Watchdog(tmp_path, "node1", 1, {"straggler_ratio": 1.5, "straggler_checks": 3})
+    fast = Watchdog(tmp_path, "node0", 1, {"straggler_ratio": 1.5, "straggler_checks": 3})
+    lines = [(slow.check_straggler(t), fast.check_straggler(t)) for t in
+             [1000 + i * STRAGGLER_CHECK_S for i in range(6)]]
+    assert [a is not None for a, _ in lines] == [False, False, True, False, False, False]
+    assert all(b is None for _, b in lines)  # only the slow node's own watchdog speaks
+    assert lines[2][0].startswith("fsdp-jobs: node1: straggler: this node's ranks compute 3x the median")
+    assert slow.check_straggler(1000 + 6.5 * STRAGGLER_CHECK_S) is None  # between checks: nothing is read
+
+
+def test_status_and_compare_name_the_slowest_node(tmp_path):
+    run = tmp_path / "r"
+    write_beats(run, {"node0": 0.1, "node1": 0.1, "node2": 0.35})
+    (run / "job.yaml").write_text("fault:\n  straggler_ratio: 4.0\n")
+    assert ctl.straggler_ratio(run) == 4.0  # the job's own ratio: node2 (3.5x) is the slowest, no straggler
+    lines = report.compare([{"member": "a", "run_dir": run, "params": {}}])
+    assert "SLOWEST NODE" in lines[0]
+    assert "node2 3.5x" in lines[1]
+    (run / "job.yaml").write_text("{not: [yaml")
+    assert ctl.straggler_ratio(run) == stragglers.DEFAULT_RATIO  # a damaged job.yaml: the default, no traceback
