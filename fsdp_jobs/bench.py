@@ -5,6 +5,13 @@ benchmark compares side by side in one run and reports ratios).
         median and mean step time of the orchestrated job (python -m fsdp_jobs on the default cluster,
         this machine) and of a minimal hand-written FSDP2 loop (bench_workers.hand_loop) with the same
         model, mesh and batch, alternated; ratio = hand / job (1.0 = no overhead).
+    python -m fsdp_jobs.bench step --device cuda [--model llama3_1b] [--seq-len 2048] [--batch 4] [--ranks 1]
+                                  [--peak-tflops 989]
+        the same on this machine's GPUs (nodes=1, gpus_per_node=ranks, cluster.device=cuda): the job with
+        its GPU defaults (bf16 compute, fp32 reduce) and the hand loop with the same, alternated; for both
+        the step time (median and mean over sync windows, as the job's metrics.jsonl times itself),
+        tokens/s, MFU (runtime.metrics.flops_per_token against the job's cluster.peak_tflops) and peak
+        GPU memory (torch.cuda.max_memory_allocated).
     python -m fsdp_jobs.bench checkpoint [--ranks 2] [--repeats 3] [--dir DIR]
         the real save path (CheckpointManager on every rank: sync, and async's blocked and total time)
         next to a raw fsynced write of the same bytes by the same ranks.
@@ -46,10 +53,13 @@ BENCH_MODEL = {"_target_": "fsdp_jobs.models.llama.Transformer", "dim": 256, "n_
 
 
 def _torchrun(which: str, ranks: int, args: dict[str, Any], timeout: float = 1800) -> dict[str, Any]:
-    """Run bench_workers WHICH on `ranks` CPU processes; rank 0's JSON line."""
+    """Run bench_workers WHICH on `ranks` processes (CPU, or one GPU each with args["device"] == "cuda");
+    rank 0's JSON line."""
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={ranks}",
            "-m", "fsdp_jobs.bench_workers", which, json.dumps(args)]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}  # what the local launcher gives every rank
+    env = {**os.environ}
+    if args.get("device") != "cuda":
+        env["OMP_NUM_THREADS"] = "1"  # what the local launcher gives every CPU rank (launchers/common.py)
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, cwd=_REPO)
     line = next((x for x in r.stdout.splitlines() if x.startswith("BENCH ")), None)
     if r.returncode != 0 or line is None:
@@ -100,6 +110,107 @@ def bench_step(repeats: int, steps: int, ranks: int, warmup: int = 10) -> dict[s
             "job_step_s_mean": round(statistics.median(job_means), 5),
             "hand_step_s_mean": round(statistics.median(hand_means), 5),
             "ratio_hand_over_job_mean": round(statistics.median(hand_means) / statistics.median(job_means), 4),
+            "goal": ">= 0.99"}
+
+
+def model_config(name: str) -> dict[str, Any]:
+    """A model's shape from conf/model/NAME.yaml, as the job composes it (the class defaults to ours)."""
+    import yaml
+
+    cfg = yaml.safe_load((_REPO / "conf" / "model" / f"{name}.yaml").read_text())
+    model = {k: v for k, v in cfg.items() if k not in ("defaults", "name")}
+    model.setdefault("_target_", "fsdp_jobs.models.llama.Transformer")
+    return model
+
+
+def _side(step_s: list[float], tokens_per_step: int, fpt: float, peak_flops: float, world: int,
+          peak_mem_gb: float) -> dict[str, Any]:
+    """One side's numbers from its post-warmup per-step times; tokens/s and MFU from the mean step
+    (what a run's throughput is made of), as the job's metrics compute them per window."""
+    median, mean = statistics.median(step_s), statistics.fmean(step_s)
+    tps = tokens_per_step / mean
+    return {"step_s_median": round(median, 5), "step_s_mean": round(mean, 5), "tokens_per_s": round(tps, 1),
+            "tokens_per_s_median_step": round(tokens_per_step / median, 1),
+            "mfu": round(tps / world * fpt / peak_flops, 4), "peak_mem_gb": round(peak_mem_gb, 3)}
+
+
+def bench_step_cuda(repeats: int, steps: int, ranks: int, model_name: str, seq_len: int, batch: int,
+                    peak_tflops: float, window: int = 10, warmup: int = 10) -> dict[str, Any]:
+    """`bench step` on this machine's GPUs: the job (the real CLI on the default cluster, this machine, with
+    cluster.device=cuda) and bench_workers.hand_loop_cuda, alternated. Both are timed per window of
+    `window` steps (the job's train.log_interval: its metrics.jsonl step_time_s is the window's mean,
+    measured at the window's one host sync); the first `warmup` steps (CUDA/NCCL/cuBLAS start-up, the
+    allocator filling) are left out.
+    peak_tflops goes to the job as cluster.peak_tflops: the default cluster's default is a CPU core's
+    (launchers/local/config.py), which would make the job's own MFU meaningless on a GPU."""
+    import yaml
+
+    from fsdp_jobs.runtime.metrics import flops_per_token
+
+    assert warmup % window == 0, "warmup must end at a window boundary"
+    model = model_config(model_name)
+    train = {"lr": 3e-4, "betas": [0.9, 0.95], "weight_decay": 0.0, "grad_clip": 1.0, "batch_per_rank": batch}
+    overrides = ["cluster.device=cuda", "nodes=1", f"gpus_per_node={ranks}", f"model={model_name}", "fsdp=full_shard",
+                 f"train.steps={steps}", f"data.seq_len={seq_len}", f"train.batch_per_rank={batch}",
+                 f"train.lr={train['lr']}", "train.grad_clip=1.0", "checkpoint.interval=0",
+                 "checkpoint.save_final=false", f"train.log_interval={window}", "train.warmup_steps=0",
+                 f"cluster.peak_tflops={peak_tflops}"]
+    tokens_per_step = batch * seq_len * ranks
+    fpt = flops_per_token(0, model["n_layers"], model["dim"], seq_len)  # + 6 N below, N from the hand loop
+    runs: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory(prefix="bench-step-cuda-") as tmp:
+        for i in range(repeats):  # alternated, so drift (clocks, temperature) hits both alike
+            r = subprocess.run([sys.executable, "-m", "fsdp_jobs", f"run_root={tmp}", f"name=job{i}", *overrides],
+                               capture_output=True, text=True, cwd=_REPO, stdin=subprocess.DEVNULL)
+            if r.returncode != 0:
+                raise SystemExit(f"orchestrated job failed:\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}")
+            run_dir = Path(tmp) / f"job{i}"
+            lines = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+            job_cfg = yaml.safe_load((run_dir / "job.yaml").read_text())
+            hand = _torchrun("loop", ranks, {"model": model, "train": train, "seq_len": seq_len, "steps": steps,
+                                             "device": "cuda", "window": window})
+            runs.append({"job_lines": [x for x in lines if x["step"] > warmup], "job_peak_tflops":
+                         float(job_cfg["cluster"]["peak_tflops"]), "hand": hand})
+    n_params, world = runs[0]["hand"]["n_params"], runs[0]["hand"]["world_size"]
+    fpt += 6 * n_params
+    peak_flops = runs[0]["job_peak_tflops"] * 1e12  # bf16 compute: the job's MFU peak (trainer.py mfu_peak_flops)
+    per_run = []
+    for run in runs:
+        job_steps = [x["step_time_s"] for x in run["job_lines"]]
+        job = _side(job_steps, tokens_per_step, fpt, peak_flops, world, max(x["peak_mem_gb"] for x in run["job_lines"]))
+        # the job's own figures beside ours, to show both count the same (medians over its windows)
+        job["reported_tokens_per_s_median"] = round(statistics.median(x["tokens_per_s"] for x in run["job_lines"]), 1)
+        job["reported_mfu_median"] = round(statistics.median(x["mfu"] for x in run["job_lines"]), 4)
+        hand = _side(run["hand"]["step_times"][warmup:], tokens_per_step, fpt, peak_flops, world,
+                     run["hand"]["peak_mem_gb"])
+        per_run.append({"job": job, "hand": hand})
+    job_medians = [r["job"]["step_s_median"] for r in per_run]
+    hand_medians = [r["hand"]["step_s_median"] for r in per_run]
+    job_means = [r["job"]["step_s_mean"] for r in per_run]
+    hand_means = [r["hand"]["step_s_mean"] for r in per_run]
+    # the repeat whose mean step time is the median of the repeats' stands for each side
+    mid = sorted(range(len(per_run)), key=lambda k: job_means[k])[len(per_run) // 2]
+    hmid = sorted(range(len(per_run)), key=lambda k: hand_means[k])[len(per_run) // 2]
+    return {"benchmark": "step", "device": "cuda", "gpu": runs[0]["hand"]["gpu"], "torch": runs[0]["hand"]["torch"],
+            "ranks": ranks, "model": model_name, "n_params": n_params, "batch_per_rank": batch, "seq_len": seq_len,
+            "tokens_per_step": tokens_per_step, "steps": steps, "warmup_steps": warmup, "window_steps": window,
+            "repeats": repeats, "precision": "bf16 params/compute, fp32 reduce, fp32 sharded params + AdamW",
+            "flops_per_token": fpt, "peak_tflops": peak_flops / 1e12,
+            "job": per_run[mid]["job"], "hand": per_run[hmid]["hand"],
+            "per_repeat": per_run,
+            "job_step_s": [round(x, 5) for x in job_medians], "hand_step_s": [round(x, 5) for x in hand_medians],
+            "job_step_s_median": round(statistics.median(job_medians), 5),
+            "hand_step_s_median": round(statistics.median(hand_medians), 5),
+            "ratio_hand_over_job": round(statistics.median(hand_medians) / statistics.median(job_medians), 4),
+            "ratio_per_pair": _spread([h / j for h, j in zip(hand_medians, job_medians)]),
+            "job_step_s_mean": round(statistics.median(job_means), 5),
+            "hand_step_s_mean": round(statistics.median(hand_means), 5),
+            "ratio_hand_over_job_mean": round(statistics.median(hand_means) / statistics.median(job_means), 4),
+            "peak_mem_ratio_job_over_hand": round(per_run[mid]["job"]["peak_mem_gb"]
+                                                  / per_run[hmid]["hand"]["peak_mem_gb"], 4),
+            "note": "step times are per-window means (one host sync per window, as the job's metrics.jsonl); "
+                    "peak_mem_gb is torch.cuda.max_memory_allocated / 2**30 since the process started; "
+                    "tokens_per_s and mfu from the mean step",
             "goal": ">= 0.99"}
 
 
@@ -214,11 +325,7 @@ def bench_dry_run(repeats: int) -> dict[str, Any]:
 
 def bench_init(ranks: int, model_name: str) -> dict[str, Any]:
     """Per-shard init at world size `ranks` (slowest rank) next to one plain unsharded init."""
-    import yaml
-
-    cfg = yaml.safe_load((_REPO / "conf" / "model" / f"{model_name}.yaml").read_text())
-    model = {k: v for k, v in cfg.items() if k not in ("defaults", "name")}
-    model.setdefault("_target_", "fsdp_jobs.models.llama.Transformer")
+    model = model_config(model_name)
     sharded = _torchrun("init", ranks, {"model": model})
     code = ("import json, sys; from fsdp_jobs.bench_workers import plain_init; "
             "print(json.dumps(plain_init(json.loads(sys.argv[1]))))")
@@ -239,7 +346,14 @@ def main(argv: list[str] | None = None) -> int:
     st = sub.add_parser("step")
     st.add_argument("--repeats", type=int, default=3)
     st.add_argument("--steps", type=int, default=60)
-    st.add_argument("--ranks", type=int, default=2)
+    st.add_argument("--ranks", type=int, default=None,
+                    help="ranks (GPUs with --device cuda); default 2 on CPU, 1 on cuda")
+    st.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    st.add_argument("--model", default="llama3_1b", help="conf/model/NAME (--device cuda; CPU uses a small model)")
+    st.add_argument("--seq-len", type=int, default=2048, help="--device cuda")
+    st.add_argument("--batch", type=int, default=4, help="sequences per rank per step (--device cuda)")
+    st.add_argument("--peak-tflops", type=float, default=989.0,
+                    help="--device cuda: MFU's peak per GPU at bf16 (989: H100 SXM dense, cluster_config.py)")
     c = sub.add_parser("checkpoint")
     c.add_argument("--ranks", type=int, default=2)
     c.add_argument("--repeats", type=int, default=3)
@@ -263,7 +377,11 @@ def main(argv: list[str] | None = None) -> int:
             else:
                 result = bench_checkpoint(args.mb, args.repeats, Path(tmp))
     elif args.which == "step":
-        result = bench_step(args.repeats, args.steps, args.ranks)
+        if args.device == "cuda":
+            result = bench_step_cuda(args.repeats, args.steps, args.ranks or 1, args.model, args.seq_len, args.batch,
+                                     args.peak_tflops)
+        else:
+            result = bench_step(args.repeats, args.steps, args.ranks or 2)
     elif args.which == "init":
         result = bench_init(args.ranks, args.model)
     else:

@@ -1,7 +1,8 @@
 """What `python -m fsdp_jobs.bench` runs on every rank under torchrun (one JSON argument, no flags:
 torchrun prefix-matches flags after the module, ARCHITECTURE.md pitfall 5). Rank 0 prints one JSON line.
 
-    loop   the minimal hand-written FSDP2 loop the orchestrated job is compared with
+    loop   the minimal hand-written FSDP2 loop the orchestrated job is compared with (on CPU and gloo, or
+           with {"device": "cuda"} on one GPU per rank and NCCL, in the job's GPU precision)
     ckpt   the real save path (CheckpointManager, sync and async) next to a raw write of the same bytes
     init   per-shard initialisation of a model at this world size (max over ranks)
 """
@@ -26,19 +27,22 @@ def _meta_model(model_cfg: dict[str, Any]) -> torch.nn.Module:
     return build_meta_model(model_cfg)
 
 
-def _shard(model: torch.nn.Module, mesh: Any) -> None:
+def _shard(model: torch.nn.Module, mesh: Any, mp_policy: Any = None) -> None:
     """fully_shard per block, then the root: the textbook FSDP2 recipe."""
     from torch.distributed.fsdp import fully_shard
 
+    mp = {"mp_policy": mp_policy} if mp_policy is not None else {}  # None: FSDP2's default (no casts)
     for block in model.layers:
-        fully_shard(block, mesh=mesh)
-    fully_shard(model, mesh=mesh, reshard_after_forward=False)
+        fully_shard(block, mesh=mesh, **mp)
+    fully_shard(model, mesh=mesh, reshard_after_forward=False, **mp)
 
 
 def hand_loop(args: dict[str, Any]) -> dict[str, Any]:
     """Forward, loss, backward, clip, AdamW step, zero_grad on one fixed batch: nothing else."""
     from torch.distributed.device_mesh import init_device_mesh
 
+    if args.get("device") == "cuda":
+        return hand_loop_cuda(args)
     world, rank = dist.get_world_size(), dist.get_rank()
     mesh = init_device_mesh("cpu", (world,))
     torch.manual_seed(0)
@@ -66,6 +70,60 @@ def hand_loop(args: dict[str, Any]) -> dict[str, Any]:
         optimizer.zero_grad(set_to_none=True)
         times.append(time.perf_counter() - t0)
     return {"step_times": times}
+
+
+def hand_loop_cuda(args: dict[str, Any]) -> dict[str, Any]:
+    """The same loop on this rank's GPU, with what the job uses there by default: bf16 compute, fp32
+    gradient reduction (fsdp_jobs/plan.py resolve_mixed_precision), fp32 sharded parameters and AdamW
+    state. Timed as the job times itself (fsdp_jobs/runtime/trainer.py MetricsWindow): the host syncs
+    with the GPU once per window of args["window"] steps, and each step of a window is the window's
+    mean; a sync every step would stall the launch queue the job keeps full. Also the numbers the job
+    computes its MFU from: the full parameter count and the peak of torch.cuda.max_memory_allocated."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+    world, rank = dist.get_world_size(), dist.get_rank()
+    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+    torch.backends.cuda.matmul.fp32_precision = "tf32"  # as the trainer sets it (trainer.py tune_for_training)
+    mesh = init_device_mesh("cuda", (world,))
+    torch.manual_seed(0)
+    model = _meta_model(args["model"])
+    n_params = sum(p.numel() for p in model.parameters())
+    _shard(model, mesh, MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32))
+    model.to_empty(device=device)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0.0, 0.02)
+        model.init_buffers(device)
+    t = args["train"]
+    optimizer = torch.optim.AdamW(model.parameters(), lr=t["lr"], betas=tuple(t["betas"]),
+                                  weight_decay=t["weight_decay"], foreach=True)
+    gen = torch.Generator(device=device).manual_seed(rank)
+    rows = torch.randint(0, args["model"]["vocab_size"], (t["batch_per_rank"], args["seq_len"] + 1),
+                         generator=gen, device=device)
+    inputs, targets = rows[:, :-1], rows[:, 1:]
+    window = max(1, int(args["window"]))
+    times: list[float] = []
+    torch.cuda.synchronize(device)
+    t0, in_window = time.perf_counter(), 0
+    for step in range(1, args["steps"] + 1):
+        logits = model(inputs)
+        loss = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), t["grad_clip"])
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        in_window += 1
+        if step % window == 0 or step == args["steps"]:
+            torch.cuda.synchronize(device)
+            dt = (time.perf_counter() - t0) / in_window
+            times.extend([dt] * in_window)
+            t0, in_window = time.perf_counter(), 0
+    # since the process started, init included, as the job's peak_mem_gb (fsdp_jobs/runtime/metrics.py)
+    peak = torch.tensor([torch.cuda.max_memory_allocated(device) / 1024**3], device=device)
+    dist.all_reduce(peak, op=dist.ReduceOp.MAX)
+    return {"step_times": times, "n_params": n_params, "peak_mem_gb": peak.item(), "world_size": world,
+            "gpu": torch.cuda.get_device_name(device), "torch": torch.__version__}
 
 
 def checkpoint_save(args: dict[str, Any]) -> dict[str, Any]:
@@ -169,7 +227,11 @@ WORKERS = {"loop": hand_loop, "ckpt": checkpoint_save, "init": init_time}
 
 def main() -> None:
     which, args = sys.argv[1], json.loads(sys.argv[2])
-    dist.init_process_group("gloo")
+    if args.get("device") == "cuda":
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+        dist.init_process_group("nccl")
+    else:
+        dist.init_process_group("gloo")
     try:
         result = WORKERS[which](args)
         if dist.get_rank() == 0:

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import functools
 import os.path
+import re
+from importlib import metadata
 from pathlib import Path
 from typing import Any, Optional
 
@@ -23,8 +26,24 @@ def torchrun_args(plan: Any, endpoint: str, stop_grace_s: int) -> list[str]:
         f"--rdzv-id={r.run_id}",
         f"--max-restarts={r.max_restarts}",
         "--monitor-interval=1",
-        f"--shutdown-timeout={stop_grace_s}",
+        *([f"--shutdown-timeout={stop_grace_s}"] if torchrun_has_shutdown_timeout() else []),
     ]
+
+
+@functools.lru_cache(maxsize=1)
+def torchrun_has_shutdown_timeout() -> bool:
+    """Whether torchrun takes --shutdown-timeout: torch 2.13 does, torch 2.11's torchrun refuses the
+    flag and exits (pyproject.toml asks for torch>=2.13 for it). Read from the installed distribution's
+    metadata, never by importing torch (planning imports no torch, ARCHITECTURE.md). This is the torch
+    installed where the job is planned: with cluster=local that is the torch the agents run; a remote
+    backend's image or environment may differ, which this cannot see. No torch found, or a version this
+    cannot read: the flag stays, as the requirement says. Without the flag an older torchrun gives the
+    ranks its own default grace on SIGTERM instead of stop_grace_s."""
+    try:
+        m = re.match(r"(\d+)\.(\d+)", metadata.version("torch"))
+    except metadata.PackageNotFoundError:
+        return True
+    return m is None or (int(m.group(1)), int(m.group(2))) >= (2, 13)
 
 
 def runtime_env(cfg: Any) -> dict[str, str]:
