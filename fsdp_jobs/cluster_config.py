@@ -12,13 +12,18 @@ from hydra.core.config_store import ConfigStore
 from fsdp_jobs.errors import UserError
 
 
+# what MFU is measured against where cluster.peak_tflops is None: a rough figure for one CPU core, so a CPU
+# job's MFU stays meaningful-ish; on a GPU, ClusterConfig.peak_tflops' default below
+CPU_PEAK_TFLOPS = 0.5
+
+
 @dataclass
 class ClusterConfig:
     backend: str = ""  # each backend's subclass sets its own name (launchers/<name>/config.py)
     device: str = "auto"  # auto = cuda when torch sees GPUs, else cpu (gloo)
     gpu_memory_gb: float = 80.0  # per accelerator, for the memory estimate and shard_group_size=auto
     memory_fraction: float = 0.9  # share of gpu_memory_gb the model state may take
-    peak_tflops: float = 989.0  # per accelerator at bf16/fp16 (dense), for the MFU estimate
+    peak_tflops: Optional[float] = 989.0  # per accelerator at bf16/fp16 (dense), for the MFU estimate
     # per accelerator when the compute dtype is float32 (TF32 matmuls on GPU); None = peak_tflops / 2
     # (A100/H100 dense TF32 is half their bf16 peak)
     peak_tflops_fp32: Optional[float] = None

@@ -23,6 +23,7 @@ from omegaconf import OmegaConf
 
 from fsdp_jobs import faults, runs
 from fsdp_jobs.checkpoints import step_dir
+from fsdp_jobs.cluster_config import CPU_PEAK_TFLOPS, ClusterConfig
 from fsdp_jobs.plan import compute_dtype, micro_batch, reshard_after_forward
 from fsdp_jobs.runtime import heartbeat
 from fsdp_jobs.runtime.checkpoint import CheckpointManager, StateObjects, TrainState
@@ -70,6 +71,10 @@ def write_rank_file(run_dir: Path, world: World) -> None:
 def mfu_peak_flops(job: dict[str, Any], device: torch.device) -> float:
     """The accelerator's peak at the dtype the matmuls actually run in (bf16 vs fp32/TF32)."""
     cl = job["cluster"]
+    if cl.get("peak_tflops") is None:  # the device's default (fsdp_jobs/cluster_config.py)
+        if device.type == "cpu":
+            return (cl.get("peak_tflops_fp32") or CPU_PEAK_TFLOPS) * 1e12
+        cl = {**cl, "peak_tflops": ClusterConfig.peak_tflops}
     dtype = compute_dtype(OmegaConf.create(job), device.type)
     if dtype in ("bfloat16", "float16"):
         return cl["peak_tflops"] * 1e12

@@ -17,8 +17,10 @@ class LocalClusterConfig(ClusterConfig):
 
     backend: str = "local"
     device: str = "cpu"
-    peak_tflops: float = 0.5  # a rough figure for one CPU core, so MFU stays meaningful-ish
-    peak_tflops_fp32: Optional[float] = 0.5  # CPU: fp32 is the dtype that runs
+    # None = the device's: a rough 0.5 for one CPU core (fp32 is the dtype that runs), so MFU stays
+    # meaningful-ish; with cluster.device=cuda the common default (an H100's dense bf16, fsdp_jobs/cluster_config.py)
+    peak_tflops: Optional[float] = None
+    peak_tflops_fp32: Optional[float] = None
 
 
 SCHEMA = LocalClusterConfig
