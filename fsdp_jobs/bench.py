@@ -20,6 +20,9 @@ benchmark compares side by side in one run and reports ratios).
     python -m fsdp_jobs.bench dry-run [--repeats 9]
         wall time of `python -m fsdp_jobs dry_run=true` (a 4x8 job on backends.DRY_RUN_BENCH) next to
         `torchx run --dryrun -s <the same scheduler> dist.ddp -j 4x8`, alternated, and whether planning imported torch.
+    python -m fsdp_jobs.bench recovery [--repeats 3]
+        a 2x2 CPU job's SIGKILL of one rank -> its next completed step, cut into torchrun's part and each
+        start-up phase at the restarted rank 0's timeline marks (fsdp_jobs/goodput.py).
     python -m fsdp_jobs.bench init [--ranks 4] [--model llama3_1b]
         per-shard init of a model at world size N on CPU next to a plain unsharded init.
 """
@@ -37,6 +40,8 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+from fsdp_jobs import runs
 
 
 def _fsync_tree(path: Path) -> None:
@@ -323,6 +328,58 @@ def bench_dry_run(repeats: int) -> dict[str, Any]:
             "goal": "<= 1.0", "in_process_s": round(inner, 3), "torch_imported": torch_seen}
 
 
+def recovery_parts(run_dir: Path, killed_at: float) -> dict[str, float]:
+    """SIGKILL of a rank -> the first step after it, cut at the restarted rank 0's timeline marks
+    (fsdp_jobs/goodput.py): what torchrun and each start-up phase take."""
+    from fsdp_jobs import goodput
+
+    events, _ = goodput.read_events(run_dir / goodput.GOODPUT_FILE)
+    start = next(e for e in events if e["event"] == "start" and e["time"] > killed_at)
+    mine = [e for e in events if e.get("pid") == start["pid"]]
+    mark = {e["event"]: e for e in mine}
+    first_step = next(m["time"] for m in runs.read_metrics(run_dir) if m["time"] > killed_at)
+    cuts = [("torchrun: notice, stop the others, re-rendezvous, start", start["time"]),
+            ("interpreter", start["main"]), ("imports", mark["process_group"]["began"]),
+            ("process group + mesh", mark["process_group"]["time"]), ("build + materialize", mark["built"]["time"]),
+            ("checkpoint load", mark["loaded"]["time"]), ("data, metrics", mark["loop"]["time"]),
+            ("first step", first_step)]
+    out, t = {}, killed_at
+    for name, at in cuts:
+        out[name], t = round(at - t, 3), at
+    return out
+
+
+def bench_recovery(repeats: int) -> dict[str, Any]:
+    """A 2x2 CPU job (the tiny default model): SIGKILL rank 3 once a checkpoint is committed; the time to
+    the first completed step after it, and its parts, median of `repeats` runs."""
+    import signal
+
+    totals, parts = [], []
+    args = ["train.steps=60", "checkpoint.interval=10", "checkpoint.keep_last=10", "train.log_interval=1"]
+    with tempfile.TemporaryDirectory(prefix="bench-recovery-") as tmp:
+        for i in range(repeats):
+            run_dir = Path(tmp) / f"r{i}"
+            proc = subprocess.Popen([sys.executable, "-m", "fsdp_jobs", f"run_root={tmp}", f"name=r{i}", *args],
+                                    cwd=_REPO, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                    stderr=subprocess.DEVNULL)
+            while not (run_dir / "checkpoints" / "step-000010" / "manifest.json").exists():
+                if proc.poll() is not None:
+                    raise SystemExit(f"recovery run {i} ended early ({proc.returncode})")
+                time.sleep(0.05)
+            pid = json.loads((run_dir / "ranks" / "rank-3.json").read_text())["pid"]
+            killed_at = time.time()
+            os.kill(pid, signal.SIGKILL)
+            if proc.wait(timeout=900) != 0:
+                raise SystemExit(f"recovery run {i} failed ({proc.returncode})")
+            split = recovery_parts(run_dir, killed_at)
+            totals.append(sum(split.values()))
+            parts.append(split)
+    return {"benchmark": "recovery", "job": "2 nodes x 2 ranks, CPU, tiny model; SIGKILL of rank 3",
+            "repeats": repeats, "kill_to_next_step_s": _spread(totals),
+            "parts_s_median": {k: round(statistics.median(p[k] for p in parts), 3) for k in parts[0]},
+            "parts_s_all": parts, "goal": "<= 8 s"}
+
+
 def bench_init(ranks: int, model_name: str) -> dict[str, Any]:
     """Per-shard init at world size `ranks` (slowest rank) next to one plain unsharded init."""
     model = model_config(model_name)
@@ -364,6 +421,8 @@ def main(argv: list[str] | None = None) -> int:
     cd.add_argument("--dir", type=Path, default=None, help="where to write (default: a temp dir under ./runs)")
     d = sub.add_parser("dry-run")
     d.add_argument("--repeats", type=int, default=9)
+    rc = sub.add_parser("recovery")
+    rc.add_argument("--repeats", type=int, default=3)
     i = sub.add_parser("init")
     i.add_argument("--ranks", type=int, default=4)
     i.add_argument("--model", default="llama3_1b")
@@ -384,6 +443,8 @@ def main(argv: list[str] | None = None) -> int:
             result = bench_step(args.repeats, args.steps, args.ranks or 2)
     elif args.which == "init":
         result = bench_init(args.ranks, args.model)
+    elif args.which == "recovery":
+        result = bench_recovery(args.repeats)
     else:
         result = bench_dry_run(args.repeats)
     print(json.dumps(result, indent=2))
