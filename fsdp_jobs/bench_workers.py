@@ -62,14 +62,20 @@ def hand_loop(args: dict[str, Any]) -> dict[str, Any]:
     times = []
     for _ in range(args["steps"]):
         t0 = time.perf_counter()
-        logits = model(inputs)
-        loss = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), t["grad_clip"])
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
+        _step(model, optimizer, inputs, targets, t["grad_clip"])
         times.append(time.perf_counter() - t0)
     return {"step_times": times}
+
+
+def _step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, inputs: torch.Tensor, targets: torch.Tensor,
+          grad_clip: float) -> None:
+    """Forward, loss, backward, clip, AdamW step, zero_grad: the whole hand-written step."""
+    logits = model(inputs)
+    loss = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
 
 
 def hand_loop_cuda(args: dict[str, Any]) -> dict[str, Any]:
@@ -107,12 +113,7 @@ def hand_loop_cuda(args: dict[str, Any]) -> dict[str, Any]:
     torch.cuda.synchronize(device)
     t0, in_window = time.perf_counter(), 0
     for step in range(1, args["steps"] + 1):
-        logits = model(inputs)
-        loss = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), t["grad_clip"])
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
+        _step(model, optimizer, inputs, targets, t["grad_clip"])
         in_window += 1
         if step % window == 0 or step == args["steps"]:
             torch.cuda.synchronize(device)
