@@ -129,7 +129,8 @@ class Job:
         self._voted = False  # what this rank put in the vote now in flight
         # TensorBoard/W&B open at the first job.log: this attempt's steps start there (runtime/trackers.py)
         self._metrics = MetricsWriter(run_dir / runs.METRICS_FILE, self.rank == 0, config["train"]["steps"],
-                                      config["train"]["log_interval"], Trackers(run_dir, config))
+                                      config["train"]["log_interval"],
+                                      Trackers(run_dir, config, close_at_exit=True))
         self._attempt = ""
         self.checkpoint = Checkpoints(self)
         self._attempt = self.checkpoint.manager.attempt

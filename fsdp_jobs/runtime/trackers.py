@@ -144,10 +144,12 @@ def tensorboard_on(job: dict[str, Any]) -> bool:
 
 
 class Trackers:
-    """The trackers a job asked for, opened at the first step this attempt logs (the resumed step + 1)."""
+    """The trackers a job asked for, opened at the first step this attempt logs (the resumed step + 1).
+    `close_at_exit`: close them at interpreter exit (fsdp_jobs.job: a script that never calls close), before
+    wandb's own exit hook cuts its connection (atexit runs the hooks registered last first)."""
 
-    def __init__(self, run_dir: Path, job: dict[str, Any]) -> None:
-        self.run_dir, self.job = run_dir, job
+    def __init__(self, run_dir: Path, job: dict[str, Any], close_at_exit: bool = False) -> None:
+        self.run_dir, self.job, self.close_at_exit = run_dir, job, close_at_exit
         self.open: Optional[list[Any]] = None
 
     def start(self, first_step: int) -> None:
@@ -158,6 +160,10 @@ class Trackers:
             self.open.append(TensorBoard(self.run_dir, first_step))
         if (self.job["train"].get("wandb") or {}).get("enabled"):
             self.open.append(WandB(self.run_dir, self.job, first_step))
+        if self.close_at_exit and self.open:
+            import atexit
+
+            atexit.register(self.close)
 
     def write(self, record: dict[str, Any]) -> None:
         self.start(record["step"])

@@ -60,7 +60,7 @@ def wandb_history(run_dir: Path, run_id: str) -> list[dict]:
         (run,) = [r["run"] for r in records if r["type"] == "run"]
         assert run["run_id"] == run_id and run["project"] == "fsdp-jobs-test"
         config = run["config"]["update"]
-        assert config["job"]["train"]["steps"] >= STEPS and config["plan"]["world_size"] in (2, 4)
+        assert config["job"]["train"]["steps"] >= 6 and config["plan"]["world_size"] in (2, 4)
         rows += [r["history"]["item"] for r in records if r["type"] == "history"]
     return rows
 
@@ -105,3 +105,21 @@ def test_tensorboard_and_wandb_hold_one_value_per_step_across_a_kill_and_a_resiz
     assert (run_dir / "wandb-id").read_text().strip() == run_id
     assert_one_value_per_step(run_dir, STEPS + 2)
     assert len(json.loads((run_dir / "wandb-ledger.json").read_text())["dirs"]) == 2
+
+
+def test_job_log_of_a_users_script_feeds_the_same_trackers(run_root, tmp_path):
+    """fsdp_jobs.job's log() (tests/scripts/job_train.py logs loss every step): the same files, closed at exit
+    (the script never calls close) with the W&B run finished and recorded."""
+    env = {"WANDB_MODE": "offline", "WANDB_CONFIG_DIR": str(tmp_path / "wandb-config"),
+           "WANDB_CACHE_DIR": str(tmp_path / "wandb-cache"), "WANDB_DATA_DIR": str(tmp_path / "wandb-data")}
+    script = REPO / "tests" / "scripts" / "job_train.py"
+    r = cli(f"run_root={run_root}", "name=script", f"script={script}", "train.steps=6", "checkpoint.interval=3",
+            "nodes=1", "train.tensorboard=true", "train.wandb.enabled=true", "train.wandb.project=fsdp-jobs-test",
+            env=env)
+    assert_ok(r)
+    run_dir = run_root / "script"
+    final = final_values(run_dir)
+    tb = tensorboard_scalars(run_dir)
+    assert [(s, pytest.approx(v, rel=1e-6)) for s, v in tb["loss"]] == [(s, final[s]["loss"]) for s in range(1, 7)]
+    rows = wandb_history(run_dir, (run_dir / "wandb-id").read_text().strip())
+    assert [(r["_step"], r["loss"]) for r in rows] == [(s, final[s]["loss"]) for s in range(1, 7)]
