@@ -157,7 +157,12 @@ class Trackers:
             return
         self.open = []
         if tensorboard_on(self.job):
-            self.open.append(TensorBoard(self.run_dir, first_step))
+            try:
+                self.open.append(TensorBoard(self.run_dir, first_step))
+            except ImportError as e:  # installed but broken: the default setting must not stop the job
+                if self.job["train"].get("tensorboard"):
+                    raise
+                print(f"TensorBoard off: {e} (train.tensorboard=true makes this an error)", flush=True)
         if (self.job["train"].get("wandb") or {}).get("enabled"):
             self.open.append(WandB(self.run_dir, self.job, first_step))
         if self.close_at_exit and self.open:
