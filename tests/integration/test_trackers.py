@@ -41,7 +41,7 @@ def tensorboard_scalars(run_dir: Path) -> dict[str, list[tuple[int, float]]]:
 def wandb_records(wandb_file: Path) -> list[dict]:
     """The records of a .wandb transaction log, read by wandb's own reader (wandb-core's `leet inspect`)."""
     r = subprocess.run([sys.executable, "-m", "wandb", "leet", "inspect", "--json", str(wandb_file)],
-                       capture_output=True, text=True, timeout=120)
+                       capture_output=True, text=True, timeout=120, cwd=wandb_file.parent)  # no wandb/ log here
     assert r.returncode == 0, r.stderr
     return [json.loads(line) for line in r.stdout.splitlines() if line.startswith("{")]
 
