@@ -7,6 +7,7 @@ Checks that need more than one key (does the shard group divide the world?) live
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
@@ -22,6 +23,8 @@ STRATEGIES = ("full_shard", "shard_grad_op", "hybrid_shard", "hybrid_shard_zero2
 DTYPES = ("float32", "bfloat16", "float16")
 BACKWARD_PREFETCH = ("BACKWARD_PRE", "BACKWARD_POST")
 LR_SCHEDULES = ("cosine", "linear", "constant")
+WANDB_MODES = ("online", "offline")
+WANDB_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,127}")
 
 
 @dataclass
@@ -84,6 +87,17 @@ class FSDPConfig:
 
 
 @dataclass
+class WandbConfig:
+    """Weights & Biases (`pip install 'fsdp-jobs[wandb]'`): one W&B run per job, resumed by every restart,
+    requeue and resize on the same step axis (fsdp_jobs/runtime/trackers.py)."""
+
+    enabled: bool = False
+    project: str = "fsdp-jobs"
+    entity: Optional[str] = None  # None = your W&B default entity
+    mode: Optional[str] = None  # online / offline; None = $WANDB_MODE where the ranks run, else online
+
+
+@dataclass
 class TrainConfig:
     steps: int = 300  # optimizer steps in total (a resumed run continues up to this)
     seed: int = 0  # init, data order and dropout all derive from it
@@ -107,6 +121,9 @@ class TrainConfig:
     # a collective that waits longer fails the rank (NCCL's default is 10 min, gloo's 30); the hang
     # watchdog (fault.*) fires well before it
     collective_timeout_s: float = 600
+    # scalars in RUN_DIR/tensorboard (`pip install 'fsdp-jobs[tensorboard]'`); None = where it is installed
+    tensorboard: Optional[bool] = None
+    wandb: WandbConfig = field(default_factory=WandbConfig)
 
 
 @dataclass
@@ -192,6 +209,28 @@ def _importable(key: str, path: str) -> None:
         raise UserError(key, path, "must be an import path package.module.Name of an installed package")
 
 
+def _installed(key: str, value: Any, package: str, extra: str) -> None:
+    import importlib.util  # find_spec: whether it is there, without importing it (or torch)
+
+    if importlib.util.find_spec(package) is None:
+        raise UserError(key, value, f"needs the {package} package, which is not installed here: "
+                                    f"pip install 'fsdp-jobs[{extra}]'")
+
+
+def validate_trackers(t: Any) -> None:
+    """train.tensorboard, train.wandb.*: names W&B shows and puts in URLs keep to a safe alphabet."""
+    if t.tensorboard:
+        _installed("train.tensorboard", True, "tensorboard", "tensorboard")
+    w = t.wandb
+    for key in ("project", "entity"):
+        if w[key] is not None and not WANDB_NAME.fullmatch(str(w[key])):
+            raise UserError(f"train.wandb.{key}", w[key], "a W&B name may hold letters, digits, . _ - "
+                                                         "(at most 128, not starting with . or -)")
+    choice("train.wandb.mode", w.mode, WANDB_MODES, optional=True)
+    if w.enabled:
+        _installed("train.wandb.enabled", True, "wandb", "wandb")
+
+
 def validate(cfg: Any) -> None:
     """Per-key checks the types alone do not express. Raises UserError on the first bad key."""
     positive("nodes", cfg.nodes)
@@ -246,6 +285,7 @@ def validate(cfg: Any) -> None:
     for i, beta in enumerate(t.betas):
         finite(f"train.betas[{i}]", beta, 0, 1, high_open=True)
     finite("train.collective_timeout_s", t.collective_timeout_s, 10)
+    validate_trackers(t)
     fc = cfg.fault
     positive("fault.max_hang_restarts", fc.max_hang_restarts, minimum=0)
     # the watchdog must fire well before a collective times out and fails the rank with a less useful error

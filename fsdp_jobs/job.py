@@ -43,6 +43,7 @@ from fsdp_jobs.runtime.checkpoint import StateObjects
 from fsdp_jobs.runtime.mesh import World
 from fsdp_jobs.runtime.metrics import MetricsWriter, log
 from fsdp_jobs.runtime.signals import StopFlag
+from fsdp_jobs.runtime.trackers import Trackers
 from fsdp_jobs.runtime.trainer import Trainer
 
 RUN_DIR_ENV = "FSDP_JOBS_RUN_DIR"  # set by every launcher (launchers/common.py rank_env)
@@ -126,8 +127,10 @@ class Job:
         trainer.watch_for_stop(StopFlag())
         self._stop, self._stop_file, self._vote = trainer.stop, trainer.stop_file, trainer.vote
         self._voted = False  # what this rank put in the vote now in flight
+        # TensorBoard/W&B open at the first job.log: this attempt's steps start there (runtime/trackers.py)
         self._metrics = MetricsWriter(run_dir / runs.METRICS_FILE, self.rank == 0, config["train"]["steps"],
-                                      config["train"]["log_interval"])
+                                      config["train"]["log_interval"],
+                                      Trackers(run_dir, config, close_at_exit=True))
         self._attempt = ""
         self.checkpoint = Checkpoints(self)
         self._attempt = self.checkpoint.manager.attempt
@@ -175,8 +178,9 @@ class Job:
         return False
 
     def log(self, **metrics: Any) -> None:
-        """One line in metrics.jsonl (rank 0; other ranks' calls are ignored) and the progress line every
-        train.log_interval steps. Pass step=N (else the last checkpoint/log step + 1 is used)."""
+        """One line in metrics.jsonl (rank 0; other ranks' calls are ignored), the progress line every
+        train.log_interval steps, and its numbers in TensorBoard/W&B where configured (train.tensorboard,
+        train.wandb). Pass step=N (else the last checkpoint/log step + 1 is used)."""
         step = int(metrics.pop("step", self.step + 1))
         self.step = step
         self._trainer.beat(step)

@@ -1,5 +1,6 @@
 """Per-step metrics: one JSON line per step in <run_dir>/metrics.jsonl (rank 0), a progress line
-every train.log_interval steps."""
+every train.log_interval steps, and the same values in TensorBoard and W&B where the job asks for them
+(fsdp_jobs/runtime/trackers.py)."""
 
 from __future__ import annotations
 
@@ -7,9 +8,11 @@ import json
 import resource
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 import torch
+
+from fsdp_jobs.runtime.trackers import Trackers
 
 
 def peak_memory_gb(device: torch.device) -> float:
@@ -24,15 +27,26 @@ def flops_per_token(n_params: int, n_layers: int, dim: int, seq_len: int) -> flo
 
 
 class MetricsWriter:
-    def __init__(self, path: Path, enabled: bool, total_steps: int, log_interval: int) -> None:
+    """`trackers`: TensorBoard/W&B fed with the same records (rank 0's writer only)."""
+
+    def __init__(self, path: Path, enabled: bool, total_steps: int, log_interval: int,
+                 trackers: Optional[Trackers] = None) -> None:
         self.enabled, self.total, self.interval = enabled, total_steps, log_interval
         self.file = open(path, "a") if enabled else None
+        self.trackers = trackers if enabled else None
+
+    def start(self, first_step: int) -> None:
+        """Open the trackers now (else at the first record): this attempt logs steps from first_step on."""
+        if self.trackers is not None:
+            self.trackers.start(first_step)
 
     def write(self, record: dict[str, Any]) -> None:
         if not self.file:
             return
         self.file.write(json.dumps(record) + "\n")
         self.file.flush()
+        if self.trackers is not None:
+            self.trackers.write(record)
         step = record["step"]
         if step % self.interval == 0 or step == self.total or step == 1:
             if all(k in record for k in ("loss", "lr", "tokens_per_s", "mfu", "peak_mem_gb")):
@@ -47,6 +61,9 @@ class MetricsWriter:
     def close(self) -> None:
         if self.file:
             self.file.close()
+            self.file = None
+        if self.trackers is not None:
+            self.trackers.close()
 
 
 def log(rank: int, msg: str, all_ranks: bool = False) -> None:

@@ -36,6 +36,7 @@ from fsdp_jobs.runtime.shard import build_meta_model, dtype_of, init_devices, ma
 from fsdp_jobs.runtime.signals import StopFlag
 from fsdp_jobs.runtime.stopping import StopFileWatcher, StopVote
 from fsdp_jobs.runtime.timeline import Timeline
+from fsdp_jobs.runtime.trackers import Trackers
 
 # test-only fault injection: the training step raises from this step on (a job that cannot progress)
 FAIL_AT_STEP_ENV = "FSDP_JOBS_TEST_FAIL_AT_STEP"
@@ -255,7 +256,8 @@ class Trainer:
             log(world.rank, f"MFU against {peak / 1e12:g} TFLOPS per GPU (cluster.peak_tflops, peak_tflops_fp32) on "
                             f"{torch.cuda.get_device_name(world.device)}")
         self.metrics = MetricsWriter(self.run_dir / runs.METRICS_FILE, world.rank == 0, tcfg["steps"],
-                                     tcfg["log_interval"])
+                                     tcfg["log_interval"], Trackers(self.run_dir, job))
+        self.metrics.start(state.step + 1)  # TensorBoard/W&B: the steps after the resumed one replace earlier ones
         self.window_args = (self.global_batch * seq_len, fpt, peak)  # fit() opens the window when the steps start
         self.fail_at = faults.step(FAIL_AT_STEP_ENV)
         if world.rank == 0:

@@ -1,0 +1,182 @@
+"""TensorBoard and W&B: the metrics rank 0 writes to metrics.jsonl (fsdp_jobs/runtime/metrics.py), also
+where users look, with exactly one value per step however often the job was restarted.
+
+A restarted job resumes from its newest checkpoint (step C) and computes the steps after C again; the
+previous attempt may have logged some of them. The rules:
+
+- TensorBoard (RUN_DIR/tensorboard): each attempt opens its own event file with `purge_step=C+1`, i.e. a
+  SessionLog.START event at step C+1, on which TensorBoard's reader drops every event at a step >= C+1
+  read from the earlier files (tensorboard/backend/event_processing/event_accumulator.py,
+  _CheckForRestartAndMaybePurge). The steps <= C stay as the attempts that computed them wrote them: the
+  writer is flushed after every record, and the record of step C is written before checkpoint C is saved
+  (fsdp_jobs/runtime/trainer.py: MetricsWindow.flush), so a checkpoint never exists without its steps.
+- W&B: one run per job, its id created once in RUN_DIR/wandb-id and resumed (`resume="allow"`) by every
+  attempt. W&B's step axis only goes forward and its local writer keeps records in memory until a run
+  is finished (a killed process loses them), so RUN_DIR/wandb-ledger.json records, after each clean
+  `finish()`, the last step W&B holds and the local run dirs that hold it. A new attempt removes local
+  offline run dirs of this id the ledger does not name (a killed attempt's, never complete), logs the
+  steps after the ledger's up to C from metrics.jsonl (their final values), and from then on logs only
+  steps after the last one W&B has: a step computed again keeps the value W&B got first.
+
+Only rank 0 writes. The packages are optional (`pip install 'fsdp-jobs[tensorboard]'`, `[wandb]`):
+config.py refuses at plan time what is asked for and not installed; `train.tensorboard: null` (the
+default) writes TensorBoard files where the package is installed on the rank's machine.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import shutil
+import time
+from pathlib import Path
+from typing import Any, Optional
+
+from fsdp_jobs import runs
+
+TENSORBOARD_DIR = "tensorboard"
+WANDB_DIR = "wandb"  # wandb.init(dir=RUN_DIR) keeps its local run dirs here
+WANDB_ID_FILE = "wandb-id"
+WANDB_LEDGER = "wandb-ledger.json"
+# bookkeeping in a metrics record, not a metric to chart
+NOT_SCALARS = frozenset({"step", "time", "world_size", "restart", "attempt", "sample_start", "step_time_s",
+                         "peak_mem_gb"})
+
+
+def scalars(record: dict[str, Any]) -> dict[str, float]:
+    """The chartable values of a metrics record: finite numbers that are not bookkeeping."""
+    out = {}
+    for k, v in record.items():
+        if k in NOT_SCALARS or isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+            continue
+        out[k] = float(v)
+    return out
+
+
+def final_records(run_dir: Path, after: int, upto: int) -> list[dict[str, Any]]:
+    """metrics.jsonl's last record of each step in (after, upto], by step: the values that count."""
+    last: dict[int, dict[str, Any]] = {}
+    for record in runs.read_metrics(run_dir):
+        if after < record["step"] <= upto:
+            last[record["step"]] = record
+    return [last[s] for s in sorted(last)]
+
+
+class TensorBoard:
+    def __init__(self, run_dir: Path, first_step: int) -> None:
+        from torch.utils.tensorboard import SummaryWriter
+
+        self.writer = SummaryWriter(str(run_dir / TENSORBOARD_DIR), purge_step=first_step, flush_secs=3600)
+
+    def log(self, step: int, values: dict[str, float]) -> None:
+        for k, v in values.items():
+            self.writer.add_scalar(k, v, global_step=step)
+        self.writer.flush()  # before the checkpoint that makes this step final (module docstring)
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+def wandb_id(run_dir: Path) -> str:
+    """This job's W&B run id: created by the first attempt, kept in RUN_DIR/wandb-id."""
+    path = run_dir / WANDB_ID_FILE
+    if path.exists():
+        return path.read_text().strip()
+    import secrets
+
+    run_id = secrets.token_hex(8)
+    runs.write_atomic(path, run_id + "\n")
+    return run_id
+
+
+class WandB:
+    def __init__(self, run_dir: Path, job: dict[str, Any], first_step: int) -> None:
+        import wandb
+
+        self.run_dir, cfg = run_dir, job["train"]["wandb"]
+        self.id = wandb_id(run_dir)
+        ledger = self._ledger()
+        (run_dir / WANDB_DIR).mkdir(exist_ok=True)
+        for d in (run_dir / WANDB_DIR).glob(f"offline-run-*-{self.id}"):  # a killed attempt's, never complete
+            if d.name not in ledger["dirs"]:
+                shutil.rmtree(d, ignore_errors=True)
+        plan_file = run_dir / runs.PLAN_FILE
+        plan = json.loads(plan_file.read_text()) if plan_file.exists() else None
+        # job.yaml holds no secret (fsdp_jobs/secret_env.py masks them before it is written)
+        self.run = wandb.init(id=self.id, resume="allow", dir=str(run_dir), project=cfg["project"],
+                              entity=cfg.get("entity"), mode=cfg.get("mode"), name=run_dir.name,
+                              group=job.get("sweep"), config={"job": job, "plan": plan},
+                              settings=wandb.Settings(silent=True, console="off", x_disable_stats=True))
+        self.last = int(ledger["step"])
+        if self.run.resumed:  # online: the server says where the run is (its starting step is the next one)
+            self.last = max(self.last, int(self.run.starting_step) - 1)
+        for record in final_records(run_dir, self.last, first_step - 1):  # lost with a killed attempt
+            self.log(record["step"], scalars(record))
+
+    def _ledger(self) -> dict[str, Any]:
+        try:
+            ledger = json.loads((self.run_dir / WANDB_LEDGER).read_text())
+            if ledger.get("id") == self.id:
+                return ledger
+        except (OSError, ValueError):
+            pass
+        return {"id": self.id, "step": 0, "dirs": []}
+
+    def log(self, step: int, values: dict[str, float]) -> None:
+        if step <= self.last:  # W&B has it already: its step axis only goes forward
+            return
+        self.run.log(values, step=step, commit=True)
+        self.last = step
+
+    def close(self) -> None:
+        self.run.finish()
+        ledger = self._ledger()
+        local = Path(self.run.dir).parent.name  # RUN_DIR/wandb/<offline-run-...-ID>/files
+        ledger.update(step=self.last, dirs=[*ledger["dirs"], local], time=time.time())
+        runs.write_atomic(self.run_dir / WANDB_LEDGER, json.dumps(ledger) + "\n")
+
+
+def tensorboard_on(job: dict[str, Any]) -> bool:
+    """train.tensorboard: true/false, or null = wherever the tensorboard package is installed."""
+    setting = job["train"].get("tensorboard")
+    return bool(setting) if setting is not None else importlib.util.find_spec("tensorboard") is not None
+
+
+class Trackers:
+    """The trackers a job asked for, opened at the first step this attempt logs (the resumed step + 1).
+    `close_at_exit`: close them at interpreter exit (fsdp_jobs.job: a script that never calls close), before
+    wandb's own exit hook cuts its connection (atexit runs the hooks registered last first)."""
+
+    def __init__(self, run_dir: Path, job: dict[str, Any], close_at_exit: bool = False) -> None:
+        self.run_dir, self.job, self.close_at_exit = run_dir, job, close_at_exit
+        self.open: Optional[list[Any]] = None
+
+    def start(self, first_step: int) -> None:
+        if self.open is not None:
+            return
+        self.open = []
+        if tensorboard_on(self.job):
+            try:
+                self.open.append(TensorBoard(self.run_dir, first_step))
+            except ImportError as e:  # installed but broken: the default setting must not stop the job
+                if self.job["train"].get("tensorboard"):
+                    raise
+                print(f"TensorBoard off: {e} (train.tensorboard=true makes this an error)", flush=True)
+        if (self.job["train"].get("wandb") or {}).get("enabled"):
+            self.open.append(WandB(self.run_dir, self.job, first_step))
+        if self.close_at_exit and self.open:
+            import atexit
+
+            atexit.register(self.close)
+
+    def write(self, record: dict[str, Any]) -> None:
+        self.start(record["step"])
+        values = scalars(record)
+        for tracker in self.open or ():
+            tracker.log(record["step"], values)
+
+    def close(self) -> None:
+        for tracker in self.open or ():
+            tracker.close()
+        self.open = []
