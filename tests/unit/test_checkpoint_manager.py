@@ -34,8 +34,9 @@ def test_async_save_commits_when_written_without_waiting_for_the_next_save(tmp_p
     state.step = 1
     assert ckpt.save(state, {"shard": 1}, 1) is None  # returned before the write finished
     deadline = time.monotonic() + 60
-    while not committed_checkpoints(tmp_path) and time.monotonic() < deadline:
-        time.sleep(0.05)  # nobody calls wait() or save(): the commit must happen on its own
+    # nobody calls wait() or save(): the commit, and its log line just after the rename, must happen on their own
+    while not (committed_checkpoints(tmp_path) and any("committed" in m for m in log)) and time.monotonic() < deadline:
+        time.sleep(0.05)
     assert [s for s, _ in committed_checkpoints(tmp_path)] == [1]
     assert any("committed step-000001 (background save)" in m for m in log)
 
