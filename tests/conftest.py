@@ -121,6 +121,29 @@ def docker_engine():
         assert not Path("/tmp/fsdp-jobs-docker").exists()
 
 
+# ------------------------------------------------------------------ no false hang (README: When a rank hangs)
+# The watchdog must never declare a hang in a healthy job: slow first steps, async and sync checkpoints,
+# train.compile, requeues, a loaded 2-core machine. Only tests marked expects_hang (they stop a rank on
+# purpose, or hand the watchdog made-up heartbeats) may leave a hangs.jsonl behind; at the end of the session
+# every other one under the session's temporary directory fails the run, naming the directory.
+HANG_DIRS: set[str] = set()
+
+
+@pytest.fixture(autouse=True)
+def _hangs_expected_here(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> None:
+    if request.node.get_closest_marker("expects_hang"):
+        tmp = request.getfixturevalue("tmp_path")
+        HANG_DIRS.add(tmp.relative_to(tmp_path_factory.getbasetemp()).parts[0])
+
+
+@pytest.fixture(scope="session", autouse=True)
+def no_false_hang(tmp_path_factory: pytest.TempPathFactory):
+    yield
+    base = tmp_path_factory.getbasetemp()
+    false = sorted(str(p) for p in base.rglob("hangs.jsonl") if p.relative_to(base).parts[0] not in HANG_DIRS)
+    assert not false, f"the hang watchdog declared a hang in a test that expected none: {false}"
+
+
 # A hung test fails in its tier's time, not after the global 20 minutes: unit tests (fast, pure logic
 # and single CLI calls) get 90 s; tiers that start real processes and clusters get more.
 TIER_TIMEOUT_S = {"unit": 90, "kubernetes": 180, "integration": 900, "docker": 900, "slurm": 1200}

@@ -30,6 +30,7 @@ def uninterrupted(tmp_path_factory) -> Path:
     return root / "ref"
 
 
+@pytest.mark.expects_hang
 def test_a_stopped_rank_is_found_named_dumped_and_the_job_resumes_bitwise(run_root, uninterrupted):
     run_dir = run_root / "hung"
     proc = start([f"run_root={run_root}", "name=hung", *ARGS])

@@ -179,6 +179,7 @@ def test_status_logs_and_cancel_a_running_job(run_root):
     assert "CANCELLED" in json.loads(cli("status", job_id, "--run-root", str(run_root)).stdout)["slurm_state"]
 
 
+@pytest.mark.expects_hang
 def test_a_stopped_rank_on_a_slurm_node_is_found_and_the_job_resumes_bitwise(run_root):
     """The node wrapper under srun watches its ranks like everywhere else: `chaos hang-rank` (the nodes are
     network namespaces of this machine, so the host sees their processes), the hang is declared within

@@ -10,6 +10,8 @@ import pytest
 from fsdp_jobs import hangs
 from launchers.watchdog import Beat, first_stopped, hang_timeout, innermost_frame, stalled_for
 
+pytestmark = pytest.mark.expects_hang  # hand-made heartbeats and hangs.jsonl files
+
 NOW = 1_000_000.0
 
 
