@@ -72,11 +72,13 @@ def read_beats(run_dir: Path) -> list[Beat]:
     return [b for b in beats if b is not None]
 
 
-def hang_timeout(beats: list[Beat], fault: dict[str, Any]) -> float:
+def hang_timeout(beats: list[Beat], fault: dict[str, Any], job_step: Optional[int] = None) -> float:
     """How long no progress may last. Explicit, else derived from the step times once every rank is
-    stepping and has timed a few steps; start-up, loads and saves get fault.startup_timeout_s."""
+    stepping and has timed a few steps; start-up, loads and saves get fault.startup_timeout_s, unless
+    the job's other ranks are already past them (`job_step`: the furthest step a live rank of the job
+    advanced to): a rank stopped in the middle of a save its peers finished is late, not saving."""
     startup = float(fault.get("startup_timeout_s") or 300)
-    if any(b.phase != "step" for b in beats):
+    if any(b.phase != "step" and (job_step is None or b.step >= job_step) for b in beats):
         return max(startup, float(fault.get("hang_timeout_s") or 0))
     if fault.get("hang_timeout_s"):
         return float(fault["hang_timeout_s"])
@@ -182,7 +184,8 @@ class Watchdog:
         mine = self.local_beats(everyone)
         if not mine:
             return None
-        timeout = hang_timeout(mine, self.fault)
+        stepping = [b.step for b in everyone if b.phase == "step" and now - b.alive <= STALE_S]  # this attempt's
+        timeout = hang_timeout(mine, self.fault, max(stepping) if stepping else None)
         stalled = stalled_for(mine, now)
         if stalled <= timeout:
             return self.check_straggler(now)

@@ -36,6 +36,17 @@ def test_the_hang_timeout(beats, fault, expected):
     assert hang_timeout(beats, fault) == expected
 
 
+def test_a_rank_stuck_in_a_save_its_peers_finished_gets_no_start_up_allowance():
+    """Rank 3 stopped in the middle of checkpoint 50 while the other node's ranks went on to step 52: its
+    node used to wait the 300 s start-up allowance (and torchrun then 30 s more for a stopped rank that
+    ignores SIGTERM) while the other node declared the hang at 60 s."""
+    mine = [beat(2, step=50, step_s=0.2), beat(3, step=50, phase="save", step_s=0.2)]
+    fault = {"startup_timeout_s": 300}
+    assert hang_timeout(mine, fault, job_step=52) == 60.0
+    assert hang_timeout(mine, fault, job_step=50) == 300.0  # every live rank is at the save: it is a save
+    assert hang_timeout(mine, fault) == 300.0
+
+
 def test_a_node_is_stalled_since_its_most_recent_progress():
     assert stalled_for([beat(0, progress=NOW - 50), beat(1, progress=NOW - 3)], NOW) == pytest.approx(3)
     assert stalled_for([], NOW) == 0
