@@ -1,0 +1,164 @@
+"""preflight=true|only: every rank checks its node before any training step (README: Preflight).
+
+    process group   it came up (bring-up ran before this), with how many nodes
+    all-reduce      PREFLIGHT_ALLREDUCE_BYTES across the world, timed: bus bandwidth 2(n-1)/n x bytes / time
+    matmul          on this rank's device: TFLOPS (CUDA: synchronized before each clock read)
+    run dir         a PREFLIGHT_WRITE_BYTES file written and fsynced: MB/s; free space vs the next checkpoint
+    memory          host MemAvailable; on CUDA the device's free memory (torch.cuda.mem_get_info)
+
+Each timing is the best of a few repeats: a shared machine's momentary contention is not the node's fault.
+Rank 0 gathers every rank's record (once, all_gather_object), judges them (fsdp_jobs/preflight.py), prints
+one table, writes RUN_DIR/preflight.json and, when a node is named, state.json "failed" with the reason.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import time
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+import torch
+import torch.distributed as dist
+
+from fsdp_jobs import faults, preflight, runs
+from fsdp_jobs.runtime.mesh import World
+from fsdp_jobs.runtime.metrics import log
+
+PREFLIGHT_ALLREDUCE_BYTES = 4 * 1024**2
+PREFLIGHT_WRITE_BYTES = 8 * 1024**2
+REPEATS = 10  # the same on every rank: the all-reduce's are collective
+# test-only fault injection (fsdp_jobs/faults.py): this node's timed checks take 3x as long
+SLOW_NODE_ENV = "FSDP_JOBS_TEST_PREFLIGHT_SLOW_NODE"
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def best_time(work: Callable[[], None], device: torch.device, slow: bool, repeats: int = REPEATS) -> float:
+    """The fastest of `repeats` timed runs after one warm-up; the device is synchronized before each clock read."""
+    work()
+    _sync(device)
+    best = float("inf")
+    for _ in range(repeats):
+        _sync(device)
+        t0 = time.perf_counter()
+        work()
+        _sync(device)
+        elapsed = time.perf_counter() - t0
+        if slow:  # inside the timed region: the node is 3x slower at this, whatever the load
+            time.sleep(2 * elapsed)
+            elapsed *= 3
+        best = min(best, elapsed)
+    return best
+
+
+def matmul_tflops(device: torch.device, slow: bool) -> float:
+    n = 4096 if device.type == "cuda" else 512
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    a = torch.randn(n, n, device=device, dtype=dtype)
+    b = torch.randn(n, n, device=device, dtype=dtype)
+    t = best_time(lambda: torch.mm(a, b), device, slow, repeats=2 * REPEATS)
+    return 2 * n**3 / t / 1e12
+
+
+def allreduce_busbw_gbps(world: World, slow: bool) -> float:
+    """Bus bandwidth of an all-reduce over every rank: 2(n-1)/n x bytes / time (nccl-tests' busbw), GB/s."""
+    x = torch.ones(PREFLIGHT_ALLREDUCE_BYTES // 4, device=world.device, dtype=torch.float32)
+    t = best_time(lambda: dist.all_reduce(x), world.device, slow)
+    n = world.world_size
+    return 2 * (n - 1) / n * PREFLIGHT_ALLREDUCE_BYTES / t / 1e9 if n > 1 else 0.0
+
+
+def write_mb_s(run_dir: Path, rank: int, slow: bool) -> float:
+    """A fresh file in the run dir, written and fsynced; removed after."""
+    path = run_dir / f".preflight-rank-{rank}"
+    data = os.urandom(PREFLIGHT_WRITE_BYTES)
+
+    def write() -> None:
+        with open(path, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+
+    try:
+        t = best_time(write, torch.device("cpu"), slow, repeats=5)
+    finally:
+        path.unlink(missing_ok=True)
+    return PREFLIGHT_WRITE_BYTES / t / 1e6
+
+
+def host_free_gb() -> Optional[float]:
+    try:
+        line = next(ln for ln in Path("/proc/meminfo").read_text().splitlines() if ln.startswith("MemAvailable:"))
+    except (OSError, StopIteration):
+        return None
+    return int(line.split()[1]) * 1024 / 1024**3
+
+
+def checkpoint_gb(run_dir: Path, job: dict[str, Any]) -> Optional[float]:
+    """The next checkpoint's size from the plan's parameter count: params at model.dtype + AdamW's two fp32
+    moments. None for script=/module= (the plan's model is not the script's) or without a plan."""
+    if job.get("script") or job.get("module"):
+        return None
+    try:
+        params = json.loads((run_dir / runs.PLAN_FILE).read_text())["memory"]["params"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return params * (DTYPE_BYTES.get(job["model"]["dtype"], 4) + 8) / 1024**3
+
+
+def measure(run_dir: Path, world: World) -> dict[str, Any]:
+    """This rank's record; a check that raises is recorded as this rank's error (the node is then named)."""
+    node = os.environ.get("FSDP_JOBS_NODE") or socket.gethostname()  # launchers/node.py: the scheduler's name
+    slow = faults.name(SLOW_NODE_ENV) == node
+    rec: dict[str, Any] = {"rank": world.rank, "node": node, "host": socket.gethostname(),
+                           "device": str(world.device), "error": None}
+    checks: list[tuple[str, Callable[[], Any]]] = [
+        ("allreduce_busbw_gbps", lambda: allreduce_busbw_gbps(world, slow)),
+        ("matmul_tflops", lambda: matmul_tflops(world.device, slow)),
+        ("write_mb_s", lambda: write_mb_s(run_dir, world.rank, slow)),
+        ("disk_free_gb", lambda: shutil.disk_usage(run_dir).free / 1024**3),
+        ("host_free_gb", host_free_gb),
+        ("gpu_free_gb", lambda: torch.cuda.mem_get_info(world.device)[0] / 1024**3
+         if world.device.type == "cuda" else None),
+    ]
+    for key, check in checks:
+        try:
+            rec[key] = check()
+        except Exception as e:  # noqa: BLE001  any failure of a check is the verdict's business
+            rec[key] = None
+            rec["error"] = rec["error"] or f"{key}: {type(e).__name__}: {e}"[:300]
+            if key == "allreduce_busbw_gbps":  # the world's collectives cannot be trusted: stop here
+                raise
+    return rec
+
+
+def run_preflight(run_dir: Path, job: dict[str, Any], world: World) -> bool:
+    """Every rank: measure, gather on rank 0, judge, report. Returns the verdict (the same on every rank)."""
+    began = time.time()
+    rec = measure(run_dir, world)
+    gathered: list[Any] = [None] * world.world_size
+    dist.all_gather_object(gathered, rec)
+    ok = [True]
+    if world.rank == 0:
+        ratio = float(job.get("fault", {}).get("preflight_slow_ratio", preflight.DEFAULT_SLOW_RATIO))
+        v = preflight.verdict(gathered, ratio, checkpoint_gb(run_dir, job), expected_nodes=job["nodes"])
+        v.update(time=time.time(), seconds=round(time.time() - began, 2), ranks=gathered)
+        runs.write_atomic(run_dir / preflight.PREFLIGHT_FILE, json.dumps(v, indent=1) + "\n")
+        log(0, f"preflight of {len(v['nodes'])} nodes in {v['seconds']} s" +
+            "".join(f"; note: {n}" for n in v["notes"]))
+        log(0, preflight.table(v))
+        log(0, preflight.summary_line(v))
+        if not v["ok"]:
+            runs.write_state(run_dir, status="failed", stage="preflight", bad_nodes=v["bad"],
+                             reason=preflight.summary_line(v)[:1000], step=runs.read_state(run_dir).get("step"))
+        ok = [v["ok"]]
+    dist.broadcast_object_list(ok, src=0)
+    return bool(ok[0])
