@@ -20,12 +20,13 @@ DEFAULT_SLOW_RATIO = 2.0
 MEASURES = (
     ("matmul_tflops", "MATMUL_TFLOPS", "matmul TFLOPS"),
     ("allreduce_busbw_gbps", "ALLREDUCE_GB/S", "all-reduce bus GB/s"),
+    ("pair_busbw_gbps", "PAIR_GB/S", "all-reduce bus GB/s with its neighbour nodes (best pair)"),
     ("write_mb_s", "WRITE_MB/S", "run dir write MB/s"),
     ("host_free_gb", "HOST_FREE_GB", "free host memory GB"),
     ("gpu_free_gb", "GPU_FREE_GB", "free GPU memory GB"),
 )
 # measures every rank takes part in together: all ranks wait for the slowest, so every node sees the same
-# number and no node can be told apart by it (a pairwise test per node pair would; not done yet)
+# number and no node can be told apart by it; the pairs' all-reduce (3+ nodes) tells them apart
 JOB_WIDE = ("allreduce_busbw_gbps",)
 
 

@@ -1,7 +1,8 @@
 """preflight=true|only: every rank checks its node before any training step (README: Preflight).
 
     process group   it came up (bring-up ran before this), with how many nodes
-    all-reduce      PREFLIGHT_ALLREDUCE_BYTES across the world, timed: bus bandwidth 2(n-1)/n x bytes / time
+    all-reduce      PREFLIGHT_ALLREDUCE_BYTES across the world, timed: bus bandwidth 2(n-1)/n x bytes / time;
+                    then with each neighbour node in a ring of node pairs (3+ nodes), which tells nodes apart
     matmul          on this rank's device: TFLOPS (CUDA: synchronized before each clock read)
     run dir         a PREFLIGHT_WRITE_BYTES file written and fsynced: MB/s; free space vs the next checkpoint
     memory          host MemAvailable; on CUDA the device's free memory (torch.cuda.mem_get_info)
@@ -76,6 +77,40 @@ def allreduce_busbw_gbps(world: World, slow: bool) -> float:
     return 2 * (n - 1) / n * PREFLIGHT_ALLREDUCE_BYTES / t / 1e9 if n > 1 else 0.0
 
 
+def ring_edges(nodes: int) -> list[list[tuple[int, int]]]:
+    """Node pairs (i, i+1 mod n) in rounds of disjoint pairs: even i, odd i, then the wrap-around pair when n
+    is odd. Every node is in two pairs, so a node whose link is slow makes both its pairs slow, while each of
+    its neighbours still has one fast pair. None below 3 nodes (a pair would be the whole world)."""
+    if nodes < 3:
+        return []
+    edges = [(i, (i + 1) % nodes) for i in range(nodes)]
+    rounds = [edges[0:nodes - nodes % 2:2], edges[1:nodes - nodes % 2:2]]
+    return rounds + ([[edges[-1]]] if nodes % 2 else [])
+
+
+def pair_busbw_gbps(world: World, slow: bool) -> Optional[float]:
+    """The bus bandwidth of an all-reduce with each neighbour node in turn (all ranks of both nodes), the
+    best pair's: low only when every pair of this node is slow, i.e. this node is."""
+    lws, best = world.local_world_size, None
+    x = torch.ones(PREFLIGHT_ALLREDUCE_BYTES // 4, device=world.device, dtype=torch.float32)
+    rounds = ring_edges(world.nodes)
+    # every rank creates every pair's group, in the same order (new_group is collective over the world)
+    groups = {pair: dist.new_group(sorted(r for node in pair for r in range(node * lws, (node + 1) * lws)))
+              for pairs in rounds for pair in pairs}
+    for pairs in rounds:
+        mine = next((p for p in pairs if world.node_rank in p), None)
+        if mine is not None:
+            group, n = groups[mine], 2 * lws
+            t = best_time(lambda: dist.all_reduce(x, group=group), world.device, slow)
+            bw = 2 * (n - 1) / n * PREFLIGHT_ALLREDUCE_BYTES / t / 1e9
+            best = bw if best is None else max(best, bw)
+        dist.barrier()  # the rounds do not overlap
+    for group in groups.values():
+        if group != dist.GroupMember.NON_GROUP_MEMBER:
+            dist.destroy_process_group(group)
+    return best
+
+
 def write_mb_s(run_dir: Path, rank: int, slow: bool) -> float:
     """A fresh file in the run dir, written and fsynced; removed after."""
     path = run_dir / f".preflight-rank-{rank}"
@@ -122,6 +157,7 @@ def measure(run_dir: Path, world: World) -> dict[str, Any]:
                            "device": str(world.device), "error": None}
     checks: list[tuple[str, Callable[[], Any]]] = [
         ("allreduce_busbw_gbps", lambda: allreduce_busbw_gbps(world, slow)),
+        ("pair_busbw_gbps", lambda: pair_busbw_gbps(world, slow)),
         ("matmul_tflops", lambda: matmul_tflops(world.device, slow)),
         ("write_mb_s", lambda: write_mb_s(run_dir, world.rank, slow)),
         ("disk_free_gb", lambda: shutil.disk_usage(run_dir).free / 1024**3),
@@ -135,7 +171,7 @@ def measure(run_dir: Path, world: World) -> dict[str, Any]:
         except Exception as e:  # noqa: BLE001  any failure of a check is the verdict's business
             rec[key] = None
             rec["error"] = rec["error"] or f"{key}: {type(e).__name__}: {e}"[:300]
-            if key == "allreduce_busbw_gbps":  # the world's collectives cannot be trusted: stop here
+            if key.endswith("busbw_gbps"):  # a collective failed: the ranks are out of step, stop here
                 raise
     return rec
 

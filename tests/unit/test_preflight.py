@@ -10,7 +10,8 @@ from fsdp_jobs.preflight import MEASURES, table, verdict
 
 
 def rank(r: int, node: str, **over: object) -> dict:
-    rec = {"rank": r, "node": node, "matmul_tflops": 10.0, "allreduce_busbw_gbps": 20.0, "write_mb_s": 500.0,
+    rec = {"rank": r, "node": node, "matmul_tflops": 10.0, "allreduce_busbw_gbps": 20.0, "pair_busbw_gbps": 15.0,
+           "write_mb_s": 500.0,
            "host_free_gb": 100.0, "gpu_free_gb": 70.0, "disk_free_gb": 1000.0, "error": None}
     return {**rec, **over}
 
@@ -51,6 +52,21 @@ def test_the_all_reduce_is_job_wide_and_names_nobody():
     assert verdict(cluster(gpu_1={"allreduce_busbw_gbps": 1.0}), 2.0)["bad"] == []
 
 
+@pytest.mark.parametrize("nodes", range(1, 10))
+def test_the_ring_of_node_pairs_puts_every_node_in_two_pairs_and_no_node_twice_in_a_round(nodes):
+    from fsdp_jobs.runtime.preflight import ring_edges
+
+    rounds = ring_edges(nodes)
+    if nodes < 3:
+        assert rounds == []
+        return
+    for pairs in rounds:
+        members = [n for p in pairs for n in p]
+        assert len(members) == len(set(members))
+    edges = [p for pairs in rounds for p in pairs]
+    assert sorted(edges) == sorted((i, (i + 1) % nodes) for i in range(nodes)) and len(rounds) <= 3
+
+
 def test_free_space_is_compared_with_the_next_checkpoint_only_when_its_size_is_known():
     results = cluster(gpu_1={"disk_free_gb": 5.0})
     v = verdict(results, 2.0, checkpoint_gb=8.0)
@@ -69,7 +85,7 @@ def test_one_node_is_judged_on_failures_alone_and_missing_nodes_are_noted():
 def test_the_table_has_one_row_per_node_with_every_measure_and_the_verdict():
     v = verdict(cluster(gpu_2={"write_mb_s": 100.0}), 2.0, checkpoint_gb=1.0)
     lines = table(v).splitlines()
-    assert lines[0].split() == ["NODE", "RANKS", "MATMUL_TFLOPS", "ALLREDUCE_GB/S", "WRITE_MB/S", "HOST_FREE_GB",
+    assert lines[0].split() == ["NODE", "RANKS", "MATMUL_TFLOPS", "ALLREDUCE_GB/S", "PAIR_GB/S", "WRITE_MB/S", "HOST_FREE_GB",
                                 "GPU_FREE_GB", "DISK_FREE_GB", "VERDICT"]
     assert len(lines) == 5 and lines[3].startswith("gpu-2  4,5") and "run dir write MB/s 100 is 5.00x" in lines[3]
     assert lines[1].split()[-1] == "ok"
