@@ -60,7 +60,7 @@ def _slow(row: dict[str, Any], medians: dict[str, float], slow_ratio: float) -> 
         ratio = median / value if value > 0 else float("inf")
         row.setdefault("ratios", {})[key] = round(ratio, 2)
         if ratio >= slow_ratio:
-            why.append(f"{words} {value:.3g} is {ratio:.2f}x worse than the median node's {median:.3g}")
+            why.append(f"{words} {_num(value)} is {ratio:.2f}x worse than the median node's {_num(median)}")
     return why
 
 
@@ -87,8 +87,8 @@ def verdict(results: list[dict[str, Any]], slow_ratio: float = DEFAULT_SLOW_RATI
     for node, row in nodes.items():
         why = [f"failed: {e}" for e in row["errors"]] + _slow(row, medians, slow_ratio)
         if checkpoint_gb is not None and row["disk_free_gb"] is not None and row["disk_free_gb"] < checkpoint_gb:
-            why.append(f"disk: {row['disk_free_gb']:.3g} GB free in the run dir < the next checkpoint "
-                       f"{checkpoint_gb:.3g} GB")
+            why.append(f"disk: {_num(row['disk_free_gb'])} GB free in the run dir < the next checkpoint "
+                       f"{_num(checkpoint_gb)} GB")
         row["verdict"] = "; ".join(why) if why else "ok"
         if why:
             bad.append(node)
@@ -96,8 +96,12 @@ def verdict(results: list[dict[str, Any]], slow_ratio: float = DEFAULT_SLOW_RATI
             "checkpoint_gb": checkpoint_gb, "medians": {k: round(v, 4) for k, v in medians.items()}}
 
 
+def _num(x: float) -> str:
+    return f"{x:.0f}" if abs(x) >= 1000 else f"{x:.3g}"
+
+
 def _cell(x: Any) -> str:
-    return "-" if x is None else f"{x:.3g}" if isinstance(x, float) else str(x)
+    return "-" if x is None else _num(x) if isinstance(x, float) else str(x)
 
 
 def table(v: dict[str, Any]) -> str:

@@ -7,7 +7,9 @@
     run dir         a PREFLIGHT_WRITE_BYTES file written and fsynced: MB/s; free space vs the next checkpoint
     memory          host MemAvailable; on CUDA the device's free memory (torch.cuda.mem_get_info)
 
-Each timing is the best of a few repeats: a shared machine's momentary contention is not the node's fault.
+Each timing is the best of a few repeats: a shared machine's momentary contention is not the node's fault;
+nodes on one machine (cluster=local) time their local checks in turns, one run each, so they neither slow
+each other down nor sample different stretches of the machine's other load.
 Rank 0 gathers every rank's record (once, all_gather_object), judges them (fsdp_jobs/preflight.py), prints
 one table, writes RUN_DIR/preflight.json and, when a node is named, state.json "failed" with the reason.
 """
@@ -42,30 +44,46 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def best_time(work: Callable[[], None], device: torch.device, slow: bool, repeats: int = REPEATS) -> float:
-    """The fastest of `repeats` timed runs after one warm-up; the device is synchronized before each clock read."""
-    work()
-    _sync(device)
-    best = float("inf")
-    for _ in range(repeats):
-        _sync(device)
-        t0 = time.perf_counter()
-        work()
-        _sync(device)
-        elapsed = time.perf_counter() - t0
-        if slow:  # inside the timed region: the node is 3x slower at this, whatever the load
-            time.sleep(2 * elapsed)
-            elapsed *= 3
-        best = min(best, elapsed)
+def best_time(work: Callable[[], None], device: torch.device, slow: bool, repeats: int = REPEATS,
+              turns: tuple[int, int] = (0, 1)) -> float:
+    """The fastest of `repeats` timed runs after one warm-up; the device is synchronized before each clock read.
+    turns=(mine, of): nodes sharing a machine time one run each in turn (a barrier between), so they do not
+    measure each other and all sample the same stretch of the machine's other load."""
+    mine, count = turns
+    best, error = float("inf"), None
+    for i in range(repeats + 1):
+        for t in range(count):
+            if t == mine and error is None:
+                try:
+                    elapsed = _timed(work, device)
+                except Exception as e:  # noqa: BLE001  raised after the turns: no rank skips a barrier
+                    error = e
+                else:
+                    if slow:  # inside the timed region: the node is 3x slower at this, whatever the load
+                        time.sleep(2 * elapsed)
+                        elapsed *= 3
+                    best = best if i == 0 else min(best, elapsed)  # run 0 warms up
+            if count > 1:
+                dist.barrier()
+    if error is not None:
+        raise error
     return best
 
 
-def matmul_tflops(device: torch.device, slow: bool) -> float:
+def _timed(work: Callable[[], None], device: torch.device) -> float:
+    _sync(device)
+    t0 = time.perf_counter()
+    work()
+    _sync(device)
+    return time.perf_counter() - t0
+
+
+def matmul_tflops(device: torch.device, slow: bool, turns: tuple[int, int] = (0, 1)) -> float:
     n = 4096 if device.type == "cuda" else 512
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     a = torch.randn(n, n, device=device, dtype=dtype)
     b = torch.randn(n, n, device=device, dtype=dtype)
-    t = best_time(lambda: torch.mm(a, b), device, slow, repeats=2 * REPEATS)
+    t = best_time(lambda: torch.mm(a, b), device, slow, repeats=3 * REPEATS, turns=turns)
     return 2 * n**3 / t / 1e12
 
 
@@ -111,7 +129,7 @@ def pair_busbw_gbps(world: World, slow: bool) -> Optional[float]:
     return best
 
 
-def write_mb_s(run_dir: Path, rank: int, slow: bool) -> float:
+def write_mb_s(run_dir: Path, rank: int, slow: bool, turns: tuple[int, int] = (0, 1)) -> float:
     """A fresh file in the run dir, written and fsynced; removed after."""
     path = run_dir / f".preflight-rank-{rank}"
     data = os.urandom(PREFLIGHT_WRITE_BYTES)
@@ -123,7 +141,7 @@ def write_mb_s(run_dir: Path, rank: int, slow: bool) -> float:
             os.fsync(f.fileno())
 
     try:
-        t = best_time(write, torch.device("cpu"), slow, repeats=5)
+        t = best_time(write, torch.device("cpu"), slow, repeats=5, turns=turns)
     finally:
         path.unlink(missing_ok=True)
     return PREFLIGHT_WRITE_BYTES / t / 1e6
@@ -149,17 +167,30 @@ def checkpoint_gb(run_dir: Path, job: dict[str, Any]) -> Optional[float]:
     return params * (DTYPE_BYTES.get(job["model"]["dtype"], 4) + 8) / 1024**3
 
 
+def my_turn(world: World, node: str) -> tuple[int, int]:
+    """(this node's turn, how many turns): nodes on one machine (cluster=local's simulated nodes, or shared
+    hosts) take turns at the local checks, so they do not measure each other. One turn on a real cluster."""
+    hosts: list[Any] = [None] * world.world_size
+    dist.all_gather_object(hosts, (socket.gethostname(), node))
+    nodes_of: dict[str, list[str]] = {}
+    for host, n in hosts:
+        if n not in nodes_of.setdefault(host, []):
+            nodes_of[host].append(n)
+    return sorted(nodes_of[socket.gethostname()]).index(node), max(len(v) for v in nodes_of.values())
+
+
 def measure(run_dir: Path, world: World) -> dict[str, Any]:
     """This rank's record; a check that raises is recorded as this rank's error (the node is then named)."""
     node = os.environ.get("FSDP_JOBS_NODE") or socket.gethostname()  # launchers/node.py: the scheduler's name
     slow = faults.name(SLOW_NODE_ENV) == node
+    turns = my_turn(world, node)
     rec: dict[str, Any] = {"rank": world.rank, "node": node, "host": socket.gethostname(),
                            "device": str(world.device), "error": None}
     checks: list[tuple[str, Callable[[], Any]]] = [
         ("allreduce_busbw_gbps", lambda: allreduce_busbw_gbps(world, slow)),
         ("pair_busbw_gbps", lambda: pair_busbw_gbps(world, slow)),
-        ("matmul_tflops", lambda: matmul_tflops(world.device, slow)),
-        ("write_mb_s", lambda: write_mb_s(run_dir, world.rank, slow)),
+        ("matmul_tflops", lambda: matmul_tflops(world.device, slow, turns)),
+        ("write_mb_s", lambda: write_mb_s(run_dir, world.rank, slow, turns)),
         ("disk_free_gb", lambda: shutil.disk_usage(run_dir).free / 1024**3),
         ("host_free_gb", host_free_gb),
         ("gpu_free_gb", lambda: torch.cuda.mem_get_info(world.device)[0] / 1024**3

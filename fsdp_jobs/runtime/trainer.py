@@ -179,7 +179,8 @@ class Trainer:
             runs.write_state(self.run_dir, status="completed", stage="preflight", step=runs.read_state(
                 self.run_dir).get("step"), reason="preflight=only: every node passed")
         if not ok or self.job.get("preflight") == "only":  # the attempt ends here (goodput.jsonl)
-            self.timeline.event("end", why="preflight passed" if ok else "preflight failed", step=0)
+            self.timeline.event("end", why="completed: preflight=only" if ok else "failed: preflight named a node",
+                                step=0)
         return ok
 
     def use(self, world: World, mesh: Any) -> None:
