@@ -8,7 +8,7 @@
     memory          host MemAvailable; on CUDA the device's free memory (torch.cuda.mem_get_info)
 
 Each timing is the best of a few repeats: a shared machine's momentary contention is not the node's fault;
-nodes on one machine (cluster=local) time their local checks in turns, one run each, so they neither slow
+simulated nodes sharing one machine time their local checks in turns, one run each, so they neither slow
 each other down nor sample different stretches of the machine's other load.
 Rank 0 gathers every rank's record (once, all_gather_object), judges them (fsdp_jobs/preflight.py), prints
 one table, writes RUN_DIR/preflight.json and, when a node is named, state.json "failed" with the reason.
@@ -168,8 +168,8 @@ def checkpoint_gb(run_dir: Path, job: dict[str, Any]) -> Optional[float]:
 
 
 def my_turn(world: World, node: str) -> tuple[int, int]:
-    """(this node's turn, how many turns): nodes on one machine (cluster=local's simulated nodes, or shared
-    hosts) take turns at the local checks, so they do not measure each other. One turn on a real cluster."""
+    """(this node's turn, how many turns): nodes on one machine (simulated nodes, or a shared host)
+    take turns at the local checks, so they do not measure each other. One turn on a real cluster."""
     hosts: list[Any] = [None] * world.world_size
     dist.all_gather_object(hosts, (socket.gethostname(), node))
     nodes_of: dict[str, list[str]] = {}
