@@ -145,6 +145,9 @@ class FaultConfig:
     straggler_ratio: float = 1.5
     # ... once it has stayed one for this many checks in a row, 10 s apart (fsdp_jobs/stragglers.py)
     straggler_checks: int = 3
+    # preflight=true|only (README: Preflight): a node this many times worse than the median node on any
+    # measure (matmul TFLOPS, write MB/s, free memory) is named and the job stops before training
+    preflight_slow_ratio: float = 2.0
 
 
 @dataclass
@@ -174,6 +177,9 @@ class JobConfig:
     nodes: int = 2
     gpus_per_node: int = 2  # ranks per node (on CPU: processes per simulated node)
     dry_run: bool = False  # print the plan and the launch commands, run nothing
+    # check every node before training (fsdp_jobs/runtime/preflight.py): false; true = the checks, then
+    # training only if every node passed; only = the checks alone (also before a script=/module= job)
+    preflight: Any = False
     run_root: str = "runs"  # run directories go under here
     sweep: Optional[str] = None  # set by -m: the sweep this run is a member of (its dir under run_root)
     model: ModelConfig = field(default_factory=ModelConfig)
@@ -295,6 +301,13 @@ def validate(cfg: Any) -> None:
         finite("fault.hang_timeout_s", fc.hang_timeout_s, 5, limit)
     finite("fault.straggler_ratio", fc.straggler_ratio, 1, low_open=True)
     positive("fault.straggler_checks", fc.straggler_checks)
+    finite("fault.preflight_slow_ratio", fc.preflight_slow_ratio, 1, low_open=True)
+    if cfg.preflight not in (True, False, "only"):
+        raise UserError("preflight", cfg.preflight, "allowed: false, true (check, then train if every node "
+                                                    "passed), only (check alone)")
+    if cfg.preflight is True and (cfg.script or cfg.module):
+        raise UserError("preflight", True, "runs before the built-in trainer; with script=/module= use "
+                                           "preflight=only first, then submit the script")
     c = cfg.checkpoint
     positive("checkpoint.interval", c.interval, minimum=0)
     positive("checkpoint.keep_last", c.keep_last)

@@ -6,6 +6,7 @@ variable that reaches a job is announced, so one forgotten in a shell never goes
 from __future__ import annotations
 
 import os
+import re
 from typing import Mapping
 
 from fsdp_jobs.errors import UserError
@@ -14,17 +15,25 @@ PREFIX = "FSDP_JOBS_TEST_"
 KNOWN = {
     "FSDP_JOBS_TEST_FAIL_AT_STEP": "every training step from this one on raises",
     "FSDP_JOBS_TEST_CRASH_IN_SAVE": "rank 0 SIGKILLs itself in the middle of saving this step (first attempt)",
+    "FSDP_JOBS_TEST_PREFLIGHT_SLOW_NODE": "this node's preflight checks take 3x as long (fsdp_jobs/runtime/preflight.py)",
 }
+NAMED = ("FSDP_JOBS_TEST_PREFLIGHT_SLOW_NODE",)  # these take a node's name, the others a step number
 
 
-def parse(env: Mapping[str, str]) -> dict[str, int]:
-    """The fault variables in `env` and their step numbers; UserError for an unknown name or a bad value."""
+def parse(env: Mapping[str, str]) -> dict[str, int | str]:
+    """The fault variables in `env` and their values (a step number, or a node's name for NAMED ones);
+    UserError for an unknown name or a bad value."""
     out = {}
     for name, value in env.items():
         if not name.startswith(PREFIX):
             continue
         if name not in KNOWN:
             raise UserError(name, value, "unknown test fault variable; known: " + ", ".join(KNOWN))
+        if name in NAMED:
+            if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}", str(value)):
+                raise UserError(name, value, "must be a node's name (letters, digits, . _ -)")
+            out[name] = str(value)
+            continue
         if not str(value).strip().isdigit():
             raise UserError(name, value, "must be a step number (an integer >= 0)")
         out[name] = int(value)
@@ -33,4 +42,9 @@ def parse(env: Mapping[str, str]) -> dict[str, int]:
 
 def step(name: str) -> int:
     """In the job: the step the fault fires at, 0 = off (the plan already refused a bad value)."""
-    return parse({name: os.environ[name]}).get(name, 0) if name in os.environ else 0
+    return int(parse({name: os.environ[name]}).get(name, 0)) if name in os.environ else 0
+
+
+def name(variable: str) -> str:
+    """In the job: the node a NAMED fault applies to, "" = off."""
+    return str(parse({variable: os.environ[variable]}).get(variable, "")) if variable in os.environ else ""

@@ -95,6 +95,8 @@ def rank_entry(cfg: Any, run_dir: str, user_dir: Optional[str]) -> list[str]:
     would claim arguments that prefix-match its own flags (`--log`, `--max`, `--nproc`: ARCHITECTURE.md,
     pitfall 5)."""
     args = [str(a) for a in cfg.get("script_args") or []]
+    if cfg.get("preflight") == "only":  # the checks alone, whatever trains later (fsdp_jobs/runtime/preflight.py)
+        return ["-m", "fsdp_jobs.runtime", run_dir]
     if cfg.get("script"):
         script = str(Path(user_dir or Path(str(cfg.get("script"))).parent) / Path(str(cfg.get("script"))).name)
         return ["-m", USER_CODE_SHIM, "--", script, *args]

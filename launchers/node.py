@@ -99,11 +99,27 @@ def run(argv: list[str], environ: Optional[dict[str, str]] = None) -> int:
     for s in FORWARDED:
         if signal.getsignal(s) is not signal.SIG_IGN:
             signal.signal(s, forward)
-    rc = supervise_agent(agent, Path(run_dir), node)
+    rc = preflight_status(supervise_agent(agent, Path(run_dir), node), Path(run_dir), node)
     goodput.append_event(Path(run_dir), "node_end", node=node, rc=rc)
-    if rc:
+    if rc and rc != PREFLIGHT_FAILED_RC:
         cause = root_cause(env["TORCHELASTIC_ERROR_FILE"])
         print(f"fsdp-jobs: {node}: torchrun exited {rc}" + (f"; first error: {cause}" if cause else ""), flush=True)
+    return rc
+
+
+PREFLIGHT_FAILED_RC = 3
+
+
+def preflight_status(rc: int, run_dir: Path, node: str) -> int:
+    """The ranks exit 0 after a preflight that named a node (a failure would make torchrun restart them
+    into the same checks): the node's status is then non-zero, as the job's (fsdp_jobs/runtime/preflight.py)."""
+    if rc == 0:
+        from fsdp_jobs import runs
+
+        state = runs.read_state(run_dir)
+        if state.get("status") == "failed" and state.get("stage") == "preflight":
+            print(f"fsdp-jobs: {node}: stopped before training: {state.get('reason')}", flush=True)
+            return PREFLIGHT_FAILED_RC
     return rc
 
 

@@ -139,6 +139,10 @@ class Trainer:
     def run(self, stop: StopFlag) -> int:
         """The built-in loop, start to exit."""
         self.bring_up()
+        if self.job.get("preflight") and not self.preflight():
+            return 0  # a node was named: state.json says failed, and launchers/node.py exits non-zero
+        if self.job.get("preflight") == "only":
+            return 0
         self.tune_for_training()
         self.build()
         self.timeline.event("built")
@@ -165,6 +169,20 @@ class Trainer:
         write_rank_file(self.run_dir, world)  # pid, host, restart of this rank, for tools (and tests that kill ranks)
         self.use(world, build_mesh(self.job, world))
         self.timeline.event("process_group", began=began)
+
+    def preflight(self) -> bool:
+        """preflight=true|only: every node checked before any step (fsdp_jobs/runtime/preflight.py)."""
+        from fsdp_jobs.runtime.preflight import run_preflight
+
+        self.beat_phase("preflight")
+        ok = run_preflight(self.run_dir, self.job, self.world)
+        if ok and self.job.get("preflight") == "only" and self.world.rank == 0:
+            runs.write_state(self.run_dir, status="completed", stage="preflight", step=runs.read_state(
+                self.run_dir).get("step"), reason="preflight=only: every node passed")
+        if not ok or self.job.get("preflight") == "only":  # the attempt ends here (goodput.jsonl)
+            self.timeline.event("end", why="completed: preflight=only" if ok else "failed: preflight named a node",
+                                step=0)
+        return ok
 
     def use(self, world: World, mesh: Any) -> None:
         """Take a world and mesh brought up already (bring_up, or a test's one-rank group)."""

@@ -92,6 +92,8 @@ def sbatch_parameters(plan: Any, cfg: Any, code_dir: Path, user_dir: Optional[Pa
         "additional_parameters": {"requeue": True, "signal": f"{c.signal}@{c.signal_delay_s}",
                                   **{str(k): v for k, v in c.sbatch.items()}},
     }
+    if c.exclude:  # the nodes a preflight named earlier, or the user's (launchers/slurm/requeue.py adds to it)
+        params["additional_parameters"]["exclude"] = ",".join(str(n) for n in c.exclude)
     if c.srun_args:
         params["srun_args"] = list(c.srun_args)
     for key in ("partition", "account", "qos", "constraint", "mem"):

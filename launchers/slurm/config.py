@@ -38,6 +38,10 @@ class SlurmClusterConfig(ClusterConfig):
     job_name: Optional[str] = None  # None = the run name
     snapshot_code: bool = True  # run from a copy of the code taken at submission (requeues too)
     rdzv_port: Optional[int] = None  # None = 20000 + job id % 20000 (jobs sharing a node differ)
+    exclude: List[str] = field(default_factory=list)  # nodes never to run on (--exclude)
+    # with preflight=true|only: when the preflight names nodes, the job requeues itself with them added to
+    # its excluded nodes (launchers/slurm/requeue.py), instead of failing
+    exclude_bad_nodes: bool = False
 
 
 SCHEMA = SlurmClusterConfig
@@ -62,6 +66,12 @@ def validate(cl: Any) -> None:
             raise UserError(f"cluster.{key}", value, allowed)
     if cl.job_name is not None:
         check_name("cluster.job_name", cl.job_name)
+    if not isinstance(cl.exclude_bad_nodes, bool):
+        raise UserError("cluster.exclude_bad_nodes", cl.exclude_bad_nodes, "must be true or false")
+    for node in cl.exclude:
+        if not re.fullmatch(_NAMES, str(node)):
+            raise UserError("cluster.exclude", node, "must be a list of node names (letters, digits, . _ -), "
+                                                     "e.g. [gpu-17,gpu-42]")
     for key in cl.sbatch:
         if not re.fullmatch(r"[a-z][a-z0-9-]*", str(key)) or str(key) in _SBATCH_OURS:
             raise UserError(f"cluster.sbatch.{key}", cl.sbatch[key],
@@ -83,4 +93,4 @@ _SBATCH_VALUES = (
 # what the rendered script already sets (launchers/slurm/backend.py sbatch_parameters): a second line
 # would silently fight the first
 _SBATCH_OURS = ("job-name", "output", "error", "nodes", "ntasks-per-node", "requeue", "signal", "open-mode",
-                "wrap", "chdir", "export")
+                "wrap", "chdir", "export", "exclude")

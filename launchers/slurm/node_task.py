@@ -30,7 +30,7 @@ from fsdp_jobs.failures import ATTEMPT_ENV
 from fsdp_jobs.runs import clear_stop_request, request_stop
 from launchers.common import NODE_WRAPPER, USER_CODE_ENV, begin_user_attempt, rank_entry, settle_user_state, torchrun_args
 from launchers.node import root_cause
-from launchers.slurm.requeue import COMPLETED, PREEMPTED, REQUEUE, TERMINATED, decide
+from launchers.slurm.requeue import COMPLETED, EXCLUDE, PREEMPTED, REQUEUE, TERMINATED, Decision, after_preflight, decide
 
 KILL_WAIT_S = 300  # after a requeue, SLURM kills the tasks; do not report "done" meanwhile
 
@@ -62,6 +62,44 @@ def _wait_exit(pid: int, timeout: float) -> bool:
             return True
         time.sleep(0.2)
     return False
+
+
+def excluded_nodes(run_dir: Path, job: dict[str, Any]) -> list[str]:
+    """The nodes this job is kept off: cluster.exclude, and those a preflight named (the newest launch record)."""
+    return sorted({str(n) for n in job["cluster"].get("exclude") or []} |
+                  {str(n) for n in runs.last_launch(run_dir).get("exclude") or []})
+
+
+def requeue_excluding(run_dir: Path, job_id: str, decision: Decision) -> None:
+    """Requeue this job kept off the nodes a preflight named: held while its excluded nodes are changed
+    (only a pending job's can be), then released. Recorded in launches.jsonl and the log."""
+    nodes = ",".join(decision.exclude)
+    runs.write_state(run_dir, status="requeued-excluding", reason=decision.reason, exclude=list(decision.exclude))
+    subprocess.run(["scontrol", "requeuehold", job_id], check=True, timeout=60)
+    try:
+        subprocess.run(["scontrol", "update", f"JobId={job_id}", f"ExcNodeList={nodes}"], check=True, timeout=60)
+    finally:
+        subprocess.run(["scontrol", "release", job_id], timeout=60)
+    last = {k: v for k, v in runs.last_launch(run_dir).items() if k not in ("time", "unix")}
+    runs.record_launch(run_dir, **{**last, "requeue": "preflight", "exclude": list(decision.exclude),
+                                   "why": decision.reason})
+    print(f"fsdp-jobs: requeued job {job_id} with --exclude={nodes}: {decision.reason}", flush=True)
+
+
+def act(run_dir: Path, job_id: str, decision: Decision, reason: str, state: dict[str, Any]) -> None:
+    """Task 0, once an attempt failed: requeue it (with progress, or without the nodes a preflight named), or
+    record it as failed. By <array id>_<i>: the element holding the array's own id would requeue them all."""
+    step = _step_of(newest_checkpoint(run_dir))
+    if decision.action == EXCLUDE:
+        requeue_excluding(run_dir, job_id, decision)
+        time.sleep(KILL_WAIT_S)
+    elif decision.action == REQUEUE:
+        runs.write_state(run_dir, status="requeued-after-crash", reason=reason, step=step)
+        subprocess.run(["scontrol", "requeue", job_id], check=True, timeout=60)
+        time.sleep(KILL_WAIT_S)
+    else:  # a preflight's failure keeps naming its nodes
+        keep = {k: state[k] for k in ("stage", "bad_nodes") if k in state and state.get("stage") == "preflight"}
+        runs.write_state(run_dir, **keep, status="failed", reason=reason, step=step)
 
 
 class NodeTask(submitit.helpers.Checkpointable):
@@ -115,8 +153,9 @@ class NodeTask(submitit.helpers.Checkpointable):
         rc = self._proc.wait()
         settle_user_state(job, run_dir, rc)  # a plain script exiting 0 completed (it writes no state.json)
         state = runs.read_state(run_dir)
-        decision = decide(rc, state.get("status"), self._terminated, _step_of(start_ckpt),
-                          _step_of(newest_checkpoint(run_dir)))
+        decision = after_preflight(state, bool(job["cluster"].get("exclude_bad_nodes")), excluded_nodes(run_dir, job),
+                                   self._terminated) or decide(rc, state.get("status"), self._terminated,
+                                                               _step_of(start_ckpt), _step_of(newest_checkpoint(run_dir)))
         done = {"status": decision.action, "node": env.node, "step": state.get("step")}
         if decision.action == COMPLETED:
             return done
@@ -133,14 +172,7 @@ class NodeTask(submitit.helpers.Checkpointable):
         cause = root_cause(error_file)
         reason = f"{decision.reason} (first error: {cause})" if cause else decision.reason
         print(f"fsdp-jobs: {reason}", flush=True)
-        if decision.action == REQUEUE:
-            runs.write_state(run_dir, status="requeued-after-crash", reason=reason,
-                             step=_step_of(newest_checkpoint(run_dir)))
-            # by <array id>_<i>: the element holding the array's own id would otherwise requeue them all
-            subprocess.run(["scontrol", "requeue", env.job_id], check=True, timeout=60)
-            time.sleep(KILL_WAIT_S)
-        else:
-            runs.write_state(run_dir, status="failed", reason=reason, step=_step_of(newest_checkpoint(run_dir)))
+        act(run_dir, env.job_id, decision, reason, state)
         raise RuntimeError(reason)
 
     def _on_sigterm(self, signum: int, _frame: Any) -> None:

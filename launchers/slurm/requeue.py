@@ -7,20 +7,27 @@
                                          limit): submitit's handler on task 0 requeues; wait for it
     crashed, checkpoint advanced         requeue: the next attempt resumes further on
     crashed, no newer checkpoint         fail and say why: another attempt would fail the same way
+
+Before those, a preflight that named nodes (state.json: stage "preflight", bad_nodes; fsdp_jobs/runtime/preflight.py):
+    cluster.exclude_bad_nodes=true, a node not excluded yet    requeue without them (scontrol update ExcNodeList)
+    otherwise                                                 fail with the preflight's reason
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any, Optional
 
 
 COMPLETED, TERMINATED, PREEMPTED, REQUEUE, FAILED = "completed", "terminated", "preempted", "requeue", "failed"
+EXCLUDE = "exclude"
 
 
 @dataclass(frozen=True)
 class Decision:
-    action: str  # one of the five above
+    action: str  # one of the six above
     reason: str
+    exclude: tuple[str, ...] = ()  # EXCLUDE: every node the requeued job must not run on
 
 
 def decide(rc: int, status: str | None, terminated: bool, start_step: int, now_step: int) -> Decision:
@@ -38,3 +45,22 @@ def decide(rc: int, status: str | None, terminated: bool, start_step: int, now_s
     return Decision(FAILED, f"torchrun exited with {rc} and this attempt committed no checkpoint newer than step "
                             f"{start_step}; not requeued (it would fail the same way). Fix the error in the log and "
                             "submit again (the same name=, or the same sweep command)")
+
+
+def after_preflight(state: dict[str, Any], exclude_bad_nodes: bool, excluded: list[str],
+                    terminated: bool = False) -> Optional[Decision]:
+    """None unless the attempt ended in a preflight that named nodes (state.json's stage and bad_nodes).
+    Then EXCLUDE with the old and new excluded nodes, when cluster.exclude_bad_nodes is on and a named
+    node is not excluded yet (a node named again would loop), else FAILED with the preflight's reason."""
+    if terminated or state.get("status") != "failed" or state.get("stage") != "preflight":
+        return None
+    bad = [str(n) for n in state.get("bad_nodes") or []]
+    why = str(state.get("reason") or f"preflight named {', '.join(bad)}")
+    new = [n for n in bad if n not in excluded]
+    if exclude_bad_nodes and new:
+        nodes = tuple(sorted(set(excluded) | set(new)))
+        return Decision(EXCLUDE, f"{why}; requeued excluding {', '.join(nodes)}", nodes)
+    if exclude_bad_nodes and bad:
+        why += f" (already excluded: {', '.join(bad)}; not requeued again)"
+    return Decision(FAILED, f"{why}; not requeued" + ("" if exclude_bad_nodes else
+                                                      " (cluster.exclude_bad_nodes=true would requeue without it)"))

@@ -90,6 +90,13 @@ JOB_CASES = [
     (["cluster=slurm", "cluster.account='a b'"], "cluster.account='a b'", "account name"),
     (["cluster=slurm", "cluster.signal=TERM"], "cluster.signal='TERM'", "USR2"),
     (["cluster=slurm", "cluster.time_min=0"], "cluster.time_min=0", ">= 1"),
+    (["cluster=slurm", "cluster.exclude_bad_nodes=maybe"], "cluster.exclude_bad_nodes", "maybe"),
+    (["cluster=slurm", "cluster.exclude=['c1;reboot']"], "cluster.exclude='c1;reboot'", "node names"),
+    (["cluster=slurm", "+cluster.sbatch.exclude=c1"], "cluster.sbatch.exclude='c1'", "not one fsdp-jobs sets"),
+    # preflight: a mode and a ratio
+    (["preflight=maybe"], "preflight='maybe'", "allowed: false, true"),
+    (["fault.preflight_slow_ratio=1"], "fault.preflight_slow_ratio=1", "finite number > 1"),
+    ([f"script={SCRIPT}", "preflight=true"], "preflight=True", "use preflight=only first"),
     # Docker: never root, never the host's system
     (["cluster=docker", "cluster.user=0:0"], "cluster.user='0:0'", "uid 0 is root"),
     (["cluster=docker", "cluster.user=root"], "cluster.user='root'", "UID:GID"),

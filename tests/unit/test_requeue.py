@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from launchers.slurm.requeue import COMPLETED, FAILED, PREEMPTED, REQUEUE, TERMINATED, decide
+from launchers.slurm.requeue import COMPLETED, EXCLUDE, FAILED, PREEMPTED, REQUEUE, TERMINATED, decide
 
 
 @pytest.mark.parametrize("rc, status, terminated, start, now, action", [
@@ -39,3 +39,39 @@ def test_the_root_cause_comes_from_torchruns_error_file(tmp_path):
     assert root_cause(f) == "plain text error"
     f.write_text('{"mess')
     assert root_cause(f) is None and root_cause(tmp_path / "none.json") is None
+
+
+PREFLIGHT_FAILED = {"status": "failed", "stage": "preflight", "bad_nodes": ["c3"],
+                    "reason": "preflight: bad node(s) c3: c3: matmul TFLOPS 0.01 is 3.00x worse than the median node's 0.03"}
+
+
+@pytest.mark.parametrize("state, enabled, excluded, terminated, action, exclude", [
+    (PREFLIGHT_FAILED, True, [], False, EXCLUDE, ("c3",)),            # named: requeue without it
+    (PREFLIGHT_FAILED, True, ["c1"], False, EXCLUDE, ("c1", "c3")),   # ... keeping the nodes excluded before
+    (PREFLIGHT_FAILED, True, ["c3"], False, FAILED, ()),              # named again although excluded: no loop
+    (PREFLIGHT_FAILED, False, [], False, FAILED, ()),                 # not asked to: fail with the preflight's reason
+    (PREFLIGHT_FAILED, True, [], True, None, ()),                     # scancel: never our requeue
+    ({"status": "failed", "reason": "crash"}, True, [], False, None, ()),   # not a preflight: decide() as before
+    ({"status": "completed", "stage": "preflight"}, True, [], False, None, ()),  # preflight=only passed
+])
+def test_preflight_decision(state, enabled, excluded, terminated, action, exclude):
+    from launchers.slurm.requeue import after_preflight
+
+    d = after_preflight(state, enabled, excluded, terminated)
+    assert (d.action if d else None) == action, d
+    if d is not None:
+        assert d.exclude == exclude and d.reason.startswith(PREFLIGHT_FAILED["reason"])
+    if action == EXCLUDE:
+        assert d.reason.endswith(f"requeued excluding {', '.join(exclude)}")
+    if action == FAILED and not enabled:
+        assert "cluster.exclude_bad_nodes=true would requeue without it" in d.reason
+
+
+def test_the_excluded_nodes_grow_from_the_config_and_the_last_requeue(tmp_path):
+    from fsdp_jobs import runs
+    from launchers.slurm.node_task import excluded_nodes
+
+    job = {"cluster": {"exclude": ["c9"]}}
+    assert excluded_nodes(tmp_path, job) == ["c9"]
+    runs.record_launch(tmp_path, backend="slurm", job_id="12", exclude=["c3"], requeue="preflight")
+    assert excluded_nodes(tmp_path, job) == ["c3", "c9"]

@@ -50,3 +50,12 @@ def test_gpus_are_asked_per_node_unless_the_job_runs_on_cpu(run_root):
     assert "gpus-per-node" not in sbatch_lines(script(run_root))  # cluster.device=cpu
     s = sbatch_lines(script(run_root, "cluster.gpus=true", "gpus_per_node=4"))
     assert s["gpus-per-node"] == "4"
+
+
+def test_excluded_nodes_reach_the_exclude_line_and_the_job_keeps_them(run_root):
+    """cluster.exclude renders --exclude (the nodes a preflight named are added to it by a requeue,
+    launchers/slurm/node_task.py); cluster.exclude_bad_nodes travels in job.yaml for the node task."""
+    assert "exclude" not in sbatch_lines(script(run_root))
+    s = sbatch_lines(script(run_root, "cluster.exclude=[c3,gpu-17]", "cluster.exclude_bad_nodes=true",
+                            "preflight=true"))
+    assert s["exclude"] == "c3,gpu-17"

@@ -1,0 +1,130 @@
+"""The preflight's verdict: which node is bad, from every rank's measures (fsdp_jobs/runtime/preflight.py
+measures them; rank 0 gathers them and calls `verdict`). Pure and torch-free, so the fast tier tests it.
+
+A node is named when one of its checks failed (an exception on any of its ranks), when the run dir cannot
+hold the next checkpoint, or when one of its measures is `slow_ratio` (fault.preflight_slow_ratio) times
+worse than the median node's: throughput and free memory are "higher is better", so worse = median / value.
+A node's value is its worst rank's. With one node there is no median to compare with: only failures count.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from pathlib import Path
+from typing import Any, Optional
+
+PREFLIGHT_FILE = "preflight.json"
+DEFAULT_SLOW_RATIO = 2.0
+# (key in a rank's record, column title, words): every one is "higher is better"
+MEASURES = (
+    ("matmul_tflops", "MATMUL_TFLOPS", "matmul TFLOPS"),
+    ("allreduce_busbw_gbps", "ALLREDUCE_GB/S", "all-reduce bus GB/s"),
+    ("pair_busbw_gbps", "PAIR_GB/S", "all-reduce bus GB/s with its neighbour nodes (best pair)"),
+    ("write_mb_s", "WRITE_MB/S", "run dir write MB/s"),
+    ("host_free_gb", "HOST_FREE_GB", "free host memory GB"),
+    ("gpu_free_gb", "GPU_FREE_GB", "free GPU memory GB"),
+)
+# measures every rank takes part in together: all ranks wait for the slowest, so every node sees the same
+# number and no node can be told apart by it; the pairs' all-reduce (3+ nodes) tells them apart
+JOB_WIDE = ("allreduce_busbw_gbps",)
+
+
+def _number(x: Any) -> Optional[float]:
+    return float(x) if isinstance(x, (int, float)) and not isinstance(x, bool) else None
+
+
+def by_node(results: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """{node: its ranks, its worst rank's value of each measure, disk free, its errors}, nodes sorted by name."""
+    nodes: dict[str, list[dict[str, Any]]] = {}
+    for r in results:
+        nodes.setdefault(str(r.get("node")), []).append(r)
+    out = {}
+    for node, rs in sorted(nodes.items()):
+        row: dict[str, Any] = {"ranks": sorted(int(r.get("rank", -1)) for r in rs), "errors": []}
+        for key in (*(m[0] for m in MEASURES), "disk_free_gb"):
+            values = [v for v in (_number(r.get(key)) for r in rs) if v is not None]
+            row[key] = min(values) if values else None
+        row["errors"] = [f"rank {r.get('rank')}: {r['error']}" for r in rs if r.get("error")]
+        out[node] = row
+    return out
+
+
+def _slow(row: dict[str, Any], medians: dict[str, float], slow_ratio: float) -> list[str]:
+    """Why this node is slow: '<measure> <ratio>x worse than the median node', one per measure."""
+    why = []
+    for key, _, words in MEASURES:
+        value, median = row.get(key), medians.get(key)
+        if median is None or key in JOB_WIDE or value is None:
+            continue
+        ratio = median / value if value > 0 else float("inf")
+        row.setdefault("ratios", {})[key] = round(ratio, 2)
+        if ratio >= slow_ratio:
+            why.append(f"{words} {_num(value)} is {ratio:.2f}x worse than the median node's {_num(median)}")
+    return why
+
+
+def verdict(results: list[dict[str, Any]], slow_ratio: float = DEFAULT_SLOW_RATIO,
+            checkpoint_gb: Optional[float] = None, expected_nodes: Optional[int] = None) -> dict[str, Any]:
+    """{"nodes": {node: row + "verdict"}, "bad": [named nodes], "notes": [...], "ok": bool}.
+    checkpoint_gb: the next checkpoint's size (None: unknown, free space is reported but not compared)."""
+    nodes = by_node(results)
+    notes = []
+    if expected_nodes is not None and len(nodes) < expected_nodes:
+        notes.append(f"{len(nodes)} of {expected_nodes} nodes came up (an elastic job's minimum let it start)")
+    healthy = [row for row in nodes.values() if not row["errors"]]
+    medians = {}
+    if len(healthy) >= 2:
+        for key, _, _ in MEASURES:
+            values = [row[key] for row in healthy if row[key] is not None]
+            if len(values) >= 2:
+                medians[key] = statistics.median(values)
+    else:
+        notes.append("fewer than two healthy nodes: no node is compared with the others, only failures count")
+    if checkpoint_gb is None:
+        notes.append("no checkpoint size estimate (script=/module=): free space is shown, not compared")
+    bad = []
+    for node, row in nodes.items():
+        why = [f"failed: {e}" for e in row["errors"]] + _slow(row, medians, slow_ratio)
+        if checkpoint_gb is not None and row["disk_free_gb"] is not None and row["disk_free_gb"] < checkpoint_gb:
+            why.append(f"disk: {_num(row['disk_free_gb'])} GB free in the run dir < the next checkpoint "
+                       f"{_num(checkpoint_gb)} GB")
+        row["verdict"] = "; ".join(why) if why else "ok"
+        if why:
+            bad.append(node)
+    return {"nodes": nodes, "bad": bad, "ok": not bad, "notes": notes, "slow_ratio": slow_ratio,
+            "checkpoint_gb": checkpoint_gb, "medians": {k: round(v, 4) for k, v in medians.items()}}
+
+
+def _num(x: float) -> str:
+    return f"{x:.0f}" if abs(x) >= 1000 else f"{x:.3g}"
+
+
+def _cell(x: Any) -> str:
+    return "-" if x is None else _num(x) if isinstance(x, float) else str(x)
+
+
+def table(v: dict[str, Any]) -> str:
+    """One line per node: node, its ranks, each measure (its worst rank's), disk free, the verdict."""
+    head = ["NODE", "RANKS", *(m[1] for m in MEASURES), "DISK_FREE_GB", "VERDICT"]
+    rows = [[node, ",".join(str(r) for r in row["ranks"]), *(_cell(row[m[0]]) for m in MEASURES),
+             _cell(row["disk_free_gb"]), row["verdict"]] for node, row in v["nodes"].items()]
+    widths = [max(len(str(r[i])) for r in [head, *rows]) for i in range(len(head) - 1)]
+    lines = ["  ".join([*(str(c).ljust(w) for c, w in zip(r[:-1], widths)), str(r[-1])]) for r in [head, *rows]]
+    return "\n".join(lines)
+
+
+def summary_line(v: dict[str, Any]) -> str:
+    if v["ok"]:
+        return f"preflight: every node passed ({len(v['nodes'])} nodes)"
+    return (f"preflight: bad node(s) {', '.join(v['bad'])}: " +
+            " | ".join(f"{n}: {v['nodes'][n]['verdict']}" for n in v["bad"]))
+
+
+def read(run_dir: Path) -> Optional[dict[str, Any]]:
+    """RUN_DIR/preflight.json (the newest preflight's verdict and every rank's measures), or None."""
+    try:
+        data = json.loads((run_dir / PREFLIGHT_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None

@@ -1,0 +1,231 @@
+"""preflight=true|only: every rank checks its node before any training step (README: Preflight).
+
+    process group   it came up (bring-up ran before this), with how many nodes
+    all-reduce      PREFLIGHT_ALLREDUCE_BYTES across the world, timed: bus bandwidth 2(n-1)/n x bytes / time;
+                    then with each neighbour node in a ring of node pairs (3+ nodes), which tells nodes apart
+    matmul          on this rank's device: TFLOPS (CUDA: synchronized before each clock read)
+    run dir         a PREFLIGHT_WRITE_BYTES file written and fsynced: MB/s; free space vs the next checkpoint
+    memory          host MemAvailable; on CUDA the device's free memory (torch.cuda.mem_get_info)
+
+Each timing is the best of a few repeats: a shared machine's momentary contention is not the node's fault;
+simulated nodes sharing one machine time their local checks in turns, one run each, so they neither slow
+each other down nor sample different stretches of the machine's other load.
+Rank 0 gathers every rank's record (once, all_gather_object), judges them (fsdp_jobs/preflight.py), prints
+one table, writes RUN_DIR/preflight.json and, when a node is named, state.json "failed" with the reason.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import time
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+import torch
+import torch.distributed as dist
+
+from fsdp_jobs import faults, preflight, runs
+from fsdp_jobs.runtime.mesh import World
+from fsdp_jobs.runtime.metrics import log
+
+PREFLIGHT_ALLREDUCE_BYTES = 4 * 1024**2
+PREFLIGHT_WRITE_BYTES = 8 * 1024**2
+REPEATS = 10  # the same on every rank: the all-reduce's are collective
+# test-only fault injection (fsdp_jobs/faults.py): this node's timed checks take 3x as long
+SLOW_NODE_ENV = "FSDP_JOBS_TEST_PREFLIGHT_SLOW_NODE"
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def best_time(work: Callable[[], None], device: torch.device, slow: bool, repeats: int = REPEATS,
+              turns: tuple[int, int] = (0, 1)) -> float:
+    """The fastest of `repeats` timed runs after one warm-up; the device is synchronized before each clock read.
+    turns=(mine, of): nodes sharing a machine time one run each in turn (a barrier between), so they do not
+    measure each other and all sample the same stretch of the machine's other load."""
+    mine, count = turns
+    best, error = float("inf"), None
+    for i in range(repeats + 1):
+        for t in range(count):
+            if t == mine and error is None:
+                try:
+                    elapsed = _timed(work, device)
+                except Exception as e:  # noqa: BLE001  raised after the turns: no rank skips a barrier
+                    error = e
+                else:
+                    if slow:  # inside the timed region: the node is 3x slower at this, whatever the load
+                        time.sleep(2 * elapsed)
+                        elapsed *= 3
+                    best = best if i == 0 else min(best, elapsed)  # run 0 warms up
+            if count > 1:
+                dist.barrier()
+    if error is not None:
+        raise error
+    return best
+
+
+def _timed(work: Callable[[], None], device: torch.device) -> float:
+    _sync(device)
+    t0 = time.perf_counter()
+    work()
+    _sync(device)
+    return time.perf_counter() - t0
+
+
+def matmul_tflops(device: torch.device, slow: bool, turns: tuple[int, int] = (0, 1)) -> float:
+    n = 4096 if device.type == "cuda" else 512
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    a = torch.randn(n, n, device=device, dtype=dtype)
+    b = torch.randn(n, n, device=device, dtype=dtype)
+    t = best_time(lambda: torch.mm(a, b), device, slow, repeats=3 * REPEATS, turns=turns)
+    return 2 * n**3 / t / 1e12
+
+
+def allreduce_busbw_gbps(world: World, slow: bool) -> float:
+    """Bus bandwidth of an all-reduce over every rank: 2(n-1)/n x bytes / time (nccl-tests' busbw), GB/s."""
+    x = torch.ones(PREFLIGHT_ALLREDUCE_BYTES // 4, device=world.device, dtype=torch.float32)
+    t = best_time(lambda: dist.all_reduce(x), world.device, slow)
+    n = world.world_size
+    return 2 * (n - 1) / n * PREFLIGHT_ALLREDUCE_BYTES / t / 1e9 if n > 1 else 0.0
+
+
+def ring_edges(nodes: int) -> list[list[tuple[int, int]]]:
+    """Node pairs (i, i+1 mod n) in rounds of disjoint pairs: even i, odd i, then the wrap-around pair when n
+    is odd. Every node is in two pairs, so a node whose link is slow makes both its pairs slow, while each of
+    its neighbours still has one fast pair. None below 3 nodes (a pair would be the whole world)."""
+    if nodes < 3:
+        return []
+    edges = [(i, (i + 1) % nodes) for i in range(nodes)]
+    rounds = [edges[0:nodes - nodes % 2:2], edges[1:nodes - nodes % 2:2]]
+    return rounds + ([[edges[-1]]] if nodes % 2 else [])
+
+
+def pair_busbw_gbps(world: World, slow: bool) -> Optional[float]:
+    """The bus bandwidth of an all-reduce with each neighbour node in turn (all ranks of both nodes), the
+    best pair's: low only when every pair of this node is slow, i.e. this node is."""
+    lws, best = world.local_world_size, None
+    x = torch.ones(PREFLIGHT_ALLREDUCE_BYTES // 4, device=world.device, dtype=torch.float32)
+    rounds = ring_edges(world.nodes)
+    # every rank creates every pair's group, in the same order (new_group is collective over the world)
+    groups = {pair: dist.new_group(sorted(r for node in pair for r in range(node * lws, (node + 1) * lws)))
+              for pairs in rounds for pair in pairs}
+    for pairs in rounds:
+        mine = next((p for p in pairs if world.node_rank in p), None)
+        if mine is not None:
+            group, n = groups[mine], 2 * lws
+            t = best_time(lambda: dist.all_reduce(x, group=group), world.device, slow)
+            bw = 2 * (n - 1) / n * PREFLIGHT_ALLREDUCE_BYTES / t / 1e9
+            best = bw if best is None else max(best, bw)
+        dist.barrier()  # the rounds do not overlap
+    for group in groups.values():
+        if group != dist.GroupMember.NON_GROUP_MEMBER:
+            dist.destroy_process_group(group)
+    return best
+
+
+def write_mb_s(run_dir: Path, rank: int, slow: bool, turns: tuple[int, int] = (0, 1)) -> float:
+    """A fresh file in the run dir, written and fsynced; removed after."""
+    path = run_dir / f".preflight-rank-{rank}"
+    data = os.urandom(PREFLIGHT_WRITE_BYTES)
+
+    def write() -> None:
+        with open(path, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+
+    try:
+        t = best_time(write, torch.device("cpu"), slow, repeats=5, turns=turns)
+    finally:
+        path.unlink(missing_ok=True)
+    return PREFLIGHT_WRITE_BYTES / t / 1e6
+
+
+def host_free_gb() -> Optional[float]:
+    try:
+        line = next(ln for ln in Path("/proc/meminfo").read_text().splitlines() if ln.startswith("MemAvailable:"))
+    except (OSError, StopIteration):
+        return None
+    return int(line.split()[1]) * 1024 / 1024**3
+
+
+def checkpoint_gb(run_dir: Path, job: dict[str, Any]) -> Optional[float]:
+    """The next checkpoint's size from the plan's parameter count: params at model.dtype + AdamW's two fp32
+    moments. None for script=/module= (the plan's model is not the script's) or without a plan."""
+    if job.get("script") or job.get("module"):
+        return None
+    try:
+        params = json.loads((run_dir / runs.PLAN_FILE).read_text())["memory"]["params"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return params * (DTYPE_BYTES.get(job["model"]["dtype"], 4) + 8) / 1024**3
+
+
+def my_turn(world: World, node: str) -> tuple[int, int]:
+    """(this node's turn, how many turns): nodes on one machine (simulated nodes, or a shared host)
+    take turns at the local checks, so they do not measure each other. One turn on a real cluster."""
+    hosts: list[Any] = [None] * world.world_size
+    dist.all_gather_object(hosts, (socket.gethostname(), node))
+    nodes_of: dict[str, list[str]] = {}
+    for host, n in hosts:
+        if n not in nodes_of.setdefault(host, []):
+            nodes_of[host].append(n)
+    return sorted(nodes_of[socket.gethostname()]).index(node), max(len(v) for v in nodes_of.values())
+
+
+def measure(run_dir: Path, world: World) -> dict[str, Any]:
+    """This rank's record; a check that raises is recorded as this rank's error (the node is then named)."""
+    node = os.environ.get("FSDP_JOBS_NODE") or socket.gethostname()  # launchers/node.py: the scheduler's name
+    slow = faults.name(SLOW_NODE_ENV) == node
+    turns = my_turn(world, node)
+    rec: dict[str, Any] = {"rank": world.rank, "node": node, "host": socket.gethostname(),
+                           "device": str(world.device), "error": None}
+    checks: list[tuple[str, Callable[[], Any]]] = [
+        ("allreduce_busbw_gbps", lambda: allreduce_busbw_gbps(world, slow)),
+        ("pair_busbw_gbps", lambda: pair_busbw_gbps(world, slow)),
+        ("matmul_tflops", lambda: matmul_tflops(world.device, slow, turns)),
+        ("write_mb_s", lambda: write_mb_s(run_dir, world.rank, slow, turns)),
+        ("disk_free_gb", lambda: shutil.disk_usage(run_dir).free / 1024**3),
+        ("host_free_gb", host_free_gb),
+        ("gpu_free_gb", lambda: torch.cuda.mem_get_info(world.device)[0] / 1024**3
+         if world.device.type == "cuda" else None),
+    ]
+    for key, check in checks:
+        try:
+            rec[key] = check()
+        except Exception as e:  # noqa: BLE001  any failure of a check is the verdict's business
+            rec[key] = None
+            rec["error"] = rec["error"] or f"{key}: {type(e).__name__}: {e}"[:300]
+            if key.endswith("busbw_gbps"):  # a collective failed: the ranks are out of step, stop here
+                raise
+    return rec
+
+
+def run_preflight(run_dir: Path, job: dict[str, Any], world: World) -> bool:
+    """Every rank: measure, gather on rank 0, judge, report. Returns the verdict (the same on every rank)."""
+    began = time.time()
+    rec = measure(run_dir, world)
+    gathered: list[Any] = [None] * world.world_size
+    dist.all_gather_object(gathered, rec)
+    ok = [True]
+    if world.rank == 0:
+        ratio = float(job.get("fault", {}).get("preflight_slow_ratio", preflight.DEFAULT_SLOW_RATIO))
+        v = preflight.verdict(gathered, ratio, checkpoint_gb(run_dir, job), expected_nodes=job["nodes"])
+        v.update(time=time.time(), seconds=round(time.time() - began, 2), ranks=gathered)
+        runs.write_atomic(run_dir / preflight.PREFLIGHT_FILE, json.dumps(v, indent=1) + "\n")
+        log(0, f"preflight of {len(v['nodes'])} nodes in {v['seconds']} s" +
+            "".join(f"; note: {n}" for n in v["notes"]))
+        log(0, preflight.table(v))
+        log(0, preflight.summary_line(v))
+        if not v["ok"]:
+            runs.write_state(run_dir, status="failed", stage="preflight", bad_nodes=v["bad"],
+                             reason=preflight.summary_line(v)[:1000], step=runs.read_state(run_dir).get("step"))
+        ok = [v["ok"]]
+    dist.broadcast_object_list(ok, src=0)
+    return bool(ok[0])

@@ -1,0 +1,113 @@
+"""The preflight's verdict on hand-made numbers (fsdp_jobs/preflight.py): a node 2x worse than the median
+node on any measure is named, healthy nodes are not, a node whose check failed is named, the run dir's free
+space is compared with the next checkpoint only when its size is known. And how the ranks' entry is chosen."""
+
+from __future__ import annotations
+
+import pytest
+
+from fsdp_jobs.preflight import MEASURES, table, verdict
+
+
+def rank(r: int, node: str, **over: object) -> dict:
+    rec = {"rank": r, "node": node, "matmul_tflops": 10.0, "allreduce_busbw_gbps": 20.0, "pair_busbw_gbps": 15.0,
+           "write_mb_s": 500.0,
+           "host_free_gb": 100.0, "gpu_free_gb": 70.0, "disk_free_gb": 1000.0, "error": None}
+    return {**rec, **over}
+
+
+def cluster(**slow: dict) -> list[dict]:
+    """4 nodes x 2 ranks, healthy unless `slow` gives a node's rank 1 other numbers."""
+    return [rank(2 * n + i, f"gpu-{n}", **(slow.get(f"gpu_{n}", {}) if i == 1 else {}))
+            for n in range(4) for i in range(2)]
+
+
+def test_healthy_nodes_with_ordinary_spread_are_not_named():
+    results = cluster(gpu_1={"matmul_tflops": 6.0}, gpu_2={"write_mb_s": 300.0}, gpu_3={"host_free_gb": 60.0})
+    v = verdict(results, 2.0, checkpoint_gb=10.0)
+    assert v["ok"] and v["bad"] == [] and all(row["verdict"] == "ok" for row in v["nodes"].values()), v
+
+
+@pytest.mark.parametrize("key", [m[0] for m in MEASURES if m[0] != "allreduce_busbw_gbps"])
+def test_a_node_2x_worse_on_any_measure_is_named_and_no_other(key):
+    v = verdict(cluster(gpu_2={key: rank(0, "x")[key] / 2}), 2.0)
+    assert v["bad"] == ["gpu-2"] and not v["ok"], v
+    assert "2.00x worse than the median node's" in v["nodes"]["gpu-2"]["verdict"]
+    assert v["nodes"]["gpu-2"]["ranks"] == [4, 5]  # a node's value is its worst rank's
+
+
+def test_the_threshold_is_the_configured_ratio():
+    results = cluster(gpu_0={"matmul_tflops": 10.0 / 1.8})
+    assert verdict(results, 2.0)["bad"] == [] and verdict(results, 1.5)["bad"] == ["gpu-0"]
+
+
+def test_a_node_whose_check_failed_is_named_with_its_error():
+    v = verdict(cluster(gpu_3={"matmul_tflops": None, "error": "matmul_tflops: RuntimeError: CUDA error: ECC"}), 2.0)
+    assert v["bad"] == ["gpu-3"] and "failed: rank 7: matmul_tflops: RuntimeError: CUDA error: ECC" in \
+        v["nodes"]["gpu-3"]["verdict"]
+
+
+def test_the_all_reduce_is_job_wide_and_names_nobody():
+    """Every rank waits for the slowest in a collective: no node can be told apart by it (it is reported)."""
+    assert verdict(cluster(gpu_1={"allreduce_busbw_gbps": 1.0}), 2.0)["bad"] == []
+
+
+@pytest.mark.parametrize("nodes", range(1, 10))
+def test_the_ring_of_node_pairs_puts_every_node_in_two_pairs_and_no_node_twice_in_a_round(nodes):
+    from fsdp_jobs.runtime.preflight import ring_edges
+
+    rounds = ring_edges(nodes)
+    if nodes < 3:
+        assert rounds == []
+        return
+    for pairs in rounds:
+        members = [n for p in pairs for n in p]
+        assert len(members) == len(set(members))
+    edges = [p for pairs in rounds for p in pairs]
+    assert sorted(edges) == sorted((i, (i + 1) % nodes) for i in range(nodes)) and len(rounds) <= 3
+
+
+def test_free_space_is_compared_with_the_next_checkpoint_only_when_its_size_is_known():
+    results = cluster(gpu_1={"disk_free_gb": 5.0})
+    v = verdict(results, 2.0, checkpoint_gb=8.0)
+    assert v["bad"] == ["gpu-1"] and "disk: 5 GB free in the run dir < the next checkpoint 8 GB" in \
+        v["nodes"]["gpu-1"]["verdict"]
+    v = verdict(results, 2.0, checkpoint_gb=None)
+    assert v["ok"] and any("free space is shown, not compared" in n for n in v["notes"])
+
+
+def test_one_node_is_judged_on_failures_alone_and_missing_nodes_are_noted():
+    v = verdict([rank(0, "a", matmul_tflops=0.001)], 2.0, expected_nodes=2)
+    assert v["ok"] and any("1 of 2 nodes came up" in n for n in v["notes"])
+    assert any("only failures count" in n for n in v["notes"])
+
+
+def test_the_table_has_one_row_per_node_with_every_measure_and_the_verdict():
+    v = verdict(cluster(gpu_2={"write_mb_s": 100.0}), 2.0, checkpoint_gb=1.0)
+    lines = table(v).splitlines()
+    assert lines[0].split() == ["NODE", "RANKS", "MATMUL_TFLOPS", "ALLREDUCE_GB/S", "PAIR_GB/S", "WRITE_MB/S", "HOST_FREE_GB",
+                                "GPU_FREE_GB", "DISK_FREE_GB", "VERDICT"]
+    assert len(lines) == 5 and lines[3].startswith("gpu-2  4,5") and "run dir write MB/s 100 is 5.00x" in lines[3]
+    assert lines[1].split()[-1] == "ok"
+
+
+def test_preflight_only_runs_the_checks_instead_of_a_script():
+    from omegaconf import OmegaConf
+
+    from launchers.common import rank_entry
+
+    cfg = OmegaConf.create({"script": "/x/train.py", "module": None, "script_args": [], "preflight": "only"})
+    assert rank_entry(cfg, "/runs/a", None) == ["-m", "fsdp_jobs.runtime", "/runs/a"]
+    cfg.preflight = False
+    assert rank_entry(cfg, "/runs/a", None)[:3] == ["-m", "fsdp_jobs.runtime.user_code", "--"]
+
+
+def test_a_named_node_makes_the_node_wrapper_exit_non_zero(tmp_path, capsys):
+    from fsdp_jobs import runs
+    from launchers.node import PREFLIGHT_FAILED_RC, preflight_status
+
+    assert preflight_status(0, tmp_path, "node0") == 0
+    runs.write_state(tmp_path, status="failed", stage="preflight", bad_nodes=["node1"], reason="preflight: node1")
+    assert preflight_status(0, tmp_path, "node0") == PREFLIGHT_FAILED_RC
+    assert "node0: stopped before training: preflight: node1" in capsys.readouterr().out
+    assert preflight_status(1, tmp_path, "node0") == 1  # a real failure keeps its own status
