@@ -159,7 +159,11 @@ def supervise_agent(agent: subprocess.Popen, run_dir: Path, node: str) -> int:
             write_error_file(Path(agent_error_file(run_dir, node)), why)
             from fsdp_jobs import runs
 
-            runs.write_state(run_dir, status="failed", reason=why, step=runs.read_state(run_dir).get("step"))
+            state = runs.read_state(run_dir)
+            # every node sees the repeat, one tick apart: the first to stop writes the reason, and a later one
+            # never overwrites it, nor the scheduler task's final word written meanwhile (launchers/slurm/node_task.py)
+            if state.get("status") != "failed":
+                runs.write_state(run_dir, status="failed", reason=why, step=state.get("step"))
             return 1
 
 

@@ -134,10 +134,13 @@ def test_four_member_sweep_returns_at_once_goes_out_as_one_array_and_completes(r
 
     compare = ctl("compare", s.sweep).stdout.splitlines()
     print("\n".join(compare))
-    assert compare[0].split() == ["MEMBER", "train.lr", "STEP", "FINAL", "LOSS", "TOKENS/S", "MFU", "GOODPUT"]
+    assert compare[0].split() == ["MEMBER", "train.lr", "SLOWEST", "NODE", "STEP", "FINAL", "LOSS", "TOKENS/S", "MFU",
+                                  "GOODPUT"]  # 2-node members: each one's slowest node (fsdp_jobs/stragglers.py)
     for line, m, lr in zip(compare[1:], s.submitted, ("0.001", "0.003", "0.01", "0.03")):
-        member, lr_shown, step, loss, tok, mfu, good = line.split()
+        member, lr_shown, slowest, ratio, step, loss, tok, mfu, good = line.split()
         assert (member, lr_shown, step) == (m.member, lr, "20")
+        ranks = [json.loads(f.read_text()) for f in (m.run_dir / "ranks").glob("rank-*.json")]
+        assert slowest in {r["node"] for r in ranks} and ratio.endswith("x") and float(ratio[:-1]) >= 1, line
         assert loss == f"{metrics(m.run_dir)[-1]['loss']:.4f}" and float(tok) > 0 and mfu.endswith("%")
         assert good.endswith("%") and 0 < float(good[:-1]) < 100  # the nodes' and rank 0's timeline, on SLURM too
 
