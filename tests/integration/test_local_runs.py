@@ -95,10 +95,12 @@ def wait_for(predicate, timeout: float, proc: subprocess.Popen[str]) -> None:
         time.sleep(0.05)
 
 
-def kill_rank_and_finish(run_root: Path, name: str, args: tuple[str, ...], after_step: int) -> tuple[Path, str]:
-    """Start a run, SIGKILL rank 3 once checkpoint `after_step` is committed, let torchrun restart it."""
+def kill_rank_and_finish(run_root: Path, name: str, args: tuple[str, ...], after_step: int,
+                         env: dict[str, str] | None = None) -> tuple[Path, str]:
+    """Start a run, SIGKILL rank 3 once checkpoint `after_step` is committed, let torchrun restart it.
+    The steps after `after_step` must outlast the poll and the kill, or the kill lands after the last step."""
     run_dir = run_root / name
-    proc = start([f"run_root={run_root}", f"name={name}", *args])
+    proc = start([f"run_root={run_root}", f"name={name}", *args], env=env)
     wait_for(lambda: (run_dir / "checkpoints" / f"step-{after_step:06d}" / "manifest.json").exists(), 400, proc)
     victim = json.loads((run_dir / "ranks" / "rank-3.json").read_text())["pid"]
     os.kill(victim, signal.SIGKILL)

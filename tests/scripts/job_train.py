@@ -1,6 +1,9 @@
 """A script that uses fsdp_jobs.job (the in-job API): FSDP2 over the configured mesh, atomic resumable
 checkpoints, preemption handling and metrics, with train.steps and checkpoint.interval from the config."""
 
+import os
+import time
+
 import torch
 import torch.nn.functional as F
 
@@ -29,6 +32,7 @@ def main():
         optim.zero_grad()
         step += 1
         job.log(step=step, loss=loss.item())
+        time.sleep(float(os.environ.get("JOB_TRAIN_SECONDS_PER_STEP", 0)))  # a test's window to kill a rank mid-run
         if job.should_stop():
             job.checkpoint.save(step, model=model, optim=optim)
             break
