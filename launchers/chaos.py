@@ -37,21 +37,56 @@ def _environ(pid: int) -> dict[str, str]:
     return dict(item.split("=", 1) for item in raw.decode(errors="replace").split("\0") if "=" in item)
 
 
+def _pid_in_own_namespace(pid: int) -> Optional[int]:
+    """The pid a process has in its own pid namespace (a container's): /proc/PID/status's last NSpid."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("NSpid:"):
+                return int(line.split()[-1])
+    except (OSError, ValueError, IndexError):
+        return None
+    return pid
+
+
+def _rank_files(run_dir: Path) -> dict[tuple[int, str], int]:
+    """{(pid, node): rank} from the files each rank of the built-in trainer writes (ranks/rank-N.json)."""
+    found: dict[tuple[int, str], int] = {}
+    for f in (run_dir / "ranks").glob("rank-*.json"):
+        try:
+            d = json.loads(f.read_text())
+            found[(int(d["pid"]), str(d.get("node", "")))] = int(d["rank"])
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+    return found
+
+
 def rank_processes(run_dir: Path) -> dict[int, tuple[int, str]]:
-    """{rank: (pid, node)} of this run's live rank processes on this machine."""
+    """{rank: (pid, node)} of this run's live rank processes on this machine, containers' included: the
+    processes whose environment names this run dir (the node wrapper's, inherited) and that are a rank,
+    by RANK in that environment (a spawned rank) or by their pid in a rank file (a rank forked from its
+    agent, launchers/agent.py, shows the agent's environment in /proc, without RANK)."""
     mine = str(run_dir.resolve())
+    files = _rank_files(run_dir)
     found: dict[int, tuple[int, str]] = {}
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
-        env = _environ(int(entry.name))
-        if env.get("FSDP_JOBS_RUN_DIR") and "RANK" in env and "LOCAL_RANK" in env:
-            try:
-                same = str(Path(env["FSDP_JOBS_RUN_DIR"]).resolve()) == mine
-            except OSError:
+        pid = int(entry.name)
+        env = _environ(pid)
+        if not env.get("FSDP_JOBS_RUN_DIR"):
+            continue
+        try:
+            if str(Path(env["FSDP_JOBS_RUN_DIR"]).resolve()) != mine:
                 continue
-            if same and env["RANK"].isdigit():
-                found[int(env["RANK"])] = (int(entry.name), env.get("FSDP_JOBS_NODE", ""))
+        except OSError:
+            continue
+        node = env.get("FSDP_JOBS_NODE", "")
+        if env.get("RANK", "").isdigit() and "LOCAL_RANK" in env:
+            found[int(env["RANK"])] = (pid, node)
+            continue
+        rank = files.get((_pid_in_own_namespace(pid) or -1, node))
+        if rank is not None and not _read(Path(f"/proc/{pid}/stat")).rsplit(")", 1)[-1].split()[:1] == ["Z"]:
+            found[rank] = (pid, node)
     return found
 
 

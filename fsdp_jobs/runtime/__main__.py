@@ -1,15 +1,37 @@
-"""Entry point of every rank: `python -m fsdp_jobs.runtime RUN_DIR` (torchrun starts it).
+"""Entry point of every rank: `python -m fsdp_jobs.runtime RUN_DIR` (torchrun starts it), or `forked`
+when launchers/agent.py forks the rank from an agent that imported torch and the trainer already.
 
 The run dir is a positional argument on purpose: torchrun's parser prefix-matches flags placed after
 the script (ARCHITECTURE.md, pitfall 5)."""
 
+import signal
 import sys
+import time
 from pathlib import Path
 
 from fsdp_jobs.runtime import timeline  # first: its MAIN_STARTED is when this rank's own code began
 
+AGENT_HANDLED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)  # torchrun's handlers
 
-def main() -> None:
+
+def forked(run_dir: str) -> None:
+    """A rank forked from launchers/agent.py: made what `python -u -m fsdp_jobs.runtime RUN_DIR` would be."""
+    timeline.MAIN_STARTED = time.time()  # the agent imported timeline long before this rank existed
+    for stream in (sys.stdout, sys.stderr):  # -u: a line reaches the log now, not when a buffer fills
+        stream.reconfigure(line_buffering=True, write_through=True)
+    for sig in AGENT_HANDLED:  # exec would reset the agent's Python handlers (an ignored signal stays ignored)
+        if callable(signal.getsignal(sig)):
+            signal.signal(sig, signal.default_int_handler if sig == signal.SIGINT else signal.SIG_DFL)
+    sys.argv = [sys.argv[0], run_dir]
+    main(exit_process=False)
+
+
+def main(exit_process: bool = True) -> None:
+    """exit_process=False: return (or raise SystemExit) instead of os._exit, for torchrun's function entry,
+    which must see the rank return before it counts it as finished. Not after a SIGTERM: that is the agent
+    stopping its ranks (its own stop, Ctrl-C, scancel, a pod or container stop), and a stopping agent
+    never collects the result a returning rank then waits to hand over; such a rank leaves by os._exit.
+    (Nor may a rank leave early otherwise: the agent's Event.set waits for every rank it wakes.)"""
     if len(sys.argv) != 2:
         print("usage: python -m fsdp_jobs.runtime RUN_DIR", file=sys.stderr)
         raise SystemExit(2)
@@ -27,7 +49,8 @@ def main() -> None:
     # failure summary (and the job log) names the rank and the real error, not just an exit code
     run_dir = Path(sys.argv[1])
     try:
-        shutdown(record(train)(run_dir, stop))
+        code = record(train)(run_dir, stop)
+        shutdown(code, exit_process or stop.received == signal.SIGTERM)
     except Exception as e:  # also into failures.jsonl: a failure that repeats is not retried (fsdp_jobs/failures.py)
         from fsdp_jobs import failures
         from fsdp_jobs.runtime.heartbeat import current_step

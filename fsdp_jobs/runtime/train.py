@@ -19,9 +19,11 @@ def train(run_dir: Path, stop: StopFlag) -> int:
     return Trainer(run_dir, runs.load_job(run_dir)).run(stop)
 
 
-def shutdown(code: int) -> None:
+def shutdown(code: int, exit_process: bool = True) -> None:
     """Leave without the FSDP2+gloo abort at interpreter exit (ARCHITECTURE.md, pitfall 2): collect the
-    objects gloo's thread still references, destroy the group, then skip interpreter teardown."""
+    objects gloo's thread still references, destroy the group, then skip interpreter teardown.
+    exit_process=False (a rank forked by launchers/agent.py): return, or raise SystemExit(code); the
+    forked process ends in os._exit after torchrun has its result, never in interpreter teardown."""
     gc.collect()
     if dist.is_initialized():
         try:
@@ -30,4 +32,8 @@ def shutdown(code: int) -> None:
             dist.destroy_process_group()
     sys.stdout.flush()
     sys.stderr.flush()
+    if not exit_process:
+        if code:
+            raise SystemExit(code)
+        return
     os._exit(code)
