@@ -20,6 +20,13 @@ from fsdp_jobs.runtime.loopback_store import install
 
 TRAINER = "fsdp_jobs.runtime"
 SPAWN_ENV = "FSDP_JOBS_SPAWN_RANKS"
+# torchrun's agent, once its ranks succeed, waits for every other agent in a store barrier (300 s), in a
+# C++ wait no signal interrupts. Only agents that succeed enter it: one that fails never arrives, so the
+# others sat there 300 s, or until killed after stop_grace_s (a 2-node job with one failed rank took 173 s
+# to end in CI). The trainer's ranks end together behind a collective barrier, and no rank uses an
+# agent's store after it exits (launchers/common.py: TORCH_DISABLE_SHARE_RDZV_TCP_STORE), so 30 s is
+# plenty; an agent that times out logs it and exits as it would have.
+EXIT_BARRIER_S = 30
 
 
 def forks_the_trainer(args: Any) -> bool:
@@ -41,8 +48,21 @@ def launch_forked(args: Any) -> None:
     elastic_launch(config=config, entrypoint=forked)(args.training_script_args[0])
 
 
+def shorten_exit_barrier(seconds: float = EXIT_BARRIER_S) -> None:
+    from torch.distributed.elastic.agent.server.api import SimpleElasticAgent
+
+    original = SimpleElasticAgent._exit_barrier
+
+    def exit_barrier(agent: Any) -> None:
+        agent._exit_barrier_timeout = min(agent._exit_barrier_timeout, seconds)
+        original(agent)
+
+    SimpleElasticAgent._exit_barrier = exit_barrier
+
+
 def main() -> None:
     install()
+    shorten_exit_barrier()
     from torch.distributed import run as torchrun
     from torch.distributed.elastic.multiprocessing.errors import record
 
