@@ -24,6 +24,8 @@ import time
 from pathlib import Path
 from typing import Optional
 
+from launchers.watchdog import process_state
+
 THROTTLE_FILE = "chaos-throttle.json"
 PERIOD_S = 0.2
 SHARE = 0.2  # slow-node: what a throttled rank keeps of a core
@@ -85,7 +87,7 @@ def rank_processes(run_dir: Path) -> dict[int, tuple[int, str]]:
             found[int(env["RANK"])] = (pid, node)
             continue
         rank = files.get((_pid_in_own_namespace(pid) or -1, node))
-        if rank is not None and not _read(Path(f"/proc/{pid}/stat")).rsplit(")", 1)[-1].split()[:1] == ["Z"]:
+        if rank is not None and not process_state(pid).startswith(("Z", "gone")):
             found[rank] = (pid, node)
     return found
 
@@ -124,8 +126,7 @@ def stop_throttle(run_dir: Path) -> Optional[int]:
     if b"launchers.chaos" in cmdline and str(run_dir).encode() in cmdline:
         os.kill(pid, signal.SIGTERM)
         deadline = time.time() + 5  # it puts the ranks back into their own cgroup before it exits
-        while time.time() < deadline and Path(f"/proc/{pid}").exists() and not _read(
-                Path(f"/proc/{pid}/stat")).rsplit(")", 1)[-1].split()[:1] == ["Z"]:
+        while time.time() < deadline and not process_state(pid).startswith(("Z", "gone")):
             time.sleep(0.05)
         (run_dir / THROTTLE_FILE).unlink(missing_ok=True)
         return pid
