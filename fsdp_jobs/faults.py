@@ -16,8 +16,9 @@ KNOWN = {
     "FSDP_JOBS_TEST_FAIL_AT_STEP": "every training step from this one on raises",
     "FSDP_JOBS_TEST_CRASH_IN_SAVE": "rank 0 SIGKILLs itself in the middle of saving this step (first attempt)",
     "FSDP_JOBS_TEST_PREFLIGHT_SLOW_NODE": "this node's preflight checks take 3x as long (fsdp_jobs/runtime/preflight.py)",
+    "FSDP_JOBS_TEST_PREFLIGHT_SLOW_ONCE": "this node's preflight checks take 3x as long in the first round only",
 }
-NAMED = ("FSDP_JOBS_TEST_PREFLIGHT_SLOW_NODE",)  # these take a node's name, the others a step number
+NAMED = ("FSDP_JOBS_TEST_PREFLIGHT_SLOW_NODE", "FSDP_JOBS_TEST_PREFLIGHT_SLOW_ONCE")  # these take a node's name, the others a step number
 
 
 def parse(env: Mapping[str, str]) -> dict[str, int | str]:

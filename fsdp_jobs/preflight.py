@@ -5,6 +5,12 @@ A node is named when one of its checks failed (an exception on any of its ranks)
 hold the next checkpoint, or when one of its measures is `slow_ratio` (fault.preflight_slow_ratio) times
 worse than the median node's: throughput and free memory are "higher is better", so worse = median / value.
 A node's value is its worst rank's. With one node there is no median to compare with: only failures count.
+
+A node named for slowness alone is measured again before the verdict is final (a recheck round): every rank
+measures once more, each rank keeps the better of its two numbers (`best_of`), and the verdict is taken
+again. A node is named slow only when it was slow both times: a momentary burst of the machine's other load
+(another job's writeback under an fsync, say) must not exclude a healthy node, while a node that is slow
+is slow twice.
 """
 
 from __future__ import annotations
@@ -85,7 +91,8 @@ def verdict(results: list[dict[str, Any]], slow_ratio: float = DEFAULT_SLOW_RATI
         notes.append("no checkpoint size estimate (script=/module=): free space is shown, not compared")
     bad = []
     for node, row in nodes.items():
-        why = [f"failed: {e}" for e in row["errors"]] + _slow(row, medians, slow_ratio)
+        row["slow"] = _slow(row, medians, slow_ratio)
+        why = [f"failed: {e}" for e in row["errors"]] + row["slow"]
         if checkpoint_gb is not None and row["disk_free_gb"] is not None and row["disk_free_gb"] < checkpoint_gb:
             why.append(f"disk: {_num(row['disk_free_gb'])} GB free in the run dir < the next checkpoint "
                        f"{_num(checkpoint_gb)} GB")
@@ -94,6 +101,36 @@ def verdict(results: list[dict[str, Any]], slow_ratio: float = DEFAULT_SLOW_RATI
             bad.append(node)
     return {"nodes": nodes, "bad": bad, "ok": not bad, "notes": notes, "slow_ratio": slow_ratio,
             "checkpoint_gb": checkpoint_gb, "medians": {k: round(v, 4) for k, v in medians.items()}}
+
+
+def slow_named(v: dict[str, Any]) -> list[str]:
+    """The nodes a recheck could clear: named for slowness while no rank's check failed (a failed collective
+    leaves the ranks out of step; a failure is not noise). [] when nothing is worth measuring again."""
+    if any(row["errors"] for row in v["nodes"].values()):
+        return []
+    return [node for node in v["bad"] if v["nodes"][node]["slow"]]
+
+
+def best_of(first: list[dict[str, Any]], second: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each rank's record with the better of its two rounds' numbers for every measure (all are "higher is
+    better"); everything else (free disk, an error) from the second round, the newer."""
+    before = {r.get("rank"): r for r in first}
+    out = []
+    for rec in second:
+        old = before.get(rec.get("rank"), {})
+        merged = dict(rec)
+        for key, _, _ in MEASURES:
+            values = [v for v in (_number(old.get(key)), _number(rec.get(key))) if v is not None]
+            merged[key] = max(values) if values else None
+        out.append(merged)
+    return out
+
+
+def cleared_notes(first: dict[str, Any], final: dict[str, Any]) -> list[str]:
+    """One note per node the recheck cleared: what the first round saw."""
+    return [f"{node} was slow in the first round only ({'; '.join(first['nodes'][node]['slow'])}): "
+            f"measured again, within {final['slow_ratio']}x of the median, not named"
+            for node in slow_named(first) if node not in final["bad"]]
 
 
 def _num(x: float) -> str:

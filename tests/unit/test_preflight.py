@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from fsdp_jobs.preflight import MEASURES, table, verdict
+from fsdp_jobs.preflight import MEASURES, best_of, cleared_notes, slow_named, table, verdict
 
 
 def rank(r: int, node: str, **over: object) -> dict:
@@ -89,6 +89,32 @@ def test_the_table_has_one_row_per_node_with_every_measure_and_the_verdict():
                                 "GPU_FREE_GB", "DISK_FREE_GB", "VERDICT"]
     assert len(lines) == 5 and lines[3].startswith("gpu-2  4,5") and "run dir write MB/s 100 is 5.00x" in lines[3]
     assert lines[1].split()[-1] == "ok"
+
+
+def test_a_node_slow_once_is_cleared_by_the_recheck_and_one_slow_twice_is_named():
+    """The recheck round: each rank keeps the better of its two numbers, so a node is named slow only when
+    both rounds found it slow (CI once saw a healthy node's fsync 3.6x slower in one round: another
+    process's writeback)."""
+    first = cluster(gpu_1={"write_mb_s": 100.0}, gpu_2={"matmul_tflops": 2.0})
+    v1 = verdict(first, 2.0)
+    assert v1["bad"] == ["gpu-1", "gpu-2"] and slow_named(v1) == ["gpu-1", "gpu-2"]
+    second = cluster(gpu_1={"write_mb_s": 490.0}, gpu_2={"matmul_tflops": 2.5}, gpu_3={"write_mb_s": 90.0})
+    merged = best_of(first, second)
+    assert [r["rank"] for r in merged] == list(range(8))
+    assert merged[3]["write_mb_s"] == 490.0 and merged[5]["matmul_tflops"] == 2.5
+    assert merged[7]["write_mb_s"] == 500.0  # slow in the second round only: the first round's number stands
+    v2 = verdict(merged, 2.0)
+    assert v2["bad"] == ["gpu-2"], v2
+    notes = cleared_notes(v1, v2)
+    assert len(notes) == 1 and notes[0].startswith("gpu-1 was slow in the first round only (run dir write MB/s 100")
+
+
+def test_no_recheck_for_a_failed_check_or_a_full_disk():
+    """A failure is not noise (and a failed collective leaves the ranks out of step); free space is no timing."""
+    assert slow_named(verdict(cluster(gpu_3={"matmul_tflops": None, "error": "ECC"}, gpu_1={"write_mb_s": 1.0}),
+                              2.0)) == []
+    assert slow_named(verdict(cluster(gpu_1={"disk_free_gb": 5.0}), 2.0, checkpoint_gb=8.0)) == []
+    assert slow_named(verdict(cluster(), 2.0)) == []
 
 
 def test_preflight_only_runs_the_checks_instead_of_a_script():
