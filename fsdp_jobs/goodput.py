@@ -20,7 +20,9 @@ Each attempt's wall time is tiled by these marks: the time between two marks bel
 later one closes (`account`), so the parts add up to the wall time by construction, and "other" holds
 only time closed by a mark this module does not know (it stays 0 on a well-formed timeline):
 
-  queued      the launch record (launches.jsonl) -> the first node_start after it (first attempt of a launch)
+  queued      the launch record (launches.jsonl) -> the first node_start after it (first attempt of a launch);
+              for a requeue (every node's wrapper exited after the previous attempt and started again, as
+              SLURM's requeue does), the last node_end -> the first new node_start: waiting for nodes again
   startup     agent (node_start -> rank 0's process start: torchrun's start and rendezvous), interpreter
               (process start -> runtime/__main__.py), imports (-> bring-up), process_group (rendezvous of the
               ranks, process group, mesh), build, checkpoint_load, prepare (data, metrics)
@@ -29,7 +31,8 @@ only time closed by a mark this module does not know (it stays 0 on a well-forme
   lost        steps a later attempt computed again (steps after the checkpoint it resumed from), pro rata
               within a window; and, for a failed attempt, from its last flush to the failure (steps in flight)
   recovery    a failed/stopped attempt's end -> the next attempt's process start in the same launch (torchrun
-              noticing, stopping the workers, re-rendezvous)
+              noticing, stopping the workers, re-rendezvous); after a requeue the new nodes' start -> the
+              process start is start-up's "agent" instead
   shutdown    the last flush -> rank 0's end of a finished attempt, and -> the node wrappers' exit
   other       time closed by marks not named here
 
@@ -136,12 +139,17 @@ class _Attempt:
 
 
 def _tile(a: _Attempt, first_of_launch: bool, launch_at: Optional[float], node_start: Optional[float],
-          prev_end: Optional[float]) -> None:
-    """Walk one attempt's marks in order, giving each interval to its part."""
+          prev_end: Optional[float], requeued_at: Optional[float] = None) -> None:
+    """Walk one attempt's marks in order, giving each interval to its part. requeued_at: the previous
+    attempt's nodes all exited and started again (a requeue); the first new node_start."""
     proc = float(a.start["time"])
     if first_of_launch:
         a.begin = a.t = min(x for x in (launch_at, node_start, proc) if x is not None)
         a.add("queued", node_start)
+        a.add("agent", proc)
+    elif requeued_at is not None and prev_end is not None:
+        a.begin = a.t = min(prev_end, proc)
+        a.add("queued", requeued_at)
         a.add("agent", proc)
     else:
         a.begin = a.t = min(prev_end if prev_end is not None else proc, proc)
@@ -169,6 +177,21 @@ def _tile(a: _Attempt, first_of_launch: bool, launch_at: Optional[float], node_s
         failed = str(a.end.get("why", "")).startswith("failed")
         a.add("lost" if failed else "shutdown", float(a.end["time"]))
     a.add("other", a.last_time())  # marks out of the order above: time no part names
+
+
+def _requeue(prev: _Attempt, a: _Attempt, starts: list[float], ends: list[float]) -> Optional[float]:
+    """When the nodes were given back and came again between two attempts (a SLURM requeue: every node's
+    wrapper exited, then as many started), the first new node_start; the previous attempt's nodes exiting
+    is its shutdown. None when the ranks were restarted on nodes that stayed (torchrun's restart, a
+    container restarted by Docker after a SIGKILL, which writes no node_end)."""
+    new = [t for t in starts if prev.t < t <= float(a.start["time"])]
+    if not new:
+        return None
+    gone = [t for t in ends if prev.t <= t <= min(new)]
+    if len(gone) < len(new):
+        return None
+    prev.add("shutdown", max(gone))
+    return min(new)
 
 
 def _lose_after(a: _Attempt, step: int) -> None:
@@ -226,8 +249,11 @@ def account(events: list[dict[str, Any]], launches: Sequence[float] = (),
         first = prev is None or prev.launch != a.launch
         starts = [t for t in node_starts.get(a.launch, []) if t <= float(a.start["time"])]
         launch_at = times[a.launch] if 0 <= a.launch < len(times) else None
+        requeued_at = None
+        if prev is not None and not first:
+            requeued_at = _requeue(prev, a, node_starts.get(a.launch, []), node_ends.get(a.launch, []))
         prev_end = prev.t if prev is not None and not first else None
-        _tile(a, first, launch_at, min(starts) if starts else None, prev_end)
+        _tile(a, first, launch_at, min(starts) if starts else None, prev_end, requeued_at)
         prev = a
     for a, nxt in zip(attempts, [*attempts[1:], None]):
         resumed = nxt.resumed_step() if nxt is not None else None

@@ -85,6 +85,29 @@ def test_a_killed_attempt_loses_the_steps_after_the_checkpoint_the_next_one_resu
     assert gp["total"]["effective_pct"] == pytest.approx(100 * (5 + 10) / 50, abs=0.01)
 
 
+def test_a_requeue_waits_for_nodes_as_queued_time_and_a_container_restart_is_recovery():
+    """SLURM requeues a preempted job: both nodes' wrappers exit, the job waits in the queue, both start
+    again. That wait is queued time (the nodes' exit the old attempt's shutdown), not recovery."""
+    a1 = attempt(31, 105, 0, [(10, 5.0)], {10: 1.0}, ("preempted: SIGUSR2", 1.0))  # ends at 119
+    a2 = attempt(32, 150, 10, [(20, 5.0)], {}, ("completed", 1.0))
+    nodes1 = [node("node_start", 101), node("node_start", 101, "node1"), node("node_end", 121),
+              node("node_end", 122, "node1")]
+    requeued = [node("node_start", 140), node("node_start", 141, "node1"), node("node_end", 164),
+                node("node_end", 164, "node1")]
+    gp = goodput.account([*nodes1, *a1, *requeued, *a2], [100.0])
+    r1, r2 = gp["attempts"]
+    assert r1["end"] == 122.0 and r1["parts_s"]["shutdown"] == pytest.approx(1.0 + 3.0)  # the end mark, the nodes
+    assert r2["begin"] == 122.0 and r2["parts_s"]["queued"] == pytest.approx(18.0)
+    assert r2["startup_s"]["agent"] == pytest.approx(10.0) and r2["parts_s"]["recovery"] == 0
+    for row in (r1, r2, gp["total"]):
+        assert_adds_up(row)
+    assert gp["total"]["wall_s"] == pytest.approx(164 - 100)
+    # one container restarted by Docker after a SIGKILL (no node_end): the ranks' recovery, as before
+    restarted = [node("node_start", 140, "node1"), node("node_end", 164), node("node_end", 164, "node1")]
+    r1, r2 = goodput.account([*nodes1[:2], *a1, *restarted, *a2], [100.0])["attempts"]
+    assert r2["parts_s"]["queued"] == 0 and r2["parts_s"]["recovery"] == pytest.approx(150 - 119)
+
+
 def test_a_window_is_lost_pro_rata_and_a_failure_ends_in_lost_work():
     # log_interval 5: the window 11-15 straddles the checkpoint at 12 the next attempt resumed from
     a1 = attempt(21, 105, 0, [(5, 5.0), (10, 5.0), (15, 5.0)], {}, ("failed: RuntimeError", 3.0))
