@@ -180,11 +180,13 @@ def main(argv: Optional[list[str]] = None) -> int:
         parsers[name].add_argument("run", help="run name, run dir, the backend's job id, SWEEP/MEMBER"
                                    + (" or SWEEP" if name in ("status", "cancel") else ""))
     parsers["logs"].add_argument("-f", "--follow", action="store_true", help="until the job ends")
-    parsers["chaos"].add_argument("action", choices=("kill-node", "stop-node", "hang-rank", "slow-node", "resume"),
+    parsers["chaos"].add_argument("action", choices=("kill-node", "stop-node", "kill-rank", "hang-rank", "slow-node",
+                                                         "resume"),
                                   help="kill-node: SIGKILL the node's agent (it restarts); stop-node: gone for good; "
-                                       "hang-rank: SIGSTOP one rank; slow-node: throttle a node's ranks; resume: undo")
+                                       "kill-rank: SIGKILL one rank; hang-rank: SIGSTOP one rank; "
+                                       "slow-node: throttle a node's ranks; resume: undo")
     parsers["chaos"].add_argument("node", type=int, nargs="?", default=0,
-                                  help="node index (0 = the rendezvous host), or the rank for hang-rank")
+                                  help="node index (0 = the rendezvous host), or the rank for kill-rank, hang-rank")
     parsers["status"].add_argument("--json", action="store_true", help="a sweep's member statuses as JSON")
     parsers["goodput"] = sub.add_parser("goodput", help="where the wall time went: queued, start-up, steps, "
                                         "checkpoints, lost work, recovery, per attempt")

@@ -94,12 +94,14 @@ class Backend(abc.ABC, Generic[R]):
         ...
 
     def chaos(self, run: Run, action: str, node: int) -> str:
-        """Failure injection for testing resilience. hang-rank R, slow-node N and resume act on the rank
+        """Failure injection for testing resilience. kill-rank R, hang-rank R, slow-node N and resume act on the rank
         processes this machine can see (launchers/chaos.py); kill-node (it comes back) and stop-node (gone
         for good) are a backend's own (cluster=docker has them)."""
         from launchers import chaos
 
         try:
+            if action == "kill-rank":
+                return chaos.kill_rank(run.run_dir, node)
             if action == "hang-rank":
                 return chaos.hang_rank(run.run_dir, node)
             if action == "slow-node":

@@ -1,8 +1,10 @@
-"""`fsdp-jobs chaos RUN hang-rank R | slow-node N | resume`: faults a job must survive, on the ranks'
-processes this machine can see (cluster=local, cluster=docker's containers, the one-machine SLURM cluster).
+"""`fsdp-jobs chaos RUN kill-rank R | hang-rank R | slow-node N | resume`: faults a job must survive, on the
+ranks' processes this machine can see (cluster=local, cluster=docker's containers, the one-machine SLURM
+cluster).
 
 A rank process is found by its environment (FSDP_JOBS_RUN_DIR = this run dir, RANK = R): the proof that it
-is this run's, whatever a file in the run dir says. hang-rank stops it (SIGSTOP: alive, but no progress,
+is this run's, whatever a file in the run dir says. kill-rank SIGKILLs it (a crash, an OOM kill: torchrun
+sees a rank die and restarts them all from the newest checkpoint). hang-rank stops it (SIGSTOP: alive, but no progress,
 as a deadlock or a dead GPU looks from outside). slow-node makes a node's ranks compute slowly, as a
 throttled or weaker machine does: a background process moves them into a cgroup of their own whose CPU
 quota is SHARE of a core per rank (the kernel's CFS bandwidth limit: a rank waiting in a collective uses
@@ -92,12 +94,22 @@ def rank_processes(run_dir: Path) -> dict[int, tuple[int, str]]:
     return found
 
 
-def hang_rank(run_dir: Path, rank: int) -> str:
+def _rank_process(run_dir: Path, rank: int) -> tuple[int, str]:
     procs = rank_processes(run_dir)
     if rank not in procs:
         raise LookupError(f"no running rank {rank} of this run on this machine; ranks: "
                           + (", ".join(str(r) for r in sorted(procs)) or "none"))
-    pid, node = procs[rank]
+    return procs[rank]
+
+
+def kill_rank(run_dir: Path, rank: int) -> str:
+    pid, node = _rank_process(run_dir, rank)
+    os.kill(pid, signal.SIGKILL)
+    return f"killed rank {rank} (pid {pid} on {node}): its job restarts its ranks from the newest checkpoint"
+
+
+def hang_rank(run_dir: Path, rank: int) -> str:
+    pid, node = _rank_process(run_dir, rank)
     os.kill(pid, signal.SIGSTOP)
     return f"stopped rank {rank} (pid {pid} on {node}): it is alive and makes no progress; undo: chaos RUN resume"
 

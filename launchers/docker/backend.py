@@ -283,6 +283,3 @@ class DockerBackend(Backend[DockerRequest]):
 
 
 BACKEND = DockerBackend()
-
-
-BACKEND = DockerBackend()
