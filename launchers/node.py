@@ -99,7 +99,8 @@ def run(argv: list[str], environ: Optional[dict[str, str]] = None) -> int:
     for s in FORWARDED:
         if signal.getsignal(s) is not signal.SIG_IGN:
             signal.signal(s, forward)
-    rc = preflight_status(supervise_agent(agent, Path(run_dir), node), Path(run_dir), node)
+    rc = preflight_status(supervise_agent(agent, Path(run_dir), node), Path(run_dir), node,
+                          engine_restarts=environ.get(ENGINE_RESTARTS_ENV) == "1")
     goodput.append_event(Path(run_dir), "node_end", node=node, rc=rc)
     if rc and rc != PREFLIGHT_FAILED_RC:
         cause = root_cause(env["TORCHELASTIC_ERROR_FILE"])
@@ -108,18 +109,24 @@ def run(argv: list[str], environ: Optional[dict[str, str]] = None) -> int:
 
 
 PREFLIGHT_FAILED_RC = 3
+# set by a backend whose engine restarts a node that exits non-zero by itself (Docker's restart: on-failure)
+ENGINE_RESTARTS_ENV = "FSDP_JOBS_ENGINE_RESTARTS"
 
 
-def preflight_status(rc: int, run_dir: Path, node: str) -> int:
+def preflight_status(rc: int, run_dir: Path, node: str, engine_restarts: bool = False) -> int:
     """The ranks exit 0 after a preflight that named a node (a failure would make torchrun restart them
-    into the same checks): the node's status is then non-zero, as the job's (fsdp_jobs/runtime/preflight.py)."""
+    into the same checks): the node's status is then non-zero, as the job's (fsdp_jobs/runtime/preflight.py).
+    Except where the engine restarts failed nodes by itself: there a non-zero status would rerun the same
+    checks on the same nodes until its restarts are used up, so the node exits 0 and the job's supervisor
+    reads the verdict from state.json (launchers/supervisor.py's exit_status)."""
     if rc == 0:
         from fsdp_jobs import runs
 
         state = runs.read_state(run_dir)
         if state.get("status") == "failed" and state.get("stage") == "preflight":
-            print(f"fsdp-jobs: {node}: stopped before training: {state.get('reason')}", flush=True)
-            return PREFLIGHT_FAILED_RC
+            print(f"fsdp-jobs: {node}: stopped before training: {state.get('reason')}"
+                  + ("; not restarted" if engine_restarts else ""), flush=True)
+            return 0 if engine_restarts else PREFLIGHT_FAILED_RC
     return rc
 
 

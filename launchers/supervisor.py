@@ -30,6 +30,7 @@ PEER_GONE_GRACE_S = 30.0
 STOP_EXTRA_S = 15.0  # after torchrun's own grace for the ranks, before we kill
 INTERRUPTED = 130  # the shell's status for Ctrl-C
 STOPPED_FROM_OUTSIDE = 143  # the ranks recorded a stop (cancel, docker stop) and checkpointed
+PREFLIGHT_FAILED = 3  # the preflight named a node (launchers/node.py's PREFLIGHT_FAILED_RC)
 
 
 class LogSink:
@@ -140,7 +141,10 @@ def exit_status(outcome: Outcome, job: Any, run_dir: Path) -> int:
         settle_user_state(job, run_dir, failure)
     if outcome.interrupted:
         return INTERRUPTED
-    state = runs.read_state(run_dir).get("status")
+    recorded = runs.read_state(run_dir)
+    state = recorded.get("status")
+    if state == "failed" and recorded.get("stage") == "preflight":
+        return PREFLIGHT_FAILED  # a node was named: its nodes may have exited 0 (launchers/node.py)
     if state == "completed":
         return 0  # nodes stopped for good (exit 137) while the others finished do not fail the job
     if state == "preempted":

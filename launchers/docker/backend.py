@@ -37,6 +37,7 @@ from launchers.common import (NODE_WRAPPER, begin_user_attempt, python_path, ran
                               torchrun_args, user_code_dir)
 from launchers.docker.engine import (RESULT_FILE, SKEL_IMAGE, compose_command, container_user, containers, docker,
                                      engine_error, ensure_skel_image, give_to, read_result)
+from launchers.node import ENGINE_RESTARTS_ENV
 from launchers.snapshot import PROJECT_ROOT, next_snapshot_dir, take_snapshot, take_user_code
 
 DEFAULT_RDZV_PORT = 29400
@@ -101,6 +102,8 @@ def compose_spec(plan: Any, cfg: Any, code_dir: Path, user_dir: Optional[Path] =
                # bytecode in the container, not in the run dir (Python writes the first of it before
                # launchers/node.py can set the owner-only umask)
                "PYTHONPYCACHEPREFIX": "/tmp/pycache",
+               # Docker restarts a node that exits non-zero: not into a preflight that named a node
+               ENGINE_RESTARTS_ENV: "1",
                "USER": f"uid{user.split(':')[0]}",
                # secrets: named without a value, compose passes its own environment's (fsdp_jobs/secret_env.py)
                **{name: None for name in passed_names(cfg)}}
@@ -259,9 +262,9 @@ class DockerBackend(Backend[DockerRequest]):
             raise UserError("RUN", run.run_dir.name, f"docker stop failed: {r.stderr.strip()[:200]}")
         return f"stopped {len(found)} containers of {run.run_dir.name} (project {project}); the ranks checkpointed"
 
-    def chaos(self, run: Run, action: str, node: int) -> str:
+    def chaos(self, run: Run, action: str, node: int, rate: str = "100mbit") -> str:
         if action not in ("kill-node", "stop-node"):  # the rank-level faults: launchers/chaos.py
-            return super().chaos(run, action, node)
+            return super().chaos(run, action, node, rate)
         found = containers(own_project(run))
         c = found.get(f"node{node}")
         if c is None or c["State"]["Status"] != "running":

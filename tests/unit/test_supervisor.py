@@ -94,9 +94,13 @@ def test_a_signal_stops_every_node_and_what_does_not_stop_is_killed(sink, monkey
     ({"node0": 0, "node1": 0}, True, "preempted", 130),  # Ctrl-C
     ({"node0": 143, "node1": 0}, False, "preempted", 143),  # cancelled from outside: the ranks checkpointed
     ({}, False, None, 1),  # nothing ran
+    ({"node0": 0, "node1": 0}, False, "failed-preflight", 3),  # Docker's nodes exit 0 after one (node.py)
+    ({"node0": 3, "node1": 3}, False, "failed-preflight", 3),  # the others' nodes exit 3
 ])
 def test_exit_status(tmp_path, codes, interrupted, state, status):
-    if state:
+    if state == "failed-preflight":
+        runs.write_state(tmp_path, status="failed", stage="preflight", bad_nodes=["node1"])
+    elif state:
         runs.write_state(tmp_path, status=state)
     job = {"script": None, "module": None}
     assert exit_status(Outcome(codes, interrupted), job, Path(tmp_path)) == status
