@@ -116,7 +116,7 @@ def goodput_command(ref: str, root: Path, as_json: bool) -> None:
     members = None if is_run else report.find_sweep(ref, root)
     if members is None:
         gp = goodput_of(find_run(ref, root))
-        lines = report.goodput_lines(gp)
+        lines = [*report.goodput_lines(gp), "", *report.goodput_bar_lines(gp)]
         if gp["damaged_lines"]:
             lines.append(f"({gp['damaged_lines']} damaged line(s) of {gp['file']} skipped)")
         print(json.dumps(gp, indent=2) if as_json else "\n".join(lines))
@@ -181,12 +181,15 @@ def main(argv: Optional[list[str]] = None) -> int:
                                    + (" or SWEEP" if name in ("status", "cancel") else ""))
     parsers["logs"].add_argument("-f", "--follow", action="store_true", help="until the job ends")
     parsers["chaos"].add_argument("action", choices=("kill-node", "stop-node", "kill-rank", "hang-rank", "slow-node",
-                                                         "resume"),
+                                                         "slow-link", "resume"),
                                   help="kill-node: SIGKILL the node's agent (it restarts); stop-node: gone for good; "
                                        "kill-rank: SIGKILL one rank; hang-rank: SIGSTOP one rank; "
-                                       "slow-node: throttle a node's ranks; resume: undo")
+                                       "slow-node: throttle a node's ranks; slow-link: limit a node's network "
+                                       "(--rate); resume: undo")
     parsers["chaos"].add_argument("node", type=int, nargs="?", default=0,
                                   help="node index (0 = the rendezvous host), or the rank for kill-rank, hang-rank")
+    parsers["chaos"].add_argument("--rate", default="100mbit", help="slow-link: the node's send rate (tc's units: "
+                                  "100mbit, 500kbit, 1gbit)")
     parsers["status"].add_argument("--json", action="store_true", help="a sweep's member statuses as JSON")
     parsers["goodput"] = sub.add_parser("goodput", help="where the wall time went: queued, start-up, steps, "
                                         "checkpoints, lost work, recovery, per attempt")
@@ -233,7 +236,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         elif args.cmd == "cancel":
             print(backend.cancel(run))
         else:
-            print(backend.chaos(run, args.action, args.node))
+            print(backend.chaos(run, args.action, args.node, rate=args.rate))
     except UserError as e:
         die(e)
     except KeyboardInterrupt:

@@ -93,7 +93,7 @@ class Backend(abc.ABC, Generic[R]):
     def cancel(self, run: Run) -> str:
         ...
 
-    def chaos(self, run: Run, action: str, node: int) -> str:
+    def chaos(self, run: Run, action: str, node: int, rate: str = "100mbit") -> str:
         """Failure injection for testing resilience. kill-rank R, hang-rank R, slow-node N and resume act on the rank
         processes this machine can see (launchers/chaos.py); kill-node (it comes back) and stop-node (gone
         for good) are a backend's own (cluster=docker has them)."""
@@ -106,6 +106,8 @@ class Backend(abc.ABC, Generic[R]):
                 return chaos.hang_rank(run.run_dir, node)
             if action == "slow-node":
                 return chaos.slow_node(run.run_dir, f"node{node}")
+            if action == "slow-link":
+                return chaos.slow_link(run.run_dir, f"node{node}", rate)
             if action == "resume":
                 return chaos.resume(run.run_dir)
         except LookupError as e:

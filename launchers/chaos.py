@@ -1,6 +1,6 @@
-"""`fsdp-jobs chaos RUN kill-rank R | hang-rank R | slow-node N | resume`: faults a job must survive, on the
-ranks' processes this machine can see (cluster=local, cluster=docker's containers, the one-machine SLURM
-cluster).
+"""`fsdp-jobs chaos RUN kill-rank R | hang-rank R | slow-node N | slow-link N | resume`: faults a job must
+survive, on the ranks' processes this machine can see (cluster=local, cluster=docker's containers, the
+one-machine SLURM cluster).
 
 A rank process is found by its environment (FSDP_JOBS_RUN_DIR = this run dir, RANK = R): the proof that it
 is this run's, whatever a file in the run dir says. kill-rank SIGKILLs it (a crash, an OOM kill: torchrun
@@ -10,7 +10,12 @@ throttled or weaker machine does: a background process moves them into a cgroup 
 quota is SHARE of a core per rank (the kernel's CFS bandwidth limit: a rank waiting in a collective uses
 no quota, so only its compute slows down, and the other nodes wait for it). Without the rights to make a
 cgroup (not root) it falls back to a stop/continue duty cycle, which also stops a rank inside its
-collectives: the whole job slows down and the node may not stand out. resume undoes both.
+collectives: the whole job slows down and the node may not stand out. slow-link limits what a node sends
+(a bad cable, a congested switch port): a token bucket (tc tbf; netem is a module many hosts lack) on the
+network device of the node's own network namespace, entered through one of its ranks (a container's,
+a SLURM node's of deploy/slurm/start.sh); simulated nodes of cluster=local share this machine's network and
+have no link of their own. Note that a CPU quota hides from a preflight's best-of-N timings of short
+kernels (one may fit inside a quota period), while a slow link slows every exchange. resume undoes all.
 
     python -m launchers.chaos throttle RUN_DIR NODE SHARE     (the throttler itself; started by slow-node)
 """
@@ -19,6 +24,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -29,6 +35,8 @@ from typing import Optional
 from launchers.watchdog import process_state
 
 THROTTLE_FILE = "chaos-throttle.json"
+LINK_FILE = "chaos-link.json"
+RATE = re.compile(r"[1-9][0-9]{0,5}(kbit|mbit|gbit)")
 PERIOD_S = 0.2
 SHARE = 0.2  # slow-node: what a throttled rank keeps of a core
 
@@ -128,6 +136,70 @@ def slow_node(run_dir: Path, node: str, share: float = SHARE) -> str:
     return f"throttling {node}'s {len(pids)} ranks: {how} (pid {p.pid}); undo: chaos RUN resume"
 
 
+def slow_link(run_dir: Path, node: str, rate: str) -> str:
+    if not RATE.fullmatch(rate):
+        raise LookupError(f"rate {rate!r}: need a number and kbit, mbit or gbit (e.g. 100mbit)")
+    pid = _node_process(run_dir, node)
+    if _net_namespace(pid) == _net_namespace(os.getpid()):
+        raise LookupError(f"{node} shares this machine's network namespace (cluster=local's simulated nodes do): "
+                          "it has no link of its own to slow")
+    dev = _default_device(pid)
+    _tc(pid, "qdisc", "replace", "dev", dev, "root", "tbf", "rate", rate, "burst", "2mbit", "latency", "400ms")
+    (run_dir / LINK_FILE).write_text(json.dumps({"node": node, "dev": dev, "rate": rate}) + "\n")
+    return f"{node} sends at most {rate} on {dev} (tc tbf in its network namespace); undo: chaos RUN resume"
+
+
+def restore_link(run_dir: Path) -> Optional[str]:
+    """Remove the rate limit slow-link set, while the node still has a rank to enter its namespace through."""
+    try:
+        rec = json.loads((run_dir / LINK_FILE).read_text())
+        node, dev = str(rec["node"]), str(rec["dev"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    (run_dir / LINK_FILE).unlink(missing_ok=True)
+    try:
+        _tc(_node_process(run_dir, node), "qdisc", "del", "dev", dev, "root")
+    except LookupError:
+        return None  # the node is gone (a container removed with its namespace)
+    return node
+
+
+def _node_process(run_dir: Path, node: str) -> int:
+    pids = [pid for pid, n in rank_processes(run_dir).values() if n == node]
+    if not pids:
+        raise LookupError(f"no running rank on {node} of this run on this machine")
+    return pids[0]
+
+
+def _net_namespace(pid: int) -> str:
+    try:
+        return os.readlink(f"/proc/{pid}/ns/net")
+    except OSError:
+        return ""
+
+
+def _default_device(pid: int) -> str:
+    """The device of the namespace's default route (a container's, a SLURM node's eth0)."""
+    try:
+        r = subprocess.run(["nsenter", "-t", str(pid), "-n", "ip", "-o", "route", "show", "default"],
+                           capture_output=True, text=True, timeout=30)
+    except FileNotFoundError as e:
+        raise LookupError(f"{e.filename} is not installed here (util-linux's nsenter, iproute2's ip)") from None
+    m = re.search(r"\bdev (\S+)", r.stdout)
+    if r.returncode or not m:
+        raise LookupError(f"no default route in the node's network namespace: {(r.stderr or r.stdout).strip()[:200]}")
+    return m.group(1)
+
+
+def _tc(pid: int, *args: str) -> None:
+    try:
+        r = subprocess.run(["nsenter", "-t", str(pid), "-n", "tc", *args], capture_output=True, text=True, timeout=30)
+    except FileNotFoundError as e:
+        raise LookupError(f"{e.filename} is not installed here (util-linux's nsenter, iproute2's tc)") from None
+    if r.returncode:
+        raise LookupError(f"tc {' '.join(args)} failed: {r.stderr.strip()[:200]} (root and CAP_NET_ADMIN needed)")
+
+
 def stop_throttle(run_dir: Path) -> Optional[int]:
     """Stop this run's throttler, if one runs (its command line names this run dir: proof it is ours)."""
     try:
@@ -147,10 +219,12 @@ def stop_throttle(run_dir: Path) -> Optional[int]:
 
 def resume(run_dir: Path) -> str:
     throttler = stop_throttle(run_dir)
+    link = restore_link(run_dir)
     procs = rank_processes(run_dir)
     for pid, _ in procs.values():
         os.kill(pid, signal.SIGCONT)
-    return (f"continued {len(procs)} ranks" + (f"; stopped the throttler (pid {throttler})" if throttler else ""))
+    return (f"continued {len(procs)} ranks" + (f"; stopped the throttler (pid {throttler})" if throttler else "")
+            + (f"; {link}'s link at full speed again" if link else ""))
 
 
 def cpu_cgroup_root() -> Optional[Path]:
