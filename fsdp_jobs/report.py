@@ -193,6 +193,35 @@ def goodput_lines(result: dict[str, Any]) -> list[str]:
     return table(["ATTEMPT", *GOODPUT_HEADER], rows)
 
 
+# one letter per part for the text timeline (fsdp_jobs/goodput.py's PARTS)
+BAR_LETTERS = {"queued": "q", "startup": "s", "productive": "P", "checkpoint": "c", "lost": "x", "recovery": "r",
+               "shutdown": "d", "other": "?"}
+# the order each attempt's parts are drawn in: about the order they happen (productive and checkpoint
+# interleave, lost work is at the end of the steps)
+BAR_ORDER = ("queued", "recovery", "startup", "productive", "checkpoint", "lost", "shutdown", "other")
+
+
+def goodput_bar_lines(result: dict[str, Any], width: int = 72) -> list[str]:
+    """The whole run as one line of `width` letters, one part a letter, attempts between bars, each
+    attempt's share of the letters its share of the wall time (largest remainders: the letters add up),
+    and a legend. What a terminal on a login node can show of `plot`'s bars."""
+    walls = [max(0.0, float(r["wall_s"])) for r in result["attempts"]]
+    total = sum(walls)
+    if total <= 0:
+        return []
+    cells: list[tuple[int, str, float]] = [(i, p, max(0.0, float(r["parts_s"][p])) / total * width)
+                                           for i, r in enumerate(result["attempts"]) for p in BAR_ORDER]
+    counts = [int(c) for _, _, c in cells]
+    for k in sorted(range(len(cells)), key=lambda k: counts[k] - cells[k][2])[:width - sum(counts)]:
+        counts[k] += 1
+    bar = ""
+    for attempt in range(len(walls)):
+        bar += "|" + "".join(BAR_LETTERS[p] * n for (i, p, _), n in zip(cells, counts) if i == attempt)
+    legend = "  ".join(f"{BAR_LETTERS[p]} {p}" for p in BAR_ORDER)
+    return [f"timeline ({total:.1f} s; one letter = {total / width:.2g} s; | = an attempt begins):",
+            bar + "|", legend]
+
+
 def goodput_sweep_lines(members: dict[str, Optional[dict[str, Any]]]) -> list[str]:
     """`fsdp-jobs goodput SWEEP`: each member's total (a member with no timeline yet: dashes)."""
     rows = [_goodput_row(name, gp["total"]) if gp else [name] + ["-"] * len(GOODPUT_HEADER)

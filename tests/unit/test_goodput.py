@@ -175,6 +175,10 @@ def test_cli_table_json_status_and_a_damaged_timeline(run_root):
     lines = table.stdout.splitlines()
     assert lines[0].split()[:4] == ["ATTEMPT", "STEPS", "LOST_STEPS", "WALL_S"] and lines[2].startswith("total")
     assert "4 damaged line(s)" in lines[-1]
+    # the text timeline: 72 letters for 19 s, in the parts' proportions (queued 2 s of 19 -> 8 letters)
+    bar = next(ln for ln in lines if ln.startswith("|"))
+    assert len(bar) == 72 + 2 and bar.count("q") == round(72 * 2 / 19) and bar.count("P") == round(72 * 4 / 19)
+    assert lines[lines.index(bar) - 1].startswith("timeline (19.0 s;") and "P productive" in lines[lines.index(bar) + 1]
     status = json.loads(cli("status", "gp", "--run-root", str(run_root)).stdout)
     assert status["goodput"]["attempts"] == 1 and status["goodput"]["wall_s"] == 19.0
 
