@@ -8,6 +8,7 @@ RUN_DIR/goodput.jsonl is an append-only timeline, one JSON object a line, {"even
   written by rank 0 (fsdp_jobs/runtime/timeline.py), once per attempt (one rank-0 process) and in this order:
     start          {pid, restart, main}   time: the process start (/proc); main: the top of runtime/__main__.py
     process_group  {pid, began}           init_process_group + mesh done; began: when bring-up began
+    preflight      {pid, ok}              preflight=true|only: the checks done (fsdp_jobs/runtime/preflight.py)
     built          {pid}                  model built, sharded, materialized; optimizer
     loaded         {pid, step, attempt, restart}  the checkpoint loaded (step 0: a fresh start); attempt:
                                           metrics.jsonl's; restart: the job's, agreed by the ranks
@@ -25,7 +26,8 @@ only time closed by a mark this module does not know (it stays 0 on a well-forme
               SLURM's requeue does), the last node_end -> the first new node_start: waiting for nodes again
   startup     agent (node_start -> rank 0's process start: torchrun's start and rendezvous), interpreter
               (process start -> runtime/__main__.py), imports (-> bring-up), process_group (rendezvous of the
-              ranks, process group, mesh), build, checkpoint_load, prepare (data, metrics)
+              ranks, process group, mesh), preflight (also one that named a node: the checks, not lost
+              work), build, checkpoint_load, prepare (data, metrics)
   productive  step windows (flush to flush), less lost work
   checkpoint  time the loop was blocked by saves (also the final save and its wait)
   lost        steps a later attempt computed again (steps after the checkpoint it resumed from), pro rata
@@ -49,8 +51,9 @@ from typing import Any, Optional, Sequence
 
 GOODPUT_FILE = "goodput.jsonl"
 PARTS = ("queued", "startup", "productive", "checkpoint", "lost", "recovery", "shutdown", "other")
-STARTUP_PARTS = ("agent", "interpreter", "imports", "process_group", "build", "checkpoint_load", "prepare")
-RANK_EVENTS = ("start", "process_group", "built", "loaded", "loop", "steps", "save", "end")
+STARTUP_PARTS = ("agent", "interpreter", "imports", "process_group", "preflight", "build", "checkpoint_load",
+                 "prepare")
+RANK_EVENTS = ("start", "process_group", "preflight", "built", "loaded", "loop", "steps", "save", "end")
 NODE_EVENTS = ("node_start", "node_end")
 
 
@@ -157,8 +160,8 @@ def _tile(a: _Attempt, first_of_launch: bool, launch_at: Optional[float], node_s
     a.add("interpreter", _num(a.start, "main"))
     pg = a.marks.get("process_group", {})
     a.add("imports", _num(pg, "began"))
-    for part, name in (("process_group", "process_group"), ("build", "built"), ("checkpoint_load", "loaded"),
-                       ("prepare", "loop")):
+    for part, name in (("process_group", "process_group"), ("preflight", "preflight"), ("build", "built"),
+                       ("checkpoint_load", "loaded"), ("prepare", "loop")):
         a.add(part, _num(a.marks.get(name, {}), "time"))
     first = (a.resumed_step() or 0) + 1
     for e in a.flow:

@@ -176,6 +176,7 @@ class Trainer:
 
         self.beat_phase("preflight")
         ok = run_preflight(self.run_dir, self.job, self.world)
+        self.timeline.event("preflight", ok=ok)
         if ok and self.job.get("preflight") == "only" and self.world.rank == 0:
             runs.write_state(self.run_dir, status="completed", stage="preflight", step=runs.read_state(
                 self.run_dir).get("step"), reason="preflight=only: every node passed")

@@ -57,7 +57,8 @@ def test_one_attempt_every_part_in_its_place():
     assert a["wall_s"] == 24.5 and a["steps"] == [1, 20] and a["lost_steps"] == 0 and a["ended"] == "completed"
     assert a["parts_s"] == {"queued": 2.0, "startup": 10.0, "productive": 8.0, "checkpoint": 1.5, "lost": 0.0,
                             "recovery": 0.0, "shutdown": 3.0, "other": 0.0}
-    assert a["startup_s"] == {"agent": 3.0, "interpreter": 1.0, "imports": 2.0, "process_group": 1.0, "build": 2.0,
+    assert a["startup_s"] == {"agent": 3.0, "interpreter": 1.0, "imports": 2.0, "process_group": 1.0,
+                              "preflight": 0.0, "build": 2.0,
                               "checkpoint_load": 0.5, "prepare": 0.5}
     assert a["effective_pct"] == pytest.approx(100 * 8 / 24.5, abs=0.01)
     assert gp["total"]["wall_s"] == 24.5 and gp["total"]["effective_pct"] == a["effective_pct"]
@@ -106,6 +107,20 @@ def test_a_requeue_waits_for_nodes_as_queued_time_and_a_container_restart_is_rec
     restarted = [node("node_start", 140, "node1"), node("node_end", 164), node("node_end", 164, "node1")]
     r1, r2 = goodput.account([*nodes1[:2], *a1, *restarted, *a2], [100.0])["attempts"]
     assert r2["parts_s"]["queued"] == 0 and r2["parts_s"]["recovery"] == pytest.approx(150 - 119)
+
+
+def test_a_preflight_is_start_up_time_also_when_it_named_a_node():
+    """The checks' seconds are the preflight's part of start-up, not lost work, whatever their verdict."""
+    ok = attempt(41, 105, 0, [(10, 4.0)], {}, ("completed", 1.0))
+    ok.insert(2, {"event": "preflight", "pid": 41, "ok": True, "time": 105 + 4 + 1.5})  # before "built" at +6
+    (a,) = goodput.account([node("node_start", 101), *ok], [100.0])["attempts"]
+    assert a["startup_s"]["preflight"] == 1.5 and a["startup_s"]["build"] == pytest.approx(0.5)
+    named = [*attempt(42, 105, 0, [], {}, None)[:2],
+             {"event": "preflight", "pid": 42, "ok": False, "time": 105 + 4 + 3.0},
+             {"event": "end", "pid": 42, "why": "failed: preflight named a node", "step": 0, "time": 105 + 7.01}]
+    (a,) = goodput.account([node("node_start", 101), *named], [100.0])["attempts"]
+    assert a["startup_s"]["preflight"] == 3.0 and a["parts_s"]["lost"] == pytest.approx(0.01)
+    assert_adds_up(a)
 
 
 def test_a_window_is_lost_pro_rata_and_a_failure_ends_in_lost_work():
