@@ -166,6 +166,14 @@ class Trainer:
         # CPU offload: the grad-norm all-reduce runs on host tensors, so the default group needs gloo too
         init_process_group(world, timeout_s=float(self.tcfg.get("collective_timeout_s", 600)),
                            cpu_collectives=bool(self.job["fsdp"].get("cpu_offload")))
+        # TORCHELASTIC_RESTART_COUNT is per agent: a node whose workers were stopped for a re-rendezvous
+        # (another node's rank died) does not count it (ARCHITECTURE.md, pitfall 6). The job's attempt number
+        # is the largest count of any node: agree on it once, here, so metrics and logs say the same
+        # everywhere, the built-in loop's and a fsdp_jobs.job script's alike (CI once saw a job API script
+        # log restart 0 after a restart: rank 0's node had only re-rendezvoused)
+        restarts = torch.tensor([world.restart], device=world.device)
+        dist.all_reduce(restarts, op=dist.ReduceOp.MAX)
+        world.restart = int(restarts.item())
         write_rank_file(self.run_dir, world)  # pid, host, restart of this rank, for tools (and tests that kill ranks)
         self.use(world, build_mesh(self.job, world))
         self.timeline.event("process_group", began=began)
@@ -198,12 +206,6 @@ class Trainer:
             # fp32_precision API, not allow_tf32: torch refuses a mix of the two, and inductor reads only this
             torch.backends.cuda.matmul.fp32_precision = "tf32"
             torch.backends.cudnn.conv.fp32_precision = "tf32"
-        # TORCHELASTIC_RESTART_COUNT is per agent: a node whose workers were stopped for a re-rendezvous
-        # (another node's rank died) does not count it (ARCHITECTURE.md, pitfall 6). The job's attempt number
-        # is the largest count of any node: agree on it once, so metrics and logs say the same everywhere
-        restarts = torch.tensor([world.restart], device=world.device)
-        dist.all_reduce(restarts, op=dist.ReduceOp.MAX)
-        world.restart = int(restarts.item())
         if offload and world.device.type == "cpu":
             log(rank, "fsdp.cpu_offload=true: no effect on CPU (the state is in host memory already)")
         elif offload and "OMP_NUM_THREADS" not in self.job["cluster"]["env"]:
