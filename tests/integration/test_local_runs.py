@@ -97,12 +97,16 @@ def wait_for(predicate, timeout: float, proc: subprocess.Popen[str]) -> None:
 
 def kill_rank_and_finish(run_root: Path, name: str, args: tuple[str, ...], after_step: int,
                          env: dict[str, str] | None = None) -> tuple[Path, str]:
-    """Start a run, SIGKILL rank 3 once checkpoint `after_step` is committed, let torchrun restart it.
-    The steps after `after_step` must outlast the poll and the kill, or the kill lands after the last step."""
+    """Start a run, SIGKILL a rank on another node than rank 0's once checkpoint `after_step` is committed,
+    let torchrun restart it. The steps after `after_step` must outlast the poll and the kill, or the kill
+    lands after the last step. Another node's: rank 0's agent then only re-rendezvouses and counts no
+    restart of its own, which the ranks must agree on (fsdp_jobs/runtime/trainer.py's bring_up)."""
     run_dir = run_root / name
     proc = start([f"run_root={run_root}", f"name={name}", *args], env=env)
     wait_for(lambda: (run_dir / "checkpoints" / f"step-{after_step:06d}" / "manifest.json").exists(), 400, proc)
-    victim = json.loads((run_dir / "ranks" / "rank-3.json").read_text())["pid"]
+    ranks = [json.loads(p.read_text()) for p in (run_dir / "ranks").glob("rank-*.json")]
+    node_of_0 = next(r["node"] for r in ranks if r["rank"] == 0)
+    victim = max((r for r in ranks if r["node"] != node_of_0), key=lambda r: r["rank"])["pid"]
     os.kill(victim, signal.SIGKILL)
     out, _ = proc.communicate(timeout=600)
     assert proc.returncode == 0, out[-4000:]
