@@ -72,12 +72,26 @@ def excluded_nodes(run_dir: Path, job: dict[str, Any]) -> list[str]:
 
 def requeue_excluding(run_dir: Path, job_id: str, decision: Decision) -> None:
     """Requeue this job kept off the nodes a preflight named: held while its excluded nodes are changed
-    (only a pending job's can be), then released. Recorded in launches.jsonl and the log."""
+    (only a pending job's can be), then released. Recorded in launches.jsonl and the log.
+
+    `requeuehold` makes the job pending at once and stops its steps, this task among them: SIGTERM now,
+    SIGKILL KillWait seconds later (30 by default). This task ignores the SIGTERM to finish the three
+    commands first; killed between them it would leave the job released with no exclusion (then it
+    reruns on the same nodes) or excluded and held for good (the real cluster did both)."""
     nodes = ",".join(decision.exclude)
     runs.write_state(run_dir, status="requeued-excluding", reason=decision.reason, exclude=list(decision.exclude))
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     subprocess.run(["scontrol", "requeuehold", job_id], check=True, timeout=60)
     try:
-        subprocess.run(["scontrol", "update", f"JobId={job_id}", f"ExcNodeList={nodes}"], check=True, timeout=60)
+        deadline = time.monotonic() + 10  # pending at once in practice; a busy controller may lag
+        while True:
+            r = subprocess.run(["scontrol", "update", f"JobId={job_id}", f"ExcNodeList={nodes}"],
+                               capture_output=True, text=True, timeout=60)
+            if r.returncode == 0 or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+        if r.returncode:
+            print(f"fsdp-jobs: could not exclude {nodes} from job {job_id}: {r.stderr.strip()[:300]}", flush=True)
     finally:
         subprocess.run(["scontrol", "release", job_id], timeout=60)
     last = {k: v for k, v in runs.last_launch(run_dir).items() if k not in ("time", "unix")}

@@ -106,19 +106,52 @@ def test_usr2_checkpoints_requeues_resumes_and_runs_the_submitted_code(run_root,
     assert (run_dir / "code" / "001" / "GIT_COMMIT").is_file()
 
 
-def test_preemption_by_higher_priority_partition_requeues_and_resumes(run_root):
-    total = 400
+def test_preemption_then_a_killed_rank_resume_and_goodput_accounts_both(run_root):
+    """Preempted once (a higher-priority partition's job takes the nodes: SLURM requeues ours), then a rank
+    killed in the next attempt (torchrun restarts the ranks in the same allocation). `fsdp-jobs goodput`
+    shows every attempt, the lost steps are exactly the steps logged after the checkpoint the next attempt
+    resumed from, and each attempt's parts add up to its wall time within 2% (README: Goodput)."""
+    total, interval = 600, 100
     job_id, _, _ = submit(f"run_root={run_root}", "name=preempt", "nodes=2", "gpus_per_node=1",
-                          f"train.steps={total}", "checkpoint.interval=100000", "checkpoint.keep_last=10", *SHORT)
+                          f"train.steps={total}", f"checkpoint.interval={interval}", "checkpoint.keep_last=20",
+                          "train.log_interval=1", *SHORT)
     run_dir = run_root / "preempt"
     wait_for(lambda: len(metrics(run_dir)) >= 20 if (run_dir / "metrics.jsonl").exists() else False, 300, "step 20")
     urgent = sh("sbatch", "-p", "urgent", "-N4", "--exclusive", "-o", str(run_dir / "urgent.out"),
                 "--wrap", "hostname; sleep 2", check=True)
     urgent_id = re.search(r"(\d+)", urgent).group(1)
+    # the requeued attempt passes a periodic checkpoint and logs 20 more steps: then one of its ranks dies
+    wait_for(lambda: len(steps_by_attempt(run_dir)) >= 2 and steps_by_attempt(run_dir)[1][-1] % interval >= 20
+             and steps_by_attempt(run_dir)[1][-1] - steps_by_attempt(run_dir)[1][0] >= interval, 600,
+             "the requeued attempt past a checkpoint")
+    chaos = cli("chaos", "preempt", "kill-rank", "1", "--run-root", str(run_root))
+    assert chaos.returncode == 0 and "killed rank 1" in chaos.stdout, chaos.stdout + chaos.stderr
     assert wait_job(job_id, 900) == "COMPLETED", job_log(run_dir, job_id)
     assert wait_job(urgent_id, 60) == "COMPLETED"
     assert "stop requested" in job_log(run_dir, job_id)
-    assert_resumed_losing_at_most_one_step(run_dir, total)
+    attempts = steps_by_attempt(run_dir)
+    assert len(attempts) == 3 and attempts[-1][-1] == total, [(a[0], a[-1]) for a in attempts]
+
+    r = cli("goodput", "preempt", "--json", "--run-root", str(run_root))
+    assert r.returncode == 0, r.stderr
+    gp = json.loads(r.stdout)
+    print(cli("goodput", "preempt", "--run-root", str(run_root)).stdout)
+    rows = gp["attempts"]
+    assert len(rows) == 3, rows
+    for row, steps, after in zip(rows, attempts, [*attempts[1:], None]):
+        assert row["steps"] == [steps[0], steps[-1]], (row, steps[0], steps[-1])
+        resumed_from = after[0] - 1 if after else total
+        assert row["lost_steps"] == steps[-1] - resumed_from, (row, steps[-1], resumed_from)
+        parts = row["parts_s"]
+        assert abs(sum(parts.values()) - row["wall_s"]) <= 0.02 * row["wall_s"], row
+        assert parts["other"] <= 0.02 * row["wall_s"], row
+    assert rows[0]["ended"].startswith("preempted"), rows[0]
+    assert rows[1]["ended"].startswith("failed") or "no end" in rows[1]["ended"], rows[1]
+    assert rows[1]["lost_steps"] >= 20 and rows[1]["parts_s"]["lost"] > 0  # computed again after the kill
+    assert rows[1]["parts_s"]["queued"] > 0  # the requeued attempt waited for its nodes
+    assert rows[2]["parts_s"]["recovery"] > 0 and rows[2]["ended"] == "completed"
+    assert gp["total"]["lost_steps"] == sum(r["lost_steps"] for r in rows)
+    assert abs(sum(gp["total"]["parts_s"].values()) - gp["total"]["wall_s"]) <= 0.02 * gp["total"]["wall_s"]
 
 
 def test_time_limit_signal_checkpoints_and_requeues(run_root):

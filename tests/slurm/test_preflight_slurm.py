@@ -1,0 +1,69 @@
+"""preflight on the real 4-node SLURM cluster (README: Preflight). A node whose link is slowed
+(deploy/slurm/slow-link.sh: a tc token bucket on its namespace's eth0) is named by the pair all-reduce,
+and with cluster.exclude_bad_nodes=true the job is requeued without it and trains on the other nodes;
+healthy clusters pass, run after run."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+import pytest
+
+from fsdp_jobs import runs
+from tests.conftest import REPO, metrics
+from tests.slurm.conftest import job_log, submit, wait_job
+
+pytestmark = [pytest.mark.slurm, pytest.mark.usefixtures("slurm_cluster")]
+
+SHORT = ("model.dim=64", "model.n_layers=2", "model.ffn_dim=128", "model.vocab_size=128", "data.seq_len=32")
+SLOW_LINK = REPO / "deploy" / "slurm" / "slow-link.sh"
+
+
+def slow_link(node: str, rate: str) -> None:
+    r = subprocess.run(["bash", str(SLOW_LINK), node, rate], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+@pytest.fixture
+def slowed_n1():
+    slow_link("n1", "500mbit")
+    try:
+        yield "n1"
+    finally:
+        slow_link("n1", "off")
+
+
+def test_a_node_with_a_slowed_link_is_named_excluded_and_the_job_trains_on_the_others(run_root, slowed_n1):
+    # 3 of the 4 nodes: SLURM gives an idle cluster's lowest-numbered nodes first, so n1 is in the first
+    # allocation, and three others are left once it is excluded
+    job_id, _, _ = submit(f"run_root={run_root}", "name=pf", "nodes=3", "gpus_per_node=1", "preflight=true",
+                          "cluster.exclude_bad_nodes=true", "train.steps=20", *SHORT)
+    run_dir = run_root / "pf"
+    assert wait_job(job_id, 600) == "COMPLETED", job_log(run_dir, job_id)[-4000:]
+    log = job_log(run_dir, job_id)
+    print(log[-6000:])
+    assert "preflight: bad node(s) n1: n1: all-reduce bus GB/s with its neighbour nodes" in log, log[-4000:]
+    assert f"requeued job {job_id} with --exclude=n1" in log
+    launch = runs.last_launch(run_dir)
+    assert launch["requeue"] == "preflight" and launch["exclude"] == ["n1"] and "n1" in launch["why"]
+    report = json.loads((run_dir / "preflight.json").read_text())  # the newest: the second attempt's
+    assert report["ok"] and sorted(report["nodes"]) == ["n2", "n3", "n4"], report
+    ranks = [json.loads(p.read_text()) for p in (run_dir / "ranks").iterdir()]
+    assert sorted(r["node"] for r in ranks) == ["n2", "n3", "n4"]
+    assert [m["step"] for m in metrics(run_dir)] == list(range(1, 21))
+    assert runs.read_state(run_dir)["status"] == "completed"
+
+
+def test_a_healthy_cluster_passes_preflight_five_times_out_of_five(run_root):
+    """preflight=only on all 4 nodes, five jobs in a row: no node named (a false alarm costs a requeue)."""
+    for i in range(5):
+        name = f"healthy{i}"
+        job_id, _, _ = submit(f"run_root={run_root}", f"name={name}", "nodes=4", "gpus_per_node=1",
+                              "preflight=only", *SHORT)
+        run_dir = run_root / name
+        assert wait_job(job_id, 300) == "COMPLETED", job_log(run_dir, job_id)[-4000:]
+        report = json.loads((run_dir / "preflight.json").read_text())
+        assert report["ok"] and report["bad"] == [] and sorted(report["nodes"]) == ["n1", "n2", "n3", "n4"], \
+            job_log(run_dir, job_id)[-3000:]
+        print(f"run {i}: {report['seconds']} s, rechecked {report.get('rechecked', [])}, medians {report['medians']}")
