@@ -208,3 +208,41 @@ def test_a_stopped_rank_in_a_container_is_found_named_and_the_job_resumes_bitwis
     print(f"docker: stop -> hang declared {mine['time'] - stopped_at:.1f} s, -> first step after it "
           f"{after[0]['time'] - stopped_at:.1f} s")
     assert_same_state(reference_run[0] / "checkpoints" / "step-000300", run_dir / "checkpoints" / "step-000300")
+
+
+def test_preflight_passes_then_names_a_node_whose_link_was_slowed_and_no_container_restarts(run_root):
+    """preflight=true on Docker (README: Preflight): the three containers pass and the job trains. Then
+    node1's link is slowed (chaos slow-link: a tc token bucket in its container's network namespace) and a
+    rank killed: torchrun restarts the ranks, their preflight names node1 by its pair all-reduce, and the
+    job stops with status 3. Docker restarts a container that exits non-zero (restart: on-failure), which
+    would rerun the same checks on the same nodes: the containers exit 0 after the verdict instead."""
+    run_dir = run_root / "pf"
+    proc = start(f"run_root={run_root}", "name=pf", "cluster=docker", "nodes=3", "gpus_per_node=1", "preflight=true",
+                 "train.steps=100000", "checkpoint.interval=0", "train.log_interval=1", *SHORT)
+    try:
+        deadline = time.monotonic() + 300
+        while not ((run_dir / "metrics.jsonl").exists() and len(metrics(run_dir)) >= 5):
+            assert proc.poll() is None, proc.stdout.read()[-4000:]
+            assert time.monotonic() < deadline, "timed out waiting for step 5"
+            time.sleep(0.2)
+        first = json.loads((run_dir / "preflight.json").read_text())
+        assert first["ok"] and sorted(first["nodes"]) == ["node0", "node1", "node2"], first
+        slow = cli("chaos", "pf", "slow-link", "1", "--rate", "500mbit", "--run-root", str(run_root))
+        assert slow.returncode == 0 and "node1 sends at most 500mbit" in slow.stdout, slow.stdout + slow.stderr
+        kill = cli("chaos", "pf", "kill-rank", "0", "--run-root", str(run_root))
+        assert kill.returncode == 0, kill.stdout + kill.stderr
+        out, _ = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.terminate()
+            proc.wait(120)
+    print(out[-5000:])
+    assert proc.returncode == 3, out[-4000:]
+    report = json.loads((run_dir / "preflight.json").read_text())
+    assert report["bad"] == ["node1"] and report["rechecked"] == ["node1"], report
+    assert "with its neighbour nodes (best pair)" in report["nodes"]["node1"]["verdict"]
+    state = json.loads((run_dir / "state.json").read_text())
+    assert state["status"] == "failed" and state["bad_nodes"] == ["node1"]
+    assert "stopped before training: preflight: bad node(s) node1" in out and "not restarted" in out
+    assert all(c["restarts"] == 0 for c in result(run_dir)["containers"].values()), result(run_dir)
+    assert labelled("container", run_dir) == []
