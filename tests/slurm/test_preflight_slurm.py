@@ -56,12 +56,12 @@ def test_a_node_with_a_slowed_link_is_named_excluded_and_the_job_trains_on_the_o
 
 
 def test_a_healthy_cluster_passes_preflight_five_times_out_of_five(run_root):
-    """preflight=only on all 4 nodes, five jobs in a row: no node named (a false alarm costs a requeue)."""
-    for i in range(5):
-        name = f"healthy{i}"
-        job_id, _, _ = submit(f"run_root={run_root}", f"name={name}", "nodes=4", "gpus_per_node=1",
-                              "preflight=only", *SHORT)
-        run_dir = run_root / name
+    """preflight=only on all 4 nodes, five jobs queued at once (they run one after another): no node named
+    (a false alarm costs a requeue)."""
+    jobs = [submit(f"run_root={run_root}", f"name=healthy{i}", "nodes=4", "gpus_per_node=1", "preflight=only",
+                   *SHORT)[0] for i in range(5)]
+    for i, job_id in enumerate(jobs):
+        run_dir = run_root / f"healthy{i}"
         assert wait_job(job_id, 300) == "COMPLETED", job_log(run_dir, job_id)[-4000:]
         report = json.loads((run_dir / "preflight.json").read_text())
         assert report["ok"] and report["bad"] == [] and sorted(report["nodes"]) == ["n1", "n2", "n3", "n4"], \
