@@ -23,7 +23,7 @@ only time closed by a mark this module does not know (it stays 0 on a well-forme
 
   queued      the launch record (launches.jsonl) -> the first node_start after it (first attempt of a launch);
               for a requeue (every node's wrapper exited after the previous attempt and started again, as
-              SLURM's requeue does), the last node_end -> the first new node_start: waiting for nodes again
+              a scheduler's requeue does), the last node_end -> the first new node_start: waiting for nodes again
   startup     agent (node_start -> rank 0's process start: torchrun's start and rendezvous), interpreter
               (process start -> runtime/__main__.py), imports (-> bring-up), process_group (rendezvous of the
               ranks, process group, mesh), preflight (also one that named a node: the checks, not lost
@@ -183,10 +183,10 @@ def _tile(a: _Attempt, first_of_launch: bool, launch_at: Optional[float], node_s
 
 
 def _requeue(prev: _Attempt, a: _Attempt, starts: list[float], ends: list[float]) -> Optional[float]:
-    """When the nodes were given back and came again between two attempts (a SLURM requeue: every node's
+    """When the nodes were given back and came again between two attempts (a scheduler's requeue: every node's
     wrapper exited, then as many started), the first new node_start; the previous attempt's nodes exiting
     is its shutdown. None when the ranks were restarted on nodes that stayed (torchrun's restart, a
-    container restarted by Docker after a SIGKILL, which writes no node_end)."""
+    container restarted by its engine after a SIGKILL, which writes no node_end)."""
     new = [t for t in starts if prev.t < t <= float(a.start["time"])]
     if not new:
         return None

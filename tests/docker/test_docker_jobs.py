@@ -246,3 +246,14 @@ def test_preflight_passes_then_names_a_node_whose_link_was_slowed_and_no_contain
     assert "stopped before training: preflight: bad node(s) node1" in out and "not restarted" in out
     assert all(c["restarts"] == 0 for c in result(run_dir)["containers"].values()), result(run_dir)
     assert labelled("container", run_dir) == []
+
+
+def test_healthy_containers_pass_preflight_five_times_out_of_five(run_root):
+    """preflight=only on three containers, five runs in a row: no node named (a false alarm stops a job)."""
+    for i in range(5):
+        r = cli(f"run_root={run_root}", f"name=healthy{i}", "cluster=docker", "nodes=3", "gpus_per_node=1",
+                "preflight=only", *SHORT)
+        assert_ok(r)
+        report = json.loads((run_root / f"healthy{i}" / "preflight.json").read_text())
+        assert report["ok"] and sorted(report["nodes"]) == ["node0", "node1", "node2"], r.stdout[-3000:]
+        print(f"run {i}: {report['seconds']} s, rechecked {report.get('rechecked', [])}, medians {report['medians']}")
