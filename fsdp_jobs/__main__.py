@@ -24,7 +24,7 @@ USAGE = """usage: python -m fsdp_jobs [key=value ...]      (fsdp-jobs [key=value
   python -m fsdp_jobs nodes=3 gpus_per_node=8 model=llama3_8b dry_run=true
   python -m fsdp_jobs name=my-run train.steps=1000     the same name again resumes that run
   python -m fsdp_jobs -m nodes=2,4 train.lr=1e-4,3e-4 fsdp=glob(*shard)     a sweep (Hydra multirun)
-  python -m fsdp_jobs preflight cluster=slurm nodes=16    check every node (as preflight=only), train nothing
+  python -m fsdp_jobs preflight nodes=16 gpus_per_node=8  check every node (as preflight=only), train nothing
 
 Groups: model=tiny|llama3_1b|llama3_8b|llama3_70b  fsdp=full_shard|shard_grad_op|hybrid_shard|
 hybrid_shard_zero2|no_shard  cluster={backends}  data=synthetic|token_file.

@@ -19,7 +19,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any, Optional
 
-from fsdp_jobs import goodput, hangs, journal, report, runs, stragglers
+from fsdp_jobs import goodput, hangs, input_rules, journal, report, runs, stragglers
 from fsdp_jobs.errors import OneLineParser, UserError, die
 from fsdp_jobs.checkpoints import newest_checkpoint
 
@@ -205,6 +205,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     args = p.parse_args(argv)
     root = Path(args.run_root)
     try:
+        if args.cmd == "chaos" and not input_rules.TC_RATE.fullmatch(args.rate):
+            raise UserError("--rate", args.rate, "need a number and kbit, mbit or gbit (e.g. 100mbit)")
         if args.cmd == "list":
             print("\n".join(list_lines(root)))
             return 0

@@ -25,6 +25,7 @@ NAME_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._+=,@-]*")
 NAME_ALLOWED = "letters, digits and . _ + = , @ - (not starting with '.', '-', '+', '=', ',' or '@')"
 NAME_MAX = 100  # a member's run dir, its checkpoints and their DCP file names stay well inside PATH_MAX
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+TC_RATE = re.compile(r"[1-9][0-9]{0,5}(kbit|mbit|gbit)")  # chaos slow-link --rate: an argument of tc
 # sizes that would take minutes to plan or allocate are refused before planning starts
 MAX_NODES = 10_000
 MAX_GPUS_PER_NODE = 64

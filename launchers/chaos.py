@@ -32,11 +32,11 @@ import time
 from pathlib import Path
 from typing import Optional
 
+from fsdp_jobs.input_rules import TC_RATE
 from launchers.watchdog import process_state
 
 THROTTLE_FILE = "chaos-throttle.json"
 LINK_FILE = "chaos-link.json"
-RATE = re.compile(r"[1-9][0-9]{0,5}(kbit|mbit|gbit)")
 PERIOD_S = 0.2
 SHARE = 0.2  # slow-node: what a throttled rank keeps of a core
 
@@ -137,7 +137,7 @@ def slow_node(run_dir: Path, node: str, share: float = SHARE) -> str:
 
 
 def slow_link(run_dir: Path, node: str, rate: str) -> str:
-    if not RATE.fullmatch(rate):
+    if not TC_RATE.fullmatch(rate):  # ctl refused it already; a direct caller too
         raise LookupError(f"rate {rate!r}: need a number and kbit, mbit or gbit (e.g. 100mbit)")
     pid = _node_process(run_dir, node)
     if _net_namespace(pid) == _net_namespace(os.getpid()):

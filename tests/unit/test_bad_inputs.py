@@ -219,6 +219,7 @@ CTL_CASES = [
     (["logs"], "logs", "required"),
     (["chaos", "keep", "kill-node", "abc"], "node", "invalid int"),
     (["chaos", "keep", "explode", "1"], "action", "invalid choice"),
+    (["chaos", "keep", "slow-link", "1", "--rate", "1mbit;reboot"], "--rate='1mbit;reboot'", "need a number and kbit"),
     (["status", "keep", "--bogus"], "--bogus", "unrecognized"),
     (["bogus-command"], "bogus-command", "overrides are key=value"),  # not a command: an override without '='
     (["cancel", "slurmrun"], "RUN='slurmrun'", "not a SLURM job id"),
