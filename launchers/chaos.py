@@ -178,13 +178,17 @@ def _net_namespace(pid: int) -> str:
         return ""
 
 
+def _in_net_namespace(pid: int, *cmd: str) -> subprocess.CompletedProcess[str]:
+    """`cmd` run in the network namespace of process `pid` (iproute2's ip and tc, entered by nsenter)."""
+    try:
+        return subprocess.run(["nsenter", "-t", str(pid), "-n", *cmd], capture_output=True, text=True, timeout=30)
+    except FileNotFoundError as e:
+        raise LookupError(f"{e.filename} is not installed here (util-linux's nsenter, iproute2's ip and tc)") from None
+
+
 def _default_device(pid: int) -> str:
     """The device of the namespace's default route (a container's, a SLURM node's eth0)."""
-    try:
-        r = subprocess.run(["nsenter", "-t", str(pid), "-n", "ip", "-o", "route", "show", "default"],
-                           capture_output=True, text=True, timeout=30)
-    except FileNotFoundError as e:
-        raise LookupError(f"{e.filename} is not installed here (util-linux's nsenter, iproute2's ip)") from None
+    r = _in_net_namespace(pid, "ip", "-o", "route", "show", "default")
     m = re.search(r"\bdev (\S+)", r.stdout)
     if r.returncode or not m:
         raise LookupError(f"no default route in the node's network namespace: {(r.stderr or r.stdout).strip()[:200]}")
@@ -192,10 +196,7 @@ def _default_device(pid: int) -> str:
 
 
 def _tc(pid: int, *args: str) -> None:
-    try:
-        r = subprocess.run(["nsenter", "-t", str(pid), "-n", "tc", *args], capture_output=True, text=True, timeout=30)
-    except FileNotFoundError as e:
-        raise LookupError(f"{e.filename} is not installed here (util-linux's nsenter, iproute2's tc)") from None
+    r = _in_net_namespace(pid, "tc", *args)
     if r.returncode:
         raise LookupError(f"tc {' '.join(args)} failed: {r.stderr.strip()[:200]} (root and CAP_NET_ADMIN needed)")
 

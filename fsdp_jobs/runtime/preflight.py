@@ -229,11 +229,10 @@ def run_preflight(run_dir: Path, job: dict[str, Any], world: World) -> bool:
         time.sleep(RECHECK_PAUSE_S)
         again = _gathered(measure(run_dir, world, first_round=False), world)
         if world.rank == 0:
-            first = v
-            v = preflight.verdict(preflight.best_of(ranks, again), ratio, ckpt_gb, expected_nodes=job["nodes"])
+            first, first_ranks, ranks = v, ranks, preflight.best_of(ranks, again)
+            v = preflight.verdict(ranks, ratio, ckpt_gb, expected_nodes=job["nodes"])
             v["notes"] += preflight.cleared_notes(first, v)
-            v.update(rechecked=recheck[0], first_round={"ranks": ranks, "bad": first["bad"]})
-            ranks = preflight.best_of(ranks, again)
+            v.update(rechecked=recheck[0], first_round={"ranks": first_ranks, "bad": first["bad"]})
     ok = [True]
     if world.rank == 0:
         assert v is not None
