@@ -23,6 +23,7 @@ import signal
 import site
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
@@ -35,8 +36,8 @@ from fsdp_jobs.errors import UserError
 from launchers.base import Backend, DryRun, JobState, JobStatus, Run, Submitted, state_from_training
 from launchers.common import (NODE_WRAPPER, begin_user_attempt, python_path, rank_entry, rank_env, runtime_env,
                               torchrun_args, user_code_dir)
-from launchers.docker.engine import (RESULT_FILE, SKEL_IMAGE, compose_command, container_user, containers, docker,
-                                     engine_error, ensure_skel_image, give_to, read_result)
+from launchers.docker.engine import (DOWN_TIMEOUT_S, RESULT_FILE, SKEL_IMAGE, compose_command, container_user,
+                                     containers, docker, engine_error, ensure_skel_image, give_to, read_result)
 from launchers.node import ENGINE_RESTARTS_ENV
 from launchers.snapshot import PROJECT_ROOT, next_snapshot_dir, take_snapshot, take_user_code
 
@@ -239,8 +240,16 @@ class DockerBackend(Backend[DockerRequest]):
         if result is not None and result.get("project") == project:
             state = state_from_training(run.run_dir) if result["exit_status"] == 0 else (
                 JobState.CANCELLED if result.get("cancelled") else JobState.FAILED)
-            return JobStatus(state, f"{state.value} (exit {result['exit_status']}; containers removed)",
-                             {"containers": result.get("containers", {})})
+            if result.get("removed", True):
+                return JobStatus(state, f"{state.value} (exit {result['exit_status']}; containers removed)",
+                                 {"containers": result.get("containers", {})})
+            # the supervisor is removing the containers (launchers/docker/supervisor.py writes the result
+            # before and after): the job is ending, not ended, unless the supervisor died doing it
+            if time.time() - float(result.get("time", 0)) < DOWN_TIMEOUT_S + 30:
+                return JobStatus(JobState.RUNNING, f"ENDING ({state.value}, exit {result['exit_status']}; "
+                                                   "removing the containers)", {"containers": result.get("containers", {})})
+            return JobStatus(state, f"{state.value} (exit {result['exit_status']}; the supervisor did not confirm "
+                                    "that the containers were removed)", {"containers": result.get("containers", {})})
         found = containers(project)
         if not found:  # gone without the supervisor's record: removed by hand, or the supervisor died
             return JobStatus(JobState.FAILED, "FAILED (no containers left and no recorded result)", {"containers": {}})

@@ -17,6 +17,7 @@ from fsdp_jobs.errors import UserError
 
 SKEL_IMAGE = "fsdp-jobs-skel:1"  # an empty root: /usr and Python come from the host, read-only
 RESULT_FILE = "docker-result.json"  # the supervisor's record of how the containers ended
+DOWN_TIMEOUT_S = 300  # the most `docker compose down` is given to remove a job's containers and network
 NOBODY = "65534:65534"
 
 

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from fsdp_jobs import runs
-from launchers.docker.engine import RESULT_FILE, containers, give_to
+from launchers.docker.engine import DOWN_TIMEOUT_S, RESULT_FILE, containers, give_to
 from launchers.supervisor import STOP_EXTRA_S, LogSink, Node, exit_status
 from launchers.supervisor import supervise as supervise_nodes
 
@@ -116,6 +116,7 @@ def supervise(run_dir: Path, launch: dict[str, Any], job: dict[str, Any], echo: 
     give_to(log_path, user)
     fleet = Fleet(project)
     nodes = [ContainerNode(name, fleet) for name in sorted(fleet.found)]
+    removed = False
     try:
         outcome = supervise_nodes(nodes, sink, job["cluster"].get("min_nodes") or job["nodes"],
                                   job["cluster"]["stop_grace_s"])
@@ -127,20 +128,28 @@ def supervise(run_dir: Path, launch: dict[str, Any], job: dict[str, Any], echo: 
                                           "restarts": n.last.get("RestartCount", 0)} for n in nodes}}
         for n, r in result["containers"].items():
             sink.write(f"fsdp-jobs: {n} exited {r['exit_code']} after {r['restarts']} restarts")
+        # written twice: before the removal, so that `status` between the last container's exit and the
+        # end of `compose down` says the job is ending rather than gone without a record (a cancelled job
+        # read as FAILED in that window); and after it, `removed`: only then do describe, `logs -f` and
+        # `status` take it as the end, so a job they call ended has no container or network left
+        write_result(run_dir, {**result, "removed": False}, user)
         remove_containers(launch, sink)
-        # written last: once the result exists the job has ended AND its containers are gone (describe,
-        # `logs -f` and `status` take it as the end)
-        runs.write_atomic(run_dir / RESULT_FILE, json.dumps(result, indent=2) + "\n")
-        give_to(run_dir / RESULT_FILE, user)
+        removed = True
+        write_result(run_dir, {**result, "removed": True}, user)
     finally:
-        if not (run_dir / RESULT_FILE).exists():  # ended by an error: still remove what we started
+        if not removed:  # ended by an error: still remove what we started
             remove_containers(launch, sink)
         sink.close()
     return status
 
 
+def write_result(run_dir: Path, result: dict[str, Any], user: str) -> None:
+    runs.write_atomic(run_dir / RESULT_FILE, json.dumps(result, indent=2) + "\n")
+    give_to(run_dir / RESULT_FILE, user)
+
+
 def remove_containers(launch: dict[str, Any], sink: LogSink) -> None:
-    down = subprocess.run(launch["down"], capture_output=True, text=True, timeout=300)
+    down = subprocess.run(launch["down"], capture_output=True, text=True, timeout=DOWN_TIMEOUT_S)
     if down.returncode:
         sink.write(f"fsdp-jobs: could not remove the containers: {down.stderr.strip()[-300:]}")
 

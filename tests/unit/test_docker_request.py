@@ -87,3 +87,33 @@ def test_the_supervisor_acts_on_nothing_it_reads_back_from_the_run_dir():
              if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and isinstance(n.func.value, ast.Name)}
     assert not calls & {"runs.last_launch", "runs.launches", "runs.load_job"}, calls
     assert list(inspect.signature(supervisor.supervise).parameters)[:3] == ["run_dir", "launch", "job"]
+
+
+def test_a_job_whose_containers_are_being_removed_is_ending_not_failed(tmp_path, monkeypatch):
+    """Between the last container's exit and the end of `compose down` the containers are gone while the
+    supervisor has not confirmed the removal: `status` (and so `logs -f`, which stops at a final state)
+    must not call a cancelled job FAILED there; CI once read exactly that."""
+    import json
+    import time
+
+    from launchers.docker import backend
+    from launchers.docker.engine import RESULT_FILE
+    from fsdp_jobs.status import JobState, Run
+
+    monkeypatch.setattr(backend, "containers", lambda project: {})  # compose down took them already
+    project = "fsdpjobs-bg-0123abcd"
+    run = Run(tmp_path, {"backend": "docker", "project": project})
+    result = {"project": project, "exit_status": 143, "cancelled": True, "containers": {}}
+
+    def describe(**fields):
+        (tmp_path / RESULT_FILE).write_text(json.dumps({**result, **fields}))
+        return backend.BACKEND.describe(run)
+
+    ending = describe(time=time.time(), removed=False)
+    assert ending.state == JobState.RUNNING and ending.detail.startswith("ENDING (CANCELLED"), ending
+    assert describe(time=time.time(), removed=True).state == JobState.CANCELLED
+    assert describe(time=time.time()).state == JobState.CANCELLED  # a result from before `removed` existed
+    stale = describe(time=time.time() - 3600, removed=False)  # the supervisor died during the removal
+    assert stale.state == JobState.CANCELLED and "did not confirm" in stale.detail
+    (tmp_path / RESULT_FILE).unlink()
+    assert backend.BACKEND.describe(run).state == JobState.FAILED  # gone with no record at all
