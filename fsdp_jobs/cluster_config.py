@@ -29,6 +29,9 @@ class ClusterConfig:
     peak_tflops_fp32: Optional[float] = None
     max_restarts: int = 3  # torchrun restarts of the workers after a failure
     min_nodes: Optional[int] = None  # elastic lower bound (torchrun --nnodes min:max); None = nodes
+    # elastic upper bound: a running job grows to it with `fsdp-jobs scale RUN nodes=N` (its rendezvous
+    # admits that many nodes from the start); None = nodes, a job that cannot grow
+    max_nodes: Optional[int] = None
     rdzv_port: Optional[int] = None  # None = a free port
     env: Dict[str, str] = field(default_factory=dict)  # extra environment for every rank
     # environment from secrets, by reference (fsdp_jobs/secret_env.py): {VAR: "env:NAME" | "file:PATH"}, or

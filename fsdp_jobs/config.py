@@ -15,7 +15,7 @@ from hydra.core.config_store import ConfigStore
 
 from fsdp_jobs import backends
 from fsdp_jobs.cluster_config import choice, positive
-from fsdp_jobs.input_rules import check_env_names, check_name, check_sizes, check_target, finite
+from fsdp_jobs.input_rules import MAX_NODES, check_env_names, check_name, check_sizes, check_target, finite
 from fsdp_jobs.byo import validate as validate_byo
 from fsdp_jobs.errors import UserError
 
@@ -334,6 +334,10 @@ def validate(cfg: Any) -> None:
     positive("cluster.max_restarts", cl.max_restarts, minimum=0)
     if cl.min_nodes is not None and not (1 <= cl.min_nodes <= cfg.nodes):
         raise UserError("cluster.min_nodes", cl.min_nodes, f"must be between 1 and nodes={cfg.nodes}")
+    if cl.max_nodes is not None and (not isinstance(cl.max_nodes, int) or isinstance(cl.max_nodes, bool)
+                                     or not cfg.nodes <= cl.max_nodes <= MAX_NODES):
+        raise UserError("cluster.max_nodes", cl.max_nodes,
+                        f"must be an integer from nodes={cfg.nodes} to {MAX_NODES}, or null (the job cannot grow)")
     if not 0 < cl.memory_fraction <= 1:
         raise UserError("cluster.memory_fraction", cl.memory_fraction, "must be in (0, 1]")
     if cl.rdzv_port is not None and not 1 <= cl.rdzv_port <= 65535:

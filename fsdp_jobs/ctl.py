@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 from collections import Counter
 from pathlib import Path
@@ -23,7 +24,7 @@ from fsdp_jobs import goodput, hangs, input_rules, journal, report, runs, stragg
 from fsdp_jobs.errors import OneLineParser, UserError, die
 from fsdp_jobs.checkpoints import newest_checkpoint
 
-COMMANDS = ("list", "status", "logs", "cancel", "chaos", "compare", "plot", "goodput")
+COMMANDS = ("list", "status", "logs", "cancel", "scale", "chaos", "compare", "plot", "goodput")
 
 
 def _backend(run: Any) -> Any:
@@ -101,6 +102,27 @@ def run_status(run_dir: Path) -> dict[str, Any]:
     return out
 
 
+def scale_target(run_dir: Path, size: str) -> int:
+    """The N of `scale RUN nodes=N`, within what the job's rendezvous admits (job.yaml: nodes, cluster.max_nodes)."""
+    m = re.fullmatch(r"nodes=(\d{1,6})", size)
+    job = runs.load_job(run_dir) or {}
+    nodes, top = job.get("nodes"), (job.get("cluster") or {}).get("max_nodes")
+    if not isinstance(nodes, int):
+        raise UserError("RUN", run_dir.name, f"{run_dir / runs.JOB_FILE} names no node count; cannot scale it")
+    top = top if isinstance(top, int) else nodes
+    if m is None:
+        raise UserError("scale", size, f"need nodes=N, N from {nodes + 1} to {top} (the job's cluster.max_nodes)")
+    wanted = int(m.group(1))
+    if top <= nodes:
+        raise UserError("nodes", wanted, f"{run_dir.name} was submitted without cluster.max_nodes, so its rendezvous "
+                                         "admits no more nodes; submit it with cluster.max_nodes=N to grow it later "
+                                         "(the same name resumes from its newest checkpoint)")
+    if not nodes < wanted <= top:
+        raise UserError("nodes", wanted, f"must be from {nodes + 1} to {top}: {run_dir.name} started with "
+                                         f"{nodes} nodes and cluster.max_nodes={top}")
+    return wanted
+
+
 def goodput_of(run_dir: Path) -> dict[str, Any]:
     """A run's goodput accounting, or one line naming the file that holds none."""
     gp = goodput.of_run(run_dir)
@@ -175,7 +197,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     p = OneLineParser(prog="fsdp-jobs", description="Follow and control submitted runs.")
     sub = p.add_subparsers(dest="cmd", required=True)
     parsers = {"list": sub.add_parser("list", help="runs under the run root, with their state")}
-    for name in ("status", "cancel", "logs", "chaos"):
+    for name in ("status", "cancel", "logs", "scale", "chaos"):
         parsers[name] = sub.add_parser(name)
         parsers[name].add_argument("run", help="run name, run dir, the backend's job id, SWEEP/MEMBER"
                                    + (" or SWEEP" if name in ("status", "cancel") else ""))
@@ -190,6 +212,8 @@ def main(argv: Optional[list[str]] = None) -> int:
                                   help="node index (0 = the rendezvous host), or the rank for kill-rank, hang-rank")
     parsers["chaos"].add_argument("--rate", default="100mbit", help="slow-link: the node's send rate (tc's units: "
                                   "100mbit, 500kbit, 1gbit)")
+    parsers["scale"].add_argument("size", metavar="nodes=N", help="the node count to grow the running job to "
+                                  "(at most its cluster.max_nodes)")
     parsers["status"].add_argument("--json", action="store_true", help="a sweep's member statuses as JSON")
     parsers["goodput"] = sub.add_parser("goodput", help="where the wall time went: queued, start-up, steps, "
                                         "checkpoints, lost work, recovery, per attempt")
@@ -237,6 +261,8 @@ def main(argv: Optional[list[str]] = None) -> int:
                 print(line, flush=args.follow)
         elif args.cmd == "cancel":
             print(backend.cancel(run))
+        elif args.cmd == "scale":
+            print(backend.scale(run, scale_target(run_dir, args.size)))
         else:
             print(backend.chaos(run, args.action, args.node, rate=args.rate))
     except UserError as e:

@@ -247,19 +247,21 @@ def per_rank_batch_size(train: Any, world: int) -> int:
 
 
 def check_elastic_range(cfg: Any) -> None:
-    """An elastic job may restart with any node count from cluster.min_nodes to nodes: refuse now,
-    in one line, a config that some of those worlds cannot run (instead of a crash loop later)."""
-    low = cfg.cluster.min_nodes or cfg.nodes
-    for n in range(cfg.nodes - 1, low - 1, -1):  # `nodes` itself was checked by the caller
+    """An elastic job may restart with any node count from cluster.min_nodes to cluster.max_nodes: refuse
+    now, in one line, a config that some of those worlds cannot run (instead of a crash loop later)."""
+    low, high = cfg.cluster.min_nodes or cfg.nodes, cfg.cluster.get("max_nodes") or cfg.nodes
+    # `nodes` itself was checked by the caller; the worlds it may shrink to, then those it may grow to
+    for n in [*range(cfg.nodes - 1, low - 1, -1), *range(cfg.nodes + 1, high + 1)]:
         shrunk = cfg.copy()
         shrunk.nodes = n
         try:
             choose_mesh(shrunk, count_params(cfg.model))
             per_rank_batch_size(cfg.train, n * cfg.gpus_per_node)
         except UserError as e:
+            bound = f"cluster.min_nodes={low}" if n < cfg.nodes else f"cluster.max_nodes={high}"
             raise UserError(e.key, e.value, f"{e.allowed} -- at {n} nodes (world {n * cfg.gpus_per_node}), which "
-                            f"cluster.min_nodes={low} allows; raise cluster.min_nodes or choose a value every "
-                            f"world from {low} to {cfg.nodes} nodes allows") from None
+                            f"{bound} allows; narrow the range or choose a value every world from {low} to "
+                            f"{high} nodes allows") from None
 
 
 def generated_name(cfg: Any) -> str:
@@ -308,7 +310,7 @@ def make_plan(cfg: Any, name: Optional[str] = None, existing: Optional[ExistingR
         endpoint=None,
         run_id=re.sub(r"[^A-Za-z0-9_-]", "-", name)[:64],
         min_nodes=min_nodes,
-        max_nodes=nodes,
+        max_nodes=cfg.cluster.get("max_nodes") or nodes,
         # torchrun's one budget: a restart after a hang (launchers/watchdog.py) uses it like a crash's. Adding
         # fault.max_hang_restarts to it would hand crashes those restarts too, and a job whose ranks partly
         # succeeded then waits out torchrun's 300 s exit barrier instead of failing at once

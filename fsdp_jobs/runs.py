@@ -25,7 +25,7 @@ import shutil
 import tempfile
 import time
 from pathlib import Path
-from typing import IO, Any, TextIO
+from typing import IO, Any, Optional, TextIO
 
 import yaml
 
@@ -199,6 +199,25 @@ def read_state(run_dir: Path) -> dict[str, Any]:
     return state if isinstance(state, dict) else {}
 
 
+SCALE_REQUEST_FILE = "scale-request"
+
+
+def request_scale(run_dir: Path, nodes: int) -> None:
+    """`fsdp-jobs scale RUN nodes=N` for a launcher that starts the new nodes itself (it polls the file)."""
+    write_atomic(run_dir / SCALE_REQUEST_FILE, json.dumps({"nodes": nodes}) + "\n")
+
+
+def take_scale_request(run_dir: Path) -> Optional[int]:
+    """The node count a `scale` asked for since the last call, or None; the request is used up."""
+    path = run_dir / SCALE_REQUEST_FILE
+    try:
+        nodes = json.loads(path.read_text()).get("nodes")
+    except (OSError, ValueError, AttributeError):
+        return None
+    path.unlink(missing_ok=True)
+    return nodes if isinstance(nodes, int) and not isinstance(nodes, bool) else None
+
+
 STOP_REQUEST_FILE = "stop-request"
 
 
@@ -215,6 +234,7 @@ def clear_stop_request(run_dir: Path) -> None:
     """At the start of every attempt, before any rank runs: an old request must not stop a new run."""
     (run_dir / STOP_REQUEST_FILE).unlink(missing_ok=True)
     (run_dir / CANCEL_FILE).unlink(missing_ok=True)
+    (run_dir / SCALE_REQUEST_FILE).unlink(missing_ok=True)
 
 
 CANCEL_FILE = "cancel-requested"

@@ -27,7 +27,14 @@ def torchrun_args(plan: Any, endpoint: str, stop_grace_s: int) -> list[str]:
         f"--max-restarts={r.max_restarts}",
         "--monitor-interval=1",
         *([f"--shutdown-timeout={stop_grace_s}"] if torchrun_has_shutdown_timeout() else []),
+        # a job that may grow starts with fewer than its rendezvous' most nodes: once `nodes` have joined,
+        # torchrun's c10d rendezvous waits last_call_timeout (30 s by default) for more, at every start
+        # and restart; the nodes a `scale` adds join a running job instead (fsdp-jobs scale)
+        *([f"--rdzv-conf=last_call_timeout={GROW_LAST_CALL_S}"] if r.max_nodes > plan.nodes else []),
     ]
+
+
+GROW_LAST_CALL_S = 2
 
 
 @functools.lru_cache(maxsize=1)

@@ -20,7 +20,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from fsdp_jobs import runs
 from launchers.common import settle_user_state
@@ -83,8 +83,11 @@ class Outcome:
     interrupted: bool = False  # SIGINT/SIGTERM reached the supervisor
 
 
-def supervise(nodes: list[Node], sink: LogSink, min_nodes: int, stop_grace_s: float) -> Outcome:
-    """Until every node has ended for good; returns how each ended. Always leaves none running."""
+def supervise(nodes: list[Node], sink: LogSink, min_nodes: int, stop_grace_s: float,
+              grow: Optional[Callable[[], list[Node]]] = None) -> Outcome:
+    """Until every node has ended for good; returns how each ended. Always leaves none running.
+    `grow`, asked every poll, returns the nodes `fsdp-jobs scale` added since (already started): they
+    are followed and supervised like the first ones."""
     done = threading.Event()
     signals: list[int] = []
     old = {s: signal.signal(s, lambda signum, _frame: signals.append(signum)) for s in (signal.SIGINT, signal.SIGTERM)}
@@ -95,6 +98,10 @@ def supervise(nodes: list[Node], sink: LogSink, min_nodes: int, stop_grace_s: fl
     codes: dict[str, Optional[int]] = {}
     try:
         while True:
+            for n in grow() if grow is not None and stopping_until is None else []:
+                sink.write(f"fsdp-jobs: {n.name} added (fsdp-jobs scale); it joins at the next rendezvous")
+                n.follow(sink, done)
+                nodes.append(n)
             codes = {n.name: n.ended() for n in nodes}
             live = [n for n in nodes if codes[n.name] is None]
             if not live:

@@ -26,6 +26,22 @@ def metrics(run_dir: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
 
 
+def assert_grew_without_skipping_data(run_dir: Path, before: int, after: int, global_batch: int, steps: int) -> None:
+    """A job grown from world `before` to `after` by `fsdp-jobs scale`: every step trained once (the
+    ranks checkpointed where they stopped, so nothing was redone), each on the next `global_batch`
+    sequences of the one data stream whatever the world, and it ended at the larger world."""
+    m = metrics(run_dir)
+    assert [x["step"] for x in m] == list(range(1, steps + 1)), "a step was skipped or trained twice"
+    assert [x["sample_start"] for x in m] == [global_batch * i for i in range(steps)], "the data position jumped"
+    worlds = [x["world_size"] for x in m]
+    switch = worlds.index(after)
+    assert 0 < switch and worlds == [before] * switch + [after] * (steps - switch), worlds
+    assert {x["restart"] for x in m} == {0}  # a membership change, not a failure: no restart counted
+    final = run_dir / "checkpoints" / f"step-{steps:06d}"
+    assert manifest(final)["samples_seen"] == global_batch * steps
+    assert manifest(final)["world_size"] == after
+
+
 def committed(run_dir: Path) -> list[str]:
     return sorted(p.name for p in (run_dir / "checkpoints").glob("step-*") if (p / "manifest.json").is_file())
 

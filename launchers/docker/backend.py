@@ -43,6 +43,8 @@ from launchers.snapshot import PROJECT_ROOT, next_snapshot_dir, take_snapshot, t
 
 DEFAULT_RDZV_PORT = 29400
 COMPOSE_FILE = "compose.yaml"
+SCALE_WAIT_S = 120  # for the supervisor to start the containers a scale asked for
+SCALE_PROFILE = "scale"  # the compose profile of the nodes a job may grow to (cluster.max_nodes)
 LABEL = "fsdp-jobs.run"
 
 
@@ -95,7 +97,7 @@ def compose_spec(plan: Any, cfg: Any, code_dir: Path, user_dir: Optional[Path] =
     volumes = (python_mounts() if c.image == "auto" else []) + [f"{run_dir}:{run_dir}"] + list(c.mounts)
     user = container_user(cfg)
     services = {}
-    for i in range(plan.nodes):
+    for i in range(plan.rendezvous.max_nodes):  # beyond `nodes`: started only by a scale (profile below)
         user_code = str(user_dir) if user_dir else None
         env = {**runtime_env(cfg), **rank_env(cfg, run_dir, user_code), "FSDP_JOBS_NODE": f"node{i}",
                # the job imports the code frozen at launch; `-m` must not put the cwd before it
@@ -128,6 +130,8 @@ def compose_spec(plan: Any, cfg: Any, code_dir: Path, user_dir: Optional[Path] =
             "cap_drop": ["ALL"],
             "security_opt": ["no-new-privileges:true"],
         }
+        if i >= plan.nodes:  # `compose up` starts no service with a profile; naming it does (fsdp-jobs scale)
+            service["profiles"] = [SCALE_PROFILE]
         if c.cpus:
             service["cpus"] = float(c.cpus)
         if c.mem:
@@ -214,7 +218,8 @@ class DockerBackend(Backend[DockerRequest]):
         runs.clear_stop_request(run_dir)
         launch = dict(backend="docker", job_id=req.project, project=req.project, file=req.file, nodes=plan.nodes,
                       gpus_per_node=plan.gpus_per_node, user=container_user(cfg), detach=bool(cfg.cluster.detach),
-                      down=req.commands[1], grace=cfg.cluster.stop_grace_s + 15, **code)
+                      down=req.commands[1], compose=compose_command(cfg), grace=cfg.cluster.stop_grace_s + 15,
+                      **code)
         runs.record_launch(run_dir, **launch)
         job = runs.load_job(run_dir)  # as submit wrote it, before any container could touch the run dir
         (run_dir / RESULT_FILE).unlink(missing_ok=True)
@@ -225,14 +230,14 @@ class DockerBackend(Backend[DockerRequest]):
             lines = [ln for ln in up.stderr.strip().splitlines() if ln.strip()] or ["(no output)"]
             raise UserError("cluster", "docker", f"docker compose up failed: {lines[-1][:300]}")
         if cfg.cluster.detach:
-            pid = docker_supervisor.start_detached(run_dir, launch, job)
+            pid = docker_supervisor.start_detached(run_dir, launch, job, req.compose)
             print(f"started {plan.nodes} containers (compose project {req.project}): {plan.name}\n"
                   f"  run dir:  {run_dir}\n"
                   f"  follow:   fsdp-jobs logs {plan.name} -f    status: fsdp-jobs status {plan.name}\n"
                   f"  cancel:   fsdp-jobs cancel {plan.name}     (supervisor pid {pid} removes the "
                   f"containers when the job ends)", flush=True)
             return Submitted(req.project)
-        return Submitted(req.project, docker_supervisor.supervise(run_dir, launch, job, echo=True))
+        return Submitted(req.project, docker_supervisor.supervise(run_dir, launch, job, req.compose, echo=True))
 
     def describe(self, run: Run) -> JobStatus:
         project = own_project(run)
@@ -272,6 +277,27 @@ class DockerBackend(Backend[DockerRequest]):
         if r.returncode:
             raise UserError("RUN", run.run_dir.name, f"docker stop failed: {r.stderr.strip()[:200]}")
         return f"stopped {len(found)} containers of {run.run_dir.name} (project {project}); the ranks checkpointed"
+
+    def scale(self, run: Run, nodes: int) -> str:
+        """The job's supervisor starts the new containers (from the compose file it holds in memory, never
+        the run dir's copy, which the containers' user can rewrite); this waits until they exist."""
+        project = own_project(run)
+        found = containers(project)
+        if not found or read_result(run.run_dir) is not None:
+            raise UserError("RUN", run.run_dir.name, "is not running: nothing to grow (submit it again with "
+                                                     "nodes=N to resume at that size)")
+        if nodes <= len(found):
+            raise UserError("nodes", nodes, f"{run.run_dir.name} has {len(found)} nodes already; scale only grows")
+        runs.request_scale(run.run_dir, nodes)
+        deadline = time.monotonic() + SCALE_WAIT_S
+        while time.monotonic() < deadline:
+            now = containers(project)
+            if len(now) >= nodes:
+                return (f"started {', '.join(sorted(set(now) - set(found)))} of {run.run_dir.name}: they join the "
+                        "rendezvous, the ranks checkpoint and go on at the new size")
+            time.sleep(0.5)
+        raise UserError("RUN", run.run_dir.name, f"its supervisor started no new container in {SCALE_WAIT_S}s "
+                                                 f"(fsdp-jobs logs {run.run_dir.name} says why)")
 
     def chaos(self, run: Run, action: str, node: int, rate: str = "100mbit") -> str:
         if action not in ("kill-node", "stop-node"):  # the rank-level faults: launchers/chaos.py

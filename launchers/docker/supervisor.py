@@ -11,13 +11,17 @@ to each agent, whose ranks checkpoint, then SIGKILL after the grace), or detache
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
 from typing import Any, Optional
+
+import yaml
 
 from fsdp_jobs import runs
 from launchers.docker.engine import DOWN_TIMEOUT_S, RESULT_FILE, containers, give_to
@@ -106,20 +110,40 @@ class ContainerNode(Node):
             self.follower.join(timeout)
 
 
-def supervise(run_dir: Path, launch: dict[str, Any], job: dict[str, Any], echo: bool = False) -> int:
+def supervise(run_dir: Path, launch: dict[str, Any], job: dict[str, Any], compose: dict[str, Any],
+              echo: bool = False) -> int:
     """Until every container has ended for good; then record, clean up, and return the job's status.
-    `launch` (project, user, the `down` command) and `job` come from the submitting process, in memory:
-    never read back from the run dir, which the containers' user can rewrite while this runs as root."""
+    `launch` (project, user, the `down` command), `job` and the `compose` spec come from the submitting
+    process, in memory: never read back from the run dir, which the containers' user can rewrite while
+    this runs as root."""
     project, user = launch["project"], launch["user"]
     log_path = run_dir / "logs" / "launcher.log"
     sink = LogSink(log_path, echo)
     give_to(log_path, user)
     fleet = Fleet(project)
     nodes = [ContainerNode(name, fleet) for name in sorted(fleet.found)]
+
+    def grow() -> list[Node]:
+        """The containers an `fsdp-jobs scale RUN nodes=N` asked for, started now (launchers/docker/backend.py)."""
+        wanted = runs.take_scale_request(run_dir)
+        if wanted is None:
+            return []
+        names = [f"node{i}" for i in range(len(nodes), wanted)]
+        if not names or any(n not in compose["services"] for n in names):
+            sink.write(f"fsdp-jobs: scale to {wanted} nodes ignored: the job has {len(nodes)} and may grow to "
+                       f"{len(compose['services'])} (cluster.max_nodes)")
+            return []
+        why = start_services(launch, compose, names)
+        if why:
+            sink.write(f"fsdp-jobs: could not start {', '.join(names)}: {why}")
+            return []
+        fleet.asked = 0.0  # see them at once
+        return [ContainerNode(name, fleet) for name in names if fleet.get(name) is not None]
+
     removed = False
     try:
         outcome = supervise_nodes(nodes, sink, job["cluster"].get("min_nodes") or job["nodes"],
-                                  job["cluster"]["stop_grace_s"])
+                                  job["cluster"]["stop_grace_s"], grow)
         status = exit_status(outcome, job, run_dir)
         result = {"project": project, "time": time.time(), "exit_status": status,
                   "cancelled": outcome.interrupted or runs.cancel_recorded(run_dir)
@@ -148,13 +172,29 @@ def write_result(run_dir: Path, result: dict[str, Any], user: str) -> None:
     give_to(run_dir / RESULT_FILE, user)
 
 
+def start_services(launch: dict[str, Any], compose: dict[str, Any], names: list[str]) -> str:
+    """`compose up` of the named services of the job's project, from the spec this process holds, written to
+    a file only this user can read; the running ones stay as they are. Returns why it failed, or ""."""
+    fd, path = tempfile.mkstemp(prefix="fsdp-jobs-compose-", suffix=".yaml")
+    try:
+        with os.fdopen(fd, "w") as f:
+            yaml.safe_dump(compose, f, sort_keys=False)
+        up = subprocess.run([*launch["compose"], "-p", launch["project"], "-f", path, "up", "-d", "--no-build",
+                             "--no-recreate", "--no-deps", *names], capture_output=True, text=True,
+                            timeout=DOWN_TIMEOUT_S)
+    finally:
+        os.unlink(path)
+    lines = [ln for ln in up.stderr.strip().splitlines() if ln.strip()]
+    return "" if up.returncode == 0 else (lines[-1][:300] if lines else f"exit {up.returncode}")
+
+
 def remove_containers(launch: dict[str, Any], sink: LogSink) -> None:
     down = subprocess.run(launch["down"], capture_output=True, text=True, timeout=DOWN_TIMEOUT_S)
     if down.returncode:
         sink.write(f"fsdp-jobs: could not remove the containers: {down.stderr.strip()[-300:]}")
 
 
-def start_detached(run_dir: Path, launch: dict[str, Any], job: dict[str, Any]) -> int:
+def start_detached(run_dir: Path, launch: dict[str, Any], job: dict[str, Any], compose: dict[str, Any]) -> int:
     """The supervisor in its own session, outliving this command; its own output goes to a file. What it
     acts on travels through its stdin, not through a file."""
     out = runs.open_append(run_dir / "logs" / "supervisor.log")
@@ -162,7 +202,7 @@ def start_detached(run_dir: Path, launch: dict[str, Any], job: dict[str, Any]) -
     p = subprocess.Popen([sys.executable, "-m", "launchers.docker.supervisor", str(run_dir)], stdout=out,
                          stderr=subprocess.STDOUT, stdin=subprocess.PIPE, start_new_session=True, text=True)
     assert p.stdin is not None
-    p.stdin.write(json.dumps({"launch": launch, "job": job}))
+    p.stdin.write(json.dumps({"launch": launch, "job": job, "compose": compose}))
     p.stdin.close()
     out.close()
     return p.pid
@@ -170,4 +210,4 @@ def start_detached(run_dir: Path, launch: dict[str, Any], job: dict[str, Any]) -
 
 if __name__ == "__main__":
     given = json.loads(sys.stdin.read())
-    sys.exit(supervise(Path(sys.argv[1]), given["launch"], given["job"]))
+    sys.exit(supervise(Path(sys.argv[1]), given["launch"], given["job"], given["compose"]))

@@ -15,7 +15,7 @@ import socket
 import subprocess
 import sys
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
@@ -38,25 +38,27 @@ def agent_args(plan: Any, cfg: Any, port: int) -> list[str]:
 
 
 def node_commands(plan: Any, cfg: Any, port: int, user_dir: Optional[str] = None) -> list[list[str]]:
+    """One per node the job may have: `nodes` started at once, then up to cluster.max_nodes for a scale."""
     entry = rank_entry(cfg, plan.run_dir, user_dir)
     return [[sys.executable, "-m", NODE_WRAPPER, *agent_args(plan, cfg, port), *entry]
-            for _ in range(plan.nodes)]
+            for _ in range(plan.rendezvous.max_nodes)]
 
 
 def node_gpus(plan: Any, cfg: Any) -> list[dict[str, str]]:
     """Each simulated node's own GPUs. Every agent numbers its ranks from LOCAL_RANK 0 and rank r binds
     cuda:r, so without this node1's ranks would take node0's GPUs (NCCL: duplicate GPU). Taken in order
     from CUDA_VISIBLE_DEVICES when it is set; a CPU job sets nothing."""
+    nodes = plan.rendezvous.max_nodes  # a node a scale adds gets GPUs of its own too
     if cfg.cluster.device == "cpu":
-        return [{} for _ in range(plan.nodes)]
-    g, need = plan.gpus_per_node, plan.nodes * plan.gpus_per_node
+        return [{} for _ in range(nodes)]
+    g, need = plan.gpus_per_node, nodes * plan.gpus_per_node
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     ids = [d.strip() for d in visible.split(",") if d.strip()] if visible is not None else [str(i) for i in range(need)]
     if len(ids) < need:
         raise UserError("cluster.device", cfg.cluster.device,
-                        f"{plan.nodes} simulated nodes x {g} GPUs need {need} GPUs, and CUDA_VISIBLE_DEVICES "
-                        f"lists {len(ids)}; lower nodes/gpus_per_node or use cluster.device=cpu")
-    return [{"CUDA_VISIBLE_DEVICES": ",".join(ids[i * g:(i + 1) * g])} for i in range(plan.nodes)]
+                        f"{nodes} simulated nodes x {g} GPUs need {need} GPUs, and CUDA_VISIBLE_DEVICES "
+                        f"lists {len(ids)}; lower nodes/cluster.max_nodes/gpus_per_node or use cluster.device=cpu")
+    return [{"CUDA_VISIBLE_DEVICES": ",".join(ids[i * g:(i + 1) * g])} for i in range(nodes)]
 
 
 @dataclass
@@ -71,13 +73,15 @@ class Agent:
 class LocalRequest:
     agents: list[Agent]
     user_dir: Optional[str]  # where submit copies the user's script/package (the commands name it), or None
+    spares: list[Agent] = field(default_factory=list)  # started by `fsdp-jobs scale` (cluster.max_nodes)
 
     def render(self) -> str:
-        """The exact commands `submit` runs, one line per simulated node."""
+        """The exact commands `submit` runs, one line per simulated node (and those a scale would add)."""
         lines = []
-        for i, agent in enumerate(self.agents):
+        for i, agent in enumerate(self.agents + self.spares):
             extra = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(agent.env.items()))
-            lines.append(f"# node{i}\n{extra} {shlex.join(agent.argv)}")
+            when = f" (started by fsdp-jobs scale RUN nodes={i + 1})" if i >= len(self.agents) else ""
+            lines.append(f"# node{i}{when}\n{extra} {shlex.join(agent.argv)}")
         return "\n".join(lines)
 
 
@@ -130,8 +134,9 @@ class LocalBackend(Backend[LocalRequest]):
         if path:
             extra["PYTHONPATH"] = path
         gpus = node_gpus(plan, cfg)
-        request = LocalRequest([Agent({**runtime_env(cfg), **extra, **gpus[i], "FSDP_JOBS_NODE": f"node{i}"}, cmd)
-                                for i, cmd in enumerate(node_commands(plan, cfg, port, user_dir))], user_dir)
+        agents = [Agent({**runtime_env(cfg), **extra, **gpus[i], "FSDP_JOBS_NODE": f"node{i}"}, cmd)
+                  for i, cmd in enumerate(node_commands(plan, cfg, port, user_dir))]
+        request = LocalRequest(agents[:plan.nodes], user_dir, agents[plan.nodes:])
         return DryRun(self.name, plan, cfg, request, agent_args=agent_args(plan, cfg, port),
                       agent_env=runtime_env(cfg))
 
@@ -152,16 +157,30 @@ class LocalBackend(Backend[LocalRequest]):
         return JobStatus(state, f"{state.value} (launcher pid {pid} has exited; training state: "
                                 f"{runs.read_state(run.run_dir).get('status', 'none recorded')})", {"launcher_pid": None})
 
-    def cancel(self, run: Run) -> str:
-        if not runs.RunLock(run.run_dir).held():
-            return f"{run.run_dir.name} is not running"
+    def _launcher(self, run: Run) -> int:
+        """The pid of the launcher that runs the job, proven by the run's lock (launches.jsonl alone is not)."""
         lock, pid = runs.RunLock(run.run_dir), run.launch.get("pid")
         if not isinstance(pid, int) or not lock.held_by(pid):
             raise UserError("RUN", run.run_dir.name, f"{run.run_dir / runs.LAUNCHES_FILE} names pid {pid!r}, which "
                                                      f"does not hold the run's lock {lock.path}: not this run's "
                                                      "launcher, so nothing was signalled")
+        return pid
+
+    def cancel(self, run: Run) -> str:
+        if not runs.RunLock(run.run_dir).held():
+            return f"{run.run_dir.name} is not running"
+        pid = self._launcher(run)
         os.kill(pid, signal.SIGTERM)  # the launcher stops the agents it started; the ranks checkpoint
         return f"asked local launcher pid {pid} to stop ({run.run_dir.name})"
+
+    def scale(self, run: Run, nodes: int) -> str:
+        if not runs.RunLock(run.run_dir).held():
+            raise UserError("RUN", run.run_dir.name, "is not running: nothing to grow (submit it again with nodes=N "
+                                                     "to resume at that size)")
+        pid = self._launcher(run)
+        runs.request_scale(run.run_dir, nodes)  # the launcher polls for it (run_agents' grow)
+        return (f"asked local launcher pid {pid} to grow {run.run_dir.name} to {nodes} nodes: the new agents join "
+                "the rendezvous, the ranks checkpoint and go on at the new size")
 
 
 def run_agents(dryrun: DryRun[LocalRequest], echo: bool = True) -> int:
@@ -173,10 +192,23 @@ def run_agents(dryrun: DryRun[LocalRequest], echo: bool = True) -> int:
                        gpus_per_node=plan.gpus_per_node)
     sink = LogSink(run_dir / "logs" / "launcher.log", echo)
     nodes: list[Node] = []
+    spares = list(dryrun.request.spares)
+
+    def grow() -> list[Node]:
+        """The agents an `fsdp-jobs scale RUN nodes=N` asked for, started now."""
+        wanted = runs.take_scale_request(run_dir)
+        if wanted is None:
+            return []
+        if wanted <= len(nodes) or wanted > len(nodes) + len(spares):
+            sink.write(f"fsdp-jobs: scale to {wanted} nodes ignored: the job has {len(nodes)} and may grow to "
+                       f"{len(nodes) + len(spares)} (cluster.max_nodes)")
+            return []
+        return [AgentNode(f"node{len(nodes) + i}", spares.pop(0)) for i in range(wanted - len(nodes))]
+
     try:
         for i, agent in enumerate(dryrun.request.agents):
             nodes.append(AgentNode(f"node{i}", agent))
-        outcome = supervise(nodes, sink, plan.rendezvous.min_nodes, cfg.cluster.stop_grace_s)
+        outcome = supervise(nodes, sink, plan.rendezvous.min_nodes, cfg.cluster.stop_grace_s, grow)
     finally:
         for n in nodes:  # started before a failure to start the others
             if n.ended() is None:

@@ -257,3 +257,30 @@ def test_healthy_containers_pass_preflight_five_times_out_of_five(run_root):
         report = json.loads((run_root / f"healthy{i}" / "preflight.json").read_text())
         assert report["ok"] and sorted(report["nodes"]) == ["node0", "node1", "node2"], r.stdout[-3000:]
         print(f"run {i}: {report['seconds']} s, rechecked {report.get('rechecked', [])}, medians {report['medians']}")
+
+
+def test_a_running_job_grows_from_two_containers_to_three_without_skipping_data(run_root):
+    """`fsdp-jobs scale RUN nodes=3` on an attached 2-container job: the supervisor starts node2 from the
+    compose spec it holds, node2 joins, the ranks checkpoint and go on at world 6 with the same global
+    batch from the same data position (the cluster=local twin: tests/integration/test_grow.py)."""
+    from tests.conftest import assert_grew_without_skipping_data
+
+    proc = start(f"run_root={run_root}", "name=grow", "cluster=docker", "nodes=2", "cluster.max_nodes=3",
+                 "gpus_per_node=2", "train.global_batch_size=12", "train.micro_batch_per_rank=1",
+                 "train.steps=100", "checkpoint.interval=50", "train.log_interval=1", *SHORT)
+    run_dir = run_root / "grow"
+    try:
+        wait_for_file(run_dir / "metrics.jsonl", proc)
+        assert len(labelled("container", run_dir)) == 2  # the spare node is not started by `compose up`
+        r = cli("scale", "grow", "nodes=3", "--run-root", str(run_root))
+        assert_ok(r)
+        assert "started node2 of grow" in r.stdout
+        out, _ = proc.communicate(timeout=600)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, out[-4000:]
+    assert "node2 added (fsdp-jobs scale)" in out and "[node2] " in out
+    assert_grew_without_skipping_data(run_dir, 4, 6, 12, 100)
+    assert set(result(run_dir)["containers"]) == {"node0", "node1", "node2"}
+    assert labelled("container", run_dir) == [] and labelled("network", run_dir) == []

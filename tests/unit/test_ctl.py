@@ -81,6 +81,27 @@ def test_chaos_on_a_backend_without_it_is_one_line(run_root):
     assert r.returncode == 2 and "not supported by the local backend" in r.stderr
 
 
+def test_scale_refusals_are_one_line_and_touch_nothing(run_root):
+    """`fsdp-jobs scale RUN nodes=N`: a job submitted without room to grow, a bad N, a backend that
+    cannot grow, and a local run whose launcher is gone (tests/integration/test_grow.py grows a live one)."""
+    make_run(run_root, "fixed", LOCAL, {"status": "completed"})
+    roomy = make_run(run_root, "roomy", LOCAL, {"status": "completed"})
+    (roomy / "job.yaml").write_text("name: roomy\nnodes: 2\ncluster: {max_nodes: 4}\n")
+    other = make_run(run_root, "queued", json.dumps({"backend": "slurm", "job_id": "7"}) + "\n")
+    (other / "job.yaml").write_text("name: queued\nnodes: 2\ncluster: {max_nodes: 4}\n")
+    before = tree(run_root)
+    for run, size, says in (("fixed", "nodes=2", "submitted without cluster.max_nodes"),
+                            ("roomy", "nodes=", "need nodes=N, N from 3 to 4"),
+                            ("roomy", "nodes=2", "must be from 3 to 4"),
+                            ("roomy", "nodes=5", "must be from 3 to 4"),
+                            ("roomy", "nodes=3", "is not running"),
+                            ("queued", "nodes=3", "cannot grow a running job")):
+        r = cli("scale", run, size, "--run-root", str(run_root))
+        assert r.returncode == 2 and r.stdout == "" and len(r.stderr.strip().splitlines()) == 1, (run, size, r.stderr)
+        assert says in r.stderr, (run, size, r.stderr)
+    assert tree(run_root) == before
+
+
 def test_damaged_files_in_a_run_dir_never_give_a_traceback(run_root):
     """Non-object JSON in state.json and metrics.jsonl, binary junk in launches.jsonl, a job.yaml that is not
     YAML: status, list, logs and compare still answer (the damaged record counts as not recorded) or say in
