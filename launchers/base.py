@@ -96,9 +96,10 @@ class Backend(abc.ABC, Generic[R]):
     def scale(self, run: Run, nodes: int) -> str:
         """Grow the running job to `nodes` (at most its cluster.max_nodes; fsdp_jobs/ctl.py checked that):
         start the new nodes, which join its rendezvous; the ranks checkpoint and go on at the new size."""
-        raise UserError("scale", self.name, f"the {self.name} backend cannot grow a running job; cluster=local "
-                                            "and cluster=docker can (resubmit the same name with nodes=N: it "
-                                            "resumes from its newest checkpoint at the new size)")
+        raise UserError("scale", self.name, f"the {self.name} backend cannot grow a running job; cluster=local, "
+                                            "cluster=docker and kind=pytorchjob on Kubernetes can (resubmit the "
+                                            "same name with nodes=N: it resumes from its newest checkpoint at the "
+                                            "new size)")
 
     def chaos(self, run: Run, action: str, node: int, rate: str = "100mbit") -> str:
         """Failure injection for testing resilience. kill-rank R, hang-rank R, slow-node N and resume act on the rank

@@ -227,6 +227,27 @@ class KubernetesBackend(Backend[manifests.Request]):
         return (f"deleted Kubernetes {k.kind} {ns}/{name} ({run.run_dir.name}); its pods get SIGTERM and "
                 f"{'their grace period' if grace is None else f'{grace} s'} to checkpoint")
 
+    def scale(self, run: Run, nodes: int) -> str:
+        """An elastic PyTorchJob grows by its Worker replicas (up to the elasticPolicy's maxReplicas, which is
+        cluster.max_nodes): the operator adds the pods, which join the rendezvous. A JobSet's replicated jobs
+        and a Volcano job's tasks are fixed once created."""
+        kind, ns, name = self._where(run)
+        if kind != "pytorchjob":
+            raise UserError("cluster.kind", kind, f"a running {manifests.KINDS[kind].kind} cannot grow; "
+                                                  "cluster.kind=pytorchjob (elastic) can, or resubmit the same name "
+                                                  "with nodes=N (it resumes from its newest checkpoint)")
+        client = api_client(run.launch.get("context"))
+        k = manifests.KINDS[kind]
+        from kubernetes import client as k8s
+
+        try:
+            k8s.CustomObjectsApi(client).patch_namespaced_custom_object(
+                k.group, k.version, ns, k.plural, name, {"spec": {"pytorchReplicaSpecs": {"Worker": {"replicas": nodes}}}})
+        except Exception as e:  # noqa: BLE001
+            raise explain(e, f"cannot scale {k.kind} {ns}/{name}", client) from None
+        return (f"asked Kubernetes {k.kind} {ns}/{name} for {nodes} Worker replicas ({run.run_dir.name}): the "
+                "operator adds the pods, they join the rendezvous, the ranks checkpoint and go on at the new size")
+
     # ---- logs -------------------------------------------------------------------------------------
 
     def _pod(self, core: Any, run: Run, node: int) -> Optional[dict[str, Any]]:

@@ -125,6 +125,32 @@ def test_submit_status_logs_list_cancel(fake_cluster: FakeCluster, run_root: Pat
     assert all(rbac_allows(*req) for req in st.requests), [req for req in st.requests if not rbac_allows(*req)]
 
 
+def test_scale_grows_an_elastic_pytorchjob_and_refuses_a_jobset(fake_cluster: FakeCluster, run_root: Path) -> None:
+    """`fsdp-jobs scale RUN nodes=N` patches the PyTorchJob's Worker replicas within its elasticPolicy (the
+    FAKE API server validates the patched object against the CRD); a JobSet cannot grow: one line."""
+    fake, st = fake_cluster, fake_cluster.state
+    r = submit(fake, run_root, "cluster.kind=pytorchjob", "cluster.max_nodes=3")
+    assert r.returncode == 0, r.stderr
+    (job,) = st.jobs()
+    ns, name = job["metadata"]["namespace"], job["metadata"]["name"]
+    assert job["spec"]["elasticPolicy"]["maxReplicas"] == 3 and job["spec"]["elasticPolicy"]["minReplicas"] == 2
+    worker = job["spec"]["pytorchReplicaSpecs"]["Worker"]
+    assert worker["replicas"] == 2
+    command = " ".join(worker["template"]["spec"]["containers"][0]["command"])
+    assert "--nnodes=2:3" in command and "last_call_timeout=2" in command
+    s = ctl(fake, run_root, "scale", "k8s-run", "nodes=3")
+    assert s.returncode == 0 and "for 3 Worker replicas" in s.stdout, s.stdout + s.stderr
+    assert st.rejected == []
+    (grown,) = st.jobs()
+    assert grown["metadata"]["name"] == name and grown["spec"]["pytorchReplicaSpecs"]["Worker"]["replicas"] == 3
+    assert all(rbac_allows(*req) for req in st.requests), [req for req in st.requests if not rbac_allows(*req)]
+    c = ctl(fake, run_root, "cancel", "k8s-run")
+    assert c.returncode == 0, c.stderr
+    assert submit(fake, run_root, "cluster.kind=jobset", "cluster.max_nodes=3", "name=js").returncode == 0
+    r = ctl(fake, run_root, "scale", "js", "nodes=3")
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "JobSet cannot grow" in r.stderr, r.stderr
+
+
 def test_a_refused_job_is_one_line_and_leaves_nothing_behind(fake_cluster: FakeCluster, run_root: Path) -> None:
     """Against the FAKE API server (no real one can run here), made to refuse the PyTorchJob with 422 Invalid
     as a server whose CRD lacks a field we send would: one line naming the HTTP status and the server's
