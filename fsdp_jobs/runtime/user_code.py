@@ -41,6 +41,10 @@ def main() -> None:
 
     try:
         record(run)(sys.argv[1:])
+    except SystemExit as e:
+        if e.code not in (None, 0):
+            raise
+        finished()
     except Exception as e:  # also into failures.jsonl: a failure that repeats is not retried (fsdp_jobs/failures.py)
         import os
 
@@ -50,6 +54,26 @@ def main() -> None:
         if os.environ.get("FSDP_JOBS_RUN_DIR"):
             failures.record(Path(os.environ["FSDP_JOBS_RUN_DIR"]), e, current_step())
         raise
+    finished()
+
+
+def finished() -> None:
+    """The script succeeded: run its atexit hooks (a tracker's finish, logging's flush), flush, and end the
+    process without the interpreter's teardown. A process group the script never destroyed can abort the
+    rank there (gloo's threads at finalization: "terminate called without an active exception", exit 134)
+    after every step succeeded; torchrun then restarts that node alone into a rendezvous its peers have
+    left, and the job fails after minutes (CI lost 372 s to it once;
+    tests/unit/test_user_code_exit.py)."""
+    import atexit
+    import os
+
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(0)
 
 
 if __name__ == "__main__":  # the guard a script's process-based async save needs (ARCHITECTURE.md, pitfall 8)
