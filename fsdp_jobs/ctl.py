@@ -110,13 +110,13 @@ def scale_target(run_dir: Path, size: str) -> int:
     if not isinstance(nodes, int):
         raise UserError("RUN", run_dir.name, f"{run_dir / runs.JOB_FILE} names no node count; cannot scale it")
     top = top if isinstance(top, int) else nodes
+    if top <= nodes:
+        raise UserError("RUN", run_dir.name, "was submitted without cluster.max_nodes, so its rendezvous admits no "
+                                             "more nodes; submit it with cluster.max_nodes=N to grow it later (the "
+                                             "same name resumes from its newest checkpoint)")
     if m is None:
         raise UserError("scale", size, f"need nodes=N, N from {nodes + 1} to {top} (the job's cluster.max_nodes)")
     wanted = int(m.group(1))
-    if top <= nodes:
-        raise UserError("nodes", wanted, f"{run_dir.name} was submitted without cluster.max_nodes, so its rendezvous "
-                                         "admits no more nodes; submit it with cluster.max_nodes=N to grow it later "
-                                         "(the same name resumes from its newest checkpoint)")
     if not nodes < wanted <= top:
         raise UserError("nodes", wanted, f"must be from {nodes + 1} to {top}: {run_dir.name} started with "
                                          f"{nodes} nodes and cluster.max_nodes={top}")

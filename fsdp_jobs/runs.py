@@ -12,6 +12,7 @@
       state.json      running / completed / preempted / failed (+ step, reason), written by rank 0
       stop-request    present = "checkpoint and stop at the next step boundary" (launchers write it,
                       rank 0 reads it): the one channel from a launcher to the ranks besides signals
+      scale-request   {"nodes": N} from `fsdp-jobs scale` to a launcher that starts the new nodes itself
 
 Launchers and the in-job runtime meet only here: neither imports the other.
 """
@@ -22,6 +23,7 @@ import fcntl
 import json
 import os
 import shutil
+import stat
 import tempfile
 import time
 from pathlib import Path
@@ -208,13 +210,25 @@ def request_scale(run_dir: Path, nodes: int) -> None:
 
 
 def take_scale_request(run_dir: Path) -> Optional[int]:
-    """The node count a `scale` asked for since the last call, or None; the request is used up."""
-    path = run_dir / SCALE_REQUEST_FILE
+    """The node count a `scale` asked for since the last call, or None; the request is used up. Read by a
+    launcher that may run as root in a run dir the ranks' user can write: taken by a rename (a request
+    written meanwhile is the next one, not lost), never through a link, never a FIFO, at most 4 KiB."""
+    path, taken = run_dir / SCALE_REQUEST_FILE, run_dir / f".{SCALE_REQUEST_FILE}.taken"
     try:
-        nodes = json.loads(path.read_text()).get("nodes")
+        os.rename(path, taken)
+    except OSError:
+        return None
+    try:
+        fd = os.open(taken, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        try:
+            data = os.read(fd, 4096) if stat.S_ISREG(os.fstat(fd).st_mode) else b""
+        finally:
+            os.close(fd)
+        nodes = json.loads(data).get("nodes")
     except (OSError, ValueError, AttributeError):
         return None
-    path.unlink(missing_ok=True)
+    finally:
+        taken.unlink(missing_ok=True)
     return nodes if isinstance(nodes, int) and not isinstance(nodes, bool) else None
 
 

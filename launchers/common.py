@@ -27,10 +27,12 @@ def torchrun_args(plan: Any, endpoint: str, stop_grace_s: int) -> list[str]:
         f"--max-restarts={r.max_restarts}",
         "--monitor-interval=1",
         *([f"--shutdown-timeout={stop_grace_s}"] if torchrun_has_shutdown_timeout() else []),
-        # a job that may grow starts with fewer than its rendezvous' most nodes: once `nodes` have joined,
+        # a job that may grow starts with fewer than its rendezvous' most nodes: once min_nodes have joined,
         # torchrun's c10d rendezvous waits last_call_timeout (30 s by default) for more, at every start
-        # and restart; the nodes a `scale` adds join a running job instead (fsdp-jobs scale)
-        *([f"--rdzv-conf=last_call_timeout={GROW_LAST_CALL_S}"] if r.max_nodes > plan.nodes else []),
+        # and restart; the nodes a `scale` adds join a running job instead (fsdp-jobs scale). Only where
+        # min_nodes is `nodes`: with a lower bound the 30 s are what lets late nodes into the first round
+        *([f"--rdzv-conf=last_call_timeout={GROW_LAST_CALL_S}"]
+          if r.max_nodes > plan.nodes and r.min_nodes == plan.nodes else []),
     ]
 
 

@@ -130,6 +130,19 @@ def supervise(nodes: list[Node], sink: LogSink, min_nodes: int, stop_grace_s: fl
     return Outcome({k: int(v) for k, v in codes.items() if v is not None}, bool(signals))
 
 
+def why_not_grow(nodes: list[Node], run_dir: Path) -> Optional[str]:
+    """Why a scale request cannot be acted on now, or None. New nodes join only a job whose nodes all run
+    and whose ranks are training: torchrun's agents look for waiting nodes only while their workers are
+    healthy, so an agent whose ranks have finished (in its exit barrier) or a store host that has exited
+    would leave the newcomers, and the other agents' restarted workers, waiting for a round that never
+    completes."""
+    ended = [n.name for n in nodes if n.ended() is not None]
+    if ended:
+        return f"{', '.join(ended)} ended"
+    status = runs.read_state(run_dir).get("status")
+    return None if status == "running" else f"the ranks are not training (state.json: {status or 'none'})"
+
+
 def _why_stop(signals: list[int], gone: list[str], live: list[Node], min_nodes: int,
               peers_gone_since: Optional[float]) -> Optional[str]:
     if signals:

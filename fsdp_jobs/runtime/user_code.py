@@ -66,11 +66,16 @@ def finished() -> None:
     tests/unit/test_user_code_exit.py)."""
     import atexit
     import os
+    import threading
 
+    # what the interpreter does first on a normal exit: join the non-daemon threads and run the hooks
+    # that finish an executor's queued work (an async checkpoint save, an upload thread)
+    threading._shutdown()  # type: ignore[attr-defined]
     atexit._run_exitfuncs()
-    for stream in (sys.stdout, sys.stderr):
+    for stream in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__):
         try:
-            stream.flush()
+            if stream is not None:
+                stream.flush()
         except (OSError, ValueError):
             pass
     os._exit(0)

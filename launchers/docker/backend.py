@@ -148,6 +148,13 @@ def compose_spec(plan: Any, cfg: Any, code_dir: Path, user_dir: Optional[Path] =
     return {"services": services, "networks": {"job": network}}
 
 
+def drop_dotenv(run_dir: Path) -> None:
+    """Compose reads a .env beside its file (variables, DOCKER_HOST): the run dir's, which the containers'
+    user can write, must not steer the launcher's `compose up`/`down` (root under sudo). Called before both,
+    when no container of the run is running."""
+    (run_dir / ".env").unlink(missing_ok=True)
+
+
 def compose_args(compose: list[str], project: str, file: Path, *args: str) -> list[str]:
     return [*compose, "-p", project, "-f", str(file), *args]
 
@@ -194,8 +201,11 @@ class DockerBackend(Backend[DockerRequest]):
         project = project_name(run_dir)
         file = run_dir / COMPOSE_FILE
         compose = compose_command(cfg)
+        # `down` with the scale profile: compose v2 removes only the services of the profiles it is given,
+        # so the nodes a scale started would outlive the job (and its network)
+        spares = ["--profile", SCALE_PROFILE] if plan.rendezvous.max_nodes > plan.nodes else []
         commands = [compose_args(compose, project, file, "up", "-d", "--no-build", "--remove-orphans"),
-                    compose_args(compose, project, file, "down", "-v", "--remove-orphans")]
+                    compose_args([*compose, *spares], project, file, "down", "-v", "--remove-orphans")]
         request = DockerRequest(spec, str(file), project, str(code_dir), commands,
                                 str(user_dir) if user_dir else None, bool(cfg.cluster.detach))
         node0 = spec["services"]["node0"]
@@ -215,6 +225,7 @@ class DockerBackend(Backend[DockerRequest]):
             take_user_code(cfg, Path(req.user_dir))
         begin_user_attempt(cfg, run_dir)
         runs.write_atomic(Path(req.file), yaml.safe_dump(req.compose, sort_keys=False))
+        drop_dotenv(run_dir)
         runs.clear_stop_request(run_dir)
         launch = dict(backend="docker", job_id=req.project, project=req.project, file=req.file, nodes=plan.nodes,
                       gpus_per_node=plan.gpus_per_node, user=container_user(cfg), detach=bool(cfg.cluster.detach),
@@ -288,6 +299,10 @@ class DockerBackend(Backend[DockerRequest]):
                                                      "nodes=N to resume at that size)")
         if nodes <= len(found):
             raise UserError("nodes", nodes, f"{run.run_dir.name} has {len(found)} nodes already; scale only grows")
+        training = runs.read_state(run.run_dir).get("status")
+        if training != "running":
+            raise UserError("RUN", run.run_dir.name, f"its ranks are not training (state.json: {training or 'none'}); "
+                                                     "scale a job once it trains")
         runs.request_scale(run.run_dir, nodes)
         deadline = time.monotonic() + SCALE_WAIT_S
         while time.monotonic() < deadline:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -25,7 +26,7 @@ import yaml
 
 from fsdp_jobs import runs
 from launchers.docker.engine import DOWN_TIMEOUT_S, RESULT_FILE, containers, give_to
-from launchers.supervisor import STOP_EXTRA_S, LogSink, Node, exit_status
+from launchers.supervisor import STOP_EXTRA_S, LogSink, Node, exit_status, why_not_grow
 from launchers.supervisor import supervise as supervise_nodes
 
 
@@ -128,11 +129,13 @@ def supervise(run_dir: Path, launch: dict[str, Any], job: dict[str, Any], compos
         wanted = runs.take_scale_request(run_dir)
         if wanted is None:
             return []
-        names = [f"node{i}" for i in range(len(nodes), wanted)]
-        if not names or any(n not in compose["services"] for n in names):
-            sink.write(f"fsdp-jobs: scale to {wanted} nodes ignored: the job has {len(nodes)} and may grow to "
-                       f"{len(compose['services'])} (cluster.max_nodes)")
+        why = why_not_grow(nodes, run_dir) or (
+            None if len(nodes) < wanted <= len(compose["services"]) else
+            f"the job has {len(nodes)} nodes and may grow to {len(compose['services'])} (cluster.max_nodes)")
+        if why:
+            sink.write(f"fsdp-jobs: scale to {wanted} nodes ignored: {why}")
             return []
+        names = [f"node{i}" for i in range(len(nodes), wanted)]
         why = start_services(launch, compose, names)
         if why:
             sink.write(f"fsdp-jobs: could not start {', '.join(names)}: {why}")
@@ -175,20 +178,28 @@ def write_result(run_dir: Path, result: dict[str, Any], user: str) -> None:
 def start_services(launch: dict[str, Any], compose: dict[str, Any], names: list[str]) -> str:
     """`compose up` of the named services of the job's project, from the spec this process holds, written to
     a file only this user can read; the running ones stay as they are. Returns why it failed, or ""."""
-    fd, path = tempfile.mkstemp(prefix="fsdp-jobs-compose-", suffix=".yaml")
+    # a directory of its own (0700): compose reads the .env beside its file, and /tmp's is anyone's
+    private = tempfile.mkdtemp(prefix="fsdp-jobs-compose-")
+    path = os.path.join(private, "compose.yaml")
     try:
-        with os.fdopen(fd, "w") as f:
+        with open(path, "w") as f:
             yaml.safe_dump(compose, f, sort_keys=False)
         up = subprocess.run([*launch["compose"], "-p", launch["project"], "-f", path, "up", "-d", "--no-build",
                              "--no-recreate", "--no-deps", *names], capture_output=True, text=True,
-                            timeout=DOWN_TIMEOUT_S)
+                            timeout=SCALE_UP_TIMEOUT_S)
+    except (OSError, subprocess.TimeoutExpired) as e:  # the running job goes on without them
+        return str(e)[:300]
     finally:
-        os.unlink(path)
+        shutil.rmtree(private, ignore_errors=True)
     lines = [ln for ln in up.stderr.strip().splitlines() if ln.strip()]
     return "" if up.returncode == 0 else (lines[-1][:300] if lines else f"exit {up.returncode}")
 
 
+SCALE_UP_TIMEOUT_S = 120  # the supervisor's loop (signals, stops) waits while it starts the new containers
+
+
 def remove_containers(launch: dict[str, Any], sink: LogSink) -> None:
+    Path(launch["file"]).with_name(".env").unlink(missing_ok=True)  # launchers/docker/backend.py: drop_dotenv
     down = subprocess.run(launch["down"], capture_output=True, text=True, timeout=DOWN_TIMEOUT_S)
     if down.returncode:
         sink.write(f"fsdp-jobs: could not remove the containers: {down.stderr.strip()[-300:]}")

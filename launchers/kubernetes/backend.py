@@ -240,9 +240,17 @@ class KubernetesBackend(Backend[manifests.Request]):
         k = manifests.KINDS[kind]
         from kubernetes import client as k8s
 
+        api = k8s.CustomObjectsApi(client)
         try:
-            k8s.CustomObjectsApi(client).patch_namespaced_custom_object(
-                k.group, k.version, ns, k.plural, name, {"spec": {"pytorchReplicaSpecs": {"Worker": {"replicas": nodes}}}})
+            job = api.get_namespaced_custom_object(k.group, k.version, ns, k.plural, name)
+        except Exception as e:  # noqa: BLE001
+            raise explain(e, f"cannot read {k.kind} {ns}/{name}", client) from None
+        now = (((job.get("spec") or {}).get("pytorchReplicaSpecs") or {}).get("Worker") or {}).get("replicas")
+        if isinstance(now, int) and nodes <= now:  # a smaller count would delete a pod mid-step
+            raise UserError("nodes", nodes, f"{k.kind} {ns}/{name} has {now} Worker replicas already; scale only grows")
+        try:
+            api.patch_namespaced_custom_object(k.group, k.version, ns, k.plural, name,
+                                               {"spec": {"pytorchReplicaSpecs": {"Worker": {"replicas": nodes}}}})
         except Exception as e:  # noqa: BLE001
             raise explain(e, f"cannot scale {k.kind} {ns}/{name}", client) from None
         return (f"asked Kubernetes {k.kind} {ns}/{name} for {nodes} Worker replicas ({run.run_dir.name}): the "

@@ -61,6 +61,9 @@ def validate(cl: Any) -> None:
         raise UserError("cluster.image", cl.image, "required for cluster=kubernetes: an image with torch and "
                         "fsdp_jobs installed (deploy/docker/Dockerfile builds one), e.g. cluster.image=REGISTRY/fsdp-jobs:TAG")
     choice("cluster.kind", cl.kind, K8S_KINDS)
+    if cl.max_nodes is not None and cl.kind != "pytorchjob":  # launchers/kubernetes/backend.py: scale
+        raise UserError("cluster.max_nodes", cl.max_nodes, f"null with cluster.kind={cl.kind}: its size is fixed once "
+                        "created; cluster.kind=pytorchjob (elastic) can grow")
     choice("cluster.gpus", str(cl.gpus).lower(), ("auto", "true", "false"))
     for key in ("namespace", "pvc", "service_account", "queue", "priority_class"):
         value = cl[key]

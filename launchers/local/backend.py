@@ -25,7 +25,7 @@ from launchers.base import Backend, DryRun, JobState, JobStatus, Run, Submitted,
 from launchers.common import (NODE_WRAPPER, begin_user_attempt, python_path, rank_entry, rank_env, runtime_env,
                               torchrun_args, user_code_dir)
 from launchers.snapshot import take_user_code
-from launchers.supervisor import LogSink, Node, exit_status, supervise
+from launchers.supervisor import LogSink, Node, exit_status, supervise, why_not_grow
 
 def free_port() -> int:
     with socket.socket() as s:
@@ -178,6 +178,10 @@ class LocalBackend(Backend[LocalRequest]):
             raise UserError("RUN", run.run_dir.name, "is not running: nothing to grow (submit it again with nodes=N "
                                                      "to resume at that size)")
         pid = self._launcher(run)
+        training = runs.read_state(run.run_dir).get("status")
+        if training != "running":
+            raise UserError("RUN", run.run_dir.name, f"its ranks are not training (state.json: {training or 'none'}); "
+                                                     "scale a job once it trains")
         runs.request_scale(run.run_dir, nodes)  # the launcher polls for it (run_agents' grow)
         return (f"asked local launcher pid {pid} to grow {run.run_dir.name} to {nodes} nodes: the new agents join "
                 "the rendezvous, the ranks checkpoint and go on at the new size")
@@ -199,11 +203,21 @@ def run_agents(dryrun: DryRun[LocalRequest], echo: bool = True) -> int:
         wanted = runs.take_scale_request(run_dir)
         if wanted is None:
             return []
-        if wanted <= len(nodes) or wanted > len(nodes) + len(spares):
-            sink.write(f"fsdp-jobs: scale to {wanted} nodes ignored: the job has {len(nodes)} and may grow to "
-                       f"{len(nodes) + len(spares)} (cluster.max_nodes)")
+        why = why_not_grow(nodes, run_dir) or (
+            None if len(nodes) < wanted <= len(nodes) + len(spares) else
+            f"the job has {len(nodes)} nodes and may grow to {len(nodes) + len(spares)} (cluster.max_nodes)")
+        if why:
+            sink.write(f"fsdp-jobs: scale to {wanted} nodes ignored: {why}")
             return []
-        return [AgentNode(f"node{len(nodes) + i}", spares.pop(0)) for i in range(wanted - len(nodes))]
+        started: list[Node] = []
+        for i in range(len(nodes), wanted):
+            try:
+                started.append(AgentNode(f"node{i}", spares[0]))
+            except OSError as e:  # the running job goes on without it
+                sink.write(f"fsdp-jobs: could not start node{i}: {e}")
+                break
+            spares.pop(0)
+        return started
 
     try:
         for i, agent in enumerate(dryrun.request.agents):

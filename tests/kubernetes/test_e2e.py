@@ -144,11 +144,15 @@ def test_scale_grows_an_elastic_pytorchjob_and_refuses_a_jobset(fake_cluster: Fa
     (grown,) = st.jobs()
     assert grown["metadata"]["name"] == name and grown["spec"]["pytorchReplicaSpecs"]["Worker"]["replicas"] == 3
     assert all(rbac_allows(*req) for req in st.requests), [req for req in st.requests if not rbac_allows(*req)]
+    again = ctl(fake, run_root, "scale", "k8s-run", "nodes=3")  # never shrinks, never asks twice
+    assert again.returncode == 2 and "has 3 Worker replicas already" in again.stderr, again.stderr
     c = ctl(fake, run_root, "cancel", "k8s-run")
     assert c.returncode == 0, c.stderr
-    assert submit(fake, run_root, "cluster.kind=jobset", "cluster.max_nodes=3", "name=js").returncode == 0
-    r = ctl(fake, run_root, "scale", "js", "nodes=3")
-    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "JobSet cannot grow" in r.stderr, r.stderr
+    assert submit(fake, run_root, "cluster.kind=jobset", "name=js").returncode == 0
+    r = ctl(fake, run_root, "scale", "js", "nodes=3")  # job.yaml has no max_nodes: refused before any request
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "without cluster.max_nodes" in r.stderr
+    r = submit(fake, run_root, "cluster.kind=jobset", "cluster.max_nodes=3", "name=js2")
+    assert r.returncode == 2 and "cluster.max_nodes" in r.stderr and "pytorchjob" in r.stderr, r.stderr
 
 
 def test_a_refused_job_is_one_line_and_leaves_nothing_behind(fake_cluster: FakeCluster, run_root: Path) -> None:

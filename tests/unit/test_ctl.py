@@ -126,3 +126,23 @@ def test_damaged_files_in_a_run_dir_never_give_a_traceback(run_root):
         r = cli(*args, "--run-root", str(run_root))
         assert "Traceback" not in r.stderr and r.returncode in (0, 2), (args, r.stderr)
         assert r.returncode == 0 or len(r.stderr.strip().splitlines()) == 1, (args, r.stderr)
+
+
+def test_a_scale_request_is_taken_once_and_never_through_a_link_or_a_fifo(tmp_path):
+    """The launcher that reads it may run as root in a run dir the ranks' user can write
+    (fsdp_jobs/runs.py: take_scale_request)."""
+    import os
+
+    from fsdp_jobs import runs
+
+    runs.request_scale(tmp_path, 3)
+    assert runs.take_scale_request(tmp_path) == 3 and runs.take_scale_request(tmp_path) is None  # used up
+    secret = tmp_path / "secret.json"
+    secret.write_text('{"nodes": 5}')
+    (tmp_path / runs.SCALE_REQUEST_FILE).symlink_to(secret)
+    assert runs.take_scale_request(tmp_path) is None and secret.exists()
+    os.mkfifo(tmp_path / runs.SCALE_REQUEST_FILE)  # would block a plain read forever
+    assert runs.take_scale_request(tmp_path) is None
+    (tmp_path / runs.SCALE_REQUEST_FILE).write_text('{"nodes": true}')
+    assert runs.take_scale_request(tmp_path) is None
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["secret.json"]
