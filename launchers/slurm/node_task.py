@@ -116,6 +116,16 @@ def act(run_dir: Path, job_id: str, decision: Decision, reason: str, state: dict
         runs.write_state(run_dir, **keep, status="failed", reason=reason, step=step)
 
 
+def agent_args(job: dict[str, Any], run_id: str, endpoint: str) -> list[str]:
+    """torchrun's flags on a node of the allocation, from job.yaml: what the dry run shows (launchers/slurm/
+    backend.py), with this attempt's rendezvous id and the allocation's first node as the endpoint."""
+    nodes = job["nodes"]  # an allocation's nodes are fixed: its rendezvous never admits more (config.py)
+    plan = SimpleNamespace(nodes=nodes, gpus_per_node=job["gpus_per_node"], rendezvous=SimpleNamespace(
+        backend="c10d", run_id=run_id, min_nodes=job["cluster"]["min_nodes"] or nodes, max_nodes=nodes,
+        max_restarts=job["cluster"]["max_restarts"]))
+    return torchrun_args(plan, endpoint, job["cluster"]["stop_grace_s"])
+
+
 class NodeTask(submitit.helpers.Checkpointable):
     def __init__(self, run_dir: str) -> None:
         self.run_dir = run_dir
@@ -147,11 +157,7 @@ class NodeTask(submitit.helpers.Checkpointable):
               f"(slurm node {os.environ.get('SLURMD_NODENAME')}) job {job_id} attempt {attempt} "
               f"rendezvous {master}:{port} code {Path(__file__).resolve().parent.parent}", flush=True)
 
-        plan = SimpleNamespace(gpus_per_node=job["gpus_per_node"], rendezvous=SimpleNamespace(
-            backend="c10d", run_id=f"{raw_id}-{attempt}", min_nodes=job["cluster"]["min_nodes"] or job["nodes"],
-            max_nodes=job["nodes"], max_restarts=job["cluster"]["max_restarts"]))
-        cmd = [sys.executable, "-m", NODE_WRAPPER,
-               *torchrun_args(plan, f"{master}:{port}", job["cluster"]["stop_grace_s"]),
+        cmd = [sys.executable, "-m", NODE_WRAPPER, *agent_args(job, f"{raw_id}-{attempt}", f"{master}:{port}"),
                *rank_entry(job, str(run_dir), os.environ.get(USER_CODE_ENV))]
         signal.signal(signal.SIGTERM, self._on_sigterm)
         # the agent writes its failing rank's exception here, so the job's reason can name it

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import re
 
+import pytest
+
 from tests.conftest import cli
 
 
@@ -59,3 +61,23 @@ def test_excluded_nodes_reach_the_exclude_line_and_the_job_keeps_them(run_root):
     s = sbatch_lines(script(run_root, "cluster.exclude=[c3,gpu-17]", "cluster.exclude_bad_nodes=true",
                             "preflight=true"))
     assert s["exclude"] == "c3,gpu-17"
+
+
+@pytest.mark.parametrize("extra", [(), ("cluster.min_nodes=1",)])
+def test_each_node_task_starts_torchrun_with_the_flags_the_plan_gives(extra):
+    """launchers/slurm/node_task.py builds torchrun's flags on the node from job.yaml alone (no plan
+    there): they are the plan's, but for the attempt's rendezvous id and the first node as endpoint.
+    (A flag that read a plan field the node task did not have broke every SLURM job once.)"""
+    from omegaconf import OmegaConf
+
+    from fsdp_jobs.compose import compose
+    from fsdp_jobs.plan import make_plan
+    from launchers.common import torchrun_args
+    from launchers.slurm.node_task import agent_args
+
+    cfg, _ = compose(["cluster=slurm", "cluster.device=cpu", "nodes=2", "gpus_per_node=2", *extra])
+    plan = make_plan(cfg)
+    job = OmegaConf.to_container(cfg, resolve=True)
+    expected = [a.replace(f"--rdzv-id={plan.rendezvous.run_id}", "--rdzv-id=7-0")
+                for a in torchrun_args(plan, "n1:20007", cfg.cluster.stop_grace_s)]
+    assert agent_args(job, "7-0", "n1:20007") == expected
