@@ -201,3 +201,23 @@ def test_make_plan_reads_no_file_and_plan_run_adds_what_the_run_dir_holds(tmp_pa
         plan = make_plan(cfg)
     assert plan.resume_from is None and plan.run_dir == str(tmp_path / "r3")
     assert plan_run(cfg).resume_from == str(d)
+
+
+@pytest.mark.parametrize("extra, short_last_call", [((), False), (("cluster.max_nodes=3",), True),
+                                                    (("cluster.max_nodes=3", "cluster.min_nodes=1"), False)])
+def test_a_job_that_may_grow_waits_2s_not_30s_for_more_nodes(extra, short_last_call):
+    """torchrun's c10d rendezvous waits last_call_timeout (30 s) once min_nodes have joined, for more up to
+    max_nodes: a job with room to grow would pay it at every start; with min_nodes below nodes the wait is
+    what lets late nodes into the first round, so it stays (launchers/common.py)."""
+    from launchers.common import torchrun_args
+
+    cfg, _ = compose(["nodes=2", *extra])
+    plan = make_plan(cfg)
+    args = torchrun_args(plan, "h:1", 30)
+    assert ("--rdzv-conf=last_call_timeout=2" in args) is short_last_call, args
+    assert f"--nnodes={plan.rendezvous.min_nodes}:3" in args if extra else "--nnodes=2" in args
+
+
+def test_every_world_a_job_may_grow_to_is_checked_at_plan_time():
+    with pytest.raises(UserError, match=r"at 3 nodes \(world 3\), which cluster.max_nodes=3 allows"):
+        make_plan(compose(["nodes=2", "gpus_per_node=1", "cluster.max_nodes=3", "train.global_batch_size=4"])[0])

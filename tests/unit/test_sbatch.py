@@ -81,3 +81,10 @@ def test_each_node_task_starts_torchrun_with_the_flags_the_plan_gives(extra):
     expected = [a.replace(f"--rdzv-id={plan.rendezvous.run_id}", "--rdzv-id=7-0")
                 for a in torchrun_args(plan, "n1:20007", cfg.cluster.stop_grace_s)]
     assert agent_args(job, "7-0", "n1:20007") == expected
+
+
+def test_a_slurm_job_cannot_be_given_room_to_grow(run_root):
+    r = cli("cluster=slurm", f"run_root={run_root}", "name=s", "dry_run=true", "nodes=2", "cluster.max_nodes=3")
+    assert r.returncode == 2 and r.stdout == "" and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert "cluster.max_nodes" in r.stderr and "resubmit the same name with nodes=N" in r.stderr
+    assert list(run_root.iterdir()) == []

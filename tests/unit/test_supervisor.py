@@ -110,3 +110,26 @@ def test_a_plain_script_exiting_0_everywhere_completed(tmp_path):
     job = {"script": "train.py", "module": None}
     assert exit_status(Outcome({"node0": 0}, False), job, tmp_path) == 0
     assert runs.read_state(tmp_path)["status"] == "completed"
+
+
+def test_a_scale_is_acted_on_only_while_every_node_runs_and_the_ranks_train(tmp_path):
+    """launchers/supervisor.py why_not_grow: torchrun's agents look for new nodes only while their workers
+    are healthy; a newcomer after one node finished, or before the ranks train, would wait forever."""
+    import json
+
+    from launchers.supervisor import why_not_grow
+
+    class Fake:
+        def __init__(self, name, code):
+            self.name, self.code = name, code
+
+        def ended(self):
+            return self.code
+
+    live = [Fake("node0", None), Fake("node1", None)]
+    assert "not training (state.json: none)" in why_not_grow(live, tmp_path)
+    (tmp_path / "state.json").write_text(json.dumps({"status": "running"}))
+    assert why_not_grow(live, tmp_path) is None
+    assert why_not_grow([live[0], Fake("node1", 0)], tmp_path) == "node1 ended"
+    (tmp_path / "state.json").write_text(json.dumps({"status": "completed"}))
+    assert "not training (state.json: completed)" in why_not_grow(live, tmp_path)
