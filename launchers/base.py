@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Generic, Iterator, Optional, Protocol, TypeVar
 
+from fsdp_jobs import runs
 from fsdp_jobs.errors import UserError
 # the vocabulary the CLI reads (fsdp_jobs/status.py); backends import it from here
 from fsdp_jobs.status import JobState, JobStatus, Run, Submitted, state_from_training
@@ -55,6 +56,16 @@ class DryRun(Generic[R]):
     @property
     def text(self) -> str:
         return self.request.render()
+
+
+def request_scale(run: Run, nodes: int) -> None:
+    """Hand `fsdp-jobs scale` to a launcher that starts the new nodes itself (cluster=local's launcher,
+    cluster=docker's supervisor): only once the ranks train (launchers/supervisor.py: why_not_grow)."""
+    training = runs.read_state(run.run_dir).get("status")
+    if training != "running":
+        raise UserError("RUN", run.run_dir.name, f"its ranks are not training (state.json: {training or 'none'}); "
+                                                 "scale a job once it trains")
+    runs.request_scale(run.run_dir, nodes)
 
 
 class Backend(abc.ABC, Generic[R]):

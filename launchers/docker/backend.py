@@ -33,7 +33,8 @@ import yaml
 from fsdp_jobs import runs
 from fsdp_jobs.secret_env import passed_names
 from fsdp_jobs.errors import UserError
-from launchers.base import Backend, DryRun, JobState, JobStatus, Run, Submitted, state_from_training
+from launchers.base import (Backend, DryRun, JobState, JobStatus, Run, Submitted, request_scale,
+                            state_from_training)
 from launchers.common import (NODE_WRAPPER, begin_user_attempt, python_path, rank_entry, rank_env, runtime_env,
                               torchrun_args, user_code_dir)
 from launchers.docker.engine import (DOWN_TIMEOUT_S, RESULT_FILE, SKEL_IMAGE, compose_command, container_user,
@@ -299,11 +300,7 @@ class DockerBackend(Backend[DockerRequest]):
                                                      "nodes=N to resume at that size)")
         if nodes <= len(found):
             raise UserError("nodes", nodes, f"{run.run_dir.name} has {len(found)} nodes already; scale only grows")
-        training = runs.read_state(run.run_dir).get("status")
-        if training != "running":
-            raise UserError("RUN", run.run_dir.name, f"its ranks are not training (state.json: {training or 'none'}); "
-                                                     "scale a job once it trains")
-        runs.request_scale(run.run_dir, nodes)
+        request_scale(run, nodes)  # the supervisor polls for it (its grow)
         deadline = time.monotonic() + SCALE_WAIT_S
         while time.monotonic() < deadline:
             now = containers(project)

@@ -21,7 +21,8 @@ from typing import Any, Optional
 
 from fsdp_jobs import runs
 from fsdp_jobs.errors import UserError
-from launchers.base import Backend, DryRun, JobState, JobStatus, Run, Submitted, state_from_training
+from launchers.base import (Backend, DryRun, JobState, JobStatus, Run, Submitted, request_scale,
+                            state_from_training)
 from launchers.common import (NODE_WRAPPER, begin_user_attempt, python_path, rank_entry, rank_env, runtime_env,
                               torchrun_args, user_code_dir)
 from launchers.snapshot import take_user_code
@@ -178,11 +179,7 @@ class LocalBackend(Backend[LocalRequest]):
             raise UserError("RUN", run.run_dir.name, "is not running: nothing to grow (submit it again with nodes=N "
                                                      "to resume at that size)")
         pid = self._launcher(run)
-        training = runs.read_state(run.run_dir).get("status")
-        if training != "running":
-            raise UserError("RUN", run.run_dir.name, f"its ranks are not training (state.json: {training or 'none'}); "
-                                                     "scale a job once it trains")
-        runs.request_scale(run.run_dir, nodes)  # the launcher polls for it (run_agents' grow)
+        request_scale(run, nodes)  # the launcher polls for it (run_agents' grow)
         return (f"asked local launcher pid {pid} to grow {run.run_dir.name} to {nodes} nodes: the new agents join "
                 "the rendezvous, the ranks checkpoint and go on at the new size")
 
