@@ -165,11 +165,21 @@ def no_false_hang(tmp_path_factory: pytest.TempPathFactory):
 TIER_TIMEOUT_S = {"unit": 90, "kubernetes": 180, "integration": 900, "docker": 900, "slurm": 1200}
 
 
+# The README's test command runs two pytest-xdist workers (`-n 2 --dist loadgroup`). The Docker engine and
+# the SLURM cluster are one machine-wide resource each, started and stopped by a session fixture, and a test
+# of one tier may use the other's (tests/slurm/test_list_backends.py needs both): every test of those two
+# tiers goes to one worker, in file order, while the other worker takes the rest. Most of a cluster test is
+# waiting (a scheduler's signal, a container's restart), so the machine's two cores stay busy.
+CLUSTER_TIERS = ("docker", "slurm")
+
+
 def pytest_collection_modifyitems(config, items):
     for item in items:
         tier = Path(str(item.fspath)).parent.name
         if tier in TIER_TIMEOUT_S and item.get_closest_marker("timeout") is None:
             item.add_marker(pytest.mark.timeout(TIER_TIMEOUT_S[tier]))
+        if tier in CLUSTER_TIERS:
+            item.add_marker(pytest.mark.xdist_group("clusters"))
 
 
 # ------------------------------------------------------------------ secrets (README: Security)
