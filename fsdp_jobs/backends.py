@@ -1,6 +1,6 @@
 """The registry of backends: the one place in fsdp_jobs/ that names them.
 
-A backend is a package `launchers/<name>/` (ARCHITECTURE.md, "Adding a backend"):
+A backend is a package `launchers/<name>/` (fsdp_jobs/ARCHITECTURE.md, "Adding a backend"):
 
     config.py   its `cluster.*` schema (a dataclass registered with Hydra's ConfigStore by `register()`),
                 `validate(cluster)` for what the types cannot say, and `HOST_FILES` (do the job's

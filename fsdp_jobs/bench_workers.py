@@ -1,5 +1,5 @@
 """What `python -m fsdp_jobs.bench` runs on every rank under torchrun (one JSON argument, no flags:
-torchrun prefix-matches flags after the module, ARCHITECTURE.md pitfall 5). Rank 0 prints one JSON line.
+torchrun prefix-matches flags after the module, fsdp_jobs/ARCHITECTURE.md pitfall 5). Rank 0 prints one JSON line.
 
     loop   the minimal hand-written FSDP2 loop the orchestrated job is compared with (on CPU and gloo, or
            with {"device": "cuda"} on one GPU per rank and NCCL, in the job's GPU precision)
@@ -241,7 +241,7 @@ def main() -> None:
     finally:
         import gc
 
-        gc.collect()  # ARCHITECTURE.md pitfall 2
+        gc.collect()  # fsdp_jobs/ARCHITECTURE.md pitfall 2
         dist.barrier()
         dist.destroy_process_group()
     sys.stdout.flush()

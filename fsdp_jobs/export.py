@@ -42,7 +42,7 @@ def export(ckpt: Path, out: Path, dtype: Optional[str] = None, hf_model: Optiona
 
     try:
         model_sd = read_model_state(ckpt)
-    # DCP's reader fails in many ways on a damaged .metadata or shard (ARCHITECTURE.md, pitfall 4)
+    # DCP's reader fails in many ways on a damaged .metadata or shard (fsdp_jobs/ARCHITECTURE.md, pitfall 4)
     except (Exception, CheckpointException) as e:  # noqa: BLE001
         why = [ln.strip() for ln in str(e).splitlines() if ln.strip()][-1:] or [type(e).__name__]  # DCP's
         # exception text holds each rank's traceback: its last line is the cause

@@ -8,7 +8,7 @@ starts) and most of a restart's 9.9 s (`fsdp-jobs bench recovery`); on a shared 
 This is torchrun's own `--start-method=fork` with the trainer as a function (torch.distributed.launcher);
 the agent never touches CUDA, so the ranks may. Any other entry (script=, module=) is spawned by torchrun
 unchanged. FSDP_JOBS_SPAWN_RANKS=1 spawns the trainer's ranks too. What a forked rank must undo:
-ARCHITECTURE.md, pitfall 11."""
+fsdp_jobs/ARCHITECTURE.md, pitfall 11."""
 
 from __future__ import annotations
 

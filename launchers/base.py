@@ -12,7 +12,7 @@
 job again (`launches.jsonl` is the journal; `fsdp-jobs list` reads the run dirs). The CLI and ctl
 know no backend by name: they call `fsdp_jobs.backends.get(name)` and this interface. A new backend is
 one package, launchers/<name>/ (config.py + backend.py), and one line in fsdp_jobs/backends.py
-(ARCHITECTURE.md, "Adding a backend").
+(fsdp_jobs/ARCHITECTURE.md, "Adding a backend").
 """
 
 from __future__ import annotations

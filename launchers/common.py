@@ -43,7 +43,7 @@ GROW_LAST_CALL_S = 2
 def torchrun_has_shutdown_timeout() -> bool:
     """Whether torchrun takes --shutdown-timeout: torch 2.13 does, torch 2.11's torchrun refuses the
     flag and exits (pyproject.toml asks for torch>=2.13 for it). Read from the installed distribution's
-    metadata, never by importing torch (planning imports no torch, ARCHITECTURE.md). This is the torch
+    metadata, never by importing torch (planning imports no torch, fsdp_jobs/ARCHITECTURE.md). This is the torch
     installed where the job is planned: with cluster=local that is the torch the agents run; a remote
     backend's image or environment may differ, which this cannot see. No torch found, or a version this
     cannot read: the flag stays, as the requirement says. Without the flag an older torchrun gives the
@@ -59,7 +59,7 @@ def runtime_env(cfg: Any) -> dict[str, str]:
     """Environment every agent and rank needs, whatever the backend."""
     env = {
         # torch 2.13: without it, restarted workers read stale addresses from the rendezvous
-        # store the agent shares with them and fail in init_process_group (ARCHITECTURE.md, pitfall 1)
+        # store the agent shares with them and fail in init_process_group (fsdp_jobs/ARCHITECTURE.md, pitfall 1)
         "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",
         "PYTHONUNBUFFERED": "1",
     }
@@ -101,7 +101,7 @@ def rank_entry(cfg: Any, run_dir: str, user_dir: Optional[str]) -> list[str]:
     every backend. The built-in trainer takes the run dir; a user's script or module runs under
     fsdp_jobs/runtime/user_code.py, which records its exception in torchrun's error file as the trainer
     does. Everything after the `--` is the rank's, which torchrun drops: without it torchrun's parser
-    would claim arguments that prefix-match its own flags (`--log`, `--max`, `--nproc`: ARCHITECTURE.md,
+    would claim arguments that prefix-match its own flags (`--log`, `--max`, `--nproc`: fsdp_jobs/ARCHITECTURE.md,
     pitfall 5)."""
     args = [str(a) for a in cfg.get("script_args") or []]
     if cfg.get("preflight") == "only":  # the checks alone, whatever trains later (fsdp_jobs/runtime/preflight.py)

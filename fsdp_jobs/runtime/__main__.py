@@ -2,7 +2,7 @@
 when launchers/agent.py forks the rank from an agent that imported torch and the trainer already.
 
 The run dir is a positional argument on purpose: torchrun's parser prefix-matches flags placed after
-the script (ARCHITECTURE.md, pitfall 5)."""
+the script (fsdp_jobs/ARCHITECTURE.md, pitfall 5)."""
 
 import signal
 import sys
@@ -60,5 +60,5 @@ def main(exit_process: bool = True) -> None:
         raise
 
 
-if __name__ == "__main__":  # the guard DCP's process-based async save needs (ARCHITECTURE.md, pitfall 8)
+if __name__ == "__main__":  # the guard DCP's process-based async save needs (fsdp_jobs/ARCHITECTURE.md, pitfall 8)
     main()

@@ -2,7 +2,7 @@
 fsdp_jobs/checkpoints.py owns (checkpoints/.tmp-step-N-<attempt>/ while written, step-N/ once committed).
 
 Each save goes to a fresh directory (DCP's "overwrite" leaves an old .metadata beside new data if it
-dies mid-save: ARCHITECTURE.md, pitfall 3). Rank 0 writes the manifest after every rank finished, then
+dies mid-save: fsdp_jobs/ARCHITECTURE.md, pitfall 3). Rank 0 writes the manifest after every rank finished, then
 renames the directory into place: a reader sees a whole checkpoint or none.
 
 No rank waits for rank 0's file work: DCP's save returns on rank 0 (its coordinator) only after it

@@ -22,7 +22,7 @@ class World:
     local_rank: int
     world_size: int
     local_world_size: int
-    node_rank: int  # GROUP_RANK: decided by the rendezvous, not by us (ARCHITECTURE.md, pitfall 6)
+    node_rank: int  # GROUP_RANK: decided by the rendezvous, not by us (fsdp_jobs/ARCHITECTURE.md, pitfall 6)
     restart: int  # TORCHELASTIC_RESTART_COUNT (may differ between nodes)
     device: torch.device
 

@@ -20,7 +20,7 @@ def train(run_dir: Path, stop: StopFlag) -> int:
 
 
 def shutdown(code: int, exit_process: bool = True) -> None:
-    """Leave without the FSDP2+gloo abort at interpreter exit (ARCHITECTURE.md, pitfall 2): collect the
+    """Leave without the FSDP2+gloo abort at interpreter exit (fsdp_jobs/ARCHITECTURE.md, pitfall 2): collect the
     objects gloo's thread still references, destroy the group, then skip interpreter teardown.
     exit_process=False (a rank forked by launchers/agent.py): return, or raise SystemExit(code); the
     forked process ends in os._exit after torchrun has its result, never in interpreter teardown."""

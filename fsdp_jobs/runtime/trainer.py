@@ -167,7 +167,7 @@ class Trainer:
         init_process_group(world, timeout_s=float(self.tcfg.get("collective_timeout_s", 600)),
                            cpu_collectives=bool(self.job["fsdp"].get("cpu_offload")))
         # TORCHELASTIC_RESTART_COUNT is per agent: a node whose workers were stopped for a re-rendezvous
-        # (another node's rank died) does not count it (ARCHITECTURE.md, pitfall 6). The job's attempt number
+        # (another node's rank died) does not count it (fsdp_jobs/ARCHITECTURE.md, pitfall 6). The job's attempt number
         # is the largest count of any node: agree on it once, here, so metrics and logs say the same
         # everywhere, the built-in loop's and a fsdp_jobs.job script's alike (CI once saw a job API script
         # log restart 0 after a restart: rank 0's node had only re-rendezvoused)

@@ -7,7 +7,7 @@ It runs the script (or module) as `__main__`, exactly as `python train.py ARGS` 
 script's directory first on sys.path), inside torchrun's `@record`: an exception your script raises is
 written to torchrun's error file, so the job's failure names it as it names the built-in trainer's
 (fsdp_jobs/runtime/__main__.py) instead of "error_file: <N/A>". The `--` keeps torchrun from reading your
-arguments as its own (ARCHITECTURE.md, pitfall 5); torchrun drops it.
+arguments as its own (fsdp_jobs/ARCHITECTURE.md, pitfall 5); torchrun drops it.
 """
 
 from __future__ import annotations
@@ -81,5 +81,5 @@ def finished() -> None:
     os._exit(0)
 
 
-if __name__ == "__main__":  # the guard a script's process-based async save needs (ARCHITECTURE.md, pitfall 8)
+if __name__ == "__main__":  # the guard a script's process-based async save needs (fsdp_jobs/ARCHITECTURE.md, pitfall 8)
     main()

@@ -1,4 +1,4 @@
-"""The layout ARCHITECTURE.md promises, held by reading the source (no imports executed):
+"""The layout fsdp_jobs/ARCHITECTURE.md promises, held by reading the source (no imports executed):
 
 - no import cycle between files: an import inside a function counts, one under `if TYPE_CHECKING:` does
   not (it never runs), and the imports by name count too: fsdp_jobs/backends.py (the registry) reaches every
@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ast
 import re
+import subprocess
 from pathlib import Path
 
 from tests.conftest import REPO
@@ -176,3 +177,14 @@ def test_the_backend_name_check_sees_code_strings_and_comments(tmp_path, monkeyp
                  '"""Runs on Kubernetes."""\n', 'cmd = "cluster=local nodes=2"\n'):
         f.write_text(text)
         assert len(backend_mentions(f, ("local", "slurm"))) == 1, text
+
+
+# The repository's top level is fixed (a project decision, older than any code): a new document or tool goes
+# inside one of these entries; fsdp_jobs/ARCHITECTURE.md lives in the package it describes.
+TOP_LEVEL = {"pyproject.toml", "fsdp_jobs", "conf", "launchers", "tests", "deploy", "README.md", ".ci", ".gitignore"}
+
+
+def test_the_top_level_holds_only_the_fixed_entries():
+    tracked = subprocess.run(["git", "ls-files"], cwd=REPO, capture_output=True, text=True, check=True).stdout
+    extra = sorted({line.split("/")[0] for line in tracked.splitlines()} - TOP_LEVEL)
+    assert not extra, f"tracked at the top level, outside the fixed layout: {extra}"

@@ -1,6 +1,6 @@
 """The ranks agree on the job's restart count in bring-up (fsdp_jobs/runtime/trainer.py), which both the
 built-in loop and a fsdp_jobs.job script go through: TORCHELASTIC_RESTART_COUNT is per torchrun agent, and
-an agent that only re-rendezvoused after another node's rank died counts nothing (ARCHITECTURE.md, pitfall
+an agent that only re-rendezvoused after another node's rank died counts nothing (fsdp_jobs/ARCHITECTURE.md, pitfall
 6). Two real ranks on loopback (gloo), the way torchrun starts them, one told restart 0 and one restart 2."""
 
 from __future__ import annotations
