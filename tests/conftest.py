@@ -118,6 +118,7 @@ def docker_engine_up() -> bool:
 def docker_engine():
     """A real Docker engine (Debian's docker.io) started by the project's deploy/docker/start.sh,
     unless one is already up (a developer's): only an engine this fixture started is stopped."""
+    own_the_clusters()
     started = False
     if not docker_engine_up():
         r = subprocess.run(["bash", str(REPO / "deploy" / "docker" / "start.sh")], capture_output=True, text=True,
@@ -165,21 +166,54 @@ def no_false_hang(tmp_path_factory: pytest.TempPathFactory):
 TIER_TIMEOUT_S = {"unit": 90, "kubernetes": 180, "integration": 900, "docker": 900, "slurm": 1200}
 
 
-# The README's test command runs two pytest-xdist workers (`-n 2 --dist loadgroup`). The Docker engine and
-# the SLURM cluster are one machine-wide resource each, started and stopped by a session fixture, and a test
-# of one tier may use the other's (tests/slurm/test_list_backends.py needs both): every test of those two
-# tiers goes to one worker, in file order, while the other worker takes the rest. Most of a cluster test is
-# waiting (a scheduler's signal, a container's restart), so the machine's two cores stay busy.
-CLUSTER_TIERS = ("docker", "slurm")
-
-
 def pytest_collection_modifyitems(config, items):
     for item in items:
         tier = Path(str(item.fspath)).parent.name
         if tier in TIER_TIMEOUT_S and item.get_closest_marker("timeout") is None:
             item.add_marker(pytest.mark.timeout(TIER_TIMEOUT_S[tier]))
-        if tier in CLUSTER_TIERS:
-            item.add_marker(pytest.mark.xdist_group("clusters"))
+
+
+# `python -m pytest` runs two pytest-xdist workers (pyproject.toml's addopts). The Docker engine and the
+# SLURM cluster are one machine-wide resource each, started and stopped by a session fixture, and a test of
+# one tier may use the other's (tests/slurm/test_list_backends.py needs both): every test of those two tiers
+# is one unit of work, run by one worker in file order, while the other worker takes the rest test by test.
+# Most of a cluster test is waiting (a scheduler's signal, a container's restart), so both cores stay busy.
+# (Not `--dist loadgroup` with xdist_group marks: with pytest 9.2 it silently stops grouping, because xdist
+# 3.8 marks a group by rewriting a test's node id, which pytest no longer reads back: pytest-xdist issue 1386.)
+CLUSTER_TIERS = ("tests/docker/", "tests/slurm/")
+
+
+CLUSTER_LOCK = Path("/tmp/fsdp-jobs-cluster-tests.lock")
+_cluster_lock: list[Any] = []  # the open, locked file, held until this process ends
+
+
+def own_the_clusters() -> None:
+    """Called by every Docker and SLURM test: this process alone drives the machine's engine and cluster.
+    A second worker (or a second pytest) doing so would stop an engine or a cluster under the other's
+    running job; this fails it in one line instead. The kernel drops the lock when the process ends."""
+    import fcntl
+
+    if _cluster_lock:
+        return
+    f = open(CLUSTER_LOCK, "a")
+    try:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        f.close()
+        pytest.fail(f"another test process holds {CLUSTER_LOCK}: Docker and SLURM tests must run in one process "
+                    "(tests/conftest.py: pytest_xdist_make_scheduler)", pytrace=False)
+    _cluster_lock.append(f)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ClustersOnOneWorker(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return "clusters" if nodeid.startswith(CLUSTER_TIERS) else nodeid
+
+    return ClustersOnOneWorker(config, log)
 
 
 # ------------------------------------------------------------------ secrets (README: Security)
