@@ -48,5 +48,8 @@ done
 policy=$(cat "$DIR/forward-policy" 2>/dev/null)
 [ -n "$policy" ] && iptables -P FORWARD "$policy"
 umount "$DIR"/data/overlay2/*/merged "$DIR"/exec/* 2>/dev/null
+# dockerd bind-mounts its data root onto itself (to make its mounts private) and undoes it only when its
+# own shutdown completes; a leftover one made rm fail once in CI ("could not remove all of ...")
+if mountpoint -q "$DIR/data"; then umount "$DIR/data" 2>/dev/null || umount -l "$DIR/data"; fi
 rm -rf "$DIR" 2>/dev/null || { log "could not remove all of $DIR"; exit 1; }
 log "stopped; $DIR removed"
