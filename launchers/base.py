@@ -108,7 +108,8 @@ class Backend(abc.ABC, Generic[R]):
         """Grow the running job to `nodes` (at most its cluster.max_nodes; fsdp_jobs/ctl.py checked that):
         start the new nodes, which join its rendezvous; the ranks checkpoint and go on at the new size."""
         raise UserError("scale", self.name, f"the {self.name} backend cannot grow a running job; cluster=local, "
-                                            "cluster=docker and kind=pytorchjob on Kubernetes can (resubmit the "
+                                            "cluster=docker, cluster=slurm and kind=pytorchjob on Kubernetes can "
+                                            "(resubmit the "
                                             "same name with nodes=N: it resumes from its newest checkpoint at the "
                                             "new size)")
 

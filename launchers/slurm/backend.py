@@ -24,6 +24,7 @@ from fsdp_jobs.errors import UserError
 from launchers.base import Backend, DryRun, JobState, JobStatus, Run, Submitted
 from launchers.common import python_path, rank_entry, rank_env, runtime_env, torchrun_args, user_code_dir
 from launchers.snapshot import PROJECT_ROOT, next_snapshot_dir, take_snapshot, take_user_code
+from launchers.slurm.grow import grow_jobs, save_parameters, submit_grow
 
 @dataclass
 class SlurmRequest:
@@ -219,10 +220,24 @@ class SlurmBackend(Backend[SlurmRequest]):
 
     def cancel(self, run: Run) -> str:
         job_id = own_job_id(run)
-        r = subprocess.run(["scancel", job_id], capture_output=True, text=True, timeout=60)
+        grown = [str(g["job_id"]) for g in grow_jobs(run.run_dir) if g.get("of") == job_id and _active(str(g["job_id"]))]
+        r = subprocess.run(["scancel", job_id, *grown], capture_output=True, text=True, timeout=60)
         if r.returncode:
             raise UserError("RUN", run.run_dir.name, f"scancel {job_id} failed: {r.stderr.strip()[:200]}")
-        return f"cancelled SLURM job {job_id} ({run.run_dir.name})"
+        return f"cancelled SLURM job {', '.join([job_id, *grown])} ({run.run_dir.name})"
+
+    def scale(self, run: Run, nodes: int) -> str:
+        """A second job whose nodes join the running attempt's rendezvous (launchers/slurm/grow.py)."""
+        job_id = own_job_id(run)
+        if slurm_state(job_id)[0] != "RUNNING":
+            raise UserError("RUN", run.run_dir.name, f"SLURM job {job_id} is {slurm_state(job_id)[0]}, not RUNNING: "
+                                                     "nothing to grow (submit it again with nodes=N to resume at "
+                                                     "that size)")
+        return submit_grow(run, nodes, job_id, _active)
+
+
+def _active(job_id: str) -> bool:
+    return slurm_state(job_id)[0] in ACTIVE_STATES
 
 
 def job_id_shape(run: Run, job_id: str) -> str:
@@ -308,6 +323,8 @@ def submit_jobs(dryruns: list[DryRun[SlurmRequest]]) -> list[str]:
             (run_dir / "slurm" / job.job_id).symlink_to(job_folder)
         runs.record_launch(run_dir, backend="slurm", job_id=job.job_id, nodes=d.plan.nodes,
                            gpus_per_node=d.plan.gpus_per_node, folder=str(job_folder), **code)
+        if d.plan.rendezvous.max_nodes > d.plan.nodes:  # what `fsdp-jobs scale` submits the added nodes with
+            save_parameters(run_dir, d.request.parameters)
     return [str(job.job_id) for job in jobs]
 
 

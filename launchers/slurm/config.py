@@ -54,10 +54,6 @@ def register() -> None:
 def validate(cl: Any) -> None:
     """The checks of cluster.* keys the types alone do not express; the first bad key raises UserError."""
     positive("cluster.time_min", cl.time_min)
-    if cl.max_nodes is not None:  # fsdp-jobs scale grows a running job where new nodes can join it
-        raise UserError("cluster.max_nodes", cl.max_nodes, "null: an allocation's nodes are fixed, so a running "
-                        "cluster=slurm job cannot grow; resubmit the same name with nodes=N (it resumes from its "
-                        "newest checkpoint at the new size)")
     positive("cluster.signal_delay_s", cl.signal_delay_s)
     positive("cluster.max_timeouts", cl.max_timeouts, minimum=0)
     # TERM/INT/HUP are torchrun's own stop signals and USR1 is NCCL's: they cannot carry a requeue

@@ -12,6 +12,7 @@ Keeping the run alive:
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -118,12 +119,46 @@ def act(run_dir: Path, job_id: str, decision: Decision, reason: str, state: dict
 
 def agent_args(job: dict[str, Any], run_id: str, endpoint: str) -> list[str]:
     """torchrun's flags on a node of the allocation, from job.yaml: what the dry run shows (launchers/slurm/
-    backend.py), with this attempt's rendezvous id and the allocation's first node as the endpoint."""
-    nodes = job["nodes"]  # an allocation's nodes are fixed: its rendezvous never admits more (config.py)
+    backend.py), with this attempt's rendezvous id and the allocation's first node as the endpoint. Up to
+    cluster.max_nodes: the nodes a scale adds join from a second job (launchers/slurm/grow.py)."""
+    nodes, c = job["nodes"], job["cluster"]
     plan = SimpleNamespace(nodes=nodes, gpus_per_node=job["gpus_per_node"], rendezvous=SimpleNamespace(
-        backend="c10d", run_id=run_id, min_nodes=job["cluster"]["min_nodes"] or nodes, max_nodes=nodes,
-        max_restarts=job["cluster"]["max_restarts"]))
-    return torchrun_args(plan, endpoint, job["cluster"]["stop_grace_s"])
+        backend="c10d", run_id=run_id, min_nodes=c["min_nodes"] or nodes, max_nodes=c.get("max_nodes") or nodes,
+        max_restarts=c["max_restarts"]))
+    return torchrun_args(plan, endpoint, c["stop_grace_s"])
+
+
+RENDEZVOUS_FILE = "rendezvous.json"  # in RUN_DIR/slurm: the running attempt's, for the nodes a scale adds
+
+
+def write_rendezvous(run_dir: Path, job_id: str, attempt_id: str, run_id: str, endpoint: str) -> None:
+    """Task 0 of a job that may grow (cluster.max_nodes) says where its attempt's rendezvous is."""
+    (run_dir / "slurm").mkdir(exist_ok=True)
+    runs.write_atomic(run_dir / "slurm" / RENDEZVOUS_FILE, json.dumps(
+        {"job_id": job_id, "attempt": attempt_id, "run_id": run_id, "endpoint": endpoint}) + "\n")
+
+
+def read_rendezvous(run_dir: Path) -> dict[str, Any]:
+    try:
+        record = json.loads((run_dir / "slurm" / RENDEZVOUS_FILE).read_text())
+    except (OSError, ValueError):
+        return {}
+    return record if isinstance(record, dict) else {}
+
+
+def start_agent(job: dict[str, Any], run_dir: Path, run_id: str, endpoint: str, attempt_id: str,
+                error_file: Path) -> subprocess.Popen[bytes]:
+    """This node's torchrun agent (in the node wrapper, launchers/node.py), in a process group of its own
+    that ignores the job's stop signal (the ranks handle it). attempt_id: which attempt the ranks belong
+    to (fsdp_jobs/failures.py tells attempts apart by it)."""
+    cmd = [sys.executable, "-m", NODE_WRAPPER, *agent_args(job, run_id, endpoint),
+           *rank_entry(job, str(run_dir), os.environ.get(USER_CODE_ENV))]
+    error_file.parent.mkdir(exist_ok=True)
+    error_file.unlink(missing_ok=True)
+    node = os.environ.get("SLURMD_NODENAME") or socket.gethostname()  # how the ranks name their node
+    return subprocess.Popen(cmd, preexec_fn=_ignore_stop_signal(job["cluster"]["signal"]),
+                            env={**os.environ, "TORCHELASTIC_ERROR_FILE": str(error_file),
+                                 "FSDP_JOBS_NODE": node, ATTEMPT_ENV: attempt_id})
 
 
 class NodeTask(submitit.helpers.Checkpointable):
@@ -157,19 +192,13 @@ class NodeTask(submitit.helpers.Checkpointable):
               f"(slurm node {os.environ.get('SLURMD_NODENAME')}) job {job_id} attempt {attempt} "
               f"rendezvous {master}:{port} code {Path(__file__).resolve().parent.parent}", flush=True)
 
-        cmd = [sys.executable, "-m", NODE_WRAPPER, *agent_args(job, f"{raw_id}-{attempt}", f"{master}:{port}"),
-               *rank_entry(job, str(run_dir), os.environ.get(USER_CODE_ENV))]
+        run_id, endpoint = f"{raw_id}-{attempt}", f"{master}:{port}"
+        if env.global_rank == 0 and (job["cluster"].get("max_nodes") or 0) > job["nodes"]:
+            write_rendezvous(run_dir, job_id, f"{job_id}.{attempt}", run_id, endpoint)
         signal.signal(signal.SIGTERM, self._on_sigterm)
         # the agent writes its failing rank's exception here, so the job's reason can name it
         error_file = run_dir / "logs" / f"torchrun-error-{job_id}-node{env.node}.json"
-        error_file.parent.mkdir(exist_ok=True)
-        error_file.unlink(missing_ok=True)
-        node = os.environ.get("SLURMD_NODENAME") or socket.gethostname()  # how the ranks name their node
-        self._proc = subprocess.Popen(cmd, preexec_fn=_ignore_stop_signal(job["cluster"]["signal"]),
-                                      env={**os.environ, "TORCHELASTIC_ERROR_FILE": str(error_file),
-                                           "FSDP_JOBS_NODE": node,
-                                           # which requeue: fsdp_jobs/failures.py tells attempts apart by it
-                                           ATTEMPT_ENV: f"{job_id}.{attempt}"})
+        self._proc = start_agent(job, run_dir, run_id, endpoint, f"{job_id}.{attempt}", error_file)
         rc = self._proc.wait()
         settle_user_state(job, run_dir, rc)  # a plain script exiting 0 completed (it writes no state.json)
         state = runs.read_state(run_dir)

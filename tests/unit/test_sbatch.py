@@ -63,7 +63,7 @@ def test_excluded_nodes_reach_the_exclude_line_and_the_job_keeps_them(run_root):
     assert s["exclude"] == "c3,gpu-17"
 
 
-@pytest.mark.parametrize("extra", [(), ("cluster.min_nodes=1",)])
+@pytest.mark.parametrize("extra", [(), ("cluster.min_nodes=1",), ("cluster.max_nodes=3",)])
 def test_each_node_task_starts_torchrun_with_the_flags_the_plan_gives(extra):
     """launchers/slurm/node_task.py builds torchrun's flags on the node from job.yaml alone (no plan
     there): they are the plan's, but for the attempt's rendezvous id and the first node as endpoint.
@@ -83,8 +83,65 @@ def test_each_node_task_starts_torchrun_with_the_flags_the_plan_gives(extra):
     assert agent_args(job, "7-0", "n1:20007") == expected
 
 
-def test_a_slurm_job_cannot_be_given_room_to_grow(run_root):
+def test_a_slurm_job_may_be_given_room_to_grow(run_root):
+    """(the node tasks' flags for it: test_each_node_task_starts_torchrun_with_the_flags_the_plan_gives)"""
     r = cli("cluster=slurm", f"run_root={run_root}", "name=s", "dry_run=true", "nodes=2", "cluster.max_nodes=3")
-    assert r.returncode == 2 and r.stdout == "" and len(r.stderr.strip().splitlines()) == 1, r.stderr
-    assert "cluster.max_nodes" in r.stderr and "resubmit the same name with nodes=N" in r.stderr
-    assert list(run_root.iterdir()) == []
+    assert r.returncode == 0, r.stderr
+    assert "    min_nodes: 2\n    max_nodes: 3\n" in r.stdout
+
+
+def test_a_grow_job_is_the_job_for_more_nodes_never_requeued_and_outlasting_the_job():
+    """launchers/slurm/grow.py: the grow job keeps the job's partition, setup and stop signal; it must
+    not be requeued on its own (its nodes belong to one attempt's rendezvous), and its time limit is the
+    job's remaining time plus a margin, so the job's own stop signal comes first."""
+    from launchers.slurm.grow import GROW_TIME_MARGIN_MIN, grow_parameters
+
+    job = {"job_name": "big", "nodes": 2, "time": 60, "partition": "gpu", "setup": ["export A=1"],
+           "additional_parameters": {"requeue": True, "signal": "USR2@120", "exclude": "c3"}}
+    g = grow_parameters(job, 1, 17 + GROW_TIME_MARGIN_MIN)
+    assert g["nodes"] == 1 and g["job_name"] == "big-grow" and g["time"] == 22
+    assert g["partition"] == "gpu" and g["setup"] == ["export A=1"]
+    assert g["additional_parameters"] == {"no-requeue": True, "signal": "USR2@120", "exclude": "c3"}
+    assert job["nodes"] == 2 and job["additional_parameters"]["requeue"] is True  # the job's own are untouched
+
+
+@pytest.mark.parametrize("left, minutes", [("1-02:03:04", 1564), ("2:03:00", 123), ("14:59", 15), ("0:30", 1),
+                                           ("UNLIMITED", 60), ("", 60)])
+def test_a_grow_job_gets_the_jobs_remaining_minutes(monkeypatch, left, minutes):
+    import subprocess
+
+    from launchers.slurm import grow
+
+    monkeypatch.setattr(grow.subprocess, "run", lambda *a, **k: subprocess.CompletedProcess(a, 0, left + "\n", ""))
+    assert grow.minutes_left("7", default=60) == minutes
+
+
+def test_a_grow_is_refused_in_one_line_before_the_job_trains_or_when_it_would_not_grow(tmp_path):
+    """launchers/slurm/grow.py: nothing is submitted for a job whose current attempt has not recorded its
+    rendezvous (still starting, or requeued), nor for a node count it already has with its grow jobs."""
+    from fsdp_jobs import runs
+    from fsdp_jobs.errors import UserError
+    from fsdp_jobs.status import Run
+    from launchers.slurm import grow
+    from launchers.slurm.node_task import write_rendezvous
+
+    run_dir = tmp_path / "big"
+    (run_dir / "slurm").mkdir(parents=True)
+    runs.write_atomic(run_dir / "job.yaml", "nodes: 2\ncluster: {time_min: 60}\n")
+    run = Run(run_dir, {"backend": "slurm", "job_id": "41"})
+    with pytest.raises(UserError, match="not training yet"):
+        grow.submit_grow(run, 3, "41", active=lambda j: True)
+    runs.write_state(run_dir, status="running", step=5)
+    write_rendezvous(run_dir, "40", "40.0", "40-0", "n1:20040")  # an older job's record
+    with pytest.raises(UserError, match="not training yet"):
+        grow.submit_grow(run, 3, "41", active=lambda j: True)
+    write_rendezvous(run_dir, "41", "41.1", "41-1", "n2:20041")
+    (run_dir / "slurm" / grow.GROW_FILE).write_text(
+        '{"job_id": "42", "nodes": 1, "of": "41", "run_id": "41-1"}\n'
+        '{"job_id": "43", "nodes": 1, "of": "41", "run_id": "41-0"}\n')  # joined the attempt before the requeue
+    with pytest.raises(UserError, match="has 3 nodes already"):
+        grow.submit_grow(run, 3, "41", active=lambda j: True)
+    with pytest.raises(UserError, match="parameters.json is missing"):  # 4 > 3: it would submit
+        grow.submit_grow(run, 4, "41", active=lambda j: True)
+    with pytest.raises(UserError, match="parameters.json is missing"):  # job 42 ended: 2 nodes now
+        grow.submit_grow(run, 3, "41", active=lambda j: j != "42")
