@@ -153,6 +153,7 @@ def test_scale_grows_an_elastic_pytorchjob_and_refuses_a_jobset(fake_cluster: Fa
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "without cluster.max_nodes" in r.stderr
     r = submit(fake, run_root, "cluster.kind=jobset", "cluster.max_nodes=3", "name=js2")
     assert r.returncode == 2 and "cluster.max_nodes" in r.stderr and "pytorchjob" in r.stderr, r.stderr
+    assert r.stderr.count("\n") == 1 and "spec.replicatedJobs" in r.stderr and "ElasticJobSet" in r.stderr, r.stderr
 
 
 def test_a_refused_job_is_one_line_and_leaves_nothing_behind(fake_cluster: FakeCluster, run_root: Path) -> None:
