@@ -100,7 +100,8 @@ def run(argv: list[str], environ: Optional[dict[str, str]] = None) -> int:
         if signal.getsignal(s) is not signal.SIG_IGN:
             signal.signal(s, forward)
     rc = preflight_status(supervise_agent(agent, Path(run_dir), node), Path(run_dir), node,
-                          engine_restarts=environ.get(ENGINE_RESTARTS_ENV) == "1")
+                          engine_restarts=environ.get(ENGINE_RESTARTS_ENV) == "1",
+                          termination_log=environ.get(TERMINATION_LOG_ENV))
     goodput.append_event(Path(run_dir), "node_end", node=node, rc=rc)
     if rc and rc != PREFLIGHT_FAILED_RC:
         cause = root_cause(env["TORCHELASTIC_ERROR_FILE"])
@@ -109,16 +110,24 @@ def run(argv: list[str], environ: Optional[dict[str, str]] = None) -> int:
 
 
 PREFLIGHT_FAILED_RC = 3
-# set by a backend whose engine restarts a node that exits non-zero by itself (Docker's restart: on-failure)
+# set by a backend whose engine restarts a node that exits non-zero by itself, with no rule to tell exit 3
+# apart (Docker's restart: on-failure, a PyTorchJob's OnFailure: launchers/kubernetes/manifests.py)
 ENGINE_RESTARTS_ENV = "FSDP_JOBS_ENGINE_RESTARTS"
+# a file whose text the engine keeps after the node ended (a Kubernetes container's terminationMessagePath):
+# the preflight's verdict is written there, so the job's status can name it without reading the run dir
+TERMINATION_LOG_ENV = "FSDP_JOBS_TERMINATION_LOG"
+PREFLIGHT_MESSAGE = "fsdp-jobs preflight named a node: "  # how that text starts (launchers/kubernetes/backend.py)
+TERMINATION_LOG_MAX = 4000  # the kubelet keeps 4096 bytes of it
 
 
-def preflight_status(rc: int, run_dir: Path, node: str, engine_restarts: bool = False) -> int:
+def preflight_status(rc: int, run_dir: Path, node: str, engine_restarts: bool = False,
+                     termination_log: Optional[str] = None) -> int:
     """The ranks exit 0 after a preflight that named a node (a failure would make torchrun restart them
     into the same checks): the node's status is then non-zero, as the job's (fsdp_jobs/runtime/preflight.py).
     Except where the engine restarts failed nodes by itself: there a non-zero status would rerun the same
-    checks on the same nodes until its restarts are used up, so the node exits 0 and the job's supervisor
-    reads the verdict from state.json (launchers/supervisor.py's exit_status)."""
+    checks on the same nodes until its restarts are used up, so the node exits 0 and whoever reports the
+    job reads the verdict: Docker's supervisor from state.json (launchers/supervisor.py's exit_status),
+    `fsdp-jobs status` of a Kubernetes job from the container's termination message (`termination_log`)."""
     if rc == 0:
         from fsdp_jobs import runs
 
@@ -126,8 +135,19 @@ def preflight_status(rc: int, run_dir: Path, node: str, engine_restarts: bool = 
         if state.get("status") == "failed" and state.get("stage") == "preflight":
             print(f"fsdp-jobs: {node}: stopped before training: {state.get('reason')}"
                   + ("; not restarted" if engine_restarts else ""), flush=True)
+            if termination_log:
+                write_termination_log(termination_log, f"{PREFLIGHT_MESSAGE}{state.get('reason')}")
             return 0 if engine_restarts else PREFLIGHT_FAILED_RC
     return rc
+
+
+def write_termination_log(path: str, text: str) -> None:
+    """Best effort: the node's exit status says the same where the engine has a rule for it."""
+    try:
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(text.encode("utf-8")[:TERMINATION_LOG_MAX].decode("utf-8", "ignore"))
+    except OSError as e:
+        print(f"fsdp-jobs: cannot write the termination message {path}: {e}", flush=True)
 
 
 def job_fault(run_dir: Path) -> Optional[dict[str, Any]]:

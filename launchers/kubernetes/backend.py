@@ -28,6 +28,7 @@ from launchers.kubernetes import manifests
 from launchers.base import Backend, DryRun, JobState, JobStatus, Run, Submitted
 from launchers.common import runtime_env, torchrun_args
 from launchers.kubernetes.api import api_client, explain, require_package
+from launchers.node import PREFLIGHT_MESSAGE
 
 TIMESTAMP = re.compile(r"^\d{4}-\d\d-\d\dT[0-9:.]+Z ")  # TorchX asks the API for timestamped lines
 INSTALL_HINT = {"volcano": "Volcano (volcano.sh)", "pytorchjob": "the Kubeflow training-operator",
@@ -45,6 +46,7 @@ def _condition_state(kind: str, status: dict[str, Any]) -> tuple[JobState, str]:
     """The newest true condition of a PyTorchJob / JobSet, in the common vocabulary."""
     conds = [c for c in status.get("conditions") or [] if str(c.get("status")) == "True"]
     last = conds[-1]["type"] if conds else ""
+    reason = conds[-1].get("reason") if conds else None
     table = {"Succeeded": JobState.SUCCEEDED, "Completed": JobState.SUCCEEDED, "Failed": JobState.FAILED,
              "Running": JobState.RUNNING, "Restarting": JobState.RUNNING, "Created": JobState.PENDING,
              "Suspended": JobState.PENDING}
@@ -53,6 +55,8 @@ def _condition_state(kind: str, status: dict[str, Any]) -> tuple[JobState, str]:
         active = sum(int(r.get("active") or 0) for r in status.get("replicatedJobsStatus") or [])
         state = JobState.RUNNING if active else JobState.PENDING
         last = f"{'active' if active else 'no active'} Jobs, restarts {status.get('restarts', 0)}"
+    elif state is JobState.FAILED and reason:  # e.g. JobSet's FailJobSetFailurePolicyAction, ReachedMaxRestarts
+        last = f"{last} ({reason})"
     return state, last or "no conditions yet"
 
 
@@ -188,7 +192,36 @@ class KubernetesBackend(Backend[manifests.Request]):
                                  "or deleted)", info)
             raise explain(e, f"cannot read {k.kind} {ns}/{name}", client) from None
         state, why = _condition_state(kind, body.get("status") or {})
+        state, why = self._with_preflight(client, run, state, why, info)
         return JobStatus(state, f"{state.value} ({k.kind} {ns}/{name}: {why})", info)
+
+    def _with_preflight(self, client: Any, run: Run, state: JobState, why: str,
+                        info: dict[str, Any]) -> tuple[JobState, str]:
+        """A job that ended after a preflight named a node is FAILED, with the verdict: a PyTorchJob's nodes
+        exit 0 then (launchers/kubernetes/manifests.py), so its operator calls it Succeeded."""
+        verdict = self._preflight_verdict(client, run) if state in (JobState.SUCCEEDED, JobState.FAILED) else None
+        if verdict is None:
+            return state, why
+        info["preflight"] = verdict
+        return JobState.FAILED, "; ".join(w for w in (why, f"the preflight named a node, not restarted: {verdict}") if w)
+
+    def _preflight_verdict(self, client: Any, run: Run) -> Optional[str]:
+        """The verdict every node wrote as its termination message (launchers/node.py), from the first pod
+        whose container has ended; None when it ended otherwise, or no pod can be read."""
+        from kubernetes import client as k8s
+
+        core = k8s.CoreV1Api(client)
+        for node in range(int(run.launch.get("nodes") or 1)):
+            try:
+                pod = self._pod(core, run, node)
+            except Exception:  # noqa: BLE001 - best effort: the job's own state stands
+                return None
+            for cs in ((pod or {}).get("status") or {}).get("containerStatuses") or []:
+                ended = (cs.get("state") or {}).get("terminated")
+                if ended:
+                    message = str(ended.get("message") or "").strip()
+                    return message[len(PREFLIGHT_MESSAGE):] if message.startswith(PREFLIGHT_MESSAGE) else None
+        return None
 
     def _describe_volcano(self, client: Any, run: Run, info: dict[str, Any]) -> JobStatus:
         from torchx.schedulers.kubernetes_scheduler import create_scheduler
@@ -203,7 +236,8 @@ class KubernetesBackend(Backend[manifests.Request]):
         if state is JobState.UNKNOWN:  # the job exists, but Volcano has not given it a status yet
             state = JobState.PENDING
         pods = ", ".join(f"{r.role}-{r.id} {r.state.name}" for rs in resp.roles_statuses for r in rs.replicas)
-        return JobStatus(state, f"{state.value} (Volcano Job {ns}/{name}{': ' + pods if pods else ''})", info)
+        state, why = self._with_preflight(client, run, state, pods, info)
+        return JobStatus(state, f"{state.value} (Volcano Job {ns}/{name}{': ' + why if why else ''})", info)
 
     def cancel(self, run: Run) -> str:
         kind, ns, name = self._where(run)

@@ -52,6 +52,12 @@ def register() -> None:
 
 
 K8S_KINDS = ("volcano", "pytorchjob", "jobset")
+# why a running job of these kinds cannot grow (the JobSet CRD targeted is v0.12.0: tests/kubernetes/crds)
+FIXED_SIZE = {
+    "jobset": "JobSet v0.12.0's webhook keeps spec.replicatedJobs (parallelism and completions included) "
+              "immutable unless its alpha ElasticJobSet feature gate, off by default, is on",
+    "volcano": "a Volcano Job's tasks and replicas are fixed once created",
+}
 _DNS_LABEL = r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?"
 
 
@@ -62,8 +68,8 @@ def validate(cl: Any) -> None:
                         "fsdp_jobs installed (deploy/docker/Dockerfile builds one), e.g. cluster.image=REGISTRY/fsdp-jobs:TAG")
     choice("cluster.kind", cl.kind, K8S_KINDS)
     if cl.max_nodes is not None and cl.kind != "pytorchjob":  # launchers/kubernetes/backend.py: scale
-        raise UserError("cluster.max_nodes", cl.max_nodes, f"null with cluster.kind={cl.kind}: its size is fixed once "
-                        "created; cluster.kind=pytorchjob (elastic) can grow")
+        raise UserError("cluster.max_nodes", cl.max_nodes, f"null with cluster.kind={cl.kind}: {FIXED_SIZE[cl.kind]}; "
+                        "cluster.kind=pytorchjob (elastic) can grow")
     choice("cluster.gpus", str(cl.gpus).lower(), ("auto", "true", "false"))
     for key in ("namespace", "pvc", "service_account", "queue", "priority_class"):
         value = cl[key]

@@ -31,6 +31,7 @@ from omegaconf import OmegaConf
 
 from fsdp_jobs.errors import UserError
 from launchers.common import NODE_WRAPPER, python_path, rank_entry, rank_env, runtime_env, torchrun_args
+from launchers.node import ENGINE_RESTARTS_ENV, PREFLIGHT_FAILED_RC, TERMINATION_LOG_ENV
 
 ROLE = "node"  # TorchX role / JobSet replicated job: pods are <job>-node-<k>-0
 CONFIG_DIR = "/etc/fsdp-jobs"  # where the ConfigMap is mounted
@@ -41,6 +42,11 @@ LABEL_JOB = "fsdp-jobs/job"
 MANAGED_BY = {"app.kubernetes.io/managed-by": "fsdp-jobs"}
 DEFAULT_PORT = 29500  # cluster.rdzv_port=null: every job has its own pods, so no clash
 NAME_PREFIX_MAX = 30  # + "-" + TorchX's suffix (<= 14) + "-node-NN-0" stays within a 63-char hostname
+TERMINATION_LOG = "/dev/termination-log"  # the kubelet keeps what the node writes here in the pod's status
+# A preflight that named a node ends the job at once, failed, by each kind's own rule (not the kind's
+# restarts, which would rerun the same checks on the same nodes): what each controller does with these is
+# in tests/kubernetes/crds/SOURCES.md, and tests/kubernetes/fake_apiserver.py plays it
+PREFLIGHT_RULE = "PreflightNamedANode"  # JobSet rule names: [A-Za-z][A-Za-z0-9_,:]*
 
 
 @dataclass(frozen=True)
@@ -222,7 +228,11 @@ def secure_pod(pod: dict[str, Any], plan: Any, cfg: Any, configmap: str, job: st
     ctr["securityContext"] = {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]},
                               "privileged": False, "runAsNonRoot": True}
     ctr["volumeMounts"].append({"name": CONFIG_VOLUME, "mountPath": CONFIG_DIR, "readOnly": True})
+    # a preflight's verdict outlives the pod there: `fsdp-jobs status` reads it (launchers/node.py)
+    ctr["terminationMessagePath"] = TERMINATION_LOG
+    ctr["terminationMessagePolicy"] = "File"
     env = ctr.setdefault("env", [])
+    env.append({"name": TERMINATION_LOG_ENV, "value": TERMINATION_LOG})
     env.append({"name": "FSDP_JOBS_NODE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}})
     for var, ref in sorted(c.secret_env.items()):  # only the reference is in job.yaml and the manifests
         secret, key = str(ref).split("/", 1)
@@ -283,6 +293,10 @@ def volcano(plan: Any, cfg: Any) -> Request:
     resource["metadata"].update(_meta(plan, cfg, job))
     for task in resource["spec"]["tasks"]:
         secure_pod(task["template"], plan, cfg, f"{job}-job", job)
+        # Volcano takes a task's first matching policy, and a task's before the job's: exit 3 must come
+        # before TorchX's PodFailed -> RestartJob. TerminateJob ends the job Terminated (TorchX: FAILED) and
+        # is not resumable; AbortJob would read CANCELLED, CompleteJob SUCCEEDED
+        task["policies"] = [{"exitCode": PREFLIGHT_FAILED_RC, "action": "TerminateJob"}, *task.get("policies", [])]
     info.request.resource = resource  # TorchX's schedule() sends exactly this
     return Request("volcano", c.namespace, c.context, job,
                    [configmap(plan, cfg, job), network_policy(plan, cfg, job), resource],
@@ -308,6 +322,12 @@ def pytorchjob(plan: Any, cfg: Any) -> Request:
     job = unique_name(name_prefix(plan.name))
     # the operator finds its container and port by these names
     pod = _pod_template(plan, cfg, "pytorchjob", job, "pytorch", "pytorchjob-port", "OnFailure")
+    # The operator has no rule for one exit code: OnFailure restarts a container that exits 3 until backoffLimit,
+    # and restartPolicy ExitCode makes every exit 1-127 permanent (a crashed torchrun's 1 would fail the job,
+    # not restart it) and recreates pods for 128-255 with no bound (backoffLimit counts restartCount, which
+    # a recreated pod resets). So, as on Docker, the nodes exit 0 after a preflight that named a node (the
+    # elastic job ends Succeeded) and `fsdp-jobs status` says FAILED from the pods' termination message
+    pod["spec"]["containers"][0]["env"].append({"name": ENGINE_RESTARTS_ENV, "value": "1"})
     scheduling: dict[str, Any] = {"queue": c.queue, "minAvailable": r.min_nodes}
     if c.priority_class:
         scheduling["priorityClass"] = c.priority_class
@@ -345,16 +365,24 @@ def headless_service(plan: Any, cfg: Any, job: str) -> dict[str, Any]:
 def jobset(plan: Any, cfg: Any) -> Request:
     c = cfg.cluster
     job = unique_name(name_prefix(plan.name))
-    # a failed pod fails its Job (backoffLimit 0), and the JobSet restarts every pod (failurePolicy)
-    pod = _pod_template(plan, cfg, "jobset", job, "node", "c10d", "Never")
+    # a failed pod fails its Job (backoffLimit 0), and the JobSet restarts every pod (failurePolicy), but
+    # for exit 3 (a preflight named a node): the Job fails by its podFailurePolicy (reason PodFailurePolicy,
+    # needs restartPolicy Never), and the JobSet's first matching rule fails it for that reason
+    container = "node"
+    pod = _pod_template(plan, cfg, "jobset", job, container, "c10d", "Never")
     body = {
         "apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSet", "metadata": _meta(plan, cfg, job),
         "spec": {
             "network": {"enableDNSHostnames": True, "subdomain": job, "publishNotReadyAddresses": True},
-            "failurePolicy": {"maxRestarts": int(c.max_retries)},
+            "failurePolicy": {"maxRestarts": int(c.max_retries), "rules": [
+                {"name": PREFLIGHT_RULE, "action": "FailJobSet", "onJobFailureReasons": ["PodFailurePolicy"],
+                 "targetReplicatedJobs": [ROLE]}]},
             "replicatedJobs": [{"name": ROLE, "replicas": 1, "template": {"spec": {
                 "parallelism": plan.nodes, "completions": plan.nodes, "completionMode": "Indexed",
-                "backoffLimit": 0, "template": pod}}}],
+                "backoffLimit": 0, "podFailurePolicy": {"rules": [
+                    {"action": "FailJob", "onExitCodes": {"containerName": container, "operator": "In",
+                                                          "values": [PREFLIGHT_FAILED_RC]}}]},
+                "template": pod}}}],
         },
     }
     return Request("jobset", c.namespace, c.context, job,

@@ -11,6 +11,14 @@ real server with the CRDs installed. It keeps state, plays a minimal controller 
 when it is created, owned objects are garbage-collected with their owner), and serves pod logs that
 the test writes. What it does not do: scheduling, admission webhooks, CEL rules, RBAC (tests check the
 requests it logged against deploy/kubernetes/rbac.yaml instead).
+
+`State.end_containers` plays what happens when every container of a job exits with one code: the
+kubelet (restartPolicy, termination message) and the job's controller acting by the restart and failure
+rules the stored object carries (Volcano's policies and maxRetry; the training-operator's restartPolicy
+and backoffLimit; the Job controller's podFailurePolicy and backoffLimit, then JobSet's failurePolicy).
+That is our reading of those controllers' source (tests/kubernetes/crds/SOURCES.md names the files),
+written again in a few lines: it checks that our objects say what we mean to those rules, not that
+the controllers behave so. One failure at a time, every pod alike; no timing, events or partial restarts.
 """
 
 from __future__ import annotations
@@ -87,7 +95,7 @@ class State:
     def set_job_status(self, ns: str, name: str, status: dict[str, Any]) -> None:
         with self.lock:
             job = next(o for o in self.jobs() if o["metadata"]["name"] == name and o["metadata"]["namespace"] == ns)
-            job["status"] = status
+            job["status"] = copy.deepcopy(status)  # the controllers below change it: never the caller's dict
 
     def set_pods(self, ns: str, job: str, phase: str, restart: bool = False, only: Optional[str] = None) -> None:
         """Pending | Running | Succeeded | Failed for every pod of the job, or the pod `only`
@@ -107,6 +115,182 @@ class State:
     def write_log(self, ns: str, pod: str, *lines: str) -> None:
         with self.lock:
             self.logs.setdefault((ns, pod), []).extend(lines)
+
+    # ---- the controllers' minimal part ---------------------------------------------------------
+
+    def start(self, job: dict[str, Any]) -> None:
+        """The job's first status and its pods."""
+        kind, spec = job["kind"], job["spec"]
+        if kind == "Job":
+            job["status"] = {"state": {"phase": "Pending"}}
+        elif kind == "PyTorchJob":
+            job["status"] = {"conditions": [{"type": "Created", "status": "True"}]}
+        else:
+            job["status"] = {"replicatedJobsStatus": [{"name": spec["replicatedJobs"][0]["name"], "active": 0}],
+                             "restarts": 0}
+        self.make_pods(job)
+
+    def make_pods(self, job: dict[str, Any]) -> None:
+        """The job's pods, named as Volcano / the operator / the Job controller name them (fresh ones replace
+        those of an earlier attempt)."""
+        kind, name, ns = job["kind"], job["metadata"]["name"], job["metadata"]["namespace"]
+        spec = job["spec"]
+        for old in self.pods(ns, name):
+            del self.objects[("pods", ns, old["metadata"]["name"])]
+        if kind == "Job":
+            pods = [(f"{name}-{t['name']}-0", t["template"], str(i)) for i, t in enumerate(spec["tasks"])]
+        elif kind == "PyTorchJob":
+            w = spec["pytorchReplicaSpecs"]["Worker"]
+            pods = [(f"{name}-worker-{i}", w["template"], str(i)) for i in range(w["replicas"])]
+        else:
+            rj = spec["replicatedJobs"][0]
+            n = rj["template"]["spec"]["parallelism"]
+            pods = [(f"{name}-{rj['name']}-0-{i}-{secrets.token_hex(3)[:5]}", rj["template"]["spec"]["template"], str(i))
+                    for i in range(n)]
+        for pod_name, template, index in pods:
+            labels = {**(template.get("metadata") or {}).get("labels", {}), "fake/job": name}
+            annotations = dict((template.get("metadata") or {}).get("annotations") or {})
+            if kind == "JobSet":
+                labels["jobset.sigs.k8s.io/jobset-name"] = name
+                annotations["batch.kubernetes.io/job-completion-index"] = index
+            pod = {"apiVersion": "v1", "kind": "Pod",
+                   "metadata": {"name": pod_name, "namespace": ns, "uid": str(uuid.uuid4()), "labels": labels,
+                                "annotations": annotations,
+                                "creationTimestamp": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                                "ownerReferences": [{"apiVersion": job["apiVersion"], "kind": kind, "name": name,
+                                                     "uid": job["metadata"]["uid"]}]},
+                   "spec": copy.deepcopy(template["spec"]),
+                   "status": {"phase": "Pending", "containerStatuses": [
+                       {"name": template["spec"]["containers"][0]["name"], "restartCount": 0, "ready": False,
+                        "image": "", "imageID": "", "state": {"waiting": {"reason": "ContainerCreating"}}}]}}
+            self.objects[("pods", ns, pod_name)] = pod
+
+    def end_containers(self, ns: str, job: str, exit_code: int, message: str = "") -> str:
+        """Every container of the job's pods exits with `exit_code`, writing `message` as its termination
+        message; then the kubelet and the job's controller act by the rules the job object carries, as far as
+        tests/kubernetes/crds/SOURCES.md tells what each controller does with them (our reading of their
+        source, not the controllers themselves). Returns what the controller did, for the test's message."""
+        with self.lock:
+            obj = next(o for o in self.jobs() if o["metadata"]["name"] == job and o["metadata"]["namespace"] == ns)
+            act = {"Job": _volcano, "PyTorchJob": _pytorchjob, "JobSet": _jobset}[obj["kind"]]
+            return act(self, obj, exit_code, message)
+
+
+def _terminate(pod: dict[str, Any], exit_code: int, message: str) -> None:
+    cs = pod["status"]["containerStatuses"][0]
+    cs["state"] = {"terminated": {"exitCode": exit_code, "message": message, "reason": "Completed" if exit_code == 0
+                                  else "Error"}}
+    pod["status"]["phase"] = "Succeeded" if exit_code == 0 else "Failed"
+
+
+def _pytorchjob(st: "State", job: dict[str, Any], code: int, message: str) -> str:
+    """training-operator v1.9: OnFailure/Always restart the container in place (the kubelet) until the pods'
+    restartCounts reach runPolicy.backoffLimit; ExitCode: 1-127 fail the job, 128-255 recreate the pod; an
+    elastic job with any Worker succeeded is Succeeded."""
+    spec = job["spec"]
+    policy = spec["pytorchReplicaSpecs"]["Worker"].get("restartPolicy", "Never")
+    limit = spec.get("runPolicy", {}).get("backoffLimit")
+    conds = job["status"].setdefault("conditions", [])
+    for pod in st.pods(job["metadata"]["namespace"], job["metadata"]["name"]):
+        _terminate(pod, code, message)
+        if code and policy in ("OnFailure", "Always"):
+            cs = pod["status"]["containerStatuses"][0]
+            cs.update(restartCount=cs["restartCount"] + 1, lastState=cs["state"], state={"running": {}})
+            pod["status"]["phase"] = "Running"
+    if code == 0 and spec.get("elasticPolicy") is not None:
+        conds.append({"type": "Succeeded", "status": "True", "reason": "PyTorchJobSucceeded"})
+        return "Succeeded"
+    if code and (policy == "Never" or (policy == "ExitCode" and code < 128)):
+        conds.append({"type": "Failed", "status": "True", "reason": "PyTorchJobFailed"})
+        return "Failed"
+    if code and policy == "ExitCode":
+        st.make_pods(job)
+        return "recreated the pods"
+    restarts = sum(p["status"]["containerStatuses"][0]["restartCount"] for p in
+                   st.pods(job["metadata"]["namespace"], job["metadata"]["name"]))
+    if code and limit is not None and (restarts > 0 if limit == 0 else restarts >= limit):
+        conds.append({"type": "Failed", "status": "True", "reason": "BackoffLimitExceeded"})
+        return "Failed"
+    conds.append({"type": "Restarting", "status": "True", "reason": "PyTorchJobRestarting"})
+    return "restarted the containers"
+
+
+def _pod_failure_policy(job_spec: dict[str, Any], container: str, pod: str, code: int) -> Optional[tuple[str, str]]:
+    """The Job controller: the first podFailurePolicy rule whose onExitCodes match decides; (action, message)."""
+    for i, rule in enumerate((job_spec.get("podFailurePolicy") or {}).get("rules") or []):
+        req = rule.get("onExitCodes")
+        if not req or req.get("containerName") not in (None, container) or code == 0:
+            continue
+        if (code in req["values"]) == (req["operator"] == "In"):
+            return rule["action"], (f"Container {container} for pod {pod} failed with exit code {code} "
+                                    f"matching {rule['action']} rule at index {i}")
+    return None
+
+
+def _jobset(st: "State", job: dict[str, Any], code: int, message: str) -> str:
+    """Kubernetes' Job controller (podFailurePolicy, then backoffLimit), then JobSet v0.12's failure policy:
+    the first rule matching the failed Job's reason, message and replicated job acts; none: RestartJobSet,
+    which fails the JobSet once status.restarts reached failurePolicy.maxRestarts."""
+    ns, name, spec = job["metadata"]["namespace"], job["metadata"]["name"], job["spec"]
+    rj = spec["replicatedJobs"][0]
+    pods = st.pods(ns, name)
+    for pod in pods:
+        _terminate(pod, code, message)
+    if code == 0:
+        job["status"]["conditions"] = [{"type": "Completed", "status": "True", "reason": "AllJobsCompleted"}]
+        return "Completed"
+    container = pods[0]["status"]["containerStatuses"][0]["name"]
+    decided = _pod_failure_policy(rj["template"]["spec"], container, f"{ns}/{pods[0]['metadata']['name']}", code)
+    reason, why = ("PodFailurePolicy", decided[1]) if decided and decided[0] == "FailJob" else \
+        ("BackoffLimitExceeded", "Job has reached the specified backoff limit")
+    policy = spec.get("failurePolicy") or {}
+    action = next((r["action"] for r in policy.get("rules") or []
+                   if (not r.get("onJobFailureReasons") or reason in r["onJobFailureReasons"])
+                   and (not r.get("onJobFailureMessagePatterns")
+                        or any(re.search(p, why) for p in r["onJobFailureMessagePatterns"]))
+                   and (not r.get("targetReplicatedJobs") or rj["name"] in r["targetReplicatedJobs"])), "RestartJobSet")
+    status = job["status"]
+    if action == "FailJobSet":
+        status["conditions"] = [{"type": "Failed", "status": "True", "reason": "FailJobSetFailurePolicyAction"}]
+        return f"Failed ({reason}: {why})"
+    if status.get("restarts", 0) >= policy.get("maxRestarts", 0):
+        status["conditions"] = [{"type": "Failed", "status": "True", "reason": "ReachedMaxRestarts"}]
+        return f"Failed (ReachedMaxRestarts after {reason})"
+    status["restarts"] = status.get("restarts", 0) + 1
+    st.make_pods(job)
+    return f"restarted ({reason})"
+
+
+def _volcano(st: "State", job: dict[str, Any], code: int, message: str) -> str:
+    """Volcano v1.15: a failed pod's task policies in order, then the job's: the first whose events hold
+    PodFailed (or *) or whose exitCode is the container's acts. RestartJob counts status.retryCount and fails
+    the job at spec.maxRetry; TerminateJob: Terminated, AbortJob: Aborted, CompleteJob: Completed."""
+    ns, name, spec = job["metadata"]["namespace"], job["metadata"]["name"], job["spec"]
+    pods = st.pods(ns, name)
+    for pod in pods:
+        _terminate(pod, code, message)
+    state = job["status"].setdefault("state", {})
+    if code == 0:
+        state["phase"] = "Completed"
+        return "Completed"
+    task = next(t for t in spec["tasks"] if pods[0]["metadata"]["name"] == f"{name}-{t['name']}-0")
+    action = "SyncJob"
+    for policy in [*(task.get("policies") or []), *(spec.get("policies") or [])]:
+        events = policy.get("events") or ([policy["event"]] if policy.get("event") else [])
+        if ("PodFailed" in events or "*" in events) or policy.get("exitCode") == code:
+            action = policy["action"]
+            break
+    if action == "RestartJob":
+        job["status"]["retryCount"] = job["status"].get("retryCount", 0) + 1
+        if job["status"]["retryCount"] >= spec.get("maxRetry", 3):
+            state["phase"] = "Failed"
+            return "Failed (maxRetry)"
+        st.make_pods(job)
+        state["phase"] = "Running"
+        return "restarted (RestartJob)"
+    state["phase"] = {"TerminateJob": "Terminated", "AbortJob": "Aborted", "CompleteJob": "Completed"}.get(action,
+                                                                                                          "Running")
+    return state["phase"]
 
 
 class FakeAPIServer:
@@ -242,7 +426,7 @@ class _Handler(BaseHTTPRequestHandler):
                         creationTimestamp=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
             st.objects[(coll, ns, name)] = obj
             if coll.startswith("apis/") and kind != "NetworkPolicy":
-                self._start(obj)
+                st.start(obj)
         self._send(201, obj)
 
     def _list(self, coll: str, ns: str, q: dict[str, str], kind: str) -> None:
@@ -264,41 +448,6 @@ class _Handler(BaseHTTPRequestHandler):
                 for key, o in list(st.objects.items()):
                     if any(r.get("uid") == uid for r in o["metadata"].get("ownerReferences") or []):
                         gone.append(st.objects.pop(key)["metadata"]["uid"])
-
-    def _start(self, job: dict[str, Any]) -> None:
-        """The controller's part: the job's pods, named as Volcano / the operator / the Job controller name them."""
-        kind, name, ns = job["kind"], job["metadata"]["name"], job["metadata"]["namespace"]
-        spec = job["spec"]
-        if kind == "Job":
-            pods = [(f"{name}-{t['name']}-0", t["template"], str(i)) for i, t in enumerate(spec["tasks"])]
-            job["status"] = {"state": {"phase": "Pending"}}
-        elif kind == "PyTorchJob":
-            w = spec["pytorchReplicaSpecs"]["Worker"]
-            pods = [(f"{name}-worker-{i}", w["template"], str(i)) for i in range(w["replicas"])]
-            job["status"] = {"conditions": [{"type": "Created", "status": "True"}]}
-        else:
-            rj = spec["replicatedJobs"][0]
-            n = rj["template"]["spec"]["parallelism"]
-            pods = [(f"{name}-{rj['name']}-0-{i}-{secrets.token_hex(3)[:5]}", rj["template"]["spec"]["template"], str(i))
-                    for i in range(n)]
-            job["status"] = {"replicatedJobsStatus": [{"name": rj["name"], "active": 0}], "restarts": 0}
-        for pod_name, template, index in pods:
-            labels = {**(template.get("metadata") or {}).get("labels", {}), "fake/job": name}
-            annotations = dict((template.get("metadata") or {}).get("annotations") or {})
-            if kind == "JobSet":
-                labels["jobset.sigs.k8s.io/jobset-name"] = name
-                annotations["batch.kubernetes.io/job-completion-index"] = index
-            pod = {"apiVersion": "v1", "kind": "Pod",
-                   "metadata": {"name": pod_name, "namespace": ns, "uid": str(uuid.uuid4()), "labels": labels,
-                                "annotations": annotations,
-                                "creationTimestamp": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                                "ownerReferences": [{"apiVersion": job["apiVersion"], "kind": kind, "name": name,
-                                                     "uid": job["metadata"]["uid"]}]},
-                   "spec": copy.deepcopy(template["spec"]),
-                   "status": {"phase": "Pending", "containerStatuses": [
-                       {"name": template["spec"]["containers"][0]["name"], "restartCount": 0, "ready": False,
-                        "image": "", "imageID": "", "state": {"waiting": {"reason": "ContainerCreating"}}}]}}
-            self.server_state.objects[("pods", ns, pod_name)] = pod
 
     def _log(self, ns: str, pod_name: str, q: dict[str, str]) -> None:
         """The container's log; with follow=true, chunked, until the container has terminated."""

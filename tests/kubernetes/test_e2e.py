@@ -153,6 +153,7 @@ def test_scale_grows_an_elastic_pytorchjob_and_refuses_a_jobset(fake_cluster: Fa
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "without cluster.max_nodes" in r.stderr
     r = submit(fake, run_root, "cluster.kind=jobset", "cluster.max_nodes=3", "name=js2")
     assert r.returncode == 2 and "cluster.max_nodes" in r.stderr and "pytorchjob" in r.stderr, r.stderr
+    assert r.stderr.count("\n") == 1 and "spec.replicatedJobs" in r.stderr and "ElasticJobSet" in r.stderr, r.stderr
 
 
 def test_a_refused_job_is_one_line_and_leaves_nothing_behind(fake_cluster: FakeCluster, run_root: Path) -> None:
@@ -176,3 +177,65 @@ def test_a_refused_job_is_one_line_and_leaves_nothing_behind(fake_cluster: FakeC
     assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
     assert r.stderr.startswith("fsdp-jobs: error: ") and "HTTP 422" in r.stderr and "spec.runPolicy" in r.stderr
     assert fake_cluster.state.objects == {}, "the ConfigMap created before the refused job was deleted again"
+
+
+def node_exit(container: dict[str, Any], run_dir: Path, log: Path) -> tuple[int, str]:
+    """What a node's wrapper (launchers/node.py) exits with, and leaves as its termination message, after a
+    preflight that named node1, with the environment the manifest gives its container (the message goes to
+    `log` in place of the container's terminationMessagePath)."""
+    from fsdp_jobs import runs
+    from launchers.node import ENGINE_RESTARTS_ENV, TERMINATION_LOG_ENV, preflight_status
+
+    runs.write_state(run_dir, status="failed", stage="preflight", bad_nodes=["node1"],
+                     reason="preflight named node1: matmul TFLOPS 0.026 is 3.01x worse than the median node's")
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert env[TERMINATION_LOG_ENV] == container["terminationMessagePath"]
+    rc = preflight_status(0, run_dir, "node0", engine_restarts=env.get(ENGINE_RESTARTS_ENV) == "1",
+                          termination_log=str(log))
+    return rc, log.read_text() if log.exists() else ""
+
+
+@pytest.mark.parametrize("kind", ["volcano", "pytorchjob", "jobset"])
+def test_a_preflight_that_named_a_node_ends_the_job_failed_at_once(fake_cluster: FakeCluster, run_root: Path,
+                                                                    tmp_path: Path, kind: str) -> None:
+    """Against the FAKE API server, whose end_containers plays the kubelet and the kind's controller by the
+    rules the submitted object carries (fake_apiserver.py: our reading of their source, not the controllers):
+    every node ends as launchers/node.py ends it after a preflight that named a node, and the job ends at
+    once, with no restart, and `fsdp-jobs status` says FAILED with the verdict."""
+    fake, st = fake_cluster, fake_cluster.state
+    r = submit(fake, run_root, f"cluster.kind={kind}", "preflight=only")
+    assert r.returncode == 0, r.stderr
+    assert st.rejected == []
+    (job,) = st.jobs()
+    name = job["metadata"]["name"]
+    st.set_job_status(NS, name, RUNNING[kind])
+    st.set_pods(NS, name, "Running")
+    (pod_dir := tmp_path / "pvc-run").mkdir()
+    rc, message = node_exit(next(schemas.pod_templates(job))[1]["spec"]["containers"][0], pod_dir, tmp_path / "log")
+    # exit 3 where the kind has a rule for it; 0 on a PyTorchJob, whose operator has none (manifests.py)
+    assert rc == (0 if kind == "pytorchjob" else 3) and message.startswith("fsdp-jobs preflight named a node: ")
+    did = st.end_containers(NS, name, rc, message)
+    assert did.startswith({"volcano": "Terminated", "pytorchjob": "Succeeded",
+                           "jobset": "Failed (PodFailurePolicy: Container node for pod "}[kind]), did
+    assert all(p["status"]["containerStatuses"][0]["restartCount"] == 0 for p in st.pods(NS, name)), "no restart"
+    s = json.loads(ctl(fake, run_root, "status", "k8s-run").stdout)
+    assert s["state"] == "FAILED", s
+    assert "the preflight named a node, not restarted: preflight named node1: matmul" in s["detail"], s["detail"]
+    assert s["preflight"].startswith("preflight named node1")
+    assert all(rbac_allows(*req) for req in st.requests), [req for req in st.requests if not rbac_allows(*req)]
+
+
+@pytest.mark.parametrize("kind", ["volcano", "pytorchjob", "jobset"])
+def test_an_ordinary_crash_is_still_restarted(fake_cluster: FakeCluster, run_root: Path, kind: str) -> None:
+    """The preflight's rule takes exit 3 alone: torchrun giving up (the node exits 1) restarts the job as
+    before, by the kind's own restarts (the FAKE API server's reading of each controller, as above)."""
+    fake, st = fake_cluster, fake_cluster.state
+    assert submit(fake, run_root, f"cluster.kind={kind}").returncode == 0
+    (job,) = st.jobs()
+    name = job["metadata"]["name"]
+    st.set_job_status(NS, name, RUNNING[kind])
+    st.set_pods(NS, name, "Running")
+    did = st.end_containers(NS, name, 1, "")
+    assert did.startswith("restarted"), did
+    s = json.loads(ctl(fake, run_root, "status", "k8s-run").stdout)
+    assert s["state"] == "RUNNING" and "preflight" not in s, s["detail"]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 import os
 import subprocess
 import sys
@@ -233,3 +234,41 @@ def test_cluster_image_is_required_and_bad_keys_are_one_line(tmp_path: Path) -> 
         assert r.returncode == 2 and r.stdout == "", r.stderr
         assert r.stderr.count("\n") == 1 and r.stderr.startswith("fsdp-jobs: error: ") and needle in r.stderr, r.stderr
     assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_each_kind_ends_the_job_on_a_failed_preflight_by_its_own_rule(tmp_path: Path, kind: str) -> None:
+    """A node exits 3 after a preflight that named a node (launchers/node.py): the kind must not restart
+    the pods into the same checks (tests/kubernetes/test_e2e.py plays what each controller does with this)."""
+    from launchers.node import ENGINE_RESTARTS_ENV, PREFLIGHT_FAILED_RC, TERMINATION_LOG_ENV
+
+    d = dryrun(tmp_path, f"cluster.kind={kind}", "nodes=3", "preflight=only")
+    job = d.request.job
+    for obj in d.request.objects:
+        schemas.validate(obj)  # the rules validate strictly too
+    ctr = containers(job)[0]
+    env = {e["name"]: e.get("value") for e in ctr["env"]}
+    # every kind: the verdict outlives the pod, for `fsdp-jobs status`
+    assert ctr["terminationMessagePath"] == env[TERMINATION_LOG_ENV] == "/dev/termination-log"
+    assert (ENGINE_RESTARTS_ENV in env) == (kind == "pytorchjob")
+    if kind == "volcano":  # a task's first matching policy acts: exit 3 before TorchX's PodFailed -> RestartJob
+        for task in job["spec"]["tasks"]:
+            assert task["policies"][0] == {"exitCode": PREFLIGHT_FAILED_RC, "action": "TerminateJob"}
+            assert {"event": "PodFailed", "action": "RestartJob"} in task["policies"][1:]
+    elif kind == "pytorchjob":  # no rule for one exit code: the nodes exit 0, crashes still restart in place
+        worker = job["spec"]["pytorchReplicaSpecs"]["Worker"]
+        assert worker["restartPolicy"] == "OnFailure" and env[ENGINE_RESTARTS_ENV] == "1"
+    else:
+        rj = job["spec"]["replicatedJobs"][0]
+        (rule,) = rj["template"]["spec"]["podFailurePolicy"]["rules"]
+        assert rule == {"action": "FailJob", "onExitCodes": {"containerName": ctr["name"], "operator": "In",
+                                                             "values": [PREFLIGHT_FAILED_RC]}}
+        assert rj["template"]["spec"]["template"]["spec"]["restartPolicy"] == "Never"  # podFailurePolicy needs it
+        (js_rule,) = job["spec"]["failurePolicy"]["rules"]
+        assert js_rule["action"] == "FailJobSet" and js_rule["onJobFailureReasons"] == ["PodFailurePolicy"]
+        assert js_rule["targetReplicatedJobs"] == [rj["name"]]
+        assert re.fullmatch(r"[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?", js_rule["name"])  # the webhook's rule
+        bad = copy.deepcopy(job)
+        bad["spec"]["failurePolicy"]["rules"][0]["action"] = "FailJob"  # a Job's action, not a JobSet's
+        with pytest.raises(schemas.Invalid, match="is not one of"):
+            schemas.validate(bad)

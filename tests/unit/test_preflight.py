@@ -140,6 +140,11 @@ def test_a_named_node_makes_the_node_wrapper_exit_non_zero(tmp_path, capsys):
     # where the engine restarts a failed node (Docker): exit 0, or it reruns the same checks N times
     assert preflight_status(0, tmp_path, "node0", engine_restarts=True) == 0
     assert "stopped before training: preflight: node1; not restarted" in capsys.readouterr().out
+    # Kubernetes: the verdict is also the container's termination message, which `fsdp-jobs status` reads
+    log = tmp_path / "termination-log"
+    assert preflight_status(1, tmp_path, "node0", termination_log=str(log)) == 1 and not log.exists()
+    assert preflight_status(0, tmp_path, "node0", termination_log=str(log)) == PREFLIGHT_FAILED_RC
+    assert log.read_text() == "fsdp-jobs preflight named a node: preflight: node1"
 
 
 def test_the_preflight_command_is_the_job_with_preflight_only(tmp_path):
