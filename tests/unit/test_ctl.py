@@ -82,8 +82,8 @@ def test_chaos_on_a_backend_without_it_is_one_line(run_root):
 
 
 def test_scale_refusals_are_one_line_and_touch_nothing(run_root):
-    """`fsdp-jobs scale RUN nodes=N`: a job submitted without room to grow, a bad N, a backend that
-    cannot grow, and a local run whose launcher is gone (tests/integration/test_grow.py grows a live one)."""
+    """`fsdp-jobs scale RUN nodes=N`: a job submitted without room to grow, a bad N, a SLURM job that is not
+    running, and a local run whose launcher is gone (tests/integration/test_grow.py grows a live one)."""
     make_run(run_root, "fixed", LOCAL, {"status": "completed"})
     roomy = make_run(run_root, "roomy", LOCAL, {"status": "completed"})
     (roomy / "job.yaml").write_text("name: roomy\nnodes: 2\ncluster: {max_nodes: 4}\n")
@@ -95,7 +95,7 @@ def test_scale_refusals_are_one_line_and_touch_nothing(run_root):
                             ("roomy", "nodes=2", "must be from 3 to 4"),
                             ("roomy", "nodes=5", "must be from 3 to 4"),
                             ("roomy", "nodes=3", "is not running"),
-                            ("queued", "nodes=3", "cannot grow a running job")):
+                            ("queued", "nodes=3", "not RUNNING: nothing to grow")):
         r = cli("scale", run, size, "--run-root", str(run_root))
         assert r.returncode == 2 and r.stdout == "" and len(r.stderr.strip().splitlines()) == 1, (run, size, r.stderr)
         assert says in r.stderr, (run, size, r.stderr)
