@@ -247,9 +247,12 @@ else
 fi
 
 # node names must resolve everywhere (submitit/torchrun use them as MASTER_ADDR).
-# Rewrite in place (cat >), not sed -i: inside a Docker container /etc/hosts is a bind mount.
-{ grep -v "$MARK\$" /etc/hosts || true; printf "%s $MARK\n" "${HOSTS_LINES[@]}"; } > "$BASE/hosts.new"
-cat "$BASE/hosts.new" > /etc/hosts
+# Replaced by a rename, so a process resolving a name meanwhile (a job of another test) never reads a
+# truncated file; inside a Docker container /etc/hosts is a bind mount, which cannot be renamed over:
+# there it is rewritten in place (cat >).
+{ grep -v "$MARK\$" /etc/hosts || true; printf "%s $MARK\n" "${HOSTS_LINES[@]}"; } > /etc/.hosts.slurm-ci.new
+chmod --reference=/etc/hosts /etc/.hosts.slurm-ci.new
+mv -f /etc/.hosts.slurm-ci.new /etc/hosts 2>/dev/null || { cat /etc/.hosts.slurm-ci.new > /etc/hosts; rm -f /etc/.hosts.slurm-ci.new; }
 
 # ---------------------------------------------------------------- 3b. accounting: MariaDB + slurmdbd
 ACCT_LINES="AccountingStorageType=accounting_storage/none"

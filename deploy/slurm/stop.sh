@@ -122,8 +122,10 @@ fi
 
 # ---------------------------------------------------------------- 5. /etc/hosts and configs
 if grep -q "$MARK\$" /etc/hosts; then
-  # rewrite in place (cat >), not sed -i: /etc/hosts may be a bind mount (Docker)
-  { grep -v "$MARK\$" /etc/hosts || true; } > "$BASE/hosts.new" && cat "$BASE/hosts.new" > /etc/hosts
+  # by a rename, so no resolver reads a truncated file; in place (cat >) where /etc/hosts is a bind mount (Docker)
+  { grep -v "$MARK\$" /etc/hosts || true; } > /etc/.hosts.slurm-ci.new && chmod --reference=/etc/hosts /etc/.hosts.slurm-ci.new &&
+    { mv -f /etc/.hosts.slurm-ci.new /etc/hosts 2>/dev/null ||
+      { cat /etc/.hosts.slurm-ci.new > /etc/hosts; rm -f /etc/.hosts.slurm-ci.new; }; }
 fi
 for f in /etc/slurm/slurm.conf /etc/slurm/slurmdbd.conf; do
   [ -e "$f" ] || continue

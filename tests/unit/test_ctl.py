@@ -87,7 +87,8 @@ def test_scale_refusals_are_one_line_and_touch_nothing(run_root):
     make_run(run_root, "fixed", LOCAL, {"status": "completed"})
     roomy = make_run(run_root, "roomy", LOCAL, {"status": "completed"})
     (roomy / "job.yaml").write_text("name: roomy\nnodes: 2\ncluster: {max_nodes: 4}\n")
-    other = make_run(run_root, "queued", json.dumps({"backend": "slurm", "job_id": "7"}) + "\n")
+    # a job id no SLURM cluster hands out (MaxJobId 67043328): the cluster the other test worker runs has a job 7
+    other = make_run(run_root, "queued", json.dumps({"backend": "slurm", "job_id": "99999999"}) + "\n")
     (other / "job.yaml").write_text("name: queued\nnodes: 2\ncluster: {max_nodes: 4}\n")
     before = tree(run_root)
     for run, size, says in (("fixed", "nodes=2", "submitted without cluster.max_nodes"),
