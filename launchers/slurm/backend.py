@@ -229,8 +229,9 @@ class SlurmBackend(Backend[SlurmRequest]):
     def scale(self, run: Run, nodes: int) -> str:
         """A second job whose nodes join the running attempt's rendezvous (launchers/slurm/grow.py)."""
         job_id = own_job_id(run)
-        if slurm_state(job_id)[0] != "RUNNING":
-            raise UserError("RUN", run.run_dir.name, f"SLURM job {job_id} is {slurm_state(job_id)[0]}, not RUNNING: "
+        state = slurm_state(job_id)[0]
+        if state != "RUNNING":
+            raise UserError("RUN", run.run_dir.name, f"SLURM job {job_id} is {state}, not RUNNING: "
                                                      "nothing to grow (submit it again with nodes=N to resume at "
                                                      "that size)")
         return submit_grow(run, nodes, job_id, _active)
