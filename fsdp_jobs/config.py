@@ -151,6 +151,31 @@ class FaultConfig:
 
 
 @dataclass
+class FaultToleranceConfig:
+    """fault_tolerance=replica (README: Lose a node, keep training; fsdp_jobs/runtime/replicas.py): each
+    HSDP replica group (a shard group of whole nodes) is a torchft replica with its own torchrun; a torchft
+    lighthouse, started by the backend, forms a quorum of the live groups at every step. A failed group is
+    dropped from the quorum and the others keep stepping; it restarts on its own and recovers the model
+    and optimizer live from a healthy peer. Needs `pip install 'fsdp-jobs[ft]'` (torchft)."""
+
+    mode: str = "none"  # none | replica
+    # a step commits only with at least this many replica groups in it (torchft min_replica_size, the
+    # lighthouse's --min_replicas); fewer leave the survivors waiting for one to come back
+    min_replicas: int = 1
+    # a group that stops answering the lighthouse this long is dropped from the quorum: the pause every
+    # other group takes when one dies (torchft's heartbeat timeout; its default is 5 s)
+    heartbeat_timeout_s: float = 5.0
+    # at the job's start, how long a group waits for the others before it trains with fewer (a group that
+    # comes later recovers live from the others, as after a failure)
+    join_timeout_s: float = 60.0
+    # a cross-group all-reduce, a quorum or a live recovery that takes longer fails the step (the group
+    # retries it with the replicas then alive)
+    timeout_s: float = 60.0
+    quorum_tick_ms: int = 100  # how often the lighthouse looks for a quorum while a group is missing
+    lighthouse_port: Optional[int] = None  # None = 29510, or a free one where the job shares this machine's ports
+
+
+@dataclass
 class CheckpointConfig:
     interval: int = 50  # steps between checkpoints; 0 = only at the end (and on preemption)
     keep_last: int = 2  # committed checkpoints kept; older ones are deleted
@@ -188,6 +213,7 @@ class JobConfig:
     train: TrainConfig = field(default_factory=TrainConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     fault: FaultConfig = field(default_factory=FaultConfig)
+    fault_tolerance: FaultToleranceConfig = field(default_factory=FaultToleranceConfig)
     data: DataConfig = field(default_factory=DataConfig)
     # your own training instead of the built-in trainer (fsdp_jobs/byo.py): a torchrun-ready script, whose
     # directory is copied into the run dir at submission, or a module run as `python -m`
@@ -235,6 +261,26 @@ def validate_trackers(t: Any) -> None:
     choice("train.wandb.mode", w.mode, WANDB_MODES, optional=True)
     if w.enabled:
         _installed("train.wandb.enabled", True, "wandb", "wandb")
+
+
+FT_MODES = ("none", "replica")
+
+
+def validate_fault_tolerance(ft: Any) -> None:
+    """fault_tolerance.*: the keys alone (what they allow together with the mesh: fsdp_jobs/plan.py)."""
+    choice("fault_tolerance.mode", ft.mode, FT_MODES)
+    if ft.mode == "none":
+        return
+    _installed("fault_tolerance.mode", ft.mode, "torchft", "ft")
+    positive("fault_tolerance.min_replicas", ft.min_replicas)
+    finite("fault_tolerance.heartbeat_timeout_s", ft.heartbeat_timeout_s, 0.2, 3600)
+    finite("fault_tolerance.join_timeout_s", ft.join_timeout_s, 0, 3600)
+    finite("fault_tolerance.timeout_s", ft.timeout_s, 1, 3600)
+    if not isinstance(ft.quorum_tick_ms, int) or isinstance(ft.quorum_tick_ms, bool) \
+            or not 1 <= ft.quorum_tick_ms <= 10_000:
+        raise UserError("fault_tolerance.quorum_tick_ms", ft.quorum_tick_ms, "must be an integer from 1 to 10000")
+    if ft.lighthouse_port is not None and not 1 <= ft.lighthouse_port <= 65535:
+        raise UserError("fault_tolerance.lighthouse_port", ft.lighthouse_port, "must be a TCP port 1-65535 or null")
 
 
 def validate(cfg: Any) -> None:
@@ -308,6 +354,7 @@ def validate(cfg: Any) -> None:
     if cfg.preflight is True and (cfg.script or cfg.module):
         raise UserError("preflight", True, "runs before the built-in trainer; with script=/module= use "
                                            "preflight=only first, then submit the script")
+    validate_fault_tolerance(cfg.fault_tolerance)
     c = cfg.checkpoint
     positive("checkpoint.interval", c.interval, minimum=0)
     positive("checkpoint.keep_last", c.keep_last)

@@ -65,6 +65,68 @@ class Rendezvous:
     max_restarts: int
 
 
+@dataclass
+class ReplicaLayout:
+    """fault_tolerance=replica: HSDP's replicate dimension made of torchft replica groups. Each group is one
+    shard group of whole nodes with a torchrun (and rendezvous) of its own; torchft's lighthouse decides at
+    every step which groups take part (fsdp_jobs/runtime/replicas.py)."""
+
+    groups: int  # replica groups (the mesh's `replicate`)
+    nodes_per_group: int
+    ranks_per_group: int  # the mesh's `shard`: one group's FSDP world
+    min_replicas: int  # a step commits with at least this many groups
+    lighthouse_port: Optional[int]  # where the backend's lighthouse listens; None = the backend's default
+    heartbeat_timeout_s: float  # a silent group is dropped from the quorum after this long
+    quorum_tick_ms: int
+
+
+# what the backends hand each replica group's agents (launchers/common.py) and the ranks read
+# (fsdp_jobs/runtime/replicas.py): here, where both may import it without torch
+REPLICA_GROUP_ENV = "FSDP_JOBS_REPLICA_GROUP"  # the node's replica group, 0-based
+REPLICA_ADDR_ENV = "FSDP_JOBS_REPLICA_ADDR"  # the address the group's servers listen on and give the others
+LIGHTHOUSE_ENV = "TORCHFT_LIGHTHOUSE"  # torchft's own name: http://HOST:PORT of the job's lighthouse
+
+
+def replica_groups(cfg: Any) -> int:
+    """How many replica groups the job config has: 1 without fault_tolerance=replica (the ranks' side of
+    plan_replicas, from the configured nodes: what the launchers started). `cfg`: the composed config
+    (a DictConfig; a job.yaml older than fault_tolerance.* has none)."""
+    if (cfg.get("fault_tolerance") or {}).get("mode", "none") != "replica":
+        return 1
+    return choose_mesh(cfg, count_params(cfg.model))[0]["replicate"]
+
+
+def plan_replicas(cfg: Any, mesh: dict[str, int]) -> Optional[ReplicaLayout]:
+    """fault_tolerance=replica: the replica groups, or one line on what the mesh and the launch keys forbid."""
+    ft = cfg.fault_tolerance
+    if ft.mode != "replica":
+        return None
+    key = "fault_tolerance"
+    if STRATEGY_TABLE[cfg.fsdp.strategy][0] != "hybrid":
+        raise UserError(key, "replica", f"replicates HSDP's replica groups; fsdp={cfg.fsdp.strategy} has none: "
+                                        "use fsdp=hybrid_shard or fsdp=hybrid_shard_zero2")
+    shard = mesh["shard"]
+    if shard % cfg.gpus_per_node:
+        raise UserError("fsdp.shard_group_size", cfg.fsdp.shard_group_size,
+                        f"with fault_tolerance=replica a replica group is whole nodes: the shard group ({shard} ranks) "
+                        f"must be a multiple of gpus_per_node={cfg.gpus_per_node}; leave it null (one node)")
+    groups = mesh["replicate"]
+    if groups < 2:
+        raise UserError(key, "replica", f"needs at least 2 replica groups to survive one; this mesh has {groups} "
+                                        f"({cfg.nodes} nodes, shard groups of {shard} ranks)")
+    if ft.min_replicas > groups:
+        raise UserError("fault_tolerance.min_replicas", ft.min_replicas, f"must be at most the {groups} replica groups")
+    for k in ("min_nodes", "max_nodes"):
+        if cfg.cluster.get(k) not in (None, cfg.nodes):
+            raise UserError(f"cluster.{k}", cfg.cluster[k], "with fault_tolerance=replica the job goes on with fewer "
+                                                            "replica groups by itself; leave it null")
+    if cfg.preflight is True:
+        raise UserError("preflight", True, "runs inside one torchrun world, and with fault_tolerance=replica each "
+                                           "replica group has its own: run preflight=only first, then the job")
+    return ReplicaLayout(groups, shard // cfg.gpus_per_node, shard, ft.min_replicas, ft.lighthouse_port,
+                         float(ft.heartbeat_timeout_s), int(ft.quorum_tick_ms))
+
+
 @dataclass(frozen=True)
 class ExistingRun:
     """What planning needs from outside the config (fsdp_jobs/rundir_checks.py reads it)."""
@@ -93,9 +155,13 @@ class Plan:
     notes: list[str] = field(default_factory=list)
     micro_batch: int = 0  # sequences per rank per forward/backward
     grad_accum: int = 1  # micro batches per optimizer step (per_rank_batch / micro_batch)
+    replicas: Optional[ReplicaLayout] = None  # fault_tolerance=replica
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        d = dataclasses.asdict(self)
+        if d["replicas"] is None:  # a job without replica groups: the plan it always had
+            del d["replicas"]
+        return d
 
 
 def reshard_after_forward(fsdp: Any) -> bool:
@@ -281,6 +347,7 @@ def make_plan(cfg: Any, name: Optional[str] = None, existing: Optional[ExistingR
     mesh, memory = choose_mesh(cfg, params)
     per_rank_batch = per_rank_batch_size(cfg.train, world)
     check_elastic_range(cfg)
+    replicas = plan_replicas(cfg, mesh)
     reshard = reshard_after_forward(cfg.fsdp)
 
     notes = [f"fsdp.{k}={cfg.fsdp[k]}: no FSDP2 meaning, ignored ({why})"
@@ -334,4 +401,5 @@ def make_plan(cfg: Any, name: Optional[str] = None, existing: Optional[ExistingR
         notes=notes,
         micro_batch=micro_batch(cfg.train, world)[0],
         grad_accum=micro_batch(cfg.train, world)[1],
+        replicas=replicas,
     )

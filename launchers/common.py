@@ -10,20 +10,28 @@ from pathlib import Path
 from typing import Any, Optional
 
 from fsdp_jobs import runs
+from fsdp_jobs.plan import LIGHTHOUSE_ENV, REPLICA_ADDR_ENV, REPLICA_GROUP_ENV  # noqa: F401  (backends import them here)
 from fsdp_jobs.secret_env import MASK
 
 
-def torchrun_args(plan: Any, endpoint: str, stop_grace_s: int) -> list[str]:
+def torchrun_args(plan: Any, endpoint: str, stop_grace_s: int, group: Optional[int] = None) -> list[str]:
     """torchrun (elastic agent) flags for one node of the plan; the rendezvous decides node order.
-    stop_grace_s: on SIGTERM torchrun gives the ranks this long (default 30 s) to save and exit."""
+    stop_grace_s: on SIGTERM torchrun gives the ranks this long (default 30 s) to save and exit.
+    `group`: with fault_tolerance=replica, the node's replica group, whose torchrun world is its own
+    (its nodes, its rendezvous at `endpoint`, its restarts): replica_group() below."""
     r = plan.rendezvous
     nnodes = f"{r.min_nodes}:{r.max_nodes}" if r.min_nodes != r.max_nodes else str(r.max_nodes)
+    run_id = r.run_id
+    if plan.replicas is not None:
+        if group is None:
+            raise ValueError("a replica job's torchrun flags are per replica group")
+        nnodes, run_id = str(plan.replicas.nodes_per_group), f"{r.run_id}-rg{group}"
     return [
         f"--nnodes={nnodes}",
         f"--nproc-per-node={plan.gpus_per_node}",
         f"--rdzv-backend={r.backend}",
         f"--rdzv-endpoint={endpoint}",
-        f"--rdzv-id={r.run_id}",
+        f"--rdzv-id={run_id}",
         f"--max-restarts={r.max_restarts}",
         "--monitor-interval=1",
         *([f"--shutdown-timeout={stop_grace_s}"] if torchrun_has_shutdown_timeout() else []),
@@ -37,6 +45,34 @@ def torchrun_args(plan: Any, endpoint: str, stop_grace_s: int) -> list[str]:
 
 
 GROW_LAST_CALL_S = 2
+
+def replica_group(node: int, plan: Any) -> int:
+    """The replica group of the node-th node (0-based): consecutive nodes form a group, as consecutive
+    ranks form a shard group without replica mode (fsdp_jobs/runtime/mesh.py)."""
+    return node // plan.replicas.nodes_per_group
+
+
+def replica_env(plan: Any, group: int, lighthouse: str) -> dict[str, str]:
+    """What the agents of one replica group need beyond runtime_env (empty without replica mode)."""
+    if plan.replicas is None:
+        return {}
+    return {REPLICA_GROUP_ENV: str(group), LIGHTHOUSE_ENV: lighthouse}
+
+
+DEFAULT_LIGHTHOUSE_PORT = 29510  # fault_tolerance.lighthouse_port=null on a backend whose job has its own network
+
+
+def lighthouse_port(plan: Any) -> int:
+    return plan.replicas.lighthouse_port or DEFAULT_LIGHTHOUSE_PORT
+
+
+def lighthouse_command(plan: Any, python: str, bind: str) -> list[str]:
+    """The lighthouse process (launchers/lighthouse.py) listening on `bind` (HOST:PORT)."""
+    from launchers.lighthouse import args_for
+
+    r = plan.replicas
+    return [python, "-m", "launchers.lighthouse",
+            *args_for(bind, r.min_replicas, r.heartbeat_timeout_s, r.quorum_tick_ms)]
 
 
 @functools.lru_cache(maxsize=1)
@@ -67,6 +103,8 @@ def runtime_env(cfg: Any) -> dict[str, str]:
         env["FSDP_JOBS_STOP_SIGNAL"] = str(cfg.cluster.signal)  # the ranks checkpoint and stop on it
     if cfg.cluster.device == "cpu":
         env["OMP_NUM_THREADS"] = "1"  # several ranks share the cores; torchrun would set 1 anyway
+    if cfg.fault_tolerance.mode == "replica":
+        env["RUST_LOG"] = "warn"  # torchft's servers log every quorum and commit of every rank at info
     # a masked secret is not a value: it reaches the ranks from the submitting process's environment
     env.update({str(k): str(v) for k, v in cfg.cluster.env.items() if v != MASK})
     return env

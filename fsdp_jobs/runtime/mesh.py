@@ -13,7 +13,7 @@ import torch.distributed as dist
 from omegaconf import OmegaConf
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
-from fsdp_jobs.plan import choose_mesh, count_params
+from fsdp_jobs.plan import REPLICA_GROUP_ENV, choose_mesh, count_params
 
 
 @dataclass
@@ -25,13 +25,27 @@ class World:
     node_rank: int  # GROUP_RANK: decided by the rendezvous, not by us (fsdp_jobs/ARCHITECTURE.md, pitfall 6)
     restart: int  # TORCHELASTIC_RESTART_COUNT (may differ between nodes)
     device: torch.device
+    # fault_tolerance=replica: torchrun's world (rank, world_size above) is one replica group's, the
+    # default process group is that group's, and the job has `groups` of them (fsdp_jobs/runtime/replicas.py)
+    group: int = 0
+    groups: int = 1
 
     @property
     def nodes(self) -> int:
         return self.world_size // self.local_world_size
 
+    @property
+    def job_rank(self) -> int:
+        """The rank's number in the whole job: what its files (ranks/, heartbeats/) and data slice use."""
+        return self.group * self.world_size + self.rank
 
-def read_world(device_kind: str) -> World:
+    @property
+    def job_world_size(self) -> int:
+        return self.groups * self.world_size
+
+
+def read_world(device_kind: str, groups: int = 1) -> World:
+    """`groups`: the job's replica groups (fault_tolerance=replica), of which this rank's torchrun world is one."""
     env = os.environ
     local_rank = int(env.get("LOCAL_RANK", 0))
     if device_kind == "auto":
@@ -45,6 +59,8 @@ def read_world(device_kind: str) -> World:
         node_rank=int(env.get("GROUP_RANK", 0)),
         restart=int(env.get("TORCHELASTIC_RESTART_COUNT", 0)),
         device=device,
+        group=int(env.get(REPLICA_GROUP_ENV, 0)) if groups > 1 else 0,
+        groups=groups,
     )
 
 
@@ -63,7 +79,11 @@ def init_process_group(world: World, timeout_s: float = 600, cpu_collectives: bo
 
 
 def mesh_shape(job: dict[str, Any], world: World) -> dict[str, int]:
-    """The plan's mesh rule applied to the actual world (nodes x ranks-per-node seen at run time)."""
+    """The plan's mesh rule applied to the actual world (nodes x ranks-per-node seen at run time). With
+    replica groups the torchrun world is one shard group: the mesh is its `shard` dimension alone, and
+    torchft replicates across the groups (fsdp_jobs/runtime/replicas.py)."""
+    if world.groups > 1:
+        return {"shard": world.world_size}
     cfg = OmegaConf.create(job)
     cfg.nodes, cfg.gpus_per_node = world.nodes, world.local_world_size
     shape, _ = choose_mesh(cfg, count_params(cfg.model))

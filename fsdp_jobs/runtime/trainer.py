@@ -24,7 +24,7 @@ from omegaconf import OmegaConf
 from fsdp_jobs import faults, runs
 from fsdp_jobs.checkpoints import step_dir
 from fsdp_jobs.cluster_config import CPU_PEAK_TFLOPS, ClusterConfig
-from fsdp_jobs.plan import compute_dtype, micro_batch, reshard_after_forward
+from fsdp_jobs.plan import compute_dtype, micro_batch, replica_groups, reshard_after_forward
 from fsdp_jobs.runtime import heartbeat
 from fsdp_jobs.runtime.checkpoint import CheckpointManager, StateObjects, TrainState
 from fsdp_jobs.runtime.data import build_dataset
@@ -32,6 +32,7 @@ from fsdp_jobs.runtime.mesh import World, build_mesh, init_process_group, read_w
 from fsdp_jobs.runtime.metrics import MetricsWriter, flops_per_token, log, peak_memory_gb
 from fsdp_jobs.runtime.outputs import load_pretrained_weights, logits_of
 from fsdp_jobs.runtime.prefetch import BatchPrefetcher
+from fsdp_jobs.runtime.replicas import JOINING, NoReplicas, open_replicas
 from fsdp_jobs.runtime.shard import build_meta_model, dtype_of, init_devices, materialize, shard_model
 from fsdp_jobs.runtime.signals import StopFlag
 from fsdp_jobs.runtime.stopping import StopFileWatcher, StopVote
@@ -62,11 +63,12 @@ def lr_lambda(train: dict[str, Any]) -> Callable[[int], float]:
 def write_rank_file(run_dir: Path, world: World) -> None:
     d = run_dir / "ranks"
     d.mkdir(exist_ok=True)
-    info = {"rank": world.rank, "pid": os.getpid(), "uid": os.getuid(), "host": socket.gethostname(),
+    info = {"rank": world.job_rank, "pid": os.getpid(), "uid": os.getuid(), "host": socket.gethostname(),
             "node_rank": world.node_rank,
             "node": os.environ.get("FSDP_JOBS_NODE") or socket.gethostname(),  # set by launchers/node.py
-            "restart": world.restart, "world_size": world.world_size, "time": time.time()}
-    runs.write_atomic(d / f"rank-{world.rank}.json", json.dumps(info) + "\n")
+            "restart": world.restart, "world_size": world.world_size, "time": time.time(),
+            **({"replica_group": world.group} if world.groups > 1 else {})}
+    runs.write_atomic(d / f"rank-{world.job_rank}.json", json.dumps(info) + "\n")
 
 
 def mfu_peak_flops(job: dict[str, Any], device: torch.device) -> float:
@@ -84,12 +86,14 @@ def mfu_peak_flops(job: dict[str, Any], device: torch.device) -> float:
 
 class MetricsWindow:
     """Per-step values stay on the device until the next log/checkpoint step: then one all-reduce and
-    one host sync agree on the buffered losses, and their metrics lines are written."""
+    one host sync agree on the buffered losses, and their metrics lines are written. Each record says
+    how many ranks took part in its step (`world_size`: fewer while a replica group is missing) and
+    whether this rank writes it (`writer`: one group of a replica job writes each step's line)."""
 
-    def __init__(self, metrics: MetricsWriter, world: World, attempt: str, tokens_per_step: int,
+    def __init__(self, metrics: MetricsWriter, world: World, attempt: str, tokens_per_rank_step: int,
                  flops_per_token: float, peak_flops: float) -> None:
         self.metrics, self.world, self.attempt = metrics, world, attempt
-        self.tokens_per_step, self.fpt, self.peak = tokens_per_step, flops_per_token, peak_flops
+        self.tokens_per_rank_step, self.fpt, self.peak = tokens_per_rank_step, flops_per_token, peak_flops
         self.window: list[tuple[torch.Tensor, Any, dict[str, Any]]] = []
         self.t_window = time.perf_counter()
 
@@ -106,14 +110,17 @@ class MetricsWindow:
         norm_values = torch.stack(norms).float().tolist() if norms[0] is not None else [None] * len(window)
         loss_values = (losses / world.world_size).tolist()
         dt = (time.perf_counter() - self.t_window) / len(window)  # host and device agree only over a window
-        tokens_per_s = self.tokens_per_step / dt
         mem = peak_memory_gb(world.device)
         for (_, _, rec), loss_value, norm_value in zip(window, loss_values, norm_values):
-            mfu = tokens_per_s / world.world_size * self.fpt / self.peak
+            if not rec["writer"]:
+                continue
+            ranks = rec["world_size"]
+            tokens_per_s = self.tokens_per_rank_step * ranks / dt
+            mfu = tokens_per_s / ranks * self.fpt / self.peak
             self.metrics.write({"step": rec["step"], "loss": loss_value, "lr": rec["lr"], "grad_norm": norm_value,
                                 "tokens_per_s": tokens_per_s, "mfu": mfu,
                                 "peak_mem_gb": mem, "step_time_s": dt, "sample_start": rec["sample_start"],
-                                "world_size": world.world_size, "restart": world.restart, "attempt": self.attempt,
+                                "world_size": ranks, "restart": world.restart, "attempt": self.attempt,
                                 "time": rec["time"]})
         self.window, self.t_window = [], time.perf_counter()
 
@@ -129,11 +136,13 @@ class Trainer:
     vote: StopVote
     ckpt: CheckpointManager
     state: TrainState
+    replicas: NoReplicas
 
     def __init__(self, run_dir: Path, job: dict[str, Any]) -> None:
         self.run_dir, self.job = run_dir, job
         self.tcfg, self.ccfg = job["train"], job["checkpoint"]
         self.heartbeat: Optional[heartbeat.Heartbeat] = None
+        self.joining = False  # fault_tolerance=replica: other groups train already; recover from them
         self.timeline = Timeline(run_dir, enabled=False, restart=0)  # bring_up opens rank 0's (goodput.jsonl)
 
     def run(self, stop: StopFlag) -> int:
@@ -147,6 +156,7 @@ class Trainer:
         self.build()
         self.timeline.event("built")
         self.resume()
+        self.join()
         self.timeline.event("loaded", step=self.state.step, attempt=self.ckpt.attempt, restart=self.world.restart)
         self.prepare_loop()
         self.timeline.loop(self.state.step)
@@ -158,11 +168,12 @@ class Trainer:
     # ------------------------------------------------------------------ bring-up (also fsdp_jobs.job's)
     def bring_up(self) -> None:
         """Process group on the world torchrun started, this rank's record, the configured mesh."""
-        world = read_world(self.job["cluster"]["device"])
-        self.timeline = Timeline(self.run_dir, enabled=world.rank == 0, restart=world.restart)
+        world = read_world(self.job["cluster"]["device"], replica_groups(OmegaConf.create(self.job)))
+        # goodput.jsonl's timeline is rank 0's; of a replica job, the first group's
+        self.timeline = Timeline(self.run_dir, enabled=world.job_rank == 0, restart=world.restart)
         began = time.time()
         # first: the node's watchdog (launchers/watchdog.py) follows this rank from here on
-        self.heartbeat = heartbeat.start(self.run_dir, self.job, world.rank, world.local_rank, world.restart)
+        self.heartbeat = heartbeat.start(self.run_dir, self.job, world.job_rank, world.local_rank, world.restart)
         # CPU offload: the grad-norm all-reduce runs on host tensors, so the default group needs gloo too
         init_process_group(world, timeout_s=float(self.tcfg.get("collective_timeout_s", 600)),
                            cpu_collectives=bool(self.job["fsdp"].get("cpu_offload")))
@@ -176,6 +187,7 @@ class Trainer:
         world.restart = int(restarts.item())
         write_rank_file(self.run_dir, world)  # pid, host, restart of this rank, for tools (and tests that kill ranks)
         self.use(world, build_mesh(self.job, world))
+        self.replicas = open_replicas(self.run_dir, self.job, world)
         self.timeline.event("process_group", began=began)
 
     def preflight(self) -> bool:
@@ -197,6 +209,7 @@ class Trainer:
         """Take a world and mesh brought up already (bring_up, or a test's one-rank group)."""
         self.world, self.mesh = world, mesh
         self.mesh_shape = dict(zip(mesh.mesh_dim_names or (), mesh.mesh.shape))
+        self.replicas = NoReplicas(world)
 
     def tune_for_training(self) -> None:
         """The built-in loop's settings beyond bring-up (a user's script makes its own), and its banner."""
@@ -212,7 +225,8 @@ class Trainer:
             # the optimizer step and the gradient norm run on host tensors: give each rank its share of the
             # cores it may use (torchrun's default, OMP_NUM_THREADS=1, would leave them on one core each)
             torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) // world.local_world_size))
-        log(rank, f"world {world.world_size} = {world.nodes} nodes x {world.local_world_size}, "
+        group = f"replica group {world.group} of {world.groups}: " if world.groups > 1 else ""
+        log(rank, f"{group}world {world.world_size} = {world.nodes} nodes x {world.local_world_size}, "
                   f"{self.job['fsdp']['strategy']} mesh {self.mesh_shape}, device {world.device.type}, "
                   f"restart {world.restart}")
         log(rank, f"node {world.node_rank} host {socket.gethostname()} "
@@ -224,6 +238,7 @@ class Trainer:
         fsdp = self.job["fsdp"]
         shard_model(model, self.mesh, fsdp, reshard_after_forward(fsdp), self.world.device,
                     compile_blocks=compile_blocks)
+        self.replicas.attach(model)  # fault_tolerance=replica: gradients averaged across the groups too
 
     def open_checkpoints(self, manifest_extra: dict[str, Any], overlap_staging: bool) -> CheckpointManager:
         attempt = [f"{int(time.time())}-{os.getpid()}"]
@@ -244,7 +259,11 @@ class Trainer:
         model.to(dtype_of(job["model"]["dtype"]))
         self.shard(model, compile_blocks=bool(tcfg.get("compile")))
         self.open_checkpoints({"config_hash": runs.job_hash(job)}, overlap_staging=True)
-        self.resume_from = self.ckpt.find_latest() if self.ccfg["resume"] else None
+        if self.replicas.enabled:  # every group up first (or another one training: then join it, live)
+            self.beat_phase("start")
+            self.joining = self.replicas.others_training(float(job["fault_tolerance"]["join_timeout_s"]),
+                                                         want=lambda beat: True)
+        self.resume_from = self.ckpt.find_latest() if self.ccfg["resume"] and not self.joining else None
         param_device, buffer_device = init_devices(job["fsdp"], self.world.device)
         t_init = time.perf_counter()
         materialize(model, param_device, tcfg["seed"], job["fsdp"]["mixed_precision"].get("buffer_dtype"),
@@ -263,25 +282,79 @@ class Trainer:
         self.beat_phase("load")
         self.resumed = self.ckpt.load(self.state, self.resume_from)
 
+    def join(self) -> None:
+        """fault_tolerance=replica: this group's first quorum, at the step it loaded (the job's start, when
+        every group loads the same checkpoint) or at step 0 (joining groups that train: the quorum has it
+        recover their state live). Without replica groups, nothing.
+
+        The group's server heartbeats the lighthouse from the moment its Manager is made, and a quorum waits
+        for a group that heartbeats but has not asked yet (up to the lighthouse's join timeout): at the job's
+        start every group makes its Manager, then waits for the others to have one, so the first quorum
+        holds them all (made after that wait, the first group to ask trained alone for 5 steps in a test);
+        a group joining groups that train makes it last, right before its first quorum (made earlier, a group
+        that came back 3 s after a kill once held the others 10 s)."""
+        replicas, ft = self.replicas, self.job.get("fault_tolerance") or {}
+        if not replicas.enabled:
+            return
+        state, rank = self.state, self.world.rank
+        if not self.joining:  # the job's start: every group's server up, so the first quorum holds them all
+            replicas.open(state.state_dict, state.load_state_dict, state.step, self.mesh)
+            self.beat_phase(JOINING)
+            replicas.others_training(float(ft["join_timeout_s"]), want=lambda beat: beat.get("phase") in (JOINING,
+                                                                                                          "step"))
+        else:  # the others wait for this group's first step in their all-reduces: not a cold one
+            self.beat_phase(JOINING)
+            replicas.warm_up(self.warm_up_step)
+            replicas.open(state.state_dict, state.load_state_dict, state.step, self.mesh)
+        t0 = time.perf_counter()
+        replicas.join()
+        if replicas.healed is not None:
+            log(rank, f"replica group {self.world.group}: recovered live from a peer at step {state.step} in "
+                      f"{time.perf_counter() - t0:.2f}s (model, optimizer, data position; no checkpoint read)")
+        elif self.joining:  # the groups it saw training are gone: the newest checkpoint after all
+            self.resumed = self.ckpt.load(state, self.ckpt.find_latest() if self.ccfg["resume"] else None)
+            if self.resumed is None:  # torchrun restarts this group, which then starts afresh as they did
+                raise RuntimeError(f"replica group {self.world.group} joined groups that were training, but they "
+                                   "were gone at its first quorum and the run has no checkpoint yet")
+            replicas.manager.load_state_dict({"step": state.step, "batches_committed": 0})
+
+    def warm_up_step(self) -> None:
+        """One step on a micro batch of made-up tokens, before this group joins groups that train (their
+        all-reduces wait for its first real step): the first step's one-time costs (FSDP's lazy init, the
+        optimizer's state and first kernels: 0.16 s against 0.003 s later for the tiny model) paid now. The
+        weights and optimizer state it leaves are overwritten by the live recovery that follows (or a
+        checkpoint: join())."""
+        micro, _ = micro_batch(OmegaConf.create(self.tcfg), self.world.job_world_size)
+        seq_len, vocab = self.job["data"]["seq_len"], self.job["model"]["vocab_size"]
+        tokens = torch.randint(0, vocab, (micro, seq_len + 1), generator=torch.Generator().manual_seed(0))
+        tokens = tokens.to(self.world.device)
+        logits = logits_of(self.model(tokens[:, :-1]))
+        F.cross_entropy(logits.flatten(0, 1).float(), tokens[:, 1:].flatten()).backward()
+        self.state.optimizer.step()
+        self.state.optimizer.zero_grad(set_to_none=True)
+
     def prepare_loop(self) -> None:
         """Data, batch shape, metrics; the run is recorded as running."""
         job, tcfg, world, state = self.job, self.tcfg, self.world, self.state
         self.dataset = build_dataset(job["data"], tcfg["seed"], job["model"]["vocab_size"])
-        self.micro, self.accum = micro_batch(OmegaConf.create(tcfg), world.world_size)
+        # a replica job's batch is the whole job's, each group taking its ranks' slices (world.job_rank)
+        self.micro, self.accum = micro_batch(OmegaConf.create(tcfg), world.job_world_size)
         self.per_rank = self.micro * self.accum
-        self.global_batch = self.per_rank * world.world_size
+        self.global_batch = self.per_rank * world.job_world_size
         seq_len = job["data"]["seq_len"]
         fpt = flops_per_token(self.n_params, job["model"]["n_layers"], job["model"]["dim"], seq_len)
         peak = mfu_peak_flops(job, world.device)
         if world.device.type == "cuda":  # the peak is configured, not detected: say what it is measured against
             log(world.rank, f"MFU against {peak / 1e12:g} TFLOPS per GPU (cluster.peak_tflops, peak_tflops_fp32) on "
                             f"{torch.cuda.get_device_name(world.device)}")
+        # each group's rank 0 writes the lines of the steps its group writes (Replicas.writer); TensorBoard and
+        # W&B hold one writer per run: the first group's
         self.metrics = MetricsWriter(self.run_dir / runs.METRICS_FILE, world.rank == 0, tcfg["steps"],
-                                     tcfg["log_interval"], Trackers(self.run_dir, job))
+                                     tcfg["log_interval"], Trackers(self.run_dir, job) if world.group == 0 else None)
         self.metrics.start(state.step + 1)  # TensorBoard/W&B: the steps after the resumed one replace earlier ones
-        self.window_args = (self.global_batch * seq_len, fpt, peak)  # fit() opens the window when the steps start
+        self.window_args = (self.per_rank * seq_len, fpt, peak)  # fit() opens the window when the steps start
         self.fail_at = faults.step(FAIL_AT_STEP_ENV)
-        if world.rank == 0:
+        if world.rank == 0 and self.replicas.writer:
             runs.write_state(self.run_dir, status="running", step=state.step,
                              resumed_from=str(self.resumed) if self.resumed else None)
         accum = f" = {self.accum} micro batches of {self.micro}" if self.accum > 1 else ""
@@ -290,10 +363,11 @@ class Trainer:
                         f"tokens, data position {state.samples_seen}")
 
     # ------------------------------------------------------------------ the step loop
-    def train_step(self, inputs: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, Any]:
-        """Forward/backward over the micro batches, clip, update: (mean loss on the device, grad norm)."""
+    def train_step(self, inputs: torch.Tensor, targets: torch.Tensor) -> Optional[tuple[torch.Tensor, Any]]:
+        """Forward/backward over the micro batches, clip, update: (mean loss on the device, grad norm).
+        None: a replica job's step that did not commit (fsdp_jobs/runtime/replicas.py), nothing updated."""
         state, micro, accum = self.state, self.micro, self.accum
-        step_loss = None
+        step_loss: Optional[torch.Tensor] = None
         for i in range(accum):  # same rows per rank as without accumulation, in micro-batch slices
             rows = slice(i * micro, (i + 1) * micro)
             logits = logits_of(self.model(inputs[rows]))  # a tensor, or an HF output object
@@ -301,10 +375,14 @@ class Trainer:
             (loss / accum if accum > 1 else loss).backward()
             step_loss = loss.detach() if step_loss is None else step_loss + loss.detach()
         assert step_loss is not None
+        step_loss = self.replicas.average(step_loss)  # a replica job's loss: over every group of the step
         grad_norm = None
         if self.tcfg["grad_clip"]:
             grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.tcfg["grad_clip"])
         self.ckpt.wait_staging()  # an async save's host copy overlapped this forward/backward; done before the update
+        if not self.replicas.commit():  # a replica group failed during the step: taken again at the next quorum
+            state.optimizer.zero_grad(set_to_none=True)
+            return None
         state.optimizer.step()
         state.scheduler.step()
         state.optimizer.zero_grad(set_to_none=True)
@@ -356,34 +434,43 @@ class Trainer:
         """Steps until train.steps or an agreed stop; returns "signal" if stopped."""
         state, world, total = self.state, self.world, self.tcfg["steps"]
         self.watch_for_stop(stop)
-        batches = BatchPrefetcher(self.dataset, world.rank, self.per_rank, self.global_batch,
+        batches = BatchPrefetcher(self.dataset, world.job_rank, self.per_rank, self.global_batch,
                                   pin=world.device.type == "cuda")
         self.window = MetricsWindow(self.metrics, world, self.ckpt.attempt, *self.window_args)
+        replicas = self.replicas
         stopped_by = None
         while state.step < total:
+            replicas.begin_step()  # a replica job's quorum (a group behind the others recovers here)
             position = state.samples_seen
             inputs, targets = batches.get(position)
             inputs, targets = inputs.to(world.device, non_blocking=True), targets.to(world.device, non_blocking=True)
             if self.fail_at and state.step + 1 >= self.fail_at:
                 raise RuntimeError(f"test fault injection: step {state.step + 1} raises ({FAIL_AT_STEP_ENV})")
-            loss, grad_norm = self.train_step(inputs, targets)
+            stepped = self.train_step(inputs, targets)
+            if stepped is None:  # not committed: the same step again, with the groups then alive
+                continue
+            loss, grad_norm = stepped
             self.beat(state.step)
             self.window.append(loss, grad_norm, {"step": state.step, "lr": state.scheduler.get_last_lr()[0],
-                                                 "sample_start": position, "time": time.time()})
+                                                 "sample_start": position, "time": time.time(),
+                                                 "world_size": replicas.job_world_size(), "writer": replicas.writer})
             stopping = self.stop_agreed()
             self.cast_stop_vote()
             checkpoint_now = self.checkpoint_due()
-            if stopping or checkpoint_now or state.step % self.tcfg["log_interval"] == 0 or state.step == total:
+            logged = stopping or checkpoint_now or state.step % self.tcfg["log_interval"] == 0 or state.step == total
+            if logged or replicas.enabled:  # a replica group flushes every step: one that dies loses no line
                 self.window.flush()
+            if logged:
                 self.timeline.steps(state.step)  # goodput.jsonl: these steps' window, at the flush's sync
             if stopping:
                 stopped_by = "signal"
                 why = stop.received.name if stop.received else "stop-request file" if self.stop_file.seen.is_set() \
                     else "by another rank"
                 log(world.rank, f"stop requested ({why}): checkpointing at step {state.step}")
-                self.save_checkpoint(state, wait=True)
+                if replicas.writer:  # one group writes a replica job's checkpoints: they are all the same model
+                    self.save_checkpoint(state, wait=True)
                 break
-            if checkpoint_now:
+            if checkpoint_now and replicas.writer:
                 self.save_checkpoint(state)
         self.vote.result()  # every rank cast the same number of votes: drain the last one
         batches.close()
@@ -392,18 +479,20 @@ class Trainer:
     def finish(self, stopped_by: Optional[str]) -> None:
         """The final checkpoint and probe of a finished run, the run's record."""
         state, rank = self.state, self.world.rank
+        writer = self.replicas.writer  # of a replica job, the group first in the last step's quorum
         self.beat_phase("finish")
         began = time.time()
-        if stopped_by is None and self.ccfg["save_final"]:
+        if stopped_by is None and self.ccfg["save_final"] and writer:
             self.save_checkpoint(state)
         self.ckpt.wait()
         self.timeline.save(state.step, began)  # the final save and the wait for a background one
-        if stopped_by is None:
+        if stopped_by is None and writer:
             # after the final commit: it may OOM
             save_probe(self.run_dir, self.model, self.dataset, state.step, self.world)
         self.ckpt.close()
         self.metrics.close()
-        if rank == 0:
+        self.replicas.close()
+        if rank == 0 and writer:
             runs.write_state(self.run_dir, status="preempted" if stopped_by else "completed", step=state.step,
                              checkpoint=str(step_dir(self.ckpt.root, state.step)))
             log(rank, f"{'stopped' if stopped_by else 'done'} at step {state.step}")

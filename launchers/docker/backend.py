@@ -35,8 +35,9 @@ from fsdp_jobs.secret_env import passed_names
 from fsdp_jobs.errors import UserError
 from launchers.base import (Backend, DryRun, JobState, JobStatus, Run, Submitted, request_scale,
                             state_from_training)
-from launchers.common import (NODE_WRAPPER, begin_user_attempt, python_path, rank_entry, rank_env, runtime_env,
-                              torchrun_args, user_code_dir)
+from launchers.common import (NODE_WRAPPER, begin_user_attempt, lighthouse_command, lighthouse_port, python_path,
+                              rank_entry, rank_env, replica_env, replica_group, runtime_env, torchrun_args,
+                              user_code_dir)
 from launchers.docker.engine import (DOWN_TIMEOUT_S, RESULT_FILE, SKEL_IMAGE, compose_command, container_user,
                                      containers, docker, engine_error, ensure_skel_image, give_to, read_result)
 from launchers.node import ENGINE_RESTARTS_ENV
@@ -94,7 +95,6 @@ def compose_spec(plan: Any, cfg: Any, code_dir: Path, user_dir: Optional[Path] =
     run_dir = plan.run_dir
     port = c.rdzv_port or DEFAULT_RDZV_PORT
     python = c.python or (sys.executable if c.image == "auto" else "python3")
-    args = torchrun_args(plan, f"node0:{port}", c.stop_grace_s)
     volumes = (python_mounts() if c.image == "auto" else []) + [f"{run_dir}:{run_dir}"] + list(c.mounts)
     user = container_user(cfg)
     services = {}
@@ -112,12 +112,14 @@ def compose_spec(plan: Any, cfg: Any, code_dir: Path, user_dir: Optional[Path] =
                ENGINE_RESTARTS_ENV: "1",
                "USER": f"uid{user.split(':')[0]}",
                # secrets: named without a value, compose passes its own environment's (fsdp_jobs/secret_env.py)
-               **{name: None for name in passed_names(cfg)}}
+               **{name: None for name in passed_names(cfg)},
+               **(replica_env(plan, replica_group(i, plan), f"http://{LIGHTHOUSE}:{lighthouse_port(plan)}")
+                  if plan.replicas else {})}
         service: dict[str, Any] = {
             "image": SKEL_IMAGE if c.image == "auto" else c.image,
             "hostname": f"node{i}",
             "user": user,
-            "command": [python, "-m", NODE_WRAPPER, *args, *rank_entry(cfg, run_dir, user_code)],
+            "command": [python, "-m", NODE_WRAPPER, *node_args(plan, c, i, port), *rank_entry(cfg, run_dir, user_code)],
             "environment": env,
             "volumes": list(volumes),
             "working_dir": run_dir,
@@ -142,11 +144,48 @@ def compose_spec(plan: Any, cfg: Any, code_dir: Path, user_dir: Optional[Path] =
             service["deploy"] = {"resources": {"reservations": {"devices": [
                 {"driver": "nvidia", "device_ids": ids, "capabilities": ["gpu"]}]}}}
         services[f"node{i}"] = service
+    if plan.replicas is not None:
+        services[LIGHTHOUSE] = lighthouse_service(plan, cfg, python, volumes, user, code_dir)
     network = {"driver": "bridge", "labels": {LABEL: run_dir}}
     if c.internal_network:
         network["internal"] = True
     # no "version": the Compose Specification (compose >= 1.27 and v2), which has GPU reservations
     return {"services": services, "networks": {"job": network}}
+
+
+LIGHTHOUSE = "lighthouse"  # fault_tolerance=replica: the lighthouse's service (and host) name
+
+
+def node_args(plan: Any, c: Any, i: int, port: int) -> list[str]:
+    """Node i's torchrun flags: the job's rendezvous at node0, or with fault_tolerance=replica its replica
+    group's at the group's first node, each agent named by its hostname (the group's rank 0 gives that
+    name to the other groups: fsdp_jobs/runtime/replicas.py)."""
+    if plan.replicas is None:
+        return torchrun_args(plan, f"node0:{port}", c.stop_grace_s)
+    group = replica_group(i, plan)
+    first = group * plan.replicas.nodes_per_group
+    return torchrun_args(plan, f"node{first}:{port}", c.stop_grace_s, group) + [f"--local-addr=node{i}"]
+
+
+def lighthouse_service(plan: Any, cfg: Any, python: str, volumes: list[str], user: str, code_dir: Path) -> dict[str, Any]:
+    """fault_tolerance=replica: the job's torchft lighthouse (launchers/lighthouse.py), a service beside the
+    nodes on the job's network, never published on the host; compose down removes it with them."""
+    c = cfg.cluster
+    return {
+        "image": SKEL_IMAGE if c.image == "auto" else c.image,
+        "hostname": LIGHTHOUSE,
+        "user": user,
+        "command": lighthouse_command(plan, python, f"0.0.0.0:{lighthouse_port(plan)}"),
+        "environment": {"PYTHONPATH": str(code_dir), "PYTHONSAFEPATH": "1", "HOME": "/tmp",
+                        "PYTHONDONTWRITEBYTECODE": "1", "RUST_LOG": "warn"},
+        "volumes": list(volumes),
+        "networks": ["job"],
+        "restart": "on-failure",  # stateless: a restarted one forms the next quorum from who asks
+        "stop_grace_period": "5s",
+        "labels": {LABEL: plan.run_dir, "fsdp-jobs.role": LIGHTHOUSE},
+        "cap_drop": ["ALL"],
+        "security_opt": ["no-new-privileges:true"],
+    }
 
 
 def drop_dotenv(run_dir: Path) -> None:

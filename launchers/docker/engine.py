@@ -93,7 +93,7 @@ def container_user(cfg: Any) -> str:
 
 
 def containers(project: str) -> dict[str, dict[str, Any]]:
-    """`docker inspect` of the project's containers, by compose service name (node0, node1, ...)."""
+    """`docker inspect` of the project's node containers, by compose service name (node0, node1, ...)."""
     if not project:
         return {}
     try:
@@ -106,7 +106,9 @@ def containers(project: str) -> dict[str, dict[str, Any]]:
     r = docker("inspect", *id_list, timeout=30)
     if r.returncode:  # a container removed between the two calls
         return {}
-    return {c["Config"]["Labels"].get("com.docker.compose.service", c["Name"]): c for c in json.loads(r.stdout)}
+    # the nodes (label fsdp-jobs.node), not a replica job's lighthouse service, which compose down removes with them
+    return {c["Config"]["Labels"].get("com.docker.compose.service", c["Name"]): c for c in json.loads(r.stdout)
+            if "fsdp-jobs.node" in (c["Config"].get("Labels") or {})}
 
 
 def read_result(run_dir: Path) -> Optional[dict[str, Any]]:

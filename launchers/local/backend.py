@@ -23,8 +23,9 @@ from fsdp_jobs import runs
 from fsdp_jobs.errors import UserError
 from launchers.base import (Backend, DryRun, JobState, JobStatus, Run, Submitted, request_scale,
                             state_from_training)
-from launchers.common import (NODE_WRAPPER, begin_user_attempt, python_path, rank_entry, rank_env, runtime_env,
-                              torchrun_args, user_code_dir)
+from launchers.common import (NODE_WRAPPER, REPLICA_ADDR_ENV, begin_user_attempt, lighthouse_command, python_path,
+                              rank_entry, rank_env, replica_env, replica_group, runtime_env, torchrun_args,
+                              user_code_dir)
 from launchers.snapshot import take_user_code
 from launchers.supervisor import LogSink, Node, exit_status, supervise, why_not_grow
 
@@ -34,15 +35,37 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def agent_args(plan: Any, cfg: Any, port: int) -> list[str]:
-    return torchrun_args(plan, f"127.0.0.1:{port}", cfg.cluster.stop_grace_s) + ["--local-addr=127.0.0.1"]
+def agent_args(plan: Any, cfg: Any, port: int, group: Optional[int] = None) -> list[str]:
+    return torchrun_args(plan, f"127.0.0.1:{port}", cfg.cluster.stop_grace_s, group) + ["--local-addr=127.0.0.1"]
 
 
-def node_commands(plan: Any, cfg: Any, port: int, user_dir: Optional[str] = None) -> list[list[str]]:
-    """One per node the job may have: `nodes` started at once, then up to cluster.max_nodes for a scale."""
+def node_commands(plan: Any, cfg: Any, ports: list[int], user_dir: Optional[str] = None) -> list[list[str]]:
+    """One per node the job may have: `nodes` started at once, then up to cluster.max_nodes for a scale.
+    `ports`: the rendezvous port of each node (one job's, or each replica group's)."""
     entry = rank_entry(cfg, plan.run_dir, user_dir)
-    return [[sys.executable, "-m", NODE_WRAPPER, *agent_args(plan, cfg, port), *entry]
-            for _ in range(plan.rendezvous.max_nodes)]
+    groups = [replica_group(i, plan) if plan.replicas else None for i in range(plan.rendezvous.max_nodes)]
+    return [[sys.executable, "-m", NODE_WRAPPER, *agent_args(plan, cfg, ports[i], groups[i]), *entry]
+            for i in range(plan.rendezvous.max_nodes)]
+
+
+def rendezvous_ports(plan: Any, cfg: Any) -> list[int]:
+    """Each node's rendezvous port: the job's one, or with fault_tolerance=replica one per replica group
+    (each group is a torchrun world of its own; cluster.rdzv_port is then the first group's, and the
+    next groups take the ports after it)."""
+    if plan.replicas is None:
+        port = cfg.cluster.rdzv_port or free_port()  # chosen now, so the dry run shows the real one
+        return [port] * plan.rendezvous.max_nodes
+    base = cfg.cluster.rdzv_port
+    per_group = [base + g if base else free_port() for g in range(plan.replicas.groups)]
+    return [per_group[replica_group(i, plan)] for i in range(plan.nodes)]
+
+
+def lighthouse_agent(plan: Any, cfg: Any) -> Optional["Agent"]:
+    """fault_tolerance=replica: the lighthouse beside the agents, on loopback (launchers/lighthouse.py)."""
+    if plan.replicas is None:
+        return None
+    port = plan.replicas.lighthouse_port or free_port()
+    return Agent({"RUST_LOG": "warn"}, lighthouse_command(plan, sys.executable, f"127.0.0.1:{port}"))
 
 
 def node_gpus(plan: Any, cfg: Any) -> list[dict[str, str]]:
@@ -75,10 +98,19 @@ class LocalRequest:
     agents: list[Agent]
     user_dir: Optional[str]  # where submit copies the user's script/package (the commands name it), or None
     spares: list[Agent] = field(default_factory=list)  # started by `fsdp-jobs scale` (cluster.max_nodes)
+    lighthouse: Optional[Agent] = None  # fault_tolerance=replica: started first, stopped last
+
+    @property
+    def lighthouse_url(self) -> str:
+        assert self.lighthouse is not None
+        return f"http://{self.lighthouse.argv[self.lighthouse.argv.index('--bind') + 1]}"
 
     def render(self) -> str:
         """The exact commands `submit` runs, one line per simulated node (and those a scale would add)."""
         lines = []
+        if self.lighthouse is not None:
+            extra = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(self.lighthouse.env.items()))
+            lines.append(f"# lighthouse (fault_tolerance=replica)\n{extra} {shlex.join(self.lighthouse.argv)}")
         for i, agent in enumerate(self.agents + self.spares):
             extra = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(agent.env.items()))
             when = f" (started by fsdp-jobs scale RUN nodes={i + 1})" if i >= len(self.agents) else ""
@@ -127,7 +159,7 @@ class LocalBackend(Backend[LocalRequest]):
     name = "local"
 
     def dryrun(self, plan: Any, cfg: Any) -> DryRun[LocalRequest]:
-        port = cfg.cluster.rdzv_port or free_port()  # chosen now, so the dry run shows the real one
+        ports = rendezvous_ports(plan, cfg)
         user = user_code_dir(cfg, Path(plan.run_dir))
         user_dir = str(user) if user else None
         extra = rank_env(cfg, plan.run_dir, user_dir)
@@ -135,10 +167,18 @@ class LocalBackend(Backend[LocalRequest]):
         if path:
             extra["PYTHONPATH"] = path
         gpus = node_gpus(plan, cfg)
-        agents = [Agent({**runtime_env(cfg), **extra, **gpus[i], "FSDP_JOBS_NODE": f"node{i}"}, cmd)
-                  for i, cmd in enumerate(node_commands(plan, cfg, port, user_dir))]
-        request = LocalRequest(agents[:plan.nodes], user_dir, agents[plan.nodes:])
-        return DryRun(self.name, plan, cfg, request, agent_args=agent_args(plan, cfg, port),
+        lighthouse = lighthouse_agent(plan, cfg)
+        request = LocalRequest([], user_dir, [], lighthouse)
+
+        def replica(i: int) -> dict[str, str]:  # the node's replica group, its servers on loopback
+            if lighthouse is None:
+                return {}
+            return {**replica_env(plan, replica_group(i, plan), request.lighthouse_url), REPLICA_ADDR_ENV: "127.0.0.1"}
+
+        agents = [Agent({**runtime_env(cfg), **extra, **gpus[i], "FSDP_JOBS_NODE": f"node{i}", **replica(i)}, cmd)
+                  for i, cmd in enumerate(node_commands(plan, cfg, ports, user_dir))]
+        request.agents, request.spares = agents[:plan.nodes], agents[plan.nodes:]
+        return DryRun(self.name, plan, cfg, request, agent_args=agent_args(plan, cfg, ports[0], 0 if plan.replicas else None),
                       agent_env=runtime_env(cfg))
 
     def submit(self, dryrun: DryRun[LocalRequest], echo: bool = True) -> Submitted:
@@ -216,16 +256,33 @@ def run_agents(dryrun: DryRun[LocalRequest], echo: bool = True) -> int:
             spares.pop(0)
         return started
 
+    lighthouse: Optional[AgentNode] = None
+    done = threading.Event()
     try:
+        if dryrun.request.lighthouse is not None:  # first: every group's first quorum asks it
+            lighthouse = AgentNode("lighthouse", dryrun.request.lighthouse)
+            lighthouse.follow(sink, done)
         for i, agent in enumerate(dryrun.request.agents):
             nodes.append(AgentNode(f"node{i}", agent))
-        outcome = supervise(nodes, sink, plan.rendezvous.min_nodes, cfg.cluster.stop_grace_s, grow)
+        outcome = supervise(nodes, sink, min_live_nodes(plan), cfg.cluster.stop_grace_s, grow)
     finally:
         for n in nodes:  # started before a failure to start the others
             if n.ended() is None:
                 n.kill()
+        if lighthouse is not None:  # after every group: none asks it any more
+            lighthouse.kill()
+            done.set()
+            lighthouse.join(5)
         sink.close()
     return exit_status(outcome, cfg, run_dir)
+
+
+def min_live_nodes(plan: Any) -> int:
+    """Fewer live nodes than this and the others cannot go on: the rendezvous' minimum, or with
+    fault_tolerance=replica the nodes of min_replicas whole replica groups."""
+    if plan.replicas is not None:
+        return plan.replicas.min_replicas * plan.replicas.nodes_per_group
+    return plan.rendezvous.min_nodes
 
 
 BACKEND = LocalBackend()

@@ -22,8 +22,10 @@ from typing import Any, Optional
 from fsdp_jobs import runs
 from fsdp_jobs.errors import UserError
 from launchers.base import Backend, DryRun, JobState, JobStatus, Run, Submitted
-from launchers.common import python_path, rank_entry, rank_env, runtime_env, torchrun_args, user_code_dir
+from launchers.common import (lighthouse_command, python_path, rank_entry, rank_env, runtime_env, torchrun_args,
+                              user_code_dir)
 from launchers.snapshot import PROJECT_ROOT, next_snapshot_dir, take_snapshot, take_user_code
+from launchers.slurm.config import LIGHTHOUSE_PORT_BASE
 from launchers.slurm.grow import grow_jobs, save_parameters, submit_grow
 
 @dataclass
@@ -81,6 +83,8 @@ def sbatch_parameters(plan: Any, cfg: Any, code_dir: Path, user_dir: Optional[Pa
     # the node task (launchers/slurm/node_task.py) starts rank_entry(): the user's script from this copy, or the trainer
     setup += [f"export {k}={shlex.quote(v)}" for k, v in sorted(rank_env(cfg, plan.run_dir, user).items())]
     setup.append(f"# every node: torchrun <flags> {shlex.join(rank_entry(cfg, plan.run_dir, user))}")
+    if plan.replicas is not None:
+        setup += lighthouse_setup(plan)
     params: dict[str, Any] = {
         "job_name": c.job_name or plan.name,
         "nodes": plan.nodes,
@@ -109,6 +113,17 @@ def sbatch_parameters(plan: Any, cfg: Any, code_dir: Path, user_dir: Optional[Pa
     elif wants_gpus(cfg):
         params["gpus_per_node"] = plan.gpus_per_node
     return params
+
+
+def lighthouse_setup(plan: Any) -> list[str]:
+    """The batch script's lines that start the job's lighthouse (launchers/lighthouse.py) beside the first
+    node's task, in the background: it ends with the job, and a requeued job starts a new one."""
+    r = plan.replicas
+    port = str(r.lighthouse_port) if r.lighthouse_port else f"$(( {LIGHTHOUSE_PORT_BASE} + SLURM_JOB_ID % 20000 ))"
+    command = shlex.join(lighthouse_command(plan, sys.executable, "0.0.0.0:PORT")).replace("0.0.0.0:PORT",
+                                                                                           f'"0.0.0.0:{port}"')
+    return ["# fault_tolerance=replica: the job's torchft lighthouse, on the first node (every replica group asks it)",
+            f"{command} &"]
 
 
 def sbatch_script(folder: Path, params: dict[str, Any]) -> str:
@@ -187,7 +202,10 @@ class SlurmBackend(Backend[SlurmRequest]):
         script = sbatch_script(_folder(plan), params)
         # the node task (launchers/slurm/node_task.py) builds the same flags at run time, at the allocation's first node
         port = cfg.cluster.rdzv_port or "<20000 + job id % 20000>"
-        agent_args = torchrun_args(plan, f"<first node>:{port}", cfg.cluster.stop_grace_s)
+        if plan.replicas is None:
+            agent_args = torchrun_args(plan, f"<first node>:{port}", cfg.cluster.stop_grace_s)
+        else:  # each replica group's own rendezvous, at its first node (node_task.py)
+            agent_args = torchrun_args(plan, f"<the group's first node>:{port}", cfg.cluster.stop_grace_s, 0)
         request = SlurmRequest(params, str(code_dir), script, str(user_dir) if user_dir else None)
         return DryRun(self.name, plan, cfg, request, agent_args=agent_args, agent_env=runtime_env(cfg))
 

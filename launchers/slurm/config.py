@@ -94,3 +94,14 @@ _SBATCH_VALUES = (
 # would silently fight the first
 _SBATCH_OURS = ("job-name", "output", "error", "nodes", "ntasks-per-node", "requeue", "signal", "open-mode",
                 "wrap", "chdir", "export", "exclude")
+
+
+# fault_tolerance=replica: the lighthouse's port, unless fault_tolerance.lighthouse_port names one. Derived from
+# the job id, as the rendezvous port is (20000 + id % 20000), so that jobs sharing a node do not meet
+LIGHTHOUSE_PORT_BASE = 40000
+
+
+def lighthouse_port_of(job_id: int, configured: Optional[int]) -> int:
+    """The port of a replica job's lighthouse (the batch script, launchers/slurm/backend.py's lighthouse_setup,
+    and launchers/slurm/node_task.py agree)."""
+    return configured or LIGHTHOUSE_PORT_BASE + job_id % 20000

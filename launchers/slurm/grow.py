@@ -114,7 +114,7 @@ class GrowTask:
     def __call__(self) -> dict[str, Any]:
         import submitit
 
-        from launchers.slurm.node_task import read_rendezvous, start_agent
+        from launchers.slurm.node_task import agent_args, read_rendezvous, start_agent
 
         run_dir, env = Path(self.run_dir), submitit.JobEnvironment()
         job, rdzv = runs.load_job(run_dir), read_rendezvous(run_dir)
@@ -125,7 +125,8 @@ class GrowTask:
         print(f"fsdp-jobs: grow node {env.node}/{env.num_nodes} (slurm node {os.environ.get('SLURMD_NODENAME')}) "
               f"joins rendezvous {rdzv['endpoint']} of job {rdzv['job_id']}", flush=True)
         error_file = run_dir / "logs" / f"torchrun-error-{env.job_id}-node{env.node}.json"
-        rc = start_agent(job, run_dir, self.run_id, str(rdzv["endpoint"]), str(rdzv["attempt"]), error_file).wait()
+        args = agent_args(job, self.run_id, str(rdzv["endpoint"]))
+        rc = start_agent(job, run_dir, args, {}, str(rdzv["attempt"]), error_file).wait()
         print(f"fsdp-jobs: grow node {env.node}: torchrun exited with {rc}", flush=True)
         if rc:
             raise RuntimeError(f"torchrun exited with {rc} on grow node {env.node}")

@@ -29,7 +29,8 @@ from fsdp_jobs import runs
 from fsdp_jobs.checkpoints import CKPT_DIR_RE, newest_checkpoint
 from fsdp_jobs.failures import ATTEMPT_ENV
 from fsdp_jobs.runs import clear_stop_request, request_stop
-from launchers.common import NODE_WRAPPER, USER_CODE_ENV, begin_user_attempt, rank_entry, settle_user_state, torchrun_args
+from launchers.common import (LIGHTHOUSE_ENV, NODE_WRAPPER, REPLICA_GROUP_ENV, USER_CODE_ENV, begin_user_attempt,
+                              rank_entry, settle_user_state, torchrun_args)
 from launchers.node import root_cause
 from launchers.slurm.requeue import COMPLETED, EXCLUDE, PREEMPTED, REQUEUE, TERMINATED, Decision, after_preflight, decide
 
@@ -117,15 +118,43 @@ def act(run_dir: Path, job_id: str, decision: Decision, reason: str, state: dict
         runs.write_state(run_dir, **keep, status="failed", reason=reason, step=step)
 
 
-def agent_args(job: dict[str, Any], run_id: str, endpoint: str) -> list[str]:
+def agent_args(job: dict[str, Any], run_id: str, endpoint: str, group: Optional[int] = None) -> list[str]:
     """torchrun's flags on a node of the allocation, from job.yaml: what the dry run shows (launchers/slurm/
     backend.py), with this attempt's rendezvous id and the allocation's first node as the endpoint. Up to
-    cluster.max_nodes: the nodes a scale adds join from a second job (launchers/slurm/grow.py)."""
+    cluster.max_nodes: the nodes a scale adds join from a second job (launchers/slurm/grow.py). `group`:
+    with fault_tolerance=replica, the node's replica group (its own rendezvous at `endpoint`)."""
     nodes, c = job["nodes"], job["cluster"]
-    plan = SimpleNamespace(nodes=nodes, gpus_per_node=job["gpus_per_node"], rendezvous=SimpleNamespace(
-        backend="c10d", run_id=run_id, min_nodes=c["min_nodes"] or nodes, max_nodes=c.get("max_nodes") or nodes,
-        max_restarts=c["max_restarts"]))
-    return torchrun_args(plan, endpoint, c["stop_grace_s"])
+    plan = SimpleNamespace(nodes=nodes, gpus_per_node=job["gpus_per_node"], replicas=replica_layout(job),
+                           rendezvous=SimpleNamespace(backend="c10d", run_id=run_id, min_nodes=c["min_nodes"] or nodes,
+                                                      max_nodes=c.get("max_nodes") or nodes,
+                                                      max_restarts=c["max_restarts"]))
+    return torchrun_args(plan, endpoint, c["stop_grace_s"], group)
+
+
+def replica_layout(job: dict[str, Any]) -> Optional[SimpleNamespace]:
+    """fault_tolerance=replica's replica groups, from job.yaml (the plan's ReplicaLayout, as far as a node needs it)."""
+    from omegaconf import OmegaConf
+
+    from fsdp_jobs.plan import replica_groups
+
+    groups = replica_groups(OmegaConf.create(job))
+    return SimpleNamespace(groups=groups, nodes_per_group=job["nodes"] // groups) if groups > 1 else None
+
+
+def replica_agent(job: dict[str, Any], node: int, hostnames: list[str], run_id: str, port: int,
+                  raw_id: int) -> tuple[list[str], dict[str, str]]:
+    """With fault_tolerance=replica, node `node`'s torchrun flags (its group's rendezvous at the group's first
+    node, this node's name as its address) and environment (its group, the lighthouse the batch script
+    started on the first node: launchers/slurm/backend.py lighthouse_setup)."""
+    from launchers.slurm.config import lighthouse_port_of
+
+    layout = replica_layout(job)
+    assert layout is not None
+    group = node // layout.nodes_per_group
+    first = hostnames[group * layout.nodes_per_group]
+    lighthouse = f"http://{hostnames[0]}:{lighthouse_port_of(raw_id, job['fault_tolerance'].get('lighthouse_port'))}"
+    args = agent_args(job, run_id, f"{first}:{port}", group) + [f"--local-addr={hostnames[node]}"]
+    return args, {REPLICA_GROUP_ENV: str(group), LIGHTHOUSE_ENV: lighthouse}
 
 
 RENDEZVOUS_FILE = "rendezvous.json"  # in RUN_DIR/slurm: the running attempt's, for the nodes a scale adds
@@ -146,19 +175,18 @@ def read_rendezvous(run_dir: Path) -> dict[str, Any]:
     return record if isinstance(record, dict) else {}
 
 
-def start_agent(job: dict[str, Any], run_dir: Path, run_id: str, endpoint: str, attempt_id: str,
+def start_agent(job: dict[str, Any], run_dir: Path, args: list[str], extra_env: dict[str, str], attempt_id: str,
                 error_file: Path) -> subprocess.Popen[bytes]:
-    """This node's torchrun agent (in the node wrapper, launchers/node.py), in a process group of its own
-    that ignores the job's stop signal (the ranks handle it). attempt_id: which attempt the ranks belong
-    to (fsdp_jobs/failures.py tells attempts apart by it)."""
-    cmd = [sys.executable, "-m", NODE_WRAPPER, *agent_args(job, run_id, endpoint),
-           *rank_entry(job, str(run_dir), os.environ.get(USER_CODE_ENV))]
+    """This node's torchrun agent (in the node wrapper, launchers/node.py) with torchrun flags `args`, in a
+    process group of its own that ignores the job's stop signal (the ranks handle it). attempt_id: which
+    attempt the ranks belong to (fsdp_jobs/failures.py tells attempts apart by it)."""
+    cmd = [sys.executable, "-m", NODE_WRAPPER, *args, *rank_entry(job, str(run_dir), os.environ.get(USER_CODE_ENV))]
     error_file.parent.mkdir(exist_ok=True)
     error_file.unlink(missing_ok=True)
     node = os.environ.get("SLURMD_NODENAME") or socket.gethostname()  # how the ranks name their node
     return subprocess.Popen(cmd, preexec_fn=_ignore_stop_signal(job["cluster"]["signal"]),
                             env={**os.environ, "TORCHELASTIC_ERROR_FILE": str(error_file),
-                                 "FSDP_JOBS_NODE": node, ATTEMPT_ENV: attempt_id})
+                                 "FSDP_JOBS_NODE": node, ATTEMPT_ENV: attempt_id, **extra_env})
 
 
 class NodeTask(submitit.helpers.Checkpointable):
@@ -198,7 +226,11 @@ class NodeTask(submitit.helpers.Checkpointable):
         signal.signal(signal.SIGTERM, self._on_sigterm)
         # the agent writes its failing rank's exception here, so the job's reason can name it
         error_file = run_dir / "logs" / f"torchrun-error-{job_id}-node{env.node}.json"
-        self._proc = start_agent(job, run_dir, run_id, endpoint, f"{job_id}.{attempt}", error_file)
+        if replica_layout(job) is None:
+            args, extra = agent_args(job, run_id, endpoint), {}
+        else:  # fault_tolerance=replica: this node's replica group is a torchrun world of its own
+            args, extra = replica_agent(job, env.node, list(env.hostnames), run_id, port, int(raw_id))
+        self._proc = start_agent(job, run_dir, args, extra, f"{job_id}.{attempt}", error_file)
         rc = self._proc.wait()
         settle_user_state(job, run_dir, rc)  # a plain script exiting 0 completed (it writes no state.json)
         state = runs.read_state(run_dir)

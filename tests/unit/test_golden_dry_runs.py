@@ -61,6 +61,13 @@ COMMANDS: dict[str, list[str]] = {
                           "+cluster.node_selector.pool=gpu"],
     "kubernetes-script": [*K8S, *SCRIPT],
     "kubernetes-hf": [*K8S, *HF],
+    # fault_tolerance=replica: each node a replica group with its own torchrun, the lighthouse beside them
+    "local-replica": ["cluster=local", "cluster.rdzv_port=29511", "fault_tolerance=replica", "nodes=3",
+                      "fault_tolerance.lighthouse_port=29600"],
+    "slurm-replica": ["cluster=slurm", "cluster.gpus=true", "fault_tolerance=replica", "nodes=4", "gpus_per_node=4",
+                      "fsdp.shard_group_size=8"],
+    "docker-replica": ["cluster=docker", "cluster.image=fsdp-jobs:test", "fault_tolerance=replica", "nodes=3",
+                       "gpus_per_node=1", "fault_tolerance.heartbeat_timeout_s=2"],
     "sweep-local": ["-m", "cluster=local", "cluster.rdzv_port=29511", "train.lr=1e-3,3e-3"],
     "sweep-slurm": ["-m", "cluster=slurm", "cluster.gpus=true", "nodes=2,4", "fsdp=full_shard,hybrid_shard", "name=scan"],
     "sweep-slurm-script": ["-m", "cluster=slurm", "cluster.gpus=true", *SCRIPT, "train.seed=1,2"],
