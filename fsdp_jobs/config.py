@@ -271,7 +271,7 @@ def validate_fault_tolerance(ft: Any) -> None:
     choice("fault_tolerance.mode", ft.mode, FT_MODES)
     if ft.mode == "none":
         return
-    _installed("fault_tolerance.mode", ft.mode, "torchft", "ft")
+    _installed("fault_tolerance", ft.mode, "torchft", "ft")  # as typed: fault_tolerance=replica
     positive("fault_tolerance.min_replicas", ft.min_replicas)
     finite("fault_tolerance.heartbeat_timeout_s", ft.heartbeat_timeout_s, 0.2, 3600)
     finite("fault_tolerance.join_timeout_s", ft.join_timeout_s, 0, 3600)

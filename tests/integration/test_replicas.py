@@ -1,0 +1,83 @@
+"""fault_tolerance=replica on cluster=local (README: Lose a node, keep training): 2 nodes x 2 ranks, each node a
+replica group of its own torchrun world with its 2 ranks' FSDP shards, joined by torchft through the
+lighthouse the launcher starts. (Docker, with the Done-when's timings: tests/docker/test_replicas_docker.py.)"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tests.conftest import REPO, cli, committed, metrics
+
+pytestmark = pytest.mark.integration
+
+SHORT = ("model.dim=64", "model.n_layers=2", "model.ffn_dim=128", "model.vocab_size=128", "data.seq_len=32")
+JOB = ("nodes=2", "gpus_per_node=2", "train.seed=3", "train.log_interval=1", *SHORT)
+REPLICA = ("fault_tolerance=replica", "fault_tolerance.heartbeat_timeout_s=1")
+
+
+def assert_ok(r: subprocess.CompletedProcess[str]) -> None:
+    assert r.returncode == 0, f"exit {r.returncode}\n{r.stdout[-4000:]}\n{r.stderr[-4000:]}"
+
+
+def node_lines(out: str, node: str) -> list[str]:
+    return [ln for ln in out.splitlines() if ln.startswith(f"[{node}] ")]
+
+
+def test_replica_groups_average_gradients_like_hsdp_and_resume_from_their_checkpoints(run_root):
+    """Without a failure, two replica groups train what HSDP's replicate dimension trains (their gradients
+    averaged by torchft instead of FSDP's all-reduce: the same losses but for the order of float sums); one
+    group writes each checkpoint, and every group resumes from it."""
+    assert_ok(cli(f"run_root={run_root}", "name=hsdp", *JOB, "train.steps=20", "checkpoint.interval=10"))
+    r = cli(f"run_root={run_root}", "name=ft", *JOB, *REPLICA, "train.steps=10", "checkpoint.interval=10")
+    assert_ok(r)
+    assert "replica group 0 of 2: world 2" in r.stdout and "replica group 1 of 2: world 2" in r.stdout
+    r = cli(f"run_root={run_root}", "name=ft", *JOB, *REPLICA, "train.steps=20", "checkpoint.interval=10")
+    assert_ok(r)
+    for node in ("node0", "node1"):  # each group loads the checkpoint: the whole job started again
+        assert any("checkpoint: resumed from step-000010" in ln for ln in node_lines(r.stdout, node)), r.stdout
+    ft, hsdp = metrics(run_root / "ft"), metrics(run_root / "hsdp")
+    assert [m["step"] for m in ft] == list(range(1, 21)) and {m["world_size"] for m in ft} == {4}
+    for a, b in zip(ft, hsdp):
+        assert abs(a["loss"] - b["loss"]) < 1e-4, (a["step"], a["loss"], b["loss"])
+    assert committed(run_root / "ft") == ["step-000010", "step-000020"]
+
+
+def test_a_killed_group_recovers_live_while_the_other_keeps_training(run_root):
+    """SIGKILL of one rank of group 1 (of its 2): torchrun restarts that group alone; group 0 goes on at
+    world 2 after the lighthouse drops group 1 (1 s), and group 1's new ranks take their shards of the model,
+    the optimizer state, the schedule and the data position from group 0's ranks, with no checkpoint read."""
+    run_dir = run_root / "kill"
+    job = subprocess.Popen([sys.executable, "-m", "fsdp_jobs", f"run_root={run_root}", "name=kill", *JOB, *REPLICA,
+                            "train.steps=100", "checkpoint.interval=20"], cwd=REPO, text=True,
+                           stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 300
+        while not (run_dir / "checkpoints" / "step-000020" / "manifest.json").exists():
+            assert job.poll() is None, job.stdout.read()[-4000:]
+            assert time.monotonic() < deadline, "no checkpoint at step 20"
+            time.sleep(0.1)
+        ranks = {json.loads(p.read_text())["rank"]: json.loads(p.read_text()) for p in (run_dir / "ranks").iterdir()}
+        assert {r: ranks[r]["replica_group"] for r in ranks} == {0: 0, 1: 0, 2: 1, 3: 1}  # job ranks, by group
+        killed_at = len(metrics(run_dir))
+        os.kill(ranks[3]["pid"], signal.SIGKILL)
+        out, _ = job.communicate(timeout=600)
+    finally:
+        if job.poll() is None:
+            job.kill()
+    assert job.returncode == 0, out[-4000:]
+    group1 = node_lines(out, "node1")
+    assert any("recovered live from a peer" in ln for ln in group1), "\n".join(group1[-20:])
+    assert not any("resumed from" in ln for ln in group1), "\n".join(group1[-20:])
+    m = metrics(run_dir)
+    assert [x["step"] for x in m] == list(range(1, 101))  # every step trained once, none redone
+    worlds = [x["world_size"] for x in m[killed_at:]]
+    assert 2 in worlds and worlds[-1] == 4, worlds  # group 0 alone for a while, then both again
+    assert {x["restart"] for x in m} == {0}  # group 0's ranks (which wrote every line) never restarted
+    assert any("the quorum changed" in ln and "1 of 2 groups" in ln for ln in node_lines(out, "node0")), out[-3000:]

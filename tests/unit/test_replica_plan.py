@@ -1,0 +1,131 @@
+"""fault_tolerance=replica before anything runs: the replica layout in the plan, each backend's request (a
+torchrun world per replica group, the lighthouse where the backend puts it), the SLURM node task's flags,
+the one-line refusal without torchft, and the start barrier's reading of the heartbeats. (What the ranks
+do with it: tests/integration/test_replicas.py, tests/docker/test_replicas_docker.py.)"""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+import yaml
+
+from tests.conftest import cli
+from tests.unit.test_bad_inputs import refused, world  # noqa: F401  (world: the fixture refused() needs)
+from tests.unit.test_trackers_config import _without
+
+REPLICA = ("fault_tolerance=replica",)
+
+
+def plan_of(*args: str):
+    from fsdp_jobs.compose import compose
+    from fsdp_jobs.plan import make_plan
+
+    cfg, _ = compose(list(args))
+    return make_plan(cfg)
+
+
+def dry_run(run_root, *args: str) -> str:
+    r = cli(f"run_root={run_root}", "name=r", "dry_run=true", *args)
+    assert r.returncode == 0, r.stderr
+    assert list(run_root.iterdir()) == []  # a dry run writes nothing
+    return r.stdout
+
+
+def test_torchft_missing_is_one_line_saying_how_to_install_it(world, capsys, monkeypatch):  # noqa: F811
+    _without(monkeypatch, "torchft")
+    line = refused(world, capsys, "job", ["fault_tolerance=replica", f"run_root={world['run_root']}"])
+    assert "fault_tolerance='replica'" in line and "pip install 'fsdp-jobs[ft]'" in line, line
+
+
+def test_a_replica_group_is_a_shard_group_of_whole_nodes():
+    r = plan_of(*REPLICA, "nodes=4", "gpus_per_node=2").replicas
+    assert (r.groups, r.nodes_per_group, r.ranks_per_group) == (4, 1, 2)
+    r = plan_of(*REPLICA, "nodes=4", "gpus_per_node=2", "fsdp.shard_group_size=4").replicas
+    assert (r.groups, r.nodes_per_group, r.ranks_per_group) == (2, 2, 4)
+    p = plan_of("nodes=4", "gpus_per_node=2")  # without it the plan is the one it always was
+    assert p.replicas is None and "replicas" not in p.to_dict()
+
+
+def test_local_runs_a_torchrun_world_per_group_and_the_lighthouse_on_loopback(run_root):
+    out = dry_run(run_root, *REPLICA, "nodes=4", "gpus_per_node=1", "fsdp.shard_group_size=2", "cluster.rdzv_port=29511",
+                  "fault_tolerance.lighthouse_port=29600", "fault_tolerance.heartbeat_timeout_s=2")
+    text = out.split("# launch commands (local)\n", 1)[1]
+    lighthouse, *nodes = text.split("\n# ")
+    assert "--bind 127.0.0.1:29600" in lighthouse and "--heartbeat-timeout-ms 2000" in lighthouse
+    for i, node in enumerate(nodes):  # groups of two nodes: node0+node1 at 29511, node2+node3 at 29512
+        group = i // 2
+        assert f"FSDP_JOBS_REPLICA_GROUP={group} " in node and "FSDP_JOBS_REPLICA_ADDR=127.0.0.1 " in node
+        assert "TORCHFT_LIGHTHOUSE=http://127.0.0.1:29600 " in node
+        assert f"--rdzv-endpoint=127.0.0.1:{29511 + group} " in node and f"-rg{group} " in node
+        assert "--nnodes=2 " in node
+
+
+def test_docker_adds_the_lighthouse_service_and_each_group_meets_at_its_first_node(run_root):
+    out = dry_run(run_root, "cluster=docker", *REPLICA, "nodes=4", "gpus_per_node=1", "fsdp.shard_group_size=2")
+    spec = yaml.safe_load(out.split("# launch commands (docker)\n", 1)[1].split("\n", 1)[1].split("# then", 1)[0])
+    lighthouse = spec["services"].pop("lighthouse")
+    assert lighthouse["command"][1:5] == ["-m", "launchers.lighthouse", "--bind", "0.0.0.0:29510"]
+    assert "ports" not in lighthouse and lighthouse["networks"] == ["job"]  # never published on the host
+    assert lighthouse["cap_drop"] == ["ALL"] and not lighthouse["user"].startswith("0:")
+    assert "fsdp-jobs.node" not in lighthouse["labels"]  # not a node: the supervisor waits for nodes only
+    for i, (name, s) in enumerate(sorted(spec["services"].items())):
+        group = i // 2
+        cmd = s["command"]
+        assert f"--rdzv-endpoint=node{2 * group}:29400" in cmd and f"--local-addr={name}" in cmd
+        assert s["environment"]["FSDP_JOBS_REPLICA_GROUP"] == str(group)
+        assert s["environment"]["TORCHFT_LIGHTHOUSE"] == "http://lighthouse:29510"
+
+
+def test_slurm_starts_the_lighthouse_with_the_job_and_each_node_task_joins_its_group(run_root):
+    from fsdp_jobs.compose import compose
+    from launchers.slurm.node_task import replica_agent
+
+    out = dry_run(run_root, "cluster=slurm", "cluster.gpus=false", *REPLICA, "nodes=4", "gpus_per_node=2",
+                  "fsdp.shard_group_size=4")
+    assert '-m launchers.lighthouse --bind "0.0.0.0:$(( 40000 + SLURM_JOB_ID % 20000 ))"' in out
+    _, job = compose([*REPLICA, "nodes=4", "gpus_per_node=2", "fsdp.shard_group_size=4", "cluster=slurm"])
+    hosts = ["n1", "n2", "n3", "n4"]
+    args, env = replica_agent(job, 3, hosts, "123-0", 20123, 123)
+    assert "--rdzv-endpoint=n3:20123" in args and "--rdzv-id=123-0-rg1" in args and "--nnodes=2" in args
+    assert "--local-addr=n4" in args
+    assert env == {"FSDP_JOBS_REPLICA_GROUP": "1", "TORCHFT_LIGHTHOUSE": "http://n1:40123"}
+
+
+def test_the_lighthouse_waits_for_a_straggler_no_longer_than_it_takes_to_drop_a_dead_group():
+    from launchers.lighthouse import args_for, parse
+
+    args = parse(args_for("127.0.0.1:1", 2, 1.5, 50))
+    assert (args.bind, args.min_replicas, args.heartbeat_timeout_ms, args.quorum_tick_ms) == ("127.0.0.1:1", 2, 1500, 50)
+    assert args.join_timeout_ms is None  # main() then uses the heartbeat timeout, not torchft's 60 s
+
+
+def beat(run_dir, rank: int, phase: str, step: int, age_s: float = 0.0) -> None:
+    d = run_dir / "heartbeats"
+    d.mkdir(exist_ok=True)
+    (d / f"rank-{rank}.json").write_text(json.dumps({"rank": rank, "phase": phase, "step": step,
+                                                     "alive": time.time() - age_s}))
+
+
+def test_the_start_waits_for_every_group_and_a_group_joining_a_training_job_does_not(tmp_path):
+    """Replicas.others_training, on heartbeat files (2 ranks a group): a live rank of every other group, or
+    any other group training already (then this one joins it, live); a stale heartbeat is no group."""
+    import torch
+
+    from fsdp_jobs.runtime.mesh import World
+    from fsdp_jobs.runtime.replicas import Replicas
+
+    world = World(rank=0, local_rank=0, world_size=2, local_world_size=2, node_rank=0, restart=0,
+                  device=torch.device("cpu"), group=0, groups=3)
+    replicas = Replicas(tmp_path, {"fault_tolerance": {}}, world)
+    beat(tmp_path, 2, "start", 0)  # group 1 up; group 2's heartbeat is an earlier attempt's
+    beat(tmp_path, 5, "step", 40, age_s=60)
+    t0 = time.monotonic()
+    assert replicas.others_training(0.5, want=lambda b: True) is False  # waited for group 2, in vain
+    assert time.monotonic() - t0 >= 0.5
+    beat(tmp_path, 4, "start", 0)
+    t0 = time.monotonic()
+    assert replicas.others_training(30, want=lambda b: True) is False and time.monotonic() - t0 < 5
+    beat(tmp_path, 3, "step", 12)  # group 1 trains: join it without waiting for anyone
+    assert replicas.others_training(30, want=lambda b: False) is True
