@@ -59,6 +59,12 @@ def _checkpoint_has(path: Path, key: str) -> bool:
     return key in FileSystemReader(str(path)).read_metadata().state_dict_metadata
 
 
+def unwrapped(objects: dict[str, Any]) -> dict[str, Any]:
+    """job.optimizer's wrapper stands for the optimizer it wraps (DCP's optimizer state-dict calls step() on
+    an optimizer without state: that must not be a step of the job)."""
+    return {k: v.optim if isinstance(v, Optimizer) else v for k, v in objects.items()}
+
+
 class Checkpoints:
     """`job.checkpoint`: atomic, sharded DCP checkpoints of any stateful objects in the run dir
     (checkpoint.keep_last, checkpoint.async_save, checkpoint.resume from the job config). Collective:
@@ -71,30 +77,43 @@ class Checkpoints:
 
     def load(self, **objects: Any) -> int:
         """Load the newest committed checkpoint into the objects (in place); returns its step, 0 if none
-        (or checkpoint.resume=false)."""
-        if not self._job.config["checkpoint"]["resume"]:
-            return 0
-        path = self.manager.find_latest()
-        if path is None:
-            return 0
-        # DCP loads exactly the keys asked for, and a missing one is an error: ask for the CUDA RNG only
-        # if the checkpoint has it (one saved on the CPU, or before it was kept, has not)
-        cuda_rng = self._cuda_rng()
-        if cuda_rng is not None and not _checkpoint_has(path, CUDA_RNG_KEY):
-            cuda_rng = None
-        state = StateObjects(objects, 0, cuda_rng=cuda_rng)
-        self._job._trainer.beat_phase("load")
-        if self.manager.load(state, path) is None:
-            return 0
+        (or checkpoint.resume=false). With fault_tolerance=replica the objects are also what this replica
+        group recovers live from the others when it joins them while they train (then nothing is read
+        from disk), and again whenever it falls behind them (job.optimizer's zero_grad)."""
+        trainer, objects = self._job._trainer, unwrapped(objects)
+        joining = trainer.joins_a_running_job()
+        state = self._load_newest(objects) if not joining else StateObjects(objects, 0, cuda_rng=self._cuda_rng())
+        self._job._state = state
+        trainer.join(state, reload=lambda: self._load_into(state))
         self._job.step = state.step
         return state.step
 
+    def _load_newest(self, objects: dict[str, Any]) -> StateObjects:
+        """The objects as StateObjects, the newest checkpoint loaded into them (if any, and asked for)."""
+        state = StateObjects(objects, 0, cuda_rng=self._cuda_rng())
+        self._load_into(state)
+        return state
+
+    def _load_into(self, state: StateObjects) -> Optional[Path]:
+        """Load the newest checkpoint into `state` (checkpoint.resume allowing); its path, or None."""
+        path = self.manager.find_latest() if self._job.config["checkpoint"]["resume"] else None
+        if path is None:
+            return None
+        # DCP loads exactly the keys asked for, and a missing one is an error: ask for the CUDA RNG only
+        # if the checkpoint has it (one saved on the CPU, or before it was kept, has not)
+        if state.cuda_rng is not None and not _checkpoint_has(path, CUDA_RNG_KEY):
+            state.cuda_rng = None
+        self._job._trainer.beat_phase("load")
+        return self.manager.load(state, path)
+
     def save(self, step: int, **objects: Any) -> None:
         """Save the objects as checkpoint step-N (in the background with checkpoint.async_save); it becomes
-        visible only once complete, and older ones beyond checkpoint.keep_last are deleted."""
+        visible only once complete, and older ones beyond checkpoint.keep_last are deleted. With
+        fault_tolerance=replica one replica group writes it (they hold the same model); the others return."""
         # stopping: the process is about to exit, the checkpoint must be committed first
-        self._job._trainer.save_checkpoint(StateObjects(objects, step, cuda_rng=self._cuda_rng()),
-                                           wait=self._job.stopping)
+        if self._job._trainer.replicas.writer:
+            self._job._trainer.save_checkpoint(StateObjects(unwrapped(objects), step, cuda_rng=self._cuda_rng()),
+                                               wait=self._job.stopping)
         self._job.step = step
         if self._job.stopping:
             self._job._record("preempted")
@@ -118,19 +137,24 @@ class Job:
             trainer.use(world, mesh)
         self._trainer = trainer
         self.device: torch.device = world.device
-        self.rank, self.world_size, self.local_rank = world.rank, world.world_size, world.local_rank
+        # the rank among all of the job's (what a rank's data slice is chosen by): with fault_tolerance=replica
+        # torchrun's RANK and WORLD_SIZE are one replica group's, and these count every group's ranks
+        self.rank, self.world_size, self.local_rank = world.job_rank, world.job_world_size, world.local_rank
         self.mesh_shape = dict(zip(mesh.mesh_dim_names or (), mesh.mesh.shape))
-        self.step = 0
+        self.step = 0  # the last step done: checkpoint.load sets it, job.optimizer's step() counts on
         self.stopping = False
+        self._state: Optional[StateObjects] = None  # what checkpoint.load was given: a replica group recovers it
         # the trainer's stop machinery: rank 0 looks for the stop-request file in a thread (a slow shared
         # file system never stalls the step), and the ranks vote without a host sync (see should_stop)
         trainer.watch_for_stop(StopFlag())
         self._stop, self._stop_file, self._vote = trainer.stop, trainer.stop_file, trainer.vote
         self._voted = False  # what this rank put in the vote now in flight
         # TensorBoard/W&B open at the first job.log: this attempt's steps start there (runtime/trackers.py)
-        self._metrics = MetricsWriter(run_dir / runs.METRICS_FILE, self.rank == 0, config["train"]["steps"],
+        # each replica group's rank 0 writes the lines of the steps its group writes (Replicas.writer); the
+        # trackers hold one writer: the first group's
+        self._metrics = MetricsWriter(run_dir / runs.METRICS_FILE, world.rank == 0, config["train"]["steps"],
                                       config["train"]["log_interval"],
-                                      Trackers(run_dir, config, close_at_exit=True))
+                                      Trackers(run_dir, config, close_at_exit=True) if world.group == 0 else None)
         self._attempt = ""
         self.checkpoint = Checkpoints(self)
         self._attempt = self.checkpoint.manager.attempt
@@ -153,6 +177,13 @@ class Job:
             materialize(model, param_device, self.config["train"]["seed"] if seed is None else seed,
                         f["mixed_precision"].get("buffer_dtype"), buffer_device=buffer_device)
         return model
+
+    def optimizer(self, optim: torch.optim.Optimizer) -> "Optimizer":
+        """`optim` with the job's step around it: zero_grad() begins a step, step() ends it and counts it in
+        job.step. Needed with fault_tolerance=replica (zero_grad: the step's quorum, where a group behind
+        the others recovers the checkpoint.load objects live; step(): updates only if every group of the
+        quorum finished the step, else returns False and the step is taken again); harmless without."""
+        return Optimizer(self, optim)
 
     def should_stop(self) -> bool:
         """Collective, call it at a step boundary on every rank, as often on each: has any rank been
@@ -185,9 +216,10 @@ class Job:
         self.step = step
         self._trainer.beat(step)
         record = {"step": step, **{k: float(v) if isinstance(v, torch.Tensor) else v for k, v in metrics.items()},
-                  "world_size": self.world_size, "restart": self.world.restart, "attempt": self._attempt,
-                  "time": time.time()}
-        self._metrics.write(record)
+                  "world_size": self._trainer.replicas.job_world_size(),  # of a replica job: the groups in the step
+                  "restart": self.world.restart, "attempt": self._attempt, "time": time.time()}
+        if self._trainer.replicas.writer:  # one replica group writes each step's line
+            self._metrics.write(record)
 
     def heartbeat(self, step: Optional[int] = None) -> None:
         """Tell the node's hang watchdog this rank is making progress (job.log does it too). Cheap: no I/O,
@@ -197,8 +229,19 @@ class Job:
         self._trainer.beat(self.step)
 
     def _record(self, status: str) -> None:
-        if self.rank == 0:
+        if self.world.rank == 0 and self._trainer.replicas.writer:
             runs.write_state(self.run_dir, status=status, step=self.step)
+
+    def _begin_step(self) -> None:
+        """job.optimizer's zero_grad: a replica job's quorum; a group behind the others recovers here."""
+        replicas = self._trainer.replicas
+        replicas.begin_step()
+        if replicas.healed is not None and self._state is not None:
+            self.step = self._state.step
+            log(self.world.rank, f"replica group {self.world.group}: recovered live from a peer at step {self.step}")
+
+    def _commit(self) -> bool:
+        return self._trainer.replicas.commit()
 
     def close(self) -> None:
         """Leave cleanly (also run at exit): finish a background save, free what gloo's thread holds, destroy
@@ -213,6 +256,45 @@ class Job:
         if dist.is_initialized():
             dist.destroy_process_group()
         sys.stdout.flush()
+
+
+class Optimizer(torch.optim.Optimizer):
+    """What job.optimizer(optim) returns: the optimizer, with the job's step around it (Job.optimizer).
+    Everything else is the wrapped optimizer's; checkpoint.load/save take either."""
+
+    def __init__(self, job: Job, optim: torch.optim.Optimizer) -> None:  # no super().__init__: it holds no params
+        self._job, self.optim = job, optim
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """Call it first in each step, before the forward."""
+        self._job._begin_step()
+        self.optim.zero_grad(set_to_none=set_to_none)
+
+    def step(self, closure: Any = None) -> bool:  # type: ignore[override]
+        """Update the parameters, and count the step in job.step; False (nothing updated, job.step unchanged):
+        a replica group failed during the step, which is then taken again."""
+        assert closure is None, "job.optimizer takes no closure"
+        if not self._job._commit():
+            return False
+        self.optim.step()
+        self._job.step += 1
+        if self._job._state is not None:  # what a peer sends a recovering group: the step too
+            self._job._state.step = self._job.step
+        return True
+
+    @property
+    def param_groups(self) -> list[dict[str, Any]]:  # type: ignore[override]
+        return self.optim.param_groups
+
+    @property
+    def state(self) -> Any:  # type: ignore[override]
+        return self.optim.state
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.optim.state_dict()
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.optim.load_state_dict(state_dict)
 
 
 _JOB: Optional[Job] = None

@@ -16,6 +16,7 @@ import os
 import sys
 from typing import Any
 
+from fsdp_jobs.plan import REPLICA_GROUP_ENV
 from fsdp_jobs.runtime.loopback_store import install
 
 TRAINER = "fsdp_jobs.runtime"
@@ -60,9 +61,39 @@ def shorten_exit_barrier(seconds: float = EXIT_BARRIER_S) -> None:
     SimpleElasticAgent._exit_barrier = exit_barrier
 
 
+# fault_tolerance=replica: when one rank of a replica group dies, torchrun stops the group's others (then
+# restarts them all) with SIGTERM, and SIGKILL 30 s later. Such a rank is often inside a torchft call (the
+# step's quorum, its commit), which handles no signal: a killed rank's group came back 30 s late in a test,
+# and its group's server, still heartbeating, held the other group's quorum as long (the lighthouse forms
+# none from half of the live groups). Nothing is saved on the way to a restart, so a few seconds do.
+REPLICA_RESTART_STOP_S = 3
+
+
+def shorten_replica_restart_stop(seconds: int = REPLICA_RESTART_STOP_S) -> None:
+    """Both ways torchrun stops the others when a rank fails get `seconds`: its process context's own (when
+    it sees the failure) and the agent's (before the restart). Not the agent's stop on a signal (a cancel,
+    a preemption: the ranks checkpoint), which passes --shutdown-timeout explicitly."""
+    if not os.environ.get(REPLICA_GROUP_ENV):
+        return
+    from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
+    from torch.distributed.elastic.multiprocessing.api import PContext
+
+    def stop_workers(agent: Any, worker_group: Any) -> None:
+        agent._shutdown(timeout=seconds)
+
+    close = PContext.close
+
+    def close_soon(context: Any, death_sig: Any = None, timeout: int = seconds) -> None:
+        close(context, death_sig, timeout)
+
+    LocalElasticAgent._stop_workers = stop_workers
+    PContext.close = close_soon
+
+
 def main() -> None:
     install()
     shorten_exit_barrier()
+    shorten_replica_restart_stop()
     from torch.distributed import run as torchrun
     from torch.distributed.elastic.multiprocessing.errors import record
 

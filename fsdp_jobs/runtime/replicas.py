@@ -53,6 +53,7 @@ class NoReplicas:
     """One torchrun world is the whole job: nothing to join, every step commits."""
 
     enabled = False
+    healed: Optional[tuple[int, float]] = None  # (step, seconds) of the last live recovery: never
 
     def __init__(self, world: World) -> None:
         self.world = world
@@ -171,8 +172,8 @@ class Replicas(NoReplicas):
 
     def begin_step(self) -> None:
         """The quorum of this step: which groups take part; a group behind the others recovers here."""
-        if self.fresh_quorum:
-            self.fresh_quorum = False
+        if self.fresh_quorum:  # join() said what it recovered
+            self.fresh_quorum, self.healed = False, None
             return
         self.healed = None
         self.manager.start_quorum()
@@ -203,8 +204,10 @@ class Replicas(NoReplicas):
     @property
     def writer(self) -> bool:
         """The first group of this step's quorum writes the metrics, checkpoints and state (each group is
-        the same model at every committed step, so any one could)."""
-        return self.manager is not None and self.manager.participating_rank() == 0
+        the same model at every committed step, so any one could); before the first quorum, group 0."""
+        if self.manager is None or self.manager._quorum_future is None:
+            return self.world.group == 0
+        return self.manager.participating_rank() == 0
 
     def job_world_size(self) -> int:
         """The ranks of the groups taking part in this step."""

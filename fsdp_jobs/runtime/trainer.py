@@ -259,11 +259,8 @@ class Trainer:
         model.to(dtype_of(job["model"]["dtype"]))
         self.shard(model, compile_blocks=bool(tcfg.get("compile")))
         self.open_checkpoints({"config_hash": runs.job_hash(job)}, overlap_staging=True)
-        if self.replicas.enabled:  # every group up first (or another one training: then join it, live)
-            self.beat_phase("start")
-            self.joining = self.replicas.others_training(float(job["fault_tolerance"]["join_timeout_s"]),
-                                                         want=lambda beat: True)
-        self.resume_from = self.ckpt.find_latest() if self.ccfg["resume"] and not self.joining else None
+        joining = self.joins_a_running_job()  # replica groups: every group up first, or join one training
+        self.resume_from = self.ckpt.find_latest() if self.ccfg["resume"] and not joining else None
         param_device, buffer_device = init_devices(job["fsdp"], self.world.device)
         t_init = time.perf_counter()
         materialize(model, param_device, tcfg["seed"], job["fsdp"]["mixed_precision"].get("buffer_dtype"),
@@ -282,10 +279,13 @@ class Trainer:
         self.beat_phase("load")
         self.resumed = self.ckpt.load(self.state, self.resume_from)
 
-    def join(self) -> None:
+    def join(self, state: Optional[StateObjects] = None, reload: Optional[Callable[[], Optional[Path]]] = None,
+             warm_up: Optional[Callable[[], None]] = None) -> None:
         """fault_tolerance=replica: this group's first quorum, at the step it loaded (the job's start, when
         every group loads the same checkpoint) or at step 0 (joining groups that train: the quorum has it
-        recover their state live). Without replica groups, nothing.
+        recover their state live). Without replica groups, nothing. `state` (the built-in loop's TrainState,
+        or fsdp_jobs.job's objects), `reload` (loads the newest checkpoint into it: where the groups it was to
+        join are gone) and `warm_up` (a throw-away step) default to the built-in loop's.
 
         The group's server heartbeats the lighthouse from the moment its Manager is made, and a quorum waits
         for a group that heartbeats but has not asked yet (up to the lighthouse's join timeout): at the job's
@@ -296,15 +296,19 @@ class Trainer:
         replicas, ft = self.replicas, self.job.get("fault_tolerance") or {}
         if not replicas.enabled:
             return
-        state, rank = self.state, self.world.rank
+        if state is None:
+            state, warm_up = self.state, self.warm_up_step
+            reload = lambda: self.ckpt.load(self.state, self.ckpt.find_latest() if self.ccfg["resume"] else None)  # noqa: E731
+        assert reload is not None
+        rank = self.world.rank
+        self.beat_phase(JOINING)
         if not self.joining:  # the job's start: every group's server up, so the first quorum holds them all
             replicas.open(state.state_dict, state.load_state_dict, state.step, self.mesh)
-            self.beat_phase(JOINING)
             replicas.others_training(float(ft["join_timeout_s"]), want=lambda beat: beat.get("phase") in (JOINING,
                                                                                                           "step"))
         else:  # the others wait for this group's first step in their all-reduces: not a cold one
-            self.beat_phase(JOINING)
-            replicas.warm_up(self.warm_up_step)
+            if warm_up is not None:
+                replicas.warm_up(warm_up)
             replicas.open(state.state_dict, state.load_state_dict, state.step, self.mesh)
         t0 = time.perf_counter()
         replicas.join()
@@ -312,11 +316,20 @@ class Trainer:
             log(rank, f"replica group {self.world.group}: recovered live from a peer at step {state.step} in "
                       f"{time.perf_counter() - t0:.2f}s (model, optimizer, data position; no checkpoint read)")
         elif self.joining:  # the groups it saw training are gone: the newest checkpoint after all
-            self.resumed = self.ckpt.load(state, self.ckpt.find_latest() if self.ccfg["resume"] else None)
+            self.resumed = reload()
             if self.resumed is None:  # torchrun restarts this group, which then starts afresh as they did
                 raise RuntimeError(f"replica group {self.world.group} joined groups that were training, but they "
                                    "were gone at its first quorum and the run has no checkpoint yet")
             replicas.manager.load_state_dict({"step": state.step, "batches_committed": 0})
+
+    def joins_a_running_job(self) -> bool:
+        """fault_tolerance=replica, before anything is loaded: wait for every replica group to be up (the
+        job's start), or find another one training (then this group recovers from it: join())."""
+        if self.replicas.enabled:
+            self.beat_phase("start")
+            self.joining = self.replicas.others_training(float(self.job["fault_tolerance"]["join_timeout_s"]),
+                                                         want=lambda beat: True)
+        return self.joining
 
     def warm_up_step(self) -> None:
         """One step on a micro batch of made-up tokens, before this group joins groups that train (their

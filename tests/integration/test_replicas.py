@@ -81,3 +81,31 @@ def test_a_killed_group_recovers_live_while_the_other_keeps_training(run_root):
     assert 2 in worlds and worlds[-1] == 4, worlds  # group 0 alone for a while, then both again
     assert {x["restart"] for x in m} == {0}  # group 0's ranks (which wrote every line) never restarted
     assert any("the quorum changed" in ln and "1 of 2 groups" in ln for ln in node_lines(out, "node0")), out[-3000:]
+
+
+def test_a_job_api_script_recovers_live_too(run_root):
+    """script= with fsdp_jobs.job (tests/scripts/job_train.py: job.optimizer, job.step, job.checkpoint): the
+    objects given to job.checkpoint.load are what a restarted group recovers from the other, live."""
+    script = REPO / "tests" / "scripts" / "job_train.py"
+    run_dir = run_root / "script"
+    job = subprocess.Popen([sys.executable, "-m", "fsdp_jobs", f"run_root={run_root}", "name=script", f"script={script}",
+                            *JOB, *REPLICA, "train.steps=60", "checkpoint.interval=20"], cwd=REPO, text=True,
+                           stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                           env={**os.environ, "JOB_TRAIN_SECONDS_PER_STEP": "0.1"})
+    try:
+        deadline = time.monotonic() + 300
+        while not (run_dir / "metrics.jsonl").exists() or len(metrics(run_dir)) < 10:
+            assert job.poll() is None, job.stdout.read()[-4000:]
+            assert time.monotonic() < deadline, "no step 10"
+            time.sleep(0.1)
+        ranks = {json.loads(p.read_text())["rank"]: json.loads(p.read_text()) for p in (run_dir / "ranks").iterdir()}
+        os.kill(ranks[3]["pid"], signal.SIGKILL)
+        out, _ = job.communicate(timeout=600)
+    finally:
+        if job.poll() is None:
+            job.kill()
+    assert job.returncode == 0, out[-4000:]
+    assert any("recovered live from a peer" in ln for ln in node_lines(out, "node1")), out[-3000:]
+    m = metrics(run_dir)
+    assert [x["step"] for x in m] == list(range(1, 61)) and 2 in [x["world_size"] for x in m]
+    assert committed(run_dir)[-1] == "step-000060"

@@ -21,23 +21,25 @@ def main():
     job = fsdp_jobs.job.init()
     torch.manual_seed(job.config["train"]["seed"])
     model = job.shard(BlockNet())
-    optim = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    # job.optimizer: zero_grad() begins a step, step() counts it in job.step (and, with
+    # fault_tolerance=replica, updates only if every replica group finished it)
+    optim = job.optimizer(torch.optim.AdamW(model.parameters(), lr=1e-2))
     total, every = job.config["train"]["steps"], job.config["checkpoint"]["interval"]
-    step = job.checkpoint.load(model=model, optim=optim)
-    while step < total:
-        x, y = batch(step, job.rank)
+    job.checkpoint.load(model=model, optim=optim)
+    while job.step < total:
+        optim.zero_grad()
+        x, y = batch(job.step, job.rank)
         loss = F.mse_loss(model(x.to(job.device)), y.to(job.device))
         loss.backward()
-        optim.step()
-        optim.zero_grad()
-        step += 1
-        job.log(step=step, loss=loss.item())
+        if not optim.step():  # a replica group failed mid-step: the same step again
+            continue
+        job.log(step=job.step, loss=loss.item())
         time.sleep(float(os.environ.get("JOB_TRAIN_SECONDS_PER_STEP", 0)))  # a test's window to kill a rank mid-run
         if job.should_stop():
-            job.checkpoint.save(step, model=model, optim=optim)
+            job.checkpoint.save(job.step, model=model, optim=optim)
             break
-        if (every and step % every == 0) or step == total:
-            job.checkpoint.save(step, model=model, optim=optim)
+        if (every and job.step % every == 0) or job.step == total:
+            job.checkpoint.save(job.step, model=model, optim=optim)
     job.checkpoint.wait()
 
 
