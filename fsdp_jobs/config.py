@@ -389,4 +389,7 @@ def validate(cfg: Any) -> None:
         raise UserError("cluster.memory_fraction", cl.memory_fraction, "must be in (0, 1]")
     if cl.rdzv_port is not None and not 1 <= cl.rdzv_port <= 65535:
         raise UserError("cluster.rdzv_port", cl.rdzv_port, "must be a TCP port 1-65535 or null")
-    backends.config_module(cl.backend).validate(cl)  # the chosen backend's own keys (launchers/<name>/config.py)
+    module = backends.config_module(cl.backend)
+    module.validate(cl)  # the chosen backend's own keys (launchers/<name>/config.py)
+    if hasattr(module, "validate_job"):  # and what it refuses of the others (a mode it has no place for)
+        module.validate_job(cfg)

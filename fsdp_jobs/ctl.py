@@ -99,7 +99,27 @@ def run_status(run_dir: Path) -> dict[str, Any]:
                           f"{hang['step']} in {hang['frame'] or 'an unknown frame'}")
     gp = goodput.of_run(run_dir)  # where the wall time went (fsdp-jobs goodput RUN: per attempt)
     out["goodput"] = {**gp["total"], "attempts": len(gp["attempts"])} if gp else None
+    replicas = replica_summary(run_dir, metrics)
+    if replicas:
+        out["replicas"] = replicas
+        out["detail"] += (f"; replica groups: {replicas['in_quorum']} of {replicas['groups']} in the last step's "
+                          f"quorum, {replicas['stalls']} stall(s) for {replicas['stalled_s']:.1f} s")
     return out
+
+
+def replica_summary(run_dir: Path, metrics: list[dict[str, Any]]) -> Optional[dict[str, Any]]:
+    """fault_tolerance=replica: how many replica groups the last step had (its metrics line's ranks, over a
+    group's), and the steps that waited for a quorum (goodput.jsonl's stalls: a group died or joined)."""
+    try:
+        layout = json.loads((run_dir / runs.PLAN_FILE).read_text()).get("replicas")
+        groups, per_group = int(layout["groups"]), int(layout["ranks_per_group"])
+    except (OSError, ValueError, TypeError, KeyError, AttributeError):
+        return None
+    last = metrics[-1].get("world_size") if metrics else None
+    events, _ = goodput.read_events(run_dir / goodput.GOODPUT_FILE)
+    stalls = [float(e.get("seconds") or 0) for e in events if e.get("event") == "stall"]
+    return {"groups": groups, "in_quorum": int(last) // per_group if isinstance(last, int) else None,
+            "stalls": len(stalls), "stalled_s": round(sum(stalls), 3)}
 
 
 def scale_target(run_dir: Path, size: str) -> int:

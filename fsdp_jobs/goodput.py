@@ -15,6 +15,8 @@ RUN_DIR/goodput.jsonl is an append-only timeline, one JSON object a line, {"even
     loop           {pid, step}            the step loop begins
     steps          {pid, first, last}     at each log/checkpoint flush: the steps since the previous mark
     save           {pid, step, blocked}   a checkpoint save returned; blocked: seconds the loop waited for it
+    stall          {pid, step, seconds, groups}  fault_tolerance=replica: the step waited this long for its
+                                          quorum (a replica group died mid-step, or joined); groups in it
     end            {pid, why, step}       completed / preempted / failed: ...
 
 Each attempt's wall time is tiled by these marks: the time between two marks belongs to the part the
@@ -31,7 +33,9 @@ only time closed by a mark this module does not know (it stays 0 on a well-forme
   productive  step windows (flush to flush), less lost work
   checkpoint  time the loop was blocked by saves (also the final save and its wait)
   lost        steps a later attempt computed again (steps after the checkpoint it resumed from), pro rata
-              within a window; and, for a failed attempt, from its last flush to the failure (steps in flight)
+              within a window; and, for a failed attempt, from its last flush to the failure (steps in flight);
+              and a replica job's stalls (the survivors' wait for the lighthouse to drop a dead group, and
+              for one that joins), taken out of the window they fell in
   recovery    a failed/stopped attempt's end -> the next attempt's process start in the same launch (torchrun
               noticing, stopping the workers, re-rendezvous); after a requeue the new nodes' start -> the
               process start is start-up's "agent" instead
@@ -53,7 +57,7 @@ GOODPUT_FILE = "goodput.jsonl"
 PARTS = ("queued", "startup", "productive", "checkpoint", "lost", "recovery", "shutdown", "other")
 STARTUP_PARTS = ("agent", "interpreter", "imports", "process_group", "preflight", "build", "checkpoint_load",
                  "prepare")
-RANK_EVENTS = ("start", "process_group", "preflight", "built", "loaded", "loop", "steps", "save", "end")
+RANK_EVENTS = ("start", "process_group", "preflight", "built", "loaded", "loop", "steps", "save", "stall", "end")
 NODE_EVENTS = ("node_start", "node_end")
 
 
@@ -112,7 +116,7 @@ class _Attempt:
     def __init__(self, start: dict[str, Any], launch: int) -> None:
         self.start, self.launch = start, launch
         self.marks: dict[str, dict[str, Any]] = {}
-        self.flow: list[dict[str, Any]] = []  # steps and save events, in order
+        self.flow: list[dict[str, Any]] = []  # steps, save and stall events, in order
         self.end: Optional[dict[str, Any]] = None
         self.parts = dict.fromkeys(PARTS, 0.0)
         self.startup = dict.fromkeys(STARTUP_PARTS, 0.0)
@@ -164,13 +168,20 @@ def _tile(a: _Attempt, first_of_launch: bool, launch_at: Optional[float], node_s
                        ("checkpoint_load", "loaded"), ("prepare", "loop")):
         a.add(part, _num(a.marks.get(name, {}), "time"))
     first = (a.resumed_step() or 0) + 1
+    stalled = 0.0  # a replica job's stalls since the last window: not productive, though inside one
     for e in a.flow:
         t = float(e["time"])
-        if e["event"] == "steps":
+        if e["event"] == "stall":
+            stalled += _num(e, "seconds") or 0.0
+        elif e["event"] == "steps":
             before = a.t
             a.add("productive", t)
+            moved = min(stalled, max(0.0, a.t - before))
+            a.parts["productive"] -= moved
+            a.parts["lost"] += moved
+            stalled = 0.0
             last = e.get("last") if isinstance(e.get("last"), int) else first - 1
-            a.windows.append((first, last, max(0.0, a.t - before)))
+            a.windows.append((first, last, max(0.0, a.t - before - moved)))
             first = last + 1
         else:
             blocked = _num(e, "blocked") or 0.0
@@ -240,7 +251,7 @@ def account(events: list[dict[str, Any]], launches: Sequence[float] = (),
             attempts.append(a)
         elif e["pid"] in by_pid:
             a = by_pid[e["pid"]]
-            if name in ("steps", "save"):
+            if name in ("steps", "save", "stall"):
                 a.flow.append(e)
             elif name == "end":
                 a.end = e

@@ -94,6 +94,7 @@ class Replicas(NoReplicas):
         self.live = True  # False while a throw-away warm-up step runs: the gradient hook does nothing
         self.healed: Optional[tuple[int, float]] = None  # (step, seconds) of the last live recovery
         self.quorum_id: Optional[int] = None
+        self.changed = False  # the last quorum's groups differ from the one before
         self.participants = 0
         self.fresh_quorum = False  # join()'s quorum is the first step's too
         quiet_torchft_logs()
@@ -179,7 +180,8 @@ class Replicas(NoReplicas):
         self.manager.start_quorum()
         self.participants = self.manager.num_participants()
         quorum = self.manager._quorum_id  # torchft bumps it when the groups in the quorum change
-        if self.quorum_id is not None and quorum != self.quorum_id:
+        self.changed = self.quorum_id is not None and quorum != self.quorum_id
+        if self.changed:
             log(self.world.rank, f"replica groups: the quorum changed at step {self.manager.current_step() + 1}: "
                                  f"{self.participants} of {self.world.groups} groups")
         self.quorum_id = quorum

@@ -61,6 +61,10 @@ class Timeline:
             self.event("steps", first=self.last_step + 1, last=step, seconds=now - self.mark, time=now)
             self.mark, self.last_step = now, step
 
+    def stall(self, step: int, seconds: float, groups: int) -> None:
+        """fault_tolerance=replica: step `step` waited `seconds` for its quorum (fsdp_jobs/runtime/replicas.py)."""
+        self.event("stall", step=step, seconds=seconds, groups=groups)
+
     def save(self, step: int, began: float) -> None:
         """A save that began at `began` (time.time()) returned: the loop was blocked until now."""
         self.mark = time.time()

@@ -452,8 +452,11 @@ class Trainer:
         self.window = MetricsWindow(self.metrics, world, self.ckpt.attempt, *self.window_args)
         replicas = self.replicas
         stopped_by = None
+        began, tries = 0.0, 0  # a replica job may take a step again: when it was first begun, how often
         while state.step < total:
+            began = began or time.time()
             replicas.begin_step()  # a replica job's quorum (a group behind the others recovers here)
+            quorum_at, tries = time.time(), tries + 1
             position = state.samples_seen
             inputs, targets = batches.get(position)
             inputs, targets = inputs.to(world.device, non_blocking=True), targets.to(world.device, non_blocking=True)
@@ -462,6 +465,9 @@ class Trainer:
             stepped = self.train_step(inputs, targets)
             if stepped is None:  # not committed: the same step again, with the groups then alive
                 continue
+            if replicas.enabled and (tries > 1 or replicas.changed):  # goodput: waited for its quorum
+                self.timeline.stall(state.step, quorum_at - began, replicas.participants)
+            began, tries = 0.0, 0
             loss, grad_norm = stepped
             self.beat(state.step)
             self.window.append(loss, grad_norm, {"step": state.step, "lr": state.scheduler.get_last_lr()[0],

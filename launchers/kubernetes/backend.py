@@ -101,8 +101,9 @@ class KubernetesBackend(Backend[manifests.Request]):
     def dryrun(self, plan: Any, cfg: Any) -> DryRun[manifests.Request]:
         require_package()  # TorchX builds its pods with the kubernetes package's models
         request = manifests.render(plan, cfg)
+        group = 0 if plan.replicas is not None else None  # a replica job's flags: the first group's
         return DryRun(self.name, plan, cfg, request,
-                      agent_args=torchrun_args(plan, request.endpoint, cfg.cluster.stop_grace_s),
+                      agent_args=torchrun_args(plan, request.endpoint, cfg.cluster.stop_grace_s, group),
                       agent_env=runtime_env(cfg))
 
     def submit(self, dryrun: DryRun[manifests.Request]) -> Submitted:

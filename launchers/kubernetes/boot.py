@@ -8,6 +8,9 @@ the PVC, where the runtime expects it (fsdp_jobs/runs.py), keeping a changed job
 `runs.prepare` does; pods write concurrently, so each writes under its own temporary name and renames.
 Then it waits until the rendezvous host (the first pod's DNS name) resolves: a c10d agent that cannot
 resolve it would not know it is the store's host, and every agent would wait for a store nobody serves.
+With fault_tolerance=replica every pod has the same command, and each replica group its own rendezvous:
+this pod's group comes from its index (FSDP_JOBS_NODE_INDEX, from the controller), and its flags name the
+group's first pod (launchers/kubernetes/manifests.py: node_command, replica_pod_env).
 
 Standard library only (the image needs nothing but Python, torch and fsdp_jobs); the backend ships this
 file's text in the ConfigMap, so the pods run exactly the version that submitted them.
@@ -92,11 +95,31 @@ def wait_for_dns(host: str, limit_s: float = DNS_WAIT_S) -> bool:
             time.sleep(1.0)
 
 
+def replica_command(command: list, environ: dict) -> tuple:
+    """(the command with this pod's replica group filled in, the environment that adds), or the command as
+    it is without fault_tolerance=replica."""
+    per_group = environ.get("FSDP_JOBS_NODES_PER_GROUP")
+    if not per_group:
+        return command, {}
+    k, index, dns = int(per_group), int(environ["FSDP_JOBS_NODE_INDEX"]), environ["FSDP_JOBS_NODE_DNS"]
+    group = index // k
+    fill = {"@GROUP_HOST@": dns.replace("{i}", str(group * k)), "@NODE_HOST@": dns.replace("{i}", str(index)),
+            "@GROUP@": str(group)}
+    out = []
+    for arg in command:
+        for key, value in fill.items():
+            arg = arg.replace(key, value)
+        out.append(arg)
+    return out, {"FSDP_JOBS_REPLICA_GROUP": str(group)}
+
+
 def main(argv: list) -> None:
     if len(argv) < 4:
         print("usage: boot.py CONFIG_DIR RUN_DIR COMMAND...", file=sys.stderr)
         raise SystemExit(2)
-    config_dir, run_dir, command = argv[1], argv[2], argv[3:]
+    config_dir, run_dir = argv[1], argv[2]
+    command, extra = replica_command(argv[3:], dict(os.environ))
+    os.environ.update(extra)
     copy_job(config_dir, run_dir)
     unpack_user_code(config_dir)
     host = rendezvous_host(command)

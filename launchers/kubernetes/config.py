@@ -92,3 +92,16 @@ def validate(cl: Any) -> None:
             raise UserError(f"cluster.secret_env.{var}", ref, "the key must be an environment variable name")
         if not re.fullmatch(rf"{_DNS_LABEL}(\.{_DNS_LABEL})*/[-._a-zA-Z0-9]+", str(ref)):
             raise UserError(f"cluster.secret_env.{var}", ref, "must be SECRET_NAME/KEY of a Secret in cluster.namespace")
+
+
+# the kinds with a place for fault_tolerance=replica's lighthouse and a stable DNS name per node's pod
+# (launchers/kubernetes/manifests.py: LIGHTHOUSE, Kind.node_pod)
+REPLICA_KINDS = ("jobset", "volcano")
+
+
+def validate_job(cfg: Any) -> None:
+    """What this backend refuses of the job's other keys (fsdp_jobs/config.py calls it after validate)."""
+    if cfg.fault_tolerance.mode == "replica" and cfg.cluster.kind not in REPLICA_KINDS:
+        raise UserError("cluster.kind", cfg.cluster.kind, "has no place for fault_tolerance=replica's lighthouse (a "
+                                                          "PyTorchJob's replica types are Master and Worker) and no "
+                                                          "stable name per pod: use cluster.kind=jobset or volcano")

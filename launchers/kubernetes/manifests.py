@@ -57,16 +57,27 @@ class Kind:
     plural: str
     first_pod: str  # the first pod's stable DNS name, from the job name
     pod_name: str  # pod of node k (for logs); "" = found by label (the Job controller adds a suffix)
+    node_pod: str = ""  # node {i}'s stable DNS name; "" = none (fault_tolerance=replica needs one)
 
 
 KINDS = {
-    # Volcano's svc plugin: headless Service <job>, pod hostname <job>-<task>-<i>, subdomain <job>
-    "volcano": Kind("Job", "batch.volcano.sh", "v1alpha1", "jobs", "{job}-node-0-0.{job}", "{job}-node-{k}-0"),
+    # Volcano's svc plugin: headless Service <job>, pod hostname <job>-<task>-<i>, subdomain <job>; TorchX
+    # makes a task of one pod per node, <role>-<node>
+    "volcano": Kind("Job", "batch.volcano.sh", "v1alpha1", "jobs", "{job}-node-0-0.{job}", "{job}-node-{k}-0",
+                    "{job}-node-{i}-0.{job}"),
     # the training-operator makes a Service per replica: <job>-worker-<k>
     "pytorchjob": Kind("PyTorchJob", "kubeflow.org", "v1", "pytorchjobs", "{job}-worker-0", "{job}-worker-{k}"),
     # JobSet: hostname <jobset>-<replicated job>-<job index>-<pod index>, subdomain = our headless Service
-    "jobset": Kind("JobSet", "jobset.x-k8s.io", "v1alpha2", "jobsets", "{job}-node-0-0.{job}", ""),
+    "jobset": Kind("JobSet", "jobset.x-k8s.io", "v1alpha2", "jobsets", "{job}-node-0-0.{job}", "",
+                   "{job}-node-0-{i}.{job}"),
 }
+# fault_tolerance=replica: the lighthouse is a workload of its own beside the nodes (one pod, role LIGHTHOUSE),
+# at the same DNS name on both kinds that have a place for it (<job>-lighthouse-0-0.<job>: the second
+# replicated job of a JobSet, the second TorchX role of a Volcano job); boot.py gives each pod its replica
+# group's rendezvous by replacing these in the torchrun flags
+LIGHTHOUSE = "lighthouse"
+LIGHTHOUSE_POD = "{job}-lighthouse-0-0.{job}"
+GROUP, GROUP_HOST, NODE_HOST = "@GROUP@", "@GROUP_HOST@", "@NODE_HOST@"
 
 
 @dataclass
@@ -166,35 +177,61 @@ def user_code(plan: Any, cfg: Any) -> tuple[Optional[str], Optional[bytes]]:
 
 
 def node_command(plan: Any, cfg: Any, rdzv_endpoint: str) -> list[str]:
-    """The container's command: boot.py, then the same node wrapper and torchrun agent as every other backend."""
+    """The container's command: boot.py, then the same node wrapper and torchrun agent as every other backend.
+    With fault_tolerance=replica the rendezvous is the pod's replica group's, at the group's first pod, which
+    boot.py fills in (GROUP, GROUP_HOST, NODE_HOST: it knows the pod's index)."""
     run_dir = pod_run_dir(plan, cfg)
-    return ["python", f"{CONFIG_DIR}/boot.py", CONFIG_DIR, run_dir,
-            "python", "-m", NODE_WRAPPER,
-            *torchrun_args(plan, rdzv_endpoint, cfg.cluster.stop_grace_s),
+    if plan.replicas is None:
+        args = torchrun_args(plan, rdzv_endpoint, cfg.cluster.stop_grace_s)
+    else:
+        args = [*torchrun_args(plan, f"{GROUP_HOST}:{rdzv_port(cfg)}", cfg.cluster.stop_grace_s, GROUP),  # type: ignore[arg-type]
+                f"--local-addr={NODE_HOST}"]
+    return ["python", f"{CONFIG_DIR}/boot.py", CONFIG_DIR, run_dir, "python", "-m", NODE_WRAPPER, *args,
             *rank_entry(cfg, run_dir, user_code(plan, cfg)[0])]
 
 
-def pod_env(plan: Any, cfg: Any) -> dict[str, str]:
+# what boot.py reads to fill in a replica pod's flags (fault_tolerance=replica)
+NODE_INDEX_ENV = "FSDP_JOBS_NODE_INDEX"  # the pod's node index, from the controller
+NODE_DNS_ENV = "FSDP_JOBS_NODE_DNS"  # node {i}'s DNS name
+NODES_PER_GROUP_ENV = "FSDP_JOBS_NODES_PER_GROUP"
+
+
+def replica_pod_env(plan: Any, kind: str, job: str) -> dict[str, str]:
+    """A replica job's pod: its replica group comes from its index (boot.py), its lighthouse is the job's."""
+    from launchers.common import LIGHTHOUSE_ENV, lighthouse_port
+
+    if plan.replicas is None:
+        return {}
+    return {NODE_DNS_ENV: KINDS[kind].node_pod.format(job=job, i="{i}"),
+            NODES_PER_GROUP_ENV: str(plan.replicas.nodes_per_group),
+            LIGHTHOUSE_ENV: f"http://{LIGHTHOUSE_POD.format(job=job)}:{lighthouse_port(plan)}"}
+
+
+def pod_env(plan: Any, cfg: Any, kind: str = "", job: str = "") -> dict[str, str]:
     run_dir, user_dir = pod_run_dir(plan, cfg), user_code(plan, cfg)[0]
-    env = {**runtime_env(cfg), **rank_env(cfg, run_dir, user_dir)}
+    env = {**runtime_env(cfg), **rank_env(cfg, run_dir, user_dir), **replica_pod_env(plan, kind, job)}
     if user_dir:
         env["PYTHONPATH"] = python_path(cfg, user_dir)
     return env
 
 
-def torchx_role(plan: Any, cfg: Any, rdzv_endpoint: str, port_name: str = "c10d") -> Any:
+def torchx_role(plan: Any, cfg: Any, rdzv_endpoint: str, port_name: str = "c10d", kind: str = "",
+                job: str = "") -> Any:
     """One TorchX role: replicas = nodes, min_replicas = the elastic lower bound, the PVC mounted."""
     from torchx import specs
 
     c = cfg.cluster
     gpn = plan.gpus_per_node
     command = node_command(plan, cfg, rdzv_endpoint)
+    env = pod_env(plan, cfg, kind, job)
+    if plan.replicas is not None and kind == "volcano":  # TorchX writes each node's task: its index in it
+        env[NODE_INDEX_ENV] = specs.macros.replica_id
     return specs.Role(
         name=ROLE,
         image=c.image,
         entrypoint=command[0],
         args=command[1:],
-        env=pod_env(plan, cfg),
+        env=env,
         num_replicas=plan.nodes,
         min_replicas=plan.rendezvous.min_nodes if plan.rendezvous.min_nodes != plan.nodes else None,
         max_retries=c.max_retries,
@@ -279,8 +316,9 @@ def volcano(plan: Any, cfg: Any) -> Request:
     from torchx.schedulers import get_scheduler_factories
 
     c = cfg.cluster
-    role = torchx_role(plan, cfg, endpoint("volcano", specs.macros.app_id, rdzv_port(cfg)))
-    app = specs.AppDef(name=name_prefix(plan.name), roles=[role])
+    role = torchx_role(plan, cfg, endpoint("volcano", specs.macros.app_id, rdzv_port(cfg)), kind="volcano",
+                       job=specs.macros.app_id)
+    app = specs.AppDef(name=name_prefix(plan.name), roles=[role, *lighthouse_roles(plan, cfg)])
     scheduler = get_scheduler_factories()["kubernetes"]("fsdp-jobs")
     opts = {"namespace": c.namespace, "queue": c.queue, "service_account": c.service_account}
     if c.priority_class:
@@ -297,6 +335,11 @@ def volcano(plan: Any, cfg: Any) -> Request:
         # before TorchX's PodFailed -> RestartJob. TerminateJob ends the job Terminated (TorchX: FAILED) and
         # is not resumable; AbortJob would read CANCELLED, CompleteJob SUCCEEDED
         task["policies"] = [{"exitCode": PREFLIGHT_FAILED_RC, "action": "TerminateJob"}, *task.get("policies", [])]
+    if plan.replicas is not None:  # done when every node's pod is: the lighthouse's ends with the job
+        resource["spec"]["minSuccess"] = plan.nodes
+        for task in resource["spec"]["tasks"]:  # a failed lighthouse is started again alone, not the whole job
+            if task["name"] == f"{LIGHTHOUSE}-0":
+                task["policies"] = [{"event": event, "action": "RestartTask"} for event in ("PodFailed", "PodEvicted")]
     info.request.resource = resource  # TorchX's schedule() sends exactly this
     return Request("volcano", c.namespace, c.context, job,
                    [configmap(plan, cfg, job), network_policy(plan, cfg, job), resource],
@@ -309,10 +352,13 @@ def _pod_template(plan: Any, cfg: Any, kind: str, job: str, container: str, port
     from torchx import specs
     from torchx.schedulers.kubernetes_scheduler import role_to_pod
 
-    role = torchx_role(plan, cfg, endpoint(kind, job, rdzv_port(cfg)), port_name)
+    role = torchx_role(plan, cfg, endpoint(kind, job, rdzv_port(cfg)), port_name, kind=kind, job=job)
     pod = _serialize(role_to_pod(container, role, cfg.cluster.service_account))
     pod["spec"]["restartPolicy"] = restart_policy
     pod = secure_pod(pod, plan, cfg, f"{job}-job", job)
+    if plan.replicas is not None:  # the Job controller numbers the pods of an Indexed Job
+        pod["spec"]["containers"][0]["env"].append({"name": NODE_INDEX_ENV, "valueFrom": {"fieldRef": {
+            "fieldPath": "metadata.annotations['batch.kubernetes.io/job-completion-index']"}}})
     assert specs.macros.app_id not in json.dumps(pod)  # nothing left for TorchX to substitute
     return pod
 
@@ -385,9 +431,41 @@ def jobset(plan: Any, cfg: Any) -> Request:
                 "template": pod}}}],
         },
     }
+    if plan.replicas is not None:  # the lighthouse's Job beside the nodes'; the JobSet is done when the nodes are
+        body["spec"]["replicatedJobs"].append(lighthouse_job(plan, cfg, job))
+        body["spec"]["successPolicy"] = {"operator": "All", "targetReplicatedJobs": [ROLE]}
     return Request("jobset", c.namespace, c.context, job,
                    [configmap(plan, cfg, job), headless_service(plan, cfg, job), network_policy(plan, cfg, job), body],
                    pod_run_dir(plan, cfg), endpoint=endpoint("jobset", job, rdzv_port(cfg)))
+
+
+def lighthouse_roles(plan: Any, cfg: Any) -> list[Any]:
+    """fault_tolerance=replica: the job's torchft lighthouse (launchers/lighthouse.py) as a TorchX role of one
+    replica: its pod is <job>-lighthouse-0-0 (LIGHTHOUSE_POD). The image needs fsdp-jobs[ft]. None without."""
+    from torchx import specs
+
+    from launchers.common import lighthouse_command, lighthouse_port
+
+    if plan.replicas is None:
+        return []
+    port = lighthouse_port(plan)
+    command = lighthouse_command(plan, "python", f"0.0.0.0:{port}")
+    return [specs.Role(name=LIGHTHOUSE, image=cfg.cluster.image, entrypoint=command[0], args=command[1:],
+                       env={"RUST_LOG": "warn"}, num_replicas=1, max_retries=cfg.cluster.max_retries,
+                       resource=specs.Resource(cpu=1, gpu=0, memMB=2048), port_map={LIGHTHOUSE: port})]
+
+
+def lighthouse_job(plan: Any, cfg: Any, job: str) -> dict[str, Any]:
+    """fault_tolerance=replica on a JobSet: the lighthouse's replicated job, one pod, restarted in place if it
+    fails (it keeps no state: the next quorum forms from who asks)."""
+    from torchx.schedulers.kubernetes_scheduler import role_to_pod
+
+    role = lighthouse_roles(plan, cfg)[0]
+    pod = _serialize(role_to_pod(LIGHTHOUSE, role, cfg.cluster.service_account))
+    pod["spec"]["restartPolicy"] = "OnFailure"
+    pod = secure_pod(pod, plan, cfg, f"{job}-job", job)
+    return {"name": LIGHTHOUSE, "replicas": 1, "template": {"spec": {
+        "parallelism": 1, "completions": 1, "backoffLimit": int(cfg.cluster.max_retries) + 3, "template": pod}}}
 
 
 RENDERERS = {"volcano": volcano, "pytorchjob": pytorchjob, "jobset": jobset}

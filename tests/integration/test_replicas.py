@@ -81,6 +81,12 @@ def test_a_killed_group_recovers_live_while_the_other_keeps_training(run_root):
     assert 2 in worlds and worlds[-1] == 4, worlds  # group 0 alone for a while, then both again
     assert {x["restart"] for x in m} == {0}  # group 0's ranks (which wrote every line) never restarted
     assert any("the quorum changed" in ln and "1 of 2 groups" in ln for ln in node_lines(out, "node0")), out[-3000:]
+    # what the failure cost: status counts the stall, goodput takes it as lost time, with no step lost
+    status = json.loads(cli("status", "kill", "--run-root", str(run_root)).stdout)
+    assert status["replicas"]["groups"] == 2 and status["replicas"]["in_quorum"] == 2, status
+    assert status["replicas"]["stalls"] >= 1 and status["replicas"]["stalled_s"] >= 0.5, status  # heartbeat 1 s
+    total = json.loads(cli("goodput", "kill", "--json", "--run-root", str(run_root)).stdout)["total"]
+    assert total["lost_steps"] == 0 and total["parts_s"]["lost"] >= 0.5, total
 
 
 def test_a_job_api_script_recovers_live_too(run_root):

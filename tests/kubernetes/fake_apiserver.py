@@ -142,17 +142,17 @@ class State:
         elif kind == "PyTorchJob":
             w = spec["pytorchReplicaSpecs"]["Worker"]
             pods = [(f"{name}-worker-{i}", w["template"], str(i)) for i in range(w["replicas"])]
-        else:
-            rj = spec["replicatedJobs"][0]
-            n = rj["template"]["spec"]["parallelism"]
-            pods = [(f"{name}-{rj['name']}-0-{i}-{secrets.token_hex(3)[:5]}", rj["template"]["spec"]["template"], str(i))
-                    for i in range(n)]
+        else:  # every replicated job's pods (a replica job's lighthouse is a second one: not Indexed)
+            pods = [(f"{name}-{rj['name']}-0-{i}-{secrets.token_hex(3)[:5]}", rj["template"]["spec"]["template"],
+                     str(i) if rj["template"]["spec"].get("completionMode") == "Indexed" else "")
+                    for rj in spec["replicatedJobs"] for i in range(rj["template"]["spec"]["parallelism"])]
         for pod_name, template, index in pods:
             labels = {**(template.get("metadata") or {}).get("labels", {}), "fake/job": name}
             annotations = dict((template.get("metadata") or {}).get("annotations") or {})
             if kind == "JobSet":
                 labels["jobset.sigs.k8s.io/jobset-name"] = name
-                annotations["batch.kubernetes.io/job-completion-index"] = index
+                if index:
+                    annotations["batch.kubernetes.io/job-completion-index"] = index
             pod = {"apiVersion": "v1", "kind": "Pod",
                    "metadata": {"name": pod_name, "namespace": ns, "uid": str(uuid.uuid4()), "labels": labels,
                                 "annotations": annotations,

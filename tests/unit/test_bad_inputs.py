@@ -115,6 +115,8 @@ JOB_CASES = [
     (["fault_tolerance=replica", "nodes=3", "cluster.min_nodes=2"], "cluster.min_nodes=2", "leave it null"),
     (["fault_tolerance=replica", "cluster.max_nodes=3"], "cluster.max_nodes=3", "leave it null"),
     (["fault_tolerance=replica", "preflight=true"], "preflight=True", "run preflight=only first"),
+    ([*K8S, "cluster.kind=pytorchjob", "fault_tolerance=replica"], "cluster.kind='pytorchjob'",
+     "use cluster.kind=jobset or volcano"),
     # Docker: never root, never the host's system
     (["cluster=docker", "cluster.user=0:0"], "cluster.user='0:0'", "uid 0 is root"),
     (["cluster=docker", "cluster.user=root"], "cluster.user='root'", "UID:GID"),

@@ -240,3 +240,16 @@ def test_plot_gets_a_goodput_bar_per_attempt(run_root, tmp_path):
     assert r.returncode == 0, r.stderr
     for part in ("productive", "startup", "checkpoint", "recovery"):  # two bars, stacked by part
         assert count_colour(png, GOODPUT_COLOURS[part], 4) > 100, part
+
+
+def test_a_replica_jobs_stall_is_lost_time_and_its_steps_count_once():
+    """fault_tolerance=replica: a group died during step 14; the others waited 2.5 s for the lighthouse and
+    took step 14 again without it. That wait is lost (not productive) time, no step is lost, one attempt."""
+    events = [node("node_start", 102), *attempt(7, 105, 0, [(10, 4.0), (20, 6.5)], {}, ("completed", 1.0)),
+              node("node_end", 120)]
+    stall = {"event": "stall", "pid": 7, "step": 14, "seconds": 2.5, "groups": 2, "time": 118}
+    events.insert(next(i for i, e in enumerate(events) if e.get("last") == 20), stall)
+    (a,) = goodput.account(events, [100.0])["attempts"]
+    assert a["parts_s"]["productive"] == pytest.approx(8.0) and a["parts_s"]["lost"] == pytest.approx(2.5)
+    assert a["lost_steps"] == 0 and a["steps"] == [1, 20]
+    assert_adds_up(a)
