@@ -19,6 +19,9 @@ import sys
 import threading
 from typing import Optional
 
+JOIN_TIMEOUT_MIN_MS = 5000
+
+
 def parse(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m launchers.lighthouse")
     p.add_argument("--bind", required=True, help="HOST:PORT to listen on")
@@ -46,8 +49,10 @@ def main(argv: Optional[list[str]] = None) -> int:
     try:
         # a quorum waits this long for a group that heartbeats but has not asked yet (torchft's default 60 s):
         # at the job's start every group asks within a moment of the others (fsdp_jobs/runtime/trainer.py's
-        # join waits for them all first), and later such a group holds the survivors of a failure
-        join_timeout = args.heartbeat_timeout_ms if args.join_timeout_ms is None else args.join_timeout_ms
+        # join waits for them all first: on a loaded machine that moment was over a second), and later a
+        # joining group asks right after it starts to heartbeat; 60 s of such a wait would stall the survivors
+        join_timeout = max(args.heartbeat_timeout_ms, JOIN_TIMEOUT_MIN_MS) if args.join_timeout_ms is None \
+            else args.join_timeout_ms
         server = LighthouseServer(bind=args.bind, min_replicas=args.min_replicas,
                                   join_timeout_ms=join_timeout, quorum_tick_ms=args.quorum_tick_ms,
                                   heartbeat_timeout_ms=args.heartbeat_timeout_ms)

@@ -97,6 +97,9 @@ class Replicas(NoReplicas):
         self.changed = False  # the last quorum's groups differ from the one before
         self.participants = 0
         self.fresh_quorum = False  # join()'s quorum is the first step's too
+        # heartbeats written before this rank started are no evidence of a live group: the run's previous
+        # launch wrote them (a job started again at once found them 3 s old, "training", and joined nobody)
+        self.since = time.time()
         quiet_torchft_logs()
 
     # ------------------------------------------------------------------ before the first quorum
@@ -128,7 +131,7 @@ class Replicas(NoReplicas):
         deadline = time.time() + timeout_s
         ranks_per_group, me = self.world.world_size, self.world.group
         while True:
-            beats = live_heartbeats(self.run_dir)
+            beats = live_heartbeats(self.run_dir, self.since)
             others = [b for b in beats if int(b["rank"]) // ranks_per_group != me]
             if any(b.get("phase") == "step" and int(b.get("step") or 0) > 0 for b in others):
                 return True
@@ -240,13 +243,13 @@ def on_mesh(tree: Any, mesh: Any) -> Any:
     return tree
 
 
-def live_heartbeats(run_dir: Path) -> list[dict[str, Any]]:
-    """Every rank's heartbeat written in the last ALIVE_S (fsdp_jobs/runtime/heartbeat.py)."""
+def live_heartbeats(run_dir: Path, since: float = 0.0) -> list[dict[str, Any]]:
+    """Every rank's heartbeat written in the last ALIVE_S, and after `since` (fsdp_jobs/runtime/heartbeat.py)."""
     out, now = [], time.time()
     for p in (run_dir / HEARTBEATS_DIR).glob("rank-*.json"):
         try:
             beat = json.loads(p.read_text())
-            if now - float(beat["alive"]) < ALIVE_S:
+            if now - float(beat["alive"]) < ALIVE_S and float(beat["alive"]) > since:
                 out.append(beat)
         except (OSError, ValueError, KeyError, TypeError):
             continue

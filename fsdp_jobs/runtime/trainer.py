@@ -301,12 +301,13 @@ class Trainer:
             reload = lambda: self.ckpt.load(self.state, self.ckpt.find_latest() if self.ccfg["resume"] else None)  # noqa: E731
         assert reload is not None
         rank = self.world.rank
-        self.beat_phase(JOINING)
         if not self.joining:  # the job's start: every group's server up, so the first quorum holds them all
             replicas.open(state.state_dict, state.load_state_dict, state.step, self.mesh)
+            self.beat_phase(JOINING)  # only now: a group that saw it earlier asked a lighthouse that knew no other
             replicas.others_training(float(ft["join_timeout_s"]), want=lambda beat: beat.get("phase") in (JOINING,
                                                                                                           "step"))
         else:  # the others wait for this group's first step in their all-reduces: not a cold one
+            self.beat_phase(JOINING)
             if warm_up is not None:
                 replicas.warm_up(warm_up)
             replicas.open(state.state_dict, state.load_state_dict, state.step, self.mesh)

@@ -22,12 +22,14 @@ pytestmark = [pytest.mark.docker, pytest.mark.integration, pytest.mark.usefixtur
 
 # the kill half way between two checkpoints, as a failure falls on average; steps of about 0.2 s on two
 # cores (a realistic step is seconds: the fixed costs of a membership change, about 0.1 s here, are
-# measured against it). The lighthouse drops a silent group after 2 s (fault_tolerance.heartbeat_timeout_s;
-# torchft's default, 5 s, is this job's too): the pause the survivors take
-STEPS, INTERVAL, KILL_AFTER = 120, 50, 75
+# measured against it). The lighthouse drops a silent group after 1 s (fault_tolerance.heartbeat_timeout_s,
+# as in torchft's own examples; its default, 5 s, is this job's default too): the pause the survivors take.
+# 100 steps after the kill: node2's missing share of ~25 steps' batches leaves the final loss 0.003 off
+# the uninterrupted run's, against 0.01 between seeds (at 100 steps in all it was 0.011 against 0.012)
+STEPS, INTERVAL, KILL_AFTER = 160, 40, 60
 JOB = ("nodes=3", "gpus_per_node=1", f"train.steps={STEPS}", f"checkpoint.interval={INTERVAL}", "train.log_interval=1",
        "train.batch_per_rank=8", "data.seq_len=128", "checkpoint.keep_last=10")
-REPLICA = ("fault_tolerance=replica", "fault_tolerance.heartbeat_timeout_s=2")
+REPLICA = ("fault_tolerance=replica", "fault_tolerance.heartbeat_timeout_s=1")
 
 
 def first_completions(run_dir: Path) -> dict[int, float]:
@@ -67,8 +69,8 @@ def lost_to_the_kill(run_dir: Path, killed_at: float) -> dict[str, float]:
 
 
 def local_reference(run_root: Path, seed: int) -> float:
-    """The final loss of an uninterrupted replica run (cluster=local runs the same numbers as Docker)."""
-    r = cli(f"run_root={run_root}", f"name=ref{seed}", f"train.seed={seed}", *JOB, *REPLICA)
+    """The final loss of an uninterrupted run (cluster=local runs the same numbers as Docker)."""
+    r = cli(f"run_root={run_root}", f"name=ref{seed}", f"train.seed={seed}", *JOB)
     assert_ok(r)
     return metrics(run_root / f"ref{seed}")[-1]["loss"]
 
@@ -95,7 +97,8 @@ def test_a_killed_replica_group_rejoins_live_while_the_others_keep_stepping(run_
     assert result(run_dir)["containers"]["node2"]["restarts"] >= 1
     assert f"step-{STEPS:06d}" in committed(run_dir) and labelled("container", run_dir) == []
 
-    # the same job, killed the same way, restarts every node from its newest checkpoint
+    # the same job, killed the same way, restarts every node from its newest checkpoint (and ends with the
+    # state of an uninterrupted run, bit for bit: tests/docker/test_docker_jobs.py)
     restart_dir, restart_out, restart_killed_at = killed_run(run_root, "restart", "train.seed=7")
     assert "resumed from step-0000" in restart_out
     restart = lost_to_the_kill(restart_dir, restart_killed_at)
@@ -103,7 +106,8 @@ def test_a_killed_replica_group_rejoins_live_while_the_others_keep_stepping(run_
           f"{restart['lost_s']:.1f} s ({restart['lost_s'] / max(lost['lost_s'], 1e-3):.1f}x); "
           f"replica {json.dumps(lost)}, restart {json.dumps(restart)}")
 
-    # the loss: within the spread of uninterrupted runs with another seed
-    ref7, ref8 = local_reference(run_root, 7), local_reference(run_root, 8)
+    # the loss: as far from the uninterrupted run's (the restarted one's) as runs with another seed are
+    ref7, ref8 = metrics(restart_dir)[-1]["loss"], local_reference(run_root, 8)
     final = metrics(run_dir)[-1]["loss"]
+    print(f"final loss: replica, killed {final:.4f}; uninterrupted {ref7:.4f}; another seed {ref8:.4f}")
     assert abs(final - ref7) <= abs(ref8 - ref7), (final, ref7, ref8)

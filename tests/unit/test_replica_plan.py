@@ -98,7 +98,7 @@ def test_the_lighthouse_waits_for_a_straggler_no_longer_than_it_takes_to_drop_a_
 
     args = parse(args_for("127.0.0.1:1", 2, 1.5, 50))
     assert (args.bind, args.min_replicas, args.heartbeat_timeout_ms, args.quorum_tick_ms) == ("127.0.0.1:1", 2, 1500, 50)
-    assert args.join_timeout_ms is None  # main() then uses the heartbeat timeout, not torchft's 60 s
+    assert args.join_timeout_ms is None  # main() then uses the heartbeat timeout (5 s at least), not torchft's 60 s
 
 
 def beat(run_dir, rank: int, phase: str, step: int, age_s: float = 0.0) -> None:
@@ -110,7 +110,8 @@ def beat(run_dir, rank: int, phase: str, step: int, age_s: float = 0.0) -> None:
 
 def test_the_start_waits_for_every_group_and_a_group_joining_a_training_job_does_not(tmp_path):
     """Replicas.others_training, on heartbeat files (2 ranks a group): a live rank of every other group, or
-    any other group training already (then this one joins it, live); a stale heartbeat is no group."""
+    any other group training already (then this one joins it, live); a heartbeat older than this rank, or
+    stale, is no group."""
     import torch
 
     from fsdp_jobs.runtime.mesh import World
@@ -118,9 +119,9 @@ def test_the_start_waits_for_every_group_and_a_group_joining_a_training_job_does
 
     world = World(rank=0, local_rank=0, world_size=2, local_world_size=2, node_rank=0, restart=0,
                   device=torch.device("cpu"), group=0, groups=3)
+    beat(tmp_path, 5, "step", 40, age_s=1)  # group 2's, by the run's previous launch (a second before this rank)
     replicas = Replicas(tmp_path, {"fault_tolerance": {}}, world)
-    beat(tmp_path, 2, "start", 0)  # group 1 up; group 2's heartbeat is an earlier attempt's
-    beat(tmp_path, 5, "step", 40, age_s=60)
+    beat(tmp_path, 2, "start", 0)  # group 1 up, now
     t0 = time.monotonic()
     assert replicas.others_training(0.5, want=lambda b: True) is False  # waited for group 2, in vain
     assert time.monotonic() - t0 >= 0.5
