@@ -39,7 +39,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 from fsdp_jobs import runs
 
@@ -380,6 +380,62 @@ def bench_recovery(repeats: int) -> dict[str, Any]:
             "parts_s_all": parts, "goal": "<= 8 s"}
 
 
+def _replica_run(tmp: str, name: str, args: list[str], kill_rank: Optional[int]) -> tuple[list[dict[str, Any]], float]:
+    """One local job (its metrics, and when `kill_rank` was SIGKILLed once step 20 was done; 0.0: no kill)."""
+    import signal
+
+    run_dir = Path(tmp) / name
+    proc = subprocess.Popen([sys.executable, "-m", "fsdp_jobs", f"run_root={tmp}", f"name={name}", *args], cwd=_REPO,
+                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    killed_at = 0.0
+    if kill_rank is not None:
+        while len(runs.read_metrics(run_dir)) < 20:
+            if proc.poll() is not None:
+                raise SystemExit(f"replica bench run {name} ended early ({proc.returncode})")
+            time.sleep(0.02)
+        pid = json.loads((run_dir / "ranks" / f"rank-{kill_rank}.json").read_text())["pid"]
+        killed_at = time.time()
+        os.kill(pid, signal.SIGKILL)
+    if proc.wait(timeout=900) != 0:
+        raise SystemExit(f"replica bench run {name} failed ({proc.returncode})")
+    return runs.read_metrics(run_dir), killed_at
+
+
+def _first_done(metrics: list[dict[str, Any]]) -> dict[int, float]:
+    done: dict[int, float] = {}
+    for m in metrics:
+        done.setdefault(int(m["step"]), float(m["time"]))
+    return done
+
+
+def bench_replica(repeats: int, steps: int) -> dict[str, Any]:
+    """fault_tolerance=replica against the same job without it, alternated `repeats` times (3 nodes x 1 rank,
+    CPU, the tiny model): the median step time of each (steps 11..), and, with rank 2 (group 2) SIGKILLed
+    after step 20, the time the others lost: the replica job's longest step after the kill (the wait for the
+    lighthouse, fault_tolerance.heartbeat_timeout_s=1) against the plain job's kill -> next new step."""
+    base = ["nodes=3", "gpus_per_node=1", f"train.steps={steps}", "checkpoint.interval=10", "train.log_interval=1",
+            "checkpoint.keep_last=10"]
+    replica = ["fault_tolerance=replica", "fault_tolerance.heartbeat_timeout_s=1"]
+    step_s: dict[str, list[float]] = {"none": [], "replica": []}
+    lost: dict[str, list[float]] = {"none": [], "replica": []}
+    with tempfile.TemporaryDirectory(prefix="bench-replica-") as tmp:
+        for i in range(repeats):
+            for mode, extra in (("none", []), ("replica", replica)):
+                done = _first_done(_replica_run(tmp, f"{mode}{i}", [*base, *extra], None)[0])
+                times = [done[s] for s in sorted(done) if s > 10]
+                step_s[mode].append(statistics.median(b - a for a, b in zip(times, times[1:])))
+                metrics, killed_at = _replica_run(tmp, f"{mode}-kill{i}", [*base, *extra], kill_rank=2)
+                done = _first_done(metrics)
+                at_kill = max(s for s, t in done.items() if t <= killed_at)
+                lost[mode].append(done[at_kill + 1] - killed_at - step_s[mode][-1])
+    none, rep = statistics.median(step_s["none"]), statistics.median(step_s["replica"])
+    return {"benchmark": "replica", "job": "3 nodes x 1 rank, CPU, tiny model; SIGKILL of rank 2 after step 20",
+            "repeats": repeats, "step_s": {k: _spread(v) for k, v in step_s.items()},
+            "replica_over_none_step_time": round(rep / none, 3),
+            "lost_to_a_kill_s": {k: _spread(v) for k, v in lost.items()},
+            "none_over_replica_lost": round(statistics.median(lost["none"]) / statistics.median(lost["replica"]), 2)}
+
+
 def bench_init(ranks: int, model_name: str) -> dict[str, Any]:
     """Per-shard init at world size `ranks` (slowest rank) next to one plain unsharded init."""
     model = model_config(model_name)
@@ -423,6 +479,9 @@ def main(argv: list[str] | None = None) -> int:
     d.add_argument("--repeats", type=int, default=9)
     rc = sub.add_parser("recovery")
     rc.add_argument("--repeats", type=int, default=3)
+    rp = sub.add_parser("replica")
+    rp.add_argument("--repeats", type=int, default=3)
+    rp.add_argument("--steps", type=int, default=80)
     i = sub.add_parser("init")
     i.add_argument("--ranks", type=int, default=4)
     i.add_argument("--model", default="llama3_1b")
@@ -445,6 +504,8 @@ def main(argv: list[str] | None = None) -> int:
         result = bench_init(args.ranks, args.model)
     elif args.which == "recovery":
         result = bench_recovery(args.repeats)
+    elif args.which == "replica":
+        result = bench_replica(args.repeats, args.steps)
     else:
         result = bench_dry_run(args.repeats)
     print(json.dumps(result, indent=2))
