@@ -3,6 +3,7 @@ for the launcher's stop-request file, and every rank votes without stalling the 
 
 from __future__ import annotations
 
+import signal
 import threading
 import time
 from pathlib import Path
@@ -11,6 +12,18 @@ import torch
 import torch.distributed as dist
 
 from fsdp_jobs import runs
+
+STOP_FILE = 1  # the vote's code for the stop-request file; a signal votes its number (SIGHUP, 1, is not caught)
+
+
+def stop_reason(code: int) -> str:
+    """What an agreed vote's code says stopped the job: a signal's name, or the stop-request file."""
+    if code == STOP_FILE:
+        return "stop-request file"
+    try:
+        return signal.Signals(code).name
+    except ValueError:
+        return "another rank"
 
 
 class StopFileWatcher:
@@ -30,20 +43,22 @@ class StopFileWatcher:
 
 
 class StopVote:
-    """"Has any rank been told to stop?", agreed without stalling the host: each step issues a
-    non-blocking all-reduce of the local flag; the next step reads it (by then long finished, so on
-    GPU the host waits for the previous step only, and the device queue never drains). All ranks
-    read the same step's vote, so they stop at the same step, one step after the signal."""
+    """"Has any rank been told to stop, and why?", agreed without stalling the host: each step issues a
+    non-blocking all-reduce (MAX) of the local code (0, a signal's number, or STOP_FILE); the next step
+    reads it (by then long finished, so on GPU the host waits for the previous step only, and the device
+    queue never drains). All ranks read the same step's vote, so they stop at the same step, one step
+    after the signal, and each can say why: a rank the signal has not reached yet (a scheduler signals every
+    node's task, one a little later than another) logs the signal another rank got."""
 
     def __init__(self, device: torch.device) -> None:
         self.device, self.pending = device, None
         if device.type == "cuda":  # one pinned slot and one event, reused: result() runs before cast()
             self.host, self.event = torch.empty(1, pin_memory=True), torch.cuda.Event()
 
-    def cast(self, local: bool) -> None:
+    def cast(self, code: int) -> None:
         # torch.full is a fill kernel; torch.tensor(..., device=cuda) would be a synchronous copy
-        flag = torch.full((1,), 1.0 if local else 0.0, device=self.device)
-        work = dist.all_reduce(flag, async_op=True)
+        flag = torch.full((1,), float(code), device=self.device)
+        work = dist.all_reduce(flag, op=dist.ReduceOp.MAX, async_op=True)
         if self.device.type == "cuda":
             work.wait()  # orders the current stream after the reduce; does not block the host
             self.host.copy_(flag, non_blocking=True)
@@ -52,13 +67,14 @@ class StopVote:
         else:
             self.pending = (work, flag)
 
-    def result(self) -> bool:
+    def result(self) -> int:
+        """The agreed code: 0 to go on, else why to stop (stop_reason)."""
         if self.pending is None:
-            return False
+            return 0
         done, value = self.pending
         self.pending = None
         if isinstance(done, torch.cuda.Event):
             done.synchronize()
         else:
             done.wait()
-        return bool(value.item() > 0)
+        return int(value.item())

@@ -35,7 +35,7 @@ from fsdp_jobs.runtime.prefetch import BatchPrefetcher
 from fsdp_jobs.runtime.replicas import JOINING, NoReplicas, open_replicas
 from fsdp_jobs.runtime.shard import build_meta_model, dtype_of, init_devices, materialize, shard_model
 from fsdp_jobs.runtime.signals import StopFlag
-from fsdp_jobs.runtime.stopping import StopFileWatcher, StopVote
+from fsdp_jobs.runtime.stopping import STOP_FILE, StopFileWatcher, StopVote, stop_reason
 from fsdp_jobs.runtime.timeline import Timeline
 from fsdp_jobs.runtime.trackers import Trackers
 
@@ -410,15 +410,16 @@ class Trainer:
         self.stop_file = StopFileWatcher(self.run_dir, enabled=self.world.rank == 0)
         self.vote = StopVote(self.world.device)
 
-    def stop_agreed(self) -> bool:
-        """The previous cast's vote: already finished, so no stall. The same answer on every rank."""
+    def stop_agreed(self) -> int:
+        """The previous cast's vote: already finished, so no stall. The same answer on every rank: 0 to go on,
+        else why to stop (fsdp_jobs/runtime/stopping.py stop_reason)."""
         return self.vote.result()
 
     def cast_stop_vote(self) -> bool:
         """Vote on whether this rank was told to stop (a signal, or the stop-request file); returns the vote."""
-        local = self.stop.set or self.stop_file.seen.is_set()
-        self.vote.cast(local)
-        return local
+        code = self.stop.received.value if self.stop.received else STOP_FILE if self.stop_file.seen.is_set() else 0
+        self.vote.cast(code)
+        return bool(code)
 
     def checkpoint_due(self) -> bool:
         """checkpoint.interval steps passed (the final step is checkpoint.save_final's)."""
@@ -484,8 +485,7 @@ class Trainer:
                 self.timeline.steps(state.step)  # goodput.jsonl: these steps' window, at the flush's sync
             if stopping:
                 stopped_by = "signal"
-                why = stop.received.name if stop.received else "stop-request file" if self.stop_file.seen.is_set() \
-                    else "by another rank"
+                why = stop.received.name if stop.received else stop_reason(stopping)
                 log(world.rank, f"stop requested ({why}): checkpointing at step {state.step}")
                 if replicas.writer:  # one group writes a replica job's checkpoints: they are all the same model
                     self.save_checkpoint(state, wait=True)
