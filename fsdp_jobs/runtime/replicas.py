@@ -91,6 +91,7 @@ class Replicas(NoReplicas):
         super().__init__(world)
         self.run_dir, self.ft = run_dir, job["fault_tolerance"]
         self.manager: Any = None
+        self.pg: Any = None  # torchft's reconfigurable gloo group across the replica groups
         self.live = True  # False while a throw-away warm-up step runs: the gradient hook does nothing
         self.healed: Optional[tuple[int, float]] = None  # (step, seconds) of the last live recovery
         self.quorum_id: Optional[int] = None
@@ -150,7 +151,7 @@ class Replicas(NoReplicas):
 
         timeout = timedelta(seconds=float(self.ft["timeout_s"]))
         addr = os.environ.get(REPLICA_ADDR_ENV) or os.environ["MASTER_ADDR"]
-        pg = ProcessGroupGloo(timeout=timeout)
+        pg = self.pg = ProcessGroupGloo(timeout=timeout)
 
         def recovered(sd: dict[str, Any]) -> None:
             t0 = time.perf_counter()
@@ -201,6 +202,14 @@ class Replicas(NoReplicas):
         error = self.manager.errored()
         if self.manager.should_commit():
             return True
+        # Leave the step's collectives now, closing this group's connections. In a ring all-reduce a group
+        # can wait for data from a group that already failed (which saw the dead peer's error) rather than
+        # from the dead peer itself: it got its own error only when that group reconfigured, after a new
+        # quorum, which the lighthouse forms from more than half of the live groups, the waiting one among
+        # them. Two survivors of three waited 7 s that way in a loaded CI run (until the killed group was
+        # back); with a group gone for good, fault_tolerance.timeout_s. torchft bumps the quorum id after a
+        # failed commit, so the next quorum configures a new group.
+        self.pg.abort(errored=False)
         why = str(getattr(error, "original_exception", error) or "another group's rank failed").splitlines()[0]
         log(self.world.rank, f"replica group {self.world.group}: step {self.manager.current_step() + 1} not committed "
                              f"({why[:200]}); taken again with the groups then alive")
