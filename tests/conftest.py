@@ -252,3 +252,21 @@ def assert_owner_only(run_dir: Path) -> None:
     assert run_dir.stat().st_mode & 0o077 == 0, oct(run_dir.stat().st_mode)
     loose = [str(p) for p in run_dir.rglob("*") if not p.is_symlink() and p.stat().st_mode & 0o077]
     assert not loose, loose[:10]
+
+
+MEASURED = "measured: "  # a test's printed line of numbers, for the run's summary
+
+
+def pytest_terminal_summary(terminalreporter) -> None:
+    """The lines tests printed with MEASURED in front (the time a failure cost, ...): a passed test's
+    output is not shown otherwise, least of all from a pytest-xdist worker, and CI's log is where these
+    numbers are read from."""
+    lines = []
+    for report in terminalreporter.stats.get("passed", []) + terminalreporter.stats.get("failed", []):
+        for name, text in getattr(report, "sections", []):
+            if report.when == "call" and "stdout" in name:
+                lines += [f"{report.nodeid}: {ln[len(MEASURED):]}" for ln in text.splitlines() if ln.startswith(MEASURED)]
+    if lines:
+        terminalreporter.section("measured")
+        for line in lines:
+            terminalreporter.write_line(line)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import assert_same_state, cli, metrics
+from tests.conftest import MEASURED, assert_same_state, cli, metrics
 from tests.integration.test_local_runs import assert_ok, start, wait_for
 
 pytestmark = pytest.mark.integration
@@ -43,7 +43,11 @@ def test_a_stopped_rank_is_found_named_dumped_and_the_job_resumes_bitwise(run_ro
     assert proc.returncode == 0, out[-4000:]
 
     records = [json.loads(line) for line in (run_dir / "hangs.jsonl").read_text().splitlines()]
-    assert {r["node"] for r in records} == {"node0", "node1"}  # both nodes stalled; each declared it once
+    # both nodes stalled; each declares it at most once. The stopped rank's node always does; the other one
+    # too, unless the first declaration's SIGKILLs end its ranks first (a gloo error: torchrun restarts them),
+    # which a loaded CI machine did once, a tick of the other node's watchdog late
+    nodes = [r["node"] for r in records]
+    assert node in nodes and len(nodes) == len(set(nodes)) and set(nodes) <= {"node0", "node1"}, records
     for r in records:
         assert r["first_stopped"]["rank"] == 3 and r["first_stopped"]["node"] == node
         assert r["time"] - stopped_at <= HANG_TIMEOUT_S + 15, r
@@ -59,6 +63,6 @@ def test_a_stopped_rank_is_found_named_dumped_and_the_job_resumes_bitwise(run_ro
     assert f"rank 3 on {node}" in status["detail"]
 
     after = [m for m in metrics(run_dir) if m["restart"] >= 1]
-    print(f"stop -> hang declared {min(r['time'] for r in records) - stopped_at:.1f} s, "
+    print(f"{MEASURED}stop -> hang declared {min(r['time'] for r in records) - stopped_at:.1f} s, "
           f"-> first step after it {after[0]['time'] - stopped_at:.1f} s (hang timeout {HANG_TIMEOUT_S} s)")
     assert_same_state(uninterrupted / "checkpoints" / "step-000060", run_dir / "checkpoints" / "step-000060")
