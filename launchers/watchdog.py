@@ -32,7 +32,7 @@ import signal
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Optional
 
@@ -185,7 +185,11 @@ class Watchdog:
         if not mine:
             return None
         stepping = [b.step for b in everyone if b.phase == "step" and now - b.alive <= STALE_S]  # this attempt's
-        timeout = hang_timeout(mine, self.fault, max(stepping) if stepping else None)
+        # a stopped process (SIGSTOP, a debugger) is not saving or loading, whatever its last heartbeat says:
+        # its heartbeat thread stopped with it, and a stop within a second of a save's end left "save" in
+        # the file (a SLURM test's hang then waited the 300 s start-up allowance, not fault.hang_timeout_s)
+        judged = [replace(b, phase="step") if process_state(b.pid)[:1] in ("T", "t") else b for b in mine]
+        timeout = hang_timeout(judged, self.fault, max(stepping) if stepping else None)
         stalled = stalled_for(mine, now)
         if stalled <= timeout:
             return self.check_straggler(now)

@@ -133,3 +133,24 @@ def test_a_rank_the_watchdog_killed_is_never_judged_again(tmp_path, monkeypatch)
     assert dog.tick(NOW + 1) is None and dog.hangs == 1  # the same (now dead) rank is not a second hang
     monkeypatch.setattr(wd, "process_state", lambda pid: "Z (zombie)")
     assert wd.Watchdog(tmp_path, "node0", 77, {"hang_timeout_s": 20}).tick(NOW) is None  # nor a zombie
+
+
+def test_a_stopped_rank_whose_last_heartbeat_says_save_gets_the_hang_timeout(tmp_path, monkeypatch):
+    """A rank stopped within a second of a save's end: its heartbeat thread stopped too, leaving phase "save"
+    in the file. A stopped process saves nothing: fault.hang_timeout_s applies, not the start-up allowance
+    (a running one in a save still gets the allowance)."""
+    import launchers.watchdog as wd
+
+    hb = tmp_path / "heartbeats"
+    hb.mkdir()
+    (hb / "rank-1.json").write_text(json.dumps({"rank": 1, "node": "node0", "pid": 4243, "step": 20, "phase": "save",
+                                                "progress": NOW - 30, "alive": NOW - 30, "step_s": 0.1}))
+    monkeypatch.setattr(wd, "parent_pid", lambda pid: 77)
+    monkeypatch.setattr(wd, "dump_stack", lambda beat, path: "(stack)\n")
+    monkeypatch.setattr(wd.os, "kill", lambda pid, sig: None)
+    fault = {"hang_timeout_s": 20, "startup_timeout_s": 300, "max_hang_restarts": 3}
+    monkeypatch.setattr(wd, "process_state", lambda pid: "S (sleeping)")
+    assert wd.Watchdog(tmp_path, "node0", 77, fault).tick(NOW) is None  # saving for 30 s: allowed up to 300 s
+    monkeypatch.setattr(wd, "process_state", lambda pid: "T (stopped)")
+    line = wd.Watchdog(tmp_path, "node0", 77, fault).tick(NOW)
+    assert line and "hang: no rank advanced for 30 s (timeout 20 s)" in line, line
