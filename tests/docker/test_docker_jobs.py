@@ -239,7 +239,9 @@ def test_preflight_passes_then_names_a_node_whose_link_was_slowed_and_no_contain
     print(out[-5000:])
     assert proc.returncode == 3, out[-4000:]
     report = json.loads((run_dir / "preflight.json").read_text())
-    assert report["bad"] == ["node1"] and report["rechecked"] == ["node1"], report
+    # node1 was measured again before it was named; another node may have been too and passed (a loaded CI
+    # run's node2 wrote to the shared disk at 2.13x below the median once, then within 2x: not named)
+    assert report["bad"] == ["node1"] and "node1" in report["rechecked"], report
     assert "with its neighbour nodes (best pair)" in report["nodes"]["node1"]["verdict"]
     state = json.loads((run_dir / "state.json").read_text())
     assert state["status"] == "failed" and state["bad_nodes"] == ["node1"]
