@@ -29,7 +29,8 @@ pytestmark = [pytest.mark.docker, pytest.mark.integration, pytest.mark.usefixtur
 STEPS, INTERVAL, KILL_AFTER = 160, 40, 60
 JOB = ("nodes=3", "gpus_per_node=1", f"train.steps={STEPS}", f"checkpoint.interval={INTERVAL}", "train.log_interval=1",
        "train.batch_per_rank=8", "data.seq_len=128", "checkpoint.keep_last=10")
-REPLICA = ("fault_tolerance=replica", "fault_tolerance.heartbeat_timeout_s=1")
+HEARTBEAT_S = 1
+REPLICA = ("fault_tolerance=replica", f"fault_tolerance.heartbeat_timeout_s={HEARTBEAT_S}")
 
 
 def first_completions(run_dir: Path) -> dict[int, float]:
@@ -81,22 +82,24 @@ def local_reference(run_root: Path, seed: int) -> float:
 
 def test_a_killed_replica_group_rejoins_live_while_the_others_keep_stepping(run_root):
     run_dir, out, killed_at = killed_run(run_root, "replica", *REPLICA, "train.seed=7")
-    # the other two never stopped: after the kill no step took over 3x the median, but the one that waited
-    # for the lighthouse to drop node2 (fault_tolerance.heartbeat_timeout_s)
+    # the other two never stopped: one step waited for the lighthouse to drop node2 (the heartbeat timeout)
     done = first_completions(run_dir)
     assert sorted(done) == list(range(1, STEPS + 1)) and len(metrics(run_dir)) == STEPS  # every step once
     lost = lost_to_the_kill(run_dir, killed_at)
     worlds = {m["step"]: m["world_size"] for m in metrics(run_dir) if m["step"] > lost["step_at_kill"]}
     assert 2 in worlds.values() and worlds[STEPS] == 3, worlds  # two groups while node2 was gone, then three
-    # ... from the kill until 10 steps after node2 was back, against the median of those steps: the steps of
-    # a loaded CI machine long after it (3.7x and 4.4x the median, 60 and 80 steps later) are the other test
-    # worker's, not the failure's, and node2 starting again on the same two cores slows the others' steps
-    # meanwhile (one took 3.5x the median of the whole run after the kill): no cost on separate nodes
+    # ... what the others lost, from the kill until 10 steps after node2 was back, against the median step of
+    # that window: the steps over 3x it, in all, and the longest step, within the lighthouse's heartbeat
+    # timeout plus 2.5 s. (Counting the steps over 3x the median failed on this 2-core machine's noise:
+    # 0.69 s against 0.22 s while node2's container started beside the others, 0.88 against 0.25, and
+    # steps 60-80 later at 3.7x and 4.4x while the other test worker ran; and it let a 7.35 s stall pass,
+    # one step long: the stall fsdp_jobs/runtime/replicas.py Replicas.commit now prevents.)
     back = min(s for s, w in worlds.items() if w == 3 and any(worlds.get(b) == 2 for b in range(s)))
     window = [(s, round(done[s] - done[s - 1], 2)) for s in range(lost["step_at_kill"] + 1, min(back + 10, STEPS) + 1)]
     pace = statistics.median(dt for _, dt in window)
     slow = [(s, dt) for s, dt in window if dt > 3 * pace]
-    assert len(slow) <= 1, (slow, round(pace, 3), lost)
+    stalled = sum(dt - pace for _, dt in slow)
+    assert max(dt for _, dt in window) <= HEARTBEAT_S + 2.5 and stalled <= HEARTBEAT_S + 2.5, (slow, pace, lost)
     # node2 came back and caught up live: no checkpoint read in its log after the kill
     node2 = [ln for ln in out.splitlines() if ln.startswith("[node2]")]
     starts = [i for i, ln in enumerate(node2) if "replica group 2 of 3: world" in ln]
@@ -114,7 +117,8 @@ def test_a_killed_replica_group_rejoins_live_while_the_others_keep_stepping(run_
     restart = lost_to_the_kill(restart_dir, restart_killed_at)
     print(f"{MEASURED}training time lost to one killed node: replica groups {lost['lost_s']:.1f} s, checkpoint restart "
           f"{restart['lost_s']:.1f} s ({restart['lost_s'] / max(lost['lost_s'], 1e-3):.1f}x); "
-          f"replica {json.dumps(lost)} (node2 back at step {back}), restart {json.dumps(restart)}")
+          f"replica {json.dumps(lost)} (node2 back at step {back}; steps over 3x the median until then {slow}), "
+          f"restart {json.dumps(restart)}")
 
     # the loss: as far from the uninterrupted run's (the restarted one's) as runs with another seed are
     ref7, ref8 = metrics(restart_dir)[-1]["loss"], local_reference(run_root, 8)
