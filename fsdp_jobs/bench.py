@@ -33,6 +33,7 @@ import argparse
 import json
 import os
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -382,8 +383,6 @@ def bench_recovery(repeats: int) -> dict[str, Any]:
 
 def _replica_run(tmp: str, name: str, args: list[str], kill_rank: Optional[int]) -> tuple[list[dict[str, Any]], float]:
     """One local job (its metrics, and when `kill_rank` was SIGKILLed once step 20 was done; 0.0: no kill)."""
-    import signal
-
     run_dir = Path(tmp) / name
     proc = subprocess.Popen([sys.executable, "-m", "fsdp_jobs", f"run_root={tmp}", f"name={name}", *args], cwd=_REPO,
                             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -411,8 +410,9 @@ def _first_done(metrics: list[dict[str, Any]]) -> dict[int, float]:
 def bench_replica(repeats: int, steps: int) -> dict[str, Any]:
     """fault_tolerance=replica against the same job without it, alternated `repeats` times (3 nodes x 1 rank,
     CPU, the tiny model): the median step time of each (steps 11..), and, with rank 2 (group 2) SIGKILLed
-    after step 20, the time the others lost: the replica job's longest step after the kill (the wait for the
-    lighthouse, fault_tolerance.heartbeat_timeout_s=1) against the plain job's kill -> next new step."""
+    after step 20, the time the others lost: from the kill to the first step not done before it, less a step
+    (the replica job's wait for the lighthouse, fault_tolerance.heartbeat_timeout_s=1; the plain job's
+    restart and redone steps)."""
     base = ["nodes=3", "gpus_per_node=1", f"train.steps={steps}", "checkpoint.interval=10", "train.log_interval=1",
             "checkpoint.keep_last=10"]
     replica = ["fault_tolerance=replica", "fault_tolerance.heartbeat_timeout_s=1"]

@@ -110,10 +110,10 @@ def run_status(run_dir: Path) -> dict[str, Any]:
 def replica_summary(run_dir: Path, metrics: list[dict[str, Any]]) -> Optional[dict[str, Any]]:
     """fault_tolerance=replica: how many replica groups the last step had (its metrics line's ranks, over a
     group's), and the steps that waited for a quorum (goodput.jsonl's stalls: a group died or joined)."""
+    layout = runs.replica_layout(run_dir)
     try:
-        layout = json.loads((run_dir / runs.PLAN_FILE).read_text()).get("replicas")
         groups, per_group = int(layout["groups"]), int(layout["ranks_per_group"])
-    except (OSError, ValueError, TypeError, KeyError, AttributeError):
+    except (ValueError, TypeError, KeyError):
         return None
     last = metrics[-1].get("world_size") if metrics else None
     events, _ = goodput.read_events(run_dir / goodput.GOODPUT_FILE)

@@ -80,6 +80,16 @@ def prepare(run_dir: Path, job: dict[str, Any], plan: dict[str, Any]) -> None:
     write_atomic(run_dir / PLAN_FILE, json.dumps(plan, indent=2) + "\n")
 
 
+def replica_layout(run_dir: Path) -> Optional[dict[str, Any]]:
+    """plan.json's replica groups (fault_tolerance=replica: fsdp_jobs/plan.py ReplicaLayout), or None: a run
+    without them, or without a readable plan."""
+    try:
+        layout = json.loads((run_dir / PLAN_FILE).read_text()).get("replicas")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return layout if isinstance(layout, dict) else None
+
+
 def load_job(run_dir: Path) -> dict[str, Any]:
     return yaml.safe_load((run_dir / JOB_FILE).read_text())
 

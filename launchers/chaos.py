@@ -32,6 +32,7 @@ import time
 from pathlib import Path
 from typing import Optional
 
+from fsdp_jobs import runs
 from fsdp_jobs.input_rules import TC_RATE
 from launchers.watchdog import process_state
 
@@ -113,18 +114,10 @@ def _rank_process(run_dir: Path, rank: int) -> tuple[int, str]:
 def kill_rank(run_dir: Path, rank: int) -> str:
     pid, node = _rank_process(run_dir, rank)
     os.kill(pid, signal.SIGKILL)
-    if replica_job(run_dir):
+    if runs.replica_layout(run_dir):
         return (f"killed rank {rank} (pid {pid} on {node}): its replica group restarts and recovers live from the "
                 "others, which go on without it meanwhile")
     return f"killed rank {rank} (pid {pid} on {node}): its job restarts its ranks from the newest checkpoint"
-
-
-def replica_job(run_dir: Path) -> bool:
-    """Whether the run has replica groups (fault_tolerance=replica: plan.json's replicas)."""
-    try:
-        return bool(json.loads((run_dir / "plan.json").read_text()).get("replicas"))
-    except (OSError, ValueError, AttributeError):
-        return False
 
 
 def hang_rank(run_dir: Path, rank: int) -> str:

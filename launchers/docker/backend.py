@@ -33,7 +33,6 @@ import yaml
 from fsdp_jobs import runs
 from fsdp_jobs.secret_env import passed_names
 from fsdp_jobs.errors import UserError
-from launchers.chaos import replica_job
 from launchers.base import (Backend, DryRun, JobState, JobStatus, Run, Submitted, request_scale,
                             state_from_training)
 from launchers.common import (NODE_WRAPPER, begin_user_attempt, lighthouse_command, lighthouse_port, python_path,
@@ -367,7 +366,7 @@ class DockerBackend(Backend[DockerRequest]):
             except PermissionError:
                 raise UserError("node", node, "cannot signal the container's agent from here (another user's "
                                               "container, or a remote engine)") from None
-            then = ("its replica group rejoins and recovers live from the others" if replica_job(run.run_dir)
+            then = ("its replica group rejoins and recovers live from the others" if runs.replica_layout(run.run_dir)
                     else "the job resumes from its newest checkpoint")
             return f"killed node{node}'s torchrun agent (pid {c['State']['Pid']}); Docker restarts the container and {then}"
         r = docker("kill", c["Id"])
