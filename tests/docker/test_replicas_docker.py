@@ -20,15 +20,18 @@ from tests.docker.test_docker_jobs import assert_ok, labelled, result, start
 
 pytestmark = [pytest.mark.docker, pytest.mark.integration, pytest.mark.usefixtures("docker_engine")]
 
-# the kill half way between two checkpoints, as a failure falls on average; steps of about 0.2 s on two
-# cores (a realistic step is seconds: the fixed costs of a membership change, about 0.1 s here, are
-# measured against it). The lighthouse drops a silent group after 1 s (fault_tolerance.heartbeat_timeout_s,
-# as in torchft's own examples; its default, 5 s, is this job's default too): the pause the survivors take.
-# 100 steps after the kill: node2's missing share of ~25 steps' batches leaves the final loss 0.003 off
-# the uninterrupted run's, against 0.01 between seeds (at 100 steps in all it was 0.011 against 0.012)
-STEPS, INTERVAL, KILL_AFTER = 160, 40, 60
+# the kill half way between two checkpoints, as a failure falls on average; steps of about 0.45 s on this
+# 2-core machine with the other test worker running (a realistic step is seconds: the fixed costs of a
+# membership change, about 0.1 s here, are measured against it; at 0.2 s a step, node2's container
+# starting again beside the survivors stretched a second step past 3x the median in 3 of 7 CI-like runs).
+# The lighthouse drops a silent group after 1 s (fault_tolerance.heartbeat_timeout_s, as in torchft's own
+# examples; its default, 5 s, is this job's default too): the one step the survivors wait.
+# 60 steps after the kill: node2's missing share of ~20 steps' batches leaves the final loss closer to the
+# uninterrupted run's than another seed's (at 120 steps, measured locally: seeds 8 and 9 end 0.015 and
+# 0.014 from seed 7's 1.4259)
+STEPS, INTERVAL, KILL_AFTER = 120, 40, 60
 JOB = ("nodes=3", "gpus_per_node=1", f"train.steps={STEPS}", f"checkpoint.interval={INTERVAL}", "train.log_interval=1",
-       "train.batch_per_rank=8", "data.seq_len=128", "checkpoint.keep_last=10")
+       "train.batch_per_rank=16", "data.seq_len=128", "checkpoint.keep_last=10")
 HEARTBEAT_S = 1
 REPLICA = ("fault_tolerance=replica", f"fault_tolerance.heartbeat_timeout_s={HEARTBEAT_S}")
 
@@ -88,18 +91,14 @@ def test_a_killed_replica_group_rejoins_live_while_the_others_keep_stepping(run_
     lost = lost_to_the_kill(run_dir, killed_at)
     worlds = {m["step"]: m["world_size"] for m in metrics(run_dir) if m["step"] > lost["step_at_kill"]}
     assert 2 in worlds.values() and worlds[STEPS] == 3, worlds  # two groups while node2 was gone, then three
-    # ... what the others lost, from the kill until 10 steps after node2 was back, against the median step of
-    # that window: the steps over 3x it, in all, and the longest step, within the lighthouse's heartbeat
-    # timeout plus 2.5 s. (Counting the steps over 3x the median failed on this 2-core machine's noise:
-    # 0.69 s against 0.22 s while node2's container started beside the others, 0.88 against 0.25, and
-    # steps 60-80 later at 3.7x and 4.4x while the other test worker ran; and it let a 7.35 s stall pass,
-    # one step long: the stall fsdp_jobs/runtime/replicas.py Replicas.commit now prevents.)
+    # ... and kept stepping: of the steps after the kill, at most one took over 3x their median (the one that
+    # waited for the lighthouse to drop node2), and none took longer than the heartbeat timeout plus 2.5 s (a
+    # single stalled step would pass the count: CI once saw 7.35 s, the stall fsdp_jobs/runtime/replicas.py
+    # Replicas.commit now prevents)
     back = min(s for s, w in worlds.items() if w == 3 and any(worlds.get(b) == 2 for b in range(s)))
-    window = [(s, round(done[s] - done[s - 1], 2)) for s in range(lost["step_at_kill"] + 1, min(back + 10, STEPS) + 1)]
-    pace = statistics.median(dt for _, dt in window)
-    slow = [(s, dt) for s, dt in window if dt > 3 * pace]
-    stalled = sum(dt - pace for _, dt in slow)
-    assert max(dt for _, dt in window) <= HEARTBEAT_S + 2.5 and stalled <= HEARTBEAT_S + 2.5, (slow, pace, lost)
+    after = [(s, round(done[s] - done[s - 1], 2)) for s in range(lost["step_at_kill"] + 1, STEPS + 1)]
+    slow = [(s, dt) for s, dt in after if dt > 3 * lost["median_step_s"]]
+    assert len(slow) <= 1 and lost["longest_step_s"] <= HEARTBEAT_S + 2.5, (slow, lost, f"node2 back at step {back}")
     # node2 came back and caught up live: no checkpoint read in its log after the kill
     node2 = [ln for ln in out.splitlines() if ln.startswith("[node2]")]
     starts = [i for i, ln in enumerate(node2) if "replica group 2 of 3: world" in ln]
@@ -117,7 +116,7 @@ def test_a_killed_replica_group_rejoins_live_while_the_others_keep_stepping(run_
     restart = lost_to_the_kill(restart_dir, restart_killed_at)
     print(f"{MEASURED}training time lost to one killed node: replica groups {lost['lost_s']:.1f} s, checkpoint restart "
           f"{restart['lost_s']:.1f} s ({restart['lost_s'] / max(lost['lost_s'], 1e-3):.1f}x); "
-          f"replica {json.dumps(lost)} (node2 back at step {back}; steps over 3x the median until then {slow}), "
+          f"replica {json.dumps(lost)} (node2 back at step {back}; steps over 3x the median {slow}), "
           f"restart {json.dumps(restart)}")
 
     # the loss: as far from the uninterrupted run's (the restarted one's) as runs with another seed are
