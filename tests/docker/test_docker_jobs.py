@@ -53,16 +53,6 @@ def wait_for_file(path: Path, proc: subprocess.Popen[str] | None, timeout: float
         time.sleep(0.1)
 
 
-def not_on_the_terminal(out: str, run_dir: Path) -> str:
-    """For a failure message: the launcher log's lines an attached job did not print (one CI rehearsal
-    missed "resumed from" on the terminal while launcher.log had it; its output was not kept)."""
-    printed = set(out.splitlines())
-    log = (run_dir / "logs" / "launcher.log").read_text(errors="replace").splitlines()
-    missing = [i for i, ln in enumerate(log) if ln not in printed]
-    return (f"{len(missing)} of {len(log)} launcher.log lines not printed (first at line "
-            f"{missing[0] if missing else '-'}); the terminal's last 3000 chars:\n{out[-3000:]}")
-
-
 def result(run_dir: Path) -> dict:
     return json.loads((run_dir / "docker-result.json").read_text())
 
@@ -111,7 +101,10 @@ def test_kill_node_restarts_the_container_and_matches_the_uninterrupted_run_bitw
     out, _ = proc.communicate(timeout=600)
     assert proc.returncode == 0, out[-4000:]
     assert result(run_dir)["containers"]["node1"]["restarts"] >= 1  # Docker restarted it, not a new job
-    assert "resumed from step-0000" in out, not_on_the_terminal(out, run_dir)
+    # from the newest checkpoint before the kill: step 50, or a later one when the loaded machine was slow to
+    # run `chaos` (a CI rehearsal's kill came after step 100, and the old check, "step-0000", missed "step-000100")
+    resumed = re.search(r"\[node0\] checkpoint: resumed from step-(\d{6})", out)
+    assert resumed and 50 <= int(resumed.group(1)) < 300, out[-3000:]
     assert_same_state(reference_run[0] / "checkpoints" / "step-000300", run_dir / "checkpoints" / "step-000300")
     assert labelled("container", run_dir) == []
 
