@@ -93,13 +93,16 @@ def test_a_killed_replica_group_rejoins_live_while_the_others_keep_stepping(run_
     worlds = {m["step"]: m["world_size"] for m in metrics(run_dir) if m["step"] > lost["step_at_kill"]}
     assert 2 in worlds.values() and worlds[STEPS] == 3, worlds  # two groups while node2 was gone, then three
     # ... and kept stepping: of the steps after the kill, at most one took over 3x their median (the one that
-    # waited for the lighthouse to drop node2), and none took longer than the heartbeat timeout plus 2.5 s (a
-    # single stalled step would pass the count: CI once saw 7.35 s, the stall fsdp_jobs/runtime/replicas.py
-    # Replicas.commit now prevents)
+    # waited for the lighthouse to drop node2). That one holds the step under way at the kill, the heartbeat
+    # timeout, a new quorum and the step done again: no longer than the timeout, two median steps and 2.5 s
+    # (observed: 1.97 s idle, 2.22 and 3.07 s in CI rehearsals at 0.69-0.72 s a step). A single stalled step
+    # passes the count, so the bound is what catches one: CI once saw 7.35 s at 0.25 s a step, the stall
+    # fsdp_jobs/runtime/replicas.py Replicas.commit now prevents.
     back = min(s for s, w in worlds.items() if w == 3 and any(worlds.get(b) == 2 for b in range(s)))
     after = [(s, round(done[s] - done[s - 1], 2)) for s in range(lost["step_at_kill"] + 1, STEPS + 1)]
     slow = [(s, dt) for s, dt in after if dt > 3 * lost["median_step_s"]]
-    assert len(slow) <= 1 and lost["longest_step_s"] <= HEARTBEAT_S + 2.5, (slow, lost, f"node2 back at step {back}")
+    bound = HEARTBEAT_S + 2 * lost["median_step_s"] + 2.5
+    assert len(slow) <= 1 and lost["longest_step_s"] <= bound, (slow, bound, lost, f"node2 back at step {back}")
     # node2 came back and caught up live: no checkpoint read in its log after the kill
     node2 = [ln for ln in out.splitlines() if ln.startswith("[node2]")]
     starts = [i for i, ln in enumerate(node2) if "replica group 2 of 3: world" in ln]
