@@ -40,11 +40,27 @@ def save_parameters(run_dir: Path, parameters: dict[str, Any]) -> None:
     runs.write_atomic(run_dir / "slurm" / PARAMETERS_FILE, json.dumps(parameters, indent=1) + "\n")
 
 
-def grow_parameters(parameters: dict[str, Any], nodes: int, minutes: int) -> dict[str, Any]:
-    """The job's sbatch parameters for `nodes` more nodes that must never be requeued on their own."""
+def grow_parameters(parameters: dict[str, Any], nodes: int, minutes: int, busy: list[str]) -> dict[str, Any]:
+    """The job's sbatch parameters for `nodes` more nodes that must never be requeued on their own, and never
+    be nodes the job already runs on (`busy`: hostlists): on a cluster whose nodes may be shared, SLURM once
+    placed the grow job's task on the job's own first node, where the new agent never joined the world."""
     extra = {k: v for k, v in parameters.get("additional_parameters", {}).items() if k != "requeue"}
+    exclude = ",".join(x for x in (extra.pop("exclude", ""), *busy) if x)
     return {**parameters, "nodes": nodes, "job_name": f"{parameters['job_name']}-grow", "time": minutes,
-            "additional_parameters": {**extra, "no-requeue": True}}
+            "additional_parameters": {**extra, "no-requeue": True, **({"exclude": exclude} if exclude else {})}}
+
+
+_HOST = r"[A-Za-z0-9][A-Za-z0-9._-]*(?:\[[0-9,-]+\][A-Za-z0-9._-]*)*"
+HOSTLIST = re.compile(rf"{_HOST}(?:,{_HOST})*")  # squeue's %N: n1, n[1-2], gpu-[01,03],cpu7
+
+
+def nodes_in_use(job_ids: list[str]) -> list[str]:
+    """The nodes these jobs run on now, as squeue's hostlists; only well-formed ones, as they reach sbatch."""
+    r = subprocess.run(["squeue", "-h", "-t", "RUNNING", "-j", ",".join(job_ids), "-o", "%N"], capture_output=True,
+                       text=True, timeout=30)
+    if r.returncode:
+        return []
+    return [h for h in (line.strip() for line in r.stdout.splitlines()) if HOSTLIST.fullmatch(h)]
 
 
 def minutes_left(job_id: str, default: int) -> int:
@@ -63,10 +79,14 @@ def grow_jobs(run_dir: Path) -> list[dict[str, Any]]:
             if re.fullmatch(r"\d+", str(r.get("job_id", ""))) and isinstance(r.get("nodes"), int)]
 
 
+def joined(run_dir: Path, run_id: str, active: Any) -> list[dict[str, Any]]:
+    """The grow jobs that joined this rendezvous and are still queued or running."""
+    return [r for r in grow_jobs(run_dir) if r.get("run_id") == run_id and active(str(r["job_id"]))]
+
+
 def nodes_now(run_dir: Path, job: dict[str, Any], run_id: str, active: Any) -> int:
-    """The job's nodes plus those of the grow jobs that joined this rendezvous and are still queued or running."""
-    return job["nodes"] + sum(r["nodes"] for r in grow_jobs(run_dir)
-                              if r.get("run_id") == run_id and active(str(r["job_id"])))
+    """The job's nodes plus those of its grow jobs that joined this rendezvous."""
+    return job["nodes"] + sum(r["nodes"] for r in joined(run_dir, run_id, active))
 
 
 def submit_grow(run: Run, nodes: int, job_id: str, active: Any) -> str:
@@ -88,8 +108,9 @@ def submit_grow(run: Run, nodes: int, job_id: str, active: Any) -> str:
     except (OSError, ValueError):
         raise UserError("RUN", run_dir.name, f"{run_dir / 'slurm' / PARAMETERS_FILE} is missing or damaged; "
                                              "cannot submit the nodes to add") from None
+    busy = nodes_in_use([job_id, *(str(r["job_id"]) for r in joined(run_dir, str(rdzv["run_id"]), active))])
     params = grow_parameters(params, nodes - have, minutes_left(job_id, job["cluster"]["time_min"]) +
-                             GROW_TIME_MARGIN_MIN)
+                             GROW_TIME_MARGIN_MIN, busy)
     executor = submitit.SlurmExecutor(folder=run_dir / "slurm" / "%j", max_num_timeout=0)
     executor.update_parameters(**params)
     try:

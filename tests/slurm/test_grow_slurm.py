@@ -57,4 +57,8 @@ def test_a_running_job_grows_by_a_second_job_whose_node_joins_its_rendezvous(run
     assert "global batch 6 (3/rank = 3 micro batches of 1)" in log, log[-3000:]
     grow_log = "\n".join(p.read_text(errors="replace") for p in (run_dir / "slurm" / grow_id).glob("*_log.out"))
     assert "joins rendezvous" in grow_log and f"of job {job_id}" in grow_log, grow_log[-3000:]
+    # on a node of its own: nodes here may be shared, and SLURM once put the grow task on the job's first node
+    job_nodes = set(re.findall(r"\(slurm node (\S+)\) job ", log))
+    grow_nodes = set(re.findall(r"\(slurm node (\S+)\) joins rendezvous", grow_log))
+    assert len(job_nodes) == 2 and len(grow_nodes) == 1 and not job_nodes & grow_nodes, (job_nodes, grow_nodes)
     assert "global batch 6 (2/rank = 2 micro batches of 1)" in log + grow_log

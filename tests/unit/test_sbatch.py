@@ -98,11 +98,32 @@ def test_a_grow_job_is_the_job_for_more_nodes_never_requeued_and_outlasting_the_
 
     job = {"job_name": "big", "nodes": 2, "time": 60, "partition": "gpu", "setup": ["export A=1"],
            "additional_parameters": {"requeue": True, "signal": "USR2@120", "exclude": "c3"}}
-    g = grow_parameters(job, 1, 17 + GROW_TIME_MARGIN_MIN)
+    g = grow_parameters(job, 1, 17 + GROW_TIME_MARGIN_MIN, busy=["c[1-2]", "c7"])
     assert g["nodes"] == 1 and g["job_name"] == "big-grow" and g["time"] == 22
     assert g["partition"] == "gpu" and g["setup"] == ["export A=1"]
-    assert g["additional_parameters"] == {"no-requeue": True, "signal": "USR2@120", "exclude": "c3"}
-    assert job["nodes"] == 2 and job["additional_parameters"]["requeue"] is True  # the job's own are untouched
+    # never on the nodes the job (and its earlier grow jobs) run on, nor on those the job excludes
+    assert g["additional_parameters"] == {"no-requeue": True, "signal": "USR2@120", "exclude": "c3,c[1-2],c7"}
+    assert job["nodes"] == 2 and job["additional_parameters"] == {"requeue": True, "signal": "USR2@120",
+                                                                  "exclude": "c3"}  # the job's own are untouched
+    assert grow_parameters({"job_name": "j", "additional_parameters": {}}, 1, 9, busy=["n1"])[
+        "additional_parameters"] == {"no-requeue": True, "exclude": "n1"}
+
+
+def test_a_grow_job_excludes_only_well_formed_hostlists_of_the_running_jobs(monkeypatch):
+    """What squeue prints reaches sbatch's --exclude: hostlists pass, anything else is dropped."""
+    import subprocess
+
+    from launchers.slurm import grow
+
+    seen: list[list[str]] = []
+
+    def squeue(cmd, **_):
+        seen.append(cmd)
+        return subprocess.CompletedProcess(cmd, 0, "n[1-2]\ngpu-[01,03],cpu7\nn3;rm -rf /\n$(id)\n", "")
+
+    monkeypatch.setattr(grow.subprocess, "run", squeue)
+    assert grow.nodes_in_use(["7", "9"]) == ["n[1-2]", "gpu-[01,03],cpu7"]
+    assert seen == [["squeue", "-h", "-t", "RUNNING", "-j", "7,9", "-o", "%N"]]
 
 
 @pytest.mark.parametrize("left, minutes", [("1-02:03:04", 1564), ("2:03:00", 123), ("14:59", 15), ("0:30", 1),
