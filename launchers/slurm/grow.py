@@ -43,13 +43,14 @@ def save_parameters(run_dir: Path, parameters: dict[str, Any]) -> None:
 def grow_parameters(parameters: dict[str, Any], nodes: int, minutes: int, busy: list[str]) -> dict[str, Any]:
     """The job's sbatch parameters for `nodes` more nodes that must never be requeued on their own, and never
     be nodes the job already runs on (`busy`: hostlists): on a cluster whose nodes may be shared, SLURM once
-    placed the grow job's task on the job's own first node, where the new agent never joined the world."""
+    placed the grow job's task on the job's own first node, a second agent beside the job's own."""
     extra = {k: v for k, v in parameters.get("additional_parameters", {}).items() if k != "requeue"}
     exclude = ",".join(x for x in (extra.pop("exclude", ""), *busy) if x)
     return {**parameters, "nodes": nodes, "job_name": f"{parameters['job_name']}-grow", "time": minutes,
             "additional_parameters": {**extra, "no-requeue": True, **({"exclude": exclude} if exclude else {})}}
 
 
+# a node name as cluster.exclude takes it (launchers/slurm/config.py), with squeue's bracketed ranges
 _HOST = r"[A-Za-z0-9][A-Za-z0-9._-]*(?:\[[0-9,-]+\][A-Za-z0-9._-]*)*"
 HOSTLIST = re.compile(rf"{_HOST}(?:,{_HOST})*")  # squeue's %N: n1, n[1-2], gpu-[01,03],cpu7
 
