@@ -43,7 +43,7 @@ from fsdp_jobs.runtime.checkpoint import StateObjects
 from fsdp_jobs.runtime.mesh import World
 from fsdp_jobs.runtime.metrics import MetricsWriter, log
 from fsdp_jobs.runtime.signals import StopFlag
-from fsdp_jobs.runtime.stopping import stop_reason
+from fsdp_jobs.runtime.stopping import STOP_FILE, stop_reason
 from fsdp_jobs.runtime.trackers import Trackers
 from fsdp_jobs.runtime.trainer import Trainer
 
@@ -202,6 +202,7 @@ class Job:
         agreed = self._trainer.stop_agreed()  # the previous call's vote: long finished, so no stall
         if agreed:
             self.stopping = True
+            self._stop.agreed(agreed != STOP_FILE)
             why = self._stop.received.name if self._stop.received else \
                 "stop request" if self._voted or self._stop_file.seen.is_set() else stop_reason(agreed)
             log(self.rank, f"stop requested ({why}) at step {self.step}")
@@ -247,7 +248,8 @@ class Job:
 
     def close(self) -> None:
         """Leave cleanly (also run at exit): finish a background save, free what gloo's thread holds, destroy
-        the process group (torch 2.13's FSDP2 + gloo aborts at interpreter exit otherwise)."""
+        the process group (torch 2.13's FSDP2 + gloo aborts at interpreter exit otherwise); then, stopped for
+        another rank's signal, give this node's agent a moment to restart the rank (StopFlag.linger)."""
         if getattr(self, "_closed", False):
             return
         self._closed = True
@@ -257,6 +259,7 @@ class Job:
         gc.collect()
         if dist.is_initialized():
             dist.destroy_process_group()
+        self._stop.linger()  # stopped for another rank's signal: its agent may be about to restart it
         sys.stdout.flush()
 
 

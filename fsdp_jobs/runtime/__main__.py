@@ -28,9 +28,7 @@ def forked(run_dir: str) -> None:
 
 def main(exit_process: bool = True) -> None:
     """exit_process=False: return (or raise SystemExit) instead of os._exit, for torchrun's function entry,
-    which must see the rank return before it counts it as finished. Not after a SIGTERM: that is the agent
-    stopping its ranks (its own stop, Ctrl-C, scancel, a pod or container stop), and a stopping agent
-    never collects the result a returning rank then waits to hand over; such a rank leaves by os._exit.
+    which must see the rank return before it counts it as finished; but not after a SIGTERM (train.shutdown).
     (Nor may a rank leave early otherwise: the agent's Event.set waits for every rank it wakes.)"""
     if len(sys.argv) != 2:
         print("usage: python -m fsdp_jobs.runtime RUN_DIR", file=sys.stderr)
@@ -50,7 +48,7 @@ def main(exit_process: bool = True) -> None:
     run_dir = Path(sys.argv[1])
     try:
         code = record(train)(run_dir, stop)
-        shutdown(code, exit_process or stop.received == signal.SIGTERM)
+        shutdown(code, stop, exit_process)
     except Exception as e:  # also into failures.jsonl: a failure that repeats is not retried (fsdp_jobs/failures.py)
         from fsdp_jobs import failures
         from fsdp_jobs.runtime.heartbeat import current_step

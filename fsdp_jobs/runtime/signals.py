@@ -9,7 +9,19 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 from typing import Iterable
+
+# How long a rank stopped for ANOTHER rank's signal waits, after its checkpoint and the process group's end,
+# before it exits (StopFlag.linger). The usual such stop: another node's torchrun agent stopped its ranks to
+# restart them at a new rendezvous (a node is waiting to join: `fsdp-jobs scale`, a SLURM grow job; or one
+# of its ranks failed). This node's agent looks for waiting nodes once a second, through the rendezvous
+# state's 1 s cache (torch's SimpleElasticAgent._invoke_run); if its ranks have exited 0 before it looks,
+# it counts them SUCCEEDED, leaves the job, and the new round forms without this node: a grow from 2 nodes
+# to 3 ended at 2 in CI (tests/integration/test_grow.py), and in 2 of 6 runs on SLURM. Ranks still alive
+# when it looks are restarted with the others. A stop of the whole job (a cancel, a preemption) signals
+# this rank too, soon after, which ends the wait; only a signal sent to some ranks alone costs the wait.
+LINGER_S = 5.0
 
 
 def stop_signals() -> tuple[signal.Signals, ...]:
@@ -25,6 +37,7 @@ def stop_signals() -> tuple[signal.Signals, ...]:
 class StopFlag:
     def __init__(self, signals: Iterable[signal.Signals] | None = None) -> None:
         self.received: signal.Signals | None = None
+        self.for_another = False  # the ranks agreed to stop on a signal this rank has not received
         for s in signals or stop_signals():
             signal.signal(s, self._handle)
 
@@ -34,3 +47,16 @@ class StopFlag:
     @property
     def set(self) -> bool:
         return self.received is not None
+
+    def agreed(self, signalled: bool) -> None:
+        """The ranks' vote agreed to stop; `signalled`: on a rank's signal (not the stop-request file)."""
+        self.for_another = signalled and self.received is None
+
+    def linger(self, seconds: float = LINGER_S) -> float:
+        """Before exiting, a rank stopped for another rank's signal waits until a stop signal of its own
+        comes (its agent restarting it, or the whole job stopping) or `seconds` pass: see LINGER_S.
+        Returns the seconds waited."""
+        began = time.monotonic()
+        while self.for_another and self.received is None and time.monotonic() - began < seconds:
+            time.sleep(0.05)
+        return time.monotonic() - began

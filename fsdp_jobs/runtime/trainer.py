@@ -485,6 +485,7 @@ class Trainer:
                 self.timeline.steps(state.step)  # goodput.jsonl: these steps' window, at the flush's sync
             if stopping:
                 stopped_by = "signal"
+                stop.agreed(stopping != STOP_FILE)
                 why = stop.received.name if stop.received else stop_reason(stopping)
                 log(world.rank, f"stop requested ({why}): checkpointing at step {state.step}")
                 if replicas.writer:  # one group writes a replica job's checkpoints: they are all the same model

@@ -1,18 +1,22 @@
 """The ranks' stop vote (fsdp_jobs/runtime/stopping.py) on two real gloo ranks: every rank stops at the
 same step and can say why, including a rank the signal has not reached yet (SLURM signals each node's
 task; in a loaded CI run rank 0 heard of SIGUSR2 from rank 1 first, and its log said only "by another
-rank")."""
+rank"), and how long a rank stopped by another's signal stays alive for its agent."""
 
 from __future__ import annotations
 
 import json
+import os
 import signal
+import threading
 from pathlib import Path
 
+import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from fsdp_jobs.runtime.signals import StopFlag
 from fsdp_jobs.runtime.stopping import STOP_FILE, StopVote, stop_reason
 
 
@@ -40,3 +44,42 @@ def test_every_rank_agrees_on_the_step_and_on_the_signal_another_rank_got(tmp_pa
     assert ranks[0] == ranks[1] == [0, 0, usr2, term]
     assert [stop_reason(c) for c in ranks[0][2:]] == ["SIGUSR2", "SIGTERM"]
     assert stop_reason(STOP_FILE) == "stop-request file"
+
+
+@pytest.fixture(autouse=True)
+def usr2_handler_restored():
+    """StopFlag installs a SIGUSR2 handler in this test process: put the old one back."""
+    before = signal.getsignal(signal.SIGUSR2)
+    yield
+    signal.signal(signal.SIGUSR2, before)
+
+
+def _signal_soon(sig: signal.Signals, after_s: float) -> threading.Timer:
+    timer = threading.Timer(after_s, os.kill, args=(os.getpid(), sig))
+    timer.start()
+    return timer
+
+
+def test_a_rank_stopped_for_another_ranks_signal_waits_for_its_agent_but_no_longer_than_its_own_signal():
+    """A rank that stops only because another rank was signalled stays alive until a signal of its own (its
+    agent restarting it at a new rendezvous, or the whole job stopping) ends the wait, else LINGER_S. Its
+    agent must see it running, not exited 0, or it leaves the job when a node joins (signals.LINGER_S)."""
+    stop = StopFlag([signal.SIGUSR2])
+    stop.agreed(signalled=True)
+    timer = _signal_soon(signal.SIGUSR2, 0.3)
+    waited = stop.linger(seconds=30)
+    timer.join()
+    assert stop.received == signal.SIGUSR2 and 0.25 < waited < 10  # its own signal ended the wait
+    stop = StopFlag([signal.SIGUSR2])
+    stop.agreed(signalled=True)
+    assert 0.4 < stop.linger(seconds=0.5) < 10  # no signal of its own: the whole wait, then it leaves
+
+
+def test_a_rank_stopped_by_its_own_signal_or_the_stop_file_leaves_at_once():
+    stop = StopFlag([signal.SIGUSR2])
+    stop.agreed(signalled=False)  # the stop-request file: every rank reads the same request, nobody restarts
+    assert stop.linger(seconds=30) < 1
+    os.kill(os.getpid(), signal.SIGUSR2)
+    stop.agreed(signalled=True)
+    assert stop.linger(seconds=30) < 1
+    assert StopFlag([signal.SIGUSR2]).linger(seconds=30) < 1  # no stop agreed at all (a finished run)
