@@ -13,7 +13,7 @@ import time
 from typing import Iterable
 
 # How long a rank stopped for ANOTHER rank's signal waits, after its checkpoint and the process group's end,
-# before it exits (StopFlag.linger). The usual such stop: another node's torchrun agent stopped its ranks to
+# before it exits (StopFlag.linger; fsdp_jobs/ARCHITECTURE.md, pitfall 13). The usual such stop: another node's torchrun agent stopped its ranks to
 # restart them at a new rendezvous (a node is waiting to join: `fsdp-jobs scale`, a SLURM grow job; or one
 # of its ranks failed). This node's agent looks for waiting nodes once a second, through the rendezvous
 # state's 1 s cache (torch's SimpleElasticAgent._invoke_run); if its ranks have exited 0 before it looks,
