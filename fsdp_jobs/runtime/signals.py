@@ -12,15 +12,16 @@ import signal
 import time
 from typing import Iterable
 
-# How long a rank stopped for ANOTHER rank's signal waits, after its checkpoint and the process group's end,
-# before it exits (StopFlag.linger; fsdp_jobs/ARCHITECTURE.md, pitfall 13). The usual such stop: another node's torchrun agent stopped its ranks to
-# restart them at a new rendezvous (a node is waiting to join: `fsdp-jobs scale`, a SLURM grow job; or one
-# of its ranks failed). This node's agent looks for waiting nodes once a second, through the rendezvous
-# state's 1 s cache (torch's SimpleElasticAgent._invoke_run); if its ranks have exited 0 before it looks,
-# it counts them SUCCEEDED, leaves the job, and the new round forms without this node: a grow from 2 nodes
-# to 3 ended at 2 in CI (tests/integration/test_grow.py), and in 2 of 6 runs on SLURM. Ranks still alive
-# when it looks are restarted with the others. A stop of the whole job (a cancel, a preemption) signals
-# this rank too, soon after, which ends the wait; only a signal sent to some ranks alone costs the wait.
+# How long a rank stopped for ANOTHER rank's signal waits, after its checkpoint and the process group's
+# end, before it exits (StopFlag.linger; fsdp_jobs/ARCHITECTURE.md, pitfall 13). The usual such stop:
+# another node's torchrun agent stopped its ranks to restart them at a new rendezvous (a node is waiting
+# to join, from `fsdp-jobs scale`; or one of its ranks failed). This node's agent looks for waiting nodes
+# once a second, through the rendezvous state's 1 s cache (torch's SimpleElasticAgent._invoke_run); if
+# its ranks have exited 0 before it looks, it counts them SUCCEEDED, leaves the job, and the new round
+# forms without this node: a grow from 2 nodes to 3 ended at 2 in CI (tests/integration/test_grow.py) and
+# in 2 of 6 runs on a batch-scheduler cluster. Ranks still alive when it looks are restarted with
+# the others. A stop of the whole job (a cancel, a preemption) signals this rank too, soon after, which
+# ends the wait; only a signal sent to some ranks alone costs the wait.
 LINGER_S = 5.0
 
 
