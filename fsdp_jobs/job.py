@@ -43,7 +43,7 @@ from fsdp_jobs.runtime.checkpoint import StateObjects
 from fsdp_jobs.runtime.mesh import World
 from fsdp_jobs.runtime.metrics import MetricsWriter, log
 from fsdp_jobs.runtime.signals import StopFlag
-from fsdp_jobs.runtime.stopping import STOP_FILE, stop_reason
+from fsdp_jobs.runtime.stopping import stop_reason
 from fsdp_jobs.runtime.trackers import Trackers
 from fsdp_jobs.runtime.trainer import Trainer
 
@@ -202,7 +202,6 @@ class Job:
         agreed = self._trainer.stop_agreed()  # the previous call's vote: long finished, so no stall
         if agreed:
             self.stopping = True
-            self._stop.agreed(agreed != STOP_FILE)
             why = self._stop.received.name if self._stop.received else \
                 "stop request" if self._voted or self._stop_file.seen.is_set() else stop_reason(agreed)
             log(self.rank, f"stop requested ({why}) at step {self.step}")

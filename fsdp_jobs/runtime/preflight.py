@@ -61,13 +61,10 @@ def best_time(work: Callable[[], None], device: torch.device, slow: bool, repeat
         for t in range(count):
             if t == mine and error is None:
                 try:
-                    elapsed = _timed(work, device)
+                    elapsed = _timed(work, device, slow)
                 except Exception as e:  # noqa: BLE001  raised after the turns: no rank skips a barrier
                     error = e
                 else:
-                    if slow:  # inside the timed region: the node is 3x slower at this, whatever the load
-                        time.sleep(2 * elapsed)
-                        elapsed *= 3
                     best = best if i == 0 else min(best, elapsed)  # run 0 warms up
             if count > 1:
                 dist.barrier()
@@ -76,12 +73,21 @@ def best_time(work: Callable[[], None], device: torch.device, slow: bool, repeat
     return best
 
 
-def _timed(work: Callable[[], None], device: torch.device) -> float:
+def _timed(work: Callable[[], None], device: torch.device, slow: bool) -> float:
     _sync(device)
     t0 = time.perf_counter()
     work()
     _sync(device)
-    return time.perf_counter() - t0
+    elapsed = time.perf_counter() - t0
+    if slow:  # test-only fault, inside the timed region: the node is 3x slower at this, whatever the load
+        time.sleep(2 * elapsed)
+        elapsed *= 3
+    return elapsed
+
+
+def busbw_gbps(ranks: int, seconds: float) -> float:
+    """An all-reduce's bus bandwidth over `ranks`: 2(n-1)/n x bytes / time (nccl-tests' busbw), GB/s."""
+    return 2 * (ranks - 1) / ranks * PREFLIGHT_ALLREDUCE_BYTES / seconds / 1e9
 
 
 def matmul_tflops(device: torch.device, slow: bool, turns: tuple[int, int] = (0, 1)) -> float:
@@ -94,11 +100,10 @@ def matmul_tflops(device: torch.device, slow: bool, turns: tuple[int, int] = (0,
 
 
 def allreduce_busbw_gbps(world: World, slow: bool) -> float:
-    """Bus bandwidth of an all-reduce over every rank: 2(n-1)/n x bytes / time (nccl-tests' busbw), GB/s."""
+    """Bus bandwidth of an all-reduce over every rank (busbw_gbps)."""
     x = torch.ones(PREFLIGHT_ALLREDUCE_BYTES // 4, device=world.device, dtype=torch.float32)
     t = best_time(lambda: dist.all_reduce(x), world.device, slow)
-    n = world.world_size
-    return 2 * (n - 1) / n * PREFLIGHT_ALLREDUCE_BYTES / t / 1e9 if n > 1 else 0.0
+    return busbw_gbps(world.world_size, t) if world.world_size > 1 else 0.0
 
 
 def ring_edges(nodes: int) -> list[list[tuple[int, int]]]:
@@ -118,29 +123,25 @@ def pair_busbw_gbps(world: World, slow: bool) -> Optional[float]:
     one timed all-reduce each, REPEATS times: timed one round after the other, the pairs sampled different
     stretches of the machine's other load, and a pair timed in a quiet stretch measured 1.75 GB/s against
     the others' 0.84, so the one node in neither of its pairs was named (a healthy 3-container job in CI)."""
-    lws, inf = world.local_world_size, float("inf")
+    lws = world.local_world_size
     x = torch.ones(PREFLIGHT_ALLREDUCE_BYTES // 4, device=world.device, dtype=torch.float32)
     rounds = ring_edges(world.nodes)
     # every rank creates every pair's group, in the same order (new_group is collective over the world)
     groups = {pair: dist.new_group(sorted(r for node in pair for r in range(node * lws, (node + 1) * lws)))
               for pairs in rounds for pair in pairs}
     mine = [next((p for p in pairs if world.node_rank in p), None) for pairs in rounds]  # my pair in each round
-    fastest = {pair: inf for pair in mine if pair is not None}
+    fastest = {pair: float("inf") for pair in mine if pair is not None}
     for i in range(REPEATS + 1):  # run 0 warms up
         for pair in mine:
             if pair is not None:
-                elapsed = _timed(lambda: dist.all_reduce(x, group=groups[pair]), world.device)
-                if slow:  # as best_time's fault injection: this node is 3x slower, whatever the load
-                    time.sleep(2 * elapsed)
-                    elapsed *= 3
+                elapsed = _timed(lambda: dist.all_reduce(x, group=groups[pair]), world.device, slow)
                 if i:
                     fastest[pair] = min(fastest[pair], elapsed)
             dist.barrier()  # the rounds do not overlap
     for group in groups.values():
         if group != dist.GroupMember.NON_GROUP_MEMBER:
             dist.destroy_process_group(group)
-    n = 2 * lws
-    return max((2 * (n - 1) / n * PREFLIGHT_ALLREDUCE_BYTES / t / 1e9 for t in fastest.values()), default=None)
+    return max((busbw_gbps(2 * lws, t) for t in fastest.values()), default=None)
 
 
 def write_mb_s(run_dir: Path, rank: int, slow: bool, turns: tuple[int, int] = (0, 1)) -> float:

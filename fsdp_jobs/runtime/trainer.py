@@ -412,8 +412,12 @@ class Trainer:
 
     def stop_agreed(self) -> int:
         """The previous cast's vote: already finished, so no stall. The same answer on every rank: 0 to go on,
-        else why to stop (fsdp_jobs/runtime/stopping.py stop_reason)."""
-        return self.vote.result()
+        else why to stop (fsdp_jobs/runtime/stopping.py stop_reason). The local flag learns of an agreed stop,
+        so that a rank stopped for another rank's signal lingers at exit (StopFlag.linger)."""
+        code = self.vote.result()
+        if code:
+            self.stop.agreed(signalled=code != STOP_FILE)
+        return code
 
     def cast_stop_vote(self) -> bool:
         """Vote on whether this rank was told to stop (a signal, or the stop-request file); returns the vote."""
@@ -485,7 +489,6 @@ class Trainer:
                 self.timeline.steps(state.step)  # goodput.jsonl: these steps' window, at the flush's sync
             if stopping:
                 stopped_by = "signal"
-                stop.agreed(stopping != STOP_FILE)
                 why = stop.received.name if stop.received else stop_reason(stopping)
                 log(world.rank, f"stop requested ({why}): checkpointing at step {state.step}")
                 if replicas.writer:  # one group writes a replica job's checkpoints: they are all the same model
