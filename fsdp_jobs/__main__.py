@@ -1,7 +1,7 @@
 """python -m fsdp_jobs [key=value ...]: compose -> plan -> launch (or print the plan with dry_run=true).
 
 Reads top to bottom: every step that can fail on user input fails with one line and exit 2 before
-anything is written. One run goes through the same path as a sweep's members (fsdp_jobs/submit.py).
+anything is written. One run goes through the same path as a sweep's members (fsdp_jobs/cli/submit.py).
 """
 
 from __future__ import annotations
@@ -12,11 +12,12 @@ import sys
 from pathlib import Path
 from typing import Optional
 
-from fsdp_jobs import runs, submit
-from fsdp_jobs.compose import compose_many
-from fsdp_jobs.errors import UserError, die
-from fsdp_jobs.checkpoints import newest_checkpoint
-from fsdp_jobs.plan import Plan
+from fsdp_jobs.cli import submit
+from fsdp_jobs.rundir import runs
+from fsdp_jobs.planning.compose import compose_many
+from fsdp_jobs.planning.errors import UserError, die
+from fsdp_jobs.rundir.checkpoints import newest_checkpoint
+from fsdp_jobs.planning.plan import Plan
 
 USAGE = """usage: python -m fsdp_jobs [key=value ...]      (fsdp-jobs [key=value ...])
 
@@ -31,7 +32,7 @@ hybrid_shard_zero2|no_shard  cluster={backends}  data=synthetic|token_file.
 Submitted runs: fsdp-jobs list | status RUN | logs RUN [-f] | cancel RUN | scale RUN nodes=N |
 chaos RUN kill-node|stop-node N; sweeps: status|cancel SWEEP,
 cancel SWEEP/MEMBER, compare SWEEP, plot RUN_OR_SWEEP... -o out.png. Every key: conf/ and
-fsdp_jobs/config.py. Export a checkpoint: python -m fsdp_jobs.export RUN_DIR."""
+fsdp_jobs/planning/config.py. Export a checkpoint: python -m fsdp_jobs.export RUN_DIR."""
 
 
 def summarize(plan: Plan, status: int) -> str:
@@ -63,19 +64,19 @@ def cli() -> int:
 def main(argv: Optional[list[str]] = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     os.umask(runs.OWNER_ONLY_UMASK)  # before anything is written: run dirs and the journal are the owner's
-    from fsdp_jobs import ctl
+    from fsdp_jobs.cli import ctl
 
     if argv and argv[0] in ctl.COMMANDS:
         return ctl.main(argv)
     if argv and argv[0] == "preflight":  # `fsdp-jobs preflight OVERRIDES`: the job's checks alone, submitted
         argv = [*argv[1:], "preflight=only"]  # as the job would be (README: Preflight); the last word wins
     if any(a in ("-h", "--help") for a in argv):
-        from fsdp_jobs import backends
+        from fsdp_jobs.planning import backends
 
         print(USAGE.replace("{backends}", "|".join(backends.names())))
         return 0
     if any(a in ("-m", "--multirun") for a in argv):
-        from fsdp_jobs import sweep
+        from fsdp_jobs.cli import sweep
 
         return sweep.main(argv)
     flags = [a for a in argv if a.startswith("-")]

@@ -22,7 +22,7 @@ benchmark compares side by side in one run and reports ratios).
         `torchx run --dryrun -s <the same scheduler> dist.ddp -j 4x8`, alternated, and whether planning imported torch.
     python -m fsdp_jobs.bench recovery [--repeats 3]
         a 2x2 CPU job's SIGKILL of one rank -> its next completed step, cut into torchrun's part and each
-        start-up phase at the restarted rank 0's timeline marks (fsdp_jobs/goodput.py).
+        start-up phase at the restarted rank 0's timeline marks (fsdp_jobs/cli/goodput.py).
     python -m fsdp_jobs.bench init [--ranks 4] [--model llama3_1b]
         per-shard init of a model at world size N on CPU next to a plain unsharded init.
 """
@@ -42,7 +42,8 @@ import time
 from pathlib import Path
 from typing import Any, Optional
 
-from fsdp_jobs import runs
+from fsdp_jobs.rundir import runs
+from fsdp_jobs.rundir.layout import RunDir
 
 
 def _fsync_tree(path: Path) -> None:
@@ -297,9 +298,9 @@ def bench_checkpoint(mb: int, repeats: int, directory: Path) -> dict[str, Any]:
 
 def bench_dry_run(repeats: int) -> dict[str, Any]:
     """Our dry run of a 4-node x 8-GPU job next to TorchX's dry run of the same shape on the scheduler
-    of the same name (fsdp_jobs/backends.py DRY_RUN_BENCH), both the commands users type (process start
+    of the same name (fsdp_jobs/planning/backends.py DRY_RUN_BENCH), both the commands users type (process start
     and exit included), alternated."""
-    from fsdp_jobs.backends import DRY_RUN_BENCH as backend
+    from fsdp_jobs.planning.backends import DRY_RUN_BENCH as backend
 
     job = ["dry_run=true", "run_root=/nonexistent-bench", f"cluster={backend}", "nodes=4", "gpus_per_node=8",
            "model=llama3_8b"]
@@ -331,10 +332,10 @@ def bench_dry_run(repeats: int) -> dict[str, Any]:
 
 def recovery_parts(run_dir: Path, killed_at: float) -> dict[str, float]:
     """SIGKILL of a rank -> the first step after it, cut at the restarted rank 0's timeline marks
-    (fsdp_jobs/goodput.py): what torchrun and each start-up phase take."""
-    from fsdp_jobs import goodput
+    (fsdp_jobs/cli/goodput.py): what torchrun and each start-up phase take."""
+    from fsdp_jobs.cli import goodput
 
-    events, _ = goodput.read_events(run_dir / goodput.GOODPUT_FILE)
+    events, _ = goodput.read_events(RunDir(run_dir).goodput_file)
     start = next(e for e in events if e["event"] == "start" and e["time"] > killed_at)
     mine = [e for e in events if e.get("pid") == start["pid"]]
     mark = {e["event"]: e for e in mine}

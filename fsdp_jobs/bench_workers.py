@@ -80,7 +80,7 @@ def _step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, inputs: torc
 
 def hand_loop_cuda(args: dict[str, Any]) -> dict[str, Any]:
     """The same loop on this rank's GPU, with what the job uses there by default: bf16 compute, fp32
-    gradient reduction (fsdp_jobs/plan.py resolve_mixed_precision), fp32 sharded parameters and AdamW
+    gradient reduction (fsdp_jobs/planning/plan.py resolve_mixed_precision), fp32 sharded parameters and AdamW
     state. Timed as the job times itself (fsdp_jobs/runtime/trainer.py MetricsWindow): the host syncs
     with the GPU once per window of args["window"] steps, and each step of a window is the window's
     mean; a sync every step would stall the launch queue the job keeps full. Also the numbers the job

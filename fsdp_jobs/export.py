@@ -12,9 +12,9 @@ import sys
 from pathlib import Path
 from typing import Any, Optional
 
-from fsdp_jobs import checkpoints
-from fsdp_jobs.errors import OneLineParser, UserError, die
-from fsdp_jobs.plan import DTYPE_BYTES
+from fsdp_jobs.rundir import checkpoints
+from fsdp_jobs.planning.errors import OneLineParser, UserError, die
+from fsdp_jobs.planning.plan import DTYPE_BYTES
 
 
 def find_checkpoint(path: Path, step: Optional[int]) -> Path:
@@ -38,7 +38,7 @@ def export(ckpt: Path, out: Path, dtype: Optional[str] = None, hf_model: Optiona
 
     from torch.distributed.checkpoint.api import CheckpointException
 
-    from fsdp_jobs.consolidate import read_model_state
+    from fsdp_jobs.cli.consolidate import read_model_state
 
     try:
         model_sd = read_model_state(ckpt)
@@ -66,7 +66,7 @@ def build_plain_model(run_dir: Path) -> Any:
     """The run's model class, unsharded, on CPU, with buffers initialised: load_state_dict into it."""
     import torch
 
-    from fsdp_jobs import runs
+    from fsdp_jobs.rundir import runs
     from fsdp_jobs.runtime.shard import build_meta_model
 
     job = runs.load_job(run_dir)
@@ -80,8 +80,8 @@ def hf_export_model(run_dir: Path) -> dict[str, Any]:
     """The run's model config, if --format hf can write it (a model=hf run, transformers installed)."""
     import importlib.util
 
-    from fsdp_jobs import runs
-    from fsdp_jobs.byo import is_hf
+    from fsdp_jobs.rundir import runs
+    from fsdp_jobs.planning.byo import is_hf
 
     import yaml
 

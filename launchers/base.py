@@ -10,8 +10,8 @@
 
 `run` is a `Run`: the run dir plus its newest launch record, which is all a backend needs to find its
 job again (`launches.jsonl` is the journal; `fsdp-jobs list` reads the run dirs). The CLI and ctl
-know no backend by name: they call `fsdp_jobs.backends.get(name)` and this interface. A new backend is
-one package, launchers/<name>/ (config.py + backend.py), and one line in fsdp_jobs/backends.py
+know no backend by name: they call `fsdp_jobs.planning.backends.get(name)` and this interface. A new backend is
+one package, launchers/<name>/ (config.py + backend.py), and one line in fsdp_jobs/planning/backends.py
 (fsdp_jobs/ARCHITECTURE.md, "Adding a backend").
 """
 
@@ -23,10 +23,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Generic, Iterator, Optional, Protocol, TypeVar
 
-from fsdp_jobs import runs
-from fsdp_jobs.errors import UserError
-# the vocabulary the CLI reads (fsdp_jobs/status.py); backends import it from here
-from fsdp_jobs.status import JobState, JobStatus, Run, Submitted, state_from_training
+from fsdp_jobs.rundir import runs
+from fsdp_jobs.planning.errors import UserError
+# the vocabulary the CLI reads (fsdp_jobs/rundir/status.py); backends import it from here
+from fsdp_jobs.rundir.status import JobState, JobStatus, Run, Submitted, state_from_training
 
 __all__ = ["Backend", "DryRun", "Request", "JobState", "JobStatus", "Run", "Submitted", "state_from_training"]
 
@@ -105,7 +105,7 @@ class Backend(abc.ABC, Generic[R]):
         ...
 
     def scale(self, run: Run, nodes: int) -> str:
-        """Grow the running job to `nodes` (at most its cluster.max_nodes; fsdp_jobs/ctl.py checked that):
+        """Grow the running job to `nodes` (at most its cluster.max_nodes; fsdp_jobs/cli/ctl.py checked that):
         start the new nodes, which join its rendezvous; the ranks checkpoint and go on at the new size."""
         raise UserError("scale", self.name, f"the {self.name} backend cannot grow a running job; cluster=local, "
                                             "cluster=docker, cluster=slurm and kind=pytorchjob on Kubernetes can "

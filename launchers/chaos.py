@@ -32,9 +32,9 @@ import time
 from pathlib import Path
 from typing import Optional
 
-from fsdp_jobs import runs
-from fsdp_jobs.input_rules import TC_RATE
-from launchers.watchdog import process_state
+from fsdp_jobs.rundir import runs
+from fsdp_jobs.planning.input_rules import TC_RATE
+from launchers.node.watchdog import process_state
 
 THROTTLE_FILE = "chaos-throttle.json"
 LINK_FILE = "chaos-link.json"
@@ -77,7 +77,7 @@ def rank_processes(run_dir: Path) -> dict[int, tuple[int, str]]:
     """{rank: (pid, node)} of this run's live rank processes on this machine, containers' included: the
     processes whose environment names this run dir (the node wrapper's, inherited) and that are a rank,
     by RANK in that environment (a spawned rank) or by their pid in a rank file (a rank forked from its
-    agent, launchers/agent.py, shows the agent's environment in /proc, without RANK)."""
+    agent, launchers/node/agent.py, shows the agent's environment in /proc, without RANK)."""
     mine = str(run_dir.resolve())
     files = _rank_files(run_dir)
     found: dict[int, tuple[int, str]] = {}

@@ -9,9 +9,9 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any, Optional
 
-from fsdp_jobs import runs
-from fsdp_jobs.plan import LIGHTHOUSE_ENV, REPLICA_ADDR_ENV, REPLICA_GROUP_ENV  # noqa: F401  (backends import them here)
-from fsdp_jobs.secret_env import MASK
+from fsdp_jobs.rundir import runs
+from fsdp_jobs.planning.plan import LIGHTHOUSE_ENV, REPLICA_ADDR_ENV, REPLICA_GROUP_ENV  # noqa: F401  (backends import them here)
+from fsdp_jobs.planning.secret_env import MASK
 
 
 def torchrun_args(plan: Any, endpoint: str, stop_grace_s: int, group: Optional[int] = None) -> list[str]:
@@ -113,7 +113,7 @@ def runtime_env(cfg: Any) -> dict[str, str]:
 # the run dir of the job, for every rank (fsdp_jobs.job.init() reads the job config from it) and the copy of the
 # user's code (script=/module=) that the ranks run, decided by the dry run and taken by submit
 RUN_DIR_ENV = "FSDP_JOBS_RUN_DIR"
-NODE_WRAPPER = "launchers.node"  # what every backend starts on each node, around torchrun (launchers/node.py)
+NODE_WRAPPER = "launchers.node"  # what every backend starts on each node, around torchrun (launchers/node/wrapper.py)
 USER_CODE_SHIM = "fsdp_jobs.runtime.user_code"  # runs script=/module= under torchrun's @record
 USER_CODE_ENV = "FSDP_JOBS_USER_CODE"
 
@@ -126,7 +126,7 @@ def user_mode(cfg: Any) -> bool:
 def user_code_dir(cfg: Any, run_dir: Path) -> Optional[Path]:
     """Where submit copies the user's code (run_dir/script/NNN), or None: the built-in trainer, or a
     module installed in the environment."""
-    from fsdp_jobs.byo import user_code_source
+    from fsdp_jobs.planning.byo import user_code_source
     from launchers.snapshot import next_user_code_dir
 
     if not user_mode(cfg) or user_code_source(cfg) is None:

@@ -60,9 +60,9 @@ def next_user_code_dir(run_dir: Path) -> Path:
 
 
 def take_user_code(cfg: Any, dest: Path) -> None:
-    """Copy the user's code (fsdp_jobs.byo.user_code_source) into dest: a requeued job or a container
+    """Copy the user's code (fsdp_jobs.planning.byo.user_code_source) into dest: a requeued job or a container
     finds it in the run dir, as it was at submission. The run root is never copied into itself."""
-    from fsdp_jobs.byo import snapshot_files, user_code_source
+    from fsdp_jobs.planning.byo import snapshot_files, user_code_source
 
     src = user_code_source(cfg)
     if src is None:
@@ -92,7 +92,7 @@ def user_code_tar(cfg: Any) -> Optional[bytes]:
     import io
     import tarfile
 
-    from fsdp_jobs.byo import snapshot_files, user_code_source
+    from fsdp_jobs.planning.byo import snapshot_files, user_code_source
 
     src = user_code_source(cfg)
     if src is None:

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from fsdp_jobs import runs
+from fsdp_jobs.rundir import runs
 from launchers.common import settle_user_state
 
 POLL_S = 0.2
@@ -30,7 +30,7 @@ PEER_GONE_GRACE_S = 30.0
 STOP_EXTRA_S = 15.0  # after torchrun's own grace for the ranks, before we kill
 INTERRUPTED = 130  # the shell's status for Ctrl-C
 STOPPED_FROM_OUTSIDE = 143  # the ranks recorded a stop (cancel, docker stop) and checkpointed
-PREFLIGHT_FAILED = 3  # the preflight named a node (launchers/node.py's PREFLIGHT_FAILED_RC)
+PREFLIGHT_FAILED = 3  # the preflight named a node (launchers/node/wrapper.py's PREFLIGHT_FAILED_RC)
 
 
 class LogSink:
@@ -164,7 +164,7 @@ def exit_status(outcome: Outcome, job: Any, run_dir: Path) -> int:
     recorded = runs.read_state(run_dir)
     state = recorded.get("status")
     if state == "failed" and recorded.get("stage") == "preflight":
-        return PREFLIGHT_FAILED  # a node was named: its nodes may have exited 0 (launchers/node.py)
+        return PREFLIGHT_FAILED  # a node was named: its nodes may have exited 0 (launchers/node/wrapper.py)
     if state == "completed":
         return 0  # nodes stopped for good (exit 137) while the others finished do not fail the job
     if state == "preempted":

@@ -94,7 +94,7 @@ def _flatten(d, prefix=""):
 
 @pytest.fixture(autouse=True)
 def journal_in_tmp(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Every submission is journalled (fsdp_jobs/journal.py): tests write theirs to a temporary state
+    """Every submission is journalled (fsdp_jobs/rundir/journal.py): tests write theirs to a temporary state
     directory, never the user's ~/.local/state/fsdp-jobs/."""
     monkeypatch.setenv("FSDP_JOBS_STATE_DIR", str(tmp_path_factory.mktemp("state")))
 

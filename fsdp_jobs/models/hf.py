@@ -23,7 +23,7 @@ import torch
 from torch import nn
 
 from fsdp_jobs.models.hf_config import config_dict
-from fsdp_jobs.runtime.shard import plain_name
+from fsdp_jobs.models.names import plain_name
 
 
 def hf_config(config: Optional[dict[str, Any]] = None, config_dir: Optional[str] = None,

@@ -1,5 +1,5 @@
 """Entry point of every rank: `python -m fsdp_jobs.runtime RUN_DIR` (torchrun starts it), or `forked`
-when launchers/agent.py forks the rank from an agent that imported torch and the trainer already.
+when launchers/node/agent.py forks the rank from an agent that imported torch and the trainer already.
 
 The run dir is a positional argument on purpose: torchrun's parser prefix-matches flags placed after
 the script (fsdp_jobs/ARCHITECTURE.md, pitfall 5)."""
@@ -15,7 +15,7 @@ AGENT_HANDLED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)  
 
 
 def forked(run_dir: str) -> None:
-    """A rank forked from launchers/agent.py: made what `python -u -m fsdp_jobs.runtime RUN_DIR` would be."""
+    """A rank forked from launchers/node/agent.py: made what `python -u -m fsdp_jobs.runtime RUN_DIR` would be."""
     timeline.MAIN_STARTED = time.time()  # the agent imported timeline long before this rank existed
     for stream in (sys.stdout, sys.stderr):  # -u: a line reaches the log now, not when a buffer fills
         stream.reconfigure(line_buffering=True, write_through=True)
@@ -49,8 +49,8 @@ def main(exit_process: bool = True) -> None:
     try:
         code = record(train)(run_dir, stop)
         shutdown(code, stop, exit_process)
-    except Exception as e:  # also into failures.jsonl: a failure that repeats is not retried (fsdp_jobs/failures.py)
-        from fsdp_jobs import failures
+    except Exception as e:  # also into failures.jsonl: a failure that repeats is not retried (fsdp_jobs/rundir/failures.py)
+        from fsdp_jobs.rundir import failures
         from fsdp_jobs.runtime.heartbeat import current_step
 
         failures.record(run_dir, e, current_step())

@@ -1,5 +1,5 @@
 """Sharded, atomic, resumable checkpoints with torch.distributed.checkpoint (DCP), in the layout
-fsdp_jobs/checkpoints.py owns (checkpoints/.tmp-step-N-<attempt>/ while written, step-N/ once committed).
+fsdp_jobs/rundir/checkpoints.py owns (checkpoints/.tmp-step-N-<attempt>/ while written, step-N/ once committed).
 
 Each save goes to a fresh directory (DCP's "overwrite" leaves an old .metadata beside new data if it
 dies mid-save: fsdp_jobs/ARCHITECTURE.md, pitfall 3). Rank 0 writes the manifest after every rank finished, then
@@ -29,8 +29,8 @@ from torch.distributed.checkpoint.state_dict import (get_model_state_dict, get_o
                                                      set_model_state_dict, set_optimizer_state_dict)
 from torch.distributed.checkpoint.stateful import Stateful
 
-from fsdp_jobs import checkpoints as layout
-from fsdp_jobs import faults
+from fsdp_jobs.rundir import checkpoints as layout
+from fsdp_jobs.planning import faults
 
 # test-only fault injection: "STEP" makes rank 0 SIGKILL itself in the middle of saving that step
 # (after the shards are on disk, before the commit), on the first attempt only

@@ -1,4 +1,4 @@
-"""Each rank's heartbeat: what the node's hang watchdog (launchers/watchdog.py) reads.
+"""Each rank's heartbeat: what the node's hang watchdog (launchers/node/watchdog.py) reads.
 
 The training thread only sets two attributes per step (the step number, the time): no I/O, no
 host-device sync, no collective. A daemon thread writes them once a second to RUN_DIR/heartbeats/rank-R.json,
@@ -8,7 +8,7 @@ That difference is how the watchdog names the rank that stopped first.
 
 Each advance also splits the gap since the last one into compute and waiting in collectives (the wait from
 fsdp_jobs/runtime/collective_clock.py): the record's `compute_s` and `wait_s`, means over the recent steps,
-are what fsdp_jobs/stragglers.py compares across nodes.
+are what fsdp_jobs/cli/stragglers.py compares across nodes.
 
 The rank also asks the interpreter to write every thread's Python stack to logs/stacks/rank-R.txt on
 SIGUSR1 (faulthandler, from C: it works while Python is blocked in a collective), which the watchdog
@@ -28,21 +28,17 @@ from collections import deque
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from fsdp_jobs import runs
+from fsdp_jobs.rundir import runs
+from fsdp_jobs.rundir.layout import HEARTBEATS_DIR, stack_path
 
 INTERVAL_S = 1.0
 STACK_SIGNAL = signal.SIGUSR1  # NCCL's flight recorder dump is triggered by its own mechanism, not a signal
 
 
-HEARTBEATS_DIR = "heartbeats"  # beside ranks/ (rank-R.json: who each rank is), not in it
 
 
 def heartbeat_path(run_dir: Path, rank: int) -> Path:
     return run_dir / HEARTBEATS_DIR / f"rank-{rank}.json"
-
-
-def stack_path(run_dir: Path, rank: int) -> Path:
-    return run_dir / "logs" / "stacks" / f"rank-{rank}.txt"
 
 
 _CURRENT: Optional["Heartbeat"] = None

@@ -5,7 +5,7 @@ address, even when the job's rendezvous host is 127.0.0.1. Anyone who can reach 
 talk to it, and torch unpickles the rendezvous state it reads from that store (README: Security). For a
 loopback host, `install()` makes every store server this process starts bind its listening socket to
 that address first and hand it over (TCPStore's `master_listen_fd`); any other host is left as torch does
-it. Installed in the torchrun agent (launchers/agent.py) and in every rank's entry point, before torch
+it. Installed in the torchrun agent (launchers/node/agent.py) and in every rank's entry point, before torch
 creates a store: the agent's rendezvous store, the workers' store and a rank's own are all covered.
 """
 

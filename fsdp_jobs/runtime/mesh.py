@@ -13,7 +13,7 @@ import torch.distributed as dist
 from omegaconf import OmegaConf
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
-from fsdp_jobs.plan import REPLICA_GROUP_ENV, choose_mesh, count_params
+from fsdp_jobs.planning.plan import REPLICA_GROUP_ENV, choose_mesh, count_params
 
 
 @dataclass

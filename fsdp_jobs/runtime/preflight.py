@@ -10,7 +10,7 @@
 Each timing is the best of a few repeats: a shared machine's momentary contention is not the node's fault;
 simulated nodes sharing one machine time their local checks in turns, one run each, so they neither slow
 each other down nor sample different stretches of the machine's other load.
-Rank 0 gathers every rank's record (all_gather_object) and judges them (fsdp_jobs/preflight.py). When it
+Rank 0 gathers every rank's record (all_gather_object) and judges them (fsdp_jobs/runtime/preflight_verdict.py). When it
 names a node for slowness alone, every rank measures again after RECHECK_PAUSE_S and the verdict is taken
 on the better of each rank's two numbers: a node is named slow only when it was slow twice. Then rank 0
 prints one table, writes RUN_DIR/preflight.json and, when a node is named, state.json "failed" with the
@@ -30,7 +30,9 @@ from typing import Any, Callable, Optional
 import torch
 import torch.distributed as dist
 
-from fsdp_jobs import faults, preflight, runs
+from fsdp_jobs.planning import faults
+from fsdp_jobs.rundir import runs
+from fsdp_jobs.runtime import preflight_verdict as preflight
 from fsdp_jobs.runtime.mesh import World
 from fsdp_jobs.runtime.metrics import log
 
@@ -38,7 +40,7 @@ PREFLIGHT_ALLREDUCE_BYTES = 4 * 1024**2
 PREFLIGHT_WRITE_BYTES = 8 * 1024**2
 REPEATS = 10  # the same on every rank: the all-reduce's are collective
 RECHECK_PAUSE_S = 1.0  # before a recheck: a burst of the machine's other load may pass meanwhile
-# test-only fault injection (fsdp_jobs/faults.py): this node's timed checks take 3x as long, always or in
+# test-only fault injection (fsdp_jobs/planning/faults.py): this node's timed checks take 3x as long, always or in
 # the first round only (a momentary slowdown the recheck must forgive)
 SLOW_NODE_ENV = "FSDP_JOBS_TEST_PREFLIGHT_SLOW_NODE"
 SLOW_ONCE_ENV = "FSDP_JOBS_TEST_PREFLIGHT_SLOW_ONCE"
@@ -196,7 +198,7 @@ def my_turn(world: World, node: str) -> tuple[int, int]:
 
 def measure(run_dir: Path, world: World, first_round: bool = True) -> dict[str, Any]:
     """This rank's record; a check that raises is recorded as this rank's error (the node is then named)."""
-    node = os.environ.get("FSDP_JOBS_NODE") or socket.gethostname()  # launchers/node.py: the scheduler's name
+    node = os.environ.get("FSDP_JOBS_NODE") or socket.gethostname()  # launchers/node/wrapper.py: the scheduler's name
     slow = faults.name(SLOW_NODE_ENV) == node or (first_round and faults.name(SLOW_ONCE_ENV) == node)
     turns = my_turn(world, node)
     rec: dict[str, Any] = {"rank": world.rank, "node": node, "host": socket.gethostname(),

@@ -2,7 +2,7 @@
 keep training).
 
 Without it (`NoReplicas`) the job is one torchrun world and every method here is the identity. With it,
-each replica group (a shard group of whole nodes, fsdp_jobs/plan.py ReplicaLayout) is a torchrun world of
+each replica group (a shard group of whole nodes, fsdp_jobs/planning/plan.py ReplicaLayout) is a torchrun world of
 its own: the default process group and the FSDP mesh are the group's, and `Replicas` joins the groups
 through torchft (PyTorch's fault-tolerance library):
 
@@ -40,8 +40,8 @@ from typing import Any, Callable, Optional
 
 import torch
 
-from fsdp_jobs.plan import REPLICA_ADDR_ENV
-from fsdp_jobs.runtime.heartbeat import HEARTBEATS_DIR
+from fsdp_jobs.planning.plan import REPLICA_ADDR_ENV
+from fsdp_jobs.rundir.layout import HEARTBEATS_DIR
 from fsdp_jobs.runtime.mesh import World
 from fsdp_jobs.runtime.metrics import log
 

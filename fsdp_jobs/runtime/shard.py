@@ -1,7 +1,7 @@
 """Build the model on the meta device, apply FSDP2 `fully_shard` per wrap unit and at the root, then
 materialise and initialise the parameters deterministically from train.seed.
 
-FSDP1 / Accelerate vocabulary -> FSDP2 (the strategy table: fsdp_jobs/plan.py STRATEGY_TABLE): the
+FSDP1 / Accelerate vocabulary -> FSDP2 (the strategy table: fsdp_jobs/planning/plan.py STRATEGY_TABLE): the
 strategy picks the mesh (mesh.py) and reshard_after_forward; mixed precision -> MixedPrecisionPolicy;
 cpu_offload -> CPUOffloadPolicy; forward_prefetch -> explicit set_modules_to_forward_prefetch; activation
 checkpointing -> checkpoint_wrapper around each wrap unit.
@@ -21,6 +21,7 @@ from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, Offlo
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
+from fsdp_jobs.models.names import plain_name
 from fsdp_jobs.runtime.imports import import_object
 
 MODEL_SHAPE_KEYS = ("dim", "n_layers", "n_heads", "n_kv_heads", "ffn_dim", "vocab_size", "max_seq_len",
@@ -123,7 +124,7 @@ def shard_model(model: nn.Module, mesh: DeviceMesh, fsdp_cfg: dict[str, Any], re
             unit.compile()
     if fsdp_cfg.get("activation_checkpointing"):
         units = apply_activation_checkpointing(model, units)
-    from fsdp_jobs.plan import resolve_mixed_precision
+    from fsdp_jobs.planning.plan import resolve_mixed_precision
 
     mp = resolve_mixed_precision(fsdp_cfg["mixed_precision"], device.type)
     mp_policy = MixedPrecisionPolicy(param_dtype=dtype_of(mp.get("param_dtype")),
@@ -176,12 +177,6 @@ def _init_local_rows(local: torch.Tensor, name: str, full_shape: tuple[int, ...]
         fill(name, block, gen)
         lo, hi = max(b0, row0), min(b1, row0 + n)
         local[lo - row0:hi - row0].copy_(block[lo - b0:hi - b0])
-
-
-def plain_name(name: str) -> str:
-    """A parameter's or buffer's name in the model as written: without the prefixes that activation
-    checkpointing and compile add."""
-    return name.replace("_checkpoint_wrapped_module.", "").replace("_orig_mod.", "")
 
 
 class BufferInitError(ValueError):

@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from fsdp_jobs import runs
+from fsdp_jobs.rundir import runs
 
 STOP_FILE = 1  # the vote's code for the stop-request file; a signal votes its number (SIGHUP, 1, is not caught)
 

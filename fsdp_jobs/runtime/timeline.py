@@ -1,4 +1,4 @@
-"""Rank 0's side of RUN_DIR/goodput.jsonl (the format and its accounting: fsdp_jobs/goodput.py).
+"""Rank 0's side of RUN_DIR/goodput.jsonl (the format and its accounting: fsdp_jobs/cli/goodput.py).
 
 Torch-free, so fsdp_jobs/runtime/__main__.py imports it before torch: MAIN_STARTED is the moment the rank's
 own code began. Nothing here runs on every step: the step loop calls `steps` only where it already syncs
@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 from typing import Any, Optional
 
-from fsdp_jobs import goodput
+from fsdp_jobs.rundir import events
 
 MAIN_STARTED = time.time()  # imported first thing by fsdp_jobs/runtime/__main__.py
 
@@ -32,7 +32,7 @@ def process_start_time() -> Optional[float]:
 def failed(run_dir: Path, exc: BaseException, step: Optional[int]) -> None:
     """Rank 0's attempt ends in an exception: when (goodput's lost work ends and its recovery begins here)."""
     if os.environ.get("RANK", "0") == "0":
-        goodput.append_event(run_dir, "end", pid=os.getpid(), step=step, why=f"failed: {type(exc).__name__}")
+        events.append_event(run_dir, "end", pid=os.getpid(), step=step, why=f"failed: {type(exc).__name__}")
 
 
 class Timeline:
@@ -47,7 +47,7 @@ class Timeline:
 
     def event(self, name: str, **fields: Any) -> None:
         if self.enabled:
-            goodput.append_event(self.run_dir, name, pid=self.pid, **fields)
+            events.append_event(self.run_dir, name, pid=self.pid, **fields)
 
     def loop(self, step: int) -> None:
         """The step loop begins after `step` (the resumed one)."""

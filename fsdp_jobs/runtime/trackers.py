@@ -33,7 +33,7 @@ import time
 from pathlib import Path
 from typing import Any, Optional
 
-from fsdp_jobs import runs
+from fsdp_jobs.rundir import runs
 
 TENSORBOARD_DIR = "tensorboard"
 WANDB_DIR = "wandb"  # wandb.init(dir=RUN_DIR) keeps its local run dirs here
@@ -103,7 +103,7 @@ class WandB:
                 shutil.rmtree(d, ignore_errors=True)
         plan_file = run_dir / runs.PLAN_FILE
         plan = json.loads(plan_file.read_text()) if plan_file.exists() else None
-        # job.yaml holds no secret (fsdp_jobs/secret_env.py masks them before it is written)
+        # job.yaml holds no secret (fsdp_jobs/planning/secret_env.py masks them before it is written)
         self.run = wandb.init(id=self.id, resume="allow", dir=str(run_dir), project=cfg["project"],
                               entity=cfg.get("entity"), mode=cfg.get("mode"), name=run_dir.name,
                               group=job.get("sweep"), config={"job": job, "plan": plan},

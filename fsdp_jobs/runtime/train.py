@@ -11,7 +11,7 @@ from pathlib import Path
 
 import torch.distributed as dist
 
-from fsdp_jobs import runs
+from fsdp_jobs.rundir import runs
 from fsdp_jobs.runtime.signals import StopFlag
 from fsdp_jobs.runtime.trainer import Trainer
 
@@ -24,7 +24,7 @@ def shutdown(code: int, stop: StopFlag, exit_process: bool = True) -> None:
     """Leave without the FSDP2+gloo abort at interpreter exit (fsdp_jobs/ARCHITECTURE.md, pitfall 2): collect the
     objects gloo's thread still references, destroy the group, then skip interpreter teardown.
     A rank stopped for another rank's signal then lingers, holding nothing, so that its agent can still
-    restart it (StopFlag.linger). exit_process=False (a rank forked by launchers/agent.py): return, or raise
+    restart it (StopFlag.linger). exit_process=False (a rank forked by launchers/node/agent.py): return, or raise
     SystemExit(code); the forked process ends in os._exit after torchrun has its result, never in
     interpreter teardown. Not after a SIGTERM: that is the agent stopping its ranks (its own stop, Ctrl-C,
     scancel, a pod or container stop, a restart), and a stopping agent never collects the result a

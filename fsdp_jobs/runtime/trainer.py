@@ -21,10 +21,11 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from omegaconf import OmegaConf
 
-from fsdp_jobs import faults, runs
-from fsdp_jobs.checkpoints import step_dir
-from fsdp_jobs.cluster_config import CPU_PEAK_TFLOPS, ClusterConfig
-from fsdp_jobs.plan import compute_dtype, micro_batch, replica_groups, reshard_after_forward
+from fsdp_jobs.planning import faults
+from fsdp_jobs.rundir import runs
+from fsdp_jobs.rundir.checkpoints import step_dir
+from fsdp_jobs.planning.cluster_config import CPU_PEAK_TFLOPS, ClusterConfig
+from fsdp_jobs.planning.plan import compute_dtype, micro_batch, replica_groups, reshard_after_forward
 from fsdp_jobs.runtime import heartbeat
 from fsdp_jobs.runtime.checkpoint import CheckpointManager, StateObjects, TrainState
 from fsdp_jobs.runtime.data import build_dataset
@@ -65,7 +66,7 @@ def write_rank_file(run_dir: Path, world: World) -> None:
     d.mkdir(exist_ok=True)
     info = {"rank": world.job_rank, "pid": os.getpid(), "uid": os.getuid(), "host": socket.gethostname(),
             "node_rank": world.node_rank,
-            "node": os.environ.get("FSDP_JOBS_NODE") or socket.gethostname(),  # set by launchers/node.py
+            "node": os.environ.get("FSDP_JOBS_NODE") or socket.gethostname(),  # set by launchers/node/wrapper.py
             "restart": world.restart, "world_size": world.world_size, "time": time.time(),
             **({"replica_group": world.group} if world.groups > 1 else {})}
     runs.write_atomic(d / f"rank-{world.job_rank}.json", json.dumps(info) + "\n")
@@ -74,7 +75,7 @@ def write_rank_file(run_dir: Path, world: World) -> None:
 def mfu_peak_flops(job: dict[str, Any], device: torch.device) -> float:
     """The accelerator's peak at the dtype the matmuls actually run in (bf16 vs fp32/TF32)."""
     cl = job["cluster"]
-    if cl.get("peak_tflops") is None:  # the device's default (fsdp_jobs/cluster_config.py)
+    if cl.get("peak_tflops") is None:  # the device's default (fsdp_jobs/planning/cluster_config.py)
         if device.type == "cpu":
             return (cl.get("peak_tflops_fp32") or CPU_PEAK_TFLOPS) * 1e12
         cl = {**cl, "peak_tflops": ClusterConfig.peak_tflops}
@@ -149,7 +150,7 @@ class Trainer:
         """The built-in loop, start to exit."""
         self.bring_up()
         if self.job.get("preflight") and not self.preflight():
-            return 0  # a node was named: state.json says failed, and launchers/node.py exits non-zero
+            return 0  # a node was named: state.json says failed, and launchers/node/wrapper.py exits non-zero
         if self.job.get("preflight") == "only":
             return 0
         self.tune_for_training()
@@ -172,7 +173,7 @@ class Trainer:
         # goodput.jsonl's timeline is rank 0's; of a replica job, the first group's
         self.timeline = Timeline(self.run_dir, enabled=world.job_rank == 0, restart=world.restart)
         began = time.time()
-        # first: the node's watchdog (launchers/watchdog.py) follows this rank from here on
+        # first: the node's watchdog (launchers/node/watchdog.py) follows this rank from here on
         self.heartbeat = heartbeat.start(self.run_dir, self.job, world.job_rank, world.local_rank, world.restart)
         # CPU offload: the grad-norm all-reduce runs on host tensors, so the default group needs gloo too
         init_process_group(world, timeout_s=float(self.tcfg.get("collective_timeout_s", 600)),

@@ -45,10 +45,10 @@ def main() -> None:
         if e.code not in (None, 0):
             raise
         finished()
-    except Exception as e:  # also into failures.jsonl: a failure that repeats is not retried (fsdp_jobs/failures.py)
+    except Exception as e:  # also into failures.jsonl: a failure that repeats is not retried (fsdp_jobs/rundir/failures.py)
         import os
 
-        from fsdp_jobs import failures
+        from fsdp_jobs.rundir import failures
         from fsdp_jobs.runtime.heartbeat import current_step
 
         if os.environ.get("FSDP_JOBS_RUN_DIR"):

@@ -30,9 +30,9 @@ from typing import Any, Optional
 
 import yaml
 
-from fsdp_jobs import runs
-from fsdp_jobs.secret_env import passed_names
-from fsdp_jobs.errors import UserError
+from fsdp_jobs.rundir import runs
+from fsdp_jobs.planning.secret_env import passed_names
+from fsdp_jobs.planning.errors import UserError
 from launchers.base import (Backend, DryRun, JobState, JobStatus, Run, Submitted, request_scale,
                             state_from_training)
 from launchers.common import (NODE_WRAPPER, begin_user_attempt, lighthouse_command, lighthouse_port, python_path,
@@ -40,7 +40,7 @@ from launchers.common import (NODE_WRAPPER, begin_user_attempt, lighthouse_comma
                               user_code_dir)
 from launchers.docker.engine import (DOWN_TIMEOUT_S, RESULT_FILE, SKEL_IMAGE, compose_command, container_user,
                                      containers, docker, engine_error, ensure_skel_image, give_to, read_result)
-from launchers.node import ENGINE_RESTARTS_ENV
+from launchers.node.wrapper import ENGINE_RESTARTS_ENV
 from launchers.snapshot import PROJECT_ROOT, next_snapshot_dir, take_snapshot, take_user_code
 
 DEFAULT_RDZV_PORT = 29400
@@ -104,14 +104,14 @@ def compose_spec(plan: Any, cfg: Any, code_dir: Path, user_dir: Optional[Path] =
                # the job imports the code frozen at launch; `-m` must not put the cwd before it
                "PYTHONPATH": python_path(cfg, user_code, str(code_dir)), "PYTHONSAFEPATH": "1", "HOME": "/tmp",
                # no bytecode written into the run dir (Python writes the first of it before
-               # launchers/node.py can set the owner-only umask); the installed packages' own bytecode
+               # launchers/node/wrapper.py can set the owner-only umask); the installed packages' own bytecode
                # is still read. (A PYTHONPYCACHEPREFIX in the container hid that bytecode: every container
                # compiled torch from source, 12.7 s from node start to rank start of 3 containers.)
                "PYTHONDONTWRITEBYTECODE": "1",
                # Docker restarts a node that exits non-zero: not into a preflight that named a node
                ENGINE_RESTARTS_ENV: "1",
                "USER": f"uid{user.split(':')[0]}",
-               # secrets: named without a value, compose passes its own environment's (fsdp_jobs/secret_env.py)
+               # secrets: named without a value, compose passes its own environment's (fsdp_jobs/planning/secret_env.py)
                **{name: None for name in passed_names(cfg)},
                **(replica_env(plan, replica_group(i, plan), f"http://{LIGHTHOUSE}:{lighthouse_port(plan)}")
                   if plan.replicas else {})}

@@ -6,8 +6,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, List, Optional
 
-from fsdp_jobs.cluster_config import ClusterConfig, choice, positive, register_cluster_schema
-from fsdp_jobs.errors import UserError
+from fsdp_jobs.planning.cluster_config import ClusterConfig, choice, positive, register_cluster_schema
+from fsdp_jobs.planning.errors import UserError
 from launchers.common import system_path
 
 NAME = "docker"

@@ -13,7 +13,7 @@ import tarfile
 from pathlib import Path
 from typing import Any, Optional
 
-from fsdp_jobs.errors import UserError
+from fsdp_jobs.planning.errors import UserError
 
 SKEL_IMAGE = "fsdp-jobs-skel:1"  # an empty root: /usr and Python come from the host, read-only
 RESULT_FILE = "docker-result.json"  # the supervisor's record of how the containers ended

@@ -24,7 +24,7 @@ from typing import Any, Optional
 
 import yaml
 
-from fsdp_jobs import runs
+from fsdp_jobs.rundir import runs
 from launchers.docker.engine import DOWN_TIMEOUT_S, RESULT_FILE, containers, give_to
 from launchers.supervisor import STOP_EXTRA_S, LogSink, Node, exit_status, why_not_grow
 from launchers.supervisor import supervise as supervise_nodes

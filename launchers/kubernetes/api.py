@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from typing import Any, Optional
 
-from fsdp_jobs.errors import UserError
+from fsdp_jobs.planning.errors import UserError
 
 INSTALL = "pip install 'kubernetes>=30,<36'"
 

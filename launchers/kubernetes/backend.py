@@ -22,13 +22,13 @@ import time
 from pathlib import Path
 from typing import Any, Iterator, Optional
 
-from fsdp_jobs import runs
-from fsdp_jobs.errors import UserError
+from fsdp_jobs.rundir import runs
+from fsdp_jobs.planning.errors import UserError
 from launchers.kubernetes import manifests
 from launchers.base import Backend, DryRun, JobState, JobStatus, Run, Submitted
 from launchers.common import runtime_env, torchrun_args
 from launchers.kubernetes.api import api_client, explain, require_package
-from launchers.node import PREFLIGHT_MESSAGE
+from launchers.node.wrapper import PREFLIGHT_MESSAGE
 
 TIMESTAMP = re.compile(r"^\d{4}-\d\d-\d\dT[0-9:.]+Z ")  # TorchX asks the API for timestamped lines
 INSTALL_HINT = {"volcano": "Volcano (volcano.sh)", "pytorchjob": "the Kubeflow training-operator",
@@ -207,7 +207,7 @@ class KubernetesBackend(Backend[manifests.Request]):
         return JobState.FAILED, "; ".join(w for w in (why, f"the preflight named a node, not restarted: {verdict}") if w)
 
     def _preflight_verdict(self, client: Any, run: Run) -> Optional[str]:
-        """The verdict every node wrote as its termination message (launchers/node.py), from the first pod
+        """The verdict every node wrote as its termination message (launchers/node/wrapper.py), from the first pod
         whose container has ended; None when it ended otherwise, or no pod can be read."""
         from kubernetes import client as k8s
 

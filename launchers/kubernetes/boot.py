@@ -4,7 +4,7 @@
 
 The submitter cannot write the PVC that holds the run dirs, so the job's config travels in a ConfigMap
 (job.yaml, plan.json and this file) mounted read-only at CONFIG_DIR. Every pod copies it into RUN_DIR on
-the PVC, where the runtime expects it (fsdp_jobs/runs.py), keeping a changed job.yaml under history/ as
+the PVC, where the runtime expects it (fsdp_jobs/rundir/runs.py), keeping a changed job.yaml under history/ as
 `runs.prepare` does; pods write concurrently, so each writes under its own temporary name and renames.
 Then it waits until the rendezvous host (the first pod's DNS name) resolves: a c10d agent that cannot
 resolve it would not know it is the store's host, and every agent would wait for a store nobody serves.

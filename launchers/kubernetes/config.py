@@ -6,12 +6,12 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Dict, Optional
 
-from fsdp_jobs.cluster_config import ClusterConfig, choice, positive, register_cluster_schema
-from fsdp_jobs.errors import UserError
+from fsdp_jobs.planning.cluster_config import ClusterConfig, choice, positive, register_cluster_schema
+from fsdp_jobs.planning.errors import UserError
 from launchers.common import system_path
 
 NAME = "kubernetes"
-# cluster.secret_env names Kubernetes Secrets, which the pods read (fsdp_jobs/secret_env.py asks this)
+# cluster.secret_env names Kubernetes Secrets, which the pods read (fsdp_jobs/planning/secret_env.py asks this)
 SECRET_STORE = "put it in a Kubernetes Secret and use cluster.secret_env.{name}=SECRET_NAME/KEY"
 HOST_FILES = False  # the pods read data.path from the PVC, not this machine's files
 
@@ -100,7 +100,7 @@ REPLICA_KINDS = ("jobset", "volcano")
 
 
 def validate_job(cfg: Any) -> None:
-    """What this backend refuses of the job's other keys (fsdp_jobs/config.py calls it after validate)."""
+    """What this backend refuses of the job's other keys (fsdp_jobs/planning/config.py calls it after validate)."""
     if cfg.fault_tolerance.mode == "replica" and cfg.cluster.kind not in REPLICA_KINDS:
         raise UserError("cluster.kind", cfg.cluster.kind, "has no place for fault_tolerance=replica's lighthouse (a "
                                                           "PyTorchJob's replica types are Master and Worker) and no "

@@ -29,9 +29,9 @@ from typing import Any, Optional
 import yaml
 from omegaconf import OmegaConf
 
-from fsdp_jobs.errors import UserError
+from fsdp_jobs.planning.errors import UserError
 from launchers.common import NODE_WRAPPER, python_path, rank_entry, rank_env, runtime_env, torchrun_args
-from launchers.node import ENGINE_RESTARTS_ENV, PREFLIGHT_FAILED_RC, TERMINATION_LOG_ENV
+from launchers.node.wrapper import ENGINE_RESTARTS_ENV, PREFLIGHT_FAILED_RC, TERMINATION_LOG_ENV
 
 ROLE = "node"  # TorchX role / JobSet replicated job: pods are <job>-node-<k>-0
 CONFIG_DIR = "/etc/fsdp-jobs"  # where the ConfigMap is mounted
@@ -265,7 +265,7 @@ def secure_pod(pod: dict[str, Any], plan: Any, cfg: Any, configmap: str, job: st
     ctr["securityContext"] = {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]},
                               "privileged": False, "runAsNonRoot": True}
     ctr["volumeMounts"].append({"name": CONFIG_VOLUME, "mountPath": CONFIG_DIR, "readOnly": True})
-    # a preflight's verdict outlives the pod there: `fsdp-jobs status` reads it (launchers/node.py)
+    # a preflight's verdict outlives the pod there: `fsdp-jobs status` reads it (launchers/node/wrapper.py)
     ctr["terminationMessagePath"] = TERMINATION_LOG
     ctr["terminationMessagePolicy"] = "File"
     env = ctr.setdefault("env", [])

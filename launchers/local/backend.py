@@ -19,8 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
-from fsdp_jobs import runs
-from fsdp_jobs.errors import UserError
+from fsdp_jobs.rundir import runs
+from fsdp_jobs.planning.errors import UserError
 from launchers.base import (Backend, DryRun, JobState, JobStatus, Run, Submitted, request_scale,
                             state_from_training)
 from launchers.common import (NODE_WRAPPER, REPLICA_ADDR_ENV, begin_user_attempt, lighthouse_command, python_path,

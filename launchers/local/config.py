@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from fsdp_jobs.cluster_config import ClusterConfig, register_cluster_schema
+from fsdp_jobs.planning.cluster_config import ClusterConfig, register_cluster_schema
 
 NAME = "local"
 HOST_FILES = True  # the job's processes see this machine's files (data.path is checked here at plan time)
@@ -18,7 +18,7 @@ class LocalClusterConfig(ClusterConfig):
     backend: str = "local"
     device: str = "cpu"
     # None = the device's: a rough 0.5 for one CPU core (fp32 is the dtype that runs), so MFU stays
-    # meaningful-ish; with cluster.device=cuda the common default (an H100's dense bf16, fsdp_jobs/cluster_config.py)
+    # meaningful-ish; with cluster.device=cuda the common default (an H100's dense bf16, fsdp_jobs/planning/cluster_config.py)
     peak_tflops: Optional[float] = None
     peak_tflops_fp32: Optional[float] = None
 
@@ -31,4 +31,4 @@ def register() -> None:
 
 
 def validate(cl: Any) -> None:
-    """Nothing beyond the common keys (fsdp_jobs/config.py ClusterConfig)."""
+    """Nothing beyond the common keys (fsdp_jobs/planning/config.py ClusterConfig)."""

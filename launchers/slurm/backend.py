@@ -19,8 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
-from fsdp_jobs import runs
-from fsdp_jobs.errors import UserError
+from fsdp_jobs.rundir import runs
+from fsdp_jobs.planning.errors import UserError
 from launchers.base import Backend, DryRun, JobState, JobStatus, Run, Submitted
 from launchers.common import (lighthouse_command, python_path, rank_entry, rank_env, runtime_env, torchrun_args,
                               user_code_dir)

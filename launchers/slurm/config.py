@@ -6,9 +6,9 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
-from fsdp_jobs.cluster_config import ClusterConfig, choice, positive, register_cluster_schema
-from fsdp_jobs.errors import UserError
-from fsdp_jobs.input_rules import check_name
+from fsdp_jobs.planning.cluster_config import ClusterConfig, choice, positive, register_cluster_schema
+from fsdp_jobs.planning.errors import UserError
+from fsdp_jobs.planning.input_rules import check_name
 
 NAME = "slurm"
 HOST_FILES = True  # the job's processes see this machine's files (data.path is checked here at plan time)

@@ -24,8 +24,8 @@ import time
 from pathlib import Path
 from typing import Any, Optional
 
-from fsdp_jobs import runs
-from fsdp_jobs.errors import UserError
+from fsdp_jobs.rundir import runs
+from fsdp_jobs.planning.errors import UserError
 from launchers.base import Run
 
 PARAMETERS_FILE = "parameters.json"  # in RUN_DIR/slurm: the job's sbatch parameters, for its grow jobs

@@ -25,13 +25,13 @@ from typing import Any, Optional
 
 import submitit
 
-from fsdp_jobs import runs
-from fsdp_jobs.checkpoints import CKPT_DIR_RE, newest_checkpoint
-from fsdp_jobs.failures import ATTEMPT_ENV
-from fsdp_jobs.runs import clear_stop_request, request_stop
+from fsdp_jobs.rundir import runs
+from fsdp_jobs.rundir.checkpoints import CKPT_DIR_RE, newest_checkpoint
+from fsdp_jobs.rundir.failures import ATTEMPT_ENV
+from fsdp_jobs.rundir.runs import clear_stop_request, request_stop
 from launchers.common import (LIGHTHOUSE_ENV, NODE_WRAPPER, REPLICA_GROUP_ENV, USER_CODE_ENV, begin_user_attempt,
                               rank_entry, settle_user_state, torchrun_args)
-from launchers.node import root_cause
+from launchers.node.wrapper import root_cause
 from launchers.slurm.requeue import COMPLETED, EXCLUDE, PREEMPTED, REQUEUE, TERMINATED, Decision, after_preflight, decide
 
 KILL_WAIT_S = 300  # after a requeue, SLURM kills the tasks; do not report "done" meanwhile
@@ -135,7 +135,7 @@ def replica_layout(job: dict[str, Any]) -> Optional[SimpleNamespace]:
     """fault_tolerance=replica's replica groups, from job.yaml (the plan's ReplicaLayout, as far as a node needs it)."""
     from omegaconf import OmegaConf
 
-    from fsdp_jobs.plan import replica_groups
+    from fsdp_jobs.planning.plan import replica_groups
 
     groups = replica_groups(OmegaConf.create(job))
     return SimpleNamespace(groups=groups, nodes_per_group=job["nodes"] // groups) if groups > 1 else None
@@ -177,9 +177,9 @@ def read_rendezvous(run_dir: Path) -> dict[str, Any]:
 
 def start_agent(job: dict[str, Any], run_dir: Path, args: list[str], extra_env: dict[str, str], attempt_id: str,
                 error_file: Path) -> subprocess.Popen[bytes]:
-    """This node's torchrun agent (in the node wrapper, launchers/node.py) with torchrun flags `args`, in a
+    """This node's torchrun agent (in the node wrapper, launchers/node/wrapper.py) with torchrun flags `args`, in a
     process group of its own that ignores the job's stop signal (the ranks handle it). attempt_id: which
-    attempt the ranks belong to (fsdp_jobs/failures.py tells attempts apart by it)."""
+    attempt the ranks belong to (fsdp_jobs/rundir/failures.py tells attempts apart by it)."""
     cmd = [sys.executable, "-m", NODE_WRAPPER, *args, *rank_entry(job, str(run_dir), os.environ.get(USER_CODE_ENV))]
     error_file.parent.mkdir(exist_ok=True)
     error_file.unlink(missing_ok=True)

@@ -29,7 +29,7 @@ def test_plain_ddp_script_runs_unmodified_in_two_containers_of_two(run_root):
 
 def test_secrets_reach_every_container_which_runs_unprivileged_and_nothing_holds_them(run_root, tmp_path):
     """compose names each secret without a value and takes it from its own environment, which submit filled
-    (fsdp_jobs/secret_env.py); the containers drop every capability and cannot gain privileges."""
+    (fsdp_jobs/planning/secret_env.py); the containers drop every capability and cannot gain privileges."""
     import os
     from pathlib import Path
 

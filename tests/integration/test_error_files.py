@@ -40,7 +40,7 @@ def test_a_failing_scripts_exception_reaches_the_failure_summary_like_the_traine
 def test_a_failure_that_repeats_is_not_retried_until_the_budget_is_gone(run_root, tmp_path):
     """A script that raises the same exception at start-up in two attempts in a row will raise it again:
     the job stops as failed after the second (not after cluster.max_restarts + 1 = 4), with that exception
-    as its reason (fsdp_jobs/failures.py, launchers/node.py)."""
+    as its reason (fsdp_jobs/rundir/failures.py, launchers/node/wrapper.py)."""
     import json
 
     script = tmp_path / "boom.py"

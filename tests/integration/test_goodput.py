@@ -38,7 +38,7 @@ def test_goodput_accounts_a_killed_rank_lost_steps_and_every_second(run_root: Pa
     first_of_second = min(x["step"] for x in m if x["attempt"] == attempts[1])
     assert first_of_second == 21 and last_of_first >= 22
 
-    r = cli("goodput", "gp", "--json", "--run-root", str(run_root), module="fsdp_jobs.ctl")
+    r = cli("goodput", "gp", "--json", "--run-root", str(run_root), module="fsdp_jobs.cli.ctl")
     assert r.returncode == 0, r.stderr
     gp = json.loads(r.stdout)
     a1, a2 = gp["attempts"]
@@ -57,8 +57,8 @@ def test_goodput_accounts_a_killed_rank_lost_steps_and_every_second(run_root: Pa
     assert gp["total"]["effective_pct"] == pytest.approx(100 * eff, abs=0.01) and 0 < eff < 1
 
     # the table, the status block and the plot's bar read the same accounting
-    table = cli("goodput", "gp", "--run-root", str(run_root), module="fsdp_jobs.ctl")
+    table = cli("goodput", "gp", "--run-root", str(run_root), module="fsdp_jobs.cli.ctl")
     assert table.returncode == 0 and table.stdout.splitlines()[0].split()[:2] == ["ATTEMPT", "STEPS"]
     print(table.stdout)
-    status = json.loads(cli("status", "gp", "--run-root", str(run_root), module="fsdp_jobs.ctl").stdout)
+    status = json.loads(cli("status", "gp", "--run-root", str(run_root), module="fsdp_jobs.cli.ctl").stdout)
     assert status["goodput"]["attempts"] == 2 and status["goodput"]["lost_steps"] == last_of_first - 20

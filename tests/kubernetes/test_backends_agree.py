@@ -8,9 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from fsdp_jobs.compose import compose
-from fsdp_jobs.plan import make_plan
-from fsdp_jobs import backends, launcher
+from fsdp_jobs.planning.compose import compose
+from fsdp_jobs.planning.plan import make_plan
+from fsdp_jobs.cli import launcher
+from fsdp_jobs.planning import backends
 from launchers.kubernetes import manifests as k8s_manifests
 
 pytestmark = pytest.mark.kubernetes

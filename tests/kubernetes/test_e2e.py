@@ -180,11 +180,11 @@ def test_a_refused_job_is_one_line_and_leaves_nothing_behind(fake_cluster: FakeC
 
 
 def node_exit(container: dict[str, Any], run_dir: Path, log: Path) -> tuple[int, str]:
-    """What a node's wrapper (launchers/node.py) exits with, and leaves as its termination message, after a
+    """What a node's wrapper (launchers/node/wrapper.py) exits with, and leaves as its termination message, after a
     preflight that named node1, with the environment the manifest gives its container (the message goes to
     `log` in place of the container's terminationMessagePath)."""
-    from fsdp_jobs import runs
-    from launchers.node import ENGINE_RESTARTS_ENV, TERMINATION_LOG_ENV, preflight_status
+    from fsdp_jobs.rundir import runs
+    from launchers.node.wrapper import ENGINE_RESTARTS_ENV, TERMINATION_LOG_ENV, preflight_status
 
     runs.write_state(run_dir, status="failed", stage="preflight", bad_nodes=["node1"],
                      reason="preflight named node1: matmul TFLOPS 0.026 is 3.01x worse than the median node's")
@@ -200,7 +200,7 @@ def test_a_preflight_that_named_a_node_ends_the_job_failed_at_once(fake_cluster:
                                                                     tmp_path: Path, kind: str) -> None:
     """Against the FAKE API server, whose end_containers plays the kubelet and the kind's controller by the
     rules the submitted object carries (fake_apiserver.py: our reading of their source, not the controllers):
-    every node ends as launchers/node.py ends it after a preflight that named a node, and the job ends at
+    every node ends as launchers/node/wrapper.py ends it after a preflight that named a node, and the job ends at
     once, with no restart, and `fsdp-jobs status` says FAILED with the verdict."""
     fake, st = fake_cluster, fake_cluster.state
     r = submit(fake, run_root, f"cluster.kind={kind}", "preflight=only")

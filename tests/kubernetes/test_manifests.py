@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 import yaml
 
-from fsdp_jobs.compose import compose
-from fsdp_jobs.plan import make_plan
+from fsdp_jobs.planning.compose import compose
+from fsdp_jobs.planning.plan import make_plan
 from launchers.kubernetes import manifests as k8s_manifests
 from launchers.kubernetes.backend import BACKEND
 from tests.conftest import REPO
@@ -238,9 +238,9 @@ def test_cluster_image_is_required_and_bad_keys_are_one_line(tmp_path: Path) -> 
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_each_kind_ends_the_job_on_a_failed_preflight_by_its_own_rule(tmp_path: Path, kind: str) -> None:
-    """A node exits 3 after a preflight that named a node (launchers/node.py): the kind must not restart
+    """A node exits 3 after a preflight that named a node (launchers/node/wrapper.py): the kind must not restart
     the pods into the same checks (tests/kubernetes/test_e2e.py plays what each controller does with this)."""
-    from launchers.node import ENGINE_RESTARTS_ENV, PREFLIGHT_FAILED_RC, TERMINATION_LOG_ENV
+    from launchers.node.wrapper import ENGINE_RESTARTS_ENV, PREFLIGHT_FAILED_RC, TERMINATION_LOG_ENV
 
     d = dryrun(tmp_path, f"cluster.kind={kind}", "nodes=3", "preflight=only")
     job = d.request.job

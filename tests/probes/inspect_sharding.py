@@ -21,8 +21,8 @@ import torch
 from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 
-from fsdp_jobs.compose import compose
-from fsdp_jobs.plan import STRATEGY_TABLE
+from fsdp_jobs.planning.compose import compose
+from fsdp_jobs.planning.plan import STRATEGY_TABLE
 from fsdp_jobs.runtime.mesh import build_mesh, init_process_group, read_world
 from fsdp_jobs.runtime.shard import build_meta_model, dtype_of, materialize, shard_model
 

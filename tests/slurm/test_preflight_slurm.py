@@ -10,7 +10,7 @@ import subprocess
 
 import pytest
 
-from fsdp_jobs import runs
+from fsdp_jobs.rundir import runs
 from tests.conftest import REPO, metrics
 from tests.slurm.conftest import job_log, submit, wait_job
 

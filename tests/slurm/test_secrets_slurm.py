@@ -1,5 +1,5 @@
 """Secrets on the real SLURM cluster: sbatch exports the submitting environment to the job, so the values
-fsdp_jobs/secret_env.py puts there reach every rank of every node, while the batch script, the pickled
+fsdp_jobs/planning/secret_env.py puts there reach every rank of every node, while the batch script, the pickled
 job, job.yaml, the logs, the journal and the printouts hold none of them."""
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ import pytest
 
 import yaml
 
-from fsdp_jobs import runs
+from fsdp_jobs.rundir import runs
 from tests.conftest import REPO, assert_same_state, cli, committed, manifest, metrics
 from tests.slurm.conftest import job_log, sh, submit, wait_for, wait_job
 
@@ -192,7 +192,7 @@ def test_a_job_that_always_crashes_is_not_requeued_forever(run_root):
     assert wait_job(job_id, 600) == "FAILED", job_log(run_dir, job_id)
     state = json.loads((run_dir / "state.json").read_text())
     assert state["status"] == "failed" and "not requeued" in state["reason"]
-    # the real cause (stated by fsdp_jobs/failures.py: the same failure twice in a row is not retried)
+    # the real cause (stated by fsdp_jobs/rundir/failures.py: the same failure twice in a row is not retried)
     assert "first error: " in state["reason"] and "RuntimeError: test fault injection: step 3 raises" in state["reason"]
     log = job_log(run_dir, job_id)
     assert "not requeued" in log and "attempt 1" not in log

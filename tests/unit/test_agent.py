@@ -1,4 +1,4 @@
-"""launchers/agent.py: which entries the agent forks (the built-in trainer: torch and the trainer imported
+"""launchers/node/agent.py: which entries the agent forks (the built-in trainer: torch and the trainer imported
 once per agent) and which torchrun spawns as before (script=, module=, the preflight alone... any entry
 that is not exactly `-m fsdp_jobs.runtime RUN_DIR`), read from the very torchrun command line every backend
 builds (launchers/common.py)."""
@@ -11,7 +11,7 @@ pytest.importorskip("torch")
 
 from torch.distributed.run import parse_args  # noqa: E402
 
-from launchers.agent import SPAWN_ENV, forks_the_trainer  # noqa: E402
+from launchers.node.agent import SPAWN_ENV, forks_the_trainer  # noqa: E402
 
 FLAGS = ["--nnodes=2", "--nproc-per-node=2", "--rdzv-backend=c10d", "--rdzv-endpoint=127.0.0.1:29500",
          "--rdzv-id=x", "--max-restarts=3", "--monitor-interval=1"]

@@ -159,7 +159,7 @@ def _tree(*roots: Path) -> list[tuple[str, str, int]]:
 def world(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, Path]:
     """A run root with a run in it, a state dir with a journal entry, no job variables of this shell, and
     submission made impossible."""
-    import fsdp_jobs.submit
+    import fsdp_jobs.cli.submit
 
     for k in list(os.environ):
         if (k.startswith(("FSDP_JOBS_", "SLURM_", "SUDO_")) and k != "FSDP_JOBS_STATE_DIR") or k == "KUBECONFIG":
@@ -170,13 +170,13 @@ def world(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, Path]:
     def no_submission(*a: object, **k: object) -> None:
         raise AssertionError("a bad input reached submission")
 
-    monkeypatch.setattr(fsdp_jobs.submit, "submit_group", no_submission)
+    monkeypatch.setattr(fsdp_jobs.cli.submit, "submit_group", no_submission)
     run_root = tmp_path / "runs"
     keep = run_root / "keep"
     (keep / "logs").mkdir(parents=True)
     (keep / "job.yaml").write_text("name: keep\nnodes: 1\n")
     (keep / "state.json").write_text(json.dumps({"status": "completed", "step": 3}))
-    from fsdp_jobs import journal
+    from fsdp_jobs.rundir import journal
 
     journal.record(sweep="old", member="m", overrides=["train.lr=1"], params={}, backend="local", job_id="1",
                    run_dir=str(keep), config_hash="x")

@@ -131,7 +131,7 @@ def test_copy_of_the_user_code_skips_the_run_root_and_caches(tmp_path):
 
 
 def test_a_plain_script_that_exits_0_completed_and_a_stopped_one_stays_preempted(tmp_path):
-    from fsdp_jobs import runs
+    from fsdp_jobs.rundir import runs
     from launchers.common import begin_user_attempt, settle_user_state
 
     script = {"script": "/x/train.py"}
@@ -147,7 +147,7 @@ def test_a_plain_script_that_exits_0_completed_and_a_stopped_one_stays_preempted
 
 
 def test_hf_plan_counts_the_real_parameters_without_torch_or_transformers(tmp_path):
-    code = ("import sys, json; from fsdp_jobs.compose import compose; from fsdp_jobs.plan import make_plan; "
+    code = ("import sys, json; from fsdp_jobs.planning.compose import compose; from fsdp_jobs.planning.plan import make_plan; "
             f"cfg, job = compose({list(TINY_HF) + [f'run_root={tmp_path}']!r}); p = make_plan(cfg); "
             "print(json.dumps({'params': p.memory.params, 'vocab': job['model']['vocab_size'], "
             "'heavy': [m for m in ('torch', 'transformers') if m in sys.modules]}))")
@@ -164,9 +164,9 @@ def test_kubernetes_pods_get_the_script_through_the_configmap_and_unpack_it(tmp_
     the pods' command names it (the same rank_entry as every backend)."""
     import base64
 
-    from fsdp_jobs.compose import compose
-    from fsdp_jobs.plan import make_plan
-    from fsdp_jobs import launcher
+    from fsdp_jobs.planning.compose import compose
+    from fsdp_jobs.planning.plan import make_plan
+    from fsdp_jobs.cli import launcher
     from launchers.kubernetes import boot as k8s_boot, manifests as k8s_manifests
 
     cfg, _ = compose(["cluster=kubernetes", "cluster.image=registry.example.com/fsdp-jobs:1", "cluster.device=cpu",
@@ -202,7 +202,7 @@ def test_dotfiles_keys_and_secret_looking_files_stay_behind_in_the_run_dir_and_t
 
     from omegaconf import OmegaConf
 
-    from fsdp_jobs.byo import travel_note
+    from fsdp_jobs.planning.byo import travel_note
     from launchers.snapshot import take_user_code, user_code_tar
 
     src = tmp_path / "proj"

@@ -10,7 +10,7 @@ import warnings
 import pytest
 import torch
 
-from fsdp_jobs.checkpoints import committed_checkpoints
+from fsdp_jobs.rundir.checkpoints import committed_checkpoints
 from fsdp_jobs.runtime.checkpoint import CheckpointManager, TrainState
 
 warnings.filterwarnings("ignore", message="torch.distributed is disabled")

@@ -131,10 +131,10 @@ def test_damaged_files_in_a_run_dir_never_give_a_traceback(run_root):
 
 def test_a_scale_request_is_taken_once_and_never_through_a_link_or_a_fifo(tmp_path):
     """The launcher that reads it may run as root in a run dir the ranks' user can write
-    (fsdp_jobs/runs.py: take_scale_request)."""
+    (fsdp_jobs/rundir/runs.py: take_scale_request)."""
     import os
 
-    from fsdp_jobs import runs
+    from fsdp_jobs.rundir import runs
 
     runs.request_scale(tmp_path, 3)
     assert runs.take_scale_request(tmp_path) == 3 and runs.take_scale_request(tmp_path) is None  # used up

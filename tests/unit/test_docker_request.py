@@ -98,7 +98,7 @@ def test_a_job_whose_containers_are_being_removed_is_ending_not_failed(tmp_path,
 
     from launchers.docker import backend
     from launchers.docker.engine import RESULT_FILE
-    from fsdp_jobs.status import JobState, Run
+    from fsdp_jobs.rundir.status import JobState, Run
 
     monkeypatch.setattr(backend, "containers", lambda project: {})  # compose down took them already
     project = "fsdpjobs-bg-0123abcd"

@@ -1,4 +1,4 @@
-"""fsdp_jobs/goodput.py on hand-made timelines: every second of every attempt lands in one part, the parts add
+"""fsdp_jobs/cli/goodput.py on hand-made timelines: every second of every attempt lands in one part, the parts add
 up to the wall time, lost steps are the ones a later attempt computed again, and a damaged timeline gets one
 line naming the file (README: Goodput)."""
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from fsdp_jobs import goodput
+from fsdp_jobs.cli import goodput
 from tests.conftest import cli
 from tests.unit.test_ctl import LOCAL, make_run
 from tests.unit.test_sweeps import count_colour
@@ -225,7 +225,7 @@ def test_sweep_table_and_compare_column(run_root):
 
 
 def test_plot_gets_a_goodput_bar_per_attempt(run_root, tmp_path):
-    from fsdp_jobs.report import GOODPUT_COLOURS
+    from fsdp_jobs.cli.report import GOODPUT_COLOURS
 
     run_dir = make_run(run_root, "p", LOCAL)
     (run_dir / "metrics.jsonl").write_text("".join(json.dumps({"step": i, "loss": 5.0 - i / 10, "tokens_per_s": 100.0,

@@ -14,7 +14,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 
-from fsdp_jobs import runs
+from fsdp_jobs.rundir import runs
 from fsdp_jobs.job import CUDA_RNG_KEY, Job, _checkpoint_has
 from fsdp_jobs.runtime.mesh import World
 from fsdp_jobs.runtime.signals import stop_signals

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from fsdp_jobs.compose import compose
+from fsdp_jobs.planning.compose import compose
 from fsdp_jobs.runtime.trainer import mfu_peak_flops
 
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from fsdp_jobs.compose import compose
-from fsdp_jobs.errors import UserError
-from fsdp_jobs.plan import count_params, make_plan, shard_group_candidates
-from fsdp_jobs.rundir_checks import plan_run
+from fsdp_jobs.planning.compose import compose
+from fsdp_jobs.planning.errors import UserError
+from fsdp_jobs.planning.plan import count_params, make_plan, shard_group_candidates
+from fsdp_jobs.cli.rundir_checks import plan_run
 
 
 def plan_for(*overrides: str):
@@ -133,7 +133,7 @@ def test_cpu_offload_on_cpu_is_noted_in_one_line():
 
 
 def test_gpu_default_is_bf16_compute_with_fp32_reduce():
-    from fsdp_jobs.plan import resolve_mixed_precision
+    from fsdp_jobs.planning.plan import resolve_mixed_precision
 
     cfg, _ = compose([])
     assert resolve_mixed_precision(cfg.fsdp.mixed_precision, "cuda")["param_dtype"] == "bfloat16"

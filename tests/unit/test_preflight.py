@@ -1,4 +1,4 @@
-"""The preflight's verdict on hand-made numbers (fsdp_jobs/preflight.py): a node 2x worse than the median
+"""The preflight's verdict on hand-made numbers (fsdp_jobs/runtime/preflight_verdict.py): a node 2x worse than the median
 node on any measure is named, healthy nodes are not, a node whose check failed is named, the run dir's free
 space is compared with the next checkpoint only when its size is known. And how the ranks' entry is chosen."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from fsdp_jobs.preflight import MEASURES, best_of, cleared_notes, slow_named, table, verdict
+from fsdp_jobs.runtime.preflight_verdict import MEASURES, best_of, cleared_notes, slow_named, table, verdict
 
 
 def rank(r: int, node: str, **over: object) -> dict:
@@ -129,8 +129,8 @@ def test_preflight_only_runs_the_checks_instead_of_a_script():
 
 
 def test_a_named_node_makes_the_node_wrapper_exit_non_zero(tmp_path, capsys):
-    from fsdp_jobs import runs
-    from launchers.node import PREFLIGHT_FAILED_RC, preflight_status
+    from fsdp_jobs.rundir import runs
+    from launchers.node.wrapper import PREFLIGHT_FAILED_RC, preflight_status
 
     assert preflight_status(0, tmp_path, "node0") == 0
     runs.write_state(tmp_path, status="failed", stage="preflight", bad_nodes=["node1"], reason="preflight: node1")

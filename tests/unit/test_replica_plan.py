@@ -19,8 +19,8 @@ REPLICA = ("fault_tolerance=replica",)
 
 
 def plan_of(*args: str):
-    from fsdp_jobs.compose import compose
-    from fsdp_jobs.plan import make_plan
+    from fsdp_jobs.planning.compose import compose
+    from fsdp_jobs.planning.plan import make_plan
 
     cfg, _ = compose(list(args))
     return make_plan(cfg)
@@ -79,7 +79,7 @@ def test_docker_adds_the_lighthouse_service_and_each_group_meets_at_its_first_no
 
 
 def test_slurm_starts_the_lighthouse_with_the_job_and_each_node_task_joins_its_group(run_root):
-    from fsdp_jobs.compose import compose
+    from fsdp_jobs.planning.compose import compose
     from launchers.slurm.node_task import replica_agent
 
     out = dry_run(run_root, "cluster=slurm", "cluster.gpus=false", *REPLICA, "nodes=4", "gpus_per_node=2",

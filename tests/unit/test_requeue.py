@@ -29,7 +29,7 @@ def test_decision(rc, status, terminated, start, now, action):
 
 
 def test_the_root_cause_comes_from_torchruns_error_file(tmp_path):
-    from launchers.node import root_cause
+    from launchers.node.wrapper import root_cause
 
     f = tmp_path / "error.json"
     f.write_text('{"message": {"message": "RuntimeError: test fault injection: step 3 raises", '
@@ -68,7 +68,7 @@ def test_preflight_decision(state, enabled, excluded, terminated, action, exclud
 
 
 def test_the_excluded_nodes_grow_from_the_config_and_the_last_requeue(tmp_path):
-    from fsdp_jobs import runs
+    from fsdp_jobs.rundir import runs
     from launchers.slurm.node_task import excluded_nodes
 
     job = {"cluster": {"exclude": ["c9"]}}

@@ -17,7 +17,7 @@ from tests.conftest import REPO
 RANK = """
 import json, sys
 from pathlib import Path
-from fsdp_jobs.compose import compose
+from fsdp_jobs.planning.compose import compose
 from fsdp_jobs.runtime.trainer import Trainer
 _, job = compose([f"run_root={sys.argv[1]}", "cluster.device=cpu", "nodes=2", "gpus_per_node=1", "model.dim=64",
                   "model.n_layers=1", "model.ffn_dim=128", "model.vocab_size=128", "fault.watchdog=false"])

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from fsdp_jobs.checkpoints import committed_checkpoints, is_committed, newest_checkpoint
+from fsdp_jobs.rundir.checkpoints import committed_checkpoints, is_committed, newest_checkpoint
 from tests.conftest import REPO
 
 
@@ -74,7 +74,7 @@ def test_snapshot_records_the_real_git_commit_and_the_uncommitted_diff(tmp_path)
     subprocess.run([*git, "add", "-A"], check=True)
     subprocess.run([*git, "commit", "-qm", "x"], check=True)
     head = subprocess.run([*git, "rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
-    (repo / "fsdp_jobs" / "plan.py").write_text((repo / "fsdp_jobs" / "plan.py").read_text() + "# EDITED\n")
+    (repo / "fsdp_jobs" / "planning" / "plan.py").write_text((repo / "fsdp_jobs" / "planning" / "plan.py").read_text() + "# EDITED\n")
     code = ("import sys; from pathlib import Path; from launchers.snapshot import take_snapshot; "
             "print(take_snapshot(Path(sys.argv[1]))['git_commit'])")
     r = subprocess.run([sys.executable, "-c", code, str(tmp_path / "snap")], cwd=repo, capture_output=True,
@@ -84,5 +84,5 @@ def test_snapshot_records_the_real_git_commit_and_the_uncommitted_diff(tmp_path)
     snap = tmp_path / "snap"
     assert (snap / "GIT_COMMIT").read_text().strip() == head
     diff = (snap / "uncommitted.diff").read_text()
-    assert "fsdp_jobs/plan.py" in diff and "+# EDITED" in diff
-    assert (snap / "fsdp_jobs" / "plan.py").read_text().endswith("# EDITED\n")  # the code as submitted
+    assert "fsdp_jobs/planning/plan.py" in diff and "+# EDITED" in diff
+    assert (snap / "fsdp_jobs" / "planning" / "plan.py").read_text().endswith("# EDITED\n")  # the code as submitted

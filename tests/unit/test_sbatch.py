@@ -70,8 +70,8 @@ def test_each_node_task_starts_torchrun_with_the_flags_the_plan_gives(extra):
     (A flag that read a plan field the node task did not have broke every SLURM job once.)"""
     from omegaconf import OmegaConf
 
-    from fsdp_jobs.compose import compose
-    from fsdp_jobs.plan import make_plan
+    from fsdp_jobs.planning.compose import compose
+    from fsdp_jobs.planning.plan import make_plan
     from launchers.common import torchrun_args
     from launchers.slurm.node_task import agent_args
 
@@ -140,9 +140,9 @@ def test_a_grow_job_gets_the_jobs_remaining_minutes(monkeypatch, left, minutes):
 def test_a_grow_is_refused_in_one_line_before_the_job_trains_or_when_it_would_not_grow(tmp_path):
     """launchers/slurm/grow.py: nothing is submitted for a job whose current attempt has not recorded its
     rendezvous (still starting, or requeued), nor for a node count it already has with its grow jobs."""
-    from fsdp_jobs import runs
-    from fsdp_jobs.errors import UserError
-    from fsdp_jobs.status import Run
+    from fsdp_jobs.rundir import runs
+    from fsdp_jobs.planning.errors import UserError
+    from fsdp_jobs.rundir.status import Run
     from launchers.slurm import grow
     from launchers.slurm.node_task import write_rendezvous
 

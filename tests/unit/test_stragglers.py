@@ -1,19 +1,20 @@
-"""Stragglers (fsdp_jobs/stragglers.py): a rank's compute per step is its step time minus its wait in
+"""Stragglers (fsdp_jobs/cli/stragglers.py): a rank's compute per step is its step time minus its wait in
 collectives (fsdp_jobs/runtime/heartbeat.py); the node whose compute stands out from the median node's is
-named by `status`/`compare`, and its own watchdog warns once it has stayed one (launchers/watchdog.py)."""
+named by `status`/`compare`, and its own watchdog warns once it has stayed one (launchers/node/watchdog.py)."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
-from fsdp_jobs import ctl, report, stragglers
+from fsdp_jobs.cli import ctl, report, stragglers
+from fsdp_jobs.rundir import layout
 from fsdp_jobs.runtime import heartbeat
 
 
 def write_beats(run_dir: Path, computes: dict[str, float], restart: int = 0, ranks_per_node: int = 2,
                 start_rank: int = 0) -> None:
-    d = run_dir / heartbeat.HEARTBEATS_DIR
+    d = run_dir / layout.HEARTBEATS_DIR
     d.mkdir(parents=True, exist_ok=True)
     rank = start_rank
     for node, compute in computes.items():
@@ -42,7 +43,7 @@ def test_nodes_that_compute_alike_name_no_straggler(tmp_path):
 def test_only_the_newest_attempt_counts_and_damaged_files_are_skipped(tmp_path):
     write_beats(tmp_path, {"node0": 0.1, "node1": 0.1, "node2": 0.5}, restart=0)  # an earlier, 3-node attempt
     write_beats(tmp_path, {"node0": 0.1, "node1": 0.1}, restart=1)  # overwrites ranks 0-3: node2's stay behind
-    (tmp_path / heartbeat.HEARTBEATS_DIR / "rank-9.json").write_text("{half a json")
+    (tmp_path / layout.HEARTBEATS_DIR / "rank-9.json").write_text("{half a json")
     s = stragglers.of_run(tmp_path)
     assert set(s["nodes"]) == {"node0", "node1"} and s["stragglers"] == []
     assert stragglers.of_run(tmp_path / "nowhere") is None  # no heartbeats (e.g. a plain script=): nothing said
@@ -78,7 +79,7 @@ def test_a_heartbeat_splits_each_step_into_compute_and_waiting(tmp_path, monkeyp
 
 
 def test_the_watchdog_warns_once_after_its_node_stayed_a_straggler(tmp_path):
-    from launchers.watchdog import STRAGGLER_CHECK_S, Watchdog
+    from launchers.node.watchdog import STRAGGLER_CHECK_S, Watchdog
 
     write_beats(tmp_path, {"node0": 0.1, "node1": 0.3, "node2": 0.1})
     slow = Watchdog(tmp_path, "node1", 1, {"straggler_ratio": 1.5, "straggler_checks": 3})

@@ -12,7 +12,7 @@ from typing import Optional
 
 import pytest
 
-from fsdp_jobs import runs
+from fsdp_jobs.rundir import runs
 from launchers import supervisor
 from launchers.supervisor import LogSink, Node, Outcome, exit_status, supervise
 

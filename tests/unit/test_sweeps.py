@@ -11,9 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from fsdp_jobs import journal, report
-from fsdp_jobs.errors import UserError
-from fsdp_jobs.sweep import expand, member_names, sweep_id
+from fsdp_jobs.cli import report
+from fsdp_jobs.rundir import journal
+from fsdp_jobs.planning.errors import UserError
+from fsdp_jobs.cli.sweep import expand, member_names, sweep_id
 from tests.conftest import cli
 
 
@@ -86,8 +87,8 @@ def test_sweep_id_is_derived_from_the_command_or_given():
 
 
 def _slurm_dryruns(tmp_path: Path, members: list[list[str]]):
-    from fsdp_jobs.compose import compose
-    from fsdp_jobs.plan import make_plan
+    from fsdp_jobs.planning.compose import compose
+    from fsdp_jobs.planning.plan import make_plan
     from launchers.slurm.backend import BACKEND
 
     out = []

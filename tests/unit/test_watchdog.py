@@ -1,4 +1,4 @@
-"""The hang watchdog's decisions (launchers/watchdog.py), from hand-made heartbeats: the timeout, when a
+"""The hang watchdog's decisions (launchers/node/watchdog.py), from hand-made heartbeats: the timeout, when a
 node is stalled, which rank stopped first, the frame in a stack dump, and what `status` shows."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from fsdp_jobs import hangs
-from launchers.watchdog import Beat, first_stopped, hang_timeout, innermost_frame, stalled_for
+from fsdp_jobs.rundir import hangs
+from launchers.node.watchdog import Beat, first_stopped, hang_timeout, innermost_frame, stalled_for
 
 pytestmark = pytest.mark.expects_hang  # hand-made heartbeats and hangs.jsonl files
 
@@ -99,7 +99,7 @@ def test_status_shows_one_hang_per_event_as_the_culprits_node_saw_it(tmp_path):
 
 
 def test_a_failure_repeats_only_as_the_same_first_exception_at_the_same_step_in_the_last_two_attempts():
-    from fsdp_jobs.failures import repeating
+    from fsdp_jobs.rundir.failures import repeating
 
     def f(attempt: str, t: float, error: str = "ValueError: x", step: int | None = 3, where: str = "a.py:1"):
         return {"attempt": attempt, "time": t, "error": error, "step": step, "where": where}
@@ -117,7 +117,7 @@ def test_a_failure_repeats_only_as_the_same_first_exception_at_the_same_step_in_
 def test_a_rank_the_watchdog_killed_is_never_judged_again(tmp_path, monkeypatch):
     """Until torchrun reaps it, a killed rank is a zombie still parented by the agent, with its old heartbeat:
     judged again, it would be a second hang (a second restart used, its stack dump overwritten)."""
-    import launchers.watchdog as wd
+    import launchers.node.watchdog as wd
 
     hb = tmp_path / "heartbeats"
     hb.mkdir()
@@ -139,7 +139,7 @@ def test_a_stopped_rank_whose_last_heartbeat_says_save_gets_the_hang_timeout(tmp
     """A rank stopped within a second of a save's end: its heartbeat thread stopped too, leaving phase "save"
     in the file. A stopped process saves nothing: fault.hang_timeout_s applies, not the start-up allowance
     (a running one in a save still gets the allowance)."""
-    import launchers.watchdog as wd
+    import launchers.node.watchdog as wd
 
     hb = tmp_path / "heartbeats"
     hb.mkdir()

@@ -1,0 +1,324 @@
+"""fsdp-jobs list | status RUN | logs RUN [-f] | cancel RUN | chaos RUN ACTION NODE
+         | compare SWEEP | plot RUN_OR_SWEEP... -o out.png | goodput RUN_OR_SWEEP [--json]
+                                                                (also: python -m fsdp_jobs.cli.ctl ...)
+
+RUN is a run name (under run_root, default ./runs), a run dir, or a backend's job id; a sweep's member
+is SWEEP/MEMBER. status and cancel also take a SWEEP (its id, from the journal, or its dir). Everything goes
+through the backend interface (launchers/base.py): the run dir's newest launch record names the
+backend, and that backend says what its job is doing. This module knows no backend by name, and it
+only reads run dirs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import sys
+from collections import Counter
+from pathlib import Path
+from typing import Any, Optional
+
+from fsdp_jobs.cli import goodput, report, stragglers
+from fsdp_jobs.planning import input_rules
+from fsdp_jobs.rundir import hangs, journal, runs
+from fsdp_jobs.planning.errors import OneLineParser, UserError, die
+from fsdp_jobs.rundir.checkpoints import newest_checkpoint
+from fsdp_jobs.rundir.layout import RunDir
+
+COMMANDS = ("list", "status", "logs", "cancel", "scale", "chaos", "compare", "plot", "goodput")
+
+
+def _backend(run: Any) -> Any:
+    from fsdp_jobs.cli import launcher
+
+    name = run.launch.get("backend")
+    if not name:
+        raise UserError("RUN", run.run_dir.name, f"{run.run_dir / runs.LAUNCHES_FILE} records no launch "
+                                                 "(missing or damaged); nothing to ask a backend about")
+    try:
+        return launcher.get(str(name))
+    except ValueError as e:
+        raise UserError("RUN", run.run_dir.name, str(e)) from None
+
+
+def run_dirs(run_root: Path) -> list[Path]:
+    return sorted(p for p in run_root.glob("*") if (p / runs.JOB_FILE).is_file()) if run_root.is_dir() else []
+
+
+def find_run(ref: str, run_root: Path) -> Path:
+    for candidate in (Path(ref), run_root / ref):
+        if (candidate / runs.JOB_FILE).is_file():
+            return candidate.resolve()
+    sweep, _, member = ref.partition("/")
+    for m in (report.find_sweep(sweep, run_root) or []) if member else []:  # SWEEP/MEMBER from anywhere
+        if m["member"] == member and (m["run_dir"] / runs.JOB_FILE).is_file():
+            return m["run_dir"]
+    for run_dir in run_dirs(run_root):  # a backend's job id (a batch job, a compose project, ...)
+        if any(str(r.get("job_id")) == ref for r in runs.launches(run_dir)):
+            return run_dir.resolve()
+    known = ", ".join(p.name for p in run_dirs(run_root)[:20]) or "none"
+    raise UserError("RUN", ref, f"no such run or job under {run_root}; runs there: {known}")
+
+
+def straggler_ratio(run_dir: Path) -> float:
+    """The job's fault.straggler_ratio (the default for a run dir whose job.yaml is older or unreadable)."""
+    import yaml
+
+    try:
+        value = ((runs.load_job(run_dir) or {}).get("fault") or {}).get("straggler_ratio")
+    except (OSError, ValueError, AttributeError, yaml.YAMLError):
+        value = None
+    return float(value) if isinstance(value, (int, float)) and value > 1 else stragglers.DEFAULT_RATIO
+
+
+def run_status(run_dir: Path) -> dict[str, Any]:
+    from fsdp_jobs.rundir.status import JobState, JobStatus, Run
+
+    run = Run.load(run_dir)
+    out: dict[str, Any] = {"run": run_dir.name, "run_dir": str(run_dir), "backend": run.launch.get("backend"),
+                           "job_id": run.launch.get("job_id")}
+    try:
+        status = _backend(run).describe(run)
+    except UserError as e:
+        status = JobStatus(JobState.UNKNOWN, f"UNKNOWN ({e.allowed})")
+    out.update({"state": status.state.value, "detail": status.detail, **status.info})
+    out["train"] = runs.read_state(run_dir)
+    metrics = runs.read_metrics(run_dir)
+    if metrics:
+        out["last_step"] = {k: metrics[-1].get(k) for k in ("step", "loss", "tokens_per_s", "world_size")}
+    ckpt = newest_checkpoint(run_dir)
+    out["checkpoint"] = str(ckpt) if ckpt else None
+    slow = stragglers.of_run(run_dir, straggler_ratio(run_dir))
+    if slow:  # every node's compute per step next to the median node's (fsdp_jobs/cli/stragglers.py)
+        out["stragglers"] = slow
+        if slow["stragglers"]:
+            out["detail"] += "; " + stragglers.describe(slow)
+    hang = hangs.summary(run_dir)
+    if hang:  # the rank that stopped first, its node and frame (launchers/node/watchdog.py)
+        out["hang"] = hang
+        out["detail"] += (f"; {hang['hangs']} hang(s), last: rank {hang['rank']} on {hang['node']} stopped at step "
+                          f"{hang['step']} in {hang['frame'] or 'an unknown frame'}")
+    gp = goodput.of_run(run_dir)  # where the wall time went (fsdp-jobs goodput RUN: per attempt)
+    out["goodput"] = {**gp["total"], "attempts": len(gp["attempts"])} if gp else None
+    replicas = replica_summary(run_dir, metrics)
+    if replicas:
+        out["replicas"] = replicas
+        out["detail"] += (f"; replica groups: {replicas['in_quorum']} of {replicas['groups']} in the last step's "
+                          f"quorum, {replicas['stalls']} stall(s) for {replicas['stalled_s']:.1f} s")
+    return out
+
+
+def replica_summary(run_dir: Path, metrics: list[dict[str, Any]]) -> Optional[dict[str, Any]]:
+    """fault_tolerance=replica: how many replica groups the last step had (its metrics line's ranks, over a
+    group's), and the steps that waited for a quorum (goodput.jsonl's stalls: a group died or joined)."""
+    layout = runs.replica_layout(run_dir)
+    try:
+        groups, per_group = int(layout["groups"]), int(layout["ranks_per_group"])
+    except (ValueError, TypeError, KeyError):
+        return None
+    last = metrics[-1].get("world_size") if metrics else None
+    events, _ = goodput.read_events(RunDir(run_dir).goodput_file)
+    stalls = [float(e.get("seconds") or 0) for e in events if e.get("event") == "stall"]
+    return {"groups": groups, "in_quorum": int(last) // per_group if isinstance(last, int) else None,
+            "stalls": len(stalls), "stalled_s": round(sum(stalls), 3)}
+
+
+def scale_target(run_dir: Path, size: str) -> int:
+    """The N of `scale RUN nodes=N`, within what the job's rendezvous admits (job.yaml: nodes, cluster.max_nodes)."""
+    m = re.fullmatch(r"nodes=(\d{1,6})", size)
+    job = runs.load_job(run_dir) or {}
+    nodes, top = job.get("nodes"), (job.get("cluster") or {}).get("max_nodes")
+    if not isinstance(nodes, int):
+        raise UserError("RUN", run_dir.name, f"{run_dir / runs.JOB_FILE} names no node count; cannot scale it")
+    top = top if isinstance(top, int) else nodes
+    if top <= nodes:
+        raise UserError("RUN", run_dir.name, "was submitted without cluster.max_nodes, so its rendezvous admits no "
+                                             "more nodes; submit it with cluster.max_nodes=N to grow it later (the "
+                                             "same name resumes from its newest checkpoint)")
+    if m is None:
+        raise UserError("scale", size, f"need nodes=N, N from {nodes + 1} to {top} (the job's cluster.max_nodes)")
+    wanted = int(m.group(1))
+    if not nodes < wanted <= top:
+        raise UserError("nodes", wanted, f"must be from {nodes + 1} to {top}: {run_dir.name} started with "
+                                         f"{nodes} nodes and cluster.max_nodes={top}")
+    return wanted
+
+
+def goodput_of(run_dir: Path) -> dict[str, Any]:
+    """A run's goodput accounting, or one line naming the file that holds none."""
+    gp = goodput.of_run(run_dir)
+    if gp is None:
+        path = RunDir(run_dir).goodput_file
+        raise UserError("RUN", run_dir.name, f"{path} holds no attempt (missing or damaged; runs started before "
+                                             "goodput was recorded have none)")
+    return gp
+
+
+def goodput_command(ref: str, root: Path, as_json: bool) -> None:
+    is_run = any((d / runs.JOB_FILE).is_file() for d in (Path(ref), root / ref))
+    members = None if is_run else report.find_sweep(ref, root)
+    if members is None:
+        gp = goodput_of(find_run(ref, root))
+        lines = [*report.goodput_lines(gp), "", *report.goodput_bar_lines(gp)]
+        if gp["damaged_lines"]:
+            lines.append(f"({gp['damaged_lines']} damaged line(s) of {gp['file']} skipped)")
+        print(json.dumps(gp, indent=2) if as_json else "\n".join(lines))
+        return
+    found = {m["member"]: goodput.of_run(Path(m["run_dir"])) for m in members}
+    if as_json:
+        print(json.dumps(found, indent=2))
+        return
+    print("\n".join(report.goodput_sweep_lines(found)))
+
+
+def list_lines(run_root: Path) -> list[str]:
+    lines = [f"{'RUN':<36} {'BACKEND':<10} {'JOB':<28} {'STATE':<10} {'STEP':>7}  DETAIL"]
+    for run_dir in run_dirs(run_root):
+        s = run_status(run_dir)
+        lines.append(f"{s['run']:<36} {s.get('backend') or '-':<10} {str(s.get('job_id') or '-'):<28} "
+                     f"{s['state']:<10} {s.get('last_step', {}).get('step', 0):>7}  {s['detail']}")
+    sweeps = journal.sweeps()
+    if sweeps:  # every sweep in the journal, wherever its run dirs are
+        rows = []
+        for sw in sweeps:
+            states = Counter(s["state"] for s in sweep_statuses(report.find_sweep(sw["sweep"], run_root) or []))
+            rows.append([sw["sweep"], str(sw["members"]), sw["backend"],
+                         ", ".join(f"{n} {st}" for st, n in sorted(states.items())), sw["dir"]])
+        lines += [""] + report.table(["SWEEP", "MEMBERS", "BACKEND", "STATES", "DIR"], rows)
+    return lines
+
+
+def sweep_statuses(members: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    out = []
+    for m in members:
+        if (m["run_dir"] / runs.JOB_FILE).is_file():
+            out.append({**run_status(m["run_dir"]), "member": m["member"]})
+        else:
+            out.append({"member": m["member"], "state": "UNKNOWN", "detail": f"run dir {m['run_dir']} is gone"})
+    return out
+
+
+def cancel_sweep(members: list[dict[str, Any]]) -> list[str]:
+    """Cancel every member whose job has not ended yet (an ended one has nothing to cancel)."""
+    from fsdp_jobs.rundir.status import JobState, Run
+
+    lines = []
+    for s, m in zip(sweep_statuses(members), members):
+        if JobState(s["state"]).terminal or s["detail"].endswith("is gone"):
+            lines.append(f"{m['member']}: already {s['state']}")
+            continue
+        run = Run.load(m["run_dir"])
+        lines.append(_backend(run).cancel(run))
+    return lines
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    from fsdp_jobs.rundir.status import Run
+
+    p = OneLineParser(prog="fsdp-jobs", description="Follow and control submitted runs.")
+    sub = p.add_subparsers(dest="cmd", required=True)
+    parsers = {"list": sub.add_parser("list", help="runs under the run root, with their state")}
+    for name in ("status", "cancel", "logs", "scale", "chaos"):
+        parsers[name] = sub.add_parser(name)
+        parsers[name].add_argument("run", help="run name, run dir, the backend's job id, SWEEP/MEMBER"
+                                   + (" or SWEEP" if name in ("status", "cancel") else ""))
+    parsers["logs"].add_argument("-f", "--follow", action="store_true", help="until the job ends")
+    parsers["chaos"].add_argument("action", choices=("kill-node", "stop-node", "kill-rank", "hang-rank", "slow-node",
+                                                         "slow-link", "resume"),
+                                  help="kill-node: SIGKILL the node's agent (it restarts); stop-node: gone for good; "
+                                       "kill-rank: SIGKILL one rank; hang-rank: SIGSTOP one rank; "
+                                       "slow-node: throttle a node's ranks; slow-link: limit a node's network "
+                                       "(--rate); resume: undo")
+    parsers["chaos"].add_argument("node", type=int, nargs="?", default=0,
+                                  help="node index (0 = the rendezvous host), or the rank for kill-rank, hang-rank")
+    parsers["chaos"].add_argument("--rate", default="100mbit", help="slow-link: the node's send rate (tc's units: "
+                                  "100mbit, 500kbit, 1gbit)")
+    parsers["scale"].add_argument("size", metavar="nodes=N", help="the node count to grow the running job to "
+                                  "(at most its cluster.max_nodes)")
+    parsers["status"].add_argument("--json", action="store_true", help="a sweep's member statuses as JSON")
+    parsers["goodput"] = sub.add_parser("goodput", help="where the wall time went: queued, start-up, steps, "
+                                        "checkpoints, lost work, recovery, per attempt")
+    parsers["goodput"].add_argument("run", help="run name, run dir, job id, SWEEP/MEMBER or SWEEP")
+    parsers["goodput"].add_argument("--json", action="store_true", help="every part, per attempt, as JSON")
+    parsers["compare"] = sub.add_parser("compare", help="a sweep's members: overrides, final loss, tokens/s, MFU")
+    parsers["compare"].add_argument("sweep", help="sweep id (see fsdp-jobs list) or sweep dir")
+    parsers["plot"] = sub.add_parser("plot", help="PNG of loss and tokens/s over steps, one line per run")
+    parsers["plot"].add_argument("refs", nargs="+", metavar="RUN_OR_SWEEP")
+    parsers["plot"].add_argument("-o", "--output", type=Path, default=Path("runs.png"), help="PNG to write")
+    for sp in parsers.values():
+        sp.add_argument("--run-root", default=os.environ.get("FSDP_JOBS_RUN_ROOT", "runs"))
+    args = p.parse_args(argv)
+    root = Path(args.run_root)
+    try:
+        if args.cmd == "chaos" and not input_rules.TC_RATE.fullmatch(args.rate):
+            raise UserError("--rate", args.rate, "need a number and kbit, mbit or gbit (e.g. 100mbit)")
+        if args.cmd == "list":
+            print("\n".join(list_lines(root)))
+            return 0
+        if args.cmd in ("compare", "plot"):
+            return sweep_command(args, root)
+        if args.cmd == "goodput":
+            goodput_command(args.run, root, args.json)
+            return 0
+        # a run is found without the journal (a damaged journal must not stop `status RUN`)
+        is_run = any((d / runs.JOB_FILE).is_file() for d in (Path(args.run), root / args.run))
+        members = report.find_sweep(args.run, root) if args.cmd in ("status", "cancel") and not is_run else None
+        if members is not None:
+            if args.cmd == "cancel":
+                print("\n".join(cancel_sweep(members)))
+            elif args.json:
+                print(json.dumps(sweep_statuses(members), indent=2, default=str))
+            else:
+                print("\n".join(report.status_lines(sweep_statuses(members))))
+            return 0
+        run_dir = find_run(args.run, root)
+        if args.cmd == "status":
+            print(json.dumps(run_status(run_dir), indent=2))
+            return 0
+        run = Run.load(run_dir)
+        backend = _backend(run)
+        if args.cmd == "logs":
+            for line in backend.log_iter(run, follow=args.follow):
+                print(line, flush=args.follow)
+        elif args.cmd == "cancel":
+            print(backend.cancel(run))
+        elif args.cmd == "scale":
+            print(backend.scale(run, scale_target(run_dir, args.size)))
+        else:
+            print(backend.chaos(run, args.action, args.node, rate=args.rate))
+    except UserError as e:
+        die(e)
+    except KeyboardInterrupt:
+        return 130
+    except OSError as e:  # an unreadable run dir, a backend command that is not installed
+        die(f"{getattr(e, 'filename', '') or ''}: {e.strerror or e}".lstrip(": "))
+    return 0
+
+
+def sweep_command(args: argparse.Namespace, root: Path) -> int:
+    if args.cmd == "compare":
+        members = report.find_sweep(args.sweep, root)
+        if members is None:
+            known = ", ".join(s["sweep"] for s in journal.sweeps()[-10:]) or "none"
+            raise UserError("SWEEP", args.sweep, f"no such sweep in the journal or under {root}; sweeps: {known}")
+        print("\n".join(report.compare(members)))
+        return 0
+    if args.output.suffix.lower() != ".png":  # before anything is read
+        raise UserError("-o", str(args.output), "must name a .png file")
+    named: list[tuple[str, Path]] = []
+    for ref in args.refs:
+        members = report.find_sweep(ref, root)
+        if members is not None and not (root / ref / runs.JOB_FILE).is_file():
+            named += [(f"{ref}/{m['member']}", m["run_dir"]) for m in members]
+        else:
+            named.append((ref, find_run(ref, root)))
+    drawn = report.plot(named, args.output)
+    empty = [name for name, _ in named if name not in drawn]
+    print(f"wrote {args.output}: {len(drawn)} run(s)" + (f"; no metrics yet: {', '.join(empty)}" if empty else ""))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

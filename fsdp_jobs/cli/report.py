@@ -1,0 +1,230 @@
+"""What `fsdp-jobs status|compare|plot` show about a sweep's members, read from their run dirs
+(metrics.jsonl, state.json, checkpoints) and, for the job's state, from its backend. Pure reading."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Iterable, Optional
+
+from fsdp_jobs.cli import goodput
+from fsdp_jobs.rundir import journal, runs
+
+WINDOW = 20  # steps the throughput figures are averaged over (the newest ones)
+
+
+def find_sweep(ref: str, run_root: Path) -> Optional[list[dict[str, Any]]]:
+    """A sweep id (or sweep dir) -> its members [{member, run_dir, params}], or None if it is no sweep.
+    The journal knows every sweep from anywhere; a sweep dir under the run root is found without it."""
+    rows = journal.members(ref)
+    if rows:
+        return [{"member": r["member"], "run_dir": Path(r["run_dir"]), "params": r["params"]} for r in rows]
+    for d in (Path(ref), run_root / ref):
+        if d.is_dir() and not (d / runs.JOB_FILE).is_file():
+            found = sorted(p for p in d.iterdir() if (p / runs.JOB_FILE).is_file())
+            if found:
+                return [{"member": p.name, "run_dir": p.resolve(), "params": {}} for p in found]
+    return None
+
+
+def summarize_run(run_dir: Path) -> dict[str, Any]:
+    """Last step and loss; tokens/s and MFU as the median of the newest WINDOW steps, leaving out each
+    attempt's first step (start-up and warm-up would drag it down)."""
+    metrics = runs.read_metrics(run_dir)
+    out: dict[str, Any] = {"step": None, "loss": None, "tokens_per_s": None, "mfu": None}
+    if not metrics:
+        return out
+    out["step"], out["loss"] = metrics[-1].get("step"), metrics[-1].get("loss")
+    steady = [m for prev, m in zip([None] + metrics[:-1], metrics)
+              if prev is not None and prev.get("attempt") == m.get("attempt")] or metrics
+    recent = steady[-WINDOW:]
+    import statistics  # here: ctl imports this module on every start, and few commands summarise
+
+    for key in ("tokens_per_s", "mfu"):
+        values = [m[key] for m in recent if isinstance(m.get(key), (int, float))]
+        out[key] = statistics.median(values) if values else None
+    return out
+
+
+def _fmt(value: Any, kind: str = "") -> str:
+    if value is None:
+        return "-"
+    if kind == "loss":
+        return f"{value:.4f}"
+    if kind == "tok":
+        return f"{value:.0f}"
+    if kind == "mfu":  # a CPU's is tiny: keep its digits
+        return f"{100 * value:.2f}%" if 100 * value >= 0.01 or value == 0 else f"{100 * value:.1e}%"
+    return str(value)
+
+
+def table(header: list[str], rows: Iterable[list[str]]) -> list[str]:
+    rows = [header] + [list(r) for r in rows]
+    widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
+    return ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
+
+
+def compare_lines(rows: list[dict[str, Any]], keys: Iterable[str] = (), extra: Iterable[str] = (),
+                  with_goodput: bool = False) -> list[str]:
+    """One line per member: its swept values (keys), extra columns, then step, final loss, tokens/s, MFU
+    (and, with_goodput, the effective training share of its wall time: fsdp_jobs/cli/goodput.py)."""
+    keys, extra = list(keys), list(extra)
+    header = ["MEMBER", *keys, *(e.upper() for e in extra), "STEP", "FINAL LOSS", "TOKENS/S", "MFU"]
+    body = [[str(r["member"]), *(str(r.get("params", {}).get(k, "-")) for k in keys),
+             *(_fmt(r.get(e)) for e in extra), _fmt(r.get("step")), _fmt(r.get("loss"), "loss"),
+             _fmt(r.get("tokens_per_s"), "tok"), _fmt(r.get("mfu"), "mfu")] for r in rows]
+    if with_goodput:
+        header.append("GOODPUT")
+        for line, r in zip(body, rows):
+            line.append("-" if r.get("effective_pct") is None else f"{r['effective_pct']:.1f}%")
+    return table(header, body)
+
+
+def slowest_node(run_dir: Path) -> Optional[str]:
+    """`node2 2.4x`: the node whose compute per step is furthest above the median node's (fsdp_jobs/cli/stragglers.py)."""
+    from fsdp_jobs.cli import stragglers
+
+    s = stragglers.of_run(run_dir)
+    return f"{s['slowest']} {s['ratio']:g}x" if s else None
+
+
+def compare(members: list[dict[str, Any]]) -> list[str]:
+    keys = list(dict.fromkeys(k for m in members for k in m["params"]))
+    rows = []
+    for m in members:
+        gp = goodput.of_run(Path(m["run_dir"]))
+        rows.append({**m, **summarize_run(Path(m["run_dir"])), "slowest node": slowest_node(Path(m["run_dir"])),
+                     "effective_pct": gp["total"]["effective_pct"] if gp else None})
+    timed = any(r["slowest node"] for r in rows)  # a column only where some member ran on several nodes
+    return compare_lines(rows, keys, extra=["slowest node"] if timed else [], with_goodput=True)
+
+
+def status_lines(statuses: list[dict[str, Any]]) -> list[str]:
+    """`fsdp-jobs status SWEEP`: the backend's state of every member, its step, loss and newest checkpoint;
+    a failed member also shows the reason its training recorded."""
+    body = []
+    for s in statuses:
+        last = s.get("last_step") or {}
+        detail = s["detail"]
+        reason = (s.get("train") or {}).get("reason")
+        if s["state"] == "FAILED" and reason:
+            detail = f"{detail}: {reason}"
+        ckpt = Path(s["checkpoint"]).name if s.get("checkpoint") else "-"
+        body.append([s["member"], s["state"], str(s.get("job_id") or "-"), _fmt(last.get("step")),
+                     _fmt(last.get("loss"), "loss"), ckpt, detail])
+    return table(["MEMBER", "STATE", "JOB", "STEP", "LOSS", "CHECKPOINT", "DETAIL"], body)
+
+
+def plot(named_runs: list[tuple[str, Path]], out: Path) -> list[str]:
+    """Loss and tokens/s over steps, one line per run (the same colour in both panels), as a PNG.
+    Returns the labels drawn, in colour order (C0, C1, ...)."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # no display: write the file only
+    import matplotlib.pyplot as plt
+
+    timelines = [(label, goodput.of_run(run_dir)) for label, run_dir in named_runs]
+    bars = [(f"{label} #{a['attempt']}", a["parts_s"]) for label, gp in timelines if gp for a in gp["attempts"]]
+    if bars:  # a third panel: where each attempt's wall time went
+        fig, (ax_loss, ax_tok, ax_gp) = plt.subplots(3, 1, figsize=(9, 10), gridspec_kw={"height_ratios": [3, 3, 2]})
+        ax_tok.sharex(ax_loss)
+        ax_loss.tick_params(labelbottom=False)
+        goodput_bars(ax_gp, bars)
+    else:
+        fig, (ax_loss, ax_tok) = plt.subplots(2, 1, figsize=(9, 7), sharex=True)
+    drawn = []
+    for i, (label, run_dir) in enumerate(named_runs):
+        metrics = [m for m in runs.read_metrics(run_dir) if isinstance(m.get("step"), int)]
+        color = f"C{len(drawn) % 10}"
+        for ax, key in ((ax_loss, "loss"), (ax_tok, "tokens_per_s")):  # a user's script may log only some
+            points = [(m["step"], m[key]) for m in metrics if isinstance(m.get(key), (int, float))]
+            if points:
+                ax.plot(*zip(*points), color=color, label=label, linewidth=1.5)
+        if metrics:
+            drawn.append(label)
+    ax_loss.set_ylabel("loss")
+    ax_tok.set_ylabel("tokens/s")
+    ax_tok.set_xlabel("step")
+    for ax in (ax_loss, ax_tok):
+        ax.grid(alpha=0.3)
+    if drawn:
+        ax_loss.legend(fontsize=8, loc="upper right")
+    fig.tight_layout()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=100)
+    plt.close(fig)
+    return drawn
+
+
+# not the C0..C9 the runs' lines are drawn in
+GOODPUT_COLOURS = {"queued": "#bdbdbd", "startup": "#fdae6b", "productive": "#31a354", "checkpoint": "#6baed6",
+                   "lost": "#de2d26", "recovery": "#9e9ac8", "shutdown": "#636363", "other": "#000000"}
+
+
+def goodput_bars(ax: Any, bars: list[tuple[str, dict[str, float]]]) -> None:
+    """One horizontal bar per attempt, its wall time stacked by part (fsdp_jobs/cli/goodput.py)."""
+    labels, left = [label for label, _ in bars], [0.0] * len(bars)
+    for part in goodput.PARTS:
+        widths = [parts.get(part, 0.0) for _, parts in bars]
+        if any(widths):
+            ax.barh(labels, widths, left=left, color=GOODPUT_COLOURS[part], label=part)
+            left = [x + w for x, w in zip(left, widths)]
+    ax.invert_yaxis()
+    ax.set_xlabel("wall time (s)")
+    ax.legend(fontsize=7, ncol=len(goodput.PARTS), loc="lower center", bbox_to_anchor=(0.5, 1.0), frameon=False)
+
+
+def _sec(seconds: float) -> str:
+    return f"{seconds:.1f}"
+
+
+def _goodput_row(name: str, r: dict[str, Any]) -> list[str]:
+    steps = f"{r['steps'][0]}-{r['steps'][1]}" if r.get("steps") else "-"
+    eff = r["effective_pct"]
+    return [name, steps, str(r["lost_steps"]), _sec(r["wall_s"]), *(_sec(r["parts_s"][p]) for p in goodput.PARTS),
+            "-" if eff is None else f"{eff:.1f}%"]
+
+
+GOODPUT_HEADER = ["STEPS", "LOST_STEPS", "WALL_S", *(p.upper() for p in goodput.PARTS), "EFFECTIVE"]
+
+
+def goodput_lines(result: dict[str, Any]) -> list[str]:
+    """`fsdp-jobs goodput RUN`: one row per attempt and the total, in seconds, and the effective share."""
+    rows = [_goodput_row(str(r["attempt"]), r) for r in result["attempts"]]
+    rows.append(_goodput_row("total", result["total"]))
+    return table(["ATTEMPT", *GOODPUT_HEADER], rows)
+
+
+# one letter per part for the text timeline (fsdp_jobs/cli/goodput.py's PARTS)
+BAR_LETTERS = {"queued": "q", "startup": "s", "productive": "P", "checkpoint": "c", "lost": "x", "recovery": "r",
+               "shutdown": "d", "other": "?"}
+# the order each attempt's parts are drawn in: about the order they happen (productive and checkpoint
+# interleave, lost work is at the end of the steps)
+BAR_ORDER = ("queued", "recovery", "startup", "productive", "checkpoint", "lost", "shutdown", "other")
+
+
+def goodput_bar_lines(result: dict[str, Any], width: int = 72) -> list[str]:
+    """The whole run as one line of `width` letters, one part a letter, attempts between bars, each
+    attempt's share of the letters its share of the wall time (largest remainders: the letters add up),
+    and a legend. What a terminal on a login node can show of `plot`'s bars."""
+    walls = [max(0.0, float(r["wall_s"])) for r in result["attempts"]]
+    total = sum(walls)
+    if total <= 0:
+        return []
+    cells: list[tuple[int, str, float]] = [(i, p, max(0.0, float(r["parts_s"][p])) / total * width)
+                                           for i, r in enumerate(result["attempts"]) for p in BAR_ORDER]
+    counts = [int(c) for _, _, c in cells]
+    for k in sorted(range(len(cells)), key=lambda k: counts[k] - cells[k][2])[:width - sum(counts)]:
+        counts[k] += 1
+    bar = ""
+    for attempt in range(len(walls)):
+        bar += "|" + "".join(BAR_LETTERS[p] * n for (i, p, _), n in zip(cells, counts) if i == attempt)
+    legend = "  ".join(f"{BAR_LETTERS[p]} {p}" for p in BAR_ORDER)
+    return [f"timeline ({total:.1f} s; one letter = {total / width:.2g} s; | = an attempt begins):",
+            bar + "|", legend]
+
+
+def goodput_sweep_lines(members: dict[str, Optional[dict[str, Any]]]) -> list[str]:
+    """`fsdp-jobs goodput SWEEP`: each member's total (a member with no timeline yet: dashes)."""
+    rows = [_goodput_row(name, gp["total"]) if gp else [name] + ["-"] * len(GOODPUT_HEADER)
+            for name, gp in members.items()]
+    return table(["MEMBER", *GOODPUT_HEADER], rows)

@@ -1,0 +1,52 @@
+"""What planning needs from outside the config, read from disk: the input files (fsdp_jobs/planning/inputs.py)
+and the run dir (its newest committed checkpoint, the model its checkpoints were saved from). Kept out
+of fsdp_jobs/planning/plan.py so that make_plan stays pure; plan_run() does both, in the order the checks have
+always run: every config-only check first, then the input files, then the run dir."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Optional
+
+from fsdp_jobs.rundir.checkpoints import newest_checkpoint
+from fsdp_jobs.planning.errors import UserError
+from fsdp_jobs.planning.inputs import check_inputs
+from fsdp_jobs.planning.plan import ExistingRun, Plan, make_plan
+
+MODEL_IDENTITY_KEYS = ("_target_", "dim", "n_layers", "n_heads", "n_kv_heads", "ffn_dim", "vocab_size",
+                       "tie_embeddings", "kwargs")
+
+
+def check_same_model(run_dir: Path, model: Any) -> None:
+    """Resuming loads the run's checkpoints: refuse a model they cannot hold, before anything runs."""
+    import yaml
+
+    try:
+        saved = (yaml.safe_load((run_dir / "job.yaml").read_text()) or {}).get("model", {})
+    except (OSError, yaml.YAMLError):
+        return
+    for key in MODEL_IDENTITY_KEYS:
+        if key in saved and saved[key] != model[key]:
+            raise UserError(f"model.{key}", model[key],
+                            f"run {run_dir.name} has checkpoints of a model with model.{key}={saved[key]!r}; "
+                            "keep it, choose another name=, or set checkpoint.resume=false")
+
+
+def read_existing_run(cfg: Any, run_name: str) -> ExistingRun:
+    """Check the job's input files and the run dir `run_name` under cfg.run_root; raises UserError for
+    one the job cannot use (a missing token file, checkpoints it would mix with or cannot load)."""
+    notes = check_inputs(cfg)  # the token file, test fault variables
+    run_dir = (Path(cfg.run_root).expanduser() / run_name).resolve()
+    resume = newest_checkpoint(run_dir)
+    if resume is not None and not cfg.checkpoint.resume:
+        raise UserError("checkpoint.resume", False, f"run {run_name} already has checkpoints (newest {resume.name}); "
+                        "starting it over would mix new checkpoints with them: choose another name=")
+    if resume is not None:
+        check_same_model(run_dir, cfg.model)
+    return ExistingRun(run_dir=str(run_dir), resume_from=str(resume) if resume else None, notes=notes)
+
+
+def plan_run(cfg: Any, name: Optional[str] = None) -> Plan:
+    """make_plan with the facts of the run dir: what the CLI, sweeps and benchmarks launch from."""
+    config_only = make_plan(cfg, name)  # every check of the config alone comes first, as it always has
+    return make_plan(cfg, config_only.name, read_existing_run(cfg, config_only.name))

@@ -1,0 +1,149 @@
+"""The one submission path: a single run is a sweep of one member.
+
+    prepare   compose, plan, backend.check and backend.dryrun for EVERY member before anything is written;
+              a bad member is one UserError naming it (a sweep's) or the key (a single run's)
+    notes     printed once each, the same way for a single run and a sweep
+    submit    lock each run dir, write it (runs.prepare), hand the group to the backend, record every
+              member in the journal (fsdp_jobs/rundir/journal.py)
+
+fsdp_jobs/__main__.py (one run) and fsdp_jobs/cli/sweep.py (-m: expansion, naming, skipping, the summary)
+only decide what the members are and how to report them.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+import yaml
+
+from fsdp_jobs.planning import backends, secret_env
+from fsdp_jobs.rundir import journal, runs
+from fsdp_jobs.planning.errors import UserError
+
+
+@dataclass
+class Member:
+    """One run to submit: a single run's, or one point of a sweep."""
+
+    name: Optional[str]  # None for a single run until planned (then the plan's name)
+    overrides: list[str]  # everything it is composed from
+    params: dict[str, str] = field(default_factory=dict)  # swept key -> this member's value (sweeps only)
+    cfg: Any = None
+    job: dict[str, Any] = field(default_factory=dict)
+    plan: Any = None
+    backend: Any = None
+    dryrun: Any = None
+    skip: str = ""  # why it is not submitted (a sweep's completed or still active member)
+    secrets: dict[str, str] = field(default_factory=dict)  # held in memory only (fsdp_jobs/planning/secret_env.py)
+
+
+def plan_member(m: Member, composed: Any, sweep: Optional[str] = None, skip_existing: Any = None) -> None:
+    """Plan a composed member and ask its backend for the dry run (and, unless dry_run=true, its checks).
+    `sweep` places it under <run_root>/<sweep>/<name>; `skip_existing(m)` says why not to submit it."""
+    from fsdp_jobs.cli import launcher
+    from fsdp_jobs.cli.rundir_checks import plan_run
+
+    if isinstance(composed, UserError):
+        raise composed
+    m.cfg, m.job = composed
+    if sweep is not None:
+        m.cfg.name, m.job["name"] = m.name, m.name
+        m.cfg.run_root = m.job["run_root"] = str(Path(m.cfg.run_root).expanduser() / sweep)
+        m.cfg.sweep = m.job["sweep"] = sweep  # backends whose storage is elsewhere (a PVC) keep members apart by it
+    m.secrets, secret_notes = secret_env.take(m.cfg, m.job, backends.secret_store(m.cfg.cluster.backend))
+    m.plan = plan_run(m.cfg)  # pure planning, then what the run dir and input files allow
+    m.plan.notes.extend(secret_notes)
+    m.name = m.plan.name
+    m.backend = launcher.get(m.plan.backend)  # after planning: a bad override never pays for a backend import
+    if not m.cfg.dry_run:
+        m.skip = skip_existing(m) if skip_existing else ""
+        if not m.skip:
+            m.backend.check(m.plan, m.cfg)  # refusals that need the backend (is it there? is the run busy?)
+    if not m.skip:
+        m.dryrun = m.backend.dryrun(m.plan, m.cfg)  # exactly what submit() will hand to the backend
+
+
+def print_notes(members: list[Member]) -> None:
+    """Each plan note once, on stderr: warnings as such, the rest as notes."""
+    for note in dict.fromkeys(n for m in members if m.plan for n in m.plan.notes):
+        print(f"fsdp-jobs: {note if note.startswith('warning:') else 'note: ' + note}", file=sys.stderr)
+
+
+def render_dry_run(plan: Any, launch_text: str) -> str:
+    head = yaml.safe_dump({"plan": plan.to_dict()}, sort_keys=False)
+    return f"{head}# launch commands ({plan.backend})\n{launch_text.rstrip()}\n"
+
+
+def announce(m: Member) -> None:
+    """The line a single run prints once its run dir is written, before the backend takes over."""
+    plan = m.plan
+    verb = f"resuming from {plan.resume_from}" if plan.resume_from else "starting"
+    mesh = " x ".join(f"{k} {v}" for k, v in plan.mesh.items())
+    print(f"fsdp-jobs: {verb} run {plan.name}: {plan.nodes} nodes x {plan.gpus_per_node} ranks, "
+          f"{plan.strategy} (mesh {mesh}), run dir {plan.run_dir}", flush=True)
+
+
+def record(sweep: Optional[str], m: Member, job_id: str) -> None:
+    """Into the user's journal; a journal we cannot write only warns: the job is out."""
+    try:
+        journal.record(sweep=sweep, member=m.name, overrides=[secret_env.mask(o, m.secrets) for o in m.overrides],
+                       params={k: secret_env.mask(v, m.secrets) for k, v in m.params.items()}, backend=m.backend.name,
+                       job_id=job_id, run_dir=m.plan.run_dir, config_hash=runs.job_hash(m.job))
+    except Exception as e:  # noqa: BLE001  a journal we cannot write must not hide that the job went out
+        print(f"fsdp-jobs: warning: could not record {m.name} in the journal {journal.path()}: {e}", file=sys.stderr)
+
+
+def _busy(sweep: Optional[str], m: Member, holder: Optional[int]) -> UserError:
+    if sweep is None:
+        return UserError("name", m.name, f"that run is being launched/run by pid {holder} right now; wait for it "
+                                         "or choose another name")
+    return UserError("", None, f"sweep {sweep}, member {m.name}: its run is being launched by pid {holder} right now")
+
+
+def _unwritable(sweep: Optional[str], group: list[Member], e: OSError) -> UserError:
+    run_dir = Path(group[0].plan.run_dir)
+    if sweep is None:
+        return UserError("run_root", group[0].cfg.run_root, f"cannot create the run dir {run_dir}: {e.strerror or e}")
+    return UserError("run_root", str(run_dir.parent.parent), f"cannot write the run dirs of sweep {sweep}: "
+                                                             f"{e.strerror or e}")
+
+
+def pass_secrets(group: list[Member]) -> None:
+    """Into this process's environment, which every backend hands on without writing it (secret_env.py).
+    Members submitted together share one environment, so they must agree on each value."""
+    for m in group:
+        for name, value in m.secrets.items():
+            if group[0].secrets.get(name) != value:
+                raise UserError(f"cluster.env.{name}", secret_env.MASK, f"members {group[0].name} and {m.name} are "
+                                "submitted together (one job array) with different values of this secret")
+        os.environ.update(m.secrets)
+
+
+def submit_group(sweep: Optional[str], group: list[Member]) -> list[tuple[Member, Any]]:
+    """Lock, write and submit members that go out together (one backend, one group_key), then record them.
+    The locks keep a second launcher off these run dirs; an attached backend holds them while it runs."""
+    locks = [runs.RunLock(Path(m.plan.run_dir)) for m in group]
+    try:
+        try:
+            for m, lock in zip(group, locks):
+                if not lock.acquire():
+                    raise _busy(sweep, m, lock.holder())
+                runs.prepare(Path(m.plan.run_dir), m.job, m.plan.to_dict())
+        except OSError as e:  # an unwritable run_root
+            raise _unwritable(sweep, group, e) from None
+        pass_secrets(group)
+        if sweep is None:  # a single run: the backend reports its submission itself
+            announce(group[0])
+            submitted = [group[0].backend.submit(group[0].dryrun)]
+        else:  # quietly: the sweep prints one line per member
+            submitted = group[0].backend.submit_group([m.dryrun for m in group])
+    finally:
+        for lock in locks:
+            lock.release()
+    for m, s in zip(group, submitted):
+        record(sweep, m, s.job_id)
+    return list(zip(group, submitted))

@@ -1,0 +1,59 @@
+"""What every backend's config builds on (launchers/<name>/config.py): the common `cluster.*` keys, the
+one-line checks, and the registration of a backend's schema with Hydra. It imports no backend, so the
+backends' config modules and fsdp_jobs/planning/config.py can both import it without a cycle."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Dict, Optional
+
+from hydra.core.config_store import ConfigStore
+
+from fsdp_jobs.planning.errors import UserError
+
+
+# what MFU is measured against where cluster.peak_tflops is None: a rough figure for one CPU core, so a CPU
+# job's MFU stays meaningful-ish; on a GPU, ClusterConfig.peak_tflops' default below
+CPU_PEAK_TFLOPS = 0.5
+
+
+@dataclass
+class ClusterConfig:
+    backend: str = ""  # each backend's subclass sets its own name (launchers/<name>/config.py)
+    device: str = "auto"  # auto = cuda when torch sees GPUs, else cpu (gloo)
+    gpu_memory_gb: float = 80.0  # per accelerator, for the memory estimate and shard_group_size=auto
+    memory_fraction: float = 0.9  # share of gpu_memory_gb the model state may take
+    peak_tflops: Optional[float] = 989.0  # per accelerator at bf16/fp16 (dense), for the MFU estimate
+    # per accelerator when the compute dtype is float32 (TF32 matmuls on GPU); None = peak_tflops / 2
+    # (A100/H100 dense TF32 is half their bf16 peak)
+    peak_tflops_fp32: Optional[float] = None
+    max_restarts: int = 3  # torchrun restarts of the workers after a failure
+    min_nodes: Optional[int] = None  # elastic lower bound (torchrun --nnodes min:max); None = nodes
+    # elastic upper bound: a running job grows to it with `fsdp-jobs scale RUN nodes=N` (its rendezvous
+    # admits that many nodes from the start); None = nodes, a job that cannot grow
+    max_nodes: Optional[int] = None
+    rdzv_port: Optional[int] = None  # None = a free port
+    env: Dict[str, str] = field(default_factory=dict)  # extra environment for every rank
+    # environment from secrets, by reference (fsdp_jobs/planning/secret_env.py): {VAR: "env:NAME" | "file:PATH"}, or
+    # what a backend with a secret store of its own takes (its config.py says); only the reference is written
+    secret_env: Dict[str, str] = field(default_factory=dict)
+    # after a stop (SIGTERM, Ctrl-C, scancel) the ranks get this long to checkpoint before SIGKILL
+    stop_grace_s: int = 120
+
+
+
+def register_cluster_schema(backend: str, schema: type) -> None:
+    """What a backend's config.py `register()` calls: conf/cluster/<backend>.yaml extends <backend>_schema."""
+    ConfigStore.instance().store(group="cluster", name=f"{backend}_schema", node=schema)
+
+
+def positive(key: str, value: Any, minimum: int = 1) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+        raise UserError(key, value, f"must be an integer >= {minimum}")
+
+
+def choice(key: str, value: Any, allowed: tuple[str, ...], optional: bool = False) -> None:
+    if value is None and optional:
+        return
+    if value not in allowed:
+        raise UserError(key, value, "allowed: " + ", ".join(allowed) + (" or null" if optional else ""))

@@ -1,0 +1,395 @@
+"""The job's config schema: structured dataclasses Hydra validates `conf/` and overrides against.
+
+Every knob a user can set lives here with a comment, and in `conf/`; a backend's own `cluster.*` keys
+live in its package (launchers/<name>/config.py), as subclasses of ClusterConfig. Nothing here imports torch.
+Checks that need more than one key (does the shard group divide the world?) live in `plan.py`.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional
+
+from hydra.core.config_store import ConfigStore
+
+from fsdp_jobs.planning import backends
+from fsdp_jobs.planning.cluster_config import choice, positive
+from fsdp_jobs.planning.input_rules import MAX_NODES, check_env_names, check_name, check_sizes, check_target, finite
+from fsdp_jobs.planning.byo import validate as validate_byo
+from fsdp_jobs.planning.errors import UserError
+
+STRATEGIES = ("full_shard", "shard_grad_op", "hybrid_shard", "hybrid_shard_zero2", "no_shard")
+DTYPES = ("float32", "bfloat16", "float16")
+BACKWARD_PREFETCH = ("BACKWARD_PRE", "BACKWARD_POST")
+LR_SCHEDULES = ("cosine", "linear", "constant")
+WANDB_MODES = ("online", "offline")
+WANDB_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,127}")
+
+
+@dataclass
+class ModelConfig:
+    name: str = "tiny"
+    # any importable nn.Module class; it is called with the shape keys below that its
+    # signature accepts, plus `kwargs`, under the meta device
+    _target_: str = "fsdp_jobs.models.llama.Transformer"
+    dim: int = 128
+    n_layers: int = 2
+    n_heads: int = 4
+    n_kv_heads: Optional[int] = None  # grouped-query attention; None = n_heads
+    ffn_dim: int = 384
+    vocab_size: int = 512
+    max_seq_len: int = 2048  # RoPE table length; must be >= data.seq_len
+    norm_eps: float = 1e-5
+    rope_theta: float = 10000.0
+    tie_embeddings: bool = False
+    dtype: str = "float32"  # storage dtype of the sharded parameters (FSDP2 keeps them in this)
+    kwargs: Dict[str, Any] = field(default_factory=dict)  # extra arguments for a custom _target_
+    # model=hf: a local directory of safetensors weights loaded into the sharded model on a fresh start
+    pretrained: Optional[str] = None
+
+
+@dataclass
+class MixedPrecisionConfig:
+    # auto = bfloat16 compute with float32 gradient reduction on GPU, full precision on CPU
+    param_dtype: Optional[str] = "auto"  # dtype of the all-gathered params used for compute
+    reduce_dtype: Optional[str] = "auto"  # dtype of the gradient reduce-scatter / all-reduce
+    output_dtype: Optional[str] = None  # cast the root module's outputs to this
+    buffer_dtype: Optional[str] = None  # FSDP1 name; FSDP2 has no buffer policy, buffers are cast once
+
+
+@dataclass
+class WrapConfig:
+    # which submodules become their own FSDP unit: classes by import path ...
+    transformer_blocks: List[str] = field(default_factory=list)
+    # ... or every module holding at least this many not-yet-wrapped parameters.
+    # Both empty = the model class's own `fsdp_wrap_classes`, else the root alone.
+    min_params: Optional[int] = None
+
+
+@dataclass
+class FSDPConfig:
+    strategy: str = "hybrid_shard"  # one of STRATEGIES (the names FSDP1/Accelerate users know)
+    # hybrid strategies only: ranks per shard group. None = one node (gpus_per_node);
+    # "auto" = the smallest group whose model state fits cluster.gpu_memory_gb * memory_fraction
+    shard_group_size: Any = None
+    reshard_after_forward: Optional[bool] = None  # None = the strategy's default
+    mixed_precision: MixedPrecisionConfig = field(default_factory=MixedPrecisionConfig)
+    cpu_offload: bool = False  # keep sharded params/grads/optimizer state in host memory
+    activation_checkpointing: bool = False  # recompute each wrapped block in the backward
+    wrap: WrapConfig = field(default_factory=WrapConfig)
+    forward_prefetch: bool = False  # FSDP1 name; FSDP2: explicitly prefetch the next block
+    backward_prefetch: Optional[str] = "BACKWARD_PRE"  # FSDP1 name; FSDP2 always prefetches pre-backward
+    # FSDP1 options with no FSDP2 meaning: accepted, noted, ignored
+    limit_all_gathers: Optional[bool] = None
+    sync_module_states: Optional[bool] = None
+    use_orig_params: Optional[bool] = None
+
+
+@dataclass
+class WandbConfig:
+    """Weights & Biases (`pip install 'fsdp-jobs[wandb]'`): one W&B run per job, resumed by every restart,
+    requeue and resize on the same step axis (fsdp_jobs/runtime/trackers.py)."""
+
+    enabled: bool = False
+    project: str = "fsdp-jobs"
+    entity: Optional[str] = None  # None = your W&B default entity
+    mode: Optional[str] = None  # online / offline; None = $WANDB_MODE where the ranks run, else online
+
+
+@dataclass
+class TrainConfig:
+    steps: int = 300  # optimizer steps in total (a resumed run continues up to this)
+    seed: int = 0  # init, data order and dropout all derive from it
+    batch_per_rank: int = 4  # sequences per rank per step when global_batch_size is null
+    # sequences per step over all ranks; set it to keep the optimisation the same when the node
+    # count changes (it must then be a multiple of the world size)
+    global_batch_size: Optional[int] = None
+    # sequences per rank per forward/backward when global_batch_size is set: each step accumulates
+    # global_batch_size / (world x micro_batch_per_rank) micro batches, so the global batch (and the
+    # optimisation) stays the same when an elastic job shrinks. None = no accumulation
+    micro_batch_per_rank: Optional[int] = None
+    compile: bool = False  # torch.compile each wrapped block (before sharding, as torchtitan does)
+    lr: float = 3e-3
+    min_lr_ratio: float = 0.1
+    warmup_steps: int = 20
+    lr_schedule: str = "cosine"  # one of LR_SCHEDULES
+    weight_decay: float = 0.0
+    betas: List[float] = field(default_factory=lambda: [0.9, 0.95])
+    grad_clip: float = 1.0  # max global grad norm; 0 = off
+    log_interval: int = 10  # progress line every N steps (metrics.jsonl gets every step)
+    # a collective that waits longer fails the rank (NCCL's default is 10 min, gloo's 30); the hang
+    # watchdog (fault.*) fires well before it
+    collective_timeout_s: float = 600
+    # scalars in RUN_DIR/tensorboard (`pip install 'fsdp-jobs[tensorboard]'`); None = where it is installed
+    tensorboard: Optional[bool] = None
+    wandb: WandbConfig = field(default_factory=WandbConfig)
+
+
+@dataclass
+class FaultConfig:
+    """A rank that stops making progress without dying (a deadlock, a stopped process, a GPU or NIC that no
+    longer answers): each node's watchdog (launchers/node/watchdog.py) sees its ranks' heartbeats stop, dumps
+    every local rank's stack into logs/hang-*/, names the rank that stopped first, and restarts the
+    workers, which resume from the newest checkpoint."""
+
+    watchdog: bool = True
+    # no rank advanced for this long = a hang. None = derived: max(60 s, 10 x the slowest recent step)
+    hang_timeout_s: Optional[float] = None
+    # ... before the first steps, and while a checkpoint is saved or loaded (these may take long)
+    startup_timeout_s: float = 300
+    # at most this many restarts after hangs; each also uses one of torchrun's (cluster.max_restarts)
+    max_hang_restarts: int = 3
+    # a node whose compute per step (step time minus waiting in collectives) is this many times the median
+    # node's is a straggler: `status` and `compare` name it, and its watchdog warns in the log ...
+    straggler_ratio: float = 1.5
+    # ... once it has stayed one for this many checks in a row, 10 s apart (fsdp_jobs/cli/stragglers.py)
+    straggler_checks: int = 3
+    # preflight=true|only (README: Preflight): a node this many times worse than the median node on any
+    # measure (matmul TFLOPS, write MB/s, free memory) is named and the job stops before training
+    preflight_slow_ratio: float = 2.0
+
+
+@dataclass
+class FaultToleranceConfig:
+    """fault_tolerance=replica (README: Lose a node, keep training; fsdp_jobs/runtime/replicas.py): each
+    HSDP replica group (a shard group of whole nodes) is a torchft replica with its own torchrun; a torchft
+    lighthouse, started by the backend, forms a quorum of the live groups at every step. A failed group is
+    dropped from the quorum and the others keep stepping; it restarts on its own and recovers the model
+    and optimizer live from a healthy peer. Needs `pip install 'fsdp-jobs[ft]'` (torchft)."""
+
+    mode: str = "none"  # none | replica
+    # a step commits only with at least this many replica groups in it (torchft min_replica_size, the
+    # lighthouse's --min_replicas); fewer leave the survivors waiting for one to come back
+    min_replicas: int = 1
+    # a group that stops answering the lighthouse this long is dropped from the quorum: the pause every
+    # other group takes when one dies (torchft's heartbeat timeout; its default is 5 s)
+    heartbeat_timeout_s: float = 5.0
+    # at the job's start, how long a group waits for the others before it trains with fewer (a group that
+    # comes later recovers live from the others, as after a failure)
+    join_timeout_s: float = 60.0
+    # a cross-group all-reduce, a quorum or a live recovery that takes longer fails the step (the group
+    # retries it with the replicas then alive)
+    timeout_s: float = 60.0
+    quorum_tick_ms: int = 100  # how often the lighthouse looks for a quorum while a group is missing
+    lighthouse_port: Optional[int] = None  # None = 29510, or a free one where the job shares this machine's ports
+
+
+@dataclass
+class CheckpointConfig:
+    interval: int = 50  # steps between checkpoints; 0 = only at the end (and on preemption)
+    keep_last: int = 2  # committed checkpoints kept; older ones are deleted
+    async_save: bool = False  # overlap the disk write with training (DCP thread mode)
+    resume: bool = True  # start from the newest complete checkpoint of the run, if any
+    save_final: bool = True  # checkpoint after the last step
+
+
+@dataclass
+class DataConfig:
+    name: str = "synthetic"
+    # a dataset class: called with seed, seq_len, vocab_size (if it takes them) and kwargs;
+    # item i must depend only on (seed, i) so the order survives resumes and resizes
+    _target_: str = "fsdp_jobs.runtime.data.SyntheticTokens"
+    seq_len: int = 64
+    path: Optional[str] = None  # token file for fsdp_jobs.runtime.data.TokenFile
+    token_dtype: str = "uint16"  # element type of the token file
+    kwargs: Dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class JobConfig:
+    name: Optional[str] = None  # run name; the same name resumes the same run. None = generated
+    nodes: int = 2
+    gpus_per_node: int = 2  # ranks per node (on CPU: processes per simulated node)
+    dry_run: bool = False  # print the plan and the launch commands, run nothing
+    # check every node before training (fsdp_jobs/runtime/preflight.py): false; true = the checks, then
+    # training only if every node passed; only = the checks alone (also before a script=/module= job)
+    preflight: Any = False
+    run_root: str = "runs"  # run directories go under here
+    sweep: Optional[str] = None  # set by -m: the sweep this run is a member of (its dir under run_root)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    fsdp: FSDPConfig = field(default_factory=FSDPConfig)
+    cluster: Any = None  # a backend's ClusterConfig subclass (launchers/<name>/config.py), chosen by cluster=
+    train: TrainConfig = field(default_factory=TrainConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    fault: FaultConfig = field(default_factory=FaultConfig)
+    fault_tolerance: FaultToleranceConfig = field(default_factory=FaultToleranceConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    # your own training instead of the built-in trainer (fsdp_jobs/planning/byo.py): a torchrun-ready script, whose
+    # directory is copied into the run dir at submission, or a module run as `python -m`
+    script: Optional[str] = None
+    module: Optional[str] = None
+    script_args: List[str] = field(default_factory=list)  # its command-line arguments
+
+
+def register_schemas() -> None:
+    """Let conf/ files name the schemas in their defaults lists: the root (job_schema, which types every
+    group but `cluster`) and one per backend, which each cluster/*.yaml extends. The other groups need
+    no schema of their own: merged under the typed root, their values are checked against it (a schema
+    per group would be merged once more on every compose, about 12 ms of a dry run's 0.3 s). Each
+    backend registers its own (launchers/<name>/config.py), found through fsdp_jobs/planning/backends.py."""
+    ConfigStore.instance().store(name="job_schema", node=JobConfig)
+    backends.register_schemas()
+
+
+def _importable(key: str, path: str) -> None:
+    """The top-level package must exist here (checked without importing it: no torch on this path)."""
+    import importlib.util
+
+    module = path.rpartition(".")[0]
+    if not module or importlib.util.find_spec(module.split(".")[0]) is None:
+        raise UserError(key, path, "must be an import path package.module.Name of an installed package")
+
+
+def _installed(key: str, value: Any, package: str, extra: str) -> None:
+    import importlib.util  # find_spec: whether it is there, without importing it (or torch)
+
+    if importlib.util.find_spec(package) is None:
+        raise UserError(key, value, f"needs the {package} package, which is not installed here: "
+                                    f"pip install 'fsdp-jobs[{extra}]'")
+
+
+def validate_trackers(t: Any) -> None:
+    """train.tensorboard, train.wandb.*: names W&B shows and puts in URLs keep to a safe alphabet."""
+    if t.tensorboard:
+        _installed("train.tensorboard", True, "tensorboard", "tensorboard")
+    w = t.wandb
+    for key in ("project", "entity"):
+        if w[key] is not None and not WANDB_NAME.fullmatch(str(w[key])):
+            raise UserError(f"train.wandb.{key}", w[key], "a W&B name may hold letters, digits, . _ - "
+                                                         "(at most 128, not starting with . or -)")
+    choice("train.wandb.mode", w.mode, WANDB_MODES, optional=True)
+    if w.enabled:
+        _installed("train.wandb.enabled", True, "wandb", "wandb")
+
+
+FT_MODES = ("none", "replica")
+
+
+def validate_fault_tolerance(ft: Any) -> None:
+    """fault_tolerance.*: the keys alone (what they allow together with the mesh: fsdp_jobs/planning/plan.py)."""
+    choice("fault_tolerance.mode", ft.mode, FT_MODES)
+    if ft.mode == "none":
+        return
+    _installed("fault_tolerance", ft.mode, "torchft", "ft")  # as typed: fault_tolerance=replica
+    positive("fault_tolerance.min_replicas", ft.min_replicas)
+    finite("fault_tolerance.heartbeat_timeout_s", ft.heartbeat_timeout_s, 0.2, 3600)
+    finite("fault_tolerance.join_timeout_s", ft.join_timeout_s, 0, 3600)
+    finite("fault_tolerance.timeout_s", ft.timeout_s, 1, 3600)
+    if not isinstance(ft.quorum_tick_ms, int) or isinstance(ft.quorum_tick_ms, bool) \
+            or not 1 <= ft.quorum_tick_ms <= 10_000:
+        raise UserError("fault_tolerance.quorum_tick_ms", ft.quorum_tick_ms, "must be an integer from 1 to 10000")
+    if ft.lighthouse_port is not None and not 1 <= ft.lighthouse_port <= 65535:
+        raise UserError("fault_tolerance.lighthouse_port", ft.lighthouse_port, "must be a TCP port 1-65535 or null")
+
+
+def validate(cfg: Any) -> None:
+    """Per-key checks the types alone do not express. Raises UserError on the first bad key."""
+    positive("nodes", cfg.nodes)
+    positive("gpus_per_node", cfg.gpus_per_node)
+    check_sizes(cfg)
+    if cfg.name is not None:
+        check_name("name", cfg.name)
+    f = cfg.fsdp
+    choice("fsdp.strategy", f.strategy, STRATEGIES)
+    sgs = f.shard_group_size
+    if not (sgs is None or sgs == "auto" or (isinstance(sgs, int) and not isinstance(sgs, bool) and sgs >= 1)):
+        raise UserError("fsdp.shard_group_size", sgs, "allowed: an integer >= 1, auto, or null (one node)")
+    for k in ("param_dtype", "reduce_dtype", "output_dtype", "buffer_dtype"):
+        auto = ("auto",) if k in ("param_dtype", "reduce_dtype") else ()
+        choice(f"fsdp.mixed_precision.{k}", f.mixed_precision[k], DTYPES + auto, optional=True)
+    for k in ("param_dtype", "reduce_dtype"):
+        if f.mixed_precision[k] == "float16":  # gradients underflow without a loss scaler
+            raise UserError(f"fsdp.mixed_precision.{k}", "float16", "needs loss scaling, which is not "
+                            "implemented; use bfloat16")
+    choice("fsdp.backward_prefetch", f.backward_prefetch, BACKWARD_PREFETCH, optional=True)
+    if f.wrap.min_params is not None:
+        positive("fsdp.wrap.min_params", f.wrap.min_params)
+    m = cfg.model
+    for k in ("dim", "n_layers", "n_heads", "ffn_dim", "vocab_size", "max_seq_len"):
+        positive(f"model.{k}", m[k])
+    choice("model.dtype", m.dtype, ("float32", "bfloat16"))
+    finite("model.norm_eps", m.norm_eps, 0, low_open=True)
+    finite("model.rope_theta", m.rope_theta, 0, low_open=True)
+    if m.dim % m.n_heads:
+        raise UserError("model.dim", m.dim, f"must be divisible by model.n_heads={m.n_heads}")
+    if m.n_kv_heads is not None and (m.n_kv_heads < 1 or m.n_heads % m.n_kv_heads):
+        raise UserError("model.n_kv_heads", m.n_kv_heads, f"must divide model.n_heads={m.n_heads}")
+    t = cfg.train
+    positive("train.steps", t.steps)
+    positive("train.batch_per_rank", t.batch_per_rank)
+    if t.global_batch_size is not None:
+        positive("train.global_batch_size", t.global_batch_size)
+    if t.micro_batch_per_rank is not None:
+        positive("train.micro_batch_per_rank", t.micro_batch_per_rank)
+        if t.global_batch_size is None:
+            raise UserError("train.micro_batch_per_rank", t.micro_batch_per_rank,
+                            "needs train.global_batch_size (accumulation keeps a global batch constant)")
+    positive("train.log_interval", t.log_interval)
+    positive("train.warmup_steps", t.warmup_steps, minimum=0)
+    choice("train.lr_schedule", t.lr_schedule, LR_SCHEDULES)
+    finite("train.lr", t.lr, 0, low_open=True)
+    finite("train.min_lr_ratio", t.min_lr_ratio, 0, 1)
+    finite("train.weight_decay", t.weight_decay, 0)
+    finite("train.grad_clip", t.grad_clip, 0)  # 0 = off
+    if len(t.betas) != 2:
+        raise UserError("train.betas", list(t.betas), "must be two numbers, e.g. [0.9,0.95]")
+    for i, beta in enumerate(t.betas):
+        finite(f"train.betas[{i}]", beta, 0, 1, high_open=True)
+    finite("train.collective_timeout_s", t.collective_timeout_s, 10)
+    validate_trackers(t)
+    fc = cfg.fault
+    positive("fault.max_hang_restarts", fc.max_hang_restarts, minimum=0)
+    # the watchdog must fire well before a collective times out and fails the rank with a less useful error
+    limit = t.collective_timeout_s / 2
+    finite("fault.startup_timeout_s", fc.startup_timeout_s, 10, limit)
+    if fc.hang_timeout_s is not None:
+        finite("fault.hang_timeout_s", fc.hang_timeout_s, 5, limit)
+    finite("fault.straggler_ratio", fc.straggler_ratio, 1, low_open=True)
+    positive("fault.straggler_checks", fc.straggler_checks)
+    finite("fault.preflight_slow_ratio", fc.preflight_slow_ratio, 1, low_open=True)
+    if cfg.preflight not in (True, False, "only"):
+        raise UserError("preflight", cfg.preflight, "allowed: false, true (check, then train if every node "
+                                                    "passed), only (check alone)")
+    if cfg.preflight is True and (cfg.script or cfg.module):
+        raise UserError("preflight", True, "runs before the built-in trainer; with script=/module= use "
+                                           "preflight=only first, then submit the script")
+    validate_fault_tolerance(cfg.fault_tolerance)
+    c = cfg.checkpoint
+    positive("checkpoint.interval", c.interval, minimum=0)
+    positive("checkpoint.keep_last", c.keep_last)
+    d = cfg.data
+    positive("data.seq_len", d.seq_len)
+    if d.seq_len > m.max_seq_len:
+        raise UserError("data.seq_len", d.seq_len, f"must be <= model.max_seq_len={m.max_seq_len}")
+    if d._target_.endswith(".TokenFile") and not d.path:
+        raise UserError("data.path", d.path, "data=token_file needs the token file: data.path=/path/tokens.bin")
+    validate_byo(cfg)  # script=/module=/model=hf: before the import-path checks, which name transformers
+    for key, target in (("model._target_", m._target_), ("data._target_", d._target_),
+                        *(("fsdp.wrap.transformer_blocks", b) for b in f.wrap.transformer_blocks)):
+        check_target(key, target)
+        _importable(key, target)
+    cl = cfg.cluster
+    check_env_names("cluster.env", cl.env)
+    check_env_names("cluster.secret_env", cl.secret_env)
+    for key in ("gpu_memory_gb", "peak_tflops", "peak_tflops_fp32"):
+        if cl[key] is not None:
+            finite(f"cluster.{key}", cl[key], 0, low_open=True)
+    choice("cluster.backend", cl.backend, backends.names())
+    choice("cluster.device", cl.device, ("auto", "cpu", "cuda"))
+    positive("cluster.stop_grace_s", cl.stop_grace_s)
+    positive("cluster.max_restarts", cl.max_restarts, minimum=0)
+    if cl.min_nodes is not None and not (1 <= cl.min_nodes <= cfg.nodes):
+        raise UserError("cluster.min_nodes", cl.min_nodes, f"must be between 1 and nodes={cfg.nodes}")
+    if cl.max_nodes is not None and (not isinstance(cl.max_nodes, int) or isinstance(cl.max_nodes, bool)
+                                     or not cfg.nodes <= cl.max_nodes <= MAX_NODES):
+        raise UserError("cluster.max_nodes", cl.max_nodes,
+                        f"must be an integer from nodes={cfg.nodes} to {MAX_NODES}, or null (the job cannot grow)")
+    if not 0 < cl.memory_fraction <= 1:
+        raise UserError("cluster.memory_fraction", cl.memory_fraction, "must be in (0, 1]")
+    if cl.rdzv_port is not None and not 1 <= cl.rdzv_port <= 65535:
+        raise UserError("cluster.rdzv_port", cl.rdzv_port, "must be a TCP port 1-65535 or null")
+    module = backends.config_module(cl.backend)
+    module.validate(cl)  # the chosen backend's own keys (launchers/<name>/config.py)
+    if hasattr(module, "validate_job"):  # and what it refuses of the others (a mode it has no place for)
+        module.validate_job(cfg)

@@ -1,0 +1,51 @@
+"""Test-only fault injection through FSDP_JOBS_TEST_* environment variables.
+
+Parsed in one place: a bad value is one line at plan time (not a crash on every rank), and any such
+variable that reaches a job is announced, so one forgotten in a shell never goes unnoticed."""
+
+from __future__ import annotations
+
+import os
+import re
+from typing import Mapping
+
+from fsdp_jobs.planning.errors import UserError
+
+PREFIX = "FSDP_JOBS_TEST_"
+KNOWN = {
+    "FSDP_JOBS_TEST_FAIL_AT_STEP": "every training step from this one on raises",
+    "FSDP_JOBS_TEST_CRASH_IN_SAVE": "rank 0 SIGKILLs itself in the middle of saving this step (first attempt)",
+    "FSDP_JOBS_TEST_PREFLIGHT_SLOW_NODE": "this node's preflight checks take 3x as long (fsdp_jobs/runtime/preflight.py)",
+    "FSDP_JOBS_TEST_PREFLIGHT_SLOW_ONCE": "this node's preflight checks take 3x as long in the first round only",
+}
+NAMED = ("FSDP_JOBS_TEST_PREFLIGHT_SLOW_NODE", "FSDP_JOBS_TEST_PREFLIGHT_SLOW_ONCE")  # these take a node's name, the others a step number
+
+
+def parse(env: Mapping[str, str]) -> dict[str, int | str]:
+    """The fault variables in `env` and their values (a step number, or a node's name for NAMED ones);
+    UserError for an unknown name or a bad value."""
+    out = {}
+    for name, value in env.items():
+        if not name.startswith(PREFIX):
+            continue
+        if name not in KNOWN:
+            raise UserError(name, value, "unknown test fault variable; known: " + ", ".join(KNOWN))
+        if name in NAMED:
+            if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}", str(value)):
+                raise UserError(name, value, "must be a node's name (letters, digits, . _ -)")
+            out[name] = str(value)
+            continue
+        if not str(value).strip().isdigit():
+            raise UserError(name, value, "must be a step number (an integer >= 0)")
+        out[name] = int(value)
+    return out
+
+
+def step(name: str) -> int:
+    """In the job: the step the fault fires at, 0 = off (the plan already refused a bad value)."""
+    return int(parse({name: os.environ[name]}).get(name, 0)) if name in os.environ else 0
+
+
+def name(variable: str) -> str:
+    """In the job: the node a NAMED fault applies to, "" = off."""
+    return str(parse({variable: os.environ[variable]}).get(variable, "")) if variable in os.environ else ""

@@ -1,0 +1,62 @@
+"""Plan-time checks of what the job will read besides its config: the token file, and any test
+fault-injection variable (fsdp_jobs/planning/faults.py). Refused here in one line, not on every rank later."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from fsdp_jobs.planning import backends, faults
+from fsdp_jobs.planning.byo import travel_note
+from fsdp_jobs.planning.errors import UserError
+
+DTYPE_SIZES = {"uint8": 1, "uint16": 2, "int16": 2, "uint32": 4, "int32": 4, "int64": 8}
+
+
+def check_token_file(cfg: Any) -> None:
+    """data.path must be a readable file holding at least one window. Only backends whose processes see
+    this machine's files check it here (HOST_FILES in launchers/<name>/config.py); the others read it
+    where the job runs (a pod reads a path on its volume)."""
+    path = cfg.data.path
+    if not path or not backends.config_module(cfg.cluster.backend).HOST_FILES:
+        return
+    p = Path(path).expanduser()
+    if not p.is_file():
+        raise UserError("data.path", path, "no such file" + ("" if p.parent.is_dir() else f" (no directory {p.parent})"))
+    size = DTYPE_SIZES.get(str(cfg.data.token_dtype))
+    if size is None:
+        raise UserError("data.token_dtype", cfg.data.token_dtype, "allowed: " + ", ".join(DTYPE_SIZES))
+    if looks_like_text(p):
+        raise UserError("data.path", path, "is a text file; a token file holds binary token ids "
+                                           f"({cfg.data.token_dtype}, e.g. numpy's tofile of the tokenized corpus)")
+    tokens = p.stat().st_size // size
+    if tokens < cfg.data.seq_len + 2:
+        raise UserError("data.path", path, f"holds {tokens} {cfg.data.token_dtype} tokens, fewer than "
+                                           f"data.seq_len+2={cfg.data.seq_len + 2}")
+
+
+def looks_like_text(path: Path) -> bool:
+    """Binary token ids hold zero bytes (every id below 256 has a zero high byte); text never does."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(65536)
+    except OSError:
+        return False
+    if not head or b"\0" in head:
+        return False
+    try:
+        head.decode("utf-8")
+    except UnicodeDecodeError as e:
+        return e.start >= len(head) - 4  # only a character cut at the end of what was read
+    return True
+
+
+def check_inputs(cfg: Any) -> list[str]:
+    """Refuse bad inputs; return notes (warnings) for the plan."""
+    check_token_file(cfg)
+    env = {**os.environ, **{str(k): str(v) for k, v in cfg.cluster.env.items()}}
+    notes = [f"warning: test fault injection {name}={value} reaches this job ({faults.KNOWN[name]})"
+             for name, value in faults.parse(env).items()]
+    travel = travel_note(cfg)
+    return notes + ([travel] if travel else [])

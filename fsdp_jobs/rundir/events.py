@@ -1,0 +1,27 @@
+"""The goodput timeline's events (goodput.jsonl; the accounting: fsdp_jobs/cli/goodput.py): appended by the
+node wrappers (node_start, node_end) and rank 0 (fsdp_jobs/runtime/timeline.py), a handful per attempt and
+per checkpoint, never per step."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from fsdp_jobs.rundir import runs
+from fsdp_jobs.rundir.layout import RunDir
+
+RANK_EVENTS = ("start", "process_group", "preflight", "built", "loaded", "loop", "steps", "save", "stall", "end")
+NODE_EVENTS = ("node_start", "node_end")
+
+
+def append_event(run_dir: Path, event: str, **fields: Any) -> None:
+    """One line appended to the timeline (never through a link: runs.open_append). Best effort: the
+    timeline must never stop a job."""
+    fields.setdefault("time", time.time())
+    try:
+        with runs.open_append(RunDir(run_dir).goodput_file) as f:
+            f.write(json.dumps({"event": event, **fields}) + "\n")
+    except OSError:
+        pass

@@ -1,0 +1,59 @@
+"""RUN_DIR/failures.jsonl: each rank's exception when it fails (fsdp_jobs/runtime/__main__.py and the user-code
+shim record it), so that a failure that repeats is seen: the same exception at the same step in two
+attempts in a row will come a third time. launchers/node/wrapper.py then stops the job as failed, with that
+exception as its reason, instead of spending the rest of the restart budget on it (a script that raises at
+start-up used to run cluster.max_restarts + 1 times)."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import traceback
+from pathlib import Path
+from typing import Any, Optional
+
+from fsdp_jobs.rundir import runs
+
+FAILURES_FILE = "failures.jsonl"
+ATTEMPT_ENV = "FSDP_JOBS_ATTEMPT"
+
+
+def attempt_id() -> str:
+    """Which attempt this rank belongs to: the scheduler's (FSDP_JOBS_ATTEMPT, which a backend that requeues
+    sets: its job id and requeue count) and torchrun's restart count."""
+    return f"{os.environ.get(ATTEMPT_ENV, '')}:{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"
+
+
+def record(run_dir: Path, exc: BaseException, step: Optional[int]) -> None:
+    """Append this rank's failure (best effort: recording must never hide the exception itself)."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    where = f"{Path(frames[-1].filename).name}:{frames[-1].lineno}" if frames else ""
+    entry = {"time": time.time(), "rank": int(os.environ.get("RANK", 0)), "attempt": attempt_id(), "step": step,
+             "error": f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"[:300],
+             "where": where}
+    try:
+        with open(run_dir / FAILURES_FILE, "a") as f:
+            f.write(json.dumps(entry) + "\n")
+    except OSError:
+        pass
+
+
+def read(run_dir: Path) -> list[dict[str, Any]]:
+    return [e for e in runs.read_jsonl(run_dir / FAILURES_FILE)
+            if isinstance(e.get("attempt"), str) and isinstance(e.get("error"), str)]
+
+
+def repeating(entries: list[dict[str, Any]]) -> Optional[str]:
+    """The reason to stop, if the last two attempts that failed failed first with the same exception at the
+    same step (and place); None otherwise."""
+    first: dict[str, dict[str, Any]] = {}
+    for e in sorted(entries, key=lambda e: e.get("time", 0)):
+        first.setdefault(e["attempt"], e)  # an attempt's first failure is its cause; the rest follow from it
+    if len(first) < 2:
+        return None
+    a, b = sorted(first.values(), key=lambda e: e.get("time", 0))[-2:]
+    if (a["error"], a.get("step"), a.get("where")) != (b["error"], b.get("step"), b.get("where")):
+        return None
+    at = f"step {b['step']}" if b.get("step") is not None else "start-up"
+    return f"the same failure twice in a row, at {at}: {b['error']} ({b.get('where')}); not retried again"

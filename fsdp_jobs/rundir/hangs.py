@@ -1,0 +1,44 @@
+"""RUN_DIR/hangs.jsonl: what each node's hang watchdog (launchers/node/watchdog.py) declared, one line per node
+per hang, and the summary `fsdp-jobs status` shows."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Optional
+
+from fsdp_jobs.rundir import runs
+
+HANGS_FILE = "hangs.jsonl"
+SAME_HANG_S = 30.0  # the nodes of one job declare the same hang within about a tick of each other
+
+
+def record(run_dir: Path, entry: dict[str, Any]) -> None:
+    with open(run_dir / HANGS_FILE, "a") as f:
+        f.write(json.dumps(entry) + "\n")
+
+
+def read(run_dir: Path) -> list[dict[str, Any]]:
+    """Every record, oldest first (a damaged line is skipped)."""
+    return [e for e in runs.read_jsonl(run_dir / HANGS_FILE)
+            if isinstance(e.get("first_stopped"), dict) and isinstance(e.get("time"), (int, float))]
+
+
+def summary(run_dir: Path) -> Optional[dict[str, Any]]:
+    """How many hangs, and the newest one as the node holding the rank that stopped first saw it (it has
+    that rank's stack and frame); None if the run never hung."""
+    entries = read(run_dir)
+    if not entries:
+        return None
+    hangs, last = 0, -1e18
+    for e in entries:  # one hang = the records of its nodes, close together in time
+        if e["time"] - last > SAME_HANG_S:
+            hangs += 1
+        last = e["time"]
+    newest = [e for e in entries if last - e["time"] <= SAME_HANG_S]
+    best = max(newest, key=lambda e: (e["first_stopped"].get("frame") is not None,
+                                      e["node"] == e["first_stopped"].get("node")))
+    c = best["first_stopped"]
+    return {"hangs": hangs, "rank": c.get("rank"), "node": c.get("node"), "step": c.get("step"),
+            "state": c.get("state"), "frame": c.get("frame"), "stacks": best.get("dir"), "time": best["time"],
+            "stalled_s": best.get("stalled_s"), "timeout_s": best.get("timeout_s")}

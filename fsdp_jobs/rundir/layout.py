@@ -1,0 +1,194 @@
+"""Every path in a run directory, named once (fsdp_jobs/ARCHITECTURE.md: the table of records).
+
+    <run_root>/<name>/            a sweep's member: <run_root>/<sweep>/<member>
+
+Nothing outside fsdp_jobs/rundir/ spells one of these names: code asks `RunDir(run_dir).state_file`, so a
+rename, or a new record, is one edit here. A backend keeps files of its own in `backend_dir(name)` (a
+folder named after the backend, which only that backend's package reads or writes).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class RunDir:
+    """A run directory's paths. Cheap to make: no I/O until a path is used."""
+
+    root: Path
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "root", Path(self.root))
+
+    # -------------------------------------------------------------- written by the CLI at submission
+    @property
+    def job_file(self) -> Path:
+        """job.yaml: the resolved config the ranks and node tasks read (planning/config.py's JobConfig)."""
+        return self.root / "job.yaml"
+
+    @property
+    def history_dir(self) -> Path:
+        """Earlier job.yaml versions, kept when a resubmission changed the config."""
+        return self.root / "history"
+
+    @property
+    def plan_file(self) -> Path:
+        """plan.json: the plan the job was launched with (planning/plan.py's Plan)."""
+        return self.root / "plan.json"
+
+    @property
+    def launches_file(self) -> Path:
+        """launches.jsonl: one LaunchRecord per launch (records.py)."""
+        return self.root / "launches.jsonl"
+
+    @property
+    def lock_file(self) -> Path:
+        """Held (flock) by the launcher writing or running the run (runs.RunLock)."""
+        return self.root / ".lock"
+
+    @property
+    def code_dir(self) -> Path:
+        """code/NNN/: the snapshot of the project's code a remote job imports."""
+        return self.root / "code"
+
+    @property
+    def script_dir(self) -> Path:
+        """script/NNN/: the copy of a script=/module= the ranks run."""
+        return self.root / "script"
+
+    def backend_dir(self, backend: str) -> Path:
+        """A backend's own folder (its scheduler's files, its private records)."""
+        return self.root / backend
+
+    # -------------------------------------------------------------- logs
+    @property
+    def logs_dir(self) -> Path:
+        return self.root / "logs"
+
+    @property
+    def launcher_log(self) -> Path:
+        """Every node's output, node-prefixed, as the launcher saw it."""
+        return self.logs_dir / "launcher.log"
+
+    @property
+    def supervisor_log(self) -> Path:
+        """A detached launcher's own log (the process that supervises containers)."""
+        return self.logs_dir / "supervisor.log"
+
+    def torchrun_error_file(self, tag: str) -> Path:
+        """torchrun's error file of one node's agent (`tag`: the node, or job id and node)."""
+        return self.logs_dir / f"torchrun-error-{tag}.json"
+
+    def stack_file(self, rank: int) -> Path:
+        """Where a rank's faulthandler writes every thread's stack on SIGUSR1."""
+        return self.logs_dir / "stacks" / f"rank-{rank}.txt"
+
+    def hang_dir(self, when: float, node: str) -> Path:
+        """One hang's stack dumps, by its node's watchdog."""
+        return self.logs_dir / f"hang-{time.strftime('%Y%m%d-%H%M%S', time.localtime(when))}-{node}"
+
+    # -------------------------------------------------------------- written while the job runs
+    @property
+    def state_file(self) -> Path:
+        """state.json: the job's StateRecord (records.py), rank 0's and the node side's word."""
+        return self.root / "state.json"
+
+    @property
+    def metrics_file(self) -> Path:
+        """metrics.jsonl: one MetricsRow per step (rank 0)."""
+        return self.root / "metrics.jsonl"
+
+    @property
+    def goodput_file(self) -> Path:
+        """goodput.jsonl: the GoodputEvents every second of the job is accounted from (cli/goodput.py)."""
+        return self.root / "goodput.jsonl"
+
+    @property
+    def preflight_file(self) -> Path:
+        """preflight.json: the preflight's measures, table and verdict."""
+        return self.root / "preflight.json"
+
+    @property
+    def ranks_dir(self) -> Path:
+        return self.root / "ranks"
+
+    def rank_file(self, rank: int) -> Path:
+        """Who rank R is (pid, host, node, restart): written once per start of the rank."""
+        return self.ranks_dir / f"rank-{rank}.json"
+
+    @property
+    def liveness_dir(self) -> Path:
+        return self.root / "liveness"
+
+    def node_liveness_file(self, node: str) -> Path:
+        """One node's NodeLiveness record: its ranks' heartbeats, published by its watchdog every few
+        seconds (the ranks' own heartbeats stay node-local: liveness.py)."""
+        return self.liveness_dir / f"node-{node}.json"
+
+    @property
+    def hangs_file(self) -> Path:
+        """hangs.jsonl: one HangRecord per hang a watchdog declared."""
+        return self.root / "hangs.jsonl"
+
+    @property
+    def failures_file(self) -> Path:
+        """failures.jsonl: one FailureRecord per rank exception (a repeat stops the job)."""
+        return self.root / "failures.jsonl"
+
+    @property
+    def checkpoints_dir(self) -> Path:
+        """step-N/ committed checkpoints (checkpoints.py: the rules)."""
+        return self.root / "checkpoints"
+
+    # -------------------------------------------------------------- trackers (rank 0)
+    @property
+    def tensorboard_dir(self) -> Path:
+        return self.root / "tensorboard"
+
+    @property
+    def wandb_dir(self) -> Path:
+        return self.root / "wandb"
+
+    @property
+    def wandb_id_file(self) -> Path:
+        """The job's one W&B run id, made by its first attempt."""
+        return self.root / "wandb-id"
+
+    @property
+    def wandb_ledger_file(self) -> Path:
+        """The last step each W&B history holds, after each clean close."""
+        return self.root / "wandb-ledger.json"
+
+    # -------------------------------------------------------------- requests to a running job
+    @property
+    def stop_request_file(self) -> Path:
+        """Present = checkpoint and stop at the next step boundary (a launcher writes it, rank 0 reads it)."""
+        return self.root / "stop-request"
+
+    @property
+    def cancel_file(self) -> Path:
+        """`fsdp-jobs cancel` ended this attempt: CANCELLED however the nodes exit."""
+        return self.root / "cancel-requested"
+
+    @property
+    def scale_request_file(self) -> Path:
+        """A ScaleRequest from `fsdp-jobs scale` to a launcher that starts nodes itself."""
+        return self.root / "scale-request"
+
+    @property
+    def scale_taken_file(self) -> Path:
+        return self.root / ".scale-request.taken"
+
+
+# Where the ranks' heartbeats live: node-local (tmpfs), never the shared run dir (liveness.py)
+NODE_LOCAL_ROOTS = ("/dev/shm", "/tmp")
+
+
+HEARTBEATS_DIR = "heartbeats"  # (until node-local liveness) each rank's heartbeat file
+
+
+def stack_path(run_dir: Path, rank: int) -> Path:
+    return RunDir(run_dir).stack_file(rank)

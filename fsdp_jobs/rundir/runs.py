@@ -1,0 +1,307 @@
+"""The run directory: the one place a job's config, plan, records, logs, metrics and checkpoints live.
+
+    <run_root>/<name>/
+      job.yaml        resolved config the ranks read (earlier versions kept under history/)
+      plan.json       the plan it was launched with
+      launches.jsonl  one line per launch/submission (backend, job id, time)
+      logs/           launcher and per-node logs
+      metrics.jsonl   one line per training step (rank 0)
+      goodput.jsonl   the timeline every second of the job is accounted from (fsdp_jobs/cli/goodput.py)
+      checkpoints/    step-N/ directories, each committed by its manifest.json
+      ranks/          rank-R.json: pid, host, restart count of the live workers (for tools and tests)
+      state.json      running / completed / preempted / failed (+ step, reason), written by rank 0
+      stop-request    present = "checkpoint and stop at the next step boundary" (launchers write it,
+                      rank 0 reads it): the one channel from a launcher to the ranks besides signals
+      scale-request   {"nodes": N} from `fsdp-jobs scale` to a launcher that starts the new nodes itself
+
+Launchers and the in-job runtime meet only here: neither imports the other.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import shutil
+import stat
+import tempfile
+import time
+from pathlib import Path
+from typing import IO, Any, Optional, TextIO
+
+import yaml
+
+JOB_FILE = "job.yaml"
+PLAN_FILE = "plan.json"
+LAUNCHES_FILE = "launches.jsonl"
+METRICS_FILE = "metrics.jsonl"
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """Readers never see a half-written file (tmp + rename in the same directory). The temporary file is
+    created exclusively (mkstemp, owner-only): a link planted at a predictable name by whoever else can
+    write the run dir (a container's user) is never written through."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.tmp-")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def open_append(path: Path) -> TextIO:
+    """A log opened for appending that is never a link: a launcher running as root appends to files in a
+    run dir another user can write (a container backend gives it to the containers' user)."""
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+    return os.fdopen(fd, "a")
+
+
+# run dirs, their files and the journal are the owner's alone (README: Security): the CLI sets this umask
+# before it writes anything, and the ranks it starts inherit it
+OWNER_ONLY_UMASK = 0o077
+
+
+def prepare(run_dir: Path, job: dict[str, Any], plan: dict[str, Any]) -> None:
+    """Create or refresh a run dir. A config that differs from the saved one is kept in history/."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    run_dir.chmod(0o700)  # also a run dir made by an older version (0755)
+    (run_dir / "logs").mkdir(exist_ok=True)
+    (run_dir / "failures.jsonl").unlink(missing_ok=True)  # a new submission: earlier ones' failures are not its
+    # (fsdp_jobs/rundir/failures.py; the name is spelled out here: that module is the ranks')
+    text = yaml.safe_dump(job, sort_keys=False)
+    old = run_dir / JOB_FILE
+    if old.exists() and old.read_text() != text:
+        hist = run_dir / "history"
+        hist.mkdir(exist_ok=True)
+        shutil.copy2(old, hist / f"job-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.yaml")
+    write_atomic(old, text)
+    write_atomic(run_dir / PLAN_FILE, json.dumps(plan, indent=2) + "\n")
+
+
+def replica_layout(run_dir: Path) -> Optional[dict[str, Any]]:
+    """plan.json's replica groups (fault_tolerance=replica: fsdp_jobs/planning/plan.py ReplicaLayout), or None: a run
+    without them, or without a readable plan."""
+    try:
+        layout = json.loads((run_dir / PLAN_FILE).read_text()).get("replicas")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return layout if isinstance(layout, dict) else None
+
+
+def load_job(run_dir: Path) -> dict[str, Any]:
+    return yaml.safe_load((run_dir / JOB_FILE).read_text())
+
+
+def job_hash(job: dict[str, Any]) -> str:
+    """What a checkpoint can be resumed with (model, sharding, training, data), hashed: checkpoints
+    record it, and the sweep journal records it, so the two can be matched."""
+    import hashlib
+
+    keep = {k: job[k] for k in ("model", "fsdp", "train", "data")}
+    return hashlib.sha256(json.dumps(keep, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def record_launch(run_dir: Path, **fields: Any) -> None:
+    with open(run_dir / LAUNCHES_FILE, "a") as f:
+        # unix: to the millisecond, where goodput's queued time begins (fsdp_jobs/cli/goodput.py)
+        f.write(json.dumps({"time": time.strftime("%Y-%m-%dT%H:%M:%S"), "unix": round(time.time(), 3), **fields})
+                + "\n")
+
+
+def launches(run_dir: Path) -> list[dict[str, Any]]:
+    """Every launch record, oldest first; a line cut short (a kill mid-write, a full disk) is skipped."""
+    try:
+        text = (run_dir / LAUNCHES_FILE).read_text(errors="replace")
+    except OSError:
+        return []
+    out = []
+    for line in text.splitlines():
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(record, dict) and record.get("backend"):
+            out.append(record)
+    return out
+
+
+def last_launch(run_dir: Path) -> dict[str, Any]:
+    """The newest launch record, or {} when none survives."""
+    return (launches(run_dir) or [{}])[-1]
+
+
+class RunLock:
+    """One launcher per run dir at a time (an flock, released by the kernel if we die)."""
+
+    def __init__(self, run_dir: Path) -> None:
+        self.path = run_dir / ".lock"
+        self._file: IO[str] | None = None
+
+    def acquire(self) -> bool:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._file = open(self.path, "a+")
+        try:
+            fcntl.flock(self._file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            self._file.close()
+            self._file = None
+            return False
+        self._file.seek(0)
+        self._file.truncate()
+        self._file.write(str(os.getpid()))
+        self._file.flush()
+        return True
+
+    def held_by(self, pid: int) -> bool:
+        """Does process `pid` hold this lock file open (Linux /proc)? The proof that a pid named in
+        launches.jsonl, a file anyone who can write the run dir can edit, is this run's launcher."""
+        target = os.path.realpath(self.path)
+        try:
+            fds = os.listdir(f"/proc/{int(pid)}/fd")
+        except (OSError, ValueError):
+            return False
+        for fd in fds:
+            try:
+                if os.readlink(f"/proc/{int(pid)}/fd/{fd}") == target:
+                    return True
+            except OSError:
+                continue
+        return False
+
+    def held(self) -> bool:
+        """Is a launcher holding this run right now? Only reads: never creates the lock file."""
+        try:
+            f = open(self.path)
+        except OSError:
+            return False
+        with f:
+            try:
+                fcntl.flock(f, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return True
+            fcntl.flock(f, fcntl.LOCK_UN)
+            return False
+
+    def holder(self) -> str:
+        try:
+            return self.path.read_text().strip() or "?"
+        except OSError:
+            return "?"
+
+    def release(self) -> None:
+        if self._file:
+            fcntl.flock(self._file, fcntl.LOCK_UN)
+            self._file.close()
+            self._file = None
+
+
+def write_state(run_dir: Path, **fields: Any) -> None:
+    """state.json: running / completed / preempted / failed (+ step, reason), for tools and the job."""
+    write_atomic(run_dir / "state.json", json.dumps({"time": time.time(), **fields}) + "\n")
+
+
+def read_state(run_dir: Path) -> dict[str, Any]:
+    """{} when missing or damaged (not JSON, not an object, not UTF-8): readers treat it as not recorded."""
+    try:
+        state = json.loads((run_dir / "state.json").read_text())
+    except (OSError, ValueError):  # (json's and UTF-8's errors are ValueErrors)
+        return {}
+    return state if isinstance(state, dict) else {}
+
+
+SCALE_REQUEST_FILE = "scale-request"
+
+
+def request_scale(run_dir: Path, nodes: int) -> None:
+    """`fsdp-jobs scale RUN nodes=N` for a launcher that starts the new nodes itself (it polls the file)."""
+    write_atomic(run_dir / SCALE_REQUEST_FILE, json.dumps({"nodes": nodes}) + "\n")
+
+
+def take_scale_request(run_dir: Path) -> Optional[int]:
+    """The node count a `scale` asked for since the last call, or None; the request is used up. Read by a
+    launcher that may run as root in a run dir the ranks' user can write: taken by a rename (a request
+    written meanwhile is the next one, not lost), never through a link, never a FIFO, at most 4 KiB."""
+    path, taken = run_dir / SCALE_REQUEST_FILE, run_dir / f".{SCALE_REQUEST_FILE}.taken"
+    try:
+        os.rename(path, taken)
+    except OSError:
+        return None
+    try:
+        fd = os.open(taken, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        try:
+            data = os.read(fd, 4096) if stat.S_ISREG(os.fstat(fd).st_mode) else b""
+        finally:
+            os.close(fd)
+        nodes = json.loads(data).get("nodes")
+    except (OSError, ValueError, AttributeError):
+        return None
+    finally:
+        taken.unlink(missing_ok=True)
+    return nodes if isinstance(nodes, int) and not isinstance(nodes, bool) else None
+
+
+STOP_REQUEST_FILE = "stop-request"
+
+
+def request_stop(run_dir: Path, why: str) -> None:
+    """Ask the ranks to checkpoint and stop at the next step boundary (they may have missed a signal)."""
+    (run_dir / STOP_REQUEST_FILE).write_text(why + "\n")
+
+
+def stop_requested(run_dir: Path) -> bool:
+    return (run_dir / STOP_REQUEST_FILE).exists()
+
+
+def clear_stop_request(run_dir: Path) -> None:
+    """At the start of every attempt, before any rank runs: an old request must not stop a new run."""
+    (run_dir / STOP_REQUEST_FILE).unlink(missing_ok=True)
+    (run_dir / CANCEL_FILE).unlink(missing_ok=True)
+    (run_dir / SCALE_REQUEST_FILE).unlink(missing_ok=True)
+
+
+CANCEL_FILE = "cancel-requested"
+
+
+def record_cancel(run_dir: Path) -> None:
+    """`fsdp-jobs cancel` was asked for this attempt: however its nodes then exit (they are stopped one
+    by one, so one may see its peer vanish mid-step and fail), the job ended as CANCELLED."""
+    write_atomic(run_dir / CANCEL_FILE, time.strftime("%Y-%m-%dT%H:%M:%S") + "\n")
+
+
+def cancel_recorded(run_dir: Path) -> bool:
+    return (run_dir / CANCEL_FILE).exists()
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    """The objects of a JSON-lines file, oldest first: a line cut short by a kill, or not an object, is
+    skipped (these files are appended to by processes that may die mid-write)."""
+    try:
+        lines = path.read_text(errors="replace").splitlines()
+    except OSError:
+        return []
+    out = []
+    for line in lines:
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(record, dict):
+            out.append(record)
+    return out
+
+
+def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
+    path = run_dir / METRICS_FILE
+    if not path.exists():
+        return []
+    out = []
+    for line in path.read_text(errors="replace").splitlines():
+        try:
+            record = json.loads(line)
+        except ValueError:  # a line cut by a kill mid-write
+            continue
+        if isinstance(record, dict) and isinstance(record.get("step"), int):  # anything else is not ours
+            out.append(record)
+    return out

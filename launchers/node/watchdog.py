@@ -1,0 +1,258 @@
+"""The hang watchdog of one node, run by launchers/node/wrapper.py beside its torchrun agent (every backend).
+
+torchrun notices a worker that dies, never one that stops making progress: a deadlock, a stopped process,
+a GPU or NIC that no longer answers. The job then waits for the collective timeout with every accelerator
+of the allocation idle. Each rank writes a heartbeat (fsdp_jobs/runtime/heartbeat.py); when none of this
+node's ranks has advanced for the hang timeout, the watchdog
+
+  1. dumps every local rank's Python stack into RUN_DIR/logs/hang-<time>-<node>/rank-R.txt (py-spy where
+     installed: it also reads a stopped process; else the rank's own faulthandler, on SIGUSR1),
+  2. names the rank that stopped first (its heartbeat thread stopped too: the process itself is stuck;
+     else the oldest progress) and where it is, in the log and in RUN_DIR/hangs.jsonl (fsdp_jobs/rundir/hangs.py,
+     which `fsdp-jobs status` reads),
+  3. SIGKILLs its local ranks: torchrun restarts the workers (every node's, through the rendezvous) and
+     they resume from the newest checkpoint. After fault.max_hang_restarts hangs it stops the agent instead.
+
+It also watches for a straggler: every STRAGGLER_CHECK_S it compares every node's compute per step
+(fsdp_jobs/cli/stragglers.py); when its own node has been one for fault.straggler_checks checks in a row, it
+says so in the log, once until the node recovers.
+
+The timeout: fault.hang_timeout_s, or derived from the ranks' recent step times (max(60 s, 10 x the
+slowest)); fault.startup_timeout_s until each rank has timed a few steps, and while it loads or saves a
+checkpoint. The decisions are pure functions of the heartbeats, tested in tests/unit/test_watchdog.py.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, Optional
+
+from fsdp_jobs.cli import stragglers
+from fsdp_jobs.rundir import hangs
+from fsdp_jobs.rundir.layout import HEARTBEATS_DIR, stack_path
+
+STALE_S = 5.0  # a heartbeat thread silent this long: the process itself is not running
+STRAGGLER_CHECK_S = 10.0
+DERIVED_FLOOR_S, DERIVED_FACTOR = 60.0, 10.0
+
+
+@dataclass
+class Beat:
+    """One rank's latest heartbeat (heartbeats/rank-R.json)."""
+
+    rank: int
+    node: str
+    pid: int
+    step: int
+    phase: str
+    progress: float  # when it last advanced (or entered its phase)
+    alive: float  # when its heartbeat thread last wrote
+    step_s: Optional[float] = None  # the slowest of its recent steps
+
+    @classmethod
+    def read(cls, path: Path) -> Optional["Beat"]:
+        try:
+            d = json.loads(path.read_text())
+            return cls(int(d["rank"]), str(d["node"]), int(d["pid"]), int(d["step"]), str(d["phase"]),
+                       float(d["progress"]), float(d["alive"]), d.get("step_s"))
+        except (OSError, ValueError, KeyError, TypeError):  # being replaced, or not ours
+            return None
+
+
+def read_beats(run_dir: Path) -> list[Beat]:
+    beats = [Beat.read(p) for p in sorted((run_dir / HEARTBEATS_DIR).glob("rank-*.json"))]
+    return [b for b in beats if b is not None]
+
+
+def hang_timeout(beats: list[Beat], fault: dict[str, Any], job_step: Optional[int] = None) -> float:
+    """How long no progress may last. Explicit, else derived from the step times once every rank is
+    stepping and has timed a few steps; start-up, loads and saves get fault.startup_timeout_s, unless
+    the job's other ranks are already past them (`job_step`: the furthest step a live rank of the job
+    advanced to): a rank stopped in the middle of a save its peers finished is late, not saving."""
+    startup = float(fault.get("startup_timeout_s") or 300)
+    if any(b.phase != "step" and (job_step is None or b.step >= job_step) for b in beats):
+        return max(startup, float(fault.get("hang_timeout_s") or 0))
+    if fault.get("hang_timeout_s"):
+        return float(fault["hang_timeout_s"])
+    times = [b.step_s for b in beats if b.step_s is not None]
+    if len(times) < len(beats) or not times:
+        return startup
+    return min(max(DERIVED_FLOOR_S, DERIVED_FACTOR * max(times)), startup)
+
+
+def stalled_for(beats: list[Beat], now: float) -> float:
+    """Seconds since the most recent progress of any of these ranks."""
+    return now - max(b.progress for b in beats) if beats else 0.0
+
+
+def first_stopped(beats: list[Beat], now: float) -> Beat:
+    """The rank that stopped first: one whose heartbeat thread went silent (the process is not running),
+    the longest silent first; else the one that advanced least recently, at the lowest step."""
+    silent = [b for b in beats if now - b.alive > STALE_S]
+    if silent:
+        return min(silent, key=lambda b: b.alive)
+    return min(beats, key=lambda b: (b.step, b.progress))
+
+
+def process_state(pid: int) -> str:
+    """The kernel's word for it: 'T (stopped)', 'S (sleeping)', ... ('gone' if it has exited)."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("State:"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return "gone"
+
+
+_PYSPY_MAIN = re.compile(r'Thread \d+ \([^)]*\): "MainThread"\n\s+(\S.*)')
+_FAULTHANDLER_FRAME = re.compile(r'File "([^"]+)", line (\d+) in (\S+)')
+
+
+def innermost_frame(dump: str) -> Optional[str]:
+    """The main thread's innermost frame in a py-spy dump (`func (file:line)`) or a faulthandler dump."""
+    m = _PYSPY_MAIN.search(dump)
+    if m:
+        return m.group(1).strip()
+    # faulthandler names no thread, and runs in whichever thread took the signal: the main thread's
+    # stack is the one that bottoms out in a module's top level
+    blocks = re.split(r"\n(?=(?:Current thread|Thread) 0x)", dump)
+    for block in sorted(blocks, key=lambda b: "in <module>" not in b):
+        frame = _FAULTHANDLER_FRAME.search(block)
+        if frame:
+            return f"{frame.group(3)} ({frame.group(1)}:{frame.group(2)})"
+    return None
+
+
+def dump_stack(beat: Beat, stacks_file: Path, wait_s: float = 2.0) -> str:
+    """The rank's Python stacks, from py-spy if installed, else from its faulthandler (SIGUSR1)."""
+    beside = Path(sys.executable).with_name("py-spy")  # a container that mounts this interpreter's prefix
+    spy = shutil.which("py-spy") or (str(beside) if beside.is_file() else None)
+    if spy:
+        try:
+            r = subprocess.run([spy, "dump", "--nonblocking", "--pid", str(beat.pid)], capture_output=True,
+                               text=True, timeout=30)
+            if r.returncode == 0 and r.stdout.strip():
+                return r.stdout
+        except (OSError, subprocess.TimeoutExpired):
+            pass
+    size = stacks_file.stat().st_size if stacks_file.exists() else 0
+    try:
+        os.kill(beat.pid, signal.SIGUSR1)
+    except OSError:
+        return "(the process is gone)\n"
+    deadline = time.time() + wait_s
+    while time.time() < deadline:
+        time.sleep(0.2)
+        if stacks_file.exists() and stacks_file.stat().st_size > size:
+            time.sleep(0.2)  # let it finish the dump
+            with open(stacks_file) as f:
+                f.seek(size)
+                return f.read()
+    return (f"(no stack: the process is {process_state(beat.pid)}; a stopped process cannot run its own "
+            "faulthandler: pip install py-spy, which reads it from outside)\n")
+
+
+class Watchdog:
+    """One node's: `tick()` once a second from launchers/node/wrapper.py while its agent runs."""
+
+    def __init__(self, run_dir: Path, node: str, agent_pid: int, fault: dict[str, Any]) -> None:
+        self.run_dir, self.node, self.agent_pid, self.fault = run_dir, node, agent_pid, fault
+        self.hangs = 0
+        self.given_up = False
+        self.killed: set[int] = set()  # a killed rank is a zombie until torchrun reaps it: never judged again
+        self.straggling, self.next_straggler_check = 0, 0.0  # checks in a row this node was a straggler
+
+    def local_beats(self, beats: list[Beat]) -> list[Beat]:
+        """Ranks of this node's current workers: children of our agent (stale files of earlier attempts,
+        other nodes' ranks and reused pids are not)."""
+        return [b for b in beats if b.node == self.node and b.pid not in self.killed
+                and parent_pid(b.pid) == self.agent_pid and not process_state(b.pid).startswith("Z")]
+
+    def tick(self, now: Optional[float] = None) -> Optional[str]:
+        """Act on a hang, if there is one; returns the line to log."""
+        now = time.time() if now is None else now
+        everyone = read_beats(self.run_dir)
+        mine = self.local_beats(everyone)
+        if not mine:
+            return None
+        stepping = [b.step for b in everyone if b.phase == "step" and now - b.alive <= STALE_S]  # this attempt's
+        # a stopped process (SIGSTOP, a debugger) is not saving or loading, whatever its last heartbeat says:
+        # its heartbeat thread stopped with it, and a stop within a second of a save's end left "save" in
+        # the file (a SLURM test's hang then waited the 300 s start-up allowance, not fault.hang_timeout_s)
+        judged = [replace(b, phase="step") if process_state(b.pid)[:1] in ("T", "t") else b for b in mine]
+        timeout = hang_timeout(judged, self.fault, max(stepping) if stepping else None)
+        stalled = stalled_for(mine, now)
+        if stalled <= timeout:
+            return self.check_straggler(now)
+        return self.on_hang(everyone, mine, now, stalled, timeout)
+
+    def check_straggler(self, now: float) -> Optional[str]:
+        """The warning line when this node has stayed a straggler for fault.straggler_checks checks."""
+        if now < self.next_straggler_check:
+            return None
+        self.next_straggler_check = now + STRAGGLER_CHECK_S
+        ratio = float(self.fault.get("straggler_ratio") or stragglers.DEFAULT_RATIO)
+        s = stragglers.of_run(self.run_dir, ratio)
+        if s is None or self.node not in s["stragglers"]:
+            self.straggling = 0
+            return None
+        self.straggling += 1
+        if self.straggling != int(self.fault.get("straggler_checks") or 3):
+            return None
+        mine = s["nodes"][self.node]
+        return (f"fsdp-jobs: {self.node}: straggler: this node's ranks compute {mine['ratio']:g}x the median "
+                f"node's per step ({mine['compute_s']:.3g} s vs {s['median_compute_s']:.3g} s; the other nodes "
+                f"wait for it) for {self.straggling} checks in a row; `fsdp-jobs status` shows every node's")
+
+    def on_hang(self, everyone: list[Beat], mine: list[Beat], now: float, stalled: float, timeout: float) -> str:
+        self.hangs += 1
+        # this attempt's ranks on every node (their files are shared; their pids may be another node's or
+        # container's): a heartbeat no older than the stall itself; files of earlier attempts are older
+        live = [b for b in everyone if now - b.alive <= stalled + 2 * STALE_S] or mine
+        culprit = first_stopped(live, now)
+        state = process_state(culprit.pid) if culprit in mine else f"on {culprit.node}: see its node's record"
+        where = self.run_dir / "logs" / f"hang-{time.strftime('%Y%m%d-%H%M%S', time.localtime(now))}-{self.node}"
+        where.mkdir(parents=True, exist_ok=True)
+        frames = {}
+        for b in mine:
+            text = dump_stack(b, stack_path(self.run_dir, b.rank))
+            (where / f"rank-{b.rank}.txt").write_text(f"rank {b.rank} pid {b.pid} on {b.node}, step {b.step}, "
+                                                      f"{process_state(b.pid)}\n\n{text}")
+            frames[b.rank] = innermost_frame(text)
+        record = {"time": now, "node": self.node, "stalled_s": round(stalled, 1), "timeout_s": round(timeout, 1),
+                  "step": max(b.step for b in mine), "dir": str(where), "hang": self.hangs,
+                  "first_stopped": {"rank": culprit.rank, "node": culprit.node, "pid": culprit.pid,
+                                    "step": culprit.step, "state": state,
+                                    "frame": frames.get(culprit.rank)}}
+        hangs.record(self.run_dir, record)
+        self.given_up = self.hangs > int(self.fault.get("max_hang_restarts", 3))
+        for b in mine:  # SIGKILL works on a stopped process too; torchrun restarts the workers
+            self.killed.add(b.pid)
+            try:
+                os.kill(b.pid, signal.SIGKILL)
+            except OSError:
+                pass
+        what = ("giving up: fault.max_hang_restarts used" if self.given_up
+                else f"restarting the workers (hang restart {self.hangs} of {self.fault.get('max_hang_restarts', 3)})")
+        c = record["first_stopped"]
+        return (f"fsdp-jobs: {self.node}: hang: no rank advanced for {stalled:.0f} s (timeout {timeout:.0f} s) at "
+                f"step {record['step']}; stopped first: rank {c['rank']} on {c['node']} (pid {c['pid']}, step "
+                f"{c['step']}, {c['state']}) in {c['frame'] or 'an unknown frame'}; stacks in {where}; {what}")
+
+
+def parent_pid(pid: int) -> int:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return -1
+    return int(stat.rsplit(")", 1)[1].split()[1])  # after "(comm)": state, ppid

@@ -1,0 +1,198 @@
+"""What every node of every backend runs: one small wrapper around its torchrun agent.
+
+    python -m launchers.node TORCHRUN_FLAGS... ENTRY...      (cluster=local's agents, each Docker container,
+                                                           each Kubernetes pod after boot.py, each SLURM node task)
+
+What must happen on every node is written here once:
+  * the working directory of the agent and its ranks is the run dir (FSDP_JOBS_RUN_DIR), on every
+    backend, so a script= that writes `checkpoints/` relative to its directory writes into its run dir
+    wherever it runs; the ranks import the code this wrapper was started from (PYTHONPATH keeps it);
+  * torchrun's error file (TORCHELASTIC_ERROR_FILE) is <run_dir>/logs/torchrun-error-<node>.json unless
+    the backend named one, so a failing rank's exception can be named;
+  * SIGTERM/SIGINT/SIGHUP go on to the agent (torchrun stops its ranks, which checkpoint); any other
+    signal keeps the disposition the backend gave it (SLURM's stop signal stays ignored by the agent);
+  * the exit status is the agent's, and a failure is one line naming the node and the first error.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Optional
+
+RUN_DIR_ENV = "FSDP_JOBS_RUN_DIR"
+NODE_ENV = "FSDP_JOBS_NODE"
+OWNER_ONLY_UMASK = 0o077  # fsdp_jobs/rundir/runs.py's; this wrapper imports nothing of the project before it runs
+FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+
+
+def code_root() -> str:
+    """The directory this code is imported from (a code snapshot, a checkout or site-packages)."""
+    return str(Path(__file__).resolve().parents[2])
+
+
+def agent_env(environ: dict[str, str], run_dir: str, node: str) -> dict[str, str]:
+    env = dict(environ)
+    env.setdefault(NODE_ENV, node)
+    env.setdefault("TORCHELASTIC_ERROR_FILE", str(Path(run_dir) / "logs" / f"torchrun-error-{node}.json"))
+    paths = [p for p in env.get("PYTHONPATH", "").split(":") if p]
+    if code_root() not in paths:  # after the snapshot/user code the backend put first
+        env["PYTHONPATH"] = ":".join([*paths, code_root()])
+    return env
+
+
+def agent_error_file(run_dir: Path, node: str) -> str:
+    return os.environ.get("TORCHELASTIC_ERROR_FILE") or str(run_dir / "logs" / f"torchrun-error-{node}.json")
+
+
+def write_error_file(path: Path, why: str) -> None:
+    """In torchrun's format, for root_cause(): the agent was stopped before it could write its own."""
+    import json
+    import time
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"message": {"message": why, "extraInfo": {"timestamp": str(int(time.time()))}}}))
+
+
+def root_cause(error_file: str) -> Optional[str]:
+    """The first failing rank's error, from torchrun's error file (the ranks' @record writes it)."""
+    import json
+
+    try:
+        message = json.loads(Path(error_file).read_text())["message"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    text = message.get("message") if isinstance(message, dict) else message
+    return str(text).strip().splitlines()[-1][:300] if text else None
+
+
+def run(argv: list[str], environ: Optional[dict[str, str]] = None) -> int:
+    """Run the torchrun agent with `argv` (its flags, then the ranks' entry) until it exits; its status."""
+    started = time.time()  # goodput's queued time ends and start-up begins here (fsdp_jobs/cli/goodput.py)
+    environ = dict(os.environ if environ is None else environ)
+    run_dir = environ.get(RUN_DIR_ENV)
+    if not run_dir or not argv:
+        print("usage: FSDP_JOBS_RUN_DIR=RUN_DIR python -m launchers.node TORCHRUN_FLAGS... ENTRY...", file=sys.stderr)
+        return 2
+    node = environ.get(NODE_ENV) or socket.gethostname()
+    # what the agent and the ranks write (checkpoints, logs, bytecode) is the owner's alone, as the
+    # launcher's is, whatever umask the node (a container, a batch step) starts with (README: Security)
+    os.umask(OWNER_ONLY_UMASK)
+    from fsdp_jobs.rundir import events
+
+    events.append_event(Path(run_dir), "node_start", node=node, time=started)
+    env = agent_env(environ, run_dir, node)
+    Path(env["TORCHELASTIC_ERROR_FILE"]).parent.mkdir(parents=True, exist_ok=True)
+    Path(env["TORCHELASTIC_ERROR_FILE"]).unlink(missing_ok=True)  # an earlier attempt's is not this one's
+    # torchrun itself, its stores kept on loopback when the rendezvous host is (launchers/node/agent.py)
+    agent = subprocess.Popen([sys.executable, "-m", "launchers.node.agent", *argv], cwd=run_dir, env=env)
+
+    def forward(signum: int, _frame: Any) -> None:
+        if agent.poll() is None:
+            agent.send_signal(signum)
+
+    for s in FORWARDED:
+        if signal.getsignal(s) is not signal.SIG_IGN:
+            signal.signal(s, forward)
+    rc = preflight_status(supervise_agent(agent, Path(run_dir), node), Path(run_dir), node,
+                          engine_restarts=environ.get(ENGINE_RESTARTS_ENV) == "1",
+                          termination_log=environ.get(TERMINATION_LOG_ENV))
+    events.append_event(Path(run_dir), "node_end", node=node, rc=rc)
+    if rc and rc != PREFLIGHT_FAILED_RC:
+        cause = root_cause(env["TORCHELASTIC_ERROR_FILE"])
+        print(f"fsdp-jobs: {node}: torchrun exited {rc}" + (f"; first error: {cause}" if cause else ""), flush=True)
+    return rc
+
+
+PREFLIGHT_FAILED_RC = 3
+# set by a backend whose engine restarts a node that exits non-zero by itself, with no rule to tell exit 3
+# apart (Docker's restart: on-failure, a PyTorchJob's OnFailure: launchers/kubernetes/manifests.py)
+ENGINE_RESTARTS_ENV = "FSDP_JOBS_ENGINE_RESTARTS"
+# a file whose text the engine keeps after the node ended (a Kubernetes container's terminationMessagePath):
+# the preflight's verdict is written there, so the job's status can name it without reading the run dir
+TERMINATION_LOG_ENV = "FSDP_JOBS_TERMINATION_LOG"
+PREFLIGHT_MESSAGE = "fsdp-jobs preflight named a node: "  # how that text starts (launchers/kubernetes/backend.py)
+TERMINATION_LOG_MAX = 4000  # the kubelet keeps 4096 bytes of it
+
+
+def preflight_status(rc: int, run_dir: Path, node: str, engine_restarts: bool = False,
+                     termination_log: Optional[str] = None) -> int:
+    """The ranks exit 0 after a preflight that named a node (a failure would make torchrun restart them
+    into the same checks): the node's status is then non-zero, as the job's (fsdp_jobs/runtime/preflight.py).
+    Except where the engine restarts failed nodes by itself: there a non-zero status would rerun the same
+    checks on the same nodes until its restarts are used up, so the node exits 0 and whoever reports the
+    job reads the verdict: Docker's supervisor from state.json (launchers/supervisor.py's exit_status),
+    `fsdp-jobs status` of a Kubernetes job from the container's termination message (`termination_log`)."""
+    if rc == 0:
+        from fsdp_jobs.rundir import runs
+
+        state = runs.read_state(run_dir)
+        if state.get("status") == "failed" and state.get("stage") == "preflight":
+            print(f"fsdp-jobs: {node}: stopped before training: {state.get('reason')}"
+                  + ("; not restarted" if engine_restarts else ""), flush=True)
+            if termination_log:
+                write_termination_log(termination_log, f"{PREFLIGHT_MESSAGE}{state.get('reason')}")
+            return 0 if engine_restarts else PREFLIGHT_FAILED_RC
+    return rc
+
+
+def write_termination_log(path: str, text: str) -> None:
+    """Best effort: the node's exit status says the same where the engine has a rule for it."""
+    try:
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(text.encode("utf-8")[:TERMINATION_LOG_MAX].decode("utf-8", "ignore"))
+    except OSError as e:
+        print(f"fsdp-jobs: cannot write the termination message {path}: {e}", flush=True)
+
+
+def job_fault(run_dir: Path) -> Optional[dict[str, Any]]:
+    """The job's fault.* keys, or None when its watchdog is off (or job.yaml cannot be read)."""
+    import yaml
+
+    try:
+        fault = (yaml.safe_load((run_dir / "job.yaml").read_text()) or {}).get("fault") or {}
+    except (OSError, ValueError, AttributeError, yaml.YAMLError):
+        return None
+    return fault if fault.get("watchdog", True) else None
+
+
+def supervise_agent(agent: subprocess.Popen, run_dir: Path, node: str) -> int:
+    """Wait for the agent, with the hang watchdog (launchers/node/watchdog.py) looking at its ranks every second."""
+    from launchers.node.watchdog import Watchdog
+
+    from fsdp_jobs.rundir import failures
+
+    fault = job_fault(run_dir)
+    watchdog = Watchdog(run_dir, node, agent.pid, fault) if fault is not None else None
+    while True:
+        try:
+            return agent.wait(timeout=1.0)
+        except subprocess.TimeoutExpired:
+            pass
+        line = watchdog.tick() if watchdog is not None else None
+        if line:
+            print(line, flush=True)
+        repeated = failures.repeating(failures.read(run_dir))
+        if repeated or (watchdog is not None and watchdog.given_up):  # no restart can help: the job fails here
+            agent.kill()
+            agent.wait()
+            why = repeated or "the hang watchdog used fault.max_hang_restarts"
+            print(f"fsdp-jobs: {node}: stopping: {why}", flush=True)
+            write_error_file(Path(agent_error_file(run_dir, node)), why)
+            from fsdp_jobs.rundir import runs
+
+            state = runs.read_state(run_dir)
+            # every node sees the repeat, one tick apart: the first to stop writes the reason, and a later one
+            # never overwrites it, nor the scheduler task's final word written meanwhile (launchers/slurm/node_task.py)
+            if state.get("status") != "failed":
+                runs.write_state(run_dir, status="failed", reason=why, step=state.get("step"))
+            return 1
+
+
+def main() -> None:
+    sys.exit(run(sys.argv[1:]))
