@@ -1,5 +1,6 @@
 """Which node is slow: each node's compute per step (its ranks' step time minus their wait in collectives,
-fsdp_jobs/runtime/heartbeat.py) next to the median node's. Pure reading of RUN_DIR/heartbeats/; used by
+fsdp_jobs/runtime/heartbeat.py) next to the median node's. Pure reading of the nodes' liveness records
+(fsdp_jobs/rundir/liveness.py: each node's watchdog publishes its ranks' heartbeats); used by
 `fsdp-jobs status` and `compare` (fsdp_jobs/cli/ctl.py, fsdp_jobs/cli/report.py) and by each node's watchdog,
 which warns when its own node stays a straggler (launchers/node/watchdog.py).
 
@@ -9,28 +10,22 @@ others halves the job's throughput while every other accelerator idles half of e
 
 from __future__ import annotations
 
-import json
 import statistics
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Optional
 
-from fsdp_jobs.rundir.layout import HEARTBEATS_DIR
+from fsdp_jobs.rundir import liveness
 
 DEFAULT_RATIO = 1.5
 MIN_COMPUTE_S = 1e-3  # below this a step is all noise: no ratio is taken against it
 
 
 def read_timings(run_dir: Path) -> list[dict[str, Any]]:
-    """Every rank's latest heartbeat that has timed its steps (a damaged or half-written file is skipped)."""
-    out = []
-    for path in sorted((run_dir / HEARTBEATS_DIR).glob("rank-*.json")):
-        try:
-            beat = json.loads(path.read_text())
-        except (OSError, ValueError):
-            continue
-        if isinstance(beat, dict) and isinstance(beat.get("compute_s"), (int, float)) and beat.get("node"):
-            out.append(beat)
-    return out
+    """Every rank's latest published heartbeat that has timed its steps (a damaged or half-written node
+    record is skipped)."""
+    return [asdict(b) for node in liveness.read_nodes(run_dir) for b in node.ranks
+            if isinstance(b.compute_s, (int, float)) and b.node]
 
 
 def by_node(beats: list[dict[str, Any]]) -> dict[str, dict[str, float]]:

@@ -186,9 +186,3 @@ class RunDir:
 # Where the ranks' heartbeats live: node-local (tmpfs), never the shared run dir (liveness.py)
 NODE_LOCAL_ROOTS = ("/dev/shm", "/tmp")
 
-
-HEARTBEATS_DIR = "heartbeats"  # (until node-local liveness) each rank's heartbeat file
-
-
-def stack_path(run_dir: Path, rank: int) -> Path:
-    return RunDir(run_dir).stack_file(rank)

@@ -1,8 +1,9 @@
 """Each rank's heartbeat: what the node's hang watchdog (launchers/node/watchdog.py) reads.
 
 The training thread only sets two attributes per step (the step number, the time): no I/O, no
-host-device sync, no collective. A daemon thread writes them once a second to RUN_DIR/heartbeats/rank-R.json,
-with `alive`, the time of the write itself: a rank stopped by a signal or a debugger stops writing
+host-device sync, no collective. A daemon thread writes them once a second into the node-local heartbeat
+directory (fsdp_jobs/rundir/liveness.py: node memory, never the shared run dir, whose one record per node
+the node's watchdog publishes), with `alive`, the time of the write itself: a rank stopped by a signal or a debugger stops writing
 altogether, while a rank blocked in a collective (the GIL released) keeps writing but does not advance.
 That difference is how the watchdog names the rank that stopped first.
 
@@ -10,7 +11,7 @@ Each advance also splits the gap since the last one into compute and waiting in 
 fsdp_jobs/runtime/collective_clock.py): the record's `compute_s` and `wait_s`, means over the recent steps,
 are what fsdp_jobs/cli/stragglers.py compares across nodes.
 
-The rank also asks the interpreter to write every thread's Python stack to logs/stacks/rank-R.txt on
+The rank also asks the interpreter to write every thread's Python stack to its stack file (RunDir.stack_file) on
 SIGUSR1 (faulthandler, from C: it works while Python is blocked in a collective), which the watchdog
 uses when py-spy is not installed.
 """
@@ -18,8 +19,8 @@ uses when py-spy is not installed.
 from __future__ import annotations
 
 import faulthandler
-import json
 import os
+import socket
 import signal
 import statistics
 import threading
@@ -28,17 +29,11 @@ from collections import deque
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from fsdp_jobs.rundir import runs
-from fsdp_jobs.rundir.layout import HEARTBEATS_DIR, stack_path
+from fsdp_jobs.rundir import liveness
+from fsdp_jobs.rundir.layout import RunDir
 
-INTERVAL_S = 1.0
+INTERVAL_S = liveness.HEARTBEAT_S
 STACK_SIGNAL = signal.SIGUSR1  # NCCL's flight recorder dump is triggered by its own mechanism, not a signal
-
-
-
-
-def heartbeat_path(run_dir: Path, rank: int) -> Path:
-    return run_dir / HEARTBEATS_DIR / f"rank-{rank}.json"
 
 
 _CURRENT: Optional["Heartbeat"] = None
@@ -68,14 +63,15 @@ class Heartbeat:
     def __init__(self, run_dir: Path, rank: int, local_rank: int, restart: int,
                  waited: Callable[[], float] = lambda: 0.0) -> None:
         self.run_dir, self.rank = run_dir, rank
-        self.info = {"rank": rank, "local_rank": local_rank, "node": os.environ.get("FSDP_JOBS_NODE", ""),
-                     "pid": os.getpid(), "restart": restart}
+        node = os.environ.get("FSDP_JOBS_NODE") or socket.gethostname()
+        self.info = {"rank": rank, "local_rank": local_rank, "node": node, "pid": os.getpid(), "restart": restart}
+        self.directory = liveness.local_dir(run_dir, node)
         self.step, self.name, self.progress = 0, "start", time.time()
         self.step_times: deque[float] = deque(maxlen=20)
         self.waited, self.wait_mark = waited, waited()  # seconds in collectives, so far and at the last advance
         self.waits: deque[float] = deque(maxlen=20)  # of each gap in step_times, the part spent waiting
-        heartbeat_path(run_dir, rank).parent.mkdir(parents=True, exist_ok=True)
-        stacks = stack_path(run_dir, rank)
+        liveness.make_local_dir(self.directory)
+        stacks = RunDir(run_dir).stack_file(rank)
         stacks.parent.mkdir(parents=True, exist_ok=True)
         self._stack_file = open(stacks, "a")  # held open: faulthandler writes to its descriptor from C
         faulthandler.register(STACK_SIGNAL, file=self._stack_file, all_threads=True)
@@ -97,23 +93,23 @@ class Heartbeat:
         """Entering work the watchdog allows fault.startup_timeout_s for (a save, a load); advance() ends it."""
         self.name, self.progress = name, time.time()
 
-    def record(self) -> dict[str, Any]:
+    def record(self) -> liveness.RankBeat:
         timed = len(self.step_times) >= 3
         gaps, waits = list(self.step_times), list(self.waits)  # the training thread appends meanwhile
         n = min(len(gaps), len(waits))
-        return {**self.info, "step": self.step, "phase": self.name, "progress": self.progress,
-                "step_s": max(gaps) if timed else None, "alive": time.time(),
-                # means, not medians: a node throttled every N-th step (a CPU quota's period, a noisy neighbour)
-                # is slow in total, which is what the other nodes wait for, while most of its steps look fine
-                "compute_s": statistics.fmean(g - w for g, w in zip(gaps[-n:], waits[-n:])) if timed else None,
-                "wait_s": statistics.fmean(waits[-n:]) if timed else None}
+        return liveness.RankBeat(
+            **self.info, step=self.step, phase=self.name, progress=self.progress,
+            step_s=max(gaps) if timed else None, alive=time.time(),
+            # means, not medians: a node throttled every N-th step (a CPU quota's period, a noisy neighbour)
+            # is slow in total, which is what the other nodes wait for, while most of its steps look fine
+            compute_s=statistics.fmean(g - w for g, w in zip(gaps[-n:], waits[-n:])) if timed else None,
+            wait_s=statistics.fmean(waits[-n:]) if timed else None)
 
     def _beat(self) -> None:
-        path = heartbeat_path(self.run_dir, self.rank)
         while True:
             try:
-                runs.write_atomic(path, json.dumps(self.record()) + "\n")
-            except OSError:  # a full or vanished disk must not kill training; the watchdog sees no beat
+                liveness.write_beat(self.directory, self.record())
+            except OSError:  # a full or vanished memory must not kill training; the watchdog sees no beat
                 pass
             if self._stop.wait(INTERVAL_S):
                 return

@@ -29,11 +29,11 @@ the launcher names (FSDP_JOBS_REPLICA_ADDR: loopback where the nodes share one m
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import socket
 import time
+from dataclasses import asdict
 from datetime import timedelta
 from pathlib import Path
 from typing import Any, Callable, Optional
@@ -41,11 +41,10 @@ from typing import Any, Callable, Optional
 import torch
 
 from fsdp_jobs.planning.plan import REPLICA_ADDR_ENV
-from fsdp_jobs.rundir.layout import HEARTBEATS_DIR
+from fsdp_jobs.rundir import liveness
 from fsdp_jobs.runtime.mesh import World
 from fsdp_jobs.runtime.metrics import log
 
-ALIVE_S = 5.0  # a heartbeat written this recently is a live rank (the heartbeat thread writes once a second)
 JOINING = "join"  # the heartbeat phase of a rank whose Manager is up: it waits for its first quorum
 
 
@@ -253,16 +252,8 @@ def on_mesh(tree: Any, mesh: Any) -> Any:
 
 
 def live_heartbeats(run_dir: Path, since: float = 0.0) -> list[dict[str, Any]]:
-    """Every rank's heartbeat written in the last ALIVE_S, and after `since` (fsdp_jobs/runtime/heartbeat.py)."""
-    out, now = [], time.time()
-    for p in (run_dir / HEARTBEATS_DIR).glob("rank-*.json"):
-        try:
-            beat = json.loads(p.read_text())
-            if now - float(beat["alive"]) < ALIVE_S and float(beat["alive"]) > since:
-                out.append(beat)
-        except (OSError, ValueError, KeyError, TypeError):
-            continue
-    return out
+    """Every rank's heartbeat beating now and stated after `since`, on every node (fsdp_jobs/rundir/liveness.py)."""
+    return [asdict(b) for b in liveness.live_ranks(run_dir, time.time(), since)]
 
 
 class bound_to:

@@ -2,14 +2,16 @@
 
 torchrun notices a worker that dies, never one that stops making progress: a deadlock, a stopped process,
 a GPU or NIC that no longer answers. The job then waits for the collective timeout with every accelerator
-of the allocation idle. Each rank writes a heartbeat (fsdp_jobs/runtime/heartbeat.py); when none of this
-node's ranks has advanced for the hang timeout, the watchdog
+of the allocation idle. Each rank writes a heartbeat into node-local memory (fsdp_jobs/runtime/heartbeat.py,
+fsdp_jobs/rundir/liveness.py); the watchdog reads its own node's there, and publishes them as one record of
+its node to the shared run dir (on a change, else every liveness.PUBLISH_S), which is where it reads the
+other nodes'. When none of this node's ranks has advanced for the hang timeout, the watchdog
 
-  1. dumps every local rank's Python stack into RUN_DIR/logs/hang-<time>-<node>/rank-R.txt (py-spy where
+  1. dumps every local rank's Python stack into RunDir.hang_dir(time, node) (py-spy where
      installed: it also reads a stopped process; else the rank's own faulthandler, on SIGUSR1),
   2. names the rank that stopped first (its heartbeat thread stopped too: the process itself is stuck;
-     else the oldest progress) and where it is, in the log and in RUN_DIR/hangs.jsonl (fsdp_jobs/rundir/hangs.py,
-     which `fsdp-jobs status` reads),
+     else the oldest progress) and where it is, in the log and in the run's hang records
+     (fsdp_jobs/rundir/hangs.py, which `fsdp-jobs status` reads),
   3. SIGKILLs its local ranks: torchrun restarts the workers (every node's, through the rendezvous) and
      they resume from the newest checkpoint. After fault.max_hang_restarts hangs it stops the agent instead.
 
@@ -24,7 +26,6 @@ checkpoint. The decisions are pure functions of the heartbeats, tested in tests/
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import shutil
@@ -32,45 +33,20 @@ import signal
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Optional
 
 from fsdp_jobs.cli import stragglers
-from fsdp_jobs.rundir import hangs
-from fsdp_jobs.rundir.layout import HEARTBEATS_DIR, stack_path
+from fsdp_jobs.rundir import hangs, liveness
+from fsdp_jobs.rundir.layout import RunDir
 
-STALE_S = 5.0  # a heartbeat thread silent this long: the process itself is not running
+STALE_S = liveness.STALE_S  # a heartbeat thread silent this long: the process itself is not running
 STRAGGLER_CHECK_S = 10.0
 DERIVED_FLOOR_S, DERIVED_FACTOR = 60.0, 10.0
 
 
-@dataclass
-class Beat:
-    """One rank's latest heartbeat (heartbeats/rank-R.json)."""
-
-    rank: int
-    node: str
-    pid: int
-    step: int
-    phase: str
-    progress: float  # when it last advanced (or entered its phase)
-    alive: float  # when its heartbeat thread last wrote
-    step_s: Optional[float] = None  # the slowest of its recent steps
-
-    @classmethod
-    def read(cls, path: Path) -> Optional["Beat"]:
-        try:
-            d = json.loads(path.read_text())
-            return cls(int(d["rank"]), str(d["node"]), int(d["pid"]), int(d["step"]), str(d["phase"]),
-                       float(d["progress"]), float(d["alive"]), d.get("step_s"))
-        except (OSError, ValueError, KeyError, TypeError):  # being replaced, or not ours
-            return None
-
-
-def read_beats(run_dir: Path) -> list[Beat]:
-    beats = [Beat.read(p) for p in sorted((run_dir / HEARTBEATS_DIR).glob("rank-*.json"))]
-    return [b for b in beats if b is not None]
+Beat = liveness.RankBeat  # one rank's latest heartbeat
 
 
 def hang_timeout(beats: list[Beat], fault: dict[str, Any], job_step: Optional[int] = None) -> float:
@@ -165,8 +141,11 @@ def dump_stack(beat: Beat, stacks_file: Path, wait_s: float = 2.0) -> str:
 class Watchdog:
     """One node's: `tick()` once a second from launchers/node/wrapper.py while its agent runs."""
 
-    def __init__(self, run_dir: Path, node: str, agent_pid: int, fault: dict[str, Any]) -> None:
+    def __init__(self, run_dir: Path, node: str, agent_pid: int, fault: dict[str, Any],
+                 local_dir: Optional[Path] = None) -> None:
         self.run_dir, self.node, self.agent_pid, self.fault = run_dir, node, agent_pid, fault
+        self.local_dir = local_dir or liveness.local_dir(run_dir, node)
+        self.publisher = liveness.Publisher(run_dir, node)
         self.hangs = 0
         self.given_up = False
         self.killed: set[int] = set()  # a killed rank is a zombie until torchrun reaps it: never judged again
@@ -181,10 +160,13 @@ class Watchdog:
     def tick(self, now: Optional[float] = None) -> Optional[str]:
         """Act on a hang, if there is one; returns the line to log."""
         now = time.time() if now is None else now
-        everyone = read_beats(self.run_dir)
-        mine = self.local_beats(everyone)
+        local = liveness.read_local(self.local_dir)
+        self.publisher.tick(local, now)
+        mine = self.local_beats(local)
         if not mine:
             return None
+        # this node's ranks from memory, the others' as their watchdogs last published them
+        everyone = local + liveness.read_published(self.run_dir, now, exclude_node=self.node)
         stepping = [b.step for b in everyone if b.phase == "step" and now - b.alive <= STALE_S]  # this attempt's
         # a stopped process (SIGSTOP, a debugger) is not saving or loading, whatever its last heartbeat says:
         # its heartbeat thread stopped with it, and a stop within a second of a save's end left "save" in
@@ -221,11 +203,11 @@ class Watchdog:
         live = [b for b in everyone if now - b.alive <= stalled + 2 * STALE_S] or mine
         culprit = first_stopped(live, now)
         state = process_state(culprit.pid) if culprit in mine else f"on {culprit.node}: see its node's record"
-        where = self.run_dir / "logs" / f"hang-{time.strftime('%Y%m%d-%H%M%S', time.localtime(now))}-{self.node}"
+        where = RunDir(self.run_dir).hang_dir(now, self.node)
         where.mkdir(parents=True, exist_ok=True)
         frames = {}
         for b in mine:
-            text = dump_stack(b, stack_path(self.run_dir, b.rank))
+            text = dump_stack(b, RunDir(self.run_dir).stack_file(b.rank))
             (where / f"rank-{b.rank}.txt").write_text(f"rank {b.rank} pid {b.pid} on {b.node}, step {b.step}, "
                                                       f"{process_state(b.pid)}\n\n{text}")
             frames[b.rank] = innermost_frame(text)

@@ -17,6 +17,7 @@ What must happen on every node is written here once:
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -83,10 +84,12 @@ def run(argv: list[str], environ: Optional[dict[str, str]] = None) -> int:
     # what the agent and the ranks write (checkpoints, logs, bytecode) is the owner's alone, as the
     # launcher's is, whatever umask the node (a container, a batch step) starts with (README: Security)
     os.umask(OWNER_ONLY_UMASK)
-    from fsdp_jobs.rundir import events
+    from fsdp_jobs.rundir import events, liveness
 
     events.append_event(Path(run_dir), "node_start", node=node, time=started)
-    env = agent_env(environ, run_dir, node)
+    # the ranks' heartbeats: node-local memory, this node's watchdog reads them (fsdp_jobs/rundir/liveness.py)
+    beats = liveness.make_local_dir(liveness.derived_local_dir(Path(run_dir), node))
+    env = {**agent_env(environ, run_dir, node), liveness.LOCAL_DIR_ENV: str(beats)}
     Path(env["TORCHELASTIC_ERROR_FILE"]).parent.mkdir(parents=True, exist_ok=True)
     Path(env["TORCHELASTIC_ERROR_FILE"]).unlink(missing_ok=True)  # an earlier attempt's is not this one's
     # torchrun itself, its stores kept on loopback when the rendezvous host is (launchers/node/agent.py)
@@ -99,9 +102,12 @@ def run(argv: list[str], environ: Optional[dict[str, str]] = None) -> int:
     for s in FORWARDED:
         if signal.getsignal(s) is not signal.SIG_IGN:
             signal.signal(s, forward)
-    rc = preflight_status(supervise_agent(agent, Path(run_dir), node), Path(run_dir), node,
-                          engine_restarts=environ.get(ENGINE_RESTARTS_ENV) == "1",
-                          termination_log=environ.get(TERMINATION_LOG_ENV))
+    try:
+        rc = preflight_status(supervise_agent(agent, Path(run_dir), node, beats), Path(run_dir), node,
+                              engine_restarts=environ.get(ENGINE_RESTARTS_ENV) == "1",
+                              termination_log=environ.get(TERMINATION_LOG_ENV))
+    finally:
+        shutil.rmtree(beats, ignore_errors=True)  # node memory: nothing of the job may stay behind
     events.append_event(Path(run_dir), "node_end", node=node, rc=rc)
     if rc and rc != PREFLIGHT_FAILED_RC:
         cause = root_cause(env["TORCHELASTIC_ERROR_FILE"])
@@ -161,14 +167,14 @@ def job_fault(run_dir: Path) -> Optional[dict[str, Any]]:
     return fault if fault.get("watchdog", True) else None
 
 
-def supervise_agent(agent: subprocess.Popen, run_dir: Path, node: str) -> int:
+def supervise_agent(agent: subprocess.Popen, run_dir: Path, node: str, beats: Path) -> int:
     """Wait for the agent, with the hang watchdog (launchers/node/watchdog.py) looking at its ranks every second."""
     from launchers.node.watchdog import Watchdog
 
     from fsdp_jobs.rundir import failures
 
     fault = job_fault(run_dir)
-    watchdog = Watchdog(run_dir, node, agent.pid, fault) if fault is not None else None
+    watchdog = Watchdog(run_dir, node, agent.pid, fault, beats) if fault is not None else None
     while True:
         try:
             return agent.wait(timeout=1.0)

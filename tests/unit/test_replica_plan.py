@@ -102,10 +102,12 @@ def test_the_lighthouse_waits_for_a_straggler_no_longer_than_it_takes_to_drop_a_
 
 
 def beat(run_dir, rank: int, phase: str, step: int, age_s: float = 0.0) -> None:
-    d = run_dir / "heartbeats"
-    d.mkdir(exist_ok=True)
-    (d / f"rank-{rank}.json").write_text(json.dumps({"rank": rank, "phase": phase, "step": step,
-                                                     "alive": time.time() - age_s}))
+    """Rank `rank` on its own node, as that node's watchdog publishes it (fsdp_jobs/rundir/liveness.py)."""
+    from fsdp_jobs.rundir import liveness
+
+    now = time.time() - age_s
+    b = liveness.RankBeat(rank=rank, node=f"n{rank}", pid=rank, step=step, phase=phase, progress=now, alive=now)
+    liveness.Publisher(run_dir, f"n{rank}").tick([b], now)
 
 
 def test_the_start_waits_for_every_group_and_a_group_joining_a_training_job_does_not(tmp_path):

@@ -4,25 +4,27 @@ named by `status`/`compare`, and its own watchdog warns once it has stayed one (
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from fsdp_jobs.cli import ctl, report, stragglers
-from fsdp_jobs.rundir import layout
+from fsdp_jobs.rundir import liveness
+from fsdp_jobs.rundir.layout import RunDir
 from fsdp_jobs.runtime import heartbeat
 
 
 def write_beats(run_dir: Path, computes: dict[str, float], restart: int = 0, ranks_per_node: int = 2,
                 start_rank: int = 0) -> None:
-    d = run_dir / layout.HEARTBEATS_DIR
-    d.mkdir(parents=True, exist_ok=True)
+    """Each node's liveness record, as its watchdog publishes it (fsdp_jobs/rundir/liveness.py)."""
     rank = start_rank
     for node, compute in computes.items():
+        beats = []
         for _ in range(ranks_per_node):
-            (d / f"rank-{rank}.json").write_text(json.dumps(
-                {"rank": rank, "node": node, "pid": 1000 + rank, "restart": restart, "step": 50, "phase": "step",
-                 "progress": 1.0, "alive": 1.0, "step_s": 0.3, "compute_s": compute, "wait_s": 0.3 - compute}))
+            beats.append(liveness.RankBeat(rank=rank, node=node, pid=1000 + rank, restart=restart, step=50,
+                                           phase="step", progress=1.0, alive=1.0, step_s=0.3, compute_s=compute,
+                                           wait_s=0.3 - compute))
             rank += 1
+        run_dir.mkdir(parents=True, exist_ok=True)
+        liveness.Publisher(run_dir, node).tick(beats, 1.0)
 
 
 def test_the_node_whose_compute_stands_out_is_named_and_no_other(tmp_path):
@@ -43,7 +45,7 @@ def test_nodes_that_compute_alike_name_no_straggler(tmp_path):
 def test_only_the_newest_attempt_counts_and_damaged_files_are_skipped(tmp_path):
     write_beats(tmp_path, {"node0": 0.1, "node1": 0.1, "node2": 0.5}, restart=0)  # an earlier, 3-node attempt
     write_beats(tmp_path, {"node0": 0.1, "node1": 0.1}, restart=1)  # overwrites ranks 0-3: node2's stay behind
-    (tmp_path / layout.HEARTBEATS_DIR / "rank-9.json").write_text("{half a json")
+    RunDir(tmp_path).node_liveness_file("node9").write_text("{half a json")
     s = stragglers.of_run(tmp_path)
     assert set(s["nodes"]) == {"node0", "node1"} and s["stragglers"] == []
     assert stragglers.of_run(tmp_path / "nowhere") is None  # no heartbeats (e.g. a plain script=): nothing said
@@ -60,6 +62,7 @@ def test_a_heartbeat_splits_each_step_into_compute_and_waiting(tmp_path, monkeyp
     waited = [0.0]
     now = [100.0]
     monkeypatch.setattr(heartbeat.time, "time", lambda: now[0])
+    monkeypatch.setenv(liveness.LOCAL_DIR_ENV, str(tmp_path / "node-memory"))
     hb = heartbeat.Heartbeat(tmp_path, 0, 0, 0, waited=lambda: waited[0])
     try:
         hb.advance(1)  # the first advance starts the clock: no gap yet
@@ -68,12 +71,12 @@ def test_a_heartbeat_splits_each_step_into_compute_and_waiting(tmp_path, monkeyp
             waited[0] += 0.3
             hb.advance(step)
         rec = hb.record()
-        assert abs(rec["compute_s"] - 0.2) < 1e-9 and abs(rec["wait_s"] - 0.3) < 1e-9 and rec["step_s"] == 0.5
+        assert abs(rec.compute_s - 0.2) < 1e-9 and abs(rec.wait_s - 0.3) < 1e-9 and rec.step_s == 0.5
         hb.phase("save")  # a checkpoint save's time is neither: it does not enter the step timing
         now[0] += 30
         waited[0] += 1
         hb.advance(7)
-        assert abs(hb.record()["compute_s"] - 0.2) < 1e-9
+        assert abs(hb.record().compute_s - 0.2) < 1e-9
     finally:
         hb.close()
 

@@ -119,7 +119,7 @@ def test_a_rank_the_watchdog_killed_is_never_judged_again(tmp_path, monkeypatch)
     judged again, it would be a second hang (a second restart used, its stack dump overwritten)."""
     import launchers.node.watchdog as wd
 
-    hb = tmp_path / "heartbeats"
+    hb = tmp_path / "node-memory"  # the node-local heartbeat directory (fsdp_jobs/rundir/liveness.py)
     hb.mkdir()
     (hb / "rank-0.json").write_text(json.dumps({"rank": 0, "node": "node0", "pid": 4242, "step": 5, "phase": "step",
                                                 "progress": NOW - 100, "alive": NOW - 100, "step_s": 0.1}))
@@ -128,11 +128,11 @@ def test_a_rank_the_watchdog_killed_is_never_judged_again(tmp_path, monkeypatch)
     monkeypatch.setattr(wd, "dump_stack", lambda beat, path: "(stack)\n")
     killed = []
     monkeypatch.setattr(wd.os, "kill", lambda pid, sig: killed.append(pid))
-    dog = wd.Watchdog(tmp_path, "node0", 77, {"hang_timeout_s": 20, "max_hang_restarts": 3})
+    dog = wd.Watchdog(tmp_path, "node0", 77, {"hang_timeout_s": 20, "max_hang_restarts": 3}, hb)
     assert "hang" in dog.tick(NOW) and killed == [4242]
     assert dog.tick(NOW + 1) is None and dog.hangs == 1  # the same (now dead) rank is not a second hang
     monkeypatch.setattr(wd, "process_state", lambda pid: "Z (zombie)")
-    assert wd.Watchdog(tmp_path, "node0", 77, {"hang_timeout_s": 20}).tick(NOW) is None  # nor a zombie
+    assert wd.Watchdog(tmp_path, "node0", 77, {"hang_timeout_s": 20}, hb).tick(NOW) is None  # nor a zombie
 
 
 def test_a_stopped_rank_whose_last_heartbeat_says_save_gets_the_hang_timeout(tmp_path, monkeypatch):
@@ -141,7 +141,7 @@ def test_a_stopped_rank_whose_last_heartbeat_says_save_gets_the_hang_timeout(tmp
     (a running one in a save still gets the allowance)."""
     import launchers.node.watchdog as wd
 
-    hb = tmp_path / "heartbeats"
+    hb = tmp_path / "node-memory"
     hb.mkdir()
     (hb / "rank-1.json").write_text(json.dumps({"rank": 1, "node": "node0", "pid": 4243, "step": 20, "phase": "save",
                                                 "progress": NOW - 30, "alive": NOW - 30, "step_s": 0.1}))
@@ -150,7 +150,7 @@ def test_a_stopped_rank_whose_last_heartbeat_says_save_gets_the_hang_timeout(tmp
     monkeypatch.setattr(wd.os, "kill", lambda pid, sig: None)
     fault = {"hang_timeout_s": 20, "startup_timeout_s": 300, "max_hang_restarts": 3}
     monkeypatch.setattr(wd, "process_state", lambda pid: "S (sleeping)")
-    assert wd.Watchdog(tmp_path, "node0", 77, fault).tick(NOW) is None  # saving for 30 s: allowed up to 300 s
+    assert wd.Watchdog(tmp_path, "node0", 77, fault, hb).tick(NOW) is None  # saving for 30 s: allowed up to 300 s
     monkeypatch.setattr(wd, "process_state", lambda pid: "T (stopped)")
-    line = wd.Watchdog(tmp_path, "node0", 77, fault).tick(NOW)
+    line = wd.Watchdog(tmp_path, "node0", 77, fault, hb).tick(NOW)
     assert line and "hang: no rank advanced for 30 s (timeout 20 s)" in line, line
