@@ -1,0 +1,132 @@
+"""Liveness that scales (fsdp_jobs/rundir/liveness.py): a rank's heartbeat never touches the shared run dir,
+a node publishes one record of its ranks on a change or every PUBLISH_S whatever its rank count, a record
+caught half-rewritten is skipped, and every reader sees other nodes' ranks as alive as their record vouches."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from fsdp_jobs.rundir import liveness
+from fsdp_jobs.rundir.layout import RunDir
+from fsdp_jobs.runtime import heartbeat
+
+NOW = 1_000_000.0
+
+
+def beat(rank: int, node: str = "node0", phase: str = "step", step: int = 10, alive: float = NOW,
+         progress: float = NOW, pid: int = 0) -> liveness.RankBeat:
+    return liveness.RankBeat(rank=rank, node=node, pid=pid or 1000 + rank, step=step, phase=phase,
+                             progress=progress, alive=alive)
+
+
+def test_a_ranks_heartbeat_stays_in_node_memory_and_never_writes_the_run_dir(tmp_path, monkeypatch):
+    run_dir, memory = tmp_path / "run", tmp_path / "node-memory"
+    run_dir.mkdir()
+    monkeypatch.setenv(liveness.LOCAL_DIR_ENV, str(memory))
+    monkeypatch.setattr(heartbeat, "INTERVAL_S", 0.01)
+    hb = heartbeat.Heartbeat(run_dir, 3, 1, 0)
+    try:
+        for step in range(1, 30):
+            hb.advance(step)
+        import time
+        time.sleep(0.2)
+    finally:
+        hb.close()
+    assert [b.rank for b in liveness.read_local(memory)] == [3]
+    written = sorted(str(p.relative_to(run_dir)) for p in run_dir.rglob("*") if p.is_file())
+    assert written == [str(RunDir(run_dir).stack_file(3).relative_to(run_dir))]  # opened once, for SIGUSR1
+
+
+def test_a_node_publishes_on_a_change_and_otherwise_every_publish_interval(tmp_path):
+    pub = liveness.Publisher(tmp_path, "node0")
+    path = RunDir(tmp_path).node_liveness_file("node0")
+    assert pub.tick([], NOW) is False and not path.exists()  # nothing started: nothing said
+    def ranks(at: float, step: int = 10, phase: str = "step") -> list[liveness.RankBeat]:
+        return [beat(0, step=step, alive=at, phase=phase), beat(1, step=step, alive=at)]
+
+    assert pub.tick(ranks(NOW), NOW) is True  # first word
+    assert pub.tick(ranks(NOW + 1, step=11), NOW + 1) is False  # steps advance: not a change
+    assert pub.tick(ranks(NOW + 9), NOW + liveness.PUBLISH_S - 0.1) is False
+    assert pub.tick(ranks(NOW + 10), NOW + liveness.PUBLISH_S) is True  # the periodic record
+    assert pub.tick(ranks(NOW + 11, phase="save"), NOW + liveness.PUBLISH_S + 1) is True  # a phase change
+    t = NOW + liveness.PUBLISH_S + 2
+    silent = [beat(0, phase="save", alive=t), beat(1, alive=t - liveness.STALE_S - 1)]
+    assert pub.tick(silent, t) is True  # a rank went silent: readers act on that, at once
+    assert pub.tick(silent + [beat(2, alive=t)], t + 1) is True  # a rank started
+
+
+def test_writes_per_node_do_not_grow_with_its_ranks(tmp_path):
+    """One minute of steady training, a tick a second: the same writes for 1 rank a node and for 64."""
+    def writes(ranks: int) -> int:
+        pub = liveness.Publisher(tmp_path / str(ranks), "node0")
+        (tmp_path / str(ranks)).mkdir()
+        return sum(pub.tick([beat(r, step=10 + s, alive=NOW + s, progress=NOW + s) for r in range(ranks)], NOW + s)
+                   for s in range(60))
+
+    assert writes(1) == writes(64) == 1 + int(59 // liveness.PUBLISH_S)
+
+
+def test_a_record_caught_half_rewritten_or_damaged_is_skipped(tmp_path):
+    pub = liveness.Publisher(tmp_path, "node0")
+    pub.tick([beat(0), beat(1)], NOW)
+    path = RunDir(tmp_path).node_liveness_file("node0")
+    assert [b.rank for b in liveness.read_published(tmp_path, NOW)] == [0, 1]
+    good = path.read_bytes()
+    path.write_bytes(good[:40] + b"X" + good[41:])  # a reader between the writer's write and its end
+    assert liveness.read_published(tmp_path, NOW) == [] and liveness.read_in_place(path) is None
+    for junk in (b"", b"{}", b'{"node": "node0"}\n#crc32=zzzzzzzz\n', json.dumps([1, 2]).encode()):
+        path.write_bytes(junk)
+        assert liveness.read_nodes(tmp_path) == []
+    liveness.write_in_place(path, json.dumps({"node": "node0", "written": NOW, "ranks": [{"rank": "x"}, 7]}))
+    assert liveness.read_nodes(tmp_path)[0].ranks == []  # foreign ranks inside a good record: skipped
+    # a shorter record over a longer one: no stale tail survives
+    liveness.write_in_place(path, "x" * 500)
+    liveness.write_in_place(path, json.dumps({"node": "n", "written": 1.0, "ranks": []}))
+    assert liveness.read_nodes(tmp_path)[0].node == "n"
+
+
+def test_readers_see_a_fresh_records_ranks_as_alive_as_it_vouches_and_a_stale_ones_as_silent(tmp_path):
+    liveness.Publisher(tmp_path, "node1").tick([beat(2, "node1"), beat(3, "node1", alive=NOW - 8)], NOW)
+    later = NOW + 6  # the record is 6 s old: its watchdog still publishes (fresh)
+    seen = {b.rank: b for b in liveness.read_published(tmp_path, later)}
+    assert not seen[2].silent(later) and seen[3].silent(later)  # rank 3 was silent when written: still is
+    stale = NOW + liveness.FRESH_S + 1  # its watchdog is gone: nothing vouches for its ranks
+    assert all(b.silent(stale) for b in liveness.read_published(tmp_path, stale))
+    assert liveness.read_published(tmp_path, later, exclude_node="node1") == []
+    assert liveness.read_published(tmp_path, later, since=NOW) == []  # said before `since`: no evidence
+
+
+@pytest.mark.expects_hang
+def test_the_watchdog_names_another_nodes_stopped_rank_from_its_published_record(tmp_path, monkeypatch):
+    """node0's ranks wait in a collective (beating, no progress); node1's rank 2 stopped (silent): node0's
+    watchdog names rank 2 on node1 from node1's record, and kills only its own ranks."""
+    import launchers.node.watchdog as wd
+
+    memory = tmp_path / "node-memory"
+    memory.mkdir()
+    for r in (0, 1):
+        liveness.write_beat(memory, beat(r, pid=500 + r, step=40, progress=NOW - 30))
+    liveness.Publisher(tmp_path, "node1").tick(
+        [beat(2, "node1", step=40, progress=NOW - 31, alive=NOW - 31), beat(3, "node1", step=40, progress=NOW - 30)],
+        NOW - 2)
+    monkeypatch.setattr(wd, "parent_pid", lambda pid: 77)
+    monkeypatch.setattr(wd, "process_state", lambda pid: "S (sleeping)")
+    monkeypatch.setattr(wd, "dump_stack", lambda beat, path: "(stack)\n")
+    killed: list[int] = []
+    monkeypatch.setattr(wd.os, "kill", lambda pid, sig: killed.append(pid))
+    line = wd.Watchdog(tmp_path, "node0", 77, {"hang_timeout_s": 20}, memory).tick(NOW)
+    assert "stopped first: rank 2 on node1" in line, line
+    assert sorted(killed) == [500, 501]
+    assert liveness.read_nodes(tmp_path)[0].node == "node0"  # and it published its own node's record
+
+
+def test_the_node_memory_directory_is_the_owners_and_derived_alike_by_rank_and_watchdog(tmp_path, monkeypatch):
+    monkeypatch.delenv(liveness.LOCAL_DIR_ENV, raising=False)
+    a = liveness.local_dir(tmp_path / "run", "node0")
+    assert a == liveness.derived_local_dir(tmp_path / "run", "node0") != liveness.local_dir(tmp_path / "run", "node1")
+    assert a.parent.name == f"fsdp-jobs-{os.getuid()}"
+    made = liveness.make_local_dir(tmp_path / "mine" / "x")
+    assert made.is_dir() and (made.stat().st_mode & 0o777) == 0o700
