@@ -11,7 +11,7 @@ others halves the job's throughput while every other accelerator idles half of e
 from __future__ import annotations
 
 import statistics
-from dataclasses import asdict
+import time
 from pathlib import Path
 from typing import Any, Optional
 
@@ -21,32 +21,21 @@ DEFAULT_RATIO = 1.5
 MIN_COMPUTE_S = 1e-3  # below this a step is all noise: no ratio is taken against it
 
 
-def read_timings(run_dir: Path) -> list[dict[str, Any]]:
-    """Every rank's latest published heartbeat that has timed its steps (a damaged or half-written node
-    record is skipped)."""
-    return [asdict(b) for node in liveness.read_nodes(run_dir) for b in node.ranks
-            if isinstance(b.compute_s, (int, float)) and b.node]
-
-
-def by_node(beats: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
-    """{node: its ranks' median compute and wait per step}, from the newest attempt's heartbeats only (a rank
-    file of an earlier, larger world would still carry that world's timing)."""
-    if not beats:
+def by_node(nodes: list[liveness.NodeSummary]) -> dict[str, dict[str, float]]:
+    """{node: its ranks' median compute and wait per step}, of the newest attempt's nodes only (a node
+    record of an earlier, larger world would still carry that world's timing)."""
+    timed = [n for n in nodes if n.compute_s is not None]
+    if not timed:
         return {}
-    newest = max(int(b.get("restart", 0)) for b in beats)
-    nodes: dict[str, list[dict[str, Any]]] = {}
-    for b in beats:
-        if int(b.get("restart", 0)) == newest:
-            nodes.setdefault(str(b["node"]), []).append(b)
-    return {node: {"compute_s": statistics.median(float(b["compute_s"]) for b in bs),
-                   "wait_s": statistics.median(float(b.get("wait_s") or 0.0) for b in bs), "ranks": len(bs)}
-            for node, bs in sorted(nodes.items())}
+    newest = max(n.restart for n in timed)
+    return {n.node: {"compute_s": float(n.compute_s), "wait_s": float(n.wait_s or 0.0), "ranks": n.ranks}
+            for n in sorted(timed, key=lambda n: n.node) if n.restart == newest}
 
 
-def summary(beats: list[dict[str, Any]], ratio: float = DEFAULT_RATIO) -> Optional[dict[str, Any]]:
+def summary(summaries: list[liveness.NodeSummary], ratio: float = DEFAULT_RATIO) -> Optional[dict[str, Any]]:
     """The slowest node and its compute's ratio to the median node's; `stragglers` names the nodes at or
     above `ratio` (none when every node computes alike). None with fewer than two nodes timed."""
-    nodes = by_node(beats)
+    nodes = by_node(summaries)
     if len(nodes) < 2:
         return None
     median = statistics.median(n["compute_s"] for n in nodes.values())
@@ -60,8 +49,9 @@ def summary(beats: list[dict[str, Any]], ratio: float = DEFAULT_RATIO) -> Option
                              "ratio": round(ratios[node], 2)} for node, n in nodes.items()}}
 
 
-def of_run(run_dir: Path, ratio: float = DEFAULT_RATIO) -> Optional[dict[str, Any]]:
-    return summary(read_timings(run_dir), ratio)
+def of_run(run_dir: Path, ratio: float = DEFAULT_RATIO, now: Optional[float] = None) -> Optional[dict[str, Any]]:
+    """From the job view (one read; fsdp_jobs/rundir/liveness.py), else from the node records."""
+    return summary(liveness.job_nodes(run_dir, time.time() if now is None else now), ratio)
 
 
 def describe(s: dict[str, Any]) -> str:

@@ -123,6 +123,12 @@ class RunDir:
     def liveness_dir(self) -> Path:
         return self.root / "liveness"
 
+    @property
+    def job_liveness_file(self) -> Path:
+        """The JobView: every node's summary, written by the leader node's watchdog (the node of rank 0),
+        which is what the other nodes and the CLI read instead of every node's record."""
+        return self.liveness_dir / "job.json"
+
     def node_liveness_file(self, node: str) -> Path:
         """One node's NodeLiveness record: its ranks' heartbeats, published by its watchdog every few
         seconds (the ranks' own heartbeats stay node-local: liveness.py)."""

@@ -10,11 +10,18 @@ operations a second at 1,024 nodes x 8 ranks) now stays node-local:
             stragglers, and publishes one NodeLiveness record to RunDir.node_liveness_file(node): when
             something a reader acts on changed (a rank started, stopped, changed phase, went silent) and
             otherwise every PUBLISH_S, written in place (no temporary file, no rename: one write)
-  readers   `status`, the straggler report, other nodes' watchdogs and a replica group's start barrier
-            read the node records (`read_published`); a node reads its own ranks from `local_dir`
+  leader    the watchdog of the node holding rank 0 writes no node record of its own but the JobView
+            (RunDir.job_liveness_file): a NodeSummary of every node (its ranks' phases, furthest step,
+            compute and wait medians, silent ranks, laggard), from the node records it reads every
+            LEADER_READ_S, written on a change or every PUBLISH_S
+  readers   the other nodes' watchdogs (stragglers, a late rank's timeout, a hang's culprit), `status` and a
+            replica group's start barrier read the one JobView (`job_nodes`), never every node's record
+            (only while no fresh view exists: a leader gone, a job starting); a node reads its own ranks
+            from `local_dir`
 
-So the shared run dir receives, per node, one write every PUBLISH_S in steady training (ARCHITECTURE.md:
-"What grows with the job"), whatever the ranks per node.
+So the shared run dir receives, per node, one write every PUBLISH_S in steady training, whatever the ranks
+per node, and one node reads O(nodes) records every LEADER_READ_S while each other node reads one file
+when it needs the job's state (ARCHITECTURE.md: "What grows with the job").
 """
 
 from __future__ import annotations
@@ -22,6 +29,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import statistics
 import tempfile
 import zlib
 from dataclasses import asdict, dataclass, fields, replace
@@ -36,6 +44,7 @@ HEARTBEAT_S = 1.0  # a rank's heartbeat thread, into node-local memory: free
 PUBLISH_S = 10.0  # a node's record in the shared run dir when nothing changed
 STALE_S = 5.0  # a heartbeat thread silent this long: the process itself is not running
 FRESH_S = PUBLISH_S + 2 * STALE_S  # a node record older than this: its node's watchdog is gone
+LEADER_READ_S = 2.0  # the leader reads the node records this often
 LOCAL_DIR_ENV = "FSDP_JOBS_LIVENESS_DIR"  # set by the node wrapper for its agent and ranks
 
 
@@ -151,13 +160,17 @@ class Publisher:
             return False
         if not beats and self.last_key is None:
             return False  # nothing started yet: nothing to say
-        record = NodeLiveness(self.node, now, beats)
-        try:
-            self.path.parent.mkdir(exist_ok=True)
-            write_in_place(self.path, json.dumps(asdict(record)))
-        except OSError:  # a full or vanished disk must not stop the watchdog
+        if not self.write(json.dumps(asdict(NodeLiveness(self.node, now, beats)))):
             return False
         self.last_key, self.last_time = key, now
+        return True
+
+    def write(self, text: str) -> bool:
+        try:
+            self.path.parent.mkdir(exist_ok=True)
+            write_in_place(self.path, text)
+        except OSError:  # a full or vanished disk must not stop the watchdog
+            return False
         return True
 
 
@@ -214,7 +227,7 @@ def read_published(run_dir: Path, now: float, exclude_node: Optional[str] = None
     fresh record (its watchdog publishes) vouches that its ranks were as alive as they were at its writing:
     their `alive` is moved forward by the record's age, so a rank silent when written stays silent and one
     that was beating counts as beating. A stale record (its node's watchdog is gone) is taken as written:
-    its ranks look silent."""
+    its ranks look silent. Reads every node's record: for tools and the leader, not for every node."""
     out = []
     for record in read_nodes(run_dir):
         if record.node == exclude_node or record.written <= since:
@@ -225,11 +238,116 @@ def read_published(run_dir: Path, now: float, exclude_node: Optional[str] = None
     return out
 
 
-def live_ranks(run_dir: Path, now: float, since: float = float("-inf")) -> list[RankBeat]:
-    """The ranks beating now on every node, as stated after `since` (a record of the run's previous launch
-    is no evidence): the published records, and this node's own ranks from node-local memory (newer)."""
-    node = os.environ.get("FSDP_JOBS_NODE", "")
-    mine = [b for b in read_local(local_dir(run_dir, node)) if b.alive > since] if node else []
-    beats = {b.rank: b for b in read_published(run_dir, now, since=since)}
-    beats.update({b.rank: b for b in mine})
-    return [b for b in beats.values() if now - b.alive < STALE_S]
+# ------------------------------------------------------------------ the job view: one file for every reader
+@dataclass
+class NodeSummary:
+    """What the rest of the job needs to know of one node, as of its record's `written`."""
+
+    node: str
+    written: float
+    ranks: int
+    rank_min: int
+    restart: int
+    phases: dict[str, int]  # its live ranks by phase
+    step_max: Optional[int]  # the furthest step a live rank of it advanced to in the step loop
+    compute_s: Optional[float]  # its timed ranks' median compute per step (fsdp_jobs/cli/stragglers.py)
+    wait_s: Optional[float]
+    silent: list[RankBeat]  # its ranks whose heartbeat thread went silent
+    laggard: Optional[RankBeat]  # its live rank at the lowest (step, progress): a hang's suspect
+
+    @classmethod
+    def of(cls, node: str, written: float, beats: list[RankBeat], now: float) -> "NodeSummary":
+        live = [b for b in beats if not b.silent(now)]
+        stepping = [b.step for b in live if b.phase == "step"]
+        timed = [b for b in beats if isinstance(b.compute_s, (int, float))]
+        phases: dict[str, int] = {}
+        for b in live:
+            phases[b.phase] = phases.get(b.phase, 0) + 1
+        return cls(node, written, len(beats), min((b.rank for b in beats), default=0),
+                   max((b.restart for b in beats), default=0), phases, max(stepping) if stepping else None,
+                   statistics.median(float(b.compute_s) for b in timed) if timed else None,  # type: ignore[arg-type]
+                   statistics.median(float(b.wait_s or 0.0) for b in timed) if timed else None,
+                   [b for b in beats if b.silent(now)],
+                   min(live, key=lambda b: (b.step, b.progress)) if live else None)
+
+    @classmethod
+    def from_dict(cls, d: Any) -> Optional["NodeSummary"]:
+        try:
+            silent = [RankBeat.from_dict(b) for b in d["silent"]]
+            return cls(str(d["node"]), float(d["written"]), int(d["ranks"]), int(d["rank_min"]), int(d["restart"]),
+                       {str(k): int(v) for k, v in d["phases"].items()}, d["step_max"], d["compute_s"],
+                       d["wait_s"], [b for b in silent if b is not None], RankBeat.from_dict(d["laggard"]))
+        except (KeyError, TypeError, ValueError, AttributeError):
+            return None
+
+    def key(self) -> tuple[Any, ...]:
+        return (self.node, self.ranks, self.restart, tuple(sorted(self.phases.items())),
+                tuple(b.rank for b in self.silent))
+
+
+@dataclass
+class JobView:
+    """RunDir.job_liveness_file: every node's summary, by the leader (the node of rank 0)."""
+
+    written: float
+    leader: str
+    nodes: list[NodeSummary]
+    v: int = SCHEMA
+
+
+def summarize(records: list[NodeLiveness], now: float) -> list[NodeSummary]:
+    """Node records as summaries, each rank as alive as its record vouches (`read_published`)."""
+    out = []
+    for r in records:
+        shift = now - r.written if 0 <= now - r.written <= FRESH_S else 0.0
+        out.append(NodeSummary.of(r.node, r.written, [replace(b, alive=b.alive + shift) for b in r.ranks], now))
+    return out
+
+
+class Leader:
+    """The node of rank 0: reads the node records every LEADER_READ_S and writes the JobView on a change
+    or every PUBLISH_S (its own node is in the view, from memory: it writes no node record)."""
+
+    def __init__(self, run_dir: Path, node: str) -> None:
+        self.run_dir, self.node = run_dir, node
+        self.publisher = Publisher(run_dir, node)
+        self.publisher.path = RunDir(run_dir).job_liveness_file
+        self.others: list[NodeLiveness] = []
+        self.last_read = float("-inf")
+
+    def tick(self, beats: list[RankBeat], now: float) -> bool:
+        if now - self.last_read >= LEADER_READ_S:
+            self.others = [r for r in read_nodes(self.run_dir) if r.node != self.node]
+            self.last_read = now
+        nodes = [NodeSummary.of(self.node, now, beats, now), *summarize(self.others, now)]
+        key = tuple(n.key() for n in nodes)
+        if key == self.publisher.last_key and now - self.publisher.last_time < PUBLISH_S:
+            return False
+        if not self.publisher.write(json.dumps(asdict(JobView(now, self.node, nodes)))):
+            return False
+        self.publisher.last_key, self.publisher.last_time = key, now
+        return True
+
+
+def read_view(run_dir: Path, now: float) -> Optional[JobView]:
+    """The leader's JobView if it is fresh (else None: no leader now)."""
+    text = read_in_place(RunDir(run_dir).job_liveness_file)
+    try:
+        d = json.loads(text) if text is not None else None
+        if not isinstance(d, dict) or not 0 <= now - float(d["written"]) <= FRESH_S:
+            return None
+        nodes = [NodeSummary.from_dict(n) for n in d["nodes"]]
+        return JobView(float(d["written"]), str(d["leader"]), [n for n in nodes if n is not None])
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
+def job_nodes(run_dir: Path, now: float) -> list[NodeSummary]:
+    """Every node's summary: the leader's view when fresh (one read), else from the node records."""
+    view = read_view(run_dir, now)
+    if view is not None:
+        age = now - view.written  # as of now: a fresh view vouches for its ranks as a node record does
+        return [replace(n, silent=[replace(b, alive=b.alive + age) for b in n.silent],
+                        laggard=replace(n.laggard, alive=n.laggard.alive + age) if n.laggard else None)
+                for n in view.nodes]
+    return summarize(read_nodes(run_dir), now)

@@ -33,7 +33,6 @@ import logging
 import os
 import socket
 import time
-from dataclasses import asdict
 from datetime import timedelta
 from pathlib import Path
 from typing import Any, Callable, Optional
@@ -125,17 +124,18 @@ class Replicas(NoReplicas):
         finally:
             self.live = True
 
-    def others_training(self, timeout_s: float, want: Callable[[dict[str, Any]], bool]) -> bool:
-        """Wait until every other replica group has a live rank for which `want(heartbeat)` holds, or the
-        timeout; returns early, True, as soon as another group is training (this group joins a running job)."""
+    def others_training(self, timeout_s: float, phases: Optional[set[str]] = None) -> bool:
+        """Wait until every other replica group has a live rank in one of `phases` (None: any), or the
+        timeout; returns early, True, as soon as another group is training (this group joins a running job).
+        Groups are whole nodes: the job's liveness view has each node's live phases (fsdp_jobs/rundir/liveness.py)."""
         deadline = time.time() + timeout_s
         ranks_per_group, me = self.world.world_size, self.world.group
         while True:
-            beats = live_heartbeats(self.run_dir, self.since)
-            others = [b for b in beats if int(b["rank"]) // ranks_per_group != me]
-            if any(b.get("phase") == "step" and int(b.get("step") or 0) > 0 for b in others):
+            nodes = [n for n in liveness.job_nodes(self.run_dir, time.time()) if n.written > self.since]
+            others = [n for n in nodes if n.rank_min // ranks_per_group != me and n.phases]
+            if any(n.phases.get("step") and (n.step_max or 0) > 0 for n in others):
                 return True
-            ready = {int(b["rank"]) // ranks_per_group for b in others if want(b)}
+            ready = {n.rank_min // ranks_per_group for n in others if phases is None or phases & set(n.phases)}
             if len(ready) >= self.world.groups - 1 or time.time() > deadline:
                 return False
             time.sleep(0.2)
@@ -249,11 +249,6 @@ def on_mesh(tree: Any, mesh: Any) -> Any:
     if isinstance(tree, (list, tuple)):
         return type(tree)(on_mesh(v, mesh) for v in tree)
     return tree
-
-
-def live_heartbeats(run_dir: Path, since: float = 0.0) -> list[dict[str, Any]]:
-    """Every rank's heartbeat beating now and stated after `since`, on every node (fsdp_jobs/rundir/liveness.py)."""
-    return [asdict(b) for b in liveness.live_ranks(run_dir, time.time(), since)]
 
 
 class bound_to:

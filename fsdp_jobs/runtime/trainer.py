@@ -305,8 +305,7 @@ class Trainer:
         if not self.joining:  # the job's start: every group's server up, so the first quorum holds them all
             replicas.open(state.state_dict, state.load_state_dict, state.step, self.mesh)
             self.beat_phase(JOINING)  # only now: a group that saw it earlier asked a lighthouse that knew no other
-            replicas.others_training(float(ft["join_timeout_s"]), want=lambda beat: beat.get("phase") in (JOINING,
-                                                                                                          "step"))
+            replicas.others_training(float(ft["join_timeout_s"]), phases={JOINING, "step"})
         else:  # the others wait for this group's first step in their all-reduces: not a cold one
             self.beat_phase(JOINING)
             if warm_up is not None:
@@ -329,8 +328,7 @@ class Trainer:
         job's start), or find another one training (then this group recovers from it: join())."""
         if self.replicas.enabled:
             self.beat_phase("start")
-            self.joining = self.replicas.others_training(float(self.job["fault_tolerance"]["join_timeout_s"]),
-                                                         want=lambda beat: True)
+            self.joining = self.replicas.others_training(float(self.job["fault_tolerance"]["join_timeout_s"]))
         return self.joining
 
     def warm_up_step(self) -> None:

@@ -146,6 +146,7 @@ class Watchdog:
         self.run_dir, self.node, self.agent_pid, self.fault = run_dir, node, agent_pid, fault
         self.local_dir = local_dir or liveness.local_dir(run_dir, node)
         self.publisher = liveness.Publisher(run_dir, node)
+        self.leader = liveness.Leader(run_dir, node)  # while this node holds rank 0
         self.hangs = 0
         self.given_up = False
         self.killed: set[int] = set()  # a killed rank is a zombie until torchrun reaps it: never judged again
@@ -160,23 +161,36 @@ class Watchdog:
     def tick(self, now: Optional[float] = None) -> Optional[str]:
         """Act on a hang, if there is one; returns the line to log."""
         now = time.time() if now is None else now
-        local = liveness.read_local(self.local_dir)
-        self.publisher.tick(local, now)
-        mine = self.local_beats(local)
+        mine = self.local_beats(liveness.read_local(self.local_dir))
+        self.publish(mine, now)
         if not mine:
             return None
-        # this node's ranks from memory, the others' as their watchdogs last published them
-        everyone = local + liveness.read_published(self.run_dir, now, exclude_node=self.node)
-        stepping = [b.step for b in everyone if b.phase == "step" and now - b.alive <= STALE_S]  # this attempt's
         # a stopped process (SIGSTOP, a debugger) is not saving or loading, whatever its last heartbeat says:
         # its heartbeat thread stopped with it, and a stop within a second of a save's end left "save" in
         # the file (a SLURM test's hang then waited the 300 s start-up allowance, not fault.hang_timeout_s)
         judged = [replace(b, phase="step") if process_state(b.pid)[:1] in ("T", "t") else b for b in mine]
-        timeout = hang_timeout(judged, self.fault, max(stepping) if stepping else None)
+        timeout = hang_timeout(judged, self.fault, self.job_step(judged, now))
         stalled = stalled_for(mine, now)
         if stalled <= timeout:
             return self.check_straggler(now)
-        return self.on_hang(everyone, mine, now, stalled, timeout)
+        return self.on_hang(mine, now, stalled, timeout)
+
+    def publish(self, mine: list[Beat], now: float) -> None:
+        """This node's ranks for the rest of the job: the JobView if it holds rank 0, else its node record."""
+        if any(b.rank == 0 for b in mine):
+            self.leader.tick(mine, now)
+        else:
+            self.publisher.tick(mine, now)
+
+    def job_step(self, judged: list[Beat], now: float) -> Optional[int]:
+        """The furthest step a live rank of the job advanced to, from the job view: read only while one of
+        this node's ranks is not stepping (a save or a load), the one case the hang timeout depends on it."""
+        if all(b.phase == "step" for b in judged):
+            return None
+        steps = [b.step for b in judged if b.phase == "step" and not b.silent(now)]
+        steps += [n.step_max for n in liveness.job_nodes(self.run_dir, now)
+                  if n.node != self.node and n.step_max is not None]
+        return max(steps) if steps else None
 
     def check_straggler(self, now: float) -> Optional[str]:
         """The warning line when this node has stayed a straggler for fault.straggler_checks checks."""
@@ -184,7 +198,7 @@ class Watchdog:
             return None
         self.next_straggler_check = now + STRAGGLER_CHECK_S
         ratio = float(self.fault.get("straggler_ratio") or stragglers.DEFAULT_RATIO)
-        s = stragglers.of_run(self.run_dir, ratio)
+        s = stragglers.of_run(self.run_dir, ratio, now)
         if s is None or self.node not in s["stragglers"]:
             self.straggling = 0
             return None
@@ -196,11 +210,13 @@ class Watchdog:
                 f"node's per step ({mine['compute_s']:.3g} s vs {s['median_compute_s']:.3g} s; the other nodes "
                 f"wait for it) for {self.straggling} checks in a row; `fsdp-jobs status` shows every node's")
 
-    def on_hang(self, everyone: list[Beat], mine: list[Beat], now: float, stalled: float, timeout: float) -> str:
+    def on_hang(self, mine: list[Beat], now: float, stalled: float, timeout: float) -> str:
         self.hangs += 1
-        # this attempt's ranks on every node (their files are shared; their pids may be another node's or
-        # container's): a heartbeat no older than the stall itself; files of earlier attempts are older
-        live = [b for b in everyone if now - b.alive <= stalled + 2 * STALE_S] or mine
+        # this node's ranks, and of every other node its silent ranks and its laggard (the job view); a
+        # heartbeat older than the stall itself is an earlier attempt's
+        others = [b for n in liveness.job_nodes(self.run_dir, now) if n.node != self.node
+                  for b in [*n.silent, *([n.laggard] if n.laggard else [])]]
+        live = [b for b in [*mine, *others] if now - b.alive <= stalled + 2 * STALE_S] or mine
         culprit = first_stopped(live, now)
         state = process_state(culprit.pid) if culprit in mine else f"on {culprit.node}: see its node's record"
         where = RunDir(self.run_dir).hang_dir(now, self.node)

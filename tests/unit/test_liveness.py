@@ -120,7 +120,9 @@ def test_the_watchdog_names_another_nodes_stopped_rank_from_its_published_record
     line = wd.Watchdog(tmp_path, "node0", 77, {"hang_timeout_s": 20}, memory).tick(NOW)
     assert "stopped first: rank 2 on node1" in line, line
     assert sorted(killed) == [500, 501]
-    assert liveness.read_nodes(tmp_path)[0].node == "node0"  # and it published its own node's record
+    view = liveness.read_view(tmp_path, NOW)  # node0 holds rank 0: it wrote the job view, node1's summary in it
+    assert view is not None and view.leader == "node0" and [n.node for n in view.nodes] == ["node0", "node1"]
+    assert [b.rank for b in view.nodes[1].silent] == [2] and view.nodes[0].phases == {"step": 2}
 
 
 def test_the_node_memory_directory_is_the_owners_and_derived_alike_by_rank_and_watchdog(tmp_path, monkeypatch):
@@ -130,3 +132,51 @@ def test_the_node_memory_directory_is_the_owners_and_derived_alike_by_rank_and_w
     assert a.parent.name == f"fsdp-jobs-{os.getuid()}"
     made = liveness.make_local_dir(tmp_path / "mine" / "x")
     assert made.is_dir() and (made.stat().st_mode & 0o777) == 0o700
+
+
+def test_the_leader_writes_one_view_of_every_node_which_the_others_read_instead_of_every_record(tmp_path):
+    from fsdp_jobs.cli import stragglers
+
+    for n, compute in (("node1", 0.1), ("node2", 0.35)):
+        liveness.Publisher(tmp_path, n).tick([liveness.RankBeat(
+            rank=int(n[-1]) * 2, node=n, pid=1, step=50, phase="step", progress=NOW, alive=NOW, compute_s=compute,
+            wait_s=0.01)], NOW)
+    leader = liveness.Leader(tmp_path, "node0")
+    mine = [liveness.RankBeat(rank=0, node="node0", pid=1, step=50, phase="step", progress=NOW, alive=NOW,
+                              compute_s=0.1, wait_s=0.01)]
+    assert leader.tick(mine, NOW) is True
+    assert leader.tick(mine, NOW + 1) is False  # nothing changed: no write
+    assert not RunDir(tmp_path).node_liveness_file("node0").exists()  # the leader's node is in the view only
+    for n in ("node1", "node2"):  # the records gone: readers still answer, from the one view
+        RunDir(tmp_path).node_liveness_file(n).unlink()
+    s = stragglers.of_run(tmp_path, now=NOW + 2)
+    assert s["stragglers"] == ["node2"] and set(s["nodes"]) == {"node0", "node1", "node2"}
+    assert stragglers.of_run(tmp_path, now=NOW + liveness.FRESH_S + 1) is None  # a stale view: no leader, no word
+
+
+def test_a_node_that_is_not_the_leader_reads_no_other_nodes_file_while_its_ranks_step(tmp_path, monkeypatch):
+    """A minute of steady training, a tick a second: no node record is read, and the job view only for the
+    straggler check (every STRAGGLER_CHECK_S)."""
+    import launchers.node.watchdog as wd
+
+    memory = tmp_path / "node-memory"
+    memory.mkdir()
+    reads = {"nodes": 0, "view": 0, "counting": True}
+
+    def counted(what, real):
+        return lambda *a: reads.__setitem__(what, reads[what] + reads["counting"]) or real(*a)
+
+    monkeypatch.setattr(liveness, "read_nodes", counted("nodes", liveness.read_nodes))
+    monkeypatch.setattr(liveness, "read_view", counted("view", liveness.read_view))
+    monkeypatch.setattr(wd, "parent_pid", lambda pid: 77)
+    monkeypatch.setattr(wd, "process_state", lambda pid: "S (sleeping)")
+    leader = liveness.Leader(tmp_path, "node0")
+    dog = wd.Watchdog(tmp_path, "node1", 77, {"hang_timeout_s": 20}, memory)
+    for s in range(60):
+        reads["counting"] = False  # the leader's node (which reads the records) keeps the view fresh
+        leader.tick([beat(0, step=s, alive=NOW + s, progress=NOW + s)], NOW + s)
+        reads["counting"] = True
+        for r in (2, 3):
+            liveness.write_beat(memory, beat(r, "node1", pid=600 + r, step=s, alive=NOW + s, progress=NOW + s))
+        assert dog.tick(NOW + s) is None
+    assert reads["nodes"] == 0 and reads["view"] <= 60 // wd.STRAGGLER_CHECK_S + 1, reads

@@ -111,7 +111,7 @@ def beat(run_dir, rank: int, phase: str, step: int, age_s: float = 0.0) -> None:
 
 
 def test_the_start_waits_for_every_group_and_a_group_joining_a_training_job_does_not(tmp_path):
-    """Replicas.others_training, on heartbeat files (2 ranks a group): a live rank of every other group, or
+    """Replicas.others_training, on the nodes' liveness records (2 ranks a group): a live rank of every other group, or
     any other group training already (then this one joins it, live); a heartbeat older than this rank, or
     stale, is no group."""
     import torch
@@ -125,10 +125,10 @@ def test_the_start_waits_for_every_group_and_a_group_joining_a_training_job_does
     replicas = Replicas(tmp_path, {"fault_tolerance": {}}, world)
     beat(tmp_path, 2, "start", 0)  # group 1 up, now
     t0 = time.monotonic()
-    assert replicas.others_training(0.5, want=lambda b: True) is False  # waited for group 2, in vain
+    assert replicas.others_training(0.5, phases=None) is False  # waited for group 2, in vain
     assert time.monotonic() - t0 >= 0.5
     beat(tmp_path, 4, "start", 0)
     t0 = time.monotonic()
-    assert replicas.others_training(30, want=lambda b: True) is False and time.monotonic() - t0 < 5
+    assert replicas.others_training(30, phases=None) is False and time.monotonic() - t0 < 5
     beat(tmp_path, 3, "step", 12)  # group 1 trains: join it without waiting for anyone
-    assert replicas.others_training(30, want=lambda b: False) is True
+    assert replicas.others_training(30, phases=set()) is True
