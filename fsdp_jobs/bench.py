@@ -25,6 +25,11 @@ benchmark compares side by side in one run and reports ratios).
         start-up phase at the restarted rank 0's timeline marks (fsdp_jobs/cli/goodput.py).
     python -m fsdp_jobs.bench init [--ranks 4] [--model llama3_1b]
         per-shard init of a model at world size N on CPU next to a plain unsharded init.
+    python -m fsdp_jobs.bench rundir-writes [--nodes 2] [--ranks 2] [--seconds 15] [--run-dir DIR]
+        what a job in steady training writes into its run dir (inotify: files created, written, renamed
+        into place; metrics, trackers and checkpoints left out: fsdp_jobs/rundir/writes.py), per node and
+        second: a local job of NODES x RANKS started here, or the running job of --run-dir (any backend
+        whose run dir this machine sees).
 """
 
 from __future__ import annotations
@@ -454,6 +459,31 @@ def bench_init(ranks: int, model_name: str) -> dict[str, Any]:
             "note": "all ranks share this machine's cores; on a cluster each rank has its own GPU"}
 
 
+def bench_rundir_writes(nodes: int, ranks: int, seconds: float, run_dir: Optional[Path]) -> dict[str, Any]:
+    """Bookkeeping writes into the run dir in steady training, per node and second."""
+    from fsdp_jobs.rundir import writes
+
+    if run_dir is not None:
+        counted = writes.count(run_dir, seconds)
+        return {"benchmark": "rundir-writes", "run_dir": str(run_dir), "nodes": nodes, **counted,
+                "writes_per_node_per_s": round(counted["writes"] / nodes / seconds, 3), "goal": "<= 0.2"}
+    with tempfile.TemporaryDirectory(prefix="bench-writes-") as tmp:
+        run = Path(tmp) / "w"
+        proc = subprocess.Popen([sys.executable, "-m", "fsdp_jobs", f"run_root={tmp}", "name=w", f"nodes={nodes}",
+                                 f"gpus_per_node={ranks}", "train.steps=1000000", "checkpoint.interval=1000000"],
+                                cwd=_REPO, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            while not any(m["step"] >= 100 for m in runs.read_metrics(run)):  # past start-up: steady training
+                if proc.poll() is not None:
+                    raise SystemExit(f"the job ended early ({proc.returncode})")
+                time.sleep(0.5)
+            result = bench_rundir_writes(nodes, ranks, seconds, run)
+        finally:
+            proc.send_signal(signal.SIGINT)
+            proc.wait(timeout=300)
+    return {**result, "job": f"local, {nodes} nodes x {ranks} ranks, CPU, tiny model"}
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m fsdp_jobs.bench")
     sub = p.add_subparsers(dest="which", required=True)
@@ -486,6 +516,11 @@ def main(argv: list[str] | None = None) -> int:
     i = sub.add_parser("init")
     i.add_argument("--ranks", type=int, default=4)
     i.add_argument("--model", default="llama3_1b")
+    w = sub.add_parser("rundir-writes")
+    w.add_argument("--nodes", type=int, default=2)
+    w.add_argument("--ranks", type=int, default=2, help="ranks per node")
+    w.add_argument("--seconds", type=float, default=15.0)
+    w.add_argument("--run-dir", type=Path, default=None, help="count a running job's run dir instead")
     args = p.parse_args(argv)
     if args.which in ("checkpoint", "checkpoint-dcp"):
         base = args.dir or Path("runs")
@@ -507,6 +542,8 @@ def main(argv: list[str] | None = None) -> int:
         result = bench_recovery(args.repeats)
     elif args.which == "replica":
         result = bench_replica(args.repeats, args.steps)
+    elif args.which == "rundir-writes":
+        result = bench_rundir_writes(args.nodes, args.ranks, args.seconds, args.run_dir)
     else:
         result = bench_dry_run(args.repeats)
     print(json.dumps(result, indent=2))

@@ -180,3 +180,31 @@ def test_a_node_that_is_not_the_leader_reads_no_other_nodes_file_while_its_ranks
             liveness.write_beat(memory, beat(r, "node1", pid=600 + r, step=s, alive=NOW + s, progress=NOW + s))
         assert dog.tick(NOW + s) is None
     assert reads["nodes"] == 0 and reads["view"] <= 60 // wd.STRAGGLER_CHECK_S + 1, reads
+
+
+def test_the_write_counter_counts_what_a_file_servers_metadata_sees_and_leaves_the_users_data_out(tmp_path):
+    """The measure behind the bench (fsdp_jobs/rundir/writes.py): a write + rename is 3 operations, an
+    in-place rewrite of an existing file 1; metrics and checkpoints are the user's data, not counted."""
+    import threading
+    import time
+
+    from fsdp_jobs.rundir import runs, writes
+
+    rd = RunDir(tmp_path)
+    rd.liveness_dir.mkdir()
+    rd.node_liveness_file("n").write_text("x")
+    rd.checkpoints_dir.mkdir()
+
+    def write() -> None:
+        time.sleep(0.3)
+        runs.write_atomic(rd.state_file, "{}\n")
+        liveness.write_in_place(rd.node_liveness_file("n"), "{}")
+        rd.metrics_file.write_text("{}\n")
+        (rd.checkpoints_dir / "step-1").mkdir()
+
+    t = threading.Thread(target=write)
+    t.start()
+    got = writes.count(tmp_path, 1.0)
+    t.join()
+    assert got["by_kind"] == {"create": 1, "close_write": 2, "moved_to": 1}, got
+    assert got["by_file"] == {"state.json": 1, ".state.json.tmp": 2, "liveness/node-n.json": 1}, got
