@@ -18,6 +18,7 @@ from fsdp_jobs.planning.compose import compose_many
 from fsdp_jobs.planning.errors import UserError, die
 from fsdp_jobs.rundir.checkpoints import newest_checkpoint
 from fsdp_jobs.planning.plan import Plan
+from fsdp_jobs.rundir.layout import RunDir
 
 USAGE = """usage: python -m fsdp_jobs [key=value ...]      (fsdp-jobs [key=value ...])
 
@@ -42,12 +43,12 @@ def summarize(plan: Plan, status: int) -> str:
     lines = [f"{'finished' if status == 0 else f'exited with status {status}'}: {plan.name}",
              f"  run dir:      {run_dir}",
              f"  checkpoint:   {ckpt or 'none yet'}",
-             f"  metrics:      {run_dir / runs.METRICS_FILE}"]
+             f"  metrics:      {RunDir(run_dir).metrics_file}"]
     if metrics and "loss" in metrics[0] and "loss" in metrics[-1]:  # a user's script may log no loss
         first, last = metrics[0], metrics[-1]
         lines.append(f"  loss:         {first['loss']:.4f} (step {first['step']}) -> "
                      f"{last['loss']:.4f} (step {last['step']})")
-    lines.append(f"  logs:         {run_dir / 'logs' / 'launcher.log'}")
+    lines.append(f"  logs:         {RunDir(run_dir).launcher_log}")
     return "\n".join(lines)
 
 

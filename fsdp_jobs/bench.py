@@ -9,7 +9,7 @@ benchmark compares side by side in one run and reports ratios).
                                   [--peak-tflops 989]
         the same on this machine's GPUs (nodes=1, gpus_per_node=ranks, cluster.device=cuda): the job with
         its GPU defaults (bf16 compute, fp32 reduce) and the hand loop with the same, alternated; for both
-        the step time (median and mean over sync windows, as the job's metrics.jsonl times itself),
+        the step time (median and mean over sync windows, as the job's metrics record times itself),
         tokens/s, MFU (runtime.metrics.flops_per_token against the job's cluster.peak_tflops) and peak
         GPU memory (torch.cuda.max_memory_allocated).
     python -m fsdp_jobs.bench checkpoint [--ranks 2] [--repeats 3] [--dir DIR]
@@ -47,7 +47,7 @@ import time
 from pathlib import Path
 from typing import Any, Optional
 
-from fsdp_jobs.rundir import runs
+from fsdp_jobs.rundir import checkpoints, runs
 from fsdp_jobs.rundir.layout import RunDir
 
 
@@ -101,7 +101,7 @@ def bench_step(repeats: int, steps: int, ranks: int, warmup: int = 10) -> dict[s
                                capture_output=True, text=True, cwd=_REPO, stdin=subprocess.DEVNULL)
             if r.returncode != 0:
                 raise SystemExit(f"orchestrated job failed:\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}")
-            lines = [json.loads(x) for x in (Path(tmp) / f"job{i}" / "metrics.jsonl").read_text().splitlines()]
+            lines = [json.loads(x) for x in RunDir(Path(tmp) / f"job{i}").metrics_file.read_text().splitlines()]
             stamps = [x["time"] for x in lines]  # host time at the end of each step
             job_steps = [b - a for a, b in zip(stamps[warmup:], stamps[warmup + 1:])]
             job_medians.append(statistics.median(job_steps))
@@ -150,7 +150,7 @@ def bench_step_cuda(repeats: int, steps: int, ranks: int, model_name: str, seq_l
                     peak_tflops: float, window: int = 10, warmup: int = 10) -> dict[str, Any]:
     """`bench step` on this machine's GPUs: the job (the real CLI on the default cluster, this machine, with
     cluster.device=cuda) and bench_workers.hand_loop_cuda, alternated. Both are timed per window of
-    `window` steps (the job's train.log_interval: its metrics.jsonl step_time_s is the window's mean,
+    `window` steps (the job's train.log_interval: its metrics record's step_time_s is the window's mean,
     measured at the window's one host sync); the first `warmup` steps (CUDA/NCCL/cuBLAS start-up, the
     allocator filling) are left out.
     peak_tflops goes to the job as cluster.peak_tflops: the default cluster's default is a CPU core's
@@ -177,8 +177,8 @@ def bench_step_cuda(repeats: int, steps: int, ranks: int, model_name: str, seq_l
             if r.returncode != 0:
                 raise SystemExit(f"orchestrated job failed:\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}")
             run_dir = Path(tmp) / f"job{i}"
-            lines = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
-            job_cfg = yaml.safe_load((run_dir / "job.yaml").read_text())
+            lines = [json.loads(x) for x in RunDir(run_dir).metrics_file.read_text().splitlines()]
+            job_cfg = yaml.safe_load(RunDir(run_dir).job_file.read_text())
             hand = _torchrun("loop", ranks, {"model": model, "train": train, "seq_len": seq_len, "steps": steps,
                                              "device": "cuda", "window": window})
             runs.append({"job_lines": [x for x in lines if x["step"] > warmup], "job_peak_tflops":
@@ -220,7 +220,7 @@ def bench_step_cuda(repeats: int, steps: int, ranks: int, model_name: str, seq_l
             "ratio_hand_over_job_mean": round(statistics.median(hand_means) / statistics.median(job_means), 4),
             "peak_mem_ratio_job_over_hand": round(per_run[mid]["job"]["peak_mem_gb"]
                                                   / per_run[hmid]["hand"]["peak_mem_gb"], 4),
-            "note": "step times are per-window means (one host sync per window, as the job's metrics.jsonl); "
+            "note": "step times are per-window means (one host sync per window, as the job's metrics record); "
                     "peak_mem_gb is torch.cuda.max_memory_allocated / 2**30 since the process started; "
                     "tokens_per_s and mfu from the mean step",
             "goal": ">= 0.99"}
@@ -369,11 +369,11 @@ def bench_recovery(repeats: int) -> dict[str, Any]:
             proc = subprocess.Popen([sys.executable, "-m", "fsdp_jobs", f"run_root={tmp}", f"name=r{i}", *args],
                                     cwd=_REPO, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                     stderr=subprocess.DEVNULL)
-            while not (run_dir / "checkpoints" / "step-000010" / "manifest.json").exists():
+            while not checkpoints.has_manifest(checkpoints.step_dir(checkpoints.root_of(run_dir), 10)):
                 if proc.poll() is not None:
                     raise SystemExit(f"recovery run {i} ended early ({proc.returncode})")
                 time.sleep(0.05)
-            pid = json.loads((run_dir / "ranks" / "rank-3.json").read_text())["pid"]
+            pid = json.loads(RunDir(run_dir).rank_file(3).read_text())["pid"]
             killed_at = time.time()
             os.kill(pid, signal.SIGKILL)
             if proc.wait(timeout=900) != 0:
@@ -398,7 +398,7 @@ def _replica_run(tmp: str, name: str, args: list[str], kill_rank: Optional[int])
             if proc.poll() is not None:
                 raise SystemExit(f"replica bench run {name} ended early ({proc.returncode})")
             time.sleep(0.02)
-        pid = json.loads((run_dir / "ranks" / f"rank-{kill_rank}.json").read_text())["pid"]
+        pid = json.loads(RunDir(run_dir).rank_file(kill_rank).read_text())["pid"]
         killed_at = time.time()
         os.kill(pid, signal.SIGKILL)
     if proc.wait(timeout=900) != 0:

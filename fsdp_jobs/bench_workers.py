@@ -20,6 +20,8 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from fsdp_jobs.rundir import checkpoints
+
 
 def _meta_model(model_cfg: dict[str, Any]) -> torch.nn.Module:
     from fsdp_jobs.runtime.shard import build_meta_model
@@ -186,7 +188,7 @@ def checkpoint_save(args: dict[str, Any]) -> dict[str, Any]:
         rows["raw_write"].append(time.perf_counter() - t0)
     total_bytes = torch.tensor([float(local_bytes)])
     dist.all_reduce(total_bytes)
-    ckpt_bytes = sum(p.stat().st_size for p in (root / "sync-0" / "checkpoints").rglob("*") if p.is_file())
+    ckpt_bytes = sum(p.stat().st_size for p in checkpoints.root_of(root / "sync-0").rglob("*") if p.is_file())
     return {"rows": rows, "state_bytes": int(total_bytes.item()), "checkpoint_bytes": ckpt_bytes}
 
 

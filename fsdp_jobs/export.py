@@ -15,6 +15,9 @@ from typing import Any, Optional
 from fsdp_jobs.rundir import checkpoints
 from fsdp_jobs.planning.errors import OneLineParser, UserError, die
 from fsdp_jobs.planning.plan import DTYPE_BYTES
+from fsdp_jobs.rundir.layout import RunDir
+
+EXPORT_DIR = RunDir(Path("RUN_DIR")).export_dir  # the default output folder, as the help names it
 
 
 def find_checkpoint(path: Path, step: Optional[int]) -> Path:
@@ -27,7 +30,7 @@ def find_checkpoint(path: Path, step: Optional[int]) -> Path:
         return ckpt
     ckpt = checkpoints.newest_checkpoint(path)
     if ckpt is None:
-        raise UserError("RUN_DIR", str(path), "holds no complete checkpoint (checkpoints/step-N with manifest.json)")
+        raise UserError("RUN_DIR", str(path), f"holds no complete checkpoint ({checkpoints.COMMITTED_WORDS})")
     return ckpt
 
 
@@ -42,7 +45,7 @@ def export(ckpt: Path, out: Path, dtype: Optional[str] = None, hf_model: Optiona
 
     try:
         model_sd = read_model_state(ckpt)
-    # DCP's reader fails in many ways on a damaged .metadata or shard (fsdp_jobs/ARCHITECTURE.md, pitfall 4)
+    # DCP's reader fails in many ways on a damaged metadata file or shard (fsdp_jobs/ARCHITECTURE.md, pitfall 4)
     except (Exception, CheckpointException) as e:  # noqa: BLE001
         why = [ln.strip() for ln in str(e).splitlines() if ln.strip()][-1:] or [type(e).__name__]  # DCP's
         # exception text holds each rank's traceback: its last line is the cause
@@ -88,7 +91,7 @@ def hf_export_model(run_dir: Path) -> dict[str, Any]:
     try:
         model = runs.load_job(run_dir)["model"]
     except (OSError, ValueError, TypeError, KeyError, yaml.YAMLError) as e:
-        raise UserError("--format", "hf", f"needs the run's model config, {run_dir / runs.JOB_FILE}, which cannot be "
+        raise UserError("--format", "hf", f"needs the run's model config, {RunDir(run_dir).job_file}, which cannot be "
                                           f"read ({type(e).__name__}); export the run dir, or use --format torch") from None
     if not is_hf(model):
         raise UserError("--format", "hf", f"run {run_dir.name} trained {model.get('_target_')}, not a Hugging Face "
@@ -101,23 +104,23 @@ def hf_export_model(run_dir: Path) -> dict[str, Any]:
 def main(argv: Optional[list[str]] = None) -> int:
     p = OneLineParser(prog="python -m fsdp_jobs.export", description=__doc__.splitlines()[0])
     p.add_argument("path", help="a run dir (its newest complete checkpoint) or one checkpoint dir")
-    p.add_argument("--step", type=int, help="export checkpoint step-N instead of the newest")
-    p.add_argument("-o", "--output", help="output file (default: RUN_DIR/export/model-step-N.pt); never overwritten")
+    p.add_argument("--step", type=int, help="export the checkpoint of step N instead of the newest")
+    p.add_argument("-o", "--output", help=f"output file (default: {EXPORT_DIR}/model-step-N.pt); never overwritten")
     p.add_argument("--dtype", choices=sorted(DTYPE_BYTES), help="cast floating-point weights")
     p.add_argument("--format", choices=("torch", "hf"), default="torch",
                    help="torch: one state_dict file; hf: a Hugging Face directory (config.json + model.safetensors, "
-                        "for from_pretrained) of a model=hf run (default: RUN_DIR/export/hf-step-N)")
+                        f"for from_pretrained) of a model=hf run (default: {EXPORT_DIR}/hf-step-N)")
     args = p.parse_args(argv)
     os.umask(0o077)  # the exported weights are the owner's, like the run dir they come from
     try:
         path = Path(args.path)
         if not path.is_dir():
-            raise UserError("path", args.path, "is not a directory (a run dir or a checkpoints/step-N dir)")
+            raise UserError("path", args.path, f"is not a directory (a run dir or a {checkpoints.STEP_DIR_WORDS} dir)")
         ckpt = find_checkpoint(path, args.step)
         run_dir = ckpt.parent.parent
         hf_model = hf_export_model(run_dir) if args.format == "hf" else None
         default = f"hf-{ckpt.name}" if hf_model is not None else f"model-{ckpt.name}.pt"
-        out = Path(args.output) if args.output else run_dir / "export" / default
+        out = Path(args.output) if args.output else RunDir(run_dir).export_dir / default
         if out.exists():
             raise UserError("--output", str(out), "exists already; it is never overwritten (choose another path)")
         info = export(ckpt, out, args.dtype, hf_model)

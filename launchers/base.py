@@ -1,7 +1,7 @@
 """The one interface every backend implements, modelled on TorchX's `Scheduler`.
 
     dryrun(plan, cfg) -> DryRun         the exact request, as data, plus the text `dry_run=true` prints
-    submit(dryrun)    -> Submitted      submits exactly that request; records it in launches.jsonl
+    submit(dryrun)    -> Submitted      submits exactly that request; records it (runs.record_launch)
     submit_group(...) -> [Submitted]    several requests of one shape (`group_key`) as one submission
                                         (`group_text`: that submission, as a sweep's dry run shows it)
     describe(run)     -> JobStatus      the backend's own word on the job, mapped to a common state
@@ -9,10 +9,11 @@
     cancel(run)       -> str            stop it (the ranks checkpoint first where the backend allows)
 
 `run` is a `Run`: the run dir plus its newest launch record, which is all a backend needs to find its
-job again (`launches.jsonl` is the journal; `fsdp-jobs list` reads the run dirs). The CLI and ctl
-know no backend by name: they call `fsdp_jobs.planning.backends.get(name)` and this interface. A new backend is
-one package, launchers/<name>/ (config.py + backend.py), and one line in fsdp_jobs/planning/backends.py
-(fsdp_jobs/ARCHITECTURE.md, "Adding a backend").
+job again (the run dir's launch records are the journal; `fsdp-jobs list` reads the run dirs). The CLI and
+ctl know no backend by name: fsdp_jobs/cli/launcher.py's `get(name)` imports the module the registry
+(fsdp_jobs/planning/backends.py) names for it and hands back its BACKEND, and they use this interface.
+A new backend is one package, launchers/<name>/ (config.py + backend.py), and one line in
+fsdp_jobs/planning/backends.py (fsdp_jobs/ARCHITECTURE.md, "Adding a backend").
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from typing import Any, Generic, Iterator, Optional, Protocol, TypeVar
 
 from fsdp_jobs.rundir import runs
 from fsdp_jobs.planning.errors import UserError
+from fsdp_jobs.rundir.layout import RunDir
 # the vocabulary the CLI reads (fsdp_jobs/rundir/status.py); backends import it from here
 from fsdp_jobs.rundir.status import JobState, JobStatus, Run, Submitted, state_from_training
 
@@ -63,7 +65,7 @@ def request_scale(run: Run, nodes: int) -> None:
     cluster=docker's supervisor): only once the ranks train (launchers/supervisor.py: why_not_grow)."""
     training = runs.read_state(run.run_dir).get("status")
     if training != "running":
-        raise UserError("RUN", run.run_dir.name, f"its ranks are not training (state.json: {training or 'none'}); "
+        raise UserError("RUN", run.run_dir.name, f"its ranks are not training ({RunDir(run.run_dir).state_file.name}: {training or 'none'}); "
                                                  "scale a job once it trains")
     runs.request_scale(run.run_dir, nodes)
 
@@ -136,7 +138,7 @@ class Backend(abc.ABC, Generic[R]):
 
     def log_files(self, run: Run) -> list[Path]:
         """Files holding the job's log; the default `log_iter` tails them."""
-        return [run.run_dir / "logs" / "launcher.log"]
+        return [RunDir(run.run_dir).launcher_log]
 
     def log_iter(self, run: Run, follow: bool = False, poll_s: float = 1.0) -> Iterator[str]:
         """Every line of the log files (prefixed with the file's name when there are several); with

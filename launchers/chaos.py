@@ -34,6 +34,7 @@ from typing import Optional
 
 from fsdp_jobs.rundir import runs
 from fsdp_jobs.planning.input_rules import TC_RATE
+from fsdp_jobs.rundir.layout import RunDir
 from launchers.node.watchdog import process_state
 
 THROTTLE_FILE = "chaos-throttle.json"
@@ -62,9 +63,9 @@ def _pid_in_own_namespace(pid: int) -> Optional[int]:
 
 
 def _rank_files(run_dir: Path) -> dict[tuple[int, str], int]:
-    """{(pid, node): rank} from the files each rank of the built-in trainer writes (ranks/rank-N.json)."""
+    """{(pid, node): rank} from the files each rank of the built-in trainer writes (RunDir.rank_file)."""
     found: dict[tuple[int, str], int] = {}
-    for f in (run_dir / "ranks").glob("rank-*.json"):
+    for f in RunDir(run_dir).rank_files():
         try:
             d = json.loads(f.read_text())
             found[(int(d["pid"]), str(d.get("node", "")))] = int(d["rank"])

@@ -124,7 +124,7 @@ def user_mode(cfg: Any) -> bool:
 
 
 def user_code_dir(cfg: Any, run_dir: Path) -> Optional[Path]:
-    """Where submit copies the user's code (run_dir/script/NNN), or None: the built-in trainer, or a
+    """Where submit copies the user's code (RunDir.script_dir/NNN), or None: the built-in trainer, or a
     module installed in the environment."""
     from fsdp_jobs.planning.byo import user_code_source
     from launchers.snapshot import next_user_code_dir
@@ -168,14 +168,14 @@ def python_path(cfg: Any, user_dir: Optional[str], rest: str = "") -> str:
 
 
 def begin_user_attempt(job: Any, run_dir: Path) -> None:
-    """Before the ranks start: state.json says running, so an outcome left by an earlier attempt
+    """Before the ranks start: the state record says running, so an outcome left by an earlier attempt
     (preempted, completed) is never taken for this attempt's."""
     if user_mode(job):
         runs.write_state(run_dir, status="running", step=runs.read_state(run_dir).get("step"))
 
 
 def settle_user_state(job: Any, run_dir: Path, rc: int) -> str:
-    """A user's script need not write state.json. When every rank exited 0 it completed, unless it
+    """A user's script need not write the state record. When every rank exited 0 it completed, unless it
     recorded a stop (fsdp_jobs.job's should_stop: preempted, to be requeued). Returns the status."""
     state = runs.read_state(run_dir)
     status = str(state.get("status") or "")

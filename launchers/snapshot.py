@@ -10,6 +10,8 @@ from typing import Any, Optional
 
 import fsdp_jobs
 
+from fsdp_jobs.rundir.layout import RunDir
+
 PROJECT_ROOT = Path(fsdp_jobs.__file__).resolve().parent.parent
 CODE_DIRS = ("fsdp_jobs", "launchers", "conf")
 
@@ -23,9 +25,13 @@ def owner_only(tree: Path) -> None:
 
 
 def next_snapshot_dir(run_dir: Path) -> Path:
-    """run_dir/code/NNN: deterministic, so a dry run names the same path the submission will use."""
-    existing = [int(p.name) for p in (run_dir / "code").glob("[0-9][0-9][0-9]") if p.is_dir()]
-    return run_dir / "code" / f"{max(existing, default=0) + 1:03d}"
+    """RunDir.code_dir/NNN: deterministic, so a dry run names the same path the submission will use."""
+    return _next_numbered(RunDir(run_dir).code_dir)
+
+
+def _next_numbered(parent: Path) -> Path:
+    existing = [int(p.name) for p in parent.glob("[0-9][0-9][0-9]") if p.is_dir()]
+    return parent / f"{max(existing, default=0) + 1:03d}"
 
 
 def _git(*args: str) -> str:
@@ -53,10 +59,9 @@ def take_snapshot(dest: Path) -> dict[str, str]:
 
 
 def next_user_code_dir(run_dir: Path) -> Path:
-    """run_dir/script/NNN: where submit copies the user's script= directory or module= package (the
+    """RunDir.script_dir/NNN: where submit copies the user's script= directory or module= package (the
     number is decided by the dry run, like the code snapshot's)."""
-    existing = [int(p.name) for p in (run_dir / "script").glob("[0-9][0-9][0-9]") if p.is_dir()]
-    return run_dir / "script" / f"{max(existing, default=0) + 1:03d}"
+    return _next_numbered(RunDir(run_dir).script_dir)
 
 
 def take_user_code(cfg: Any, dest: Path) -> None:

@@ -2,7 +2,7 @@
 node containers (each backend says how to follow, poll and stop one node: a `Node`).
 
 Written once, for both:
-  * the log pump: every node's lines, prefixed `[nodeN]`, into <run_dir>/logs/launcher.log (and the
+  * the log pump: every node's lines, prefixed `[nodeN]`, into RunDir.launcher_log (and the
     terminal when attached), one line at a time whichever node writes;
   * signals: SIGINT/SIGTERM stop the job: every node is asked to stop (torchrun gives its ranks
     cluster.stop_grace_s to checkpoint), and whatever is still alive `STOP_EXTRA_S` after that is killed;
@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 from fsdp_jobs.rundir import runs
+from fsdp_jobs.rundir.layout import RunDir
 from launchers.common import settle_user_state
 
 POLL_S = 0.2
@@ -140,7 +141,7 @@ def why_not_grow(nodes: list[Node], run_dir: Path) -> Optional[str]:
     if ended:
         return f"{', '.join(ended)} ended"
     status = runs.read_state(run_dir).get("status")
-    return None if status == "running" else f"the ranks are not training (state.json: {status or 'none'})"
+    return None if status == "running" else f"the ranks are not training ({RunDir(run_dir).state_file.name}: {status or 'none'})"
 
 
 def _why_stop(signals: list[int], gone: list[str], live: list[Node], min_nodes: int,
@@ -155,7 +156,7 @@ def _why_stop(signals: list[int], gone: list[str], live: list[Node], min_nodes: 
 
 
 def exit_status(outcome: Outcome, job: Any, run_dir: Path) -> int:
-    """The job's exit status from how its nodes ended and what rank 0 recorded (state.json)."""
+    """The job's exit status from how its nodes ended and what rank 0 recorded (the state record)."""
     failure = next((c for c in outcome.codes.values() if c), 0)
     if outcome.codes and not outcome.interrupted:  # a plain script exiting 0 everywhere completed
         settle_user_state(job, run_dir, failure)

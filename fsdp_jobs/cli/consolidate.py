@@ -18,7 +18,7 @@ def read_model_state(ckpt: Path, key: str = "model") -> dict[str, Any]:
     from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
 
     sd: dict[str, Any] = {}
-    # the planner builds empty full-size tensors for the selected keys only, from .metadata;
+    # the planner builds empty full-size tensors for the selected keys only, from DCP's metadata;
     # DCP then reads every shard of them straight into those tensors
     _load_state_dict(sd, storage_reader=FileSystemReader(str(ckpt)),
                      planner=_EmptyStateDictLoadPlanner(keys={key}), no_dist=True)

@@ -35,7 +35,7 @@ def _backend(run: Any) -> Any:
 
     name = run.launch.get("backend")
     if not name:
-        raise UserError("RUN", run.run_dir.name, f"{run.run_dir / runs.LAUNCHES_FILE} records no launch "
+        raise UserError("RUN", run.run_dir.name, f"{RunDir(run.run_dir).launches_file} records no launch "
                                                  "(missing or damaged); nothing to ask a backend about")
     try:
         return launcher.get(str(name))
@@ -44,16 +44,16 @@ def _backend(run: Any) -> Any:
 
 
 def run_dirs(run_root: Path) -> list[Path]:
-    return sorted(p for p in run_root.glob("*") if (p / runs.JOB_FILE).is_file()) if run_root.is_dir() else []
+    return sorted(p for p in run_root.glob("*") if RunDir(p).job_file.is_file()) if run_root.is_dir() else []
 
 
 def find_run(ref: str, run_root: Path) -> Path:
     for candidate in (Path(ref), run_root / ref):
-        if (candidate / runs.JOB_FILE).is_file():
+        if RunDir(candidate).job_file.is_file():
             return candidate.resolve()
     sweep, _, member = ref.partition("/")
     for m in (report.find_sweep(sweep, run_root) or []) if member else []:  # SWEEP/MEMBER from anywhere
-        if m["member"] == member and (m["run_dir"] / runs.JOB_FILE).is_file():
+        if m["member"] == member and RunDir(m["run_dir"]).job_file.is_file():
             return m["run_dir"]
     for run_dir in run_dirs(run_root):  # a backend's job id (a batch job, a compose project, ...)
         if any(str(r.get("job_id")) == ref for r in runs.launches(run_dir)):
@@ -63,7 +63,7 @@ def find_run(ref: str, run_root: Path) -> Path:
 
 
 def straggler_ratio(run_dir: Path) -> float:
-    """The job's fault.straggler_ratio (the default for a run dir whose job.yaml is older or unreadable)."""
+    """The job's fault.straggler_ratio (the default for a run dir whose job record is older or unreadable)."""
     import yaml
 
     try:
@@ -112,7 +112,7 @@ def run_status(run_dir: Path) -> dict[str, Any]:
 
 def replica_summary(run_dir: Path, metrics: list[dict[str, Any]]) -> Optional[dict[str, Any]]:
     """fault_tolerance=replica: how many replica groups the last step had (its metrics line's ranks, over a
-    group's), and the steps that waited for a quorum (goodput.jsonl's stalls: a group died or joined)."""
+    group's), and the steps that waited for a quorum (the goodput timeline's stalls: a group died or joined)."""
     layout = runs.replica_layout(run_dir)
     try:
         groups, per_group = int(layout["groups"]), int(layout["ranks_per_group"])
@@ -126,12 +126,12 @@ def replica_summary(run_dir: Path, metrics: list[dict[str, Any]]) -> Optional[di
 
 
 def scale_target(run_dir: Path, size: str) -> int:
-    """The N of `scale RUN nodes=N`, within what the job's rendezvous admits (job.yaml: nodes, cluster.max_nodes)."""
+    """The N of `scale RUN nodes=N`, within what the job's rendezvous admits (the job record: nodes, cluster.max_nodes)."""
     m = re.fullmatch(r"nodes=(\d{1,6})", size)
     job = runs.load_job(run_dir) or {}
     nodes, top = job.get("nodes"), (job.get("cluster") or {}).get("max_nodes")
     if not isinstance(nodes, int):
-        raise UserError("RUN", run_dir.name, f"{run_dir / runs.JOB_FILE} names no node count; cannot scale it")
+        raise UserError("RUN", run_dir.name, f"{RunDir(run_dir).job_file} names no node count; cannot scale it")
     top = top if isinstance(top, int) else nodes
     if top <= nodes:
         raise UserError("RUN", run_dir.name, "was submitted without cluster.max_nodes, so its rendezvous admits no "
@@ -157,7 +157,7 @@ def goodput_of(run_dir: Path) -> dict[str, Any]:
 
 
 def goodput_command(ref: str, root: Path, as_json: bool) -> None:
-    is_run = any((d / runs.JOB_FILE).is_file() for d in (Path(ref), root / ref))
+    is_run = any(RunDir(d).job_file.is_file() for d in (Path(ref), root / ref))
     members = None if is_run else report.find_sweep(ref, root)
     if members is None:
         gp = goodput_of(find_run(ref, root))
@@ -193,7 +193,7 @@ def list_lines(run_root: Path) -> list[str]:
 def sweep_statuses(members: list[dict[str, Any]]) -> list[dict[str, Any]]:
     out = []
     for m in members:
-        if (m["run_dir"] / runs.JOB_FILE).is_file():
+        if RunDir(m["run_dir"]).job_file.is_file():
             out.append({**run_status(m["run_dir"]), "member": m["member"]})
         else:
             out.append({"member": m["member"], "state": "UNKNOWN", "detail": f"run dir {m['run_dir']} is gone"})
@@ -263,7 +263,7 @@ def main(argv: Optional[list[str]] = None) -> int:
             goodput_command(args.run, root, args.json)
             return 0
         # a run is found without the journal (a damaged journal must not stop `status RUN`)
-        is_run = any((d / runs.JOB_FILE).is_file() for d in (Path(args.run), root / args.run))
+        is_run = any(RunDir(d).job_file.is_file() for d in (Path(args.run), root / args.run))
         members = report.find_sweep(args.run, root) if args.cmd in ("status", "cancel") and not is_run else None
         if members is not None:
             if args.cmd == "cancel":
@@ -310,7 +310,7 @@ def sweep_command(args: argparse.Namespace, root: Path) -> int:
     named: list[tuple[str, Path]] = []
     for ref in args.refs:
         members = report.find_sweep(ref, root)
-        if members is not None and not (root / ref / runs.JOB_FILE).is_file():
+        if members is not None and not RunDir(root / ref).job_file.is_file():
             named += [(f"{ref}/{m['member']}", m["run_dir"]) for m in members]
         else:
             named.append((ref, find_run(ref, root)))

@@ -1,6 +1,6 @@
 """Goodput: where every second of a job's allocation went. Users pay for wall time, not for steps.
 
-RUN_DIR/goodput.jsonl is an append-only timeline, one JSON object a line, {"event": NAME, "time": UNIX, ...}:
+The goodput timeline (RunDir.goodput_file) is append-only, one JSON object a line, {"event": NAME, "time": UNIX, ...}:
 
   written by launchers/node/wrapper.py, on every node of every backend:
     node_start  {node}                 the node's wrapper started (before its torchrun agent)
@@ -11,7 +11,7 @@ RUN_DIR/goodput.jsonl is an append-only timeline, one JSON object a line, {"even
     preflight      {pid, ok}              preflight=true|only: the checks done (fsdp_jobs/runtime/preflight.py)
     built          {pid}                  model built, sharded, materialized; optimizer
     loaded         {pid, step, attempt, restart}  the checkpoint loaded (step 0: a fresh start); attempt:
-                                          metrics.jsonl's; restart: the job's, agreed by the ranks
+                                          the metrics record's; restart: the job's, agreed by the ranks
     loop           {pid, step}            the step loop begins
     steps          {pid, first, last}     at each log/checkpoint flush: the steps since the previous mark
     save           {pid, step, blocked}   a checkpoint save returned; blocked: seconds the loop waited for it
@@ -23,7 +23,7 @@ Each attempt's wall time is tiled by these marks: the time between two marks bel
 later one closes (`account`), so the parts add up to the wall time by construction, and "other" holds
 only time closed by a mark this module does not know (it stays 0 on a well-formed timeline):
 
-  queued      the launch record (launches.jsonl) -> the first node_start after it (first attempt of a launch);
+  queued      the launch record (runs.launches) -> the first node_start after it (first attempt of a launch);
               for a requeue (every node's wrapper exited after the previous attempt and started again, as
               a scheduler's requeue does), the last node_end -> the first new node_start: waiting for nodes again
   startup     agent (node_start -> rank 0's process start: torchrun's start and rendezvous), interpreter
@@ -293,16 +293,14 @@ def of_run(run_dir: Path) -> Optional[dict[str, Any]]:
     """The accounting of a run dir (its timeline, launches and checkpoints), or None when it has no timeline.
     "damaged_lines" counts the timeline's lines that were skipped."""
     from fsdp_jobs.rundir import runs
-    from fsdp_jobs.rundir.checkpoints import newest_checkpoint
+    from fsdp_jobs.rundir.checkpoints import newest_checkpoint, step_of
 
     path = RunDir(run_dir).goodput_file
     events, damaged = read_events(path)
     if not any(e["event"] == "start" for e in events):
         return None
     newest = newest_checkpoint(run_dir)
-    committed: Optional[int] = None
-    if newest is not None and newest.name.startswith("step-") and newest.name[5:].isdigit():
-        committed = int(newest.name[5:])
+    committed = step_of(newest)
     out = account(events, launch_times(runs.launches(run_dir)), committed)
     out["file"], out["damaged_lines"] = str(path), damaged
     return out

@@ -1,5 +1,5 @@
 """What `fsdp-jobs status|compare|plot` show about a sweep's members, read from their run dirs
-(metrics.jsonl, state.json, checkpoints) and, for the job's state, from its backend. Pure reading."""
+(the metrics, state and checkpoint records) and, for the job's state, from its backend. Pure reading."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from typing import Any, Iterable, Optional
 
 from fsdp_jobs.cli import goodput
 from fsdp_jobs.rundir import journal, runs
+from fsdp_jobs.rundir.layout import RunDir
 
 WINDOW = 20  # steps the throughput figures are averaged over (the newest ones)
 
@@ -19,8 +20,8 @@ def find_sweep(ref: str, run_root: Path) -> Optional[list[dict[str, Any]]]:
     if rows:
         return [{"member": r["member"], "run_dir": Path(r["run_dir"]), "params": r["params"]} for r in rows]
     for d in (Path(ref), run_root / ref):
-        if d.is_dir() and not (d / runs.JOB_FILE).is_file():
-            found = sorted(p for p in d.iterdir() if (p / runs.JOB_FILE).is_file())
+        if d.is_dir() and not RunDir(d).job_file.is_file():
+            found = sorted(p for p in d.iterdir() if RunDir(p).job_file.is_file())
             if found:
                 return [{"member": p.name, "run_dir": p.resolve(), "params": {}} for p in found]
     return None

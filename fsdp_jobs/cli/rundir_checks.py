@@ -12,6 +12,7 @@ from fsdp_jobs.rundir.checkpoints import newest_checkpoint
 from fsdp_jobs.planning.errors import UserError
 from fsdp_jobs.planning.inputs import check_inputs
 from fsdp_jobs.planning.plan import ExistingRun, Plan, make_plan
+from fsdp_jobs.rundir.layout import RunDir
 
 MODEL_IDENTITY_KEYS = ("_target_", "dim", "n_layers", "n_heads", "n_kv_heads", "ffn_dim", "vocab_size",
                        "tie_embeddings", "kwargs")
@@ -22,7 +23,7 @@ def check_same_model(run_dir: Path, model: Any) -> None:
     import yaml
 
     try:
-        saved = (yaml.safe_load((run_dir / "job.yaml").read_text()) or {}).get("model", {})
+        saved = (yaml.safe_load(RunDir(run_dir).job_file.read_text()) or {}).get("model", {})
     except (OSError, yaml.YAMLError):
         return
     for key in MODEL_IDENTITY_KEYS:

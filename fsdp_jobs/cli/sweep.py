@@ -25,6 +25,7 @@ from fsdp_jobs.rundir import runs
 from fsdp_jobs.planning.errors import UserError, die
 from fsdp_jobs.planning.input_rules import check_name
 from fsdp_jobs.cli.submit import Member, plan_member, print_notes, render_dry_run, submit_group
+from fsdp_jobs.rundir.layout import RunDir
 
 SWEEP_FLAGS = ("-m", "--multirun")
 # they name or place the sweep itself, the same for every member
@@ -139,7 +140,7 @@ def _existing(member: Member) -> str:
     from fsdp_jobs.rundir.status import JobState, Run
 
     run_dir = Path(member.plan.run_dir)
-    if not (run_dir / runs.JOB_FILE).is_file():
+    if not RunDir(run_dir).job_file.is_file():
         return ""
     state = runs.read_state(run_dir)
     if state.get("status") == "completed" and int(state.get("step") or 0) >= member.cfg.train.steps:

@@ -121,7 +121,7 @@ def check_script(cfg: Any) -> None:
     except OSError as e:
         raise UserError("script", raw, f"cannot be read: {e.strerror}") from None
     _check_dir_size("script", raw, path.parent, Path(cfg.run_root).expanduser().resolve())
-    cfg.script = str(path)  # job.yaml records where it came from, whatever the working directory
+    cfg.script = str(path)  # the job record keeps where it came from, whatever the working directory
 
 
 def check_module(cfg: Any) -> None:

@@ -117,11 +117,11 @@ class TrainConfig:
     weight_decay: float = 0.0
     betas: List[float] = field(default_factory=lambda: [0.9, 0.95])
     grad_clip: float = 1.0  # max global grad norm; 0 = off
-    log_interval: int = 10  # progress line every N steps (metrics.jsonl gets every step)
+    log_interval: int = 10  # progress line every N steps (the metrics record gets every step)
     # a collective that waits longer fails the rank (NCCL's default is 10 min, gloo's 30); the hang
     # watchdog (fault.*) fires well before it
     collective_timeout_s: float = 600
-    # scalars in RUN_DIR/tensorboard (`pip install 'fsdp-jobs[tensorboard]'`); None = where it is installed
+    # scalars in the run dir's TensorBoard folder (`pip install 'fsdp-jobs[tensorboard]'`); None = where it is installed
     tensorboard: Optional[bool] = None
     wandb: WandbConfig = field(default_factory=WandbConfig)
 
@@ -130,7 +130,7 @@ class TrainConfig:
 class FaultConfig:
     """A rank that stops making progress without dying (a deadlock, a stopped process, a GPU or NIC that no
     longer answers): each node's watchdog (launchers/node/watchdog.py) sees its ranks' heartbeats stop, dumps
-    every local rank's stack into logs/hang-*/, names the rank that stopped first, and restarts the
+    every local rank's stack into the run's logs (a hang's folder), names the rank that stopped first, and restarts the
     workers, which resume from the newest checkpoint."""
 
     watchdog: bool = True

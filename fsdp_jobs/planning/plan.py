@@ -90,7 +90,7 @@ LIGHTHOUSE_ENV = "TORCHFT_LIGHTHOUSE"  # torchft's own name: http://HOST:PORT of
 def replica_groups(cfg: Any) -> int:
     """How many replica groups the job config has: 1 without fault_tolerance=replica (the ranks' side of
     plan_replicas, from the configured nodes: what the launchers started). `cfg`: the composed config
-    (a DictConfig; a job.yaml older than fault_tolerance.* has none)."""
+    (a DictConfig; a job record older than fault_tolerance.* has none)."""
     if (cfg.get("fault_tolerance") or {}).get("mode", "none") != "replica":
         return 1
     return choose_mesh(cfg, count_params(cfg.model))[0]["replicate"]

@@ -5,10 +5,10 @@
         without the final newline); a backend with a secret store of its own resolves REF itself and
         says what REF is (SECRET_STORE in its launchers/<name>/config.py)
     cluster.env.NAME=value where NAME looks like a secret (TOKEN, SECRET, PASSWORD, API_KEY, ...):
-        warned about, masked as MASK in job.yaml, the journal and every printout, and passed like a
+        warned about, masked as MASK in the job record, the journal and every printout, and passed like a
         secret_env value (refused where the backend has a secret store: that is the way there)
 
-Only the reference is kept (job.yaml, the journal); the value is read here at planning (so a missing
+Only the reference is kept (the job record, the journal); the value is read here at planning (so a missing
 variable or file is one line before anything is written) and held in memory. Right before the backend
 submits, submit.py puts the values into this process's environment, and every backend passes that on
 without writing it into the run dir (launchers/<name>/backend.py; README: Security says where each

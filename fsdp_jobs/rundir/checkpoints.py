@@ -20,16 +20,20 @@ import shutil
 from pathlib import Path
 from typing import Any, Optional
 
-CHECKPOINTS_DIR = "checkpoints"
+from fsdp_jobs.rundir.layout import RunDir
+
 MANIFEST_FILE = "manifest.json"
 DCP_METADATA_FILE = ".metadata"
 TMP_PREFIX = ".tmp-step-"
 CKPT_DIR_RE = re.compile(r"^step-(\d+)$")
+# a committed checkpoint's directory as a user is told of it (export's help and refusals)
+STEP_DIR_WORDS = f"{RunDir(Path()).checkpoints_dir.name}/step-N"
+COMMITTED_WORDS = f"{STEP_DIR_WORDS} with {MANIFEST_FILE}"
 
 
 def root_of(run_dir: Path) -> Path:
     """Where a run's checkpoints live."""
-    return run_dir / CHECKPOINTS_DIR
+    return RunDir(run_dir).checkpoints_dir
 
 
 def step_dir(root: Path, step: int) -> Path:

@@ -1,4 +1,4 @@
-"""RUN_DIR/failures.jsonl: each rank's exception when it fails (fsdp_jobs/runtime/__main__.py and the user-code
+"""The failure records (RunDir.failures_file): each rank's exception when it fails (fsdp_jobs/runtime/__main__.py and the user-code
 shim record it), so that a failure that repeats is seen: the same exception at the same step in two
 attempts in a row will come a third time. launchers/node/wrapper.py then stops the job as failed, with that
 exception as its reason, instead of spending the rest of the restart budget on it (a script that raises at
@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import Any, Optional
 
 from fsdp_jobs.rundir import runs
+from fsdp_jobs.rundir.layout import RunDir
 
-FAILURES_FILE = "failures.jsonl"
 ATTEMPT_ENV = "FSDP_JOBS_ATTEMPT"
 
 
@@ -33,14 +33,14 @@ def record(run_dir: Path, exc: BaseException, step: Optional[int]) -> None:
              "error": f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"[:300],
              "where": where}
     try:
-        with open(run_dir / FAILURES_FILE, "a") as f:
+        with open(RunDir(run_dir).failures_file, "a") as f:
             f.write(json.dumps(entry) + "\n")
     except OSError:
         pass
 
 
 def read(run_dir: Path) -> list[dict[str, Any]]:
-    return [e for e in runs.read_jsonl(run_dir / FAILURES_FILE)
+    return [e for e in runs.read_jsonl(RunDir(run_dir).failures_file)
             if isinstance(e.get("attempt"), str) and isinstance(e.get("error"), str)]
 
 

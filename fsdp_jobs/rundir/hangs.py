@@ -1,4 +1,4 @@
-"""RUN_DIR/hangs.jsonl: what each node's hang watchdog (launchers/node/watchdog.py) declared, one line per node
+"""The hang records (RunDir.hangs_file): what each node's hang watchdog (launchers/node/watchdog.py) declared, one line per node
 per hang, and the summary `fsdp-jobs status` shows."""
 
 from __future__ import annotations
@@ -8,19 +8,19 @@ from pathlib import Path
 from typing import Any, Optional
 
 from fsdp_jobs.rundir import runs
+from fsdp_jobs.rundir.layout import RunDir
 
-HANGS_FILE = "hangs.jsonl"
 SAME_HANG_S = 30.0  # the nodes of one job declare the same hang within about a tick of each other
 
 
 def record(run_dir: Path, entry: dict[str, Any]) -> None:
-    with open(run_dir / HANGS_FILE, "a") as f:
+    with open(RunDir(run_dir).hangs_file, "a") as f:
         f.write(json.dumps(entry) + "\n")
 
 
 def read(run_dir: Path) -> list[dict[str, Any]]:
     """Every record, oldest first (a damaged line is skipped)."""
-    return [e for e in runs.read_jsonl(run_dir / HANGS_FILE)
+    return [e for e in runs.read_jsonl(RunDir(run_dir).hangs_file)
             if isinstance(e.get("first_stopped"), dict) and isinstance(e.get("time"), (int, float))]
 
 

@@ -111,6 +111,20 @@ class RunDir:
         """preflight.json: the preflight's measures, table and verdict."""
         return self.root / "preflight.json"
 
+    def preflight_scratch_file(self, rank: int) -> Path:
+        """The file a rank's preflight writes and fsyncs to time the run dir's disk; removed after."""
+        return self.root / f".preflight-rank-{rank}"
+
+    @property
+    def probe_file(self) -> Path:
+        """probe.pt: the final model's logits on a fixed batch, what an export must reproduce (rank 0)."""
+        return self.root / "probe.pt"
+
+    @property
+    def export_dir(self) -> Path:
+        """Where `fsdp-jobs export` writes by default (model-step-N.pt, hf-step-N/)."""
+        return self.root / "export"
+
     @property
     def ranks_dir(self) -> Path:
         return self.root / "ranks"
@@ -118,6 +132,10 @@ class RunDir:
     def rank_file(self, rank: int) -> Path:
         """Who rank R is (pid, host, node, restart): written once per start of the rank."""
         return self.ranks_dir / f"rank-{rank}.json"
+
+    def rank_files(self) -> list[Path]:
+        """Every rank file there is (unordered; none before a rank started)."""
+        return list(self.ranks_dir.glob("rank-*.json"))
 
     @property
     def liveness_dir(self) -> Path:

@@ -1,18 +1,14 @@
 """The run directory: the one place a job's config, plan, records, logs, metrics and checkpoints live.
+Every path in it is named once, in layout.py (RunDir); this module reads and writes the shared records:
 
-    <run_root>/<name>/
-      job.yaml        resolved config the ranks read (earlier versions kept under history/)
-      plan.json       the plan it was launched with
-      launches.jsonl  one line per launch/submission (backend, job id, time)
-      logs/           launcher and per-node logs
-      metrics.jsonl   one line per training step (rank 0)
-      goodput.jsonl   the timeline every second of the job is accounted from (fsdp_jobs/cli/goodput.py)
-      checkpoints/    step-N/ directories, each committed by its manifest.json
-      ranks/          rank-R.json: pid, host, restart count of the live workers (for tools and tests)
-      state.json      running / completed / preempted / failed (+ step, reason), written by rank 0
-      stop-request    present = "checkpoint and stop at the next step boundary" (launchers write it,
+      job, plan       the resolved config the ranks read (earlier versions kept in history_dir), the plan
+      launches        one line per launch/submission (backend, job id, time)
+      metrics         one line per training step (rank 0)
+      state           running / completed / preempted / failed (+ step, reason), written by rank 0
+      stop request    present = "checkpoint and stop at the next step boundary" (launchers write it,
                       rank 0 reads it): the one channel from a launcher to the ranks besides signals
-      scale-request   {"nodes": N} from `fsdp-jobs scale` to a launcher that starts the new nodes itself
+      scale request   {"nodes": N} from `fsdp-jobs scale` to a launcher that starts the new nodes itself
+      cancel          `fsdp-jobs cancel` ended this attempt
 
 Launchers and the in-job runtime meet only here: neither imports the other.
 """
@@ -31,10 +27,7 @@ from typing import IO, Any, Optional, TextIO
 
 import yaml
 
-JOB_FILE = "job.yaml"
-PLAN_FILE = "plan.json"
-LAUNCHES_FILE = "launches.jsonl"
-METRICS_FILE = "metrics.jsonl"
+from fsdp_jobs.rundir.layout import RunDir
 
 
 def write_atomic(path: Path, text: str) -> None:
@@ -64,34 +57,33 @@ OWNER_ONLY_UMASK = 0o077
 
 
 def prepare(run_dir: Path, job: dict[str, Any], plan: dict[str, Any]) -> None:
-    """Create or refresh a run dir. A config that differs from the saved one is kept in history/."""
+    """Create or refresh a run dir. A config that differs from the saved one is kept in history_dir."""
+    rd = RunDir(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     run_dir.chmod(0o700)  # also a run dir made by an older version (0755)
-    (run_dir / "logs").mkdir(exist_ok=True)
-    (run_dir / "failures.jsonl").unlink(missing_ok=True)  # a new submission: earlier ones' failures are not its
-    # (fsdp_jobs/rundir/failures.py; the name is spelled out here: that module is the ranks')
+    rd.logs_dir.mkdir(exist_ok=True)
+    rd.failures_file.unlink(missing_ok=True)  # a new submission: earlier ones' failures are not its (failures.py)
     text = yaml.safe_dump(job, sort_keys=False)
-    old = run_dir / JOB_FILE
+    old = rd.job_file
     if old.exists() and old.read_text() != text:
-        hist = run_dir / "history"
-        hist.mkdir(exist_ok=True)
-        shutil.copy2(old, hist / f"job-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.yaml")
+        rd.history_dir.mkdir(exist_ok=True)
+        shutil.copy2(old, rd.history_dir / f"job-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.yaml")
     write_atomic(old, text)
-    write_atomic(run_dir / PLAN_FILE, json.dumps(plan, indent=2) + "\n")
+    write_atomic(rd.plan_file, json.dumps(plan, indent=2) + "\n")
 
 
 def replica_layout(run_dir: Path) -> Optional[dict[str, Any]]:
-    """plan.json's replica groups (fault_tolerance=replica: fsdp_jobs/planning/plan.py ReplicaLayout), or None: a run
+    """The plan's replica groups (fault_tolerance=replica: fsdp_jobs/planning/plan.py ReplicaLayout), or None: a run
     without them, or without a readable plan."""
     try:
-        layout = json.loads((run_dir / PLAN_FILE).read_text()).get("replicas")
+        layout = json.loads(RunDir(run_dir).plan_file.read_text()).get("replicas")
     except (OSError, ValueError, AttributeError):
         return None
     return layout if isinstance(layout, dict) else None
 
 
 def load_job(run_dir: Path) -> dict[str, Any]:
-    return yaml.safe_load((run_dir / JOB_FILE).read_text())
+    return yaml.safe_load(RunDir(run_dir).job_file.read_text())
 
 
 def job_hash(job: dict[str, Any]) -> str:
@@ -104,7 +96,7 @@ def job_hash(job: dict[str, Any]) -> str:
 
 
 def record_launch(run_dir: Path, **fields: Any) -> None:
-    with open(run_dir / LAUNCHES_FILE, "a") as f:
+    with open(RunDir(run_dir).launches_file, "a") as f:
         # unix: to the millisecond, where goodput's queued time begins (fsdp_jobs/cli/goodput.py)
         f.write(json.dumps({"time": time.strftime("%Y-%m-%dT%H:%M:%S"), "unix": round(time.time(), 3), **fields})
                 + "\n")
@@ -113,7 +105,7 @@ def record_launch(run_dir: Path, **fields: Any) -> None:
 def launches(run_dir: Path) -> list[dict[str, Any]]:
     """Every launch record, oldest first; a line cut short (a kill mid-write, a full disk) is skipped."""
     try:
-        text = (run_dir / LAUNCHES_FILE).read_text(errors="replace")
+        text = RunDir(run_dir).launches_file.read_text(errors="replace")
     except OSError:
         return []
     out = []
@@ -136,7 +128,7 @@ class RunLock:
     """One launcher per run dir at a time (an flock, released by the kernel if we die)."""
 
     def __init__(self, run_dir: Path) -> None:
-        self.path = run_dir / ".lock"
+        self.path = RunDir(run_dir).lock_file
         self._file: IO[str] | None = None
 
     def acquire(self) -> bool:
@@ -156,7 +148,7 @@ class RunLock:
 
     def held_by(self, pid: int) -> bool:
         """Does process `pid` hold this lock file open (Linux /proc)? The proof that a pid named in
-        launches.jsonl, a file anyone who can write the run dir can edit, is this run's launcher."""
+        the launch records, a file anyone who can write the run dir can edit, is this run's launcher."""
         target = os.path.realpath(self.path)
         try:
             fds = os.listdir(f"/proc/{int(pid)}/fd")
@@ -198,32 +190,29 @@ class RunLock:
 
 
 def write_state(run_dir: Path, **fields: Any) -> None:
-    """state.json: running / completed / preempted / failed (+ step, reason), for tools and the job."""
-    write_atomic(run_dir / "state.json", json.dumps({"time": time.time(), **fields}) + "\n")
+    """The state record: running / completed / preempted / failed (+ step, reason), for tools and the job."""
+    write_atomic(RunDir(run_dir).state_file, json.dumps({"time": time.time(), **fields}) + "\n")
 
 
 def read_state(run_dir: Path) -> dict[str, Any]:
     """{} when missing or damaged (not JSON, not an object, not UTF-8): readers treat it as not recorded."""
     try:
-        state = json.loads((run_dir / "state.json").read_text())
+        state = json.loads(RunDir(run_dir).state_file.read_text())
     except (OSError, ValueError):  # (json's and UTF-8's errors are ValueErrors)
         return {}
     return state if isinstance(state, dict) else {}
 
 
-SCALE_REQUEST_FILE = "scale-request"
-
-
 def request_scale(run_dir: Path, nodes: int) -> None:
     """`fsdp-jobs scale RUN nodes=N` for a launcher that starts the new nodes itself (it polls the file)."""
-    write_atomic(run_dir / SCALE_REQUEST_FILE, json.dumps({"nodes": nodes}) + "\n")
+    write_atomic(RunDir(run_dir).scale_request_file, json.dumps({"nodes": nodes}) + "\n")
 
 
 def take_scale_request(run_dir: Path) -> Optional[int]:
     """The node count a `scale` asked for since the last call, or None; the request is used up. Read by a
     launcher that may run as root in a run dir the ranks' user can write: taken by a rename (a request
     written meanwhile is the next one, not lost), never through a link, never a FIFO, at most 4 KiB."""
-    path, taken = run_dir / SCALE_REQUEST_FILE, run_dir / f".{SCALE_REQUEST_FILE}.taken"
+    path, taken = RunDir(run_dir).scale_request_file, RunDir(run_dir).scale_taken_file
     try:
         os.rename(path, taken)
     except OSError:
@@ -242,36 +231,34 @@ def take_scale_request(run_dir: Path) -> Optional[int]:
     return nodes if isinstance(nodes, int) and not isinstance(nodes, bool) else None
 
 
-STOP_REQUEST_FILE = "stop-request"
+# how a stop that the stop request asked for is named (a vote's reason in the state record and the log)
+STOP_REQUEST_REASON = f"{RunDir(Path()).stop_request_file.name} file"
 
 
 def request_stop(run_dir: Path, why: str) -> None:
     """Ask the ranks to checkpoint and stop at the next step boundary (they may have missed a signal)."""
-    (run_dir / STOP_REQUEST_FILE).write_text(why + "\n")
+    RunDir(run_dir).stop_request_file.write_text(why + "\n")
 
 
 def stop_requested(run_dir: Path) -> bool:
-    return (run_dir / STOP_REQUEST_FILE).exists()
+    return RunDir(run_dir).stop_request_file.exists()
 
 
 def clear_stop_request(run_dir: Path) -> None:
     """At the start of every attempt, before any rank runs: an old request must not stop a new run."""
-    (run_dir / STOP_REQUEST_FILE).unlink(missing_ok=True)
-    (run_dir / CANCEL_FILE).unlink(missing_ok=True)
-    (run_dir / SCALE_REQUEST_FILE).unlink(missing_ok=True)
-
-
-CANCEL_FILE = "cancel-requested"
+    rd = RunDir(run_dir)
+    for path in (rd.stop_request_file, rd.cancel_file, rd.scale_request_file):
+        path.unlink(missing_ok=True)
 
 
 def record_cancel(run_dir: Path) -> None:
     """`fsdp-jobs cancel` was asked for this attempt: however its nodes then exit (they are stopped one
     by one, so one may see its peer vanish mid-step and fail), the job ended as CANCELLED."""
-    write_atomic(run_dir / CANCEL_FILE, time.strftime("%Y-%m-%dT%H:%M:%S") + "\n")
+    write_atomic(RunDir(run_dir).cancel_file, time.strftime("%Y-%m-%dT%H:%M:%S") + "\n")
 
 
 def cancel_recorded(run_dir: Path) -> bool:
-    return (run_dir / CANCEL_FILE).exists()
+    return RunDir(run_dir).cancel_file.exists()
 
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
@@ -293,7 +280,7 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
 
 
 def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
-    path = run_dir / METRICS_FILE
+    path = RunDir(run_dir).metrics_file
     if not path.exists():
         return []
     out = []

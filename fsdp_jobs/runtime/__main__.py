@@ -49,7 +49,7 @@ def main(exit_process: bool = True) -> None:
     try:
         code = record(train)(run_dir, stop)
         shutdown(code, stop, exit_process)
-    except Exception as e:  # also into failures.jsonl: a failure that repeats is not retried (fsdp_jobs/rundir/failures.py)
+    except Exception as e:  # also into the failure records: a failure that repeats is not retried (fsdp_jobs/rundir/failures.py)
         from fsdp_jobs.rundir import failures
         from fsdp_jobs.runtime.heartbeat import current_step
 

@@ -1,12 +1,12 @@
 """Sharded, atomic, resumable checkpoints with torch.distributed.checkpoint (DCP), in the layout
-fsdp_jobs/rundir/checkpoints.py owns (checkpoints/.tmp-step-N-<attempt>/ while written, step-N/ once committed).
+fsdp_jobs/rundir/checkpoints.py owns (a temporary directory per attempt while written, renamed once committed).
 
-Each save goes to a fresh directory (DCP's "overwrite" leaves an old .metadata beside new data if it
+Each save goes to a fresh directory (DCP's "overwrite" leaves an old metadata file beside new data if it
 dies mid-save: fsdp_jobs/ARCHITECTURE.md, pitfall 3). Rank 0 writes the manifest after every rank finished, then
 renames the directory into place: a reader sees a whole checkpoint or none.
 
 No rank waits for rank 0's file work: DCP's save returns on rank 0 (its coordinator) only after it
-gathered every rank's write results and wrote .metadata, so rank 0 alone can commit, and the others
+gathered every rank's write results and wrote its metadata file, so rank 0 alone can commit, and the others
 go on training meanwhile. An async save is committed by rank 0 the moment its background write
 ends (not at the next save), and old checkpoints are pruned in a thread of their own.
 """
@@ -237,7 +237,7 @@ class CheckpointManager:
             committed.set()
 
     def _commit(self, tmp: Path, final: Path, manifest: dict[str, Any]) -> None:
-        """Rank 0 only, nobody waits: DCP returned, so every rank's shards and .metadata are written."""
+        """Rank 0 only, nobody waits: DCP returned, so every rank's shards and DCP's metadata are written."""
         if self.rank != 0:
             return
         crash_step = faults.step(CRASH_IN_SAVE_ENV)

@@ -8,7 +8,7 @@
     step = job.checkpoint.load(model=model, optim=opt)     # newest committed checkpoint, or 0
     while step < total:
         ...; step += 1
-        job.log(step=step, loss=loss.item())  # metrics.jsonl + the progress line (rank 0)
+        job.log(step=step, loss=loss.item())  # the metrics record + the progress line (rank 0)
         if job.should_stop():                  # preemption / time limit / cancel, agreed by all ranks (one call late)
             job.checkpoint.save(step, model=model, optim=opt)
             break
@@ -17,7 +17,7 @@
 
 Everything here is the built-in trainer's (fsdp_jobs/runtime/trainer.py: Trainer): its bring-up and
 mesh rule, the sharding policy, the atomic DCP CheckpointManager (keep-last, async), the stop signals,
-the stop-request file and the stop vote, the metrics writer; and it writes state.json as the trainer
+the stop request and the stop vote, the metrics writer; and it writes the state record as the trainer
 does, so a backend that requeues a job requeues a stopped script and not a finished one: the script needs no
 other code to be preemption-safe.
 """
@@ -39,6 +39,7 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 
 from fsdp_jobs.rundir import runs
+from fsdp_jobs.rundir.layout import RunDir
 from fsdp_jobs.runtime.checkpoint import StateObjects
 from fsdp_jobs.runtime.mesh import World
 from fsdp_jobs.runtime.metrics import MetricsWriter, log
@@ -108,7 +109,7 @@ class Checkpoints:
         return self.manager.load(state, path)
 
     def save(self, step: int, **objects: Any) -> None:
-        """Save the objects as checkpoint step-N (in the background with checkpoint.async_save); it becomes
+        """Save the objects as the checkpoint of step N (in the background with checkpoint.async_save); it becomes
         visible only once complete, and older ones beyond checkpoint.keep_last are deleted. With
         fault_tolerance=replica one replica group writes it (they hold the same model); the others return."""
         # stopping: the process is about to exit, the checkpoint must be committed first
@@ -145,7 +146,7 @@ class Job:
         self.step = 0  # the last step done: checkpoint.load sets it, job.optimizer's step() counts on
         self.stopping = False
         self._state: Optional[StateObjects] = None  # what checkpoint.load was given: a replica group recovers it
-        # the trainer's stop machinery: rank 0 looks for the stop-request file in a thread (a slow shared
+        # the trainer's stop machinery: rank 0 looks for the stop request in a thread (a slow shared
         # file system never stalls the step), and the ranks vote without a host sync (see should_stop)
         trainer.watch_for_stop(StopFlag())
         self._stop, self._stop_file, self._vote = trainer.stop, trainer.stop_file, trainer.vote
@@ -153,7 +154,7 @@ class Job:
         # TensorBoard/W&B open at the first job.log: this attempt's steps start there (runtime/trackers.py)
         # each replica group's rank 0 writes the lines of the steps its group writes (Replicas.writer); the
         # trackers hold one writer: the first group's
-        self._metrics = MetricsWriter(run_dir / runs.METRICS_FILE, world.rank == 0, config["train"]["steps"],
+        self._metrics = MetricsWriter(RunDir(run_dir).metrics_file, world.rank == 0, config["train"]["steps"],
                                       config["train"]["log_interval"],
                                       Trackers(run_dir, config, close_at_exit=True) if world.group == 0 else None)
         self._attempt = ""
@@ -211,7 +212,7 @@ class Job:
         return False
 
     def log(self, **metrics: Any) -> None:
-        """One line in metrics.jsonl (rank 0; other ranks' calls are ignored), the progress line every
+        """One line in the metrics record (rank 0; other ranks' calls are ignored), the progress line every
         train.log_interval steps, and its numbers in TensorBoard/W&B where configured (train.tensorboard,
         train.wandb). Pass step=N (else the last checkpoint/log step + 1 is used)."""
         step = int(metrics.pop("step", self.step + 1))

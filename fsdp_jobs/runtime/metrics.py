@@ -1,4 +1,4 @@
-"""Per-step metrics: one JSON line per step in <run_dir>/metrics.jsonl (rank 0), a progress line
+"""Per-step metrics: one JSON line per step in the metrics record (RunDir.metrics_file, rank 0), a progress line
 every train.log_interval steps, and the same values in TensorBoard and W&B where the job asks for them
 (fsdp_jobs/runtime/trackers.py)."""
 

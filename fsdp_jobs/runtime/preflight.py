@@ -13,8 +13,8 @@ each other down nor sample different stretches of the machine's other load.
 Rank 0 gathers every rank's record (all_gather_object) and judges them (fsdp_jobs/runtime/preflight_verdict.py). When it
 names a node for slowness alone, every rank measures again after RECHECK_PAUSE_S and the verdict is taken
 on the better of each rank's two numbers: a node is named slow only when it was slow twice. Then rank 0
-prints one table, writes RUN_DIR/preflight.json and, when a node is named, state.json "failed" with the
-reason.
+prints one table, writes the preflight record (RunDir.preflight_file) and, when a node is named, the state
+"failed" with the reason.
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ import torch.distributed as dist
 
 from fsdp_jobs.planning import faults
 from fsdp_jobs.rundir import runs
+from fsdp_jobs.rundir.layout import RunDir
 from fsdp_jobs.runtime import preflight_verdict as preflight
 from fsdp_jobs.runtime.mesh import World
 from fsdp_jobs.runtime.metrics import log
@@ -148,7 +149,7 @@ def pair_busbw_gbps(world: World, slow: bool) -> Optional[float]:
 
 def write_mb_s(run_dir: Path, rank: int, slow: bool, turns: tuple[int, int] = (0, 1)) -> float:
     """A fresh file in the run dir, written and fsynced; removed after."""
-    path = run_dir / f".preflight-rank-{rank}"
+    path = RunDir(run_dir).preflight_scratch_file(rank)
     data = os.urandom(PREFLIGHT_WRITE_BYTES)
 
     def write() -> None:
@@ -178,7 +179,7 @@ def checkpoint_gb(run_dir: Path, job: dict[str, Any]) -> Optional[float]:
     if job.get("script") or job.get("module"):
         return None
     try:
-        params = json.loads((run_dir / runs.PLAN_FILE).read_text())["memory"]["params"]
+        params = json.loads(RunDir(run_dir).plan_file.read_text())["memory"]["params"]
     except (OSError, ValueError, KeyError, TypeError):
         return None
     return params * (DTYPE_BYTES.get(job["model"]["dtype"], 4) + 8) / 1024**3
@@ -248,7 +249,7 @@ def run_preflight(run_dir: Path, job: dict[str, Any], world: World) -> bool:
     if world.rank == 0:
         assert v is not None
         v.update(time=time.time(), seconds=round(time.time() - began, 2), ranks=ranks)
-        runs.write_atomic(run_dir / preflight.PREFLIGHT_FILE, json.dumps(v, indent=1) + "\n")
+        runs.write_atomic(RunDir(run_dir).preflight_file, json.dumps(v, indent=1) + "\n")
         log(0, f"preflight of {len(v['nodes'])} nodes in {v['seconds']} s" +
             "".join(f"; note: {n}" for n in v["notes"]))
         log(0, preflight.table(v))

@@ -20,7 +20,8 @@ import statistics
 from pathlib import Path
 from typing import Any, Optional
 
-PREFLIGHT_FILE = "preflight.json"
+from fsdp_jobs.rundir.layout import RunDir
+
 DEFAULT_SLOW_RATIO = 2.0
 # (key in a rank's record, column title, words): every one is "higher is better"
 MEASURES = (
@@ -159,9 +160,9 @@ def summary_line(v: dict[str, Any]) -> str:
 
 
 def read(run_dir: Path) -> Optional[dict[str, Any]]:
-    """RUN_DIR/preflight.json (the newest preflight's verdict and every rank's measures), or None."""
+    """The preflight record (RunDir.preflight_file: the newest preflight's verdict and every rank's measures), or None."""
     try:
-        data = json.loads((run_dir / PREFLIGHT_FILE).read_text())
+        data = json.loads(RunDir(run_dir).preflight_file.read_text())
     except (OSError, ValueError):
         return None
     return data if isinstance(data, dict) else None

@@ -3,7 +3,7 @@
 
 A signal can arrive before a rank has installed its handler (a scheduler's time-limit warning may come a
 second after the job starts, while ranks still import torch). So the launcher side also leaves a
-stop-request file in the run dir (runs.request_stop), which rank 0 checks at every step boundary."""
+stop request in the run dir (runs.request_stop), which rank 0 checks at every step boundary."""
 
 from __future__ import annotations
 
@@ -50,7 +50,7 @@ class StopFlag:
         return self.received is not None
 
     def agreed(self, signalled: bool) -> None:
-        """The ranks' vote agreed to stop; `signalled`: on a rank's signal (not the stop-request file)."""
+        """The ranks' vote agreed to stop; `signalled`: on a rank's signal (not the stop request)."""
         self.for_another = signalled and self.received is None
 
     def linger(self, seconds: float = LINGER_S) -> float:

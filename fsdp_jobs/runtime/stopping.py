@@ -1,5 +1,5 @@
 """The ranks' agreement on stopping (fsdp_jobs/runtime/signals.py sets the local flag): rank 0 watches
-for the launcher's stop-request file, and every rank votes without stalling the host."""
+for the launcher's stop request (RunDir.stop_request_file), and every rank votes without stalling the host."""
 
 from __future__ import annotations
 
@@ -13,13 +13,13 @@ import torch.distributed as dist
 
 from fsdp_jobs.rundir import runs
 
-STOP_FILE = 1  # the vote's code for the stop-request file; a signal votes its number (SIGHUP, 1, is not caught)
+STOP_FILE = 1  # the vote's code for the stop request; a signal votes its number (SIGHUP, 1, is not caught)
 
 
 def stop_reason(code: int) -> str:
-    """What an agreed vote's code says stopped the job: a signal's name, or the stop-request file."""
+    """What an agreed vote's code says stopped the job: a signal's name, or the stop request."""
     if code == STOP_FILE:
-        return "stop-request file"
+        return runs.STOP_REQUEST_REASON
     try:
         return signal.Signals(code).name
     except ValueError:
@@ -27,7 +27,7 @@ def stop_reason(code: int) -> str:
 
 
 class StopFileWatcher:
-    """Rank 0 looks for the launcher's stop-request file in a thread, so a slow shared file system
+    """Rank 0 looks for the launcher's stop request in a thread, so a slow shared file system
     never stalls the step loop (and with it every other rank)."""
 
     def __init__(self, run_dir: Path, enabled: bool, period_s: float = 0.5) -> None:

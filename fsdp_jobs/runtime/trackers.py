@@ -1,21 +1,21 @@
-"""TensorBoard and W&B: the metrics rank 0 writes to metrics.jsonl (fsdp_jobs/runtime/metrics.py), also
+"""TensorBoard and W&B: the metrics rank 0 writes to the metrics record (fsdp_jobs/runtime/metrics.py), also
 where users look, with exactly one value per step however often the job was restarted.
 
 A restarted job resumes from its newest checkpoint (step C) and computes the steps after C again; the
 previous attempt may have logged some of them. The rules:
 
-- TensorBoard (RUN_DIR/tensorboard): each attempt opens its own event file with `purge_step=C+1`, i.e. a
+- TensorBoard (RunDir.tensorboard_dir): each attempt opens its own event file with `purge_step=C+1`, i.e. a
   SessionLog.START event at step C+1, on which TensorBoard's reader drops every event at a step >= C+1
   read from the earlier files (tensorboard/backend/event_processing/event_accumulator.py,
   _CheckForRestartAndMaybePurge). The steps <= C stay as the attempts that computed them wrote them: the
   writer is flushed after every record, and the record of step C is written before checkpoint C is saved
   (fsdp_jobs/runtime/trainer.py: MetricsWindow.flush), so a checkpoint never exists without its steps.
-- W&B: one run per job, its id created once in RUN_DIR/wandb-id and resumed (`resume="allow"`) by every
+- W&B: one run per job, its id created once in RunDir.wandb_id_file and resumed (`resume="allow"`) by every
   attempt. W&B's step axis only goes forward and its local writer keeps records in memory until a run
-  is finished (a killed process loses them), so RUN_DIR/wandb-ledger.json records, after each clean
+  is finished (a killed process loses them), so the ledger (RunDir.wandb_ledger_file) records, after each clean
   `finish()`, the last step W&B holds and the local run dirs that hold it. A new attempt removes local
   offline run dirs of this id the ledger does not name (a killed attempt's, never complete), logs the
-  steps after the ledger's up to C from metrics.jsonl (their final values), and from then on logs only
+  steps after the ledger's up to C from the metrics record (their final values), and from then on logs only
   steps after the last one W&B has: a step computed again keeps the value W&B got first.
 
 Only rank 0 writes. The packages are optional (`pip install 'fsdp-jobs[tensorboard]'`, `[wandb]`):
@@ -34,11 +34,8 @@ from pathlib import Path
 from typing import Any, Optional
 
 from fsdp_jobs.rundir import runs
+from fsdp_jobs.rundir.layout import RunDir
 
-TENSORBOARD_DIR = "tensorboard"
-WANDB_DIR = "wandb"  # wandb.init(dir=RUN_DIR) keeps its local run dirs here
-WANDB_ID_FILE = "wandb-id"
-WANDB_LEDGER = "wandb-ledger.json"
 # bookkeeping in a metrics record, not a metric to chart
 NOT_SCALARS = frozenset({"step", "time", "world_size", "restart", "attempt", "sample_start", "step_time_s",
                          "peak_mem_gb"})
@@ -55,7 +52,7 @@ def scalars(record: dict[str, Any]) -> dict[str, float]:
 
 
 def final_records(run_dir: Path, after: int, upto: int) -> list[dict[str, Any]]:
-    """metrics.jsonl's last record of each step in (after, upto], by step: the values that count."""
+    """The metrics record's last record of each step in (after, upto], by step: the values that count."""
     last: dict[int, dict[str, Any]] = {}
     for record in runs.read_metrics(run_dir):
         if after < record["step"] <= upto:
@@ -67,7 +64,7 @@ class TensorBoard:
     def __init__(self, run_dir: Path, first_step: int) -> None:
         from torch.utils.tensorboard import SummaryWriter
 
-        self.writer = SummaryWriter(str(run_dir / TENSORBOARD_DIR), purge_step=first_step, flush_secs=3600)
+        self.writer = SummaryWriter(str(RunDir(run_dir).tensorboard_dir), purge_step=first_step, flush_secs=3600)
 
     def log(self, step: int, values: dict[str, float]) -> None:
         for k, v in values.items():
@@ -79,8 +76,8 @@ class TensorBoard:
 
 
 def wandb_id(run_dir: Path) -> str:
-    """This job's W&B run id: created by the first attempt, kept in RUN_DIR/wandb-id."""
-    path = run_dir / WANDB_ID_FILE
+    """This job's W&B run id: created by the first attempt, kept in RunDir.wandb_id_file."""
+    path = RunDir(run_dir).wandb_id_file
     if path.exists():
         return path.read_text().strip()
     import secrets
@@ -97,13 +94,14 @@ class WandB:
         self.run_dir, cfg = run_dir, job["train"]["wandb"]
         self.id = wandb_id(run_dir)
         ledger = self._ledger()
-        (run_dir / WANDB_DIR).mkdir(exist_ok=True)
-        for d in (run_dir / WANDB_DIR).glob(f"offline-run-*-{self.id}"):  # a killed attempt's, never complete
+        # wandb.init(dir=run_dir) keeps its local run dirs in RunDir.wandb_dir (W&B names that folder itself)
+        RunDir(run_dir).wandb_dir.mkdir(exist_ok=True)
+        for d in RunDir(run_dir).wandb_dir.glob(f"offline-run-*-{self.id}"):  # a killed attempt's, never complete
             if d.name not in ledger["dirs"]:
                 shutil.rmtree(d, ignore_errors=True)
-        plan_file = run_dir / runs.PLAN_FILE
+        plan_file = RunDir(run_dir).plan_file
         plan = json.loads(plan_file.read_text()) if plan_file.exists() else None
-        # job.yaml holds no secret (fsdp_jobs/planning/secret_env.py masks them before it is written)
+        # the job record holds no secret (fsdp_jobs/planning/secret_env.py masks them before it is written)
         self.run = wandb.init(id=self.id, resume="allow", dir=str(run_dir), project=cfg["project"],
                               entity=cfg.get("entity"), mode=cfg.get("mode"), name=run_dir.name,
                               group=job.get("sweep"), config={"job": job, "plan": plan},
@@ -116,7 +114,7 @@ class WandB:
 
     def _ledger(self) -> dict[str, Any]:
         try:
-            ledger = json.loads((self.run_dir / WANDB_LEDGER).read_text())
+            ledger = json.loads(RunDir(self.run_dir).wandb_ledger_file.read_text())
             if ledger.get("id") == self.id:
                 return ledger
         except (OSError, ValueError):
@@ -132,9 +130,9 @@ class WandB:
     def close(self) -> None:
         self.run.finish()
         ledger = self._ledger()
-        local = Path(self.run.dir).parent.name  # RUN_DIR/wandb/<offline-run-...-ID>/files
+        local = Path(self.run.dir).parent.name  # RunDir.wandb_dir/<offline-run-...-ID>/files
         ledger.update(step=self.last, dirs=[*ledger["dirs"], local], time=time.time())
-        runs.write_atomic(self.run_dir / WANDB_LEDGER, json.dumps(ledger) + "\n")
+        runs.write_atomic(RunDir(self.run_dir).wandb_ledger_file, json.dumps(ledger) + "\n")
 
 
 def tensorboard_on(job: dict[str, Any]) -> bool:

@@ -26,6 +26,7 @@ from fsdp_jobs.rundir import runs
 from fsdp_jobs.rundir.checkpoints import step_dir
 from fsdp_jobs.planning.cluster_config import CPU_PEAK_TFLOPS, ClusterConfig
 from fsdp_jobs.planning.plan import compute_dtype, micro_batch, replica_groups, reshard_after_forward
+from fsdp_jobs.rundir.layout import RunDir
 from fsdp_jobs.runtime import heartbeat
 from fsdp_jobs.runtime.checkpoint import CheckpointManager, StateObjects, TrainState
 from fsdp_jobs.runtime.data import build_dataset
@@ -62,14 +63,13 @@ def lr_lambda(train: dict[str, Any]) -> Callable[[int], float]:
 
 
 def write_rank_file(run_dir: Path, world: World) -> None:
-    d = run_dir / "ranks"
-    d.mkdir(exist_ok=True)
+    RunDir(run_dir).ranks_dir.mkdir(exist_ok=True)
     info = {"rank": world.job_rank, "pid": os.getpid(), "uid": os.getuid(), "host": socket.gethostname(),
             "node_rank": world.node_rank,
             "node": os.environ.get("FSDP_JOBS_NODE") or socket.gethostname(),  # set by launchers/node/wrapper.py
             "restart": world.restart, "world_size": world.world_size, "time": time.time(),
             **({"replica_group": world.group} if world.groups > 1 else {})}
-    runs.write_atomic(d / f"rank-{world.job_rank}.json", json.dumps(info) + "\n")
+    runs.write_atomic(RunDir(run_dir).rank_file(world.job_rank), json.dumps(info) + "\n")
 
 
 def mfu_peak_flops(job: dict[str, Any], device: torch.device) -> float:
@@ -144,13 +144,13 @@ class Trainer:
         self.tcfg, self.ccfg = job["train"], job["checkpoint"]
         self.heartbeat: Optional[heartbeat.Heartbeat] = None
         self.joining = False  # fault_tolerance=replica: other groups train already; recover from them
-        self.timeline = Timeline(run_dir, enabled=False, restart=0)  # bring_up opens rank 0's (goodput.jsonl)
+        self.timeline = Timeline(run_dir, enabled=False, restart=0)  # bring_up opens rank 0's (the goodput timeline)
 
     def run(self, stop: StopFlag) -> int:
         """The built-in loop, start to exit."""
         self.bring_up()
         if self.job.get("preflight") and not self.preflight():
-            return 0  # a node was named: state.json says failed, and launchers/node/wrapper.py exits non-zero
+            return 0  # a node was named: the state record says failed, and launchers/node/wrapper.py exits non-zero
         if self.job.get("preflight") == "only":
             return 0
         self.tune_for_training()
@@ -170,7 +170,7 @@ class Trainer:
     def bring_up(self) -> None:
         """Process group on the world torchrun started, this rank's record, the configured mesh."""
         world = read_world(self.job["cluster"]["device"], replica_groups(OmegaConf.create(self.job)))
-        # goodput.jsonl's timeline is rank 0's; of a replica job, the first group's
+        # the goodput timeline is rank 0's; of a replica job, the first group's
         self.timeline = Timeline(self.run_dir, enabled=world.job_rank == 0, restart=world.restart)
         began = time.time()
         # first: the node's watchdog (launchers/node/watchdog.py) follows this rank from here on
@@ -201,7 +201,7 @@ class Trainer:
         if ok and self.job.get("preflight") == "only" and self.world.rank == 0:
             runs.write_state(self.run_dir, status="completed", stage="preflight", step=runs.read_state(
                 self.run_dir).get("step"), reason="preflight=only: every node passed")
-        if not ok or self.job.get("preflight") == "only":  # the attempt ends here (goodput.jsonl)
+        if not ok or self.job.get("preflight") == "only":  # the attempt ends here (the goodput timeline)
             self.timeline.event("end", why="completed: preflight=only" if ok else "failed: preflight named a node",
                                 step=0)
         return ok
@@ -362,7 +362,7 @@ class Trainer:
                             f"{torch.cuda.get_device_name(world.device)}")
         # each group's rank 0 writes the lines of the steps its group writes (Replicas.writer); TensorBoard and
         # W&B hold one writer per run: the first group's
-        self.metrics = MetricsWriter(self.run_dir / runs.METRICS_FILE, world.rank == 0, tcfg["steps"],
+        self.metrics = MetricsWriter(RunDir(self.run_dir).metrics_file, world.rank == 0, tcfg["steps"],
                                      tcfg["log_interval"], Trackers(self.run_dir, job) if world.group == 0 else None)
         self.metrics.start(state.step + 1)  # TensorBoard/W&B: the steps after the resumed one replace earlier ones
         self.window_args = (self.per_rank * seq_len, fpt, peak)  # fit() opens the window when the steps start
@@ -404,7 +404,7 @@ class Trainer:
         return step_loss.float() / accum, grad_norm
 
     def watch_for_stop(self, stop: StopFlag) -> None:
-        """Start the stop machinery: the local flag (signals), rank 0's stop-request file watcher, the vote."""
+        """Start the stop machinery: the local flag (signals), rank 0's stop request watcher, the vote."""
         self.stop = stop
         self.stop_file = StopFileWatcher(self.run_dir, enabled=self.world.rank == 0)
         self.vote = StopVote(self.world.device)
@@ -419,7 +419,7 @@ class Trainer:
         return code
 
     def cast_stop_vote(self) -> bool:
-        """Vote on whether this rank was told to stop (a signal, or the stop-request file); returns the vote."""
+        """Vote on whether this rank was told to stop (a signal, or the stop request); returns the vote."""
         code = self.stop.received.value if self.stop.received else STOP_FILE if self.stop_file.seen.is_set() else 0
         self.vote.cast(code)
         return bool(code)
@@ -485,7 +485,7 @@ class Trainer:
             if logged or replicas.enabled:  # a replica group flushes every step: one that dies loses no line
                 self.window.flush()
             if logged:
-                self.timeline.steps(state.step)  # goodput.jsonl: these steps' window, at the flush's sync
+                self.timeline.steps(state.step)  # the goodput timeline: these steps' window, at the flush's sync
             if stopping:
                 stopped_by = "signal"
                 why = stop.received.name if stop.received else stop_reason(stopping)
@@ -525,10 +525,11 @@ class Trainer:
 def save_probe(run_dir: Path, model: torch.nn.Module, dataset: Any, step: int, world: World) -> None:
     """Logits of the final sharded model on a small fixed batch (2 x PROBE_TOKENS): what an exported
     plain model must reproduce. A forward under FSDP is collective, so every rank runs it; only
-    rank 0 copies its result to the host and writes probe.pt."""
+    rank 0 copies its result to the host and writes the probe (RunDir.probe_file)."""
     inputs = torch.stack([dataset[i][:PROBE_TOKENS] for i in range(2)]).to(world.device)
     logits = logits_of(model(inputs))
     if world.rank == 0:
-        tmp = run_dir / ".probe.pt.tmp"
+        probe = RunDir(run_dir).probe_file
+        tmp = probe.with_name(f".{probe.name}.tmp")
         torch.save({"step": step, "inputs": inputs.cpu(), "logits": logits.float().cpu()}, tmp)
-        os.replace(tmp, run_dir / "probe.pt")
+        os.replace(tmp, probe)

@@ -1,6 +1,6 @@
 """How every rank runs your own training (script= or module=), unmodified:
 
-    torchrun ... -m fsdp_jobs.runtime.user_code -- /run/dir/script/001/train.py ARGS...
+    torchrun ... -m fsdp_jobs.runtime.user_code -- /path/to/train.py ARGS...
     torchrun ... -m fsdp_jobs.runtime.user_code -- -m mypkg.train ARGS...
 
 It runs the script (or module) as `__main__`, exactly as `python train.py ARGS` would (sys.argv, the
@@ -45,7 +45,7 @@ def main() -> None:
         if e.code not in (None, 0):
             raise
         finished()
-    except Exception as e:  # also into failures.jsonl: a failure that repeats is not retried (fsdp_jobs/rundir/failures.py)
+    except Exception as e:  # also into the failure records: a failure that repeats is not retried (fsdp_jobs/rundir/failures.py)
         import os
 
         from fsdp_jobs.rundir import failures

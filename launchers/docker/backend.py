@@ -33,6 +33,7 @@ import yaml
 from fsdp_jobs.rundir import runs
 from fsdp_jobs.planning.secret_env import passed_names
 from fsdp_jobs.planning.errors import UserError
+from fsdp_jobs.rundir.layout import RunDir
 from launchers.base import (Backend, DryRun, JobState, JobStatus, Run, Submitted, request_scale,
                             state_from_training)
 from launchers.common import (NODE_WRAPPER, begin_user_attempt, lighthouse_command, lighthouse_port, python_path,
@@ -73,11 +74,11 @@ def project_name(run_dir: Path) -> str:
 
 
 def own_project(run: Run) -> str:
-    """The run's compose project, proven: launches.jsonl (a file the containers' user can edit) names it,
+    """The run's compose project, proven: its launch record (a file the containers' user can edit) names it,
     but only containers labelled with this run dir (compose_spec sets the label) are taken as the run's."""
     project = str(run.launch.get("project", ""))
     if not re.fullmatch(r"fsdpjobs-[a-z0-9_-]+-[0-9a-f]{8}", project):
-        raise UserError("RUN", run.run_dir.name, f"{run.run_dir / runs.LAUNCHES_FILE} names compose project "
+        raise UserError("RUN", run.run_dir.name, f"{RunDir(run.run_dir).launches_file} names compose project "
                                                  f"{project!r}, which fsdp-jobs never makes; nothing was touched")
     mine = str(run.run_dir.resolve())
     for name, c in containers(project).items():

@@ -25,6 +25,7 @@ from typing import Any, Optional
 import yaml
 
 from fsdp_jobs.rundir import runs
+from fsdp_jobs.rundir.layout import RunDir
 from launchers.docker.engine import DOWN_TIMEOUT_S, RESULT_FILE, containers, give_to
 from launchers.supervisor import STOP_EXTRA_S, LogSink, Node, exit_status, why_not_grow
 from launchers.supervisor import supervise as supervise_nodes
@@ -118,7 +119,7 @@ def supervise(run_dir: Path, launch: dict[str, Any], job: dict[str, Any], compos
     process, in memory: never read back from the run dir, which the containers' user can rewrite while
     this runs as root."""
     project, user = launch["project"], launch["user"]
-    log_path = run_dir / "logs" / "launcher.log"
+    log_path = RunDir(run_dir).launcher_log
     sink = LogSink(log_path, echo)
     give_to(log_path, user)
     fleet = Fleet(project)
@@ -208,8 +209,8 @@ def remove_containers(launch: dict[str, Any], sink: LogSink) -> None:
 def start_detached(run_dir: Path, launch: dict[str, Any], job: dict[str, Any], compose: dict[str, Any]) -> int:
     """The supervisor in its own session, outliving this command; its own output goes to a file. What it
     acts on travels through its stdin, not through a file."""
-    out = runs.open_append(run_dir / "logs" / "supervisor.log")
-    give_to(run_dir / "logs" / "supervisor.log", launch["user"])
+    out = runs.open_append(RunDir(run_dir).supervisor_log)
+    give_to(RunDir(run_dir).supervisor_log, launch["user"])
     p = subprocess.Popen([sys.executable, "-m", "launchers.docker.supervisor", str(run_dir)], stdout=out,
                          stderr=subprocess.STDOUT, stdin=subprocess.PIPE, start_new_session=True, text=True)
     assert p.stdin is not None

@@ -1,6 +1,6 @@
 """cluster=kubernetes: the objects a run becomes, as plain dicts (exactly what is sent to the API server).
 
-    ConfigMap <job>-job   job.yaml, plan.json and boot.py, mounted read-only into every pod
+    ConfigMap <job>-job   the job and plan records and boot.py, mounted read-only into every pod
     Service   <job>       kind=jobset only: the headless Service behind the pods' DNS names
     the job   <job>       kind=volcano: a Volcano Job built by TorchX's kubernetes scheduler
                           kind=pytorchjob: a Kubeflow PyTorchJob (elasticPolicy, c10d)
@@ -30,6 +30,7 @@ import yaml
 from omegaconf import OmegaConf
 
 from fsdp_jobs.planning.errors import UserError
+from fsdp_jobs.rundir.layout import RunDir
 from launchers.common import NODE_WRAPPER, python_path, rank_entry, rank_env, runtime_env, torchrun_args
 from launchers.node.wrapper import ENGINE_RESTARTS_ENV, PREFLIGHT_FAILED_RC, TERMINATION_LOG_ENV
 
@@ -131,14 +132,16 @@ def pod_run_dir(plan: Any, cfg: Any) -> str:
 
 
 def job_files(plan: Any, cfg: Any) -> dict[str, str]:
-    """job.yaml as runs.prepare writes it (the pods never dry-run), plan.json with the pods' run dir."""
+    """The job record as runs.prepare writes it (the pods never dry-run), the plan with the pods' run dir;
+    keyed by their names in the run dir, where boot.py copies them."""
+    names = RunDir(Path(pod_run_dir(plan, cfg)))
     job = OmegaConf.to_container(cfg, resolve=True)
     assert isinstance(job, dict)
     job.pop("hydra", None)
     job["dry_run"] = False  # so `dry_run=true` prints what a real submission sends
     pod_plan = {**plan.to_dict(), "run_dir": pod_run_dir(plan, cfg)}
-    return {"job.yaml": yaml.safe_dump(job, sort_keys=False), "plan.json": json.dumps(pod_plan, indent=2) + "\n",
-            "boot.py": BOOT_FILE.read_text()}
+    return {names.job_file.name: yaml.safe_dump(job, sort_keys=False),
+            names.plan_file.name: json.dumps(pod_plan, indent=2) + "\n", "boot.py": BOOT_FILE.read_text()}
 
 
 def labels(plan: Any, job: str) -> dict[str, str]:
@@ -169,11 +172,11 @@ def user_code(plan: Any, cfg: Any) -> tuple[Optional[str], Optional[bytes]]:
     tar = user_code_tar(cfg) if user_mode(cfg) else None
     if tar is None:
         return None, None
-    if len(tar) * 4 // 3 > CONFIGMAP_LIMIT - 256 * 1024:  # base64, beside job.yaml and boot.py
+    if len(tar) * 4 // 3 > CONFIGMAP_LIMIT - 256 * 1024:  # base64, beside the job record and boot.py
         key = "script" if cfg.get("script") else "module"
         raise UserError(key, cfg.get(key), f"its code is {len(tar) // 1024} KiB compressed, too large for the job's "
                                            "Kubernetes ConfigMap (1 MiB); put it in the image (module=) instead")
-    return f"{pod_run_dir(plan, cfg)}/script/{hashlib.sha256(tar).hexdigest()[:12]}", tar
+    return str(RunDir(Path(pod_run_dir(plan, cfg))).script_dir / hashlib.sha256(tar).hexdigest()[:12]), tar
 
 
 def node_command(plan: Any, cfg: Any, rdzv_endpoint: str) -> list[str]:
@@ -271,7 +274,7 @@ def secure_pod(pod: dict[str, Any], plan: Any, cfg: Any, configmap: str, job: st
     env = ctr.setdefault("env", [])
     env.append({"name": TERMINATION_LOG_ENV, "value": TERMINATION_LOG})
     env.append({"name": "FSDP_JOBS_NODE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}})
-    for var, ref in sorted(c.secret_env.items()):  # only the reference is in job.yaml and the manifests
+    for var, ref in sorted(c.secret_env.items()):  # only the reference is in the job record and the manifests
         secret, key = str(ref).split("/", 1)
         env.append({"name": str(var), "valueFrom": {"secretKeyRef": {"name": secret, "key": key}}})
     return pod
@@ -488,7 +491,7 @@ def pod_templates(obj: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 class _Dumper(yaml.SafeDumper):
-    """Multi-line strings (job.yaml, boot.py in the ConfigMap) as readable literal blocks."""
+    """Multi-line strings (the job record, boot.py in the ConfigMap) as readable literal blocks."""
 
 
 _Dumper.add_representer(str, lambda d, s: d.represent_scalar("tag:yaml.org,2002:str", s, style="|" if "\n" in s else None))

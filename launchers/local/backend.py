@@ -3,7 +3,7 @@
 Each agent is a subprocess in its own session, so Ctrl-C reaches only this launcher, which then
 stops exactly the agents it started (SIGTERM, then SIGKILL of their process groups). The supervisor
 (launchers/supervisor.py, shared with cluster=docker) merges their output into one node-prefixed
-stream, on the terminal and in <run_dir>/logs/launcher.log, and maps how they ended to an exit status.
+stream, on the terminal and in RunDir.launcher_log, and maps how they ended to an exit status.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from typing import Any, Optional
 
 from fsdp_jobs.rundir import runs
 from fsdp_jobs.planning.errors import UserError
+from fsdp_jobs.rundir.layout import RunDir
 from launchers.base import (Backend, DryRun, JobState, JobStatus, Run, Submitted, request_scale,
                             state_from_training)
 from launchers.common import (NODE_WRAPPER, REPLICA_ADDR_ENV, begin_user_attempt, lighthouse_command, python_path,
@@ -199,10 +200,10 @@ class LocalBackend(Backend[LocalRequest]):
                                 f"{runs.read_state(run.run_dir).get('status', 'none recorded')})", {"launcher_pid": None})
 
     def _launcher(self, run: Run) -> int:
-        """The pid of the launcher that runs the job, proven by the run's lock (launches.jsonl alone is not)."""
+        """The pid of the launcher that runs the job, proven by the run's lock (its launch record alone is not)."""
         lock, pid = runs.RunLock(run.run_dir), run.launch.get("pid")
         if not isinstance(pid, int) or not lock.held_by(pid):
-            raise UserError("RUN", run.run_dir.name, f"{run.run_dir / runs.LAUNCHES_FILE} names pid {pid!r}, which "
+            raise UserError("RUN", run.run_dir.name, f"{RunDir(run.run_dir).launches_file} names pid {pid!r}, which "
                                                      f"does not hold the run's lock {lock.path}: not this run's "
                                                      "launcher, so nothing was signalled")
         return pid
@@ -231,7 +232,7 @@ def run_agents(dryrun: DryRun[LocalRequest], echo: bool = True) -> int:
     begin_user_attempt(cfg, run_dir)
     runs.record_launch(run_dir, backend="local", job_id=str(os.getpid()), pid=os.getpid(), nodes=plan.nodes,
                        gpus_per_node=plan.gpus_per_node)
-    sink = LogSink(run_dir / "logs" / "launcher.log", echo)
+    sink = LogSink(RunDir(run_dir).launcher_log, echo)
     nodes: list[Node] = []
     spares = list(dryrun.request.spares)
 

@@ -5,9 +5,9 @@
 
 What must happen on every node is written here once:
   * the working directory of the agent and its ranks is the run dir (FSDP_JOBS_RUN_DIR), on every
-    backend, so a script= that writes `checkpoints/` relative to its directory writes into its run dir
+    backend, so a script= that writes to paths relative to its directory writes into its run dir
     wherever it runs; the ranks import the code this wrapper was started from (PYTHONPATH keeps it);
-  * torchrun's error file (TORCHELASTIC_ERROR_FILE) is <run_dir>/logs/torchrun-error-<node>.json unless
+  * torchrun's error file (TORCHELASTIC_ERROR_FILE) is the node's RunDir.torchrun_error_file unless
     the backend named one, so a failing rank's exception can be named;
   * SIGTERM/SIGINT/SIGHUP go on to the agent (torchrun stops its ranks, which checkpoint); any other
     signal keeps the disposition the backend gave it (SLURM's stop signal stays ignored by the agent);
@@ -38,9 +38,11 @@ def code_root() -> str:
 
 
 def agent_env(environ: dict[str, str], run_dir: str, node: str) -> dict[str, str]:
+    from fsdp_jobs.rundir.layout import RunDir  # (after the umask: see OWNER_ONLY_UMASK)
+
     env = dict(environ)
     env.setdefault(NODE_ENV, node)
-    env.setdefault("TORCHELASTIC_ERROR_FILE", str(Path(run_dir) / "logs" / f"torchrun-error-{node}.json"))
+    env.setdefault("TORCHELASTIC_ERROR_FILE", str(RunDir(run_dir).torchrun_error_file(node)))
     paths = [p for p in env.get("PYTHONPATH", "").split(":") if p]
     if code_root() not in paths:  # after the snapshot/user code the backend put first
         env["PYTHONPATH"] = ":".join([*paths, code_root()])
@@ -48,7 +50,9 @@ def agent_env(environ: dict[str, str], run_dir: str, node: str) -> dict[str, str
 
 
 def agent_error_file(run_dir: Path, node: str) -> str:
-    return os.environ.get("TORCHELASTIC_ERROR_FILE") or str(run_dir / "logs" / f"torchrun-error-{node}.json")
+    from fsdp_jobs.rundir.layout import RunDir
+
+    return os.environ.get("TORCHELASTIC_ERROR_FILE") or str(RunDir(run_dir).torchrun_error_file(node))
 
 
 def write_error_file(path: Path, why: str) -> None:
@@ -132,7 +136,7 @@ def preflight_status(rc: int, run_dir: Path, node: str, engine_restarts: bool = 
     into the same checks): the node's status is then non-zero, as the job's (fsdp_jobs/runtime/preflight.py).
     Except where the engine restarts failed nodes by itself: there a non-zero status would rerun the same
     checks on the same nodes until its restarts are used up, so the node exits 0 and whoever reports the
-    job reads the verdict: Docker's supervisor from state.json (launchers/supervisor.py's exit_status),
+    job reads the verdict: Docker's supervisor from the state record (launchers/supervisor.py's exit_status),
     `fsdp-jobs status` of a Kubernetes job from the container's termination message (`termination_log`)."""
     if rc == 0:
         from fsdp_jobs.rundir import runs
@@ -157,11 +161,13 @@ def write_termination_log(path: str, text: str) -> None:
 
 
 def job_fault(run_dir: Path) -> Optional[dict[str, Any]]:
-    """The job's fault.* keys, or None when its watchdog is off (or job.yaml cannot be read)."""
+    """The job's fault.* keys, or None when its watchdog is off (or the job record cannot be read)."""
     import yaml
 
+    from fsdp_jobs.rundir.layout import RunDir
+
     try:
-        fault = (yaml.safe_load((run_dir / "job.yaml").read_text()) or {}).get("fault") or {}
+        fault = (yaml.safe_load(RunDir(run_dir).job_file.read_text()) or {}).get("fault") or {}
     except (OSError, ValueError, AttributeError, yaml.YAMLError):
         return None
     return fault if fault.get("watchdog", True) else None

@@ -21,11 +21,12 @@ from typing import Any, Optional
 
 from fsdp_jobs.rundir import runs
 from fsdp_jobs.planning.errors import UserError
+from fsdp_jobs.rundir.layout import RunDir
 from launchers.base import Backend, DryRun, JobState, JobStatus, Run, Submitted
 from launchers.common import (lighthouse_command, python_path, rank_entry, rank_env, runtime_env, torchrun_args,
                               user_code_dir)
 from launchers.snapshot import PROJECT_ROOT, next_snapshot_dir, take_snapshot, take_user_code
-from launchers.slurm.config import LIGHTHOUSE_PORT_BASE
+from launchers.slurm.config import LIGHTHOUSE_PORT_BASE, slurm_dir
 from launchers.slurm.grow import grow_jobs, save_parameters, submit_grow
 
 @dataclass
@@ -136,7 +137,7 @@ def sbatch_script(folder: Path, params: dict[str, Any]) -> str:
 
 
 def _folder(plan: Any) -> Path:
-    return Path(plan.run_dir) / "slurm" / "%j"
+    return slurm_dir(Path(plan.run_dir)) / "%j"
 
 
 def _sh(*cmd: str) -> str:
@@ -260,10 +261,10 @@ def _active(job_id: str) -> bool:
 
 
 def job_id_shape(run: Run, job_id: str) -> str:
-    """A SLURM job id (an array element's too), or a one-line refusal: launches.jsonl is a file in the
+    """A SLURM job id (an array element's too), or a one-line refusal: the launch records are a file in the
     run dir, and a value such as `-u root` must never reach squeue or scancel as an option."""
     if not re.fullmatch(r"\d+(_\d+)?", job_id):
-        raise UserError("RUN", run.run_dir.name, f"{run.run_dir / runs.LAUNCHES_FILE} names job id {job_id!r}, "
+        raise UserError("RUN", run.run_dir.name, f"{RunDir(run.run_dir).launches_file} names job id {job_id!r}, "
                                                  "which is not a SLURM job id; nothing was sent to SLURM")
     return job_id
 
@@ -308,7 +309,7 @@ def array_parameters(dryruns: list[DryRun[SlurmRequest]]) -> tuple[Path, dict[st
     for i, d in enumerate(dryruns):
         setup += [f"  {i})"] + [f"    {line}" for line in d.request.parameters["setup"]] + ["    ;;"]
     params["setup"] = setup + ["esac"]
-    return parent / "slurm" / "%j", params
+    return slurm_dir(parent) / "%j", params  # (the sweep dir's own folder, named as a run dir's)
 
 
 def submit_jobs(dryruns: list[DryRun[SlurmRequest]]) -> list[str]:
@@ -338,8 +339,8 @@ def submit_jobs(dryruns: list[DryRun[SlurmRequest]]) -> list[str]:
     for d, job, code in zip(dryruns, jobs, codes):
         run_dir, job_folder = Path(d.plan.run_dir), Path(str(folder).replace("%j", job.job_id))
         if len(dryruns) > 1:  # the run dir holds its logs, as for a single job
-            (run_dir / "slurm").mkdir(exist_ok=True)
-            (run_dir / "slurm" / job.job_id).symlink_to(job_folder)
+            slurm_dir(run_dir).mkdir(exist_ok=True)
+            (slurm_dir(run_dir) / job.job_id).symlink_to(job_folder)
         runs.record_launch(run_dir, backend="slurm", job_id=job.job_id, nodes=d.plan.nodes,
                            gpus_per_node=d.plan.gpus_per_node, folder=str(job_folder), **code)
         if d.plan.rendezvous.max_nodes > d.plan.nodes:  # what `fsdp-jobs scale` submits the added nodes with

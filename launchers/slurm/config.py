@@ -4,14 +4,21 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Dict, List, Optional
 
 from fsdp_jobs.planning.cluster_config import ClusterConfig, choice, positive, register_cluster_schema
 from fsdp_jobs.planning.errors import UserError
 from fsdp_jobs.planning.input_rules import check_name
+from fsdp_jobs.rundir.layout import RunDir
 
 NAME = "slurm"
 HOST_FILES = True  # the job's processes see this machine's files (data.path is checked here at plan time)
+
+
+def slurm_dir(run_dir: Path) -> Path:
+    """This backend's own folder in a run dir (submitit's job folders, the rendezvous, a grow's records)."""
+    return RunDir(run_dir).backend_dir(NAME)
 
 
 @dataclass

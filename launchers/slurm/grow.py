@@ -2,7 +2,7 @@
 
 An allocation's nodes are fixed, so the nodes a scale adds come as a second SLURM job, `<job name>-grow`
 (never requeued), whose tasks start torchrun agents on the running attempt's rendezvous: the endpoint
-and id that task 0 of the job wrote to RUN_DIR/slurm/rendezvous.json (launchers/slurm/node_task.py).
+and id that task 0 of the job wrote to its rendezvous file (launchers/slurm/node_task.py).
 torchelastic admits them as it does on cluster=local and cluster=docker: every agent restarts its ranks
 without counting a restart, the ranks checkpoint at the step they are on and go on at the larger world
 from that checkpoint (README: Growing a running job).
@@ -26,18 +26,20 @@ from typing import Any, Optional
 
 from fsdp_jobs.rundir import runs
 from fsdp_jobs.planning.errors import UserError
+from fsdp_jobs.rundir.layout import RunDir
 from launchers.base import Run
+from launchers.slurm.config import slurm_dir
 
-PARAMETERS_FILE = "parameters.json"  # in RUN_DIR/slurm: the job's sbatch parameters, for its grow jobs
-GROW_FILE = "grow.jsonl"  # in RUN_DIR/slurm: one line per grow job (its id, nodes, the rendezvous it joins)
+PARAMETERS_FILE = "parameters.json"  # in slurm_dir: the job's sbatch parameters, for its grow jobs
+GROW_FILE = "grow.jsonl"  # in slurm_dir: one line per grow job (its id, nodes, the rendezvous it joins)
 GROW_TIME_MARGIN_MIN = 5
 
 
 def save_parameters(run_dir: Path, parameters: dict[str, Any]) -> None:
     """At submission, for a job that may grow: what a grow job is submitted with (same partition, account,
     code snapshot, environment; the run dir is the owner's alone, as the sbatch script beside it)."""
-    (run_dir / "slurm").mkdir(exist_ok=True)
-    runs.write_atomic(run_dir / "slurm" / PARAMETERS_FILE, json.dumps(parameters, indent=1) + "\n")
+    slurm_dir(run_dir).mkdir(exist_ok=True)
+    runs.write_atomic(slurm_dir(run_dir) / PARAMETERS_FILE, json.dumps(parameters, indent=1) + "\n")
 
 
 def grow_parameters(parameters: dict[str, Any], nodes: int, minutes: int, busy: list[str]) -> dict[str, Any]:
@@ -76,7 +78,7 @@ def minutes_left(job_id: str, default: int) -> int:
 
 def grow_jobs(run_dir: Path) -> list[dict[str, Any]]:
     """Every grow job submitted for this run, oldest first."""
-    return [r for r in runs.read_jsonl(run_dir / "slurm" / GROW_FILE)
+    return [r for r in runs.read_jsonl(slurm_dir(run_dir) / GROW_FILE)
             if re.fullmatch(r"\d+", str(r.get("job_id", ""))) and isinstance(r.get("nodes"), int)]
 
 
@@ -105,20 +107,20 @@ def submit_grow(run: Run, nodes: int, job_id: str, active: Any) -> str:
     if nodes <= have:
         raise UserError("nodes", nodes, f"{run_dir.name} has {have} nodes already; scale only grows")
     try:
-        params = json.loads((run_dir / "slurm" / PARAMETERS_FILE).read_text())
+        params = json.loads((slurm_dir(run_dir) / PARAMETERS_FILE).read_text())
     except (OSError, ValueError):
-        raise UserError("RUN", run_dir.name, f"{run_dir / 'slurm' / PARAMETERS_FILE} is missing or damaged; "
+        raise UserError("RUN", run_dir.name, f"{slurm_dir(run_dir) / PARAMETERS_FILE} is missing or damaged; "
                                              "cannot submit the nodes to add") from None
     busy = nodes_in_use([job_id, *(str(r["job_id"]) for r in joined(run_dir, str(rdzv["run_id"]), active))])
     params = grow_parameters(params, nodes - have, minutes_left(job_id, job["cluster"]["time_min"]) +
                              GROW_TIME_MARGIN_MIN, busy)
-    executor = submitit.SlurmExecutor(folder=run_dir / "slurm" / "%j", max_num_timeout=0)
+    executor = submitit.SlurmExecutor(folder=slurm_dir(run_dir) / "%j", max_num_timeout=0)
     executor.update_parameters(**params)
     try:
         grown = executor.submit(GrowTask(str(run_dir), str(rdzv["run_id"])))
     except submitit.core.utils.FailedJobError as e:
         raise UserError("scale", nodes, f"sbatch refused the grow job: {str(e).strip().splitlines()[-1][:300]}") from None
-    with runs.open_append(run_dir / "slurm" / GROW_FILE) as f:
+    with runs.open_append(slurm_dir(run_dir) / GROW_FILE) as f:
         f.write(json.dumps({"unix": round(time.time(), 3), "job_id": grown.job_id, "nodes": nodes - have,
                             "of": job_id, "run_id": rdzv["run_id"]}) + "\n")
     return (f"submitted SLURM job {grown.job_id} ({params['job_name']}, {nodes - have} node(s)) to grow "
@@ -146,7 +148,7 @@ class GrowTask:
             return {"status": "not joined"}
         print(f"fsdp-jobs: grow node {env.node}/{env.num_nodes} (slurm node {os.environ.get('SLURMD_NODENAME')}) "
               f"joins rendezvous {rdzv['endpoint']} of job {rdzv['job_id']}", flush=True)
-        error_file = run_dir / "logs" / f"torchrun-error-{env.job_id}-node{env.node}.json"
+        error_file = RunDir(run_dir).torchrun_error_file(f"{env.job_id}-node{env.node}")
         args = agent_args(job, self.run_id, str(rdzv["endpoint"]))
         rc = start_agent(job, run_dir, args, {}, str(rdzv["attempt"]), error_file).wait()
         print(f"fsdp-jobs: grow node {env.node}: torchrun exited with {rc}", flush=True)

@@ -26,20 +26,21 @@ from typing import Any, Optional
 import submitit
 
 from fsdp_jobs.rundir import runs
-from fsdp_jobs.rundir.checkpoints import CKPT_DIR_RE, newest_checkpoint
+from fsdp_jobs.rundir.checkpoints import newest_checkpoint, step_of
 from fsdp_jobs.rundir.failures import ATTEMPT_ENV
+from fsdp_jobs.rundir.layout import RunDir
 from fsdp_jobs.rundir.runs import clear_stop_request, request_stop
 from launchers.common import (LIGHTHOUSE_ENV, NODE_WRAPPER, REPLICA_GROUP_ENV, USER_CODE_ENV, begin_user_attempt,
                               rank_entry, settle_user_state, torchrun_args)
 from launchers.node.wrapper import root_cause
+from launchers.slurm.config import slurm_dir
 from launchers.slurm.requeue import COMPLETED, EXCLUDE, PREEMPTED, REQUEUE, TERMINATED, Decision, after_preflight, decide
 
 KILL_WAIT_S = 300  # after a requeue, SLURM kills the tasks; do not report "done" meanwhile
 
 
 def _step_of(ckpt: Optional[Path]) -> int:
-    m = CKPT_DIR_RE.match(ckpt.name) if ckpt else None
-    return int(m.group(1)) if m else 0
+    return step_of(ckpt) or 0
 
 
 def _ignore_stop_signal(signame: str) -> Any:
@@ -74,7 +75,7 @@ def excluded_nodes(run_dir: Path, job: dict[str, Any]) -> list[str]:
 
 def requeue_excluding(run_dir: Path, job_id: str, decision: Decision) -> None:
     """Requeue this job kept off the nodes a preflight named: held while its excluded nodes are changed
-    (only a pending job's can be), then released. Recorded in launches.jsonl and the log.
+    (only a pending job's can be), then released. Recorded in the launch records and the log.
 
     `requeuehold` makes the job pending at once and stops its steps, this task among them: SIGTERM now,
     SIGKILL KillWait seconds later (30 by default). This task ignores the SIGTERM to finish the three
@@ -119,7 +120,7 @@ def act(run_dir: Path, job_id: str, decision: Decision, reason: str, state: dict
 
 
 def agent_args(job: dict[str, Any], run_id: str, endpoint: str, group: Optional[int] = None) -> list[str]:
-    """torchrun's flags on a node of the allocation, from job.yaml: what the dry run shows (launchers/slurm/
+    """torchrun's flags on a node of the allocation, from the job record: what the dry run shows (launchers/slurm/
     backend.py), with this attempt's rendezvous id and the allocation's first node as the endpoint. Up to
     cluster.max_nodes: the nodes a scale adds join from a second job (launchers/slurm/grow.py). `group`:
     with fault_tolerance=replica, the node's replica group (its own rendezvous at `endpoint`)."""
@@ -132,7 +133,7 @@ def agent_args(job: dict[str, Any], run_id: str, endpoint: str, group: Optional[
 
 
 def replica_layout(job: dict[str, Any]) -> Optional[SimpleNamespace]:
-    """fault_tolerance=replica's replica groups, from job.yaml (the plan's ReplicaLayout, as far as a node needs it)."""
+    """fault_tolerance=replica's replica groups, from the job record (the plan's ReplicaLayout, as far as a node needs it)."""
     from omegaconf import OmegaConf
 
     from fsdp_jobs.planning.plan import replica_groups
@@ -157,19 +158,19 @@ def replica_agent(job: dict[str, Any], node: int, hostnames: list[str], run_id: 
     return args, {REPLICA_GROUP_ENV: str(group), LIGHTHOUSE_ENV: lighthouse}
 
 
-RENDEZVOUS_FILE = "rendezvous.json"  # in RUN_DIR/slurm: the running attempt's, for the nodes a scale adds
+RENDEZVOUS_FILE = "rendezvous.json"  # in slurm_dir: the running attempt's, for the nodes a scale adds
 
 
 def write_rendezvous(run_dir: Path, job_id: str, attempt_id: str, run_id: str, endpoint: str) -> None:
     """Task 0 of a job that may grow (cluster.max_nodes) says where its attempt's rendezvous is."""
-    (run_dir / "slurm").mkdir(exist_ok=True)
-    runs.write_atomic(run_dir / "slurm" / RENDEZVOUS_FILE, json.dumps(
+    slurm_dir(run_dir).mkdir(exist_ok=True)
+    runs.write_atomic(slurm_dir(run_dir) / RENDEZVOUS_FILE, json.dumps(
         {"job_id": job_id, "attempt": attempt_id, "run_id": run_id, "endpoint": endpoint}) + "\n")
 
 
 def read_rendezvous(run_dir: Path) -> dict[str, Any]:
     try:
-        record = json.loads((run_dir / "slurm" / RENDEZVOUS_FILE).read_text())
+        record = json.loads((slurm_dir(run_dir) / RENDEZVOUS_FILE).read_text())
     except (OSError, ValueError):
         return {}
     return record if isinstance(record, dict) else {}
@@ -225,14 +226,14 @@ class NodeTask(submitit.helpers.Checkpointable):
             write_rendezvous(run_dir, job_id, f"{job_id}.{attempt}", run_id, endpoint)
         signal.signal(signal.SIGTERM, self._on_sigterm)
         # the agent writes its failing rank's exception here, so the job's reason can name it
-        error_file = run_dir / "logs" / f"torchrun-error-{job_id}-node{env.node}.json"
+        error_file = RunDir(run_dir).torchrun_error_file(f"{job_id}-node{env.node}")
         if replica_layout(job) is None:
             args, extra = agent_args(job, run_id, endpoint), {}
         else:  # fault_tolerance=replica: this node's replica group is a torchrun world of its own
             args, extra = replica_agent(job, env.node, list(env.hostnames), run_id, port, int(raw_id))
         self._proc = start_agent(job, run_dir, args, extra, f"{job_id}.{attempt}", error_file)
         rc = self._proc.wait()
-        settle_user_state(job, run_dir, rc)  # a plain script exiting 0 completed (it writes no state.json)
+        settle_user_state(job, run_dir, rc)  # a plain script exiting 0 completed (it writes no state record)
         state = runs.read_state(run_dir)
         decision = after_preflight(state, bool(job["cluster"].get("exclude_bad_nodes")), excluded_nodes(run_dir, job),
                                    self._terminated) or decide(rc, state.get("status"), self._terminated,

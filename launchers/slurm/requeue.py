@@ -8,7 +8,7 @@
     crashed, checkpoint advanced         requeue: the next attempt resumes further on
     crashed, no newer checkpoint         fail and say why: another attempt would fail the same way
 
-Before those, a preflight that named nodes (state.json: stage "preflight", bad_nodes; fsdp_jobs/runtime/preflight.py):
+Before those, a preflight that named nodes (the state record: stage "preflight", bad_nodes; fsdp_jobs/runtime/preflight.py):
     cluster.exclude_bad_nodes=true, a node not excluded yet    requeue without them (scontrol update ExcNodeList)
     otherwise                                                 fail with the preflight's reason
 """
@@ -31,7 +31,7 @@ class Decision:
 
 
 def decide(rc: int, status: str | None, terminated: bool, start_step: int, now_step: int) -> Decision:
-    """rc: torchrun's exit code; status: state.json's; terminated: SLURM sent the task SIGTERM;
+    """rc: torchrun's exit code; status: the state record's; terminated: SLURM sent the task SIGTERM;
     start_step / now_step: the newest committed checkpoint when the attempt began / now (0 = none)."""
     if rc == 0 and status == "completed":
         return Decision(COMPLETED, "training completed")
@@ -49,7 +49,7 @@ def decide(rc: int, status: str | None, terminated: bool, start_step: int, now_s
 
 def after_preflight(state: dict[str, Any], exclude_bad_nodes: bool, excluded: list[str],
                     terminated: bool = False) -> Optional[Decision]:
-    """None unless the attempt ended in a preflight that named nodes (state.json's stage and bad_nodes).
+    """None unless the attempt ended in a preflight that named nodes (the state record's stage and bad_nodes).
     Then EXCLUDE with the old and new excluded nodes, when cluster.exclude_bad_nodes is on and a named
     node is not excluded yet (a node named again would loop), else FAILED with the preflight's reason."""
     if terminated or state.get("status") != "failed" or state.get("stage") != "preflight":

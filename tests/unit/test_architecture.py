@@ -197,3 +197,35 @@ def test_the_top_level_holds_only_the_fixed_entries():
     tracked = subprocess.run(["git", "ls-files"], cwd=REPO, capture_output=True, text=True, check=True).stdout
     extra = sorted({line.split("/")[0] for line in tracked.splitlines()} - TOP_LEVEL)
     assert not extra, f"tracked at the top level, outside the fixed layout: {extra}"
+
+
+# The run dir's file and folder names (fsdp_jobs/rundir/layout.py spells each once). "heartbeats" is left out
+# while the liveness code that still names it is rewritten (node-local heartbeats).
+RUN_DIR_NAMES = ("state.json", "job.yaml", "plan.json", "launches.jsonl", "metrics.jsonl", "goodput.jsonl",
+                 "hangs.jsonl", "failures.jsonl", "preflight.json", "stop-request", "scale-request",
+                 "cancel-requested", "wandb-id", "wandb-ledger.json", "launcher.log", "supervisor.log",
+                 "torchrun-error", "probe.pt", "preflight-rank")
+# boot.py runs in a Kubernetes pod from the job's ConfigMap, standard library only, before the node wrapper
+# sets the umask: it copies the job and plan records into the run dir by name (the names manifests.py keys
+# the ConfigMap by, from RunDir)
+RUN_DIR_NAME_EXEMPT = {"launchers/kubernetes/boot.py",
+                       # the liveness code, being rewritten (node-local heartbeats): drop these two with it
+                       "fsdp_jobs/runtime/heartbeat.py", "launchers/node/watchdog.py"}
+
+
+def run_dir_name_mentions(path: Path) -> list[str]:
+    """Run-dir names anywhere in the file (code, strings, comments, docstrings), as `grep -F` finds them."""
+    return [f"{path.relative_to(REPO)}:{lineno}: {line.strip()[:80]}"
+            for lineno, line in enumerate(path.read_text().splitlines(), 1)
+            if any(name in line for name in RUN_DIR_NAMES)]
+
+
+def test_only_the_rundir_package_names_run_dir_files():
+    layout = (REPO / "fsdp_jobs" / "rundir" / "layout.py").read_text()
+    assert all(name in layout for name in RUN_DIR_NAMES), "a name the check looks for is not layout.py's"
+    rundir = REPO / "fsdp_jobs" / "rundir"
+    mentions = [m for pkg in PACKAGES for p in sorted((REPO / pkg).rglob("*.py"))
+                if rundir not in p.parents and str(p.relative_to(REPO)) not in RUN_DIR_NAME_EXEMPT
+                for m in run_dir_name_mentions(p)]
+    assert not mentions, ("run-dir names outside fsdp_jobs/rundir/ (ask RunDir(run_dir) in "
+                          "fsdp_jobs/rundir/layout.py, or name the record in words):\n" + "\n".join(mentions))

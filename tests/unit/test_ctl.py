@@ -135,15 +135,16 @@ def test_a_scale_request_is_taken_once_and_never_through_a_link_or_a_fifo(tmp_pa
     import os
 
     from fsdp_jobs.rundir import runs
+    from fsdp_jobs.rundir.layout import RunDir
 
     runs.request_scale(tmp_path, 3)
     assert runs.take_scale_request(tmp_path) == 3 and runs.take_scale_request(tmp_path) is None  # used up
     secret = tmp_path / "secret.json"
     secret.write_text('{"nodes": 5}')
-    (tmp_path / runs.SCALE_REQUEST_FILE).symlink_to(secret)
+    RunDir(tmp_path).scale_request_file.symlink_to(secret)
     assert runs.take_scale_request(tmp_path) is None and secret.exists()
-    os.mkfifo(tmp_path / runs.SCALE_REQUEST_FILE)  # would block a plain read forever
+    os.mkfifo(RunDir(tmp_path).scale_request_file)  # would block a plain read forever
     assert runs.take_scale_request(tmp_path) is None
-    (tmp_path / runs.SCALE_REQUEST_FILE).write_text('{"nodes": true}')
+    RunDir(tmp_path).scale_request_file.write_text('{"nodes": true}')
     assert runs.take_scale_request(tmp_path) is None
     assert sorted(p.name for p in tmp_path.iterdir()) == ["secret.json"]

@@ -8,6 +8,7 @@ import json
 import pytest
 
 from fsdp_jobs.rundir import hangs
+from fsdp_jobs.rundir.layout import RunDir
 from launchers.node.watchdog import Beat, first_stopped, hang_timeout, innermost_frame, stalled_for
 
 pytestmark = pytest.mark.expects_hang  # hand-made heartbeats and hangs.jsonl files
@@ -92,7 +93,7 @@ def test_status_shows_one_hang_per_event_as_the_culprits_node_saw_it(tmp_path):
                            (NOW + 200, "node1", None)):
         hangs.record(tmp_path, {"time": t, "node": node, "first_stopped": {**culprit, "frame": frame},
                                 "dir": f"/runs/x/logs/hang-{node}"})
-    (tmp_path / hangs.HANGS_FILE).open("a").write("not json\n" + json.dumps([1]) + "\n")
+    RunDir(tmp_path).hangs_file.open("a").write("not json\n" + json.dumps([1]) + "\n")
     s = hangs.summary(tmp_path)
     assert s["hangs"] == 2 and s["rank"] == 1 and s["node"] == "node0" and s["frame"] is None  # the newest hang
     assert hangs.summary(tmp_path / "nothing") is None
