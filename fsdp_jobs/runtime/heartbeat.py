@@ -45,7 +45,7 @@ def current_step() -> Optional[int]:
 
 
 def start(run_dir: Path, job: dict[str, Any], rank: int, local_rank: int, restart: int) -> Optional["Heartbeat"]:
-    """The rank's heartbeat, unless fault.watchdog=false (a job.yaml older than fault.* has it on)."""
+    """The rank's heartbeat, unless fault.watchdog=false (a job record older than fault.* has it on)."""
     global _CURRENT
     if not (job.get("fault") or {}).get("watchdog", True):
         return None

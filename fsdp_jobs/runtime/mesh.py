@@ -36,7 +36,7 @@ class World:
 
     @property
     def job_rank(self) -> int:
-        """The rank's number in the whole job: what its files (RunDir.rank_file, heartbeats/) and data slice use."""
+        """The rank's number in the whole job: what its rank file, its heartbeat and its data slice use."""
         return self.group * self.world_size + self.rank
 
     @property

@@ -204,20 +204,19 @@ def test_the_top_level_holds_only_the_fixed_entries():
 RUN_DIR_NAMES = ("state.json", "job.yaml", "plan.json", "launches.jsonl", "metrics.jsonl", "goodput.jsonl",
                  "hangs.jsonl", "failures.jsonl", "preflight.json", "stop-request", "scale-request",
                  "cancel-requested", "wandb-id", "wandb-ledger.json", "launcher.log", "supervisor.log",
-                 "torchrun-error", "probe.pt", "preflight-rank")
+                 "torchrun-error", "probe.pt", "preflight-rank", "job.json")
+RETIRED_NAMES = ("heartbeats/", "RUN_DIR/heartbeats")  # every rank's file in the shared run dir: gone for good
 # boot.py runs in a Kubernetes pod from the job's ConfigMap, standard library only, before the node wrapper
 # sets the umask: it copies the job and plan records into the run dir by name (the names manifests.py keys
-# the ConfigMap by, from RunDir)
-RUN_DIR_NAME_EXEMPT = {"launchers/kubernetes/boot.py",
-                       # the liveness code, being rewritten (node-local heartbeats): drop these two with it
-                       "fsdp_jobs/runtime/heartbeat.py", "launchers/node/watchdog.py"}
+# the ConfigMap by, from RunDir: test_the_kubernetes_boot_script_copies_the_records_layout_names holds them equal)
+RUN_DIR_NAME_EXEMPT = {"launchers/kubernetes/boot.py"}
 
 
 def run_dir_name_mentions(path: Path) -> list[str]:
     """Run-dir names anywhere in the file (code, strings, comments, docstrings), as `grep -F` finds them."""
     return [f"{path.relative_to(REPO)}:{lineno}: {line.strip()[:80]}"
             for lineno, line in enumerate(path.read_text().splitlines(), 1)
-            if any(name in line for name in RUN_DIR_NAMES)]
+            if any(name in line for name in RUN_DIR_NAMES + RETIRED_NAMES)]
 
 
 def test_only_the_rundir_package_names_run_dir_files():
@@ -229,3 +228,16 @@ def test_only_the_rundir_package_names_run_dir_files():
                 for m in run_dir_name_mentions(p)]
     assert not mentions, ("run-dir names outside fsdp_jobs/rundir/ (ask RunDir(run_dir) in "
                           "fsdp_jobs/rundir/layout.py, or name the record in words):\n" + "\n".join(mentions))
+
+
+def test_the_kubernetes_boot_script_copies_the_records_layout_names():
+    """boot.py (exempt above: it runs alone in a pod) names the job and plan records as layout.py does."""
+    import ast as _ast
+
+    from fsdp_jobs.rundir.layout import RunDir
+
+    tree = _ast.parse((REPO / "launchers" / "kubernetes" / "boot.py").read_text())
+    files = next(_ast.literal_eval(n.value) for n in _ast.walk(tree)
+                 if isinstance(n, _ast.Assign) and getattr(n.targets[0], "id", "") == "FILES")
+    rd = RunDir(Path("/r"))
+    assert files == (rd.job_file.name, rd.plan_file.name)
