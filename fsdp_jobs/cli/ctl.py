@@ -214,9 +214,8 @@ def cancel_sweep(members: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
-def main(argv: Optional[list[str]] = None) -> int:
-    from fsdp_jobs.rundir.status import Run
-
+def parser() -> OneLineParser:
+    """`fsdp-jobs list|status|logs|cancel|scale|chaos|goodput|compare|plot`."""
     p = OneLineParser(prog="fsdp-jobs", description="Follow and control submitted runs.")
     sub = p.add_subparsers(dest="cmd", required=True)
     parsers = {"list": sub.add_parser("list", help="runs under the run root, with their state")}
@@ -249,7 +248,13 @@ def main(argv: Optional[list[str]] = None) -> int:
     parsers["plot"].add_argument("-o", "--output", type=Path, default=Path("runs.png"), help="PNG to write")
     for sp in parsers.values():
         sp.add_argument("--run-root", default=os.environ.get("FSDP_JOBS_RUN_ROOT", "runs"))
-    args = p.parse_args(argv)
+    return p
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    from fsdp_jobs.rundir.status import Run
+
+    args = parser().parse_args(argv)
     root = Path(args.run_root)
     try:
         if args.cmd == "chaos" and not input_rules.TC_RATE.fullmatch(args.rate):

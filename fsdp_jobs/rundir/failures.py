@@ -57,3 +57,21 @@ def repeating(entries: list[dict[str, Any]]) -> Optional[str]:
         return None
     at = f"step {b['step']}" if b.get("step") is not None else "start-up"
     return f"the same failure twice in a row, at {at}: {b['error']} ({b.get('where')}); not retried again"
+
+
+class Changes:
+    """Whether the failure records changed since the last look: a node wrapper looks every second, and on a
+    shared filesystem a stat (which the client caches) costs far less than opening and reading the file on
+    every node every second; it is read only when a rank appended to it."""
+
+    def __init__(self, run_dir: Path) -> None:
+        self.path, self.last = RunDir(run_dir).failures_file, None
+
+    def changed(self) -> bool:
+        try:
+            st = os.stat(self.path)
+            now = (st.st_size, st.st_mtime_ns, st.st_ino)
+        except OSError:
+            now = None
+        changed, self.last = now != self.last and now is not None, now
+        return changed

@@ -181,6 +181,7 @@ def supervise_agent(agent: subprocess.Popen, run_dir: Path, node: str, beats: Pa
 
     fault = job_fault(run_dir)
     watchdog = Watchdog(run_dir, node, agent.pid, fault, beats) if fault is not None else None
+    seen = failures.Changes(run_dir)
     while True:
         try:
             return agent.wait(timeout=1.0)
@@ -189,7 +190,7 @@ def supervise_agent(agent: subprocess.Popen, run_dir: Path, node: str, beats: Pa
         line = watchdog.tick() if watchdog is not None else None
         if line:
             print(line, flush=True)
-        repeated = failures.repeating(failures.read(run_dir))
+        repeated = failures.repeating(failures.read(run_dir)) if seen.changed() else None
         if repeated or (watchdog is not None and watchdog.given_up):  # no restart can help: the job fails here
             agent.kill()
             agent.wait()
