@@ -249,7 +249,7 @@ def _installed(key: str, value: Any, package: str, extra: str) -> None:
                                     f"pip install 'fsdp-jobs[{extra}]'")
 
 
-def validate_trackers(t: Any) -> None:
+def validate_trackers(t: TrainConfig) -> None:
     """train.tensorboard, train.wandb.*: names W&B shows and puts in URLs keep to a safe alphabet."""
     if t.tensorboard:
         _installed("train.tensorboard", True, "tensorboard", "tensorboard")
@@ -266,7 +266,7 @@ def validate_trackers(t: Any) -> None:
 FT_MODES = ("none", "replica")
 
 
-def validate_fault_tolerance(ft: Any) -> None:
+def validate_fault_tolerance(ft: FaultToleranceConfig) -> None:
     """fault_tolerance.*: the keys alone (what they allow together with the mesh: fsdp_jobs/planning/plan.py)."""
     choice("fault_tolerance.mode", ft.mode, FT_MODES)
     if ft.mode == "none":
@@ -283,7 +283,7 @@ def validate_fault_tolerance(ft: Any) -> None:
         raise UserError("fault_tolerance.lighthouse_port", ft.lighthouse_port, "must be a TCP port 1-65535 or null")
 
 
-def validate(cfg: Any) -> None:
+def validate(cfg: JobConfig) -> None:
     """Per-key checks the types alone do not express. Raises UserError on the first bad key."""
     positive("nodes", cfg.nodes)
     positive("gpus_per_node", cfg.gpus_per_node)

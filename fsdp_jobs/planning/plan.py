@@ -14,9 +14,12 @@ import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Optional, TYPE_CHECKING
 
 from fsdp_jobs.planning.errors import UserError
+
+if TYPE_CHECKING:  # types only, never imported at run time: no hydra on the node side, no import cycle
+    from fsdp_jobs.planning.config import JobConfig
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 # FSDP2 strategy table (FSDP1/Accelerate names -> FSDP2): mesh kind, reshard_after_forward default
@@ -87,7 +90,7 @@ REPLICA_ADDR_ENV = "FSDP_JOBS_REPLICA_ADDR"  # the address the group's servers l
 LIGHTHOUSE_ENV = "TORCHFT_LIGHTHOUSE"  # torchft's own name: http://HOST:PORT of the job's lighthouse
 
 
-def replica_groups(cfg: Any) -> int:
+def replica_groups(cfg: JobConfig) -> int:
     """How many replica groups the job config has: 1 without fault_tolerance=replica (the ranks' side of
     plan_replicas, from the configured nodes: what the launchers started). `cfg`: the composed config
     (a DictConfig; a job.yaml older than fault_tolerance.* has none)."""
@@ -96,7 +99,7 @@ def replica_groups(cfg: Any) -> int:
     return choose_mesh(cfg, count_params(cfg.model))[0]["replicate"]
 
 
-def plan_replicas(cfg: Any, mesh: dict[str, int]) -> Optional[ReplicaLayout]:
+def plan_replicas(cfg: JobConfig, mesh: dict[str, int]) -> Optional[ReplicaLayout]:
     """fault_tolerance=replica: the replica groups, or one line on what the mesh and the launch keys forbid."""
     ft = cfg.fault_tolerance
     if ft.mode != "replica":
@@ -195,7 +198,7 @@ def resolve_mixed_precision(mp: Any, device: str) -> dict[str, Optional[str]]:
     return out
 
 
-def compute_dtype(cfg: Any, device: str) -> str:
+def compute_dtype(cfg: JobConfig, device: str) -> str:
     """The dtype the matmuls run in (for the memory estimate and MFU's peak)."""
     return resolve_mixed_precision(cfg.fsdp.mixed_precision, device)["param_dtype"] or cfg.model.dtype
 
@@ -213,7 +216,7 @@ def block_params(model: Any) -> int:
     return 2 * d * d + 2 * d * kv + 3 * d * model.ffn_dim + 2 * d
 
 
-def activation_bytes(cfg: Any, micro: int, c_bytes: int) -> float:
+def activation_bytes(cfg: JobConfig, micro: int, c_bytes: int) -> float:
     """Activations saved for backward by one micro batch (per rank). Per block and token: the norm
     inputs, q/k/v, the attention output (SDPA keeps no seq x seq matrix), the SwiGLU's three ffn-wide
     tensors and its product; plus the logits (compute dtype, the fp32 copy the loss takes, its grad).
@@ -229,7 +232,7 @@ def activation_bytes(cfg: Any, micro: int, c_bytes: int) -> float:
     return m.n_layers * per_block + logits
 
 
-def estimate_memory(cfg: Any, params: int, shard_size: int, world: Optional[int] = None) -> MemoryEstimate:
+def estimate_memory(cfg: JobConfig, params: int, shard_size: int, world: Optional[int] = None) -> MemoryEstimate:
     """Params and grads at model.dtype (FSDP2 keeps sharded params and grads in it), AdamW's two
     fp32 moments, all divided by the shard size (zero on the GPU when offloaded to CPU); plus the
     unsharded params alive at once and the activations (see MemoryEstimate)."""
@@ -269,7 +272,7 @@ def shard_group_candidates(nodes: int, gpus_per_node: int) -> list[int]:
     return inside + across
 
 
-def choose_mesh(cfg: Any, params: int) -> tuple[dict[str, int], MemoryEstimate]:
+def choose_mesh(cfg: JobConfig, params: int) -> tuple[dict[str, int], MemoryEstimate]:
     nodes, gpn = cfg.nodes, cfg.gpus_per_node
     world = nodes * gpn
     kind, _ = STRATEGY_TABLE[cfg.fsdp.strategy]
@@ -312,7 +315,7 @@ def per_rank_batch_size(train: Any, world: int) -> int:
     return train.global_batch_size // world
 
 
-def check_elastic_range(cfg: Any) -> None:
+def check_elastic_range(cfg: JobConfig) -> None:
     """An elastic job may restart with any node count from cluster.min_nodes to cluster.max_nodes: refuse
     now, in one line, a config that some of those worlds cannot run (instead of a crash loop later)."""
     low, high = cfg.cluster.min_nodes or cfg.nodes, cfg.cluster.get("max_nodes") or cfg.nodes
@@ -330,15 +333,15 @@ def check_elastic_range(cfg: Any) -> None:
                             f"{high} nodes allows") from None
 
 
-def generated_name(cfg: Any) -> str:
+def generated_name(cfg: JobConfig) -> str:
     return f"{cfg.model.name}-{cfg.fsdp.strategy}-{time.strftime('%Y%m%d-%H%M%S')}"
 
 
-def run_name(cfg: Any, name: Optional[str] = None) -> str:
+def run_name(cfg: JobConfig, name: Optional[str] = None) -> str:
     return name or cfg.name or generated_name(cfg)
 
 
-def make_plan(cfg: Any, name: Optional[str] = None, existing: Optional[ExistingRun] = None) -> Plan:
+def make_plan(cfg: JobConfig, name: Optional[str] = None, existing: Optional[ExistingRun] = None) -> Plan:
     """Everything decided before launch. Raises UserError for combinations no key can express.
     Without `existing` the run dir is taken as empty (no resume) and its path is not resolved."""
     nodes, gpn = cfg.nodes, cfg.gpus_per_node

@@ -48,7 +48,7 @@ def register() -> None:
     register_cluster_schema(NAME, SCHEMA)
 
 
-def validate(cl: Any) -> None:
+def validate(cl: DockerClusterConfig) -> None:
     """The checks of cluster.* keys the types alone do not express; the first bad key raises UserError."""
     choice("cluster.device", cl.device, ("cpu", "cuda"))
     positive("cluster.container_restarts", cl.container_restarts, minimum=0)

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import Any, Dict, Optional
+from typing import Any, Dict, Optional, TYPE_CHECKING
 
 from fsdp_jobs.planning.cluster_config import ClusterConfig, choice, positive, register_cluster_schema
 from fsdp_jobs.planning.errors import UserError
 from launchers.common import system_path
+
+if TYPE_CHECKING:  # types only, never imported at run time: no hydra on the node side, no import cycle
+    from fsdp_jobs.planning.config import JobConfig
 
 NAME = "kubernetes"
 # cluster.secret_env names Kubernetes Secrets, which the pods read (fsdp_jobs/planning/secret_env.py asks this)
@@ -61,7 +64,7 @@ FIXED_SIZE = {
 _DNS_LABEL = r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?"
 
 
-def validate(cl: Any) -> None:
+def validate(cl: KubernetesClusterConfig) -> None:
     """What the API server would refuse later, refused now with the key that causes it."""
     if not cl.image:
         raise UserError("cluster.image", cl.image, "required for cluster=kubernetes: an image with torch and "
@@ -99,7 +102,7 @@ def validate(cl: Any) -> None:
 REPLICA_KINDS = ("jobset", "volcano")
 
 
-def validate_job(cfg: Any) -> None:
+def validate_job(cfg: JobConfig) -> None:
     """What this backend refuses of the job's other keys (fsdp_jobs/planning/config.py calls it after validate)."""
     if cfg.fault_tolerance.mode == "replica" and cfg.cluster.kind not in REPLICA_KINDS:
         raise UserError("cluster.kind", cfg.cluster.kind, "has no place for fault_tolerance=replica's lighthouse (a "

@@ -51,7 +51,7 @@ def register() -> None:
     register_cluster_schema(NAME, SCHEMA)
 
 
-def validate(cl: Any) -> None:
+def validate(cl: SlurmClusterConfig) -> None:
     """The checks of cluster.* keys the types alone do not express; the first bad key raises UserError."""
     positive("cluster.time_min", cl.time_min)
     positive("cluster.signal_delay_s", cl.signal_delay_s)
