@@ -117,7 +117,7 @@ class TrainConfig:
     weight_decay: float = 0.0
     betas: List[float] = field(default_factory=lambda: [0.9, 0.95])
     grad_clip: float = 1.0  # max global grad norm; 0 = off
-    log_interval: int = 10  # progress line every N steps (metrics.jsonl gets every step)
+    log_interval: int = 25  # progress line every N steps (metrics.jsonl gets every step)
     # a collective that waits longer fails the rank (NCCL's default is 10 min, gloo's 30); the hang
     # watchdog (fault.*) fires well before it
     collective_timeout_s: float = 600

@@ -23,7 +23,7 @@ class DockerClusterConfig(ClusterConfig):
     # auto = a minimal image built here in a second: this machine's Python, torch and packages come in
     # through read-only bind mounts at the same paths. Or any image that has torch and the project's
     # dependencies (deploy/docker/Dockerfile builds one); the code always comes from the run's snapshot
-    image: str = "auto"
+    image: str = "auto"  # auto = minimal local image + this machine's Python via read-only mounts; or an image name
     python: Optional[str] = None  # the interpreter in the container; None = this one (image=auto) or python3
     detach: bool = False  # return at once; follow with fsdp-jobs status|logs -f|cancel RUN
     user: Optional[str] = None  # "UID:GID" the containers run as; None = the invoking user (sudo's caller)

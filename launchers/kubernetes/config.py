@@ -26,7 +26,7 @@ class KubernetesClusterConfig(ClusterConfig):
     backend: str = "kubernetes"
     # volcano: a Volcano Job built by TorchX's kubernetes scheduler; pytorchjob: a Kubeflow PyTorchJob
     # (training-operator, elasticPolicy); jobset: a JobSet (jobset.x-k8s.io) with a headless Service
-    kind: str = "volcano"
+    kind: str = "volcano"  # volcano (TorchX, Volcano Job) | pytorchjob (Kubeflow training-operator) | jobset
     image: Optional[str] = None  # required: an image with torch and fsdp_jobs (deploy/docker/Dockerfile)
     namespace: str = "fsdp-jobs"  # deploy/kubernetes creates it, with the PVC, ServiceAccount and queue
     context: Optional[str] = None  # kube config context; None = the current one (or in-cluster config)
@@ -41,6 +41,7 @@ class KubernetesClusterConfig(ClusterConfig):
     max_retries: int = 3  # a failed pod restarts the whole job this often (Volcano maxRetry, backoffLimit)
     node_selector: Dict[str, str] = field(default_factory=dict)  # e.g. {nvidia.com/gpu.product: H100}
     # environment taken from Kubernetes Secrets: {VAR: "secret-name/key"}; only the reference is saved
+    # {HF_TOKEN: hf-token/token}: read from a Secret in the pod, never saved in job.yaml
     secret_env: Dict[str, str] = field(default_factory=dict)
     run_as_user: int = 1000  # the pods run as this non-root UID (and group), never as root
     run_as_group: int = 1000

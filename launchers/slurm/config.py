@@ -19,6 +19,7 @@ class SlurmClusterConfig(ClusterConfig):
     """One sbatch job through submitit: one task per node, each running a torchrun agent."""
 
     backend: str = "slurm"
+    max_restarts: int = 2  # torchrun restarts inside one allocation, before the crash-requeue logic
     partition: Optional[str] = None
     account: Optional[str] = None
     qos: Optional[str] = None
