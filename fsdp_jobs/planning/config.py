@@ -222,6 +222,29 @@ class JobConfig:
     script_args: List[str] = field(default_factory=list)  # its command-line arguments
 
 
+def job_config(job: Dict[str, Any]) -> JobConfig:
+    """job.yaml (fsdp_jobs.rundir.runs.load_job) through the typed schema: each key checked against its type,
+    and a key an older job.yaml lacks takes the schema's default. `cluster` stays an open node: its schema
+    is the backend's, registered by name (fsdp_jobs/planning/backends.py), and JobConfig types it Any.
+
+    An OmegaConf DictConfig: an attribute read costs microseconds, so code on the step's path converts it
+    once (OmegaConf.to_object: the plain dataclasses, as the ranks' Trainer does)."""
+    from omegaconf import OmegaConf
+
+    return OmegaConf.merge(OmegaConf.structured(JobConfig), job or {})  # type: ignore[return-value]
+
+
+def rank_config(job: Dict[str, Any]) -> JobConfig:
+    """job_config converted once to the plain dataclasses: what the ranks read, some keys on every step, where
+    a DictConfig's attribute read costs microseconds and a dataclass's nanoseconds. `cluster` (the backend's
+    schema, read at bring-up only) stays an open DictConfig: attribute reads, as the planning code makes them."""
+    from omegaconf import OmegaConf
+
+    cfg = OmegaConf.to_object(job_config(job))
+    cfg.cluster = OmegaConf.create(cfg.cluster or {})  # type: ignore[union-attr]
+    return cfg  # type: ignore[return-value]
+
+
 def register_schemas() -> None:
     """Let conf/ files name the schemas in their defaults lists: the root (job_schema, which types every
     group but `cluster`) and one per backend, which each cluster/*.yaml extends. The other groups need

@@ -19,7 +19,7 @@ from typing import Any, Optional, TYPE_CHECKING
 from fsdp_jobs.planning.errors import UserError
 
 if TYPE_CHECKING:  # types only, never imported at run time: no hydra on the node side, no import cycle
-    from fsdp_jobs.planning.config import JobConfig
+    from fsdp_jobs.planning.config import FSDPConfig, JobConfig, MixedPrecisionConfig, TrainConfig
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 # FSDP2 strategy table (FSDP1/Accelerate names -> FSDP2): mesh kind, reshard_after_forward default
@@ -92,9 +92,9 @@ LIGHTHOUSE_ENV = "TORCHFT_LIGHTHOUSE"  # torchft's own name: http://HOST:PORT of
 
 def replica_groups(cfg: JobConfig) -> int:
     """How many replica groups the job config has: 1 without fault_tolerance=replica (the ranks' side of
-    plan_replicas, from the configured nodes: what the launchers started). `cfg`: the composed config
-    (a DictConfig; a job.yaml older than fault_tolerance.* has none)."""
-    if (cfg.get("fault_tolerance") or {}).get("mode", "none") != "replica":
+    plan_replicas, from the configured nodes: what the launchers started). `cfg`: the composed config or the
+    ranks' (fsdp_jobs/planning/config.py rank_config: a job.yaml older than fault_tolerance.* gets mode none)."""
+    if cfg.fault_tolerance.mode != "replica":
         return 1
     return choose_mesh(cfg, count_params(cfg.model))[0]["replicate"]
 
@@ -166,12 +166,23 @@ class Plan:
             del d["replicas"]
         return d
 
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Plan:
+        """to_dict's inverse: plan.json as the CLI wrote it. A key an older plan.json lacks takes the field's
+        default; one this version no longer has is dropped (a requeued job may meet newer code)."""
+        known = {f.name for f in dataclasses.fields(cls)}
+        d = {k: v for k, v in d.items() if k in known}
+        d["memory"] = MemoryEstimate(**d["memory"])
+        d["rendezvous"] = Rendezvous(**d["rendezvous"])
+        d["replicas"] = ReplicaLayout(**d["replicas"]) if d.get("replicas") else None
+        return cls(**d)
 
-def reshard_after_forward(fsdp: Any) -> bool:
+
+def reshard_after_forward(fsdp: FSDPConfig) -> bool:
     """fsdp.reshard_after_forward, or the strategy's default when unset (the one place it is decided:
     the plan, the memory estimate, the trainer and fsdp_jobs.job all ask here)."""
-    value = fsdp["reshard_after_forward"]
-    return STRATEGY_TABLE[fsdp["strategy"]][1] if value is None else bool(value)
+    value = fsdp.reshard_after_forward
+    return STRATEGY_TABLE[fsdp.strategy][1] if value is None else bool(value)
 
 
 def count_params(model: Any) -> int:
@@ -186,11 +197,11 @@ def count_params(model: Any) -> int:
     return embed + layers * block + d + out
 
 
-def resolve_mixed_precision(mp: Any, device: str) -> dict[str, Optional[str]]:
+def resolve_mixed_precision(mp: MixedPrecisionConfig, device: str) -> dict[str, Optional[str]]:
     """`auto` param/reduce dtypes: bf16 compute with fp32 reduction on GPU (what real models train
     with), full precision on CPU (where bf16 matmuls are slow and tests compare bitwise)."""
     gpu = device != "cpu"
-    out = {k: mp.get(k) for k in ("param_dtype", "reduce_dtype", "output_dtype", "buffer_dtype")}
+    out = {k: getattr(mp, k) for k in ("param_dtype", "reduce_dtype", "output_dtype", "buffer_dtype")}
     if out["param_dtype"] == "auto":
         out["param_dtype"] = "bfloat16" if gpu else None
     if out["reduce_dtype"] == "auto":
@@ -203,10 +214,10 @@ def compute_dtype(cfg: JobConfig, device: str) -> str:
     return resolve_mixed_precision(cfg.fsdp.mixed_precision, device)["param_dtype"] or cfg.model.dtype
 
 
-def micro_batch(train: Any, world: int) -> tuple[int, int]:
+def micro_batch(train: TrainConfig, world: int) -> tuple[int, int]:
     """(sequences per rank per forward, micro batches per step)."""
     per_rank = per_rank_batch_size(train, world)
-    micro = train.get("micro_batch_per_rank") or per_rank
+    micro = train.micro_batch_per_rank or per_rank
     return micro, per_rank // micro
 
 
@@ -303,7 +314,7 @@ def choose_mesh(cfg: JobConfig, params: int) -> tuple[dict[str, int], MemoryEsti
     return {"replicate": world // shard, "shard": shard}, estimate_memory(cfg, params, shard)
 
 
-def per_rank_batch_size(train: Any, world: int) -> int:
+def per_rank_batch_size(train: TrainConfig, world: int) -> int:
     """Sequences per rank per step; every rank sees different data under FSDP and HSDP."""
     if train.global_batch_size is None:
         return train.batch_per_rank

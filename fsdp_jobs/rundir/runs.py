@@ -27,9 +27,12 @@ import stat
 import tempfile
 import time
 from pathlib import Path
-from typing import IO, Any, Optional, TextIO
+from typing import IO, TYPE_CHECKING, Any, Optional, TextIO
 
 import yaml
+
+if TYPE_CHECKING:  # types only: load_plan imports it when called
+    from fsdp_jobs.planning.plan import Plan
 
 JOB_FILE = "job.yaml"
 PLAN_FILE = "plan.json"
@@ -91,7 +94,16 @@ def replica_layout(run_dir: Path) -> Optional[dict[str, Any]]:
 
 
 def load_job(run_dir: Path) -> dict[str, Any]:
+    """job.yaml as plain data: for what hashes or shows it as written (job_hash, W&B's config). What reads
+    its keys takes it through the schema: fsdp_jobs.planning.config.job_config(load_job(run_dir))."""
     return yaml.safe_load((run_dir / JOB_FILE).read_text())
+
+
+def load_plan(run_dir: Path) -> Plan:
+    """plan.json: the Plan the CLI launched the job with (fsdp_jobs/planning/plan.py)."""
+    from fsdp_jobs.planning.plan import Plan
+
+    return Plan.from_dict(json.loads((run_dir / PLAN_FILE).read_text()))
 
 
 def job_hash(job: dict[str, Any]) -> str:

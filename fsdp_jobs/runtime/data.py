@@ -82,10 +82,10 @@ def build_dataset(data_cfg: DataConfig, seed: int, vocab_size: int) -> TokenData
 
     from fsdp_jobs.runtime.imports import import_object
 
-    cls = import_object(data_cfg["_target_"])
-    offered = {"seed": seed, "seq_len": data_cfg["seq_len"], "vocab_size": vocab_size,
-               "path": data_cfg.get("path"), "token_dtype": data_cfg.get("token_dtype")}
+    cls = import_object(data_cfg._target_)
+    offered = {"seed": seed, "seq_len": data_cfg.seq_len, "vocab_size": vocab_size,
+               "path": data_cfg.path, "token_dtype": data_cfg.token_dtype}
     params = inspect.signature(cls).parameters
     kwargs = {k: v for k, v in offered.items() if k in params}
-    kwargs.update(data_cfg.get("kwargs") or {})
+    kwargs.update(data_cfg.kwargs or {})
     return cls(**kwargs)
