@@ -24,9 +24,10 @@ from fsdp_jobs.rundir import checkpoints
 
 
 def _meta_model(model_cfg: dict[str, Any]) -> torch.nn.Module:
+    from fsdp_jobs.planning.config import job_config
     from fsdp_jobs.runtime.shard import build_meta_model
 
-    return build_meta_model(model_cfg)
+    return build_meta_model(job_config({"model": model_cfg}).model)  # through the schema, as the ranks read it
 
 
 def _shard(model: torch.nn.Module, mesh: Any, mp_policy: Any = None) -> None:

@@ -70,10 +70,11 @@ def build_plain_model(run_dir: Path) -> Any:
     import torch
 
     from fsdp_jobs.rundir import runs
+    from fsdp_jobs.planning.config import rank_config
     from fsdp_jobs.runtime.shard import build_meta_model
 
-    job = runs.load_job(run_dir)
-    model = build_meta_model(job["model"]).to_empty(device="cpu").to(getattr(torch, job["model"]["dtype"]))
+    model_cfg = rank_config(runs.load_job(run_dir)).model
+    model = build_meta_model(model_cfg).to_empty(device="cpu").to(getattr(torch, model_cfg.dtype))
     if hasattr(model, "init_buffers"):
         model.init_buffers(torch.device("cpu"))
     return model

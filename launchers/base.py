@@ -22,13 +22,17 @@ import abc
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Generic, Iterator, Optional, Protocol, TypeVar
+from typing import Any, Generic, Iterator, Optional, Protocol, TYPE_CHECKING, TypeVar
 
 from fsdp_jobs.rundir import runs
 from fsdp_jobs.planning.errors import UserError
 from fsdp_jobs.rundir.layout import RunDir
 # the vocabulary the CLI reads (fsdp_jobs/rundir/status.py); backends import it from here
 from fsdp_jobs.rundir.status import JobState, JobStatus, Run, Submitted, state_from_training
+
+if TYPE_CHECKING:  # types only, never imported at run time: no hydra on the node side, no import cycle
+    from fsdp_jobs.planning.config import JobConfig
+    from fsdp_jobs.planning.plan import Plan
 
 __all__ = ["Backend", "DryRun", "Request", "JobState", "JobStatus", "Run", "Submitted", "state_from_training"]
 
@@ -48,8 +52,8 @@ class DryRun(Generic[R]):
     from that very request, so the dry run cannot show anything but what goes out."""
 
     backend: str
-    plan: Any
-    cfg: Any
+    plan: Plan
+    cfg: JobConfig
     request: R
     # what every node's torchrun agent gets, whatever the backend (one test compares them across backends):
     agent_args: list[str] = field(default_factory=list)  # torchrun flags (endpoint as the backend names it)
@@ -73,11 +77,11 @@ def request_scale(run: Run, nodes: int) -> None:
 class Backend(abc.ABC, Generic[R]):
     name = ""
 
-    def check(self, plan: Any, cfg: Any) -> None:
+    def check(self, plan: Plan, cfg: JobConfig) -> None:
         """Refusals that need the backend (is it reachable? is the run busy?), before anything is written."""
 
     @abc.abstractmethod
-    def dryrun(self, plan: Any, cfg: Any) -> DryRun[R]:
+    def dryrun(self, plan: Plan, cfg: JobConfig) -> DryRun[R]:
         ...
 
     @abc.abstractmethod

@@ -7,14 +7,18 @@ import os.path
 import re
 from importlib import metadata
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Optional, TYPE_CHECKING
 
 from fsdp_jobs.rundir import runs
 from fsdp_jobs.planning.plan import LIGHTHOUSE_ENV, REPLICA_ADDR_ENV, REPLICA_GROUP_ENV  # noqa: F401  (backends import them here)
 from fsdp_jobs.planning.secret_env import MASK
 
+if TYPE_CHECKING:  # types only, never imported at run time: no hydra on the node side, no import cycle
+    from fsdp_jobs.planning.config import JobConfig
+    from fsdp_jobs.planning.plan import Plan
 
-def torchrun_args(plan: Any, endpoint: str, stop_grace_s: int, group: Optional[int] = None) -> list[str]:
+
+def torchrun_args(plan: Plan, endpoint: str, stop_grace_s: int, group: Optional[int] = None) -> list[str]:
     """torchrun (elastic agent) flags for one node of the plan; the rendezvous decides node order.
     stop_grace_s: on SIGTERM torchrun gives the ranks this long (default 30 s) to save and exit.
     `group`: with fault_tolerance=replica, the node's replica group, whose torchrun world is its own
@@ -46,13 +50,13 @@ def torchrun_args(plan: Any, endpoint: str, stop_grace_s: int, group: Optional[i
 
 GROW_LAST_CALL_S = 2
 
-def replica_group(node: int, plan: Any) -> int:
+def replica_group(node: int, plan: Plan) -> int:
     """The replica group of the node-th node (0-based): consecutive nodes form a group, as consecutive
     ranks form a shard group without replica mode (fsdp_jobs/runtime/mesh.py)."""
     return node // plan.replicas.nodes_per_group
 
 
-def replica_env(plan: Any, group: int, lighthouse: str) -> dict[str, str]:
+def replica_env(plan: Plan, group: int, lighthouse: str) -> dict[str, str]:
     """What the agents of one replica group need beyond runtime_env (empty without replica mode)."""
     if plan.replicas is None:
         return {}
@@ -62,11 +66,11 @@ def replica_env(plan: Any, group: int, lighthouse: str) -> dict[str, str]:
 DEFAULT_LIGHTHOUSE_PORT = 29510  # fault_tolerance.lighthouse_port=null on a backend whose job has its own network
 
 
-def lighthouse_port(plan: Any) -> int:
+def lighthouse_port(plan: Plan) -> int:
     return plan.replicas.lighthouse_port or DEFAULT_LIGHTHOUSE_PORT
 
 
-def lighthouse_command(plan: Any, python: str, bind: str) -> list[str]:
+def lighthouse_command(plan: Plan, python: str, bind: str) -> list[str]:
     """The lighthouse process (launchers/lighthouse.py) listening on `bind` (HOST:PORT)."""
     from launchers.lighthouse import args_for
 
@@ -91,7 +95,7 @@ def torchrun_has_shutdown_timeout() -> bool:
     return m is None or (int(m.group(1)), int(m.group(2))) >= (2, 13)
 
 
-def runtime_env(cfg: Any) -> dict[str, str]:
+def runtime_env(cfg: JobConfig) -> dict[str, str]:
     """Environment every agent and rank needs, whatever the backend."""
     env = {
         # torch 2.13: without it, restarted workers read stale addresses from the rendezvous
@@ -118,12 +122,12 @@ USER_CODE_SHIM = "fsdp_jobs.runtime.user_code"  # runs script=/module= under tor
 USER_CODE_ENV = "FSDP_JOBS_USER_CODE"
 
 
-def user_mode(cfg: Any) -> bool:
+def user_mode(cfg: JobConfig) -> bool:
     """script= or module=: the user's own training runs instead of the built-in trainer."""
     return bool(cfg.get("script") or cfg.get("module"))
 
 
-def user_code_dir(cfg: Any, run_dir: Path) -> Optional[Path]:
+def user_code_dir(cfg: JobConfig, run_dir: Path) -> Optional[Path]:
     """Where submit copies the user's code (RunDir.script_dir/NNN), or None: the built-in trainer, or a
     module installed in the environment."""
     from fsdp_jobs.planning.byo import user_code_source
@@ -134,7 +138,7 @@ def user_code_dir(cfg: Any, run_dir: Path) -> Optional[Path]:
     return next_user_code_dir(run_dir)
 
 
-def rank_entry(cfg: Any, run_dir: str, user_dir: Optional[str]) -> list[str]:
+def rank_entry(cfg: JobConfig, run_dir: str, user_dir: Optional[str]) -> list[str]:
     """What torchrun starts on every rank, after its own flags: THE place the entry point is chosen, for
     every backend. The built-in trainer takes the run dir; a user's script or module runs under
     fsdp_jobs/runtime/user_code.py, which records its exception in torchrun's error file as the trainer
@@ -152,7 +156,7 @@ def rank_entry(cfg: Any, run_dir: str, user_dir: Optional[str]) -> list[str]:
     return ["-m", "fsdp_jobs.runtime", run_dir]
 
 
-def rank_env(cfg: Any, run_dir: str, user_dir: Optional[str]) -> dict[str, str]:
+def rank_env(cfg: JobConfig, run_dir: str, user_dir: Optional[str]) -> dict[str, str]:
     """The per-run part of the ranks' environment (runtime_env is the per-config part)."""
     env = {RUN_DIR_ENV: run_dir}
     if user_dir:
@@ -160,21 +164,21 @@ def rank_env(cfg: Any, run_dir: str, user_dir: Optional[str]) -> dict[str, str]:
     return env
 
 
-def python_path(cfg: Any, user_dir: Optional[str], rest: str = "") -> str:
+def python_path(cfg: JobConfig, user_dir: Optional[str], rest: str = "") -> str:
     """PYTHONPATH for the ranks: the copy of the user's code first (a module='s package; a script's
     siblings, which PYTHONSAFEPATH=1 would otherwise hide where a backend sets it), then `rest`."""
     parts = ([user_dir] if user_dir else []) + ([rest] if rest else [])
     return ":".join(parts)
 
 
-def begin_user_attempt(job: Any, run_dir: Path) -> None:
+def begin_user_attempt(job: JobConfig, run_dir: Path) -> None:
     """Before the ranks start: the state record says running, so an outcome left by an earlier attempt
     (preempted, completed) is never taken for this attempt's."""
     if user_mode(job):
         runs.write_state(run_dir, status="running", step=runs.read_state(run_dir).get("step"))
 
 
-def settle_user_state(job: Any, run_dir: Path, rc: int) -> str:
+def settle_user_state(job: JobConfig, run_dir: Path, rc: int) -> str:
     """A user's script need not write the state record. When every rank exited 0 it completed, unless it
     recorded a stop (fsdp_jobs.job's should_stop: preempted, to be requeued). Returns the status."""
     state = runs.read_state(run_dir)

@@ -6,11 +6,14 @@ from __future__ import annotations
 import shutil
 import subprocess
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Optional, TYPE_CHECKING
 
 import fsdp_jobs
 
 from fsdp_jobs.rundir.layout import RunDir
+
+if TYPE_CHECKING:  # types only, never imported at run time: no hydra on the node side, no import cycle
+    from fsdp_jobs.planning.config import JobConfig
 
 PROJECT_ROOT = Path(fsdp_jobs.__file__).resolve().parent.parent
 CODE_DIRS = ("fsdp_jobs", "launchers", "conf")
@@ -64,7 +67,7 @@ def next_user_code_dir(run_dir: Path) -> Path:
     return _next_numbered(RunDir(run_dir).script_dir)
 
 
-def take_user_code(cfg: Any, dest: Path) -> None:
+def take_user_code(cfg: JobConfig, dest: Path) -> None:
     """Copy the user's code (fsdp_jobs.planning.byo.user_code_source) into dest: a requeued job or a container
     finds it in the run dir, as it was at submission. The run root is never copied into itself."""
     from fsdp_jobs.planning.byo import snapshot_files, user_code_source
@@ -90,7 +93,7 @@ def take_user_code(cfg: Any, dest: Path) -> None:
     tmp.rename(dest)
 
 
-def user_code_tar(cfg: Any) -> Optional[bytes]:
+def user_code_tar(cfg: JobConfig) -> Optional[bytes]:
     """The files take_user_code copies, as a reproducible .tar.gz (same bytes for the same files): what
     travels to Kubernetes pods in the job's ConfigMap, where no submitter can write the run dir."""
     import gzip

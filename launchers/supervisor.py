@@ -20,11 +20,14 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, TYPE_CHECKING
 
 from fsdp_jobs.rundir import runs
 from fsdp_jobs.rundir.layout import RunDir
 from launchers.common import settle_user_state
+
+if TYPE_CHECKING:  # types only, never imported at run time: no hydra on the node side, no import cycle
+    from fsdp_jobs.planning.config import JobConfig
 
 POLL_S = 0.2
 PEER_GONE_GRACE_S = 30.0
@@ -155,7 +158,7 @@ def _why_stop(signals: list[int], gone: list[str], live: list[Node], min_nodes: 
     return None
 
 
-def exit_status(outcome: Outcome, job: Any, run_dir: Path) -> int:
+def exit_status(outcome: Outcome, job: JobConfig, run_dir: Path) -> int:
     """The job's exit status from how its nodes ended and what rank 0 recorded (the state record)."""
     failure = next((c for c in outcome.codes.values() if c), 0)
     if outcome.codes and not outcome.interrupted:  # a plain script exiting 0 everywhere completed

@@ -6,13 +6,16 @@ always run: every config-only check first, then the input files, then the run di
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Optional, TYPE_CHECKING
 
 from fsdp_jobs.rundir.checkpoints import newest_checkpoint
 from fsdp_jobs.planning.errors import UserError
 from fsdp_jobs.planning.inputs import check_inputs
 from fsdp_jobs.planning.plan import ExistingRun, Plan, make_plan
 from fsdp_jobs.rundir.layout import RunDir
+
+if TYPE_CHECKING:  # types only, never imported at run time: no hydra on the node side, no import cycle
+    from fsdp_jobs.planning.config import JobConfig
 
 MODEL_IDENTITY_KEYS = ("_target_", "dim", "n_layers", "n_heads", "n_kv_heads", "ffn_dim", "vocab_size",
                        "tie_embeddings", "kwargs")
@@ -33,7 +36,7 @@ def check_same_model(run_dir: Path, model: Any) -> None:
                             "keep it, choose another name=, or set checkpoint.resume=false")
 
 
-def read_existing_run(cfg: Any, run_name: str) -> ExistingRun:
+def read_existing_run(cfg: JobConfig, run_name: str) -> ExistingRun:
     """Check the job's input files and the run dir `run_name` under cfg.run_root; raises UserError for
     one the job cannot use (a missing token file, checkpoints it would mix with or cannot load)."""
     notes = check_inputs(cfg)  # the token file, test fault variables
@@ -47,7 +50,7 @@ def read_existing_run(cfg: Any, run_name: str) -> ExistingRun:
     return ExistingRun(run_dir=str(run_dir), resume_from=str(resume) if resume else None, notes=notes)
 
 
-def plan_run(cfg: Any, name: Optional[str] = None) -> Plan:
+def plan_run(cfg: JobConfig, name: Optional[str] = None) -> Plan:
     """make_plan with the facts of the run dir: what the CLI, sweeps and benchmarks launch from."""
     config_only = make_plan(cfg, name)  # every check of the config alone comes first, as it always has
     return make_plan(cfg, config_only.name, read_existing_run(cfg, config_only.name))

@@ -16,13 +16,17 @@ import os
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Optional, TYPE_CHECKING
 
 import yaml
 
 from fsdp_jobs.planning import backends, secret_env
 from fsdp_jobs.rundir import journal, runs
 from fsdp_jobs.planning.errors import UserError
+
+if TYPE_CHECKING:  # types only, never imported at run time: no hydra on the node side, no import cycle
+    from fsdp_jobs.planning.config import JobConfig
+    from fsdp_jobs.planning.plan import Plan
 
 
 @dataclass
@@ -32,9 +36,9 @@ class Member:
     name: Optional[str]  # None for a single run until planned (then the plan's name)
     overrides: list[str]  # everything it is composed from
     params: dict[str, str] = field(default_factory=dict)  # swept key -> this member's value (sweeps only)
-    cfg: Any = None
+    cfg: Optional[JobConfig] = None
     job: dict[str, Any] = field(default_factory=dict)
-    plan: Any = None
+    plan: Optional[Plan] = None
     backend: Any = None
     dryrun: Any = None
     skip: str = ""  # why it is not submitted (a sweep's completed or still active member)
@@ -73,7 +77,7 @@ def print_notes(members: list[Member]) -> None:
         print(f"fsdp-jobs: {note if note.startswith('warning:') else 'note: ' + note}", file=sys.stderr)
 
 
-def render_dry_run(plan: Any, launch_text: str) -> str:
+def render_dry_run(plan: Plan, launch_text: str) -> str:
     head = yaml.safe_dump({"plan": plan.to_dict()}, sort_keys=False)
     return f"{head}# launch commands ({plan.backend})\n{launch_text.rstrip()}\n"
 

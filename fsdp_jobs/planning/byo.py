@@ -10,9 +10,12 @@ import importlib.util
 import os
 import re
 from pathlib import Path
-from typing import Any, Iterator, Optional
+from typing import Any, Iterator, Optional, TYPE_CHECKING
 
 from fsdp_jobs.planning.errors import UserError
+
+if TYPE_CHECKING:  # types only, never imported at run time: no hydra on the node side, no import cycle
+    from fsdp_jobs.planning.config import JobConfig
 
 # the script's directory travels into the run dir; a script sitting in a big tree (a home directory,
 # a data folder) would copy all of it on every submission
@@ -51,7 +54,7 @@ def snapshot_files(src: Path, exclude: tuple[Path, ...] = (), skipped: Optional[
                 skipped.append(Path(root) / f)
 
 
-def travel_note(cfg: Any) -> Optional[str]:
+def travel_note(cfg: JobConfig) -> Optional[str]:
     """What the dry run says travels with script=/module= (and what stays behind)."""
     src = user_code_source(cfg)
     if src is None or not src.is_dir():
@@ -68,7 +71,7 @@ def travel_note(cfg: Any) -> Optional[str]:
     return note
 
 
-def user_code_source(cfg: Any) -> Optional[Path]:
+def user_code_source(cfg: JobConfig) -> Optional[Path]:
     """What is copied into the run dir for script= (the script's directory, as its contents) or module=
     (the top-level package, under its own name); None: nothing to copy."""
     if cfg.get("script"):
@@ -105,7 +108,7 @@ def _check_dir_size(key: str, value: str, src: Path, run_root: Path) -> None:
                                         "with just its code")
 
 
-def check_script(cfg: Any) -> None:
+def check_script(cfg: JobConfig) -> None:
     raw = str(cfg.script)
     path = Path(raw).expanduser().resolve()
     if not path.is_file():
@@ -124,7 +127,7 @@ def check_script(cfg: Any) -> None:
     cfg.script = str(path)  # the job record keeps where it came from, whatever the working directory
 
 
-def check_module(cfg: Any) -> None:
+def check_module(cfg: JobConfig) -> None:
     name = str(cfg.module)
     if not _MODULE_RE.fullmatch(name):
         raise UserError("module", name, "must be a dotted module name, e.g. module=mypkg.train")
@@ -176,7 +179,7 @@ def check_hf(model: Any) -> None:
                                                                   "weights (nothing is downloaded)")
 
 
-def validate(cfg: Any) -> None:
+def validate(cfg: JobConfig) -> None:
     """Raises UserError on the first bad key of script=/module=/script_args/model=hf."""
     if cfg.get("script") and cfg.get("module"):
         raise UserError("module", cfg.module, f"script={cfg.script} is set too; choose one of script= and module=")

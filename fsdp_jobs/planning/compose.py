@@ -80,7 +80,7 @@ def _is_map(key: str, overrides: list[str]) -> bool:
     return isinstance(node, DictConfig) and not node.keys() and "." in key
 
 
-def absolute_paths(cfg: DictConfig) -> None:
+def absolute_paths(cfg: JobConfig) -> None:
     """Paths of this machine's files, relative to where the command runs, made absolute: the ranks run in
     the run dir (launchers/node/wrapper.py), not here. A backend whose jobs read elsewhere (a PVC) keeps them."""
     if not backends.config_module(cfg.cluster.backend).HOST_FILES:
@@ -91,7 +91,7 @@ def absolute_paths(cfg: DictConfig) -> None:
             node[key] = str(Path(value).expanduser().absolute())
 
 
-def compose(overrides: list[str]) -> tuple[DictConfig, dict[str, Any]]:
+def compose(overrides: list[str]) -> tuple[JobConfig, dict[str, Any]]:
     """Compose, type-check and validate. Returns the typed config and its resolved plain dict."""
     result = compose_many([overrides])[0]
     if isinstance(result, UserError):
@@ -99,13 +99,13 @@ def compose(overrides: list[str]) -> tuple[DictConfig, dict[str, Any]]:
     return result
 
 
-def compose_many(override_lists: list[list[str]]) -> list[Union[tuple[DictConfig, dict[str, Any]], UserError]]:
+def compose_many(override_lists: list[list[str]]) -> list[Union[tuple[JobConfig, dict[str, Any]], UserError]]:
     """compose() for each list (a sweep's members), in ONE Hydra context: Hydra then reads every config
     file once, and a sweep must feel instant. A member's error is returned in its place."""
     from hydra import compose as hydra_compose, initialize_config_dir
 
     register_schemas()
-    out: list[Union[tuple[DictConfig, dict[str, Any]], UserError]] = []
+    out: list[Union[tuple[JobConfig, dict[str, Any]], UserError]] = []
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3", job_name="fsdp_jobs"):
         for overrides in override_lists:
             try:
@@ -115,7 +115,7 @@ def compose_many(override_lists: list[list[str]]) -> list[Union[tuple[DictConfig
     return out
 
 
-def _compose_one(hydra_compose: Any, overrides: list[str]) -> tuple[DictConfig, dict[str, Any]]:
+def _compose_one(hydra_compose: Any, overrides: list[str]) -> tuple[JobConfig, dict[str, Any]]:
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 

@@ -117,7 +117,7 @@ class TrainConfig:
     weight_decay: float = 0.0
     betas: List[float] = field(default_factory=lambda: [0.9, 0.95])
     grad_clip: float = 1.0  # max global grad norm; 0 = off
-    log_interval: int = 10  # progress line every N steps (the metrics record gets every step)
+    log_interval: int = 25  # progress line every N steps (the metrics record gets every step)
     # a collective that waits longer fails the rank (NCCL's default is 10 min, gloo's 30); the hang
     # watchdog (fault.*) fires well before it
     collective_timeout_s: float = 600
@@ -222,6 +222,29 @@ class JobConfig:
     script_args: List[str] = field(default_factory=list)  # its command-line arguments
 
 
+def job_config(job: Dict[str, Any]) -> JobConfig:
+    """The job record (fsdp_jobs.rundir.runs.load_job) through the typed schema: each key checked against its type,
+    and a key an older job record lacks takes the schema's default. `cluster` stays an open node: its schema
+    is the backend's, registered by name (fsdp_jobs/planning/backends.py), and JobConfig types it Any.
+
+    An OmegaConf DictConfig: an attribute read costs microseconds, so code on the step's path converts it
+    once (OmegaConf.to_object: the plain dataclasses, as the ranks' Trainer does)."""
+    from omegaconf import OmegaConf
+
+    return OmegaConf.merge(OmegaConf.structured(JobConfig), job or {})  # type: ignore[return-value]
+
+
+def rank_config(job: Dict[str, Any]) -> JobConfig:
+    """job_config converted once to the plain dataclasses: what the ranks read, some keys on every step, where
+    a DictConfig's attribute read costs microseconds and a dataclass's nanoseconds. `cluster` (the backend's
+    schema, read at bring-up only) stays an open DictConfig: attribute reads, as the planning code makes them."""
+    from omegaconf import OmegaConf
+
+    cfg = OmegaConf.to_object(job_config(job))
+    cfg.cluster = OmegaConf.create(cfg.cluster or {})  # type: ignore[union-attr]
+    return cfg  # type: ignore[return-value]
+
+
 def register_schemas() -> None:
     """Let conf/ files name the schemas in their defaults lists: the root (job_schema, which types every
     group but `cluster`) and one per backend, which each cluster/*.yaml extends. The other groups need
@@ -249,7 +272,7 @@ def _installed(key: str, value: Any, package: str, extra: str) -> None:
                                     f"pip install 'fsdp-jobs[{extra}]'")
 
 
-def validate_trackers(t: Any) -> None:
+def validate_trackers(t: TrainConfig) -> None:
     """train.tensorboard, train.wandb.*: names W&B shows and puts in URLs keep to a safe alphabet."""
     if t.tensorboard:
         _installed("train.tensorboard", True, "tensorboard", "tensorboard")
@@ -266,7 +289,7 @@ def validate_trackers(t: Any) -> None:
 FT_MODES = ("none", "replica")
 
 
-def validate_fault_tolerance(ft: Any) -> None:
+def validate_fault_tolerance(ft: FaultToleranceConfig) -> None:
     """fault_tolerance.*: the keys alone (what they allow together with the mesh: fsdp_jobs/planning/plan.py)."""
     choice("fault_tolerance.mode", ft.mode, FT_MODES)
     if ft.mode == "none":
@@ -283,7 +306,7 @@ def validate_fault_tolerance(ft: Any) -> None:
         raise UserError("fault_tolerance.lighthouse_port", ft.lighthouse_port, "must be a TCP port 1-65535 or null")
 
 
-def validate(cfg: Any) -> None:
+def validate(cfg: JobConfig) -> None:
     """Per-key checks the types alone do not express. Raises UserError on the first bad key."""
     positive("nodes", cfg.nodes)
     positive("gpus_per_node", cfg.gpus_per_node)

@@ -5,16 +5,19 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, TYPE_CHECKING
 
 from fsdp_jobs.planning import backends, faults
 from fsdp_jobs.planning.byo import travel_note
 from fsdp_jobs.planning.errors import UserError
 
+if TYPE_CHECKING:  # types only, never imported at run time: no hydra on the node side, no import cycle
+    from fsdp_jobs.planning.config import JobConfig
+
 DTYPE_SIZES = {"uint8": 1, "uint16": 2, "int16": 2, "uint32": 4, "int32": 4, "int64": 8}
 
 
-def check_token_file(cfg: Any) -> None:
+def check_token_file(cfg: JobConfig) -> None:
     """data.path must be a readable file holding at least one window. Only backends whose processes see
     this machine's files check it here (HOST_FILES in launchers/<name>/config.py); the others read it
     where the job runs (a pod reads a path on its volume)."""
@@ -52,7 +55,7 @@ def looks_like_text(path: Path) -> bool:
     return True
 
 
-def check_inputs(cfg: Any) -> list[str]:
+def check_inputs(cfg: JobConfig) -> list[str]:
     """Refuse bad inputs; return notes (warnings) for the plan."""
     check_token_file(cfg)
     env = {**os.environ, **{str(k): str(v) for k, v in cfg.cluster.env.items()}}

@@ -14,9 +14,12 @@ import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Optional, TYPE_CHECKING
 
 from fsdp_jobs.planning.errors import UserError
+
+if TYPE_CHECKING:  # types only, never imported at run time: no hydra on the node side, no import cycle
+    from fsdp_jobs.planning.config import FSDPConfig, JobConfig, MixedPrecisionConfig, TrainConfig
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 # FSDP2 strategy table (FSDP1/Accelerate names -> FSDP2): mesh kind, reshard_after_forward default
@@ -87,16 +90,16 @@ REPLICA_ADDR_ENV = "FSDP_JOBS_REPLICA_ADDR"  # the address the group's servers l
 LIGHTHOUSE_ENV = "TORCHFT_LIGHTHOUSE"  # torchft's own name: http://HOST:PORT of the job's lighthouse
 
 
-def replica_groups(cfg: Any) -> int:
+def replica_groups(cfg: JobConfig) -> int:
     """How many replica groups the job config has: 1 without fault_tolerance=replica (the ranks' side of
-    plan_replicas, from the configured nodes: what the launchers started). `cfg`: the composed config
-    (a DictConfig; a job record older than fault_tolerance.* has none)."""
-    if (cfg.get("fault_tolerance") or {}).get("mode", "none") != "replica":
+    plan_replicas, from the configured nodes: what the launchers started). `cfg`: the composed config or the
+    ranks' (fsdp_jobs/planning/config.py rank_config: a job record older than fault_tolerance.* gets mode none)."""
+    if cfg.fault_tolerance.mode != "replica":
         return 1
     return choose_mesh(cfg, count_params(cfg.model))[0]["replicate"]
 
 
-def plan_replicas(cfg: Any, mesh: dict[str, int]) -> Optional[ReplicaLayout]:
+def plan_replicas(cfg: JobConfig, mesh: dict[str, int]) -> Optional[ReplicaLayout]:
     """fault_tolerance=replica: the replica groups, or one line on what the mesh and the launch keys forbid."""
     ft = cfg.fault_tolerance
     if ft.mode != "replica":
@@ -163,12 +166,23 @@ class Plan:
             del d["replicas"]
         return d
 
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Plan:
+        """to_dict's inverse: the plan record as the CLI wrote it. A key an older plan record lacks takes the field's
+        default; one this version no longer has is dropped (a requeued job may meet newer code)."""
+        known = {f.name for f in dataclasses.fields(cls)}
+        d = {k: v for k, v in d.items() if k in known}
+        d["memory"] = MemoryEstimate(**d["memory"])
+        d["rendezvous"] = Rendezvous(**d["rendezvous"])
+        d["replicas"] = ReplicaLayout(**d["replicas"]) if d.get("replicas") else None
+        return cls(**d)
 
-def reshard_after_forward(fsdp: Any) -> bool:
+
+def reshard_after_forward(fsdp: FSDPConfig) -> bool:
     """fsdp.reshard_after_forward, or the strategy's default when unset (the one place it is decided:
     the plan, the memory estimate, the trainer and fsdp_jobs.job all ask here)."""
-    value = fsdp["reshard_after_forward"]
-    return STRATEGY_TABLE[fsdp["strategy"]][1] if value is None else bool(value)
+    value = fsdp.reshard_after_forward
+    return STRATEGY_TABLE[fsdp.strategy][1] if value is None else bool(value)
 
 
 def count_params(model: Any) -> int:
@@ -183,11 +197,11 @@ def count_params(model: Any) -> int:
     return embed + layers * block + d + out
 
 
-def resolve_mixed_precision(mp: Any, device: str) -> dict[str, Optional[str]]:
+def resolve_mixed_precision(mp: MixedPrecisionConfig, device: str) -> dict[str, Optional[str]]:
     """`auto` param/reduce dtypes: bf16 compute with fp32 reduction on GPU (what real models train
     with), full precision on CPU (where bf16 matmuls are slow and tests compare bitwise)."""
     gpu = device != "cpu"
-    out = {k: mp.get(k) for k in ("param_dtype", "reduce_dtype", "output_dtype", "buffer_dtype")}
+    out = {k: getattr(mp, k) for k in ("param_dtype", "reduce_dtype", "output_dtype", "buffer_dtype")}
     if out["param_dtype"] == "auto":
         out["param_dtype"] = "bfloat16" if gpu else None
     if out["reduce_dtype"] == "auto":
@@ -195,15 +209,15 @@ def resolve_mixed_precision(mp: Any, device: str) -> dict[str, Optional[str]]:
     return out
 
 
-def compute_dtype(cfg: Any, device: str) -> str:
+def compute_dtype(cfg: JobConfig, device: str) -> str:
     """The dtype the matmuls run in (for the memory estimate and MFU's peak)."""
     return resolve_mixed_precision(cfg.fsdp.mixed_precision, device)["param_dtype"] or cfg.model.dtype
 
 
-def micro_batch(train: Any, world: int) -> tuple[int, int]:
+def micro_batch(train: TrainConfig, world: int) -> tuple[int, int]:
     """(sequences per rank per forward, micro batches per step)."""
     per_rank = per_rank_batch_size(train, world)
-    micro = train.get("micro_batch_per_rank") or per_rank
+    micro = train.micro_batch_per_rank or per_rank
     return micro, per_rank // micro
 
 
@@ -213,7 +227,7 @@ def block_params(model: Any) -> int:
     return 2 * d * d + 2 * d * kv + 3 * d * model.ffn_dim + 2 * d
 
 
-def activation_bytes(cfg: Any, micro: int, c_bytes: int) -> float:
+def activation_bytes(cfg: JobConfig, micro: int, c_bytes: int) -> float:
     """Activations saved for backward by one micro batch (per rank). Per block and token: the norm
     inputs, q/k/v, the attention output (SDPA keeps no seq x seq matrix), the SwiGLU's three ffn-wide
     tensors and its product; plus the logits (compute dtype, the fp32 copy the loss takes, its grad).
@@ -229,7 +243,7 @@ def activation_bytes(cfg: Any, micro: int, c_bytes: int) -> float:
     return m.n_layers * per_block + logits
 
 
-def estimate_memory(cfg: Any, params: int, shard_size: int, world: Optional[int] = None) -> MemoryEstimate:
+def estimate_memory(cfg: JobConfig, params: int, shard_size: int, world: Optional[int] = None) -> MemoryEstimate:
     """Params and grads at model.dtype (FSDP2 keeps sharded params and grads in it), AdamW's two
     fp32 moments, all divided by the shard size (zero on the GPU when offloaded to CPU); plus the
     unsharded params alive at once and the activations (see MemoryEstimate)."""
@@ -269,7 +283,7 @@ def shard_group_candidates(nodes: int, gpus_per_node: int) -> list[int]:
     return inside + across
 
 
-def choose_mesh(cfg: Any, params: int) -> tuple[dict[str, int], MemoryEstimate]:
+def choose_mesh(cfg: JobConfig, params: int) -> tuple[dict[str, int], MemoryEstimate]:
     nodes, gpn = cfg.nodes, cfg.gpus_per_node
     world = nodes * gpn
     kind, _ = STRATEGY_TABLE[cfg.fsdp.strategy]
@@ -300,7 +314,7 @@ def choose_mesh(cfg: Any, params: int) -> tuple[dict[str, int], MemoryEstimate]:
     return {"replicate": world // shard, "shard": shard}, estimate_memory(cfg, params, shard)
 
 
-def per_rank_batch_size(train: Any, world: int) -> int:
+def per_rank_batch_size(train: TrainConfig, world: int) -> int:
     """Sequences per rank per step; every rank sees different data under FSDP and HSDP."""
     if train.global_batch_size is None:
         return train.batch_per_rank
@@ -312,7 +326,7 @@ def per_rank_batch_size(train: Any, world: int) -> int:
     return train.global_batch_size // world
 
 
-def check_elastic_range(cfg: Any) -> None:
+def check_elastic_range(cfg: JobConfig) -> None:
     """An elastic job may restart with any node count from cluster.min_nodes to cluster.max_nodes: refuse
     now, in one line, a config that some of those worlds cannot run (instead of a crash loop later)."""
     low, high = cfg.cluster.min_nodes or cfg.nodes, cfg.cluster.get("max_nodes") or cfg.nodes
@@ -330,15 +344,15 @@ def check_elastic_range(cfg: Any) -> None:
                             f"{high} nodes allows") from None
 
 
-def generated_name(cfg: Any) -> str:
+def generated_name(cfg: JobConfig) -> str:
     return f"{cfg.model.name}-{cfg.fsdp.strategy}-{time.strftime('%Y%m%d-%H%M%S')}"
 
 
-def run_name(cfg: Any, name: Optional[str] = None) -> str:
+def run_name(cfg: JobConfig, name: Optional[str] = None) -> str:
     return name or cfg.name or generated_name(cfg)
 
 
-def make_plan(cfg: Any, name: Optional[str] = None, existing: Optional[ExistingRun] = None) -> Plan:
+def make_plan(cfg: JobConfig, name: Optional[str] = None, existing: Optional[ExistingRun] = None) -> Plan:
     """Everything decided before launch. Raises UserError for combinations no key can express.
     Without `existing` the run dir is taken as empty (no resume) and its path is not resolved."""
     nodes, gpn = cfg.nodes, cfg.gpus_per_node

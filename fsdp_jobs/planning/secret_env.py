@@ -20,9 +20,12 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Optional, TYPE_CHECKING
 
 from fsdp_jobs.planning.errors import UserError
+
+if TYPE_CHECKING:  # types only, never imported at run time: no hydra on the node side, no import cycle
+    from fsdp_jobs.planning.config import JobConfig
 
 MASK = "<secret: passed at submission, not stored>"
 SECRET_NAME = re.compile(r"TOKEN|SECRET|PASSW|PASSPHRASE|API_?KEY|ACCESS_?KEY|PRIVATE_?KEY|CREDENTIAL|AUTH",
@@ -51,7 +54,7 @@ def resolve(var: str, ref: str) -> str:
     raise UserError(key, ref, f"must be {REF_FORMS}")
 
 
-def take(cfg: Any, job: dict[str, Any], store: Optional[str]) -> tuple[dict[str, str], list[str]]:
+def take(cfg: JobConfig, job: dict[str, Any], store: Optional[str]) -> tuple[dict[str, str], list[str]]:
     """Take the secrets out of a composed job: (their values, notes). cluster.env values that look secret are
     replaced by MASK in cfg and job. `store`: the backend's own secret store resolves cluster.secret_env
     (how to use it, from its config.py); then secret-looking cluster.env entries are refused."""
@@ -87,7 +90,7 @@ def mask(text: str, values: dict[str, str]) -> str:
     return text
 
 
-def passed_names(cfg: Any) -> list[str]:
+def passed_names(cfg: JobConfig) -> list[str]:
     """The variables the ranks get from the submitting process's environment (masked cluster.env entries
     and env:/file: cluster.secret_env): what a backend that writes its environment into a file must name
     without a value."""

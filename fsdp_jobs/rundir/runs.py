@@ -23,11 +23,14 @@ import stat
 import tempfile
 import time
 from pathlib import Path
-from typing import IO, Any, Optional, TextIO
+from typing import IO, TYPE_CHECKING, Any, Optional, TextIO
 
 import yaml
 
 from fsdp_jobs.rundir.layout import RunDir
+
+if TYPE_CHECKING:  # types only: load_plan imports it when called
+    from fsdp_jobs.planning.plan import Plan
 
 
 def write_atomic(path: Path, text: str) -> None:
@@ -83,7 +86,16 @@ def replica_layout(run_dir: Path) -> Optional[dict[str, Any]]:
 
 
 def load_job(run_dir: Path) -> dict[str, Any]:
+    """The job record as plain data: for what hashes or shows it as written (job_hash, W&B's config). What
+    reads its keys takes it through the schema: fsdp_jobs.planning.config.job_config(load_job(run_dir))."""
     return yaml.safe_load(RunDir(run_dir).job_file.read_text())
+
+
+def load_plan(run_dir: Path) -> Plan:
+    """plan.json: the Plan the CLI launched the job with (fsdp_jobs/planning/plan.py)."""
+    from fsdp_jobs.planning.plan import Plan
+
+    return Plan.from_dict(json.loads(RunDir(run_dir).plan_file.read_text()))
 
 
 def job_hash(job: dict[str, Any]) -> str:

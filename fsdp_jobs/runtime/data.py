@@ -6,10 +6,13 @@ checkpointed, so a resumed run continues at the same sample, whatever the new wo
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import Any, Protocol, TYPE_CHECKING
 
 import numpy as np
 import torch
+
+if TYPE_CHECKING:  # types only, never imported at run time: no hydra on the node side, no import cycle
+    from fsdp_jobs.planning.config import DataConfig
 
 _MIX = 0x9E3779B97F4A7C15  # splitmix64 increment: decorrelates (seed, index) pairs
 
@@ -74,15 +77,15 @@ def rank_batch(dataset: TokenDataset, position: int, rank: int, per_rank: int) -
     return rows[:, :-1], rows[:, 1:]
 
 
-def build_dataset(data_cfg: Any, seed: int, vocab_size: int) -> TokenDataset:
+def build_dataset(data_cfg: DataConfig, seed: int, vocab_size: int) -> TokenDataset:
     import inspect
 
     from fsdp_jobs.runtime.imports import import_object
 
-    cls = import_object(data_cfg["_target_"])
-    offered = {"seed": seed, "seq_len": data_cfg["seq_len"], "vocab_size": vocab_size,
-               "path": data_cfg.get("path"), "token_dtype": data_cfg.get("token_dtype")}
+    cls = import_object(data_cfg._target_)
+    offered = {"seed": seed, "seq_len": data_cfg.seq_len, "vocab_size": vocab_size,
+               "path": data_cfg.path, "token_dtype": data_cfg.token_dtype}
     params = inspect.signature(cls).parameters
     kwargs = {k: v for k, v in offered.items() if k in params}
-    kwargs.update(data_cfg.get("kwargs") or {})
+    kwargs.update(data_cfg.kwargs or {})
     return cls(**kwargs)

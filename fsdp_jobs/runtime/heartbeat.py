@@ -27,10 +27,13 @@ import threading
 import time
 from collections import deque
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, TYPE_CHECKING
 
 from fsdp_jobs.rundir import liveness
 from fsdp_jobs.rundir.layout import RunDir
+
+if TYPE_CHECKING:  # types only: the ranks' config comes from fsdp_jobs/planning/config.py rank_config
+    from fsdp_jobs.planning.config import JobConfig
 
 INTERVAL_S = liveness.HEARTBEAT_S
 STACK_SIGNAL = signal.SIGUSR1  # NCCL's flight recorder dump is triggered by its own mechanism, not a signal
@@ -44,10 +47,10 @@ def current_step() -> Optional[int]:
     return _CURRENT.step if _CURRENT is not None and _CURRENT.name == "step" else None
 
 
-def start(run_dir: Path, job: dict[str, Any], rank: int, local_rank: int, restart: int) -> Optional["Heartbeat"]:
+def start(run_dir: Path, job: JobConfig, rank: int, local_rank: int, restart: int) -> Optional["Heartbeat"]:
     """The rank's heartbeat, unless fault.watchdog=false (a job record older than fault.* has it on)."""
     global _CURRENT
-    if not (job.get("fault") or {}).get("watchdog", True):
+    if not job.fault.watchdog:  # a job record older than fault.* gets the schema's default: on
         return None
     from fsdp_jobs.runtime import collective_clock  # torch: only ranks start a heartbeat (the watchdog reads them)
 

@@ -31,13 +31,14 @@ import socket
 import sys
 import time
 from pathlib import Path
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 
+from fsdp_jobs.planning.config import rank_config
 from fsdp_jobs.rundir import runs
 from fsdp_jobs.rundir.layout import RunDir
 from fsdp_jobs.runtime.checkpoint import StateObjects
@@ -47,6 +48,9 @@ from fsdp_jobs.runtime.signals import StopFlag
 from fsdp_jobs.runtime.stopping import stop_reason
 from fsdp_jobs.runtime.trackers import Trackers
 from fsdp_jobs.runtime.trainer import Trainer
+
+if TYPE_CHECKING:  # types only
+    from fsdp_jobs.planning.config import JobConfig
 
 RUN_DIR_ENV = "FSDP_JOBS_RUN_DIR"  # set by every launcher (launchers/common.py rank_env)
 
@@ -74,7 +78,7 @@ class Checkpoints:
 
     def __init__(self, job: "Job") -> None:
         self._job = job
-        self.manager = job._trainer.open_checkpoints({"config_hash": runs.job_hash(job.config), "script": True},
+        self.manager = job._trainer.open_checkpoints({"config_hash": job._trainer.config_hash(), "script": True},
                                                      overlap_staging=False)
 
     def load(self, **objects: Any) -> int:
@@ -98,7 +102,7 @@ class Checkpoints:
 
     def _load_into(self, state: StateObjects) -> Optional[Path]:
         """Load the newest checkpoint into `state` (checkpoint.resume allowing); its path, or None."""
-        path = self.manager.find_latest() if self._job.config["checkpoint"]["resume"] else None
+        path = self.manager.find_latest() if self._job.config.checkpoint.resume else None
         if path is None:
             return None
         # DCP loads exactly the keys asked for, and a missing one is an error: ask for the CUDA RNG only
@@ -131,7 +135,7 @@ class Checkpoints:
 class Job:
     """What `init()` returns: the run's config and world, and the helpers."""
 
-    def __init__(self, run_dir: Path, config: dict[str, Any], world: World, mesh: DeviceMesh,
+    def __init__(self, run_dir: Path, config: JobConfig, world: World, mesh: DeviceMesh,
                  trainer: Optional[Trainer] = None) -> None:
         self.run_dir, self.config, self.world, self.mesh = run_dir, config, world, mesh
         if trainer is None:  # brought up elsewhere (a test's one-rank group)
@@ -154,8 +158,8 @@ class Job:
         # TensorBoard/W&B open at the first job.log: this attempt's steps start there (runtime/trackers.py)
         # each replica group's rank 0 writes the lines of the steps its group writes (Replicas.writer); the
         # trackers hold one writer: the first group's
-        self._metrics = MetricsWriter(RunDir(run_dir).metrics_file, world.rank == 0, config["train"]["steps"],
-                                      config["train"]["log_interval"],
+        self._metrics = MetricsWriter(RunDir(run_dir).metrics_file, world.rank == 0, config.train.steps,
+                                      config.train.log_interval,
                                       Trackers(run_dir, config, close_at_exit=True) if world.group == 0 else None)
         self._attempt = ""
         self.checkpoint = Checkpoints(self)
@@ -169,15 +173,15 @@ class Job:
         by the model's `init_buffers(device)` (else this refuses: they would hold garbage)."""
         from fsdp_jobs.runtime.shard import init_devices, materialize
 
-        f = self.config["fsdp"]
+        f = self.config.fsdp
         on_meta = any(p.is_meta for p in model.parameters())
         if not on_meta and self.device.type == "cuda":
             model.to(self.device)
         self._trainer.shard(model)
         if on_meta:  # with CPU offload on GPU the parameters are born on the host (as in the trainer)
             param_device, buffer_device = init_devices(f, self.device)
-            materialize(model, param_device, self.config["train"]["seed"] if seed is None else seed,
-                        f["mixed_precision"].get("buffer_dtype"), buffer_device=buffer_device)
+            materialize(model, param_device, self.config.train.seed if seed is None else seed,
+                        f.mixed_precision.buffer_dtype, buffer_device=buffer_device)
         return model
 
     def optimizer(self, optim: torch.optim.Optimizer) -> "Optimizer":
@@ -317,14 +321,14 @@ def init(run_dir: Optional[str] = None) -> Job:
         raise RuntimeError(f"fsdp_jobs.job.init(): no run dir; launch the script with `python -m fsdp_jobs "
                            f"script=...` (which sets {RUN_DIR_ENV}) or pass init(run_dir=...)")
     path = Path(where)
-    config = runs.load_job(path)
+    config = rank_config(runs.load_job(path))  # typed (fsdp_jobs/planning/config.py JobConfig): job.config.train.steps
     trainer = Trainer(path, config)
     trainer.bring_up()  # process group (nccl on GPU, gloo on CPU), device, this rank's record, the mesh
     world = trainer.world
     _JOB = Job(path, config, world, trainer.mesh, trainer)
     shape = _JOB.mesh_shape
     log(world.rank, f"fsdp_jobs.job: world {world.world_size} = {world.nodes} nodes x {world.local_world_size}, "
-                    f"{config['fsdp']['strategy']} mesh {shape}, device {world.device.type}, restart {world.restart}")
+                    f"{config.fsdp.strategy} mesh {shape}, device {world.device.type}, restart {world.restart}")
     log(world.rank, f"node {world.node_rank} host {socket.gethostname()}", all_ranks=world.local_rank == 0)
     _JOB._record("running")
     atexit.register(_JOB.close)

@@ -4,16 +4,19 @@ elastic change in node count still gives a valid HSDP grouping."""
 from __future__ import annotations
 
 import os
+import dataclasses
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any
+from typing import Any, TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
-from omegaconf import OmegaConf
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 from fsdp_jobs.planning.plan import REPLICA_GROUP_ENV, choose_mesh, count_params
+
+if TYPE_CHECKING:  # types only: the ranks' config comes from fsdp_jobs/planning/config.py rank_config
+    from fsdp_jobs.planning.config import JobConfig
 
 
 @dataclass
@@ -78,20 +81,19 @@ def init_process_group(world: World, timeout_s: float = 600, cpu_collectives: bo
         dist.init_process_group("gloo", timeout=timedelta(seconds=timeout_s))
 
 
-def mesh_shape(job: dict[str, Any], world: World) -> dict[str, int]:
+def mesh_shape(cfg: JobConfig, world: World) -> dict[str, int]:
     """The plan's mesh rule applied to the actual world (nodes x ranks-per-node seen at run time). With
     replica groups the torchrun world is one shard group: the mesh is its `shard` dimension alone, and
     torchft replicates across the groups (fsdp_jobs/runtime/replicas.py)."""
     if world.groups > 1:
         return {"shard": world.world_size}
-    cfg = OmegaConf.create(job)
-    cfg.nodes, cfg.gpus_per_node = world.nodes, world.local_world_size
-    shape, _ = choose_mesh(cfg, count_params(cfg.model))
+    seen = dataclasses.replace(cfg, nodes=world.nodes, gpus_per_node=world.local_world_size)
+    shape, _ = choose_mesh(seen, count_params(cfg.model))
     return shape
 
 
-def build_mesh(job: dict[str, Any], world: World) -> DeviceMesh:
-    shape = mesh_shape(job, world)
+def build_mesh(cfg: JobConfig, world: World) -> DeviceMesh:
+    shape = mesh_shape(cfg, world)
     # the shard dim is innermost: consecutive ranks (one node, RANK = GROUP_RANK*LWS + LOCAL_RANK)
     # form a shard group, so all-gathers and reduce-scatters stay on the fast intra-node links
     return init_device_mesh(world.device.type, tuple(shape.values()), mesh_dim_names=tuple(shape.keys()))

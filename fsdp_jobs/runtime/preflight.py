@@ -25,7 +25,7 @@ import shutil
 import socket
 import time
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
@@ -36,6 +36,9 @@ from fsdp_jobs.rundir.layout import RunDir
 from fsdp_jobs.runtime import preflight_verdict as preflight
 from fsdp_jobs.runtime.mesh import World
 from fsdp_jobs.runtime.metrics import log
+
+if TYPE_CHECKING:  # types only: the ranks' config comes from fsdp_jobs/planning/config.py rank_config
+    from fsdp_jobs.planning.config import JobConfig
 
 PREFLIGHT_ALLREDUCE_BYTES = 4 * 1024**2
 PREFLIGHT_WRITE_BYTES = 8 * 1024**2
@@ -173,16 +176,16 @@ def host_free_gb() -> Optional[float]:
     return int(line.split()[1]) * 1024 / 1024**3
 
 
-def checkpoint_gb(run_dir: Path, job: dict[str, Any]) -> Optional[float]:
+def checkpoint_gb(run_dir: Path, cfg: JobConfig) -> Optional[float]:
     """The next checkpoint's size from the plan's parameter count: params at model.dtype + AdamW's two fp32
     moments. None for script=/module= (the plan's model is not the script's) or without a plan."""
-    if job.get("script") or job.get("module"):
+    if cfg.script or cfg.module:
         return None
     try:
         params = json.loads(RunDir(run_dir).plan_file.read_text())["memory"]["params"]
     except (OSError, ValueError, KeyError, TypeError):
         return None
-    return params * (DTYPE_BYTES.get(job["model"]["dtype"], 4) + 8) / 1024**3
+    return params * (DTYPE_BYTES.get(cfg.model.dtype, 4) + 8) / 1024**3
 
 
 def my_turn(world: World, node: str) -> tuple[int, int]:
@@ -225,14 +228,14 @@ def measure(run_dir: Path, world: World, first_round: bool = True) -> dict[str, 
     return rec
 
 
-def run_preflight(run_dir: Path, job: dict[str, Any], world: World) -> bool:
+def run_preflight(run_dir: Path, cfg: JobConfig, world: World) -> bool:
     """Every rank: measure, gather on rank 0, judge, recheck a node named slow, report. Returns the verdict
     (the same on every rank)."""
     began = time.time()
-    ratio = float(job.get("fault", {}).get("preflight_slow_ratio", preflight.DEFAULT_SLOW_RATIO))
-    ckpt_gb = checkpoint_gb(run_dir, job)
+    ratio = float(cfg.fault.preflight_slow_ratio)  # a job record older than fault.*: the schema's default
+    ckpt_gb = checkpoint_gb(run_dir, cfg)
     ranks = _gathered(measure(run_dir, world), world)
-    v = preflight.verdict(ranks, ratio, ckpt_gb, expected_nodes=job["nodes"]) if world.rank == 0 else None
+    v = preflight.verdict(ranks, ratio, ckpt_gb, expected_nodes=cfg.nodes) if world.rank == 0 else None
     recheck = [preflight.slow_named(v) if v is not None else None]
     dist.broadcast_object_list(recheck, src=0)
     if recheck[0]:
@@ -242,7 +245,7 @@ def run_preflight(run_dir: Path, job: dict[str, Any], world: World) -> bool:
         again = _gathered(measure(run_dir, world, first_round=False), world)
         if world.rank == 0:
             first, first_ranks, ranks = v, ranks, preflight.best_of(ranks, again)
-            v = preflight.verdict(ranks, ratio, ckpt_gb, expected_nodes=job["nodes"])
+            v = preflight.verdict(ranks, ratio, ckpt_gb, expected_nodes=cfg.nodes)
             v["notes"] += preflight.cleared_notes(first, v)
             v.update(rechecked=recheck[0], first_round={"ranks": first_ranks, "bad": first["bad"]})
     ok = [True]

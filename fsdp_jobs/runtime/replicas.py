@@ -35,7 +35,7 @@ import socket
 import time
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, TYPE_CHECKING
 
 import torch
 
@@ -44,6 +44,8 @@ from fsdp_jobs.rundir import liveness
 from fsdp_jobs.runtime.mesh import World
 from fsdp_jobs.runtime.metrics import log
 
+if TYPE_CHECKING:  # types only: the ranks' config comes from fsdp_jobs/planning/config.py rank_config
+    from fsdp_jobs.planning.config import JobConfig
 JOINING = "join"  # the heartbeat phase of a rank whose Manager is up: it waits for its first quorum
 
 
@@ -85,9 +87,9 @@ class Replicas(NoReplicas):
 
     enabled = True
 
-    def __init__(self, run_dir: Path, job: dict[str, Any], world: World) -> None:
+    def __init__(self, run_dir: Path, cfg: JobConfig, world: World) -> None:
         super().__init__(world)
-        self.run_dir, self.ft = run_dir, job["fault_tolerance"]
+        self.run_dir, self.ft = run_dir, cfg.fault_tolerance
         self.manager: Any = None
         self.pg: Any = None  # torchft's reconfigurable gloo group across the replica groups
         self.live = True  # False while a throw-away warm-up step runs: the gradient hook does nothing
@@ -148,7 +150,7 @@ class Replicas(NoReplicas):
         from torchft.checkpointing.pg_transport import PGTransport
         from torchft.process_group import ProcessGroupGloo
 
-        timeout = timedelta(seconds=float(self.ft["timeout_s"]))
+        timeout = timedelta(seconds=float(self.ft.timeout_s))
         addr = os.environ.get(REPLICA_ADDR_ENV) or os.environ["MASTER_ADDR"]
         pg = self.pg = ProcessGroupGloo(timeout=timeout)
 
@@ -161,7 +163,7 @@ class Replicas(NoReplicas):
         with bound_to(tfm, addr):
             self.manager = tfm.Manager(
                 pg=pg, load_state_dict=recovered, state_dict=state_dict,
-                min_replica_size=int(self.ft["min_replicas"]), use_async_quorum=False,
+                min_replica_size=int(self.ft.min_replicas), use_async_quorum=False,
                 timeout=timeout, quorum_timeout=timeout, connect_timeout=timeout,
                 replica_id=f"group{self.world.group}", hostname=addr, store_addr=os.environ["MASTER_ADDR"],
                 checkpoint_transport=transport,
@@ -231,8 +233,8 @@ class Replicas(NoReplicas):
             self.manager.shutdown(wait=False)
 
 
-def open_replicas(run_dir: Path, job: dict[str, Any], world: World) -> NoReplicas:
-    return Replicas(run_dir, job, world) if world.groups > 1 else NoReplicas(world)
+def open_replicas(run_dir: Path, cfg: JobConfig, world: World) -> NoReplicas:
+    return Replicas(run_dir, cfg, world) if world.groups > 1 else NoReplicas(world)
 
 
 def on_mesh(tree: Any, mesh: Any) -> Any:

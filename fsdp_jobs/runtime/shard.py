@@ -12,7 +12,7 @@ from __future__ import annotations
 import inspect
 import math
 import zlib
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 from torch import nn
@@ -24,6 +24,9 @@ from torch.distributed.tensor._utils import compute_local_shape_and_global_offse
 from fsdp_jobs.models.names import plain_name
 from fsdp_jobs.runtime.imports import import_object
 
+if TYPE_CHECKING:  # types only: the ranks get them from fsdp_jobs/planning/config.py rank_config
+    from fsdp_jobs.planning.config import FSDPConfig, ModelConfig, WrapConfig
+
 MODEL_SHAPE_KEYS = ("dim", "n_layers", "n_heads", "n_kv_heads", "ffn_dim", "vocab_size", "max_seq_len",
                     "norm_eps", "rope_theta", "tie_embeddings")
 
@@ -32,23 +35,23 @@ def dtype_of(name: str | None) -> torch.dtype | None:
     return None if name is None else getattr(torch, name)
 
 
-def build_meta_model(model_cfg: dict[str, Any]) -> nn.Module:
+def build_meta_model(model_cfg: ModelConfig) -> nn.Module:
     """Construct the model class from `_target_` under the meta device (no memory, no init)."""
-    cls = import_object(model_cfg["_target_"])
+    cls = import_object(model_cfg._target_)
     accepted = inspect.signature(cls).parameters
-    kwargs = {k: model_cfg[k] for k in MODEL_SHAPE_KEYS if k in accepted and k in model_cfg}
-    kwargs.update(model_cfg.get("kwargs") or {})
+    kwargs = {k: getattr(model_cfg, k) for k in MODEL_SHAPE_KEYS if k in accepted}
+    kwargs.update(model_cfg.kwargs or {})
     with torch.device("meta"):
         return cls(**kwargs)
 
 
-def wrap_units(model: nn.Module, wrap_cfg: dict[str, Any]) -> list[nn.Module]:
+def wrap_units(model: nn.Module, wrap_cfg: WrapConfig) -> list[nn.Module]:
     """Submodules that become their own FSDP unit, in forward order (children before the root)."""
-    if wrap_cfg.get("transformer_blocks"):
-        classes = tuple(import_object(p) for p in wrap_cfg["transformer_blocks"])
+    if wrap_cfg.transformer_blocks:
+        classes = tuple(import_object(p) for p in wrap_cfg.transformer_blocks)
         return [m for m in model.modules() if isinstance(m, classes) and m is not model]
-    if wrap_cfg.get("min_params"):
-        return _size_based_units(model, int(wrap_cfg["min_params"]))
+    if wrap_cfg.min_params:
+        return _size_based_units(model, int(wrap_cfg.min_params))
     classes = tuple(getattr(model, "fsdp_wrap_classes", ()))
     return [m for m in model.modules() if classes and isinstance(m, classes) and m is not model]
 
@@ -100,18 +103,18 @@ def apply_activation_checkpointing(model: nn.Module, units: list[nn.Module]) -> 
     return wrapped
 
 
-def init_devices(fsdp_cfg: dict[str, Any], device: torch.device) -> tuple[torch.device, torch.device]:
+def init_devices(fsdp_cfg: FSDPConfig, device: torch.device) -> tuple[torch.device, torch.device]:
     """(where parameters are materialised, where buffers live). With CPU offload FSDP2 keeps the
     sharded parameters in (pinned) host memory and copies them in for each all-gather, so they must
     be created on the CPU (torchtitan: init_device="cpu"); buffers are used by the GPU forward."""
-    if fsdp_cfg.get("cpu_offload") and device.type != "cpu":
+    if fsdp_cfg.cpu_offload and device.type != "cpu":
         return torch.device("cpu"), device
     return device, device
 
 
-def shard_model(model: nn.Module, mesh: DeviceMesh, fsdp_cfg: dict[str, Any], reshard_after_forward: bool,
+def shard_model(model: nn.Module, mesh: DeviceMesh, fsdp_cfg: FSDPConfig, reshard_after_forward: bool,
                 device: torch.device, compile_blocks: bool = False) -> nn.Module:
-    units = wrap_units(model, fsdp_cfg["wrap"])
+    units = wrap_units(model, fsdp_cfg.wrap)
     if compile_blocks:
         # in place (same module, same state-dict keys), per block, before sharding. Module.compile()
         # wraps the block's _call_impl (which runs the forward hooks) in torch.compile, but Dynamo
@@ -122,16 +125,16 @@ def shard_model(model: nn.Module, mesh: DeviceMesh, fsdp_cfg: dict[str, Any], re
         # layer), no graph breaks (torch 2.13; tests/unit/test_compile_blocks.py)
         for unit in units:
             unit.compile()
-    if fsdp_cfg.get("activation_checkpointing"):
+    if fsdp_cfg.activation_checkpointing:
         units = apply_activation_checkpointing(model, units)
     from fsdp_jobs.planning.plan import resolve_mixed_precision
 
-    mp = resolve_mixed_precision(fsdp_cfg["mixed_precision"], device.type)
+    mp = resolve_mixed_precision(fsdp_cfg.mixed_precision, device.type)
     mp_policy = MixedPrecisionPolicy(param_dtype=dtype_of(mp.get("param_dtype")),
                                      reduce_dtype=dtype_of(mp.get("reduce_dtype")),
                                      output_dtype=dtype_of(mp.get("output_dtype")))
     offload: OffloadPolicy = OffloadPolicy()
-    if fsdp_cfg.get("cpu_offload") and device.type == "cuda":
+    if fsdp_cfg.cpu_offload and device.type == "cuda":
         offload = CPUOffloadPolicy(pin_memory=True)
     for unit in units:
         fully_shard(unit, mesh=mesh, reshard_after_forward=reshard_after_forward, mp_policy=mp_policy,
@@ -139,7 +142,7 @@ def shard_model(model: nn.Module, mesh: DeviceMesh, fsdp_cfg: dict[str, Any], re
     # the root's params (embeddings, final norm, output) are used last in backward: keeping them
     # gathered after forward saves one all-gather (torchtitan does the same)
     fully_shard(model, mesh=mesh, reshard_after_forward=False, mp_policy=mp_policy, offload_policy=offload)
-    if fsdp_cfg.get("forward_prefetch") and len(units) > 1:
+    if fsdp_cfg.forward_prefetch and len(units) > 1:
         for this, nxt in zip(units, units[1:]):
             this.set_modules_to_forward_prefetch([nxt])  # type: ignore[operator]
     return model

@@ -31,11 +31,13 @@ import math
 import shutil
 import time
 from pathlib import Path
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 from fsdp_jobs.rundir import runs
 from fsdp_jobs.rundir.layout import RunDir
 
+if TYPE_CHECKING:  # types only: the ranks' config comes from fsdp_jobs/planning/config.py rank_config
+    from fsdp_jobs.planning.config import JobConfig
 # bookkeeping in a metrics record, not a metric to chart
 NOT_SCALARS = frozenset({"step", "time", "world_size", "restart", "attempt", "sample_start", "step_time_s",
                          "peak_mem_gb"})
@@ -88,10 +90,10 @@ def wandb_id(run_dir: Path) -> str:
 
 
 class WandB:
-    def __init__(self, run_dir: Path, job: dict[str, Any], first_step: int) -> None:
+    def __init__(self, run_dir: Path, job: JobConfig, first_step: int) -> None:
         import wandb
 
-        self.run_dir, cfg = run_dir, job["train"]["wandb"]
+        self.run_dir, cfg = run_dir, job.train.wandb
         self.id = wandb_id(run_dir)
         ledger = self._ledger()
         # wandb.init(dir=run_dir) keeps its local run dirs in RunDir.wandb_dir (W&B names that folder itself)
@@ -102,9 +104,10 @@ class WandB:
         plan_file = RunDir(run_dir).plan_file
         plan = json.loads(plan_file.read_text()) if plan_file.exists() else None
         # the job record holds no secret (fsdp_jobs/planning/secret_env.py masks them before it is written)
-        self.run = wandb.init(id=self.id, resume="allow", dir=str(run_dir), project=cfg["project"],
-                              entity=cfg.get("entity"), mode=cfg.get("mode"), name=run_dir.name,
-                              group=job.get("sweep"), config={"job": job, "plan": plan},
+        self.run = wandb.init(id=self.id, resume="allow", dir=str(run_dir), project=cfg.project,
+                              entity=cfg.entity, mode=cfg.mode, name=run_dir.name,
+                              # W&B's config panel shows the job record as written
+                              group=job.sweep, config={"job": runs.load_job(run_dir), "plan": plan},
                               settings=wandb.Settings(silent=True, console="off", x_disable_stats=True))
         self.last = int(ledger["step"])
         if self.run.resumed:  # online: the server says where the run is (its starting step is the next one)
@@ -135,9 +138,9 @@ class WandB:
         runs.write_atomic(RunDir(self.run_dir).wandb_ledger_file, json.dumps(ledger) + "\n")
 
 
-def tensorboard_on(job: dict[str, Any]) -> bool:
+def tensorboard_on(job: JobConfig) -> bool:
     """train.tensorboard: true/false, or null = wherever the tensorboard package is installed."""
-    setting = job["train"].get("tensorboard")
+    setting = job.train.tensorboard
     return bool(setting) if setting is not None else importlib.util.find_spec("tensorboard") is not None
 
 
@@ -146,7 +149,7 @@ class Trackers:
     `close_at_exit`: close them at interpreter exit (fsdp_jobs.job: a script that never calls close), before
     wandb's own exit hook cuts its connection (atexit runs the hooks registered last first)."""
 
-    def __init__(self, run_dir: Path, job: dict[str, Any], close_at_exit: bool = False) -> None:
+    def __init__(self, run_dir: Path, job: JobConfig, close_at_exit: bool = False) -> None:
         self.run_dir, self.job, self.close_at_exit = run_dir, job, close_at_exit
         self.open: Optional[list[Any]] = None
 
@@ -158,10 +161,10 @@ class Trackers:
             try:
                 self.open.append(TensorBoard(self.run_dir, first_step))
             except ImportError as e:  # installed but broken: the default setting must not stop the job
-                if self.job["train"].get("tensorboard"):
+                if self.job.train.tensorboard:
                     raise
                 print(f"TensorBoard off: {e} (train.tensorboard=true makes this an error)", flush=True)
-        if (self.job["train"].get("wandb") or {}).get("enabled"):
+        if self.job.train.wandb.enabled:  # a job record older than train.wandb: the schema's default, off
             self.open.append(WandB(self.run_dir, self.job, first_step))
         if self.close_at_exit and self.open:
             import atexit

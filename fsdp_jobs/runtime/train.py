@@ -11,13 +11,14 @@ from pathlib import Path
 
 import torch.distributed as dist
 
+from fsdp_jobs.planning.config import rank_config
 from fsdp_jobs.rundir import runs
 from fsdp_jobs.runtime.signals import StopFlag
 from fsdp_jobs.runtime.trainer import Trainer
 
 
 def train(run_dir: Path, stop: StopFlag) -> int:
-    return Trainer(run_dir, runs.load_job(run_dir)).run(stop)
+    return Trainer(run_dir, rank_config(runs.load_job(run_dir))).run(stop)
 
 
 def shutdown(code: int, stop: StopFlag, exit_process: bool = True) -> None:

@@ -14,12 +14,11 @@ import os
 import socket
 import time
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from omegaconf import OmegaConf
 
 from fsdp_jobs.planning import faults
 from fsdp_jobs.rundir import runs
@@ -41,13 +40,16 @@ from fsdp_jobs.runtime.stopping import STOP_FILE, StopFileWatcher, StopVote, sto
 from fsdp_jobs.runtime.timeline import Timeline
 from fsdp_jobs.runtime.trackers import Trackers
 
+if TYPE_CHECKING:  # types only: the config comes from fsdp_jobs/planning/config.py rank_config
+    from fsdp_jobs.planning.config import JobConfig, TrainConfig
+
 # test-only fault injection: the training step raises from this step on (a job that cannot progress)
 FAIL_AT_STEP_ENV = "FSDP_JOBS_TEST_FAIL_AT_STEP"
 PROBE_TOKENS = 16  # positions per probe sequence: enough to check an export, small at any vocab size
 
 
-def lr_lambda(train: dict[str, Any]) -> Callable[[int], float]:
-    warmup, total, floor, kind = train["warmup_steps"], train["steps"], train["min_lr_ratio"], train["lr_schedule"]
+def lr_lambda(train: TrainConfig) -> Callable[[int], float]:
+    warmup, total, floor, kind = train.warmup_steps, train.steps, train.min_lr_ratio, train.lr_schedule
 
     def factor(step: int) -> float:
         if warmup and step < warmup:
@@ -72,14 +74,14 @@ def write_rank_file(run_dir: Path, world: World) -> None:
     runs.write_atomic(RunDir(run_dir).rank_file(world.job_rank), json.dumps(info) + "\n")
 
 
-def mfu_peak_flops(job: dict[str, Any], device: torch.device) -> float:
+def mfu_peak_flops(cfg: JobConfig, device: torch.device) -> float:
     """The accelerator's peak at the dtype the matmuls actually run in (bf16 vs fp32/TF32)."""
-    cl = job["cluster"]
+    cl = cfg.cluster
     if cl.get("peak_tflops") is None:  # the device's default (fsdp_jobs/planning/cluster_config.py)
         if device.type == "cpu":
             return (cl.get("peak_tflops_fp32") or CPU_PEAK_TFLOPS) * 1e12
         cl = {**cl, "peak_tflops": ClusterConfig.peak_tflops}
-    dtype = compute_dtype(OmegaConf.create(job), device.type)
+    dtype = compute_dtype(cfg, device.type)
     if dtype in ("bfloat16", "float16"):
         return cl["peak_tflops"] * 1e12
     return (cl.get("peak_tflops_fp32") or cl["peak_tflops"] / 2) * 1e12
@@ -139,9 +141,11 @@ class Trainer:
     state: TrainState
     replicas: NoReplicas
 
-    def __init__(self, run_dir: Path, job: dict[str, Any]) -> None:
-        self.run_dir, self.job = run_dir, job
-        self.tcfg, self.ccfg = job["train"], job["checkpoint"]
+    def __init__(self, run_dir: Path, cfg: JobConfig) -> None:
+        """`cfg`: the job record as fsdp_jobs/planning/config.py rank_config reads it (plain dataclasses: the loop reads
+        train.* and checkpoint.* at every step)."""
+        self.run_dir, self.cfg = run_dir, cfg
+        self.tcfg, self.ccfg = cfg.train, cfg.checkpoint
         self.heartbeat: Optional[heartbeat.Heartbeat] = None
         self.joining = False  # fault_tolerance=replica: other groups train already; recover from them
         self.timeline = Timeline(run_dir, enabled=False, restart=0)  # bring_up opens rank 0's (the goodput timeline)
@@ -149,9 +153,9 @@ class Trainer:
     def run(self, stop: StopFlag) -> int:
         """The built-in loop, start to exit."""
         self.bring_up()
-        if self.job.get("preflight") and not self.preflight():
+        if self.cfg.preflight and not self.preflight():
             return 0  # a node was named: the state record says failed, and launchers/node/wrapper.py exits non-zero
-        if self.job.get("preflight") == "only":
+        if self.cfg.preflight == "only":
             return 0
         self.tune_for_training()
         self.build()
@@ -166,18 +170,23 @@ class Trainer:
         self.timeline.event("end", why="preempted" if stopped else "completed", step=self.state.step)
         return 0
 
+    def config_hash(self) -> str:
+        """The hash of the job record as written, as the sweep journal records it (fsdp_jobs/cli/submit.py): not of the
+        typed view, whose defaults fill in what an older job record lacks."""
+        return runs.job_hash(runs.load_job(self.run_dir))
+
     # ------------------------------------------------------------------ bring-up (also fsdp_jobs.job's)
     def bring_up(self) -> None:
         """Process group on the world torchrun started, this rank's record, the configured mesh."""
-        world = read_world(self.job["cluster"]["device"], replica_groups(OmegaConf.create(self.job)))
+        world = read_world(self.cfg.cluster.device, replica_groups(self.cfg))
         # the goodput timeline is rank 0's; of a replica job, the first group's
         self.timeline = Timeline(self.run_dir, enabled=world.job_rank == 0, restart=world.restart)
         began = time.time()
         # first: the node's watchdog (launchers/node/watchdog.py) follows this rank from here on
-        self.heartbeat = heartbeat.start(self.run_dir, self.job, world.job_rank, world.local_rank, world.restart)
+        self.heartbeat = heartbeat.start(self.run_dir, self.cfg, world.job_rank, world.local_rank, world.restart)
         # CPU offload: the grad-norm all-reduce runs on host tensors, so the default group needs gloo too
-        init_process_group(world, timeout_s=float(self.tcfg.get("collective_timeout_s", 600)),
-                           cpu_collectives=bool(self.job["fsdp"].get("cpu_offload")))
+        init_process_group(world, timeout_s=float(self.tcfg.collective_timeout_s),
+                           cpu_collectives=self.cfg.fsdp.cpu_offload)
         # TORCHELASTIC_RESTART_COUNT is per agent: a node whose workers were stopped for a re-rendezvous
         # (another node's rank died) does not count it (fsdp_jobs/ARCHITECTURE.md, pitfall 6). The job's attempt number
         # is the largest count of any node: agree on it once, here, so metrics and logs say the same
@@ -187,8 +196,8 @@ class Trainer:
         dist.all_reduce(restarts, op=dist.ReduceOp.MAX)
         world.restart = int(restarts.item())
         write_rank_file(self.run_dir, world)  # pid, host, restart of this rank, for tools (and tests that kill ranks)
-        self.use(world, build_mesh(self.job, world))
-        self.replicas = open_replicas(self.run_dir, self.job, world)
+        self.use(world, build_mesh(self.cfg, world))
+        self.replicas = open_replicas(self.run_dir, self.cfg, world)
         self.timeline.event("process_group", began=began)
 
     def preflight(self) -> bool:
@@ -196,12 +205,12 @@ class Trainer:
         from fsdp_jobs.runtime.preflight import run_preflight
 
         self.beat_phase("preflight")
-        ok = run_preflight(self.run_dir, self.job, self.world)
+        ok = run_preflight(self.run_dir, self.cfg, self.world)
         self.timeline.event("preflight", ok=ok)
-        if ok and self.job.get("preflight") == "only" and self.world.rank == 0:
+        if ok and self.cfg.preflight == "only" and self.world.rank == 0:
             runs.write_state(self.run_dir, status="completed", stage="preflight", step=runs.read_state(
                 self.run_dir).get("step"), reason="preflight=only: every node passed")
-        if not ok or self.job.get("preflight") == "only":  # the attempt ends here (the goodput timeline)
+        if not ok or self.cfg.preflight == "only":  # the attempt ends here (the goodput timeline)
             self.timeline.event("end", why="completed: preflight=only" if ok else "failed: preflight named a node",
                                 step=0)
         return ok
@@ -214,7 +223,7 @@ class Trainer:
 
     def tune_for_training(self) -> None:
         """The built-in loop's settings beyond bring-up (a user's script makes its own), and its banner."""
-        world, rank, offload = self.world, self.world.rank, bool(self.job["fsdp"].get("cpu_offload"))
+        world, rank, offload = self.world, self.world.rank, self.cfg.fsdp.cpu_offload
         if world.device.type == "cuda":
             # fp32 matmuls (float32 compute, the fp32 parts of mixed precision) on tensor cores; the
             # fp32_precision API, not allow_tf32: torch refuses a mix of the two, and inductor reads only this
@@ -222,13 +231,13 @@ class Trainer:
             torch.backends.cudnn.conv.fp32_precision = "tf32"
         if offload and world.device.type == "cpu":
             log(rank, "fsdp.cpu_offload=true: no effect on CPU (the state is in host memory already)")
-        elif offload and "OMP_NUM_THREADS" not in self.job["cluster"]["env"]:
+        elif offload and "OMP_NUM_THREADS" not in self.cfg.cluster.env:
             # the optimizer step and the gradient norm run on host tensors: give each rank its share of the
             # cores it may use (torchrun's default, OMP_NUM_THREADS=1, would leave them on one core each)
             torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) // world.local_world_size))
         group = f"replica group {world.group} of {world.groups}: " if world.groups > 1 else ""
         log(rank, f"{group}world {world.world_size} = {world.nodes} nodes x {world.local_world_size}, "
-                  f"{self.job['fsdp']['strategy']} mesh {self.mesh_shape}, device {world.device.type}, "
+                  f"{self.cfg.fsdp.strategy} mesh {self.mesh_shape}, device {world.device.type}, "
                   f"restart {world.restart}")
         log(rank, f"node {world.node_rank} host {socket.gethostname()} "
                   f"({os.environ.get('FSDP_JOBS_NODE', '')})",
@@ -236,7 +245,7 @@ class Trainer:
 
     def shard(self, model: torch.nn.Module, compile_blocks: bool = False) -> None:
         """The configured FSDP2 policy over the mesh (reshard_after_forward as the plan decides it)."""
-        fsdp = self.job["fsdp"]
+        fsdp = self.cfg.fsdp
         shard_model(model, self.mesh, fsdp, reshard_after_forward(fsdp), self.world.device,
                     compile_blocks=compile_blocks)
         self.replicas.attach(model)  # fault_tolerance=replica: gradients averaged across the groups too
@@ -245,8 +254,8 @@ class Trainer:
         attempt = [f"{int(time.time())}-{os.getpid()}"]
         dist.broadcast_object_list(attempt, src=0)  # one name for this attempt's checkpoint dirs on every rank
         rank = self.world.rank
-        self.ckpt = CheckpointManager(self.run_dir, self.ccfg["keep_last"], manifest_extra, rank, attempt[0],
-                                      async_save=self.ccfg["async_save"], log=lambda m: log(rank, m),
+        self.ckpt = CheckpointManager(self.run_dir, self.ccfg.keep_last, manifest_extra, rank, attempt[0],
+                                      async_save=self.ccfg.async_save, log=lambda m: log(rank, m),
                                       overlap_staging=overlap_staging)
         return self.ckpt
 
@@ -254,25 +263,25 @@ class Trainer:
     def build(self) -> None:
         """Model on meta -> sharded -> materialised (a checkpoint overwrites every parameter: only a
         fresh start pays for the seeded init) -> optimizer and schedule."""
-        job, tcfg, rank = self.job, self.tcfg, self.world.rank
-        torch.manual_seed(tcfg["seed"])
-        model = build_meta_model(job["model"])
-        model.to(dtype_of(job["model"]["dtype"]))
-        self.shard(model, compile_blocks=bool(tcfg.get("compile")))
-        self.open_checkpoints({"config_hash": runs.job_hash(job)}, overlap_staging=True)
+        cfg, tcfg, rank = self.cfg, self.tcfg, self.world.rank
+        torch.manual_seed(tcfg.seed)
+        model = build_meta_model(cfg.model)
+        model.to(dtype_of(cfg.model.dtype))
+        self.shard(model, compile_blocks=tcfg.compile)
+        self.open_checkpoints({"config_hash": self.config_hash()}, overlap_staging=True)
         joining = self.joins_a_running_job()  # replica groups: every group up first, or join one training
-        self.resume_from = self.ckpt.find_latest() if self.ccfg["resume"] and not joining else None
-        param_device, buffer_device = init_devices(job["fsdp"], self.world.device)
+        self.resume_from = self.ckpt.find_latest() if self.ccfg.resume and not joining else None
+        param_device, buffer_device = init_devices(cfg.fsdp, self.world.device)
         t_init = time.perf_counter()
-        materialize(model, param_device, tcfg["seed"], job["fsdp"]["mixed_precision"].get("buffer_dtype"),
+        materialize(model, param_device, tcfg.seed, cfg.fsdp.mixed_precision.buffer_dtype,
                     init_params=self.resume_from is None, buffer_device=buffer_device)
         log(rank, f"parameters {'initialised' if self.resume_from is None else 'allocated'} on {param_device} "
                   f"in {time.perf_counter() - t_init:.2f}s")
-        if self.resume_from is None and job["model"].get("pretrained"):  # model=hf: local weights replace the init
-            load_pretrained_weights(model, job["model"]["pretrained"], rank)
+        if self.resume_from is None and cfg.model.pretrained:  # model=hf: local weights replace the init
+            load_pretrained_weights(model, cfg.model.pretrained, rank)
         self.model, self.n_params = model, sum(p.numel() for p in model.parameters())
-        optimizer = torch.optim.AdamW(model.parameters(), lr=tcfg["lr"], betas=tuple(tcfg["betas"]),
-                                      weight_decay=tcfg["weight_decay"], foreach=True)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=tcfg.lr, betas=tuple(tcfg.betas),
+                                      weight_decay=tcfg.weight_decay, foreach=True)
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(tcfg))
         self.state = TrainState(model, optimizer, scheduler)
 
@@ -294,18 +303,18 @@ class Trainer:
         holds them all (made after that wait, the first group to ask trained alone for 5 steps in a test);
         a group joining groups that train makes it last, right before its first quorum (made earlier, a group
         that came back 3 s after a kill once held the others 10 s)."""
-        replicas, ft = self.replicas, self.job.get("fault_tolerance") or {}
+        replicas, ft = self.replicas, self.cfg.fault_tolerance  # an older job record's: the schema's defaults
         if not replicas.enabled:
             return
         if state is None:
             state, warm_up = self.state, self.warm_up_step
-            reload = lambda: self.ckpt.load(self.state, self.ckpt.find_latest() if self.ccfg["resume"] else None)  # noqa: E731
+            reload = lambda: self.ckpt.load(self.state, self.ckpt.find_latest() if self.ccfg.resume else None)  # noqa: E731
         assert reload is not None
         rank = self.world.rank
         if not self.joining:  # the job's start: every group's server up, so the first quorum holds them all
             replicas.open(state.state_dict, state.load_state_dict, state.step, self.mesh)
             self.beat_phase(JOINING)  # only now: a group that saw it earlier asked a lighthouse that knew no other
-            replicas.others_training(float(ft["join_timeout_s"]), phases={JOINING, "step"})
+            replicas.others_training(float(ft.join_timeout_s), phases={JOINING, "step"})
         else:  # the others wait for this group's first step in their all-reduces: not a cold one
             self.beat_phase(JOINING)
             if warm_up is not None:
@@ -328,7 +337,7 @@ class Trainer:
         job's start), or find another one training (then this group recovers from it: join())."""
         if self.replicas.enabled:
             self.beat_phase("start")
-            self.joining = self.replicas.others_training(float(self.job["fault_tolerance"]["join_timeout_s"]))
+            self.joining = self.replicas.others_training(float(self.cfg.fault_tolerance.join_timeout_s))
         return self.joining
 
     def warm_up_step(self) -> None:
@@ -337,8 +346,8 @@ class Trainer:
         optimizer's state and first kernels: 0.16 s against 0.003 s later for the tiny model) paid now. The
         weights and optimizer state it leaves are overwritten by the live recovery that follows (or a
         checkpoint: join())."""
-        micro, _ = micro_batch(OmegaConf.create(self.tcfg), self.world.job_world_size)
-        seq_len, vocab = self.job["data"]["seq_len"], self.job["model"]["vocab_size"]
+        micro, _ = micro_batch(self.tcfg, self.world.job_world_size)
+        seq_len, vocab = self.cfg.data.seq_len, self.cfg.model.vocab_size
         tokens = torch.randint(0, vocab, (micro, seq_len + 1), generator=torch.Generator().manual_seed(0))
         tokens = tokens.to(self.world.device)
         logits = logits_of(self.model(tokens[:, :-1]))
@@ -348,22 +357,22 @@ class Trainer:
 
     def prepare_loop(self) -> None:
         """Data, batch shape, metrics; the run is recorded as running."""
-        job, tcfg, world, state = self.job, self.tcfg, self.world, self.state
-        self.dataset = build_dataset(job["data"], tcfg["seed"], job["model"]["vocab_size"])
+        cfg, tcfg, world, state = self.cfg, self.tcfg, self.world, self.state
+        self.dataset = build_dataset(cfg.data, tcfg.seed, cfg.model.vocab_size)
         # a replica job's batch is the whole job's, each group taking its ranks' slices (world.job_rank)
-        self.micro, self.accum = micro_batch(OmegaConf.create(tcfg), world.job_world_size)
+        self.micro, self.accum = micro_batch(tcfg, world.job_world_size)
         self.per_rank = self.micro * self.accum
         self.global_batch = self.per_rank * world.job_world_size
-        seq_len = job["data"]["seq_len"]
-        fpt = flops_per_token(self.n_params, job["model"]["n_layers"], job["model"]["dim"], seq_len)
-        peak = mfu_peak_flops(job, world.device)
+        seq_len = cfg.data.seq_len
+        fpt = flops_per_token(self.n_params, cfg.model.n_layers, cfg.model.dim, seq_len)
+        peak = mfu_peak_flops(cfg, world.device)
         if world.device.type == "cuda":  # the peak is configured, not detected: say what it is measured against
             log(world.rank, f"MFU against {peak / 1e12:g} TFLOPS per GPU (cluster.peak_tflops, peak_tflops_fp32) on "
                             f"{torch.cuda.get_device_name(world.device)}")
         # each group's rank 0 writes the lines of the steps its group writes (Replicas.writer); TensorBoard and
         # W&B hold one writer per run: the first group's
-        self.metrics = MetricsWriter(RunDir(self.run_dir).metrics_file, world.rank == 0, tcfg["steps"],
-                                     tcfg["log_interval"], Trackers(self.run_dir, job) if world.group == 0 else None)
+        self.metrics = MetricsWriter(RunDir(self.run_dir).metrics_file, world.rank == 0, tcfg.steps,
+                                     tcfg.log_interval, Trackers(self.run_dir, cfg) if world.group == 0 else None)
         self.metrics.start(state.step + 1)  # TensorBoard/W&B: the steps after the resumed one replace earlier ones
         self.window_args = (self.per_rank * seq_len, fpt, peak)  # fit() opens the window when the steps start
         self.fail_at = faults.step(FAIL_AT_STEP_ENV)
@@ -371,7 +380,7 @@ class Trainer:
             runs.write_state(self.run_dir, status="running", step=state.step,
                              resumed_from=str(self.resumed) if self.resumed else None)
         accum = f" = {self.accum} micro batches of {self.micro}" if self.accum > 1 else ""
-        log(world.rank, f"training steps {state.step + 1}..{tcfg['steps']}: {self.n_params:,} params, global batch "
+        log(world.rank, f"training steps {state.step + 1}..{tcfg.steps}: {self.n_params:,} params, global batch "
                         f"{self.global_batch} ({self.per_rank}/rank{accum}) x {seq_len} "
                         f"tokens, data position {state.samples_seen}")
 
@@ -390,8 +399,8 @@ class Trainer:
         assert step_loss is not None
         step_loss = self.replicas.average(step_loss)  # a replica job's loss: over every group of the step
         grad_norm = None
-        if self.tcfg["grad_clip"]:
-            grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.tcfg["grad_clip"])
+        if self.tcfg.grad_clip:
+            grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.tcfg.grad_clip)
         self.ckpt.wait_staging()  # an async save's host copy overlapped this forward/backward; done before the update
         if not self.replicas.commit():  # a replica group failed during the step: taken again at the next quorum
             state.optimizer.zero_grad(set_to_none=True)
@@ -426,8 +435,8 @@ class Trainer:
 
     def checkpoint_due(self) -> bool:
         """checkpoint.interval steps passed (the final step is checkpoint.save_final's)."""
-        interval, step = self.ccfg["interval"], self.state.step
-        return bool(interval) and step % interval == 0 and step < self.tcfg["steps"]
+        interval, step = self.ccfg.interval, self.state.step
+        return bool(interval) and step % interval == 0 and step < self.tcfg.steps
 
     def save_checkpoint(self, state: StateObjects, wait: bool = False) -> None:
         """Collective. `wait`: the process is about to exit, the checkpoint must be committed first."""
@@ -450,7 +459,7 @@ class Trainer:
 
     def fit(self, stop: StopFlag) -> Optional[str]:
         """Steps until train.steps or an agreed stop; returns "signal" if stopped."""
-        state, world, total = self.state, self.world, self.tcfg["steps"]
+        state, world, total = self.state, self.world, self.tcfg.steps
         self.watch_for_stop(stop)
         batches = BatchPrefetcher(self.dataset, world.job_rank, self.per_rank, self.global_batch,
                                   pin=world.device.type == "cuda")
@@ -481,7 +490,7 @@ class Trainer:
             stopping = self.stop_agreed()
             self.cast_stop_vote()
             checkpoint_now = self.checkpoint_due()
-            logged = stopping or checkpoint_now or state.step % self.tcfg["log_interval"] == 0 or state.step == total
+            logged = stopping or checkpoint_now or state.step % self.tcfg.log_interval == 0 or state.step == total
             if logged or replicas.enabled:  # a replica group flushes every step: one that dies loses no line
                 self.window.flush()
             if logged:
@@ -505,7 +514,7 @@ class Trainer:
         writer = self.replicas.writer  # of a replica job, the group first in the last step's quorum
         self.beat_phase("finish")
         began = time.time()
-        if stopped_by is None and self.ccfg["save_final"] and writer:
+        if stopped_by is None and self.ccfg.save_final and writer:
             self.save_checkpoint(state)
         self.ckpt.wait()
         self.timeline.save(state.step, began)  # the final save and the wait for a background one

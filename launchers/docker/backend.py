@@ -26,7 +26,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Optional, TYPE_CHECKING
 
 import yaml
 
@@ -43,6 +43,11 @@ from launchers.docker.engine import (DOWN_TIMEOUT_S, RESULT_FILE, SKEL_IMAGE, co
                                      containers, docker, engine_error, ensure_skel_image, give_to, read_result)
 from launchers.node.wrapper import ENGINE_RESTARTS_ENV
 from launchers.snapshot import PROJECT_ROOT, next_snapshot_dir, take_snapshot, take_user_code
+
+if TYPE_CHECKING:  # types only, never imported at run time: no hydra on the node side, no import cycle
+    from fsdp_jobs.planning.config import JobConfig
+    from fsdp_jobs.planning.plan import Plan
+    from launchers.docker.config import DockerClusterConfig
 
 DEFAULT_RDZV_PORT = 29400
 COMPOSE_FILE = "compose.yaml"
@@ -90,7 +95,7 @@ def own_project(run: Run) -> str:
 
 
 # ------------------------------------------------------------------------------------ the request
-def compose_spec(plan: Any, cfg: Any, code_dir: Path, user_dir: Optional[Path] = None) -> dict[str, Any]:
+def compose_spec(plan: Plan, cfg: JobConfig, code_dir: Path, user_dir: Optional[Path] = None) -> dict[str, Any]:
     """The compose file: one service per node on one private bridge network."""
     c = cfg.cluster
     run_dir = plan.run_dir
@@ -157,7 +162,7 @@ def compose_spec(plan: Any, cfg: Any, code_dir: Path, user_dir: Optional[Path] =
 LIGHTHOUSE = "lighthouse"  # fault_tolerance=replica: the lighthouse's service (and host) name
 
 
-def node_args(plan: Any, c: Any, i: int, port: int) -> list[str]:
+def node_args(plan: Plan, c: DockerClusterConfig, i: int, port: int) -> list[str]:
     """Node i's torchrun flags: the job's rendezvous at node0, or with fault_tolerance=replica its replica
     group's at the group's first node, each agent named by its hostname (the group's rank 0 gives that
     name to the other groups: fsdp_jobs/runtime/replicas.py)."""
@@ -168,7 +173,7 @@ def node_args(plan: Any, c: Any, i: int, port: int) -> list[str]:
     return torchrun_args(plan, f"node{first}:{port}", c.stop_grace_s, group) + [f"--local-addr=node{i}"]
 
 
-def lighthouse_service(plan: Any, cfg: Any, python: str, volumes: list[str], user: str, code_dir: Path) -> dict[str, Any]:
+def lighthouse_service(plan: Plan, cfg: JobConfig, python: str, volumes: list[str], user: str, code_dir: Path) -> dict[str, Any]:
     """fault_tolerance=replica: the job's torchft lighthouse (launchers/lighthouse.py), a service beside the
     nodes on the job's network, never published on the host; compose down removes it with them."""
     c = cfg.cluster
@@ -221,7 +226,7 @@ class DockerRequest:
 class DockerBackend(Backend[DockerRequest]):
     name = "docker"
 
-    def check(self, plan: Any, cfg: Any) -> None:
+    def check(self, plan: Plan, cfg: JobConfig) -> None:
         why = engine_error()
         if why:
             raise UserError("cluster", "docker", f"no Docker engine reachable ({why}); start one with "
@@ -234,7 +239,7 @@ class DockerBackend(Backend[DockerRequest]):
             raise UserError("name", plan.name, f"run already has {len(live)} containers; cancel it "
                                                f"(fsdp-jobs cancel {plan.name}) or choose another name")
 
-    def dryrun(self, plan: Any, cfg: Any) -> DryRun[DockerRequest]:
+    def dryrun(self, plan: Plan, cfg: JobConfig) -> DryRun[DockerRequest]:
         run_dir = Path(plan.run_dir)
         code_dir = next_snapshot_dir(run_dir) if cfg.cluster.snapshot_code else PROJECT_ROOT
         user_dir = user_code_dir(cfg, run_dir)

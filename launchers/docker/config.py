@@ -23,7 +23,7 @@ class DockerClusterConfig(ClusterConfig):
     # auto = a minimal image built here in a second: this machine's Python, torch and packages come in
     # through read-only bind mounts at the same paths. Or any image that has torch and the project's
     # dependencies (deploy/docker/Dockerfile builds one); the code always comes from the run's snapshot
-    image: str = "auto"
+    image: str = "auto"  # auto = minimal local image + this machine's Python via read-only mounts; or an image name
     python: Optional[str] = None  # the interpreter in the container; None = this one (image=auto) or python3
     detach: bool = False  # return at once; follow with fsdp-jobs status|logs -f|cancel RUN
     user: Optional[str] = None  # "UID:GID" the containers run as; None = the invoking user (sudo's caller)
@@ -48,7 +48,7 @@ def register() -> None:
     register_cluster_schema(NAME, SCHEMA)
 
 
-def validate(cl: Any) -> None:
+def validate(cl: DockerClusterConfig) -> None:
     """The checks of cluster.* keys the types alone do not express; the first bad key raises UserError."""
     choice("cluster.device", cl.device, ("cpu", "cuda"))
     positive("cluster.container_restarts", cl.container_restarts, minimum=0)

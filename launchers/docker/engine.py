@@ -11,9 +11,12 @@ import shlex
 import subprocess
 import tarfile
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Optional, TYPE_CHECKING
 
 from fsdp_jobs.planning.errors import UserError
+
+if TYPE_CHECKING:  # types only, never imported at run time: no hydra on the node side, no import cycle
+    from fsdp_jobs.planning.config import JobConfig
 
 SKEL_IMAGE = "fsdp-jobs-skel:1"  # an empty root: /usr and Python come from the host, read-only
 RESULT_FILE = "docker-result.json"  # the supervisor's record of how the containers ended
@@ -25,7 +28,7 @@ def docker(*args: str, timeout: float = 60, input: Optional[bytes] = None) -> su
     return subprocess.run(["docker", *args], capture_output=True, timeout=timeout, input=input)
 
 
-def compose_command(cfg: Any) -> list[str]:
+def compose_command(cfg: JobConfig) -> list[str]:
     """Compose v2 (`docker compose`) where installed, else v1 (`docker-compose`, Debian 12's)."""
     choice = str(cfg.cluster.compose)
     if choice != "auto":
@@ -84,7 +87,7 @@ def invoking_user() -> tuple[int, int]:
     return os.getuid(), os.getgid()
 
 
-def container_user(cfg: Any) -> str:
+def container_user(cfg: JobConfig) -> str:
     """UID:GID the containers run as: cluster.user, else the invoking user; never root (root gets nobody)."""
     if cfg.cluster.user:
         return str(cfg.cluster.user)

@@ -20,7 +20,7 @@ import re
 import threading
 import time
 from pathlib import Path
-from typing import Any, Iterator, Optional
+from typing import Any, Iterator, Optional, TYPE_CHECKING
 
 from fsdp_jobs.rundir import runs
 from fsdp_jobs.planning.errors import UserError
@@ -29,6 +29,10 @@ from launchers.base import Backend, DryRun, JobState, JobStatus, Run, Submitted
 from launchers.common import runtime_env, torchrun_args
 from launchers.kubernetes.api import api_client, explain, require_package
 from launchers.node.wrapper import PREFLIGHT_MESSAGE
+
+if TYPE_CHECKING:  # types only, never imported at run time: no hydra on the node side, no import cycle
+    from fsdp_jobs.planning.config import JobConfig
+    from fsdp_jobs.planning.plan import Plan
 
 TIMESTAMP = re.compile(r"^\d{4}-\d\d-\d\dT[0-9:.]+Z ")  # TorchX asks the API for timestamped lines
 INSTALL_HINT = {"volcano": "Volcano (volcano.sh)", "pytorchjob": "the Kubeflow training-operator",
@@ -74,7 +78,7 @@ class KubernetesBackend(Backend[manifests.Request]):
 
     # ---- submission -------------------------------------------------------------------------------
 
-    def check(self, plan: Any, cfg: Any) -> None:
+    def check(self, plan: Plan, cfg: JobConfig) -> None:
         """Before anything is written: the package, a kube config, the job's resource kind served in the
         namespace (and we may list it), and no job of this run still active."""
         c = cfg.cluster
@@ -98,7 +102,7 @@ class KubernetesBackend(Backend[manifests.Request]):
                 raise UserError("name", plan.name, f"run already has Kubernetes job {last['job_id']} "
                                 f"({status.detail}); cancel it (fsdp-jobs cancel {plan.name}) or choose another name")
 
-    def dryrun(self, plan: Any, cfg: Any) -> DryRun[manifests.Request]:
+    def dryrun(self, plan: Plan, cfg: JobConfig) -> DryRun[manifests.Request]:
         require_package()  # TorchX builds its pods with the kubernetes package's models
         request = manifests.render(plan, cfg)
         group = 0 if plan.replicas is not None else None  # a replica job's flags: the first group's

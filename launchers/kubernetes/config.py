@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import Any, Dict, Optional
+from typing import Any, Dict, Optional, TYPE_CHECKING
 
 from fsdp_jobs.planning.cluster_config import ClusterConfig, choice, positive, register_cluster_schema
 from fsdp_jobs.planning.errors import UserError
 from launchers.common import system_path
+
+if TYPE_CHECKING:  # types only, never imported at run time: no hydra on the node side, no import cycle
+    from fsdp_jobs.planning.config import JobConfig
 
 NAME = "kubernetes"
 # cluster.secret_env names Kubernetes Secrets, which the pods read (fsdp_jobs/planning/secret_env.py asks this)
@@ -23,7 +26,7 @@ class KubernetesClusterConfig(ClusterConfig):
     backend: str = "kubernetes"
     # volcano: a Volcano Job built by TorchX's kubernetes scheduler; pytorchjob: a Kubeflow PyTorchJob
     # (training-operator, elasticPolicy); jobset: a JobSet (jobset.x-k8s.io) with a headless Service
-    kind: str = "volcano"
+    kind: str = "volcano"  # volcano (TorchX, Volcano Job) | pytorchjob (Kubeflow training-operator) | jobset
     image: Optional[str] = None  # required: an image with torch and fsdp_jobs (deploy/docker/Dockerfile)
     namespace: str = "fsdp-jobs"  # deploy/kubernetes creates it, with the PVC, ServiceAccount and queue
     context: Optional[str] = None  # kube config context; None = the current one (or in-cluster config)
@@ -38,6 +41,7 @@ class KubernetesClusterConfig(ClusterConfig):
     max_retries: int = 3  # a failed pod restarts the whole job this often (Volcano maxRetry, backoffLimit)
     node_selector: Dict[str, str] = field(default_factory=dict)  # e.g. {nvidia.com/gpu.product: H100}
     # environment taken from Kubernetes Secrets: {VAR: "secret-name/key"}; only the reference is saved
+    # {HF_TOKEN: hf-token/token}: read from a Secret in the pod, never saved in the job record
     secret_env: Dict[str, str] = field(default_factory=dict)
     run_as_user: int = 1000  # the pods run as this non-root UID (and group), never as root
     run_as_group: int = 1000
@@ -61,7 +65,7 @@ FIXED_SIZE = {
 _DNS_LABEL = r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?"
 
 
-def validate(cl: Any) -> None:
+def validate(cl: KubernetesClusterConfig) -> None:
     """What the API server would refuse later, refused now with the key that causes it."""
     if not cl.image:
         raise UserError("cluster.image", cl.image, "required for cluster=kubernetes: an image with torch and "
@@ -99,7 +103,7 @@ def validate(cl: Any) -> None:
 REPLICA_KINDS = ("jobset", "volcano")
 
 
-def validate_job(cfg: Any) -> None:
+def validate_job(cfg: JobConfig) -> None:
     """What this backend refuses of the job's other keys (fsdp_jobs/planning/config.py calls it after validate)."""
     if cfg.fault_tolerance.mode == "replica" and cfg.cluster.kind not in REPLICA_KINDS:
         raise UserError("cluster.kind", cfg.cluster.kind, "has no place for fault_tolerance=replica's lighthouse (a "

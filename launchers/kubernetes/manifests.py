@@ -24,7 +24,7 @@ import string
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Optional, TYPE_CHECKING
 
 import yaml
 from omegaconf import OmegaConf
@@ -33,6 +33,10 @@ from fsdp_jobs.planning.errors import UserError
 from fsdp_jobs.rundir.layout import RunDir
 from launchers.common import NODE_WRAPPER, python_path, rank_entry, rank_env, runtime_env, torchrun_args
 from launchers.node.wrapper import ENGINE_RESTARTS_ENV, PREFLIGHT_FAILED_RC, TERMINATION_LOG_ENV
+
+if TYPE_CHECKING:  # types only, never imported at run time: no hydra on the node side, no import cycle
+    from fsdp_jobs.planning.config import JobConfig
+    from fsdp_jobs.planning.plan import Plan
 
 ROLE = "node"  # TorchX role / JobSet replicated job: pods are <job>-node-<k>-0
 CONFIG_DIR = "/etc/fsdp-jobs"  # where the ConfigMap is mounted
@@ -120,18 +124,18 @@ def unique_name(prefix: str) -> str:
     return f"{prefix}-{tail}"
 
 
-def wants_gpus(cfg: Any) -> bool:
+def wants_gpus(cfg: JobConfig) -> bool:
     gpus = str(cfg.cluster.gpus).lower()
     return gpus == "true" if gpus != "auto" else cfg.cluster.device != "cpu"
 
 
-def pod_run_dir(plan: Any, cfg: Any) -> str:
+def pod_run_dir(plan: Plan, cfg: JobConfig) -> str:
     """<mount_path>/[<sweep>/]<name> on the PVC: members of different sweeps share names, not dirs."""
     sweep = f"{cfg.sweep}/" if cfg.get("sweep") else ""
     return f"{str(cfg.cluster.mount_path).rstrip('/')}/{sweep}{plan.name}"
 
 
-def job_files(plan: Any, cfg: Any) -> dict[str, str]:
+def job_files(plan: Plan, cfg: JobConfig) -> dict[str, str]:
     """The job record as runs.prepare writes it (the pods never dry-run), the plan with the pods' run dir;
     keyed by their names in the run dir, where boot.py copies them."""
     names = RunDir(Path(pod_run_dir(plan, cfg)))
@@ -144,12 +148,12 @@ def job_files(plan: Any, cfg: Any) -> dict[str, str]:
             names.plan_file.name: json.dumps(pod_plan, indent=2) + "\n", "boot.py": BOOT_FILE.read_text()}
 
 
-def labels(plan: Any, job: str) -> dict[str, str]:
+def labels(plan: Plan, job: str) -> dict[str, str]:
     return {**MANAGED_BY, LABEL_RUN: re.sub(r"[^A-Za-z0-9._-]", "-", plan.name)[:63].strip("-._") or "run",
             LABEL_JOB: job}
 
 
-def rdzv_port(cfg: Any) -> int:
+def rdzv_port(cfg: JobConfig) -> int:
     return int(cfg.cluster.rdzv_port or DEFAULT_PORT)
 
 
@@ -161,7 +165,7 @@ USER_CODE_KEY = "user-code.tgz"  # script=/module=: the user's code in the Confi
 CONFIGMAP_LIMIT = 1024 * 1024
 
 
-def user_code(plan: Any, cfg: Any) -> tuple[Optional[str], Optional[bytes]]:
+def user_code(plan: Plan, cfg: JobConfig) -> tuple[Optional[str], Optional[bytes]]:
     """(where the pods unpack the user's code, the .tar.gz) for script=/module=; (None, None) otherwise.
     The directory is named by the content's hash: pods restarting or starting together unpack it once."""
     import hashlib
@@ -179,7 +183,7 @@ def user_code(plan: Any, cfg: Any) -> tuple[Optional[str], Optional[bytes]]:
     return str(RunDir(Path(pod_run_dir(plan, cfg))).script_dir / hashlib.sha256(tar).hexdigest()[:12]), tar
 
 
-def node_command(plan: Any, cfg: Any, rdzv_endpoint: str) -> list[str]:
+def node_command(plan: Plan, cfg: JobConfig, rdzv_endpoint: str) -> list[str]:
     """The container's command: boot.py, then the same node wrapper and torchrun agent as every other backend.
     With fault_tolerance=replica the rendezvous is the pod's replica group's, at the group's first pod, which
     boot.py fills in (GROUP, GROUP_HOST, NODE_HOST: it knows the pod's index)."""
@@ -199,7 +203,7 @@ NODE_DNS_ENV = "FSDP_JOBS_NODE_DNS"  # node {i}'s DNS name
 NODES_PER_GROUP_ENV = "FSDP_JOBS_NODES_PER_GROUP"
 
 
-def replica_pod_env(plan: Any, kind: str, job: str) -> dict[str, str]:
+def replica_pod_env(plan: Plan, kind: str, job: str) -> dict[str, str]:
     """A replica job's pod: its replica group comes from its index (boot.py), its lighthouse is the job's."""
     from launchers.common import LIGHTHOUSE_ENV, lighthouse_port
 
@@ -210,7 +214,7 @@ def replica_pod_env(plan: Any, kind: str, job: str) -> dict[str, str]:
             LIGHTHOUSE_ENV: f"http://{LIGHTHOUSE_POD.format(job=job)}:{lighthouse_port(plan)}"}
 
 
-def pod_env(plan: Any, cfg: Any, kind: str = "", job: str = "") -> dict[str, str]:
+def pod_env(plan: Plan, cfg: JobConfig, kind: str = "", job: str = "") -> dict[str, str]:
     run_dir, user_dir = pod_run_dir(plan, cfg), user_code(plan, cfg)[0]
     env = {**runtime_env(cfg), **rank_env(cfg, run_dir, user_dir), **replica_pod_env(plan, kind, job)}
     if user_dir:
@@ -218,7 +222,7 @@ def pod_env(plan: Any, cfg: Any, kind: str = "", job: str = "") -> dict[str, str
     return env
 
 
-def torchx_role(plan: Any, cfg: Any, rdzv_endpoint: str, port_name: str = "c10d", kind: str = "",
+def torchx_role(plan: Plan, cfg: JobConfig, rdzv_endpoint: str, port_name: str = "c10d", kind: str = "",
                 job: str = "") -> Any:
     """One TorchX role: replicas = nodes, min_replicas = the elastic lower bound, the PVC mounted."""
     from torchx import specs
@@ -245,7 +249,7 @@ def torchx_role(plan: Any, cfg: Any, rdzv_endpoint: str, port_name: str = "c10d"
     )
 
 
-def secure_pod(pod: dict[str, Any], plan: Any, cfg: Any, configmap: str, job: str) -> dict[str, Any]:
+def secure_pod(pod: dict[str, Any], plan: Plan, cfg: JobConfig, configmap: str, job: str) -> dict[str, Any]:
     """What TorchX 0.7 has no option for: the security defaults, the ServiceAccount, the ConfigMap."""
     c = cfg.cluster
     meta = pod.setdefault("metadata", {})
@@ -280,13 +284,13 @@ def secure_pod(pod: dict[str, Any], plan: Any, cfg: Any, configmap: str, job: st
     return pod
 
 
-def configmap(plan: Any, cfg: Any, job: str) -> dict[str, Any]:
+def configmap(plan: Plan, cfg: JobConfig, job: str) -> dict[str, Any]:
     return {"apiVersion": "v1", "kind": "ConfigMap",
             "metadata": {"name": f"{job}-job", "namespace": cfg.cluster.namespace, "labels": labels(plan, job)},
             "immutable": True, "data": job_files(plan, cfg), **user_code_data(plan, cfg)}
 
 
-def user_code_data(plan: Any, cfg: Any) -> dict[str, Any]:
+def user_code_data(plan: Plan, cfg: JobConfig) -> dict[str, Any]:
     import base64
 
     tar = user_code(plan, cfg)[1]
@@ -299,11 +303,11 @@ def _serialize(obj: Any) -> Any:
     return ApiClient().sanitize_for_serialization(obj)
 
 
-def _meta(plan: Any, cfg: Any, job: str) -> dict[str, Any]:
+def _meta(plan: Plan, cfg: JobConfig, job: str) -> dict[str, Any]:
     return {"name": job, "namespace": cfg.cluster.namespace, "labels": labels(plan, job)}
 
 
-def network_policy(plan: Any, cfg: Any, job: str) -> dict[str, Any]:
+def network_policy(plan: Plan, cfg: JobConfig, job: str) -> dict[str, Any]:
     """Only the job's own pods may connect to its pods: the c10d store (torch unpickles what it reads from
     it) and the collectives' ports. With deploy/kubernetes/networkpolicy.yaml's default deny, nothing else
     in the namespace, nor outside it, reaches them (README: Security). Policies only add: a pod selected
@@ -313,7 +317,7 @@ def network_policy(plan: Any, cfg: Any, job: str) -> dict[str, Any]:
             "spec": {"podSelector": own, "policyTypes": ["Ingress"], "ingress": [{"from": [{"podSelector": own}]}]}}
 
 
-def volcano(plan: Any, cfg: Any) -> Request:
+def volcano(plan: Plan, cfg: JobConfig) -> Request:
     """TorchX builds the Volcano Job (gang, /dev/shm, PVC, maxRetry + RestartJob); we patch its pods."""
     from torchx import specs
     from torchx.schedulers import get_scheduler_factories
@@ -349,7 +353,7 @@ def volcano(plan: Any, cfg: Any) -> Request:
                    pod_run_dir(plan, cfg), torchx=info, endpoint=endpoint("volcano", job, rdzv_port(cfg)))
 
 
-def _pod_template(plan: Any, cfg: Any, kind: str, job: str, container: str, port_name: str,
+def _pod_template(plan: Plan, cfg: JobConfig, kind: str, job: str, container: str, port_name: str,
                   restart_policy: str) -> dict[str, Any]:
     """The same TorchX pod as kind=volcano, for a controller that stamps out `nodes` copies of it."""
     from torchx import specs
@@ -366,7 +370,7 @@ def _pod_template(plan: Any, cfg: Any, kind: str, job: str, container: str, port
     return pod
 
 
-def pytorchjob(plan: Any, cfg: Any) -> Request:
+def pytorchjob(plan: Plan, cfg: JobConfig) -> Request:
     c, r = cfg.cluster, plan.rendezvous
     job = unique_name(name_prefix(plan.name))
     # the operator finds its container and port by these names
@@ -401,7 +405,7 @@ def pytorchjob(plan: Any, cfg: Any) -> Request:
                    pod_run_dir(plan, cfg), endpoint=endpoint("pytorchjob", job, rdzv_port(cfg)))
 
 
-def headless_service(plan: Any, cfg: Any, job: str) -> dict[str, Any]:
+def headless_service(plan: Plan, cfg: JobConfig, job: str) -> dict[str, Any]:
     """The pods' DNS names (<pod hostname>.<job>), published before they are ready: the rendezvous
     must resolve while every pod is still starting."""
     port = rdzv_port(cfg)
@@ -411,7 +415,7 @@ def headless_service(plan: Any, cfg: Any, job: str) -> dict[str, Any]:
                      "ports": [{"name": "c10d", "port": port, "targetPort": port, "protocol": "TCP"}]}}
 
 
-def jobset(plan: Any, cfg: Any) -> Request:
+def jobset(plan: Plan, cfg: JobConfig) -> Request:
     c = cfg.cluster
     job = unique_name(name_prefix(plan.name))
     # a failed pod fails its Job (backoffLimit 0), and the JobSet restarts every pod (failurePolicy), but
@@ -442,7 +446,7 @@ def jobset(plan: Any, cfg: Any) -> Request:
                    pod_run_dir(plan, cfg), endpoint=endpoint("jobset", job, rdzv_port(cfg)))
 
 
-def lighthouse_roles(plan: Any, cfg: Any) -> list[Any]:
+def lighthouse_roles(plan: Plan, cfg: JobConfig) -> list[Any]:
     """fault_tolerance=replica: the job's torchft lighthouse (launchers/lighthouse.py) as a TorchX role of one
     replica: its pod is <job>-lighthouse-0-0 (LIGHTHOUSE_POD). The image needs fsdp-jobs[ft]. None without."""
     from torchx import specs
@@ -458,7 +462,7 @@ def lighthouse_roles(plan: Any, cfg: Any) -> list[Any]:
                        resource=specs.Resource(cpu=1, gpu=0, memMB=2048), port_map={LIGHTHOUSE: port})]
 
 
-def lighthouse_job(plan: Any, cfg: Any, job: str) -> dict[str, Any]:
+def lighthouse_job(plan: Plan, cfg: JobConfig, job: str) -> dict[str, Any]:
     """fault_tolerance=replica on a JobSet: the lighthouse's replicated job, one pod, restarted in place if it
     fails (it keeps no state: the next quorum forms from who asks)."""
     from torchx.schedulers.kubernetes_scheduler import role_to_pod
@@ -474,7 +478,7 @@ def lighthouse_job(plan: Any, cfg: Any, job: str) -> dict[str, Any]:
 RENDERERS = {"volcano": volcano, "pytorchjob": pytorchjob, "jobset": jobset}
 
 
-def render(plan: Any, cfg: Any) -> Request:
+def render(plan: Plan, cfg: JobConfig) -> Request:
     return RENDERERS[cfg.cluster.kind](plan, cfg)
 
 

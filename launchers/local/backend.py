@@ -17,7 +17,7 @@ import sys
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Optional, TYPE_CHECKING
 
 from fsdp_jobs.rundir import runs
 from fsdp_jobs.planning.errors import UserError
@@ -30,17 +30,21 @@ from launchers.common import (NODE_WRAPPER, REPLICA_ADDR_ENV, begin_user_attempt
 from launchers.snapshot import take_user_code
 from launchers.supervisor import LogSink, Node, exit_status, supervise, why_not_grow
 
+if TYPE_CHECKING:  # types only, never imported at run time: no hydra on the node side, no import cycle
+    from fsdp_jobs.planning.config import JobConfig
+    from fsdp_jobs.planning.plan import Plan
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 
 
-def agent_args(plan: Any, cfg: Any, port: int, group: Optional[int] = None) -> list[str]:
+def agent_args(plan: Plan, cfg: JobConfig, port: int, group: Optional[int] = None) -> list[str]:
     return torchrun_args(plan, f"127.0.0.1:{port}", cfg.cluster.stop_grace_s, group) + ["--local-addr=127.0.0.1"]
 
 
-def node_commands(plan: Any, cfg: Any, ports: list[int], user_dir: Optional[str] = None) -> list[list[str]]:
+def node_commands(plan: Plan, cfg: JobConfig, ports: list[int], user_dir: Optional[str] = None) -> list[list[str]]:
     """One per node the job may have: `nodes` started at once, then up to cluster.max_nodes for a scale.
     `ports`: the rendezvous port of each node (one job's, or each replica group's)."""
     entry = rank_entry(cfg, plan.run_dir, user_dir)
@@ -49,7 +53,7 @@ def node_commands(plan: Any, cfg: Any, ports: list[int], user_dir: Optional[str]
             for i in range(plan.rendezvous.max_nodes)]
 
 
-def rendezvous_ports(plan: Any, cfg: Any) -> list[int]:
+def rendezvous_ports(plan: Plan, cfg: JobConfig) -> list[int]:
     """Each node's rendezvous port: the job's one, or with fault_tolerance=replica one per replica group
     (each group is a torchrun world of its own; cluster.rdzv_port is then the first group's, and the
     next groups take the ports after it)."""
@@ -61,7 +65,7 @@ def rendezvous_ports(plan: Any, cfg: Any) -> list[int]:
     return [per_group[replica_group(i, plan)] for i in range(plan.nodes)]
 
 
-def lighthouse_agent(plan: Any, cfg: Any) -> Optional["Agent"]:
+def lighthouse_agent(plan: Plan, cfg: JobConfig) -> Optional["Agent"]:
     """fault_tolerance=replica: the lighthouse beside the agents, on loopback (launchers/lighthouse.py)."""
     if plan.replicas is None:
         return None
@@ -69,7 +73,7 @@ def lighthouse_agent(plan: Any, cfg: Any) -> Optional["Agent"]:
     return Agent({"RUST_LOG": "warn"}, lighthouse_command(plan, sys.executable, f"127.0.0.1:{port}"))
 
 
-def node_gpus(plan: Any, cfg: Any) -> list[dict[str, str]]:
+def node_gpus(plan: Plan, cfg: JobConfig) -> list[dict[str, str]]:
     """Each simulated node's own GPUs. Every agent numbers its ranks from LOCAL_RANK 0 and rank r binds
     cuda:r, so without this node1's ranks would take node0's GPUs (NCCL: duplicate GPU). Taken in order
     from CUDA_VISIBLE_DEVICES when it is set; a CPU job sets nothing."""
@@ -159,7 +163,7 @@ class AgentNode(Node):
 class LocalBackend(Backend[LocalRequest]):
     name = "local"
 
-    def dryrun(self, plan: Any, cfg: Any) -> DryRun[LocalRequest]:
+    def dryrun(self, plan: Plan, cfg: JobConfig) -> DryRun[LocalRequest]:
         ports = rendezvous_ports(plan, cfg)
         user = user_code_dir(cfg, Path(plan.run_dir))
         user_dir = str(user) if user else None
@@ -278,7 +282,7 @@ def run_agents(dryrun: DryRun[LocalRequest], echo: bool = True) -> int:
     return exit_status(outcome, cfg, run_dir)
 
 
-def min_live_nodes(plan: Any) -> int:
+def min_live_nodes(plan: Plan) -> int:
     """Fewer live nodes than this and the others cannot go on: the rendezvous' minimum, or with
     fault_tolerance=replica the nodes of min_replicas whole replica groups."""
     if plan.replicas is not None:

@@ -30,5 +30,5 @@ def register() -> None:
     register_cluster_schema(NAME, SCHEMA)
 
 
-def validate(cl: Any) -> None:
+def validate(cl: LocalClusterConfig) -> None:
     """Nothing beyond the common keys (fsdp_jobs/planning/config.py ClusterConfig)."""

@@ -17,7 +17,7 @@ import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Optional, TYPE_CHECKING
 
 from fsdp_jobs.rundir import runs
 from fsdp_jobs.planning.errors import UserError
@@ -28,6 +28,10 @@ from launchers.common import (lighthouse_command, python_path, rank_entry, rank_
 from launchers.snapshot import PROJECT_ROOT, next_snapshot_dir, take_snapshot, take_user_code
 from launchers.slurm.config import LIGHTHOUSE_PORT_BASE, slurm_dir
 from launchers.slurm.grow import grow_jobs, save_parameters, submit_grow
+
+if TYPE_CHECKING:  # types only, never imported at run time: no hydra on the node side, no import cycle
+    from fsdp_jobs.planning.config import JobConfig
+    from fsdp_jobs.planning.plan import Plan
 
 @dataclass
 class SlurmRequest:
@@ -56,7 +60,7 @@ def partition_has_gpus(partition: str | None) -> bool:
     return out.returncode != 0 or "gpu" in out.stdout
 
 
-def wants_gpus(cfg: Any) -> bool:
+def wants_gpus(cfg: JobConfig) -> bool:
     """gpus=auto asks for gpus_per_node GPUs per node unless the job runs on CPU: cluster.device=cpu,
     or device=auto on a partition without GPU nodes (then the ranks use gloo on CPU)."""
     gpus = str(cfg.cluster.gpus).lower()
@@ -65,7 +69,7 @@ def wants_gpus(cfg: Any) -> bool:
     return cfg.cluster.device != "cpu" and partition_has_gpus(cfg.cluster.partition)
 
 
-def sbatch_parameters(plan: Any, cfg: Any, code_dir: Path, user_dir: Optional[Path] = None) -> dict[str, Any]:
+def sbatch_parameters(plan: Plan, cfg: JobConfig, code_dir: Path, user_dir: Optional[Path] = None) -> dict[str, Any]:
     """submitit's SlurmExecutor parameters (sbatch's own names)."""
     c = cfg.cluster
     user = str(user_dir) if user_dir else None
@@ -116,7 +120,7 @@ def sbatch_parameters(plan: Any, cfg: Any, code_dir: Path, user_dir: Optional[Pa
     return params
 
 
-def lighthouse_setup(plan: Any) -> list[str]:
+def lighthouse_setup(plan: Plan) -> list[str]:
     """The batch script's lines that start the job's lighthouse (launchers/lighthouse.py) beside the first
     node's task, in the background: it ends with the job, and a requeued job starts a new one."""
     r = plan.replicas
@@ -136,7 +140,7 @@ def sbatch_script(folder: Path, params: dict[str, Any]) -> str:
     return _make_sbatch_string(command=command, folder=folder, **params)
 
 
-def _folder(plan: Any) -> Path:
+def _folder(plan: Plan) -> Path:
     return slurm_dir(Path(plan.run_dir)) / "%j"
 
 
@@ -183,7 +187,7 @@ def common_state(slurm: str) -> JobState:
 class SlurmBackend(Backend[SlurmRequest]):
     name = "slurm"
 
-    def check(self, plan: Any, cfg: Any) -> None:
+    def check(self, plan: Plan, cfg: JobConfig) -> None:
         """Refusals before anything is written."""
         try:
             subprocess.run(["sbatch", "--version"], capture_output=True, timeout=30, check=True)
@@ -195,7 +199,7 @@ class SlurmBackend(Backend[SlurmRequest]):
             raise UserError("name", plan.name, f"run already has SLURM job {job} queued or running; "
                                                f"cancel it (fsdp-jobs cancel {plan.name}) or choose another name")
 
-    def dryrun(self, plan: Any, cfg: Any) -> DryRun[SlurmRequest]:
+    def dryrun(self, plan: Plan, cfg: JobConfig) -> DryRun[SlurmRequest]:
         """submitit's parameters and the sbatch script they make, byte for byte (no cluster needed)."""
         code_dir = next_snapshot_dir(Path(plan.run_dir)) if cfg.cluster.snapshot_code else PROJECT_ROOT
         user_dir = user_code_dir(cfg, Path(plan.run_dir))

@@ -26,6 +26,7 @@ class SlurmClusterConfig(ClusterConfig):
     """One sbatch job through submitit: one task per node, each running a torchrun agent."""
 
     backend: str = "slurm"
+    max_restarts: int = 2  # torchrun restarts inside one allocation, before the crash-requeue logic
     partition: Optional[str] = None
     account: Optional[str] = None
     qos: Optional[str] = None
@@ -58,7 +59,7 @@ def register() -> None:
     register_cluster_schema(NAME, SCHEMA)
 
 
-def validate(cl: Any) -> None:
+def validate(cl: SlurmClusterConfig) -> None:
     """The checks of cluster.* keys the types alone do not express; the first bad key raises UserError."""
     positive("cluster.time_min", cl.time_min)
     positive("cluster.signal_delay_s", cl.signal_delay_s)

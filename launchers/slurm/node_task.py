@@ -12,6 +12,7 @@ Keeping the run alive:
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -20,11 +21,11 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from types import SimpleNamespace
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 import submitit
 
+from fsdp_jobs.planning.config import job_config
 from fsdp_jobs.rundir import runs
 from fsdp_jobs.rundir.checkpoints import newest_checkpoint, step_of
 from fsdp_jobs.rundir.failures import ATTEMPT_ENV
@@ -35,6 +36,10 @@ from launchers.common import (LIGHTHOUSE_ENV, NODE_WRAPPER, REPLICA_GROUP_ENV, U
 from launchers.node.wrapper import root_cause
 from launchers.slurm.config import slurm_dir
 from launchers.slurm.requeue import COMPLETED, EXCLUDE, PREEMPTED, REQUEUE, TERMINATED, Decision, after_preflight, decide
+
+if TYPE_CHECKING:  # types only: the node reads both from the run dir (job_config, runs.load_plan)
+    from fsdp_jobs.planning.config import JobConfig
+    from fsdp_jobs.planning.plan import Plan
 
 KILL_WAIT_S = 300  # after a requeue, SLURM kills the tasks; do not report "done" meanwhile
 
@@ -67,9 +72,9 @@ def _wait_exit(pid: int, timeout: float) -> bool:
     return False
 
 
-def excluded_nodes(run_dir: Path, job: dict[str, Any]) -> list[str]:
+def excluded_nodes(run_dir: Path, job: JobConfig) -> list[str]:
     """The nodes this job is kept off: cluster.exclude, and those a preflight named (the newest launch record)."""
-    return sorted({str(n) for n in job["cluster"].get("exclude") or []} |
+    return sorted({str(n) for n in job.cluster.get("exclude") or []} |
                   {str(n) for n in runs.last_launch(run_dir).get("exclude") or []})
 
 
@@ -119,42 +124,29 @@ def act(run_dir: Path, job_id: str, decision: Decision, reason: str, state: dict
         runs.write_state(run_dir, **keep, status="failed", reason=reason, step=step)
 
 
-def agent_args(job: dict[str, Any], run_id: str, endpoint: str, group: Optional[int] = None) -> list[str]:
-    """torchrun's flags on a node of the allocation, from the job record: what the dry run shows (launchers/slurm/
-    backend.py), with this attempt's rendezvous id and the allocation's first node as the endpoint. Up to
-    cluster.max_nodes: the nodes a scale adds join from a second job (launchers/slurm/grow.py). `group`:
-    with fault_tolerance=replica, the node's replica group (its own rendezvous at `endpoint`)."""
-    nodes, c = job["nodes"], job["cluster"]
-    plan = SimpleNamespace(nodes=nodes, gpus_per_node=job["gpus_per_node"], replicas=replica_layout(job),
-                           rendezvous=SimpleNamespace(backend="c10d", run_id=run_id, min_nodes=c["min_nodes"] or nodes,
-                                                      max_nodes=c.get("max_nodes") or nodes,
-                                                      max_restarts=c["max_restarts"]))
-    return torchrun_args(plan, endpoint, c["stop_grace_s"], group)
+def agent_args(plan: Plan, cfg: JobConfig, run_id: str, endpoint: str, group: Optional[int] = None) -> list[str]:
+    """torchrun's flags on a node of the allocation, from the plan record (what the dry run showed: launchers/
+    slurm/backend.py) with this attempt's rendezvous id and the allocation's first node as the endpoint. The
+    node range is the plan's (up to cluster.max_nodes: the nodes a scale adds join from a second job,
+    launchers/slurm/grow.py), decided once in fsdp_jobs/planning/plan.py. `group`: with fault_tolerance=replica,
+    the node's replica group (its own rendezvous at `endpoint`)."""
+    attempt = dataclasses.replace(plan, rendezvous=dataclasses.replace(plan.rendezvous, run_id=run_id))
+    return torchrun_args(attempt, endpoint, cfg.cluster.stop_grace_s, group)
 
 
-def replica_layout(job: dict[str, Any]) -> Optional[SimpleNamespace]:
-    """fault_tolerance=replica's replica groups, from the job record (the plan's ReplicaLayout, as far as a node needs it)."""
-    from omegaconf import OmegaConf
-
-    from fsdp_jobs.planning.plan import replica_groups
-
-    groups = replica_groups(OmegaConf.create(job))
-    return SimpleNamespace(groups=groups, nodes_per_group=job["nodes"] // groups) if groups > 1 else None
-
-
-def replica_agent(job: dict[str, Any], node: int, hostnames: list[str], run_id: str, port: int,
+def replica_agent(plan: Plan, cfg: JobConfig, node: int, hostnames: list[str], run_id: str, port: int,
                   raw_id: int) -> tuple[list[str], dict[str, str]]:
     """With fault_tolerance=replica, node `node`'s torchrun flags (its group's rendezvous at the group's first
     node, this node's name as its address) and environment (its group, the lighthouse the batch script
     started on the first node: launchers/slurm/backend.py lighthouse_setup)."""
     from launchers.slurm.config import lighthouse_port_of
 
-    layout = replica_layout(job)
+    layout = plan.replicas
     assert layout is not None
     group = node // layout.nodes_per_group
     first = hostnames[group * layout.nodes_per_group]
-    lighthouse = f"http://{hostnames[0]}:{lighthouse_port_of(raw_id, job['fault_tolerance'].get('lighthouse_port'))}"
-    args = agent_args(job, run_id, f"{first}:{port}", group) + [f"--local-addr={hostnames[node]}"]
+    lighthouse = f"http://{hostnames[0]}:{lighthouse_port_of(raw_id, layout.lighthouse_port)}"
+    args = agent_args(plan, cfg, run_id, f"{first}:{port}", group) + [f"--local-addr={hostnames[node]}"]
     return args, {REPLICA_GROUP_ENV: str(group), LIGHTHOUSE_ENV: lighthouse}
 
 
@@ -176,7 +168,7 @@ def read_rendezvous(run_dir: Path) -> dict[str, Any]:
     return record if isinstance(record, dict) else {}
 
 
-def start_agent(job: dict[str, Any], run_dir: Path, args: list[str], extra_env: dict[str, str], attempt_id: str,
+def start_agent(job: JobConfig, run_dir: Path, args: list[str], extra_env: dict[str, str], attempt_id: str,
                 error_file: Path) -> subprocess.Popen[bytes]:
     """This node's torchrun agent (in the node wrapper, launchers/node/wrapper.py) with torchrun flags `args`, in a
     process group of its own that ignores the job's stop signal (the ranks handle it). attempt_id: which
@@ -185,7 +177,7 @@ def start_agent(job: dict[str, Any], run_dir: Path, args: list[str], extra_env: 
     error_file.parent.mkdir(exist_ok=True)
     error_file.unlink(missing_ok=True)
     node = os.environ.get("SLURMD_NODENAME") or socket.gethostname()  # how the ranks name their node
-    return subprocess.Popen(cmd, preexec_fn=_ignore_stop_signal(job["cluster"]["signal"]),
+    return subprocess.Popen(cmd, preexec_fn=_ignore_stop_signal(job.cluster.signal),
                             env={**os.environ, "TORCHELASTIC_ERROR_FILE": str(error_file),
                                  "FSDP_JOBS_NODE": node, ATTEMPT_ENV: attempt_id, **extra_env})
 
@@ -204,7 +196,7 @@ class NodeTask(submitit.helpers.Checkpointable):
 
     def __call__(self) -> dict[str, Any]:
         run_dir = Path(self.run_dir)
-        job = runs.load_job(run_dir)
+        job, plan = job_config(runs.load_job(run_dir)), runs.load_plan(run_dir)
         env = submitit.JobEnvironment()
         job_id = env.job_id  # <array id>_<i> for an array element: what scontrol/scancel/sacct name it by
         # every job, array elements too, has its own numeric SLURM_JOB_ID: elements sharing a node
@@ -212,7 +204,7 @@ class NodeTask(submitit.helpers.Checkpointable):
         raw_id = os.environ.get("SLURM_JOB_ID", job_id.split("_")[0])
         attempt = int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0)
         master = env.hostnames[0]
-        port = job["cluster"].get("rdzv_port") or 20000 + int(raw_id) % 20000
+        port = job.cluster.get("rdzv_port") or 20000 + int(raw_id) % 20000
         start_ckpt = newest_checkpoint(run_dir)
         if env.global_rank == 0:
             clear_stop_request(run_dir)  # before torchrun starts: only rank 0 (on this node) reads it
@@ -222,20 +214,20 @@ class NodeTask(submitit.helpers.Checkpointable):
               f"rendezvous {master}:{port} code {Path(__file__).resolve().parent.parent}", flush=True)
 
         run_id, endpoint = f"{raw_id}-{attempt}", f"{master}:{port}"
-        if env.global_rank == 0 and (job["cluster"].get("max_nodes") or 0) > job["nodes"]:
+        if env.global_rank == 0 and plan.rendezvous.max_nodes > plan.nodes:
             write_rendezvous(run_dir, job_id, f"{job_id}.{attempt}", run_id, endpoint)
         signal.signal(signal.SIGTERM, self._on_sigterm)
         # the agent writes its failing rank's exception here, so the job's reason can name it
         error_file = RunDir(run_dir).torchrun_error_file(f"{job_id}-node{env.node}")
-        if replica_layout(job) is None:
-            args, extra = agent_args(job, run_id, endpoint), {}
+        if plan.replicas is None:
+            args, extra = agent_args(plan, job, run_id, endpoint), {}
         else:  # fault_tolerance=replica: this node's replica group is a torchrun world of its own
-            args, extra = replica_agent(job, env.node, list(env.hostnames), run_id, port, int(raw_id))
+            args, extra = replica_agent(plan, job, env.node, list(env.hostnames), run_id, port, int(raw_id))
         self._proc = start_agent(job, run_dir, args, extra, f"{job_id}.{attempt}", error_file)
         rc = self._proc.wait()
         settle_user_state(job, run_dir, rc)  # a plain script exiting 0 completed (it writes no state record)
         state = runs.read_state(run_dir)
-        decision = after_preflight(state, bool(job["cluster"].get("exclude_bad_nodes")), excluded_nodes(run_dir, job),
+        decision = after_preflight(state, bool(job.cluster.get("exclude_bad_nodes")), excluded_nodes(run_dir, job),
                                    self._terminated) or decide(rc, state.get("status"), self._terminated,
                                                                _step_of(start_ckpt), _step_of(newest_checkpoint(run_dir)))
         done = {"status": decision.action, "node": env.node, "step": state.get("step")}
@@ -263,15 +255,15 @@ class NodeTask(submitit.helpers.Checkpointable):
     def checkpoint(self, *args: Any, **kwargs: Any) -> submitit.helpers.DelayedSubmission:
         """Called by submitit on task 0 when the stop signal arrives: let the ranks save, then requeue."""
         run_dir = Path(self.run_dir)
-        job = runs.load_job(run_dir)
+        job = job_config(runs.load_job(run_dir))
         # ranks that are still starting cannot have caught the signal: they will read this file
-        request_stop(run_dir, f"SLURM sent SIG{job['cluster']['signal']} (preemption or time limit)")
+        request_stop(run_dir, f"SLURM sent SIG{job.cluster.signal} (preemption or time limit)")
         if self._proc is not None:
             try:  # SLURM signals every process already; this covers a signal sent to the task alone
-                os.killpg(self._proc.pid, getattr(signal, f"SIG{job['cluster']['signal']}"))
+                os.killpg(self._proc.pid, getattr(signal, f"SIG{job.cluster.signal}"))
             except ProcessLookupError:
                 pass
-            deadline = max(10, job["cluster"]["signal_delay_s"] - 15)
+            deadline = max(10, job.cluster.signal_delay_s - 15)
             if not _wait_exit(self._proc.pid, deadline):
                 print(f"fsdp-jobs: ranks did not finish their checkpoint within {deadline}s; requeueing anyway",
                       flush=True)

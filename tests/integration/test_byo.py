@@ -111,6 +111,7 @@ def test_job_api_script_ctrl_c_stops_every_rank_at_one_step_with_a_checkpoint(ru
 
 def test_hf_model_builds_on_meta_and_wraps_the_named_decoder_layer():
     from fsdp_jobs.models.hf import build
+    from fsdp_jobs.planning.config import WrapConfig
     from fsdp_jobs.runtime.shard import wrap_units
 
     with torch.device("meta"):
@@ -118,9 +119,9 @@ def test_hf_model_builds_on_meta_and_wraps_the_named_decoder_layer():
                                            "num_hidden_layers": 2, "num_attention_heads": 4, "vocab_size": 128})
     assert all(p.is_meta for p in model.parameters())
     assert not any(b.is_meta for b in model.buffers())  # rotary tables are real (never in a checkpoint)
-    units = wrap_units(model, {"transformer_blocks": [LLAMA_LAYER]})
+    units = wrap_units(model, WrapConfig(transformer_blocks=[LLAMA_LAYER]))
     assert [type(u).__name__ for u in units] == ["LlamaDecoderLayer"] * 2
-    assert [type(u).__name__ for u in wrap_units(model, {})] == ["LlamaDecoderLayer"] * 2  # its _no_split_modules
+    assert [type(u).__name__ for u in wrap_units(model, WrapConfig())] == ["LlamaDecoderLayer"] * 2  # its _no_split_modules
 
 
 @pytest.fixture(scope="module")

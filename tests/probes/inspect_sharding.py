@@ -24,20 +24,22 @@ from torch.distributed.tensor import DTensor
 from fsdp_jobs.planning.compose import compose
 from fsdp_jobs.planning.plan import STRATEGY_TABLE
 from fsdp_jobs.runtime.mesh import build_mesh, init_process_group, read_world
+from fsdp_jobs.planning.config import rank_config
 from fsdp_jobs.runtime.shard import build_meta_model, dtype_of, materialize, shard_model
 
 
 def main() -> None:
     out, *overrides = sys.argv[1:]
-    _, job = compose(overrides)
+    _, raw = compose(overrides)
+    job = rank_config(raw)  # as the ranks read job.yaml
     world = read_world("cpu")
     init_process_group(world)
     mesh = build_mesh(job, world)
-    model = build_meta_model(job["model"])
-    model.to(dtype_of(job["model"]["dtype"]))
-    reshard = job["fsdp"]["reshard_after_forward"]
-    reshard = STRATEGY_TABLE[job["fsdp"]["strategy"]][1] if reshard is None else bool(reshard)
-    shard_model(model, mesh, job["fsdp"], reshard, world.device)
+    model = build_meta_model(job.model)
+    model.to(dtype_of(job.model.dtype))
+    reshard = job.fsdp.reshard_after_forward
+    reshard = STRATEGY_TABLE[job.fsdp.strategy][1] if reshard is None else bool(reshard)
+    shard_model(model, mesh, job.fsdp, reshard, world.device)
     materialize(model, world.device, 0, None, init_params=True, buffer_device=world.device)
 
     units = [m for m in model.modules() if isinstance(m, FSDPModule) and m is not model]
@@ -51,7 +53,7 @@ def main() -> None:
         if isinstance(m, torch.nn.Linear):
             m.register_forward_pre_hook(lambda mod, _args: dtypes.add(str(mod.weight.dtype)))
 
-    tokens = torch.randint(0, job["model"]["vocab_size"], (2, 16))
+    tokens = torch.randint(0, job.model.vocab_size, (2, 16))
     out_logits = model(tokens)
     sharded = [all(isinstance(p, DTensor) for p in u.parameters()) for u in units]
     root_own = [p for n, p in model.named_parameters() if not any(n.startswith(f"{k}.") for k, _ in

@@ -14,6 +14,7 @@ from torch import nn
 from torch._dynamo.utils import counters
 from torch.distributed.device_mesh import init_device_mesh
 
+from fsdp_jobs.planning.config import FSDPConfig, MixedPrecisionConfig
 from fsdp_jobs.runtime.shard import shard_model
 
 
@@ -58,8 +59,9 @@ def test_each_block_compiles_to_one_graph_without_fsdp_hooks_or_breaks(tmp_path,
         torch.manual_seed(0)
         reference = Net()
         model = copy.deepcopy(reference)
-        shard_model(model, init_device_mesh("cpu", (1,)), {"wrap": {}, "mixed_precision": {},
-                                                          "activation_checkpointing": ac},
+        fsdp = FSDPConfig(mixed_precision=MixedPrecisionConfig(param_dtype=None, reduce_dtype=None, output_dtype=None,
+                                                               buffer_dtype=None), activation_checkpointing=ac)
+        shard_model(model, init_device_mesh("cpu", (1,)), fsdp,
                     reshard_after_forward=True, device=torch.device("cpu"), compile_blocks=True)
         x = torch.randn(3, 4)
         for _ in range(2):

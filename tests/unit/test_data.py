@@ -53,7 +53,9 @@ class Constant:
 def test_any_importable_dataset_class_through_target():
     from fsdp_jobs.runtime.data import build_dataset
 
-    ds = build_dataset({"_target_": "tests.unit.test_data.Constant", "seq_len": 8, "kwargs": {"value": 7}},
+    from fsdp_jobs.planning.config import DataConfig
+
+    ds = build_dataset(DataConfig(_target_="tests.unit.test_data.Constant", seq_len=8, kwargs={"value": 7}),
                        seed=0, vocab_size=100)
     x, y = rank_batch(ds, 0, 0, 2)
     assert x.shape == (2, 8) and int(x[0, 0]) == 7

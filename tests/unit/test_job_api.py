@@ -14,16 +14,19 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 
+from fsdp_jobs.planning.config import rank_config
 from fsdp_jobs.rundir import runs
+from fsdp_jobs.rundir.layout import RunDir
 from fsdp_jobs.job import CUDA_RNG_KEY, Job, _checkpoint_has
 from fsdp_jobs.runtime.mesh import World
 from fsdp_jobs.runtime.signals import stop_signals
 
 warnings.filterwarnings("ignore", message="torch.distributed is disabled")
 
-CONFIG = {"model": {}, "fsdp": {}, "data": {}, "cluster": {"device": "cpu"},
-          "train": {"steps": 10, "log_interval": 1, "seed": 0},
-          "checkpoint": {"keep_last": 5, "async_save": False, "resume": True}}
+JOB_YAML = {"model": {}, "fsdp": {}, "data": {}, "cluster": {"device": "cpu"}, "train": {"steps": 10, "log_interval": 1, "seed": 0},
+            "checkpoint": {"keep_last": 5, "async_save": False, "resume": True}}
+# as the ranks read it (fsdp_jobs/planning/config.py rank_config): the keys it leaves out take the schema's defaults
+CONFIG = rank_config(JOB_YAML)
 
 
 @pytest.fixture
@@ -32,6 +35,7 @@ def job(tmp_path):
     dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'pg'}", rank=0, world_size=1)
     run_dir = tmp_path / "run"
     run_dir.mkdir()
+    RunDir(run_dir).job_file.write_text(json.dumps(JOB_YAML))  # what the checkpoints' config_hash is of
     world = World(rank=0, local_rank=0, world_size=1, local_world_size=1, node_rank=0, restart=0,
                   device=torch.device("cpu"))
     j = Job(run_dir, CONFIG, world, init_device_mesh("cpu", (1,), mesh_dim_names=("shard",)))

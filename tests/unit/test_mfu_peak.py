@@ -7,12 +7,13 @@ from __future__ import annotations
 import torch
 
 from fsdp_jobs.planning.compose import compose
+from fsdp_jobs.planning.config import rank_config
 from fsdp_jobs.runtime.trainer import mfu_peak_flops
 
 
 def peak(*overrides: str, device: str) -> float:
     _, job = compose(list(overrides))
-    return mfu_peak_flops(job, torch.device(device)) / 1e12
+    return mfu_peak_flops(rank_config(job), torch.device(device)) / 1e12  # as the ranks read job.yaml
 
 
 def test_local_defaults_follow_the_device():

@@ -85,9 +85,11 @@ def test_slurm_starts_the_lighthouse_with_the_job_and_each_node_task_joins_its_g
     out = dry_run(run_root, "cluster=slurm", "cluster.gpus=false", *REPLICA, "nodes=4", "gpus_per_node=2",
                   "fsdp.shard_group_size=4")
     assert '-m launchers.lighthouse --bind "0.0.0.0:$(( 40000 + SLURM_JOB_ID % 20000 ))"' in out
-    _, job = compose([*REPLICA, "nodes=4", "gpus_per_node=2", "fsdp.shard_group_size=4", "cluster=slurm"])
+    from fsdp_jobs.planning.plan import make_plan
+
+    cfg, _ = compose([*REPLICA, "nodes=4", "gpus_per_node=2", "fsdp.shard_group_size=4", "cluster=slurm"])
     hosts = ["n1", "n2", "n3", "n4"]
-    args, env = replica_agent(job, 3, hosts, "123-0", 20123, 123)
+    args, env = replica_agent(make_plan(cfg), cfg, 3, hosts, "123-0", 20123, 123)
     assert "--rdzv-endpoint=n3:20123" in args and "--rdzv-id=123-0-rg1" in args and "--nnodes=2" in args
     assert "--local-addr=n4" in args
     assert env == {"FSDP_JOBS_REPLICA_GROUP": "1", "TORCHFT_LIGHTHOUSE": "http://n1:40123"}
@@ -122,7 +124,9 @@ def test_the_start_waits_for_every_group_and_a_group_joining_a_training_job_does
     world = World(rank=0, local_rank=0, world_size=2, local_world_size=2, node_rank=0, restart=0,
                   device=torch.device("cpu"), group=0, groups=3)
     beat(tmp_path, 5, "step", 40, age_s=1)  # group 2's, by the run's previous launch (a second before this rank)
-    replicas = Replicas(tmp_path, {"fault_tolerance": {}}, world)
+    from fsdp_jobs.planning.config import JobConfig
+
+    replicas = Replicas(tmp_path, JobConfig(), world)
     beat(tmp_path, 2, "start", 0)  # group 1 up, now
     t0 = time.monotonic()
     assert replicas.others_training(0.5, phases=None) is False  # waited for group 2, in vain

@@ -71,7 +71,9 @@ def test_the_excluded_nodes_grow_from_the_config_and_the_last_requeue(tmp_path):
     from fsdp_jobs.rundir import runs
     from launchers.slurm.node_task import excluded_nodes
 
-    job = {"cluster": {"exclude": ["c9"]}}
+    from omegaconf import OmegaConf
+
+    job = OmegaConf.create({"cluster": {"exclude": ["c9"]}})  # as job_config gives it: attribute access
     assert excluded_nodes(tmp_path, job) == ["c9"]
     runs.record_launch(tmp_path, backend="slurm", job_id="12", exclude=["c3"], requeue="preflight")
     assert excluded_nodes(tmp_path, job) == ["c3", "c9"]

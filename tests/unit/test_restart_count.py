@@ -18,10 +18,11 @@ RANK = """
 import json, sys
 from pathlib import Path
 from fsdp_jobs.planning.compose import compose
+from fsdp_jobs.planning.config import rank_config
 from fsdp_jobs.runtime.trainer import Trainer
 _, job = compose([f"run_root={sys.argv[1]}", "cluster.device=cpu", "nodes=2", "gpus_per_node=1", "model.dim=64",
                   "model.n_layers=1", "model.ffn_dim=128", "model.vocab_size=128", "fault.watchdog=false"])
-t = Trainer(Path(sys.argv[1]), job)
+t = Trainer(Path(sys.argv[1]), rank_config(job))
 t.bring_up()
 print(json.dumps({"rank": t.world.rank, "restart": t.world.restart}))
 """

@@ -11,10 +11,11 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
 from fsdp_jobs.models import llama
+from fsdp_jobs.planning.config import ModelConfig
 from fsdp_jobs.runtime.shard import build_meta_model, materialize
 
-TINY = {"_target_": "fsdp_jobs.models.llama.Transformer", "dim": 64, "n_layers": 2, "n_heads": 4,
-        "ffn_dim": 128, "vocab_size": 100, "max_seq_len": 4096}
+TINY = ModelConfig(_target_="fsdp_jobs.models.llama.Transformer", dim=64, n_layers=2, n_heads=4, ffn_dim=128,
+                   vocab_size=100, max_seq_len=4096)
 
 
 def test_blocks_get_the_rotary_table_in_float32_under_bf16_params(tmp_path, monkeypatch):
@@ -37,8 +38,8 @@ def test_blocks_get_the_rotary_table_in_float32_under_bf16_params(tmp_path, monk
         monkeypatch.setattr(llama, "apply_rope", spy)
         seq = 3000  # far enough out that bfloat16 would round the angles visibly
         model(torch.randint(0, 100, (1, seq))).float().sum().backward()
-        assert len(seen) == 2 * TINY["n_layers"]  # q and k in every block
-        expected = llama.rope_table(64 // 4, TINY["max_seq_len"], 10000.0)[:seq]
+        assert len(seen) == 2 * TINY.n_layers  # q and k in every block
+        expected = llama.rope_table(64 // 4, TINY.max_seq_len, 10000.0)[:seq]
         for table in seen:
             assert table.dtype == torch.float32
             assert torch.equal(table, expected)

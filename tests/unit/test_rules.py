@@ -42,7 +42,9 @@ def test_only_whole_checkpoints_count_and_the_newest_is_by_step(tmp_path):
 def schedule(kind: str, warmup: int = 10, total: int = 110, floor: float = 0.1):
     from fsdp_jobs.runtime.trainer import lr_lambda
 
-    return lr_lambda({"warmup_steps": warmup, "steps": total, "min_lr_ratio": floor, "lr_schedule": kind})
+    from fsdp_jobs.planning.config import TrainConfig
+
+    return lr_lambda(TrainConfig(warmup_steps=warmup, steps=total, min_lr_ratio=floor, lr_schedule=kind))
 
 
 @pytest.mark.parametrize("kind", ["cosine", "linear", "constant"])

@@ -3,6 +3,8 @@ submitit hands to sbatch): every cluster.* knob lands on its #SBATCH line or in 
 
 from __future__ import annotations
 
+import json
+
 import re
 
 import pytest
@@ -65,22 +67,25 @@ def test_excluded_nodes_reach_the_exclude_line_and_the_job_keeps_them(run_root):
 
 @pytest.mark.parametrize("extra", [(), ("cluster.min_nodes=1",), ("cluster.max_nodes=3",)])
 def test_each_node_task_starts_torchrun_with_the_flags_the_plan_gives(extra):
-    """launchers/slurm/node_task.py builds torchrun's flags on the node from job.yaml alone (no plan
-    there): they are the plan's, but for the attempt's rendezvous id and the first node as endpoint.
-    (A flag that read a plan field the node task did not have broke every SLURM job once.)"""
+    """launchers/slurm/node_task.py builds torchrun's flags on the node from plan.json and job.yaml (as
+    runs.load_plan and planning.config.job_config read them back): they are the plan's, but for the attempt's
+    rendezvous id and the first node as endpoint. (A flag that read a plan field the node task did not
+    have broke every SLURM job once; it now has the whole Plan.)"""
     from omegaconf import OmegaConf
 
     from fsdp_jobs.planning.compose import compose
-    from fsdp_jobs.planning.plan import make_plan
+    from fsdp_jobs.planning.config import job_config
+    from fsdp_jobs.planning.plan import Plan, make_plan
     from launchers.common import torchrun_args
     from launchers.slurm.node_task import agent_args
 
     cfg, _ = compose(["cluster=slurm", "cluster.device=cpu", "nodes=2", "gpus_per_node=2", *extra])
     plan = make_plan(cfg)
-    job = OmegaConf.to_container(cfg, resolve=True)
+    on_node = Plan.from_dict(json.loads(json.dumps(plan.to_dict())))  # plan.json's round trip
+    job = job_config(OmegaConf.to_container(cfg, resolve=True))
     expected = [a.replace(f"--rdzv-id={plan.rendezvous.run_id}", "--rdzv-id=7-0")
                 for a in torchrun_args(plan, "n1:20007", cfg.cluster.stop_grace_s)]
-    assert agent_args(job, "7-0", "n1:20007") == expected
+    assert agent_args(on_node, job, "7-0", "n1:20007") == expected
 
 
 def test_a_slurm_job_may_be_given_room_to_grow(run_root):
