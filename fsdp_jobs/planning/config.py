@@ -307,12 +307,21 @@ def validate_fault_tolerance(ft: FaultToleranceConfig) -> None:
 
 
 def validate(cfg: JobConfig) -> None:
-    """Per-key checks the types alone do not express. Raises UserError on the first bad key."""
+    """Per-key checks the types alone do not express. Raises UserError on the first bad key (in this order)."""
     positive("nodes", cfg.nodes)
     positive("gpus_per_node", cfg.gpus_per_node)
     check_sizes(cfg)
     if cfg.name is not None:
         check_name("name", cfg.name)
+    _validate_fsdp(cfg)
+    _validate_model(cfg)
+    _validate_train(cfg)
+    _validate_fault(cfg)
+    _validate_data(cfg)
+    _validate_cluster(cfg)
+
+
+def _validate_fsdp(cfg: JobConfig) -> None:
     f = cfg.fsdp
     choice("fsdp.strategy", f.strategy, STRATEGIES)
     sgs = f.shard_group_size
@@ -328,6 +337,9 @@ def validate(cfg: JobConfig) -> None:
     choice("fsdp.backward_prefetch", f.backward_prefetch, BACKWARD_PREFETCH, optional=True)
     if f.wrap.min_params is not None:
         positive("fsdp.wrap.min_params", f.wrap.min_params)
+
+
+def _validate_model(cfg: JobConfig) -> None:
     m = cfg.model
     for k in ("dim", "n_layers", "n_heads", "ffn_dim", "vocab_size", "max_seq_len"):
         positive(f"model.{k}", m[k])
@@ -338,6 +350,9 @@ def validate(cfg: JobConfig) -> None:
         raise UserError("model.dim", m.dim, f"must be divisible by model.n_heads={m.n_heads}")
     if m.n_kv_heads is not None and (m.n_kv_heads < 1 or m.n_heads % m.n_kv_heads):
         raise UserError("model.n_kv_heads", m.n_kv_heads, f"must divide model.n_heads={m.n_heads}")
+
+
+def _validate_train(cfg: JobConfig) -> None:
     t = cfg.train
     positive("train.steps", t.steps)
     positive("train.batch_per_rank", t.batch_per_rank)
@@ -361,6 +376,10 @@ def validate(cfg: JobConfig) -> None:
         finite(f"train.betas[{i}]", beta, 0, 1, high_open=True)
     finite("train.collective_timeout_s", t.collective_timeout_s, 10)
     validate_trackers(t)
+
+
+def _validate_fault(cfg: JobConfig) -> None:
+    t = cfg.train
     fc = cfg.fault
     positive("fault.max_hang_restarts", fc.max_hang_restarts, minimum=0)
     # the watchdog must fire well before a collective times out and fails the rank with a less useful error
@@ -378,6 +397,10 @@ def validate(cfg: JobConfig) -> None:
         raise UserError("preflight", True, "runs before the built-in trainer; with script=/module= use "
                                            "preflight=only first, then submit the script")
     validate_fault_tolerance(cfg.fault_tolerance)
+
+
+def _validate_data(cfg: JobConfig) -> None:
+    f, m = cfg.fsdp, cfg.model
     c = cfg.checkpoint
     positive("checkpoint.interval", c.interval, minimum=0)
     positive("checkpoint.keep_last", c.keep_last)
@@ -392,6 +415,9 @@ def validate(cfg: JobConfig) -> None:
                         *(("fsdp.wrap.transformer_blocks", b) for b in f.wrap.transformer_blocks)):
         check_target(key, target)
         _importable(key, target)
+
+
+def _validate_cluster(cfg: JobConfig) -> None:
     cl = cfg.cluster
     check_env_names("cluster.env", cl.env)
     check_env_names("cluster.secret_env", cl.secret_env)

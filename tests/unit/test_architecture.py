@@ -241,3 +241,26 @@ def test_the_kubernetes_boot_script_copies_the_records_layout_names():
                  if isinstance(n, _ast.Assign) and getattr(n.targets[0], "id", "") == "FILES")
     rd = RunDir(Path("/r"))
     assert files == (rd.job_file.name, rd.plan_file.name)
+
+
+MAX_FUNCTION_LINES = 80
+
+
+def long_functions(path: Path) -> list[str]:
+    return [f"{path.relative_to(REPO)}:{n.lineno}: {n.name} ({n.end_lineno - n.lineno + 1} lines)"
+            for n in ast.walk(ast.parse(path.read_text()))
+            if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.end_lineno - n.lineno + 1 > MAX_FUNCTION_LINES]
+
+
+def test_no_function_is_over_80_lines():
+    found = [f for pkg in PACKAGES for p in sorted((REPO / pkg).rglob("*.py")) for f in long_functions(p)]
+    assert not found, "functions over 80 lines (split them where their parts have names):\n" + "\n".join(found)
+
+
+def test_the_length_check_sees_a_long_function(tmp_path, monkeypatch):
+    monkeypatch.setattr("tests.unit.test_architecture.REPO", tmp_path)
+    f = tmp_path / "m.py"
+    f.write_text("def f():\n" + "    x = 1\n" * 80)
+    assert long_functions(f) == ["m.py:1: f (81 lines)"]
+    f.write_text("def f():\n" + "    x = 1\n" * 79)
+    assert long_functions(f) == []
