@@ -264,3 +264,30 @@ def test_the_length_check_sees_a_long_function(tmp_path, monkeypatch):
     assert long_functions(f) == ["m.py:1: f (81 lines)"]
     f.write_text("def f():\n" + "    x = 1\n" * 79)
     assert long_functions(f) == []
+
+
+def external_imports(path: Path) -> set[str]:
+    """Top-level names of every module the file imports (in functions too; not under TYPE_CHECKING)."""
+    found: set[str] = set()
+    for node in _runtime_nodes(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            found |= {node.module, *(f"{node.module}.{a.name}" for a in node.names)}
+    return found
+
+
+def role_violations(folder: str, forbidden: tuple[str, ...]) -> list[str]:
+    return [f"{p.relative_to(REPO)} imports {name}" for p in sorted((REPO / folder).rglob("*.py"))
+            for name in sorted(external_imports(p)) if any(name == f or name.startswith(f + ".") for f in forbidden)]
+
+
+def test_each_folder_keeps_to_its_process_role():
+    """planning and the run-dir contract import no torch (a dry run, a status, a node wrapper never pay for
+    it); the rank side imports no backend and nothing of the CLI; the run-dir contract imports nothing that
+    runs above it."""
+    found = (role_violations("fsdp_jobs/planning", ("torch",))
+             + role_violations("fsdp_jobs/rundir", ("torch", "launchers", "fsdp_jobs.cli", "fsdp_jobs.runtime"))
+             + role_violations("fsdp_jobs/runtime", ("launchers", "fsdp_jobs.cli")))
+    assert not found, "\n".join(found)
+    assert "torch" in external_imports(REPO / "fsdp_jobs" / "runtime" / "trainer.py")  # the check reads imports
