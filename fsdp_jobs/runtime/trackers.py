@@ -38,7 +38,7 @@ from fsdp_jobs.rundir.layout import RunDir
 
 # bookkeeping in a metrics record, not a metric to chart
 NOT_SCALARS = frozenset({"step", "time", "world_size", "restart", "attempt", "sample_start", "step_time_s",
-                         "peak_mem_gb"})
+                         "peak_mem_gb", "v"})
 
 
 def scalars(record: dict[str, Any]) -> dict[str, float]:
