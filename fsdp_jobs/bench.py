@@ -356,6 +356,14 @@ def recovery_parts(run_dir: Path, killed_at: float) -> dict[str, float]:
     return out
 
 
+def _rank_pid(run_dir: Path, rank: int) -> int:
+    """The pid in `rank`'s rank record (written once it is up: the callers wait past a step first)."""
+    record = runs.read_rank(RunDir(run_dir).rank_file(rank))
+    if record is None:
+        raise SystemExit(f"no readable rank record of rank {rank} in {run_dir}")
+    return record.pid
+
+
 def bench_recovery(repeats: int) -> dict[str, Any]:
     """A 2x2 CPU job (the tiny default model): SIGKILL rank 3 once a checkpoint is committed; the time to
     the first completed step after it, and its parts, median of `repeats` runs."""
@@ -373,7 +381,7 @@ def bench_recovery(repeats: int) -> dict[str, Any]:
                 if proc.poll() is not None:
                     raise SystemExit(f"recovery run {i} ended early ({proc.returncode})")
                 time.sleep(0.05)
-            pid = json.loads(RunDir(run_dir).rank_file(3).read_text())["pid"]
+            pid = _rank_pid(run_dir, 3)
             killed_at = time.time()
             os.kill(pid, signal.SIGKILL)
             if proc.wait(timeout=900) != 0:
@@ -398,7 +406,7 @@ def _replica_run(tmp: str, name: str, args: list[str], kill_rank: Optional[int])
             if proc.poll() is not None:
                 raise SystemExit(f"replica bench run {name} ended early ({proc.returncode})")
             time.sleep(0.02)
-        pid = json.loads(RunDir(run_dir).rank_file(kill_rank).read_text())["pid"]
+        pid = _rank_pid(run_dir, kill_rank)
         killed_at = time.time()
         os.kill(pid, signal.SIGKILL)
     if proc.wait(timeout=900) != 0:

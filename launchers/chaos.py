@@ -66,11 +66,9 @@ def _rank_files(run_dir: Path) -> dict[tuple[int, str], int]:
     """{(pid, node): rank} from the files each rank of the built-in trainer writes (RunDir.rank_file)."""
     found: dict[tuple[int, str], int] = {}
     for f in RunDir(run_dir).rank_files():
-        try:
-            d = json.loads(f.read_text())
-            found[(int(d["pid"]), str(d.get("node", "")))] = int(d["rank"])
-        except (OSError, ValueError, KeyError, TypeError):
-            continue
+        record = runs.read_rank(f)
+        if record is not None:
+            found[(record.pid, record.node)] = record.rank
     return found
 
 

@@ -53,6 +53,7 @@ import time
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
+from fsdp_jobs.rundir import events as timeline
 from fsdp_jobs.rundir.events import NODE_EVENTS, RANK_EVENTS
 from fsdp_jobs.rundir.layout import RunDir
 
@@ -69,16 +70,14 @@ def _num(e: dict[str, Any], key: str) -> Optional[float]:
 
 
 def read_events(path: Path) -> tuple[list[dict[str, Any]], int]:
-    """The well-formed events of a timeline and how many lines were not (cut by a kill, not JSON, wrong types)."""
-    from fsdp_jobs.rundir import runs
-
+    """The well-formed events of a timeline, as the JSON objects written (the accounting reads each event's
+    own fields by name), and how many lines were not (cut by a kill, not JSON, wrong types, unknown events)."""
     try:
         lines = [ln for ln in path.read_text(errors="replace").splitlines() if ln.strip()]
     except OSError:
         return [], 0
-    records = runs.read_jsonl(path)
-    good = [e for e in records if e.get("event") in RANK_EVENTS + NODE_EVENTS and _num(e, "time") is not None
-            and (e["event"] in NODE_EVENTS or isinstance(e.get("pid"), int))]
+    good = [e.to_json() for e in timeline.read_events(path) if e.event in RANK_EVENTS + NODE_EVENTS
+            and math.isfinite(e.time) and (e.event in NODE_EVENTS or e.pid is not None)]
     return good, len(lines) - len(good)
 
 

@@ -15,6 +15,7 @@ from typing import Any, Optional
 
 from fsdp_jobs.rundir import runs
 from fsdp_jobs.rundir.layout import RunDir
+from fsdp_jobs.rundir.records import FailureRecord
 
 ATTEMPT_ENV = "FSDP_JOBS_ATTEMPT"
 
@@ -29,34 +30,34 @@ def record(run_dir: Path, exc: BaseException, step: Optional[int]) -> None:
     """Append this rank's failure (best effort: recording must never hide the exception itself)."""
     frames = traceback.extract_tb(exc.__traceback__)
     where = f"{Path(frames[-1].filename).name}:{frames[-1].lineno}" if frames else ""
-    entry = {"time": time.time(), "rank": int(os.environ.get("RANK", 0)), "attempt": attempt_id(), "step": step,
-             "error": f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"[:300],
-             "where": where}
+    entry = FailureRecord(
+        time=time.time(), rank=int(os.environ.get("RANK", 0)), attempt=attempt_id(), step=step, where=where,
+        error=f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"[:300])
     try:
         with open(RunDir(run_dir).failures_file, "a") as f:
-            f.write(json.dumps(entry) + "\n")
+            f.write(json.dumps(entry.to_json()) + "\n")
     except OSError:
         pass
 
 
-def read(run_dir: Path) -> list[dict[str, Any]]:
-    return [e for e in runs.read_jsonl(RunDir(run_dir).failures_file)
-            if isinstance(e.get("attempt"), str) and isinstance(e.get("error"), str)]
+def read(run_dir: Path) -> list[FailureRecord]:
+    """Every record, oldest first (a damaged line, or one that is not a failure record, is skipped)."""
+    return [r for r in map(FailureRecord.from_dict, runs.read_jsonl(RunDir(run_dir).failures_file)) if r is not None]
 
 
-def repeating(entries: list[dict[str, Any]]) -> Optional[str]:
+def repeating(entries: list[FailureRecord]) -> Optional[str]:
     """The reason to stop, if the last two attempts that failed failed first with the same exception at the
     same step (and place); None otherwise."""
-    first: dict[str, dict[str, Any]] = {}
-    for e in sorted(entries, key=lambda e: e.get("time", 0)):
-        first.setdefault(e["attempt"], e)  # an attempt's first failure is its cause; the rest follow from it
+    first: dict[str, FailureRecord] = {}
+    for e in sorted(entries, key=lambda e: e.time):
+        first.setdefault(e.attempt, e)  # an attempt's first failure is its cause; the rest follow from it
     if len(first) < 2:
         return None
-    a, b = sorted(first.values(), key=lambda e: e.get("time", 0))[-2:]
-    if (a["error"], a.get("step"), a.get("where")) != (b["error"], b.get("step"), b.get("where")):
+    a, b = sorted(first.values(), key=lambda e: e.time)[-2:]
+    if (a.error, a.step, a.where) != (b.error, b.step, b.where):
         return None
-    at = f"step {b['step']}" if b.get("step") is not None else "start-up"
-    return f"the same failure twice in a row, at {at}: {b['error']} ({b.get('where')}); not retried again"
+    at = f"step {b.step}" if b.step is not None else "start-up"
+    return f"the same failure twice in a row, at {at}: {b.error} ({b.where}); not retried again"
 
 
 class Changes:

@@ -9,19 +9,19 @@ from typing import Any, Optional
 
 from fsdp_jobs.rundir import runs
 from fsdp_jobs.rundir.layout import RunDir
+from fsdp_jobs.rundir.records import HangRecord
 
 SAME_HANG_S = 30.0  # the nodes of one job declare the same hang within about a tick of each other
 
 
-def record(run_dir: Path, entry: dict[str, Any]) -> None:
+def record(run_dir: Path, entry: HangRecord) -> None:
     with open(RunDir(run_dir).hangs_file, "a") as f:
-        f.write(json.dumps(entry) + "\n")
+        f.write(json.dumps(entry.to_json()) + "\n")
 
 
-def read(run_dir: Path) -> list[dict[str, Any]]:
-    """Every record, oldest first (a damaged line is skipped)."""
-    return [e for e in runs.read_jsonl(RunDir(run_dir).hangs_file)
-            if isinstance(e.get("first_stopped"), dict) and isinstance(e.get("time"), (int, float))]
+def read(run_dir: Path) -> list[HangRecord]:
+    """Every record, oldest first (a damaged line, or one that is not a hang record, is skipped)."""
+    return [r for r in map(HangRecord.from_dict, runs.read_jsonl(RunDir(run_dir).hangs_file)) if r is not None]
 
 
 def summary(run_dir: Path) -> Optional[dict[str, Any]]:
@@ -32,13 +32,13 @@ def summary(run_dir: Path) -> Optional[dict[str, Any]]:
         return None
     hangs, last = 0, -1e18
     for e in entries:  # one hang = the records of its nodes, close together in time
-        if e["time"] - last > SAME_HANG_S:
+        if e.time - last > SAME_HANG_S:
             hangs += 1
-        last = e["time"]
-    newest = [e for e in entries if last - e["time"] <= SAME_HANG_S]
-    best = max(newest, key=lambda e: (e["first_stopped"].get("frame") is not None,
-                                      e["node"] == e["first_stopped"].get("node")))
-    c = best["first_stopped"]
+        last = e.time
+    newest = [e for e in entries if last - e.time <= SAME_HANG_S]
+    best = max(newest, key=lambda e: (e.first_stopped.get("frame") is not None,
+                                      e.node == e.first_stopped.get("node")))
+    c = best.first_stopped
     return {"hangs": hangs, "rank": c.get("rank"), "node": c.get("node"), "step": c.get("step"),
-            "state": c.get("state"), "frame": c.get("frame"), "stacks": best.get("dir"), "time": best["time"],
-            "stalled_s": best.get("stalled_s"), "timeout_s": best.get("timeout_s")}
+            "state": c.get("state"), "frame": c.get("frame"), "stacks": best.dir, "time": best.time,
+            "stalled_s": best.stalled_s, "timeout_s": best.timeout_s}

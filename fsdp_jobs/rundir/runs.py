@@ -28,6 +28,7 @@ from typing import IO, TYPE_CHECKING, Any, Optional, TextIO
 import yaml
 
 from fsdp_jobs.rundir.layout import RunDir
+from fsdp_jobs.rundir.records import LaunchRecord, MetricsRow, RankRecord, ScaleRequest, StateRecord
 
 if TYPE_CHECKING:  # types only: load_plan imports it when called
     from fsdp_jobs.planning.plan import Plan
@@ -107,28 +108,17 @@ def job_hash(job: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(keep, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def record_launch(run_dir: Path, **fields: Any) -> None:
+def record_launch(run_dir: Path, record: LaunchRecord) -> None:
     with open(RunDir(run_dir).launches_file, "a") as f:
-        # unix: to the millisecond, where goodput's queued time begins (fsdp_jobs/cli/goodput.py)
-        f.write(json.dumps({"time": time.strftime("%Y-%m-%dT%H:%M:%S"), "unix": round(time.time(), 3), **fields})
-                + "\n")
+        f.write(json.dumps(record.to_json()) + "\n")
 
 
 def launches(run_dir: Path) -> list[dict[str, Any]]:
-    """Every launch record, oldest first; a line cut short (a kill mid-write, a full disk) is skipped."""
-    try:
-        text = RunDir(run_dir).launches_file.read_text(errors="replace")
-    except OSError:
-        return []
-    out = []
-    for line in text.splitlines():
-        try:
-            record = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(record, dict) and record.get("backend"):
-            out.append(record)
-    return out
+    """Every launch record, oldest first, as the JSON objects written (a backend's own keys at the top:
+    its callers read those by name); a line cut short (a kill mid-write, a full disk) or not a launch
+    record is skipped."""
+    return [d for d in read_jsonl(RunDir(run_dir).launches_file)
+            if (r := LaunchRecord.from_dict(d)) is not None and r.backend]
 
 
 def last_launch(run_dir: Path) -> dict[str, Any]:
@@ -202,22 +192,39 @@ class RunLock:
 
 
 def write_state(run_dir: Path, **fields: Any) -> None:
-    """The state record: running / completed / preempted / failed (+ step, reason), for tools and the job."""
-    write_atomic(RunDir(run_dir).state_file, json.dumps({"time": time.time(), **fields}) + "\n")
+    """The state record: running / completed / preempted / failed (+ step, reason), for tools and the job.
+    The keywords are StateRecord's fields: a misspelt one raises here, in the writer."""
+    write_atomic(RunDir(run_dir).state_file, json.dumps(StateRecord(**fields).to_json()) + "\n")
+
+
+def read_state_record(run_dir: Path) -> Optional[StateRecord]:
+    """None when missing or damaged (not JSON, not an object, not UTF-8, a field of the wrong type)."""
+    return StateRecord.from_dict(_read_json(RunDir(run_dir).state_file))
 
 
 def read_state(run_dir: Path) -> dict[str, Any]:
-    """{} when missing or damaged (not JSON, not an object, not UTF-8): readers treat it as not recorded."""
+    """The state record as the JSON object written (when it parses as a StateRecord), {} when there is none: its many readers ask for one key
+    or two with .get, and `status --json` shows it whole."""
+    state = _read_json(RunDir(run_dir).state_file)
+    return state if StateRecord.from_dict(state) else {}
+
+
+def _read_json(path: Path) -> Any:
+    """The JSON value in `path`, or None when missing or not JSON."""
     try:
-        state = json.loads(RunDir(run_dir).state_file.read_text())
+        return json.loads(path.read_text())
     except (OSError, ValueError):  # (json's and UTF-8's errors are ValueErrors)
-        return {}
-    return state if isinstance(state, dict) else {}
+        return None
+
+
+def read_rank(path: Path) -> Optional[RankRecord]:
+    """A rank's record (RunDir.rank_file), None when missing or damaged."""
+    return RankRecord.from_dict(_read_json(path))
 
 
 def request_scale(run_dir: Path, nodes: int) -> None:
     """`fsdp-jobs scale RUN nodes=N` for a launcher that starts the new nodes itself (it polls the file)."""
-    write_atomic(RunDir(run_dir).scale_request_file, json.dumps({"nodes": nodes}) + "\n")
+    write_atomic(RunDir(run_dir).scale_request_file, json.dumps(ScaleRequest(nodes=nodes).to_json()) + "\n")
 
 
 def take_scale_request(run_dir: Path) -> Optional[int]:
@@ -235,12 +242,12 @@ def take_scale_request(run_dir: Path) -> Optional[int]:
             data = os.read(fd, 4096) if stat.S_ISREG(os.fstat(fd).st_mode) else b""
         finally:
             os.close(fd)
-        nodes = json.loads(data).get("nodes")
-    except (OSError, ValueError, AttributeError):
+        request = ScaleRequest.from_dict(json.loads(data))
+    except (OSError, ValueError):
         return None
     finally:
         taken.unlink(missing_ok=True)
-    return nodes if isinstance(nodes, int) and not isinstance(nodes, bool) else None
+    return request.nodes if request else None
 
 
 # how a stop that the stop request asked for is named (a vote's reason in the state record and the log)
@@ -292,15 +299,7 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
 
 
 def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
-    path = RunDir(run_dir).metrics_file
-    if not path.exists():
-        return []
-    out = []
-    for line in path.read_text(errors="replace").splitlines():
-        try:
-            record = json.loads(line)
-        except ValueError:  # a line cut by a kill mid-write
-            continue
-        if isinstance(record, dict) and isinstance(record.get("step"), int):  # anything else is not ours
-            out.append(record)
-    return out
+    """The metrics rows, oldest first, as the JSON objects written (a user's script's own metrics at the top,
+    by their names: trackers and report read any of them); a line cut by a kill mid-write or not a row
+    (no int step, a known metric of the wrong type) is skipped."""
+    return [d for d in read_jsonl(RunDir(run_dir).metrics_file) if MetricsRow.from_dict(d) is not None]

@@ -41,6 +41,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from fsdp_jobs.planning.config import rank_config
 from fsdp_jobs.rundir import runs
 from fsdp_jobs.rundir.layout import RunDir
+from fsdp_jobs.rundir.records import MetricsRow
 from fsdp_jobs.runtime.checkpoint import StateObjects
 from fsdp_jobs.runtime.mesh import World
 from fsdp_jobs.runtime.metrics import MetricsWriter, log
@@ -222,9 +223,10 @@ class Job:
         step = int(metrics.pop("step", self.step + 1))
         self.step = step
         self._trainer.beat(step)
-        record = {"step": step, **{k: float(v) if isinstance(v, torch.Tensor) else v for k, v in metrics.items()},
-                  "world_size": self._trainer.replicas.job_world_size(),  # of a replica job: the groups in the step
-                  "restart": self.world.restart, "attempt": self._attempt, "time": time.time()}
+        record = MetricsRow(step=step, extra={k: float(v) if isinstance(v, torch.Tensor) else v
+                                              for k, v in metrics.items()},
+                            world_size=self._trainer.replicas.job_world_size(),  # of a replica job: the groups in the step
+                            restart=self.world.restart, attempt=self._attempt, time=time.time())
         if self._trainer.replicas.writer:  # one replica group writes each step's line
             self._metrics.write(record)
 

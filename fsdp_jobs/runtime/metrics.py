@@ -12,6 +12,7 @@ from typing import Any, Optional
 
 import torch
 
+from fsdp_jobs.rundir.records import MetricsRow
 from fsdp_jobs.runtime.trackers import Trackers
 
 
@@ -40,9 +41,10 @@ class MetricsWriter:
         if self.trackers is not None:
             self.trackers.start(first_step)
 
-    def write(self, record: dict[str, Any]) -> None:
+    def write(self, row: MetricsRow) -> None:
         if not self.file:
             return
+        record = row.to_json()
         self.file.write(json.dumps(record) + "\n")
         self.file.flush()
         if self.trackers is not None:
@@ -55,7 +57,7 @@ class MetricsWriter:
                       f"mem {record['peak_mem_gb']:.2f} GB", flush=True)
             else:  # a user's script (fsdp_jobs.job.log) logs what it has
                 shown = "  ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in record.items()
-                                  if k not in ("step", "time", "attempt", "world_size", "restart"))
+                                  if k not in ("step", "time", "attempt", "world_size", "restart", "v"))
                 print(f"step {step:>6}/{self.total}  {shown}", flush=True)
 
     def close(self) -> None:

@@ -33,6 +33,7 @@ import torch.distributed as dist
 from fsdp_jobs.planning import faults
 from fsdp_jobs.rundir import runs
 from fsdp_jobs.rundir.layout import RunDir
+from fsdp_jobs.rundir.records import PreflightRecord
 from fsdp_jobs.runtime import preflight_verdict as preflight
 from fsdp_jobs.runtime.mesh import World
 from fsdp_jobs.runtime.metrics import log
@@ -252,7 +253,8 @@ def run_preflight(run_dir: Path, cfg: JobConfig, world: World) -> bool:
     if world.rank == 0:
         assert v is not None
         v.update(time=time.time(), seconds=round(time.time() - began, 2), ranks=ranks)
-        runs.write_atomic(RunDir(run_dir).preflight_file, json.dumps(v, indent=1) + "\n")
+        record = PreflightRecord(**v)  # the verdict's keys are the record's fields: a new one is added there
+        runs.write_atomic(RunDir(run_dir).preflight_file, json.dumps(record.to_json(), indent=1) + "\n")
         log(0, f"preflight of {len(v['nodes'])} nodes in {v['seconds']} s" +
             "".join(f"; note: {n}" for n in v["notes"]))
         log(0, preflight.table(v))

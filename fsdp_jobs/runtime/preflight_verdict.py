@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from fsdp_jobs.rundir.layout import RunDir
+from fsdp_jobs.rundir.records import PreflightRecord
 
 DEFAULT_SLOW_RATIO = 2.0
 # (key in a rank's record, column title, words): every one is "higher is better"
@@ -159,10 +160,11 @@ def summary_line(v: dict[str, Any]) -> str:
             " | ".join(f"{n}: {v['nodes'][n]['verdict']}" for n in v["bad"]))
 
 
-def read(run_dir: Path) -> Optional[dict[str, Any]]:
-    """The preflight record (RunDir.preflight_file: the newest preflight's verdict and every rank's measures), or None."""
+def read(run_dir: Path) -> Optional[PreflightRecord]:
+    """The preflight record (RunDir.preflight_file: the newest preflight's verdict and every rank's measures), or
+    None when missing or damaged."""
     try:
         data = json.loads(RunDir(run_dir).preflight_file.read_text())
     except (OSError, ValueError):
         return None
-    return data if isinstance(data, dict) else None
+    return PreflightRecord.from_dict(data)

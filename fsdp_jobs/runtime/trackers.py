@@ -40,7 +40,7 @@ if TYPE_CHECKING:  # types only: the ranks' config comes from fsdp_jobs/planning
     from fsdp_jobs.planning.config import JobConfig
 # bookkeeping in a metrics record, not a metric to chart
 NOT_SCALARS = frozenset({"step", "time", "world_size", "restart", "attempt", "sample_start", "step_time_s",
-                         "peak_mem_gb"})
+                         "peak_mem_gb", "v"})
 
 
 def scalars(record: dict[str, Any]) -> dict[str, float]:

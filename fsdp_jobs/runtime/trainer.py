@@ -26,6 +26,7 @@ from fsdp_jobs.rundir.checkpoints import step_dir
 from fsdp_jobs.planning.cluster_config import CPU_PEAK_TFLOPS, ClusterConfig
 from fsdp_jobs.planning.plan import compute_dtype, micro_batch, replica_groups, reshard_after_forward
 from fsdp_jobs.rundir.layout import RunDir
+from fsdp_jobs.rundir.records import MetricsRow, RankRecord
 from fsdp_jobs.runtime import heartbeat
 from fsdp_jobs.runtime.checkpoint import CheckpointManager, StateObjects, TrainState
 from fsdp_jobs.runtime.data import build_dataset
@@ -66,12 +67,12 @@ def lr_lambda(train: TrainConfig) -> Callable[[int], float]:
 
 def write_rank_file(run_dir: Path, world: World) -> None:
     RunDir(run_dir).ranks_dir.mkdir(exist_ok=True)
-    info = {"rank": world.job_rank, "pid": os.getpid(), "uid": os.getuid(), "host": socket.gethostname(),
-            "node_rank": world.node_rank,
-            "node": os.environ.get("FSDP_JOBS_NODE") or socket.gethostname(),  # set by launchers/node/wrapper.py
-            "restart": world.restart, "world_size": world.world_size, "time": time.time(),
-            **({"replica_group": world.group} if world.groups > 1 else {})}
-    runs.write_atomic(RunDir(run_dir).rank_file(world.job_rank), json.dumps(info) + "\n")
+    info = RankRecord(rank=world.job_rank, pid=os.getpid(), uid=os.getuid(), host=socket.gethostname(),
+                      node_rank=world.node_rank,
+                      node=os.environ.get("FSDP_JOBS_NODE") or socket.gethostname(),  # set by launchers/node/wrapper.py
+                      restart=world.restart, world_size=world.world_size, time=time.time(),
+                      replica_group=world.group if world.groups > 1 else None)
+    runs.write_atomic(RunDir(run_dir).rank_file(world.job_rank), json.dumps(info.to_json()) + "\n")
 
 
 def mfu_peak_flops(cfg: JobConfig, device: torch.device) -> float:
@@ -120,11 +121,11 @@ class MetricsWindow:
             ranks = rec["world_size"]
             tokens_per_s = self.tokens_per_rank_step * ranks / dt
             mfu = tokens_per_s / ranks * self.fpt / self.peak
-            self.metrics.write({"step": rec["step"], "loss": loss_value, "lr": rec["lr"], "grad_norm": norm_value,
-                                "tokens_per_s": tokens_per_s, "mfu": mfu,
-                                "peak_mem_gb": mem, "step_time_s": dt, "sample_start": rec["sample_start"],
-                                "world_size": ranks, "restart": world.restart, "attempt": self.attempt,
-                                "time": rec["time"]})
+            self.metrics.write(MetricsRow(step=rec["step"], loss=loss_value, lr=rec["lr"], grad_norm=norm_value,
+                                          tokens_per_s=tokens_per_s, mfu=mfu,
+                                          peak_mem_gb=mem, step_time_s=dt, sample_start=rec["sample_start"],
+                                          world_size=ranks, restart=world.restart, attempt=self.attempt,
+                                          time=rec["time"]))
         self.window, self.t_window = [], time.perf_counter()
 
 

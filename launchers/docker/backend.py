@@ -31,6 +31,7 @@ from typing import Any, Optional, TYPE_CHECKING
 import yaml
 
 from fsdp_jobs.rundir import runs
+from fsdp_jobs.rundir.records import LaunchRecord
 from fsdp_jobs.planning.secret_env import passed_names
 from fsdp_jobs.planning.errors import UserError
 from fsdp_jobs.rundir.layout import RunDir
@@ -273,11 +274,11 @@ class DockerBackend(Backend[DockerRequest]):
         runs.write_atomic(Path(req.file), yaml.safe_dump(req.compose, sort_keys=False))
         drop_dotenv(run_dir)
         runs.clear_stop_request(run_dir)
-        launch = dict(backend="docker", job_id=req.project, project=req.project, file=req.file, nodes=plan.nodes,
-                      gpus_per_node=plan.gpus_per_node, user=container_user(cfg), detach=bool(cfg.cluster.detach),
-                      down=req.commands[1], compose=compose_command(cfg), grace=cfg.cluster.stop_grace_s + 15,
-                      **code)
-        runs.record_launch(run_dir, **launch)
+        launch = LaunchRecord(backend="docker", job_id=req.project, nodes=plan.nodes, gpus_per_node=plan.gpus_per_node,
+                              extra=dict(project=req.project, file=req.file, user=container_user(cfg),
+                                         detach=bool(cfg.cluster.detach), down=req.commands[1],
+                                         compose=compose_command(cfg), grace=cfg.cluster.stop_grace_s + 15, **code))
+        runs.record_launch(run_dir, launch)
         job = runs.load_job(run_dir)  # as submit wrote it, before any container could touch the run dir
         (run_dir / RESULT_FILE).unlink(missing_ok=True)
         give_to(run_dir, container_user(cfg))

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, Iterator, Optional, TYPE_CHECKING
 
 from fsdp_jobs.rundir import runs
+from fsdp_jobs.rundir.records import LaunchRecord
 from fsdp_jobs.planning.errors import UserError
 from launchers.kubernetes import manifests
 from launchers.base import Backend, DryRun, JobState, JobStatus, Run, Submitted
@@ -132,11 +133,11 @@ class KubernetesBackend(Backend[manifests.Request]):
                 print(f"fsdp-jobs: note: {obj['kind']} {obj['metadata']['name']} is not owned by the job "
                       f"({explain(e, 'patch', client).allowed}); delete it after the job", flush=True)
         job_id = f"{req.namespace}:{req.name}"
-        runs.record_launch(Path(plan.run_dir), backend=self.name, job_id=job_id, kind=req.kind,
-                           namespace=req.namespace, name=req.name, context=req.context, nodes=plan.nodes,
-                           gpus_per_node=plan.gpus_per_node, image=cfg.cluster.image, pod_run_dir=req.run_dir,
-                           stop_grace_s=int(cfg.cluster.stop_grace_s) + 30,
-                           objects=[f"{o['kind']}/{o['metadata']['name']}" for o in req.objects])
+        runs.record_launch(Path(plan.run_dir), LaunchRecord(
+            backend=self.name, job_id=job_id, nodes=plan.nodes, gpus_per_node=plan.gpus_per_node,
+            extra=dict(kind=req.kind, namespace=req.namespace, name=req.name, context=req.context,
+                       image=cfg.cluster.image, pod_run_dir=req.run_dir, stop_grace_s=int(cfg.cluster.stop_grace_s) + 30,
+                       objects=[f"{o['kind']}/{o['metadata']['name']}" for o in req.objects])))
         print(f"submitted Kubernetes {manifests.KINDS[req.kind].kind} {job_id}: {plan.name} on {plan.nodes} pods "
               f"x {plan.gpus_per_node}\n"
               f"  run dir:  {req.run_dir} on PVC {cfg.cluster.pvc} (local records: {Path(plan.run_dir)})\n"

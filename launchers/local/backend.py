@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, Optional, TYPE_CHECKING
 
 from fsdp_jobs.rundir import runs
+from fsdp_jobs.rundir.records import LaunchRecord
 from fsdp_jobs.planning.errors import UserError
 from fsdp_jobs.rundir.layout import RunDir
 from launchers.base import (Backend, DryRun, JobState, JobStatus, Run, Submitted, request_scale,
@@ -234,8 +235,8 @@ def run_agents(dryrun: DryRun[LocalRequest], echo: bool = True) -> int:
     run_dir = Path(plan.run_dir)
     runs.clear_stop_request(run_dir)
     begin_user_attempt(cfg, run_dir)
-    runs.record_launch(run_dir, backend="local", job_id=str(os.getpid()), pid=os.getpid(), nodes=plan.nodes,
-                       gpus_per_node=plan.gpus_per_node)
+    runs.record_launch(run_dir, LaunchRecord(backend="local", job_id=str(os.getpid()), nodes=plan.nodes,
+                                             gpus_per_node=plan.gpus_per_node, extra={"pid": os.getpid()}))
     sink = LogSink(RunDir(run_dir).launcher_log, echo)
     nodes: list[Node] = []
     spares = list(dryrun.request.spares)

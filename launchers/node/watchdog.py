@@ -40,6 +40,7 @@ from typing import Any, Optional
 from fsdp_jobs.cli import stragglers
 from fsdp_jobs.rundir import hangs, liveness
 from fsdp_jobs.rundir.layout import RunDir
+from fsdp_jobs.rundir.records import HangRecord
 
 STALE_S = liveness.STALE_S  # a heartbeat thread silent this long: the process itself is not running
 STRAGGLER_CHECK_S = 10.0
@@ -227,11 +228,11 @@ class Watchdog:
             (where / f"rank-{b.rank}.txt").write_text(f"rank {b.rank} pid {b.pid} on {b.node}, step {b.step}, "
                                                       f"{process_state(b.pid)}\n\n{text}")
             frames[b.rank] = innermost_frame(text)
-        record = {"time": now, "node": self.node, "stalled_s": round(stalled, 1), "timeout_s": round(timeout, 1),
-                  "step": max(b.step for b in mine), "dir": str(where), "hang": self.hangs,
-                  "first_stopped": {"rank": culprit.rank, "node": culprit.node, "pid": culprit.pid,
-                                    "step": culprit.step, "state": state,
-                                    "frame": frames.get(culprit.rank)}}
+        record = HangRecord(time=now, node=self.node, stalled_s=round(stalled, 1), timeout_s=round(timeout, 1),
+                            step=max(b.step for b in mine), dir=str(where), hang=self.hangs,
+                            first_stopped={"rank": culprit.rank, "node": culprit.node, "pid": culprit.pid,
+                                           "step": culprit.step, "state": state,
+                                           "frame": frames.get(culprit.rank)})
         hangs.record(self.run_dir, record)
         self.given_up = self.hangs > int(self.fault.get("max_hang_restarts", 3))
         for b in mine:  # SIGKILL works on a stopped process too; torchrun restarts the workers
@@ -242,9 +243,9 @@ class Watchdog:
                 pass
         what = ("giving up: fault.max_hang_restarts used" if self.given_up
                 else f"restarting the workers (hang restart {self.hangs} of {self.fault.get('max_hang_restarts', 3)})")
-        c = record["first_stopped"]
+        c = record.first_stopped
         return (f"fsdp-jobs: {self.node}: hang: no rank advanced for {stalled:.0f} s (timeout {timeout:.0f} s) at "
-                f"step {record['step']}; stopped first: rank {c['rank']} on {c['node']} (pid {c['pid']}, step "
+                f"step {record.step}; stopped first: rank {c['rank']} on {c['node']} (pid {c['pid']}, step "
                 f"{c['step']}, {c['state']}) in {c['frame'] or 'an unknown frame'}; stacks in {where}; {what}")
 
 

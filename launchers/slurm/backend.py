@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, Optional, TYPE_CHECKING
 
 from fsdp_jobs.rundir import runs
+from fsdp_jobs.rundir.records import LaunchRecord
 from fsdp_jobs.planning.errors import UserError
 from fsdp_jobs.rundir.layout import RunDir
 from launchers.base import Backend, DryRun, JobState, JobStatus, Run, Submitted
@@ -345,8 +346,9 @@ def submit_jobs(dryruns: list[DryRun[SlurmRequest]]) -> list[str]:
         if len(dryruns) > 1:  # the run dir holds its logs, as for a single job
             slurm_dir(run_dir).mkdir(exist_ok=True)
             (slurm_dir(run_dir) / job.job_id).symlink_to(job_folder)
-        runs.record_launch(run_dir, backend="slurm", job_id=job.job_id, nodes=d.plan.nodes,
-                           gpus_per_node=d.plan.gpus_per_node, folder=str(job_folder), **code)
+        runs.record_launch(run_dir, LaunchRecord(backend="slurm", job_id=job.job_id, nodes=d.plan.nodes,
+                                                 gpus_per_node=d.plan.gpus_per_node,
+                                                 extra={"folder": str(job_folder), **code}))
         if d.plan.rendezvous.max_nodes > d.plan.nodes:  # what `fsdp-jobs scale` submits the added nodes with
             save_parameters(run_dir, d.request.parameters)
     return [str(job.job_id) for job in jobs]

@@ -30,6 +30,7 @@ from fsdp_jobs.rundir import runs
 from fsdp_jobs.rundir.checkpoints import newest_checkpoint, step_of
 from fsdp_jobs.rundir.failures import ATTEMPT_ENV
 from fsdp_jobs.rundir.layout import RunDir
+from fsdp_jobs.rundir.records import LaunchRecord
 from fsdp_jobs.rundir.runs import clear_stop_request, request_stop
 from launchers.common import (LIGHTHOUSE_ENV, NODE_WRAPPER, REPLICA_GROUP_ENV, USER_CODE_ENV, begin_user_attempt,
                               rank_entry, settle_user_state, torchrun_args)
@@ -102,9 +103,10 @@ def requeue_excluding(run_dir: Path, job_id: str, decision: Decision) -> None:
             print(f"fsdp-jobs: could not exclude {nodes} from job {job_id}: {r.stderr.strip()[:300]}", flush=True)
     finally:
         subprocess.run(["scontrol", "release", job_id], timeout=60)
-    last = {k: v for k, v in runs.last_launch(run_dir).items() if k not in ("time", "unix")}
-    runs.record_launch(run_dir, **{**last, "requeue": "preflight", "exclude": list(decision.exclude),
-                                   "why": decision.reason})
+    last = LaunchRecord.from_dict(runs.last_launch(run_dir)) or LaunchRecord(backend="slurm", job_id=job_id)
+    runs.record_launch(run_dir, LaunchRecord(
+        backend=last.backend, job_id=last.job_id, nodes=last.nodes, gpus_per_node=last.gpus_per_node,
+        extra={**last.extra, "requeue": "preflight", "exclude": list(decision.exclude), "why": decision.reason}))
     print(f"fsdp-jobs: requeued job {job_id} with --exclude={nodes}: {decision.reason}", flush=True)
 
 

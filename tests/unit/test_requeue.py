@@ -69,11 +69,13 @@ def test_preflight_decision(state, enabled, excluded, terminated, action, exclud
 
 def test_the_excluded_nodes_grow_from_the_config_and_the_last_requeue(tmp_path):
     from fsdp_jobs.rundir import runs
+    from fsdp_jobs.rundir.records import LaunchRecord
     from launchers.slurm.node_task import excluded_nodes
 
     from omegaconf import OmegaConf
 
     job = OmegaConf.create({"cluster": {"exclude": ["c9"]}})  # as job_config gives it: attribute access
     assert excluded_nodes(tmp_path, job) == ["c9"]
-    runs.record_launch(tmp_path, backend="slurm", job_id="12", exclude=["c3"], requeue="preflight")
+    runs.record_launch(tmp_path, LaunchRecord(backend="slurm", job_id="12",
+                                              extra={"exclude": ["c3"], "requeue": "preflight"}))
     assert excluded_nodes(tmp_path, job) == ["c3", "c9"]

@@ -88,11 +88,13 @@ def test_the_innermost_frame_of_the_main_thread_from_either_dump():
 
 
 def test_status_shows_one_hang_per_event_as_the_culprits_node_saw_it(tmp_path):
+    from fsdp_jobs.rundir.records import HangRecord
+
     culprit = {"rank": 1, "node": "node0", "pid": 7, "step": 45, "state": "T (stopped)"}
     for t, node, frame in ((NOW, "node1", None), (NOW + 0.5, "node0", "forward (llama.py:61)"),
                            (NOW + 200, "node1", None)):
-        hangs.record(tmp_path, {"time": t, "node": node, "first_stopped": {**culprit, "frame": frame},
-                                "dir": f"/runs/x/logs/hang-{node}"})
+        hangs.record(tmp_path, HangRecord(time=t, node=node, first_stopped={**culprit, "frame": frame},
+                                          dir=f"/runs/x/logs/hang-{node}"))
     RunDir(tmp_path).hangs_file.open("a").write("not json\n" + json.dumps([1]) + "\n")
     s = hangs.summary(tmp_path)
     assert s["hangs"] == 2 and s["rank"] == 1 and s["node"] == "node0" and s["frame"] is None  # the newest hang
@@ -101,9 +103,10 @@ def test_status_shows_one_hang_per_event_as_the_culprits_node_saw_it(tmp_path):
 
 def test_a_failure_repeats_only_as_the_same_first_exception_at_the_same_step_in_the_last_two_attempts():
     from fsdp_jobs.rundir.failures import repeating
+    from fsdp_jobs.rundir.records import FailureRecord
 
     def f(attempt: str, t: float, error: str = "ValueError: x", step: int | None = 3, where: str = "a.py:1"):
-        return {"attempt": attempt, "time": t, "error": error, "step": step, "where": where}
+        return FailureRecord(attempt=attempt, time=t, error=error, step=step, where=where)
 
     assert repeating([f(":0", 1)]) is None  # once is not a pattern
     assert "at step 3: ValueError: x" in repeating([f(":0", 1), f(":1", 2)])

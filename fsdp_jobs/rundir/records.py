@@ -1,0 +1,259 @@
+"""One dataclass per run-dir record, each carrying its schema version `v`.
+
+Every writer builds the record (a misspelt field fails at once, not in a reader weeks later) and writes
+`to_json()`; every reader in fsdp_jobs/rundir parses through `from_dict`, which returns None for anything
+that is not a record of ours (not an object, a required field missing, a field of the wrong type) and
+never raises: run dirs outlive versions, are shared by processes that die mid-write, and can be edited by
+anyone who can write them. A record from a newer version (v=2, keys this one does not know) is still
+read: unknown keys go to `extra` where a record has one (and are written back), else they are dropped.
+
+The liveness records (RankBeat, NodeLiveness, JobView) live in liveness.py, in the same style.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from dataclasses import dataclass, field, fields
+from typing import Any, Optional, TypeVar
+
+SCHEMA = 1
+
+R = TypeVar("R", bound="Record")
+
+
+def _is(kind: str, value: Any) -> bool:
+    """Does `value` fit the annotation `kind` (the string form: `from __future__ import annotations`)?"""
+    if kind.startswith("Optional[") and kind.endswith("]"):
+        return value is None or _is(kind[len("Optional["):-1], value)
+    if kind == "bool":
+        return isinstance(value, bool)
+    if kind == "int":  # a bool is an int to Python, never to a record
+        return isinstance(value, int) and not isinstance(value, bool)
+    if kind == "float":  # NaN and inf too: a diverged loss is still a metric
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if kind == "str":
+        return isinstance(value, str)
+    if kind.startswith("list"):
+        return isinstance(value, list) and (kind != "list[str]" or all(isinstance(x, str) for x in value))
+    if kind.startswith("dict"):
+        return isinstance(value, dict)
+    return kind == "Any"
+
+
+@functools.lru_cache(maxsize=None)
+def _fields(cls: type) -> dict[str, str]:
+    """{name: annotation} of a record's fields ("extra" included), once per class: read_metrics parses
+    every row of a long run."""
+    return {f.name: str(f.type) for f in fields(cls)}
+
+
+class Record:
+    """What every record shares: the tolerant read and the JSON object written (fields that are None are
+    left out: readers ask with .get; `extra`'s keys are written at the top level)."""
+
+    v: int
+    extra: dict[str, Any]
+
+    @classmethod
+    def from_dict(cls: type[R], d: Any) -> Optional[R]:
+        """The record, or None for anything that is not one of ours (never raises)."""
+        if not isinstance(d, dict):
+            return None
+        known, values, rest = _fields(cls), {}, {}
+        for k, value in d.items():
+            kind = known.get(k)
+            if kind is None or k == "extra":  # a key of a newer version (or a record's own "extra")
+                rest[k] = value
+            elif not _is(kind, value):
+                return None
+            else:
+                values[k] = value
+        if "extra" in known:
+            values["extra"] = rest
+        try:
+            return cls(**values)
+        except TypeError:  # a required field is missing
+            return None
+
+    def to_json(self) -> dict[str, Any]:
+        """The JSON object written: by hand, not dataclasses.asdict (a deep copy; metrics rows are per step)."""
+        out = {k: value for k, value in self.__dict__.items() if value is not None and k != "extra"}
+        out.update(getattr(self, "extra", None) or {})
+        return out
+
+
+@dataclass
+class StateRecord(Record):
+    """RunDir.state_file: running / completed / preempted / failed / requeued-* (+ step, reason), written by
+    rank 0, the user-code launchers, the node wrappers, a scheduler's requeuing task and the preflight."""
+
+    status: str
+    step: Optional[int] = None
+    reason: Optional[str] = None
+    checkpoint: Optional[str] = None  # the final checkpoint of a completed or preempted run
+    resumed_from: Optional[str] = None
+    stage: Optional[str] = None  # "preflight": the preflight decided this status
+    bad_nodes: Optional[list[str]] = None  # the nodes a failed preflight named
+    exclude: Optional[list[str]] = None  # the nodes a scheduler's requeue excludes
+    time: float = field(default_factory=time.time)
+    v: int = SCHEMA
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        # `step` is written even when unknown (null), as before: tools read state["step"]
+        return {"time": self.time, **super().to_json(), "step": self.step}
+
+
+@dataclass
+class LaunchRecord(Record):
+    """One line of RunDir.launches_file per launch or submission. The fields every backend writes are
+    typed; a backend's own (a folder, a code snapshot, a namespace, a compose command...)
+    are in `extra`, written at the top level, so readers keep `launch["folder"]`."""
+
+    backend: str
+    job_id: str
+    nodes: Optional[int] = None
+    gpus_per_node: Optional[int] = None
+    time: str = field(default_factory=lambda: time.strftime("%Y-%m-%dT%H:%M:%S"))
+    unix: Optional[float] = field(default_factory=lambda: round(time.time(), 3))  # goodput's queued time begins here
+    v: int = SCHEMA
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        # time and unix first, as the launch records always began
+        out = {"time": self.time, "unix": self.unix}
+        out.update(super().to_json())
+        return out
+
+
+@dataclass
+class GoodputEvent(Record):
+    """One line of RunDir.goodput_file: {event, time} + the event's own fields (fsdp_jobs/cli/goodput.py's
+    docstring names them), in `extra`; `pid` for a rank's events."""
+
+    event: str
+    time: float
+    pid: Optional[int] = None
+    v: int = SCHEMA
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"event": self.event, **super().to_json()}
+
+
+@dataclass
+class MetricsRow(Record):
+    """One line of RunDir.metrics_file per step (rank 0; fsdp_jobs/runtime/trainer.py MetricsWindow.flush).
+    A new metric is a field here and its value there. A user's script (fsdp_jobs.job.log) logs what it
+    has: its own names are in `extra`, written right after `step` in the order logged (the progress line
+    shows them in that order)."""
+
+    step: int
+    loss: Optional[float] = None
+    lr: Optional[float] = None
+    grad_norm: Optional[float] = None
+    tokens_per_s: Optional[float] = None
+    mfu: Optional[float] = None
+    peak_mem_gb: Optional[float] = None
+    step_time_s: Optional[float] = None
+    sample_start: Optional[int] = None
+    world_size: Optional[int] = None
+    restart: Optional[int] = None
+    attempt: Optional[str] = None
+    time: Optional[float] = None
+    v: int = SCHEMA
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"step": self.step}
+        out.update(self.extra)
+        for k, value in self.__dict__.items():
+            if value is not None and k != "extra" and k != "step":
+                out[k] = value
+        return out
+
+
+@dataclass
+class PreflightRecord(Record):
+    """RunDir.preflight_file: the newest preflight's verdict (fsdp_jobs/runtime/preflight_verdict.py verdict)
+    and every rank's measures (fsdp_jobs/runtime/preflight.py)."""
+
+    ok: bool
+    nodes: dict[str, Any]
+    bad: list[str]
+    notes: list[str] = field(default_factory=list)
+    slow_ratio: Optional[float] = None
+    checkpoint_gb: Optional[float] = None
+    medians: dict[str, Any] = field(default_factory=dict)
+    ranks: Optional[list[Any]] = None
+    time: Optional[float] = None
+    seconds: Optional[float] = None
+    rechecked: Optional[list[str]] = None  # the nodes slow in a first round, measured again
+    first_round: Optional[dict[str, Any]] = None
+    v: int = SCHEMA
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class HangRecord(Record):
+    """One line of RunDir.hangs_file per node per hang (launchers/node/watchdog.py on_hang)."""
+
+    time: float
+    node: str
+    first_stopped: dict[str, Any]  # rank, node, pid, step, state, frame: the rank that stopped first
+    stalled_s: Optional[float] = None
+    timeout_s: Optional[float] = None
+    step: Optional[int] = None
+    dir: Optional[str] = None  # this node's stacks
+    hang: Optional[int] = None  # this node's count
+    v: int = SCHEMA
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class FailureRecord(Record):
+    """One line of RunDir.failures_file per failed rank (fsdp_jobs/rundir/failures.py)."""
+
+    attempt: str
+    error: str
+    time: float = 0.0
+    rank: Optional[int] = None
+    step: Optional[int] = None
+    where: str = ""
+    v: int = SCHEMA
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return {**super().to_json(), "step": self.step}  # null: it failed at start-up
+
+
+@dataclass
+class ScaleRequest(Record):
+    """RunDir.scale_request_file: `fsdp-jobs scale RUN nodes=N` for a launcher that starts nodes itself."""
+
+    nodes: int
+    v: int = SCHEMA
+
+
+@dataclass
+class RankRecord(Record):
+    """RunDir.rank_file(rank): who this rank is, for tools (launchers/chaos.py, bench) and tests that kill
+    ranks (fsdp_jobs/runtime/trainer.py write_rank_file)."""
+
+    rank: int
+    pid: int
+    node: str = ""
+    host: str = ""
+    uid: Optional[int] = None
+    node_rank: Optional[int] = None
+    restart: Optional[int] = None
+    world_size: Optional[int] = None
+    time: Optional[float] = None
+    replica_group: Optional[int] = None  # fault_tolerance=replica only
+    v: int = SCHEMA
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+ALL = (StateRecord, LaunchRecord, GoodputEvent, MetricsRow, PreflightRecord, HangRecord, FailureRecord,
+       ScaleRequest, RankRecord)
