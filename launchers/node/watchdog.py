@@ -35,10 +35,13 @@ import sys
 import time
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Optional
 
 from fsdp_jobs.cli import stragglers
 from fsdp_jobs.rundir import hangs, liveness
+
+if TYPE_CHECKING:  # types only: the node wrapper reads the fault keys through the schema (job_fault)
+    from fsdp_jobs.planning.config import FaultConfig
 from fsdp_jobs.rundir.layout import RunDir
 from fsdp_jobs.rundir.records import HangRecord
 
@@ -50,16 +53,16 @@ DERIVED_FLOOR_S, DERIVED_FACTOR = 60.0, 10.0
 Beat = liveness.RankBeat  # one rank's latest heartbeat
 
 
-def hang_timeout(beats: list[Beat], fault: dict[str, Any], job_step: Optional[int] = None) -> float:
+def hang_timeout(beats: list[Beat], fault: FaultConfig, job_step: Optional[int] = None) -> float:
     """How long no progress may last. Explicit, else derived from the step times once every rank is
     stepping and has timed a few steps; start-up, loads and saves get fault.startup_timeout_s, unless
     the job's other ranks are already past them (`job_step`: the furthest step a live rank of the job
     advanced to): a rank stopped in the middle of a save its peers finished is late, not saving."""
-    startup = float(fault.get("startup_timeout_s") or 300)
+    startup = float(fault.startup_timeout_s)
     if any(b.phase != "step" and (job_step is None or b.step >= job_step) for b in beats):
-        return max(startup, float(fault.get("hang_timeout_s") or 0))
-    if fault.get("hang_timeout_s"):
-        return float(fault["hang_timeout_s"])
+        return max(startup, float(fault.hang_timeout_s or 0))
+    if fault.hang_timeout_s:
+        return float(fault.hang_timeout_s)
     times = [b.step_s for b in beats if b.step_s is not None]
     if len(times) < len(beats) or not times:
         return startup
@@ -142,7 +145,7 @@ def dump_stack(beat: Beat, stacks_file: Path, wait_s: float = 2.0) -> str:
 class Watchdog:
     """One node's: `tick()` once a second from launchers/node/wrapper.py while its agent runs."""
 
-    def __init__(self, run_dir: Path, node: str, agent_pid: int, fault: dict[str, Any],
+    def __init__(self, run_dir: Path, node: str, agent_pid: int, fault: FaultConfig,
                  local_dir: Optional[Path] = None) -> None:
         self.run_dir, self.node, self.agent_pid, self.fault = run_dir, node, agent_pid, fault
         self.local_dir = local_dir or liveness.local_dir(run_dir, node)
@@ -170,8 +173,11 @@ class Watchdog:
         # its heartbeat thread stopped with it, and a stop within a second of a save's end left "save" in
         # the file (a SLURM test's hang then waited the 300 s start-up allowance, not fault.hang_timeout_s)
         judged = [replace(b, phase="step") if process_state(b.pid)[:1] in ("T", "t") else b for b in mine]
-        timeout = hang_timeout(judged, self.fault, self.job_step(judged, now))
         stalled = stalled_for(mine, now)
+        # a rank in a save or a load gets the start-up allowance unless the job's other ranks are past it:
+        # the job's furthest step is read (the job view) only once the stall outlasts the shorter timeout
+        short = hang_timeout(judged, self.fault, job_step=sys.maxsize)
+        timeout = short if stalled <= short else hang_timeout(judged, self.fault, self.job_step(judged, now))
         if stalled <= timeout:
             return self.check_straggler(now)
         return self.on_hang(mine, now, stalled, timeout)
@@ -198,13 +204,13 @@ class Watchdog:
         if now < self.next_straggler_check:
             return None
         self.next_straggler_check = now + STRAGGLER_CHECK_S
-        ratio = float(self.fault.get("straggler_ratio") or stragglers.DEFAULT_RATIO)
+        ratio = float(self.fault.straggler_ratio)
         s = stragglers.of_run(self.run_dir, ratio, now)
         if s is None or self.node not in s["stragglers"]:
             self.straggling = 0
             return None
         self.straggling += 1
-        if self.straggling != int(self.fault.get("straggler_checks") or 3):
+        if self.straggling != int(self.fault.straggler_checks):
             return None
         mine = s["nodes"][self.node]
         return (f"fsdp-jobs: {self.node}: straggler: this node's ranks compute {mine['ratio']:g}x the median "
@@ -234,7 +240,7 @@ class Watchdog:
                                            "step": culprit.step, "state": state,
                                            "frame": frames.get(culprit.rank)})
         hangs.record(self.run_dir, record)
-        self.given_up = self.hangs > int(self.fault.get("max_hang_restarts", 3))
+        self.given_up = self.hangs > int(self.fault.max_hang_restarts)
         for b in mine:  # SIGKILL works on a stopped process too; torchrun restarts the workers
             self.killed.add(b.pid)
             try:
@@ -242,7 +248,7 @@ class Watchdog:
             except OSError:
                 pass
         what = ("giving up: fault.max_hang_restarts used" if self.given_up
-                else f"restarting the workers (hang restart {self.hangs} of {self.fault.get('max_hang_restarts', 3)})")
+                else f"restarting the workers (hang restart {self.hangs} of {self.fault.max_hang_restarts})")
         c = record.first_stopped
         return (f"fsdp-jobs: {self.node}: hang: no rank advanced for {stalled:.0f} s (timeout {timeout:.0f} s) at "
                 f"step {record.step}; stopped first: rank {c['rank']} on {c['node']} (pid {c['pid']}, step "

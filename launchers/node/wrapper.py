@@ -24,7 +24,10 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
+
+if TYPE_CHECKING:  # types only: this wrapper imports nothing of the project before it sets the umask
+    from fsdp_jobs.planning.config import FaultConfig
 
 RUN_DIR_ENV = "FSDP_JOBS_RUN_DIR"
 NODE_ENV = "FSDP_JOBS_NODE"
@@ -160,17 +163,19 @@ def write_termination_log(path: str, text: str) -> None:
         print(f"fsdp-jobs: cannot write the termination message {path}: {e}", flush=True)
 
 
-def job_fault(run_dir: Path) -> Optional[dict[str, Any]]:
-    """The job's fault.* keys, or None when its watchdog is off (or the job record cannot be read)."""
+def job_fault(run_dir: Path) -> Optional[FaultConfig]:
+    """The job's fault.* keys through the schema (its defaults for what an older job record lacks), or None
+    when its watchdog is off (or the job record cannot be read)."""
     import yaml
 
-    from fsdp_jobs.rundir.layout import RunDir
+    from fsdp_jobs.planning.config import rank_config
+    from fsdp_jobs.rundir import runs
 
     try:
-        fault = (yaml.safe_load(RunDir(run_dir).job_file.read_text()) or {}).get("fault") or {}
+        fault = rank_config(runs.load_job(run_dir) or {}).fault
     except (OSError, ValueError, AttributeError, yaml.YAMLError):
         return None
-    return fault if fault.get("watchdog", True) else None
+    return fault if fault.watchdog else None
 
 
 def supervise_agent(agent: subprocess.Popen, run_dir: Path, node: str, beats: Path) -> int:

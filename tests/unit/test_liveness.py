@@ -9,6 +9,8 @@ import os
 
 import pytest
 
+from fsdp_jobs.planning.config import FaultConfig
+
 from fsdp_jobs.rundir import liveness
 from fsdp_jobs.rundir.layout import RunDir
 from fsdp_jobs.runtime import heartbeat
@@ -117,7 +119,7 @@ def test_the_watchdog_names_another_nodes_stopped_rank_from_its_published_record
     monkeypatch.setattr(wd, "dump_stack", lambda beat, path: "(stack)\n")
     killed: list[int] = []
     monkeypatch.setattr(wd.os, "kill", lambda pid, sig: killed.append(pid))
-    line = wd.Watchdog(tmp_path, "node0", 77, {"hang_timeout_s": 20}, memory).tick(NOW)
+    line = wd.Watchdog(tmp_path, "node0", 77, FaultConfig(hang_timeout_s=20), memory).tick(NOW)
     assert "stopped first: rank 2 on node1" in line, line
     assert sorted(killed) == [500, 501]
     view = liveness.read_view(tmp_path, NOW)  # node0 holds rank 0: it wrote the job view, node1's summary in it
@@ -171,7 +173,7 @@ def test_a_node_that_is_not_the_leader_reads_no_other_nodes_file_while_its_ranks
     monkeypatch.setattr(wd, "parent_pid", lambda pid: 77)
     monkeypatch.setattr(wd, "process_state", lambda pid: "S (sleeping)")
     leader = liveness.Leader(tmp_path, "node0")
-    dog = wd.Watchdog(tmp_path, "node1", 77, {"hang_timeout_s": 20}, memory)
+    dog = wd.Watchdog(tmp_path, "node1", 77, FaultConfig(hang_timeout_s=20), memory)
     for s in range(60):
         reads["counting"] = False  # the leader's node (which reads the records) keeps the view fresh
         leader.tick([beat(0, step=s, alive=NOW + s, progress=NOW + s)], NOW + s)
@@ -208,3 +210,27 @@ def test_the_write_counter_counts_what_a_file_servers_metadata_sees_and_leaves_t
     t.join()
     assert got["by_kind"] == {"create": 1, "close_write": 2, "moved_to": 1}, got
     assert got["by_file"] == {"state.json": 1, ".state.json.tmp": 2, "liveness/node-n.json": 1}, got
+
+
+def test_a_saving_node_reads_the_job_view_only_once_its_stall_outlasts_the_short_timeout(tmp_path, monkeypatch):
+    """A save's start-up allowance depends on the job's furthest step (is this rank late, or is everyone
+    saving?): read from the view only when the answer matters, not every second of every save."""
+    import launchers.node.watchdog as wd
+
+    memory = tmp_path / "node-memory"
+    memory.mkdir()
+    reads = []
+    real = liveness.read_view
+    monkeypatch.setattr(liveness, "read_view", lambda *a: reads.append(a) or real(*a))
+    monkeypatch.setattr(wd, "parent_pid", lambda pid: 77)
+    monkeypatch.setattr(wd, "process_state", lambda pid: "S (sleeping)")
+    liveness.Leader(tmp_path, "node0").tick([beat(0, phase="save", step=40, progress=NOW - 25)], NOW - 1)
+    liveness.write_beat(memory, beat(2, "node1", pid=602, phase="save", step=40, progress=NOW - 10))
+    dog = wd.Watchdog(tmp_path, "node1", 77, FaultConfig(hang_timeout_s=20, startup_timeout_s=300), memory)
+    assert dog.tick(NOW) is None and dog.check_straggler(NOW + 100) is None
+    reads.clear()
+    liveness.write_beat(memory, beat(2, "node1", pid=602, phase="save", step=40, progress=NOW - 10))
+    dog.next_straggler_check = NOW + 1000  # the straggler check aside: it reads the view every 10 s
+    assert dog.tick(NOW + 1) is None and reads == []  # saving for 11 s < 20 s: nothing to ask
+    liveness.write_beat(memory, beat(2, "node1", pid=602, phase="save", step=40, progress=NOW - 30))
+    assert dog.tick(NOW + 2) is None and len(reads) == 1  # 32 s: everyone is at the save (step 40): allowed

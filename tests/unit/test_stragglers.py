@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from fsdp_jobs.planning.config import FaultConfig
 from fsdp_jobs.cli import ctl, report, stragglers
 from fsdp_jobs.rundir import liveness
 from fsdp_jobs.rundir.layout import RunDir
@@ -85,8 +86,8 @@ def test_the_watchdog_warns_once_after_its_node_stayed_a_straggler(tmp_path):
     from launchers.node.watchdog import STRAGGLER_CHECK_S, Watchdog
 
     write_beats(tmp_path, {"node0": 0.1, "node1": 0.3, "node2": 0.1})
-    slow = Watchdog(tmp_path, "node1", 1, {"straggler_ratio": 1.5, "straggler_checks": 3})
-    fast = Watchdog(tmp_path, "node0", 1, {"straggler_ratio": 1.5, "straggler_checks": 3})
+    slow = Watchdog(tmp_path, "node1", 1, FaultConfig(straggler_ratio=1.5, straggler_checks=3))
+    fast = Watchdog(tmp_path, "node0", 1, FaultConfig(straggler_ratio=1.5, straggler_checks=3))
     lines = [(slow.check_straggler(t), fast.check_straggler(t)) for t in
              [1000 + i * STRAGGLER_CHECK_S for i in range(6)]]
     assert [a is not None for a, _ in lines] == [False, False, True, False, False, False]

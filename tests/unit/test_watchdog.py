@@ -7,6 +7,8 @@ import json
 
 import pytest
 
+from fsdp_jobs.planning.config import FaultConfig
+
 from fsdp_jobs.rundir import hangs
 from fsdp_jobs.rundir.layout import RunDir
 from launchers.node.watchdog import Beat, first_stopped, hang_timeout, innermost_frame, stalled_for
@@ -23,15 +25,15 @@ def beat(rank: int, step: int = 10, phase: str = "step", progress: float = NOW -
 
 @pytest.mark.parametrize("beats, fault, expected", [
     # derived: 10 x the slowest recent step, at least 60 s, at most the start-up allowance
-    ([beat(0, step_s=0.2), beat(1, step_s=0.5)], {"startup_timeout_s": 300}, 60.0),
-    ([beat(0, step_s=9.0), beat(1, step_s=2.0)], {"startup_timeout_s": 300}, 90.0),
-    ([beat(0, step_s=45.0)], {"startup_timeout_s": 300}, 300.0),
+    ([beat(0, step_s=0.2), beat(1, step_s=0.5)], FaultConfig(startup_timeout_s=300), 60.0),
+    ([beat(0, step_s=9.0), beat(1, step_s=2.0)], FaultConfig(startup_timeout_s=300), 90.0),
+    ([beat(0, step_s=45.0)], FaultConfig(startup_timeout_s=300), 300.0),
     # a rank without a few timed steps yet, or loading/saving/starting: the start-up allowance
-    ([beat(0, step_s=0.2), beat(1, step_s=None)], {"startup_timeout_s": 300}, 300.0),
-    ([beat(0, phase="save"), beat(1)], {"startup_timeout_s": 120}, 120.0),
-    ([beat(0, phase="start", step_s=None)], {"startup_timeout_s": 120, "hang_timeout_s": 20}, 120.0),
+    ([beat(0, step_s=0.2), beat(1, step_s=None)], FaultConfig(startup_timeout_s=300), 300.0),
+    ([beat(0, phase="save"), beat(1)], FaultConfig(startup_timeout_s=120), 120.0),
+    ([beat(0, phase="start", step_s=None)], FaultConfig(startup_timeout_s=120, hang_timeout_s=20), 120.0),
     # explicit: exactly that while stepping
-    ([beat(0, step_s=9.0)], {"startup_timeout_s": 300, "hang_timeout_s": 20}, 20.0),
+    ([beat(0, step_s=9.0)], FaultConfig(startup_timeout_s=300, hang_timeout_s=20), 20.0),
 ])
 def test_the_hang_timeout(beats, fault, expected):
     assert hang_timeout(beats, fault) == expected
@@ -42,7 +44,7 @@ def test_a_rank_stuck_in_a_save_its_peers_finished_gets_no_start_up_allowance():
     node used to wait the 300 s start-up allowance (and torchrun then 30 s more for a stopped rank that
     ignores SIGTERM) while the other node declared the hang at 60 s."""
     mine = [beat(2, step=50, step_s=0.2), beat(3, step=50, phase="save", step_s=0.2)]
-    fault = {"startup_timeout_s": 300}
+    fault = FaultConfig(startup_timeout_s=300)
     assert hang_timeout(mine, fault, job_step=52) == 60.0
     assert hang_timeout(mine, fault, job_step=50) == 300.0  # every live rank is at the save: it is a save
     assert hang_timeout(mine, fault) == 300.0
@@ -132,11 +134,11 @@ def test_a_rank_the_watchdog_killed_is_never_judged_again(tmp_path, monkeypatch)
     monkeypatch.setattr(wd, "dump_stack", lambda beat, path: "(stack)\n")
     killed = []
     monkeypatch.setattr(wd.os, "kill", lambda pid, sig: killed.append(pid))
-    dog = wd.Watchdog(tmp_path, "node0", 77, {"hang_timeout_s": 20, "max_hang_restarts": 3}, hb)
+    dog = wd.Watchdog(tmp_path, "node0", 77, FaultConfig(hang_timeout_s=20, max_hang_restarts=3), hb)
     assert "hang" in dog.tick(NOW) and killed == [4242]
     assert dog.tick(NOW + 1) is None and dog.hangs == 1  # the same (now dead) rank is not a second hang
     monkeypatch.setattr(wd, "process_state", lambda pid: "Z (zombie)")
-    assert wd.Watchdog(tmp_path, "node0", 77, {"hang_timeout_s": 20}, hb).tick(NOW) is None  # nor a zombie
+    assert wd.Watchdog(tmp_path, "node0", 77, FaultConfig(hang_timeout_s=20), hb).tick(NOW) is None  # nor a zombie
 
 
 def test_a_stopped_rank_whose_last_heartbeat_says_save_gets_the_hang_timeout(tmp_path, monkeypatch):
@@ -152,7 +154,7 @@ def test_a_stopped_rank_whose_last_heartbeat_says_save_gets_the_hang_timeout(tmp
     monkeypatch.setattr(wd, "parent_pid", lambda pid: 77)
     monkeypatch.setattr(wd, "dump_stack", lambda beat, path: "(stack)\n")
     monkeypatch.setattr(wd.os, "kill", lambda pid, sig: None)
-    fault = {"hang_timeout_s": 20, "startup_timeout_s": 300, "max_hang_restarts": 3}
+    fault = FaultConfig(hang_timeout_s=20, startup_timeout_s=300, max_hang_restarts=3)
     monkeypatch.setattr(wd, "process_state", lambda pid: "S (sleeping)")
     assert wd.Watchdog(tmp_path, "node0", 77, fault, hb).tick(NOW) is None  # saving for 30 s: allowed up to 300 s
     monkeypatch.setattr(wd, "process_state", lambda pid: "T (stopped)")
