@@ -27,8 +27,26 @@ WANDB_MODES = ("online", "offline")
 WANDB_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,127}")
 
 
+class Keys:
+    """Item access as well as attributes: `fsdp_jobs.job` scripts read `job.config["train"]["steps"]` (the
+    config was a mapping before it was typed, and a user's script must keep working), and the planning code
+    reads both the composed DictConfig and these dataclasses alike."""
+
+    def __getitem__(self, key: str) -> Any:
+        try:
+            return getattr(self, key)
+        except AttributeError:
+            raise KeyError(key) from None
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return getattr(self, key, default)
+
+    def __contains__(self, key: str) -> bool:
+        return hasattr(self, key)
+
+
 @dataclass
-class ModelConfig:
+class ModelConfig(Keys):
     name: str = "tiny"
     # any importable nn.Module class; it is called with the shape keys below that its
     # signature accepts, plus `kwargs`, under the meta device
@@ -50,7 +68,7 @@ class ModelConfig:
 
 
 @dataclass
-class MixedPrecisionConfig:
+class MixedPrecisionConfig(Keys):
     # auto = bfloat16 compute with float32 gradient reduction on GPU, full precision on CPU
     param_dtype: Optional[str] = "auto"  # dtype of the all-gathered params used for compute
     reduce_dtype: Optional[str] = "auto"  # dtype of the gradient reduce-scatter / all-reduce
@@ -59,7 +77,7 @@ class MixedPrecisionConfig:
 
 
 @dataclass
-class WrapConfig:
+class WrapConfig(Keys):
     # which submodules become their own FSDP unit: classes by import path ...
     transformer_blocks: List[str] = field(default_factory=list)
     # ... or every module holding at least this many not-yet-wrapped parameters.
@@ -68,7 +86,7 @@ class WrapConfig:
 
 
 @dataclass
-class FSDPConfig:
+class FSDPConfig(Keys):
     strategy: str = "hybrid_shard"  # one of STRATEGIES (the names FSDP1/Accelerate users know)
     # hybrid strategies only: ranks per shard group. None = one node (gpus_per_node);
     # "auto" = the smallest group whose model state fits cluster.gpu_memory_gb * memory_fraction
@@ -87,7 +105,7 @@ class FSDPConfig:
 
 
 @dataclass
-class WandbConfig:
+class WandbConfig(Keys):
     """Weights & Biases (`pip install 'fsdp-jobs[wandb]'`): one W&B run per job, resumed by every restart,
     requeue and resize on the same step axis (fsdp_jobs/runtime/trackers.py)."""
 
@@ -98,7 +116,7 @@ class WandbConfig:
 
 
 @dataclass
-class TrainConfig:
+class TrainConfig(Keys):
     steps: int = 300  # optimizer steps in total (a resumed run continues up to this)
     seed: int = 0  # init, data order and dropout all derive from it
     batch_per_rank: int = 4  # sequences per rank per step when global_batch_size is null
@@ -127,7 +145,7 @@ class TrainConfig:
 
 
 @dataclass
-class FaultConfig:
+class FaultConfig(Keys):
     """A rank that stops making progress without dying (a deadlock, a stopped process, a GPU or NIC that no
     longer answers): each node's watchdog (launchers/node/watchdog.py) sees its ranks' heartbeats stop, dumps
     every local rank's stack into the run's logs (a hang's folder), names the rank that stopped first, and restarts the
@@ -151,7 +169,7 @@ class FaultConfig:
 
 
 @dataclass
-class FaultToleranceConfig:
+class FaultToleranceConfig(Keys):
     """fault_tolerance=replica (README: Lose a node, keep training; fsdp_jobs/runtime/replicas.py): each
     HSDP replica group (a shard group of whole nodes) is a torchft replica with its own torchrun; a torchft
     lighthouse, started by the backend, forms a quorum of the live groups at every step. A failed group is
@@ -176,7 +194,7 @@ class FaultToleranceConfig:
 
 
 @dataclass
-class CheckpointConfig:
+class CheckpointConfig(Keys):
     interval: int = 50  # steps between checkpoints; 0 = only at the end (and on preemption)
     keep_last: int = 2  # committed checkpoints kept; older ones are deleted
     async_save: bool = False  # overlap the disk write with training (DCP thread mode)
@@ -185,7 +203,7 @@ class CheckpointConfig:
 
 
 @dataclass
-class DataConfig:
+class DataConfig(Keys):
     name: str = "synthetic"
     # a dataset class: called with seed, seq_len, vocab_size (if it takes them) and kwargs;
     # item i must depend only on (seed, i) so the order survives resumes and resizes
@@ -197,7 +215,7 @@ class DataConfig:
 
 
 @dataclass
-class JobConfig:
+class JobConfig(Keys):
     name: Optional[str] = None  # run name; the same name resumes the same run. None = generated
     nodes: int = 2
     gpus_per_node: int = 2  # ranks per node (on CPU: processes per simulated node)

@@ -121,3 +121,13 @@ def test_checkpoint_keeps_the_cuda_rng_and_loads_checkpoints_without_it(job, mon
     assert torch.equal(state, saved) and device == torch.device("cuda", 0)
     manifest = json.loads((job.run_dir / "checkpoints" / "step-000002" / "manifest.json").read_text())
     assert manifest["step"] == 2
+
+
+def test_a_scripts_job_config_reads_as_a_mapping_and_as_attributes():
+    """job.config was a mapping before it was typed: `job.config["train"]["steps"]` in a user's script keeps
+    working (tests/scripts/job_train.py reads it so), beside `job.config.train.steps`."""
+    cfg = rank_config({"train": {"steps": 12, "global_batch_size": 8}, "checkpoint": {"interval": 4}})
+    assert cfg["train"]["steps"] == cfg.train.steps == 12 and cfg["checkpoint"]["interval"] == 4
+    assert cfg.train.get("micro_batch_per_rank") is None and cfg.get("script") is None and "fault" in cfg
+    with pytest.raises(KeyError):
+        cfg["no_such_key"]
