@@ -151,7 +151,9 @@ class Publisher:
 
     @staticmethod
     def key(beats: list[RankBeat], now: float) -> tuple[Any, ...]:
-        return tuple(sorted((b.rank, b.pid, b.phase, b.restart, b.silent(now)) for b in beats))
+        # what a reader acts on; `timed`: the straggler report needs the first compute per step at once
+        return tuple(sorted((b.rank, b.pid, b.phase, b.restart, b.silent(now), b.compute_s is not None)
+                            for b in beats))
 
     def tick(self, beats: list[RankBeat], now: float) -> bool:
         """Publish if due; True when it wrote."""
@@ -282,7 +284,7 @@ class NodeSummary:
 
     def key(self) -> tuple[Any, ...]:
         return (self.node, self.ranks, self.restart, tuple(sorted(self.phases.items())),
-                tuple(b.rank for b in self.silent))
+                tuple(b.rank for b in self.silent), self.compute_s is not None)
 
 
 @dataclass
@@ -329,12 +331,12 @@ class Leader:
         return True
 
 
-def read_view(run_dir: Path, now: float) -> Optional[JobView]:
-    """The leader's JobView if it is fresh (else None: no leader now)."""
+def read_view(run_dir: Path, now: float, fresh: bool = True) -> Optional[JobView]:
+    """The leader's JobView; with `fresh`, only while it is fresh (else None: no leader now)."""
     text = read_in_place(RunDir(run_dir).job_liveness_file)
     try:
         d = json.loads(text) if text is not None else None
-        if not isinstance(d, dict) or not 0 <= now - float(d["written"]) <= FRESH_S:
+        if not isinstance(d, dict) or (fresh and not 0 <= now - float(d["written"]) <= FRESH_S):
             return None
         nodes = [NodeSummary.from_dict(n) for n in d["nodes"]]
         return JobView(float(d["written"]), str(d["leader"]), [n for n in nodes if n is not None])
@@ -343,11 +345,17 @@ def read_view(run_dir: Path, now: float) -> Optional[JobView]:
 
 
 def job_nodes(run_dir: Path, now: float) -> list[NodeSummary]:
-    """Every node's summary: the leader's view when fresh (one read), else from the node records."""
-    view = read_view(run_dir, now)
-    if view is not None:
+    """Every node's summary, newest word first: the leader's view when fresh (one read); else the last view
+    and the node records together (a job starting, a leader gone, a job that ended: `status` and `compare`
+    of a finished run still show its last stragglers). A summary's `written` says how old it is."""
+    view = read_view(run_dir, now, fresh=False)
+    if view is not None and 0 <= now - view.written <= FRESH_S:
         age = now - view.written  # as of now: a fresh view vouches for its ranks as a node record does
         return [replace(n, silent=[replace(b, alive=b.alive + age) for b in n.silent],
                         laggard=replace(n.laggard, alive=n.laggard.alive + age) if n.laggard else None)
                 for n in view.nodes]
-    return summarize(read_nodes(run_dir), now)
+    nodes = {n.node: n for n in (view.nodes if view else [])}
+    for n in summarize(read_nodes(run_dir), now):
+        if n.node not in nodes or n.written > nodes[n.node].written:
+            nodes[n.node] = n
+    return sorted(nodes.values(), key=lambda n: n.node)

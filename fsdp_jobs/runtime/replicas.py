@@ -133,7 +133,9 @@ class Replicas(NoReplicas):
         deadline = time.time() + timeout_s
         ranks_per_group, me = self.world.world_size, self.world.group
         while True:
-            nodes = [n for n in liveness.job_nodes(self.run_dir, time.time()) if n.written > self.since]
+            now = time.time()  # what was said since this rank started, and is fresh: a live group
+            nodes = [n for n in liveness.job_nodes(self.run_dir, now)
+                     if n.written > self.since and now - n.written <= liveness.FRESH_S]
             others = [n for n in nodes if n.rank_min // ranks_per_group != me and n.phases]
             if any(n.phases.get("step") and (n.step_max or 0) > 0 for n in others):
                 return True

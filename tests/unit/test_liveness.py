@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import replace
 
 import pytest
 
@@ -58,6 +59,8 @@ def test_a_node_publishes_on_a_change_and_otherwise_every_publish_interval(tmp_p
     silent = [beat(0, phase="save", alive=t), beat(1, alive=t - liveness.STALE_S - 1)]
     assert pub.tick(silent, t) is True  # a rank went silent: readers act on that, at once
     assert pub.tick(silent + [beat(2, alive=t)], t + 1) is True  # a rank started
+    timed = [replace(b, compute_s=0.1) for b in silent + [beat(2, alive=t)]]
+    assert pub.tick(timed, t + 2) is True  # its first compute per step: the straggler report needs it now
 
 
 def test_writes_per_node_do_not_grow_with_its_ranks(tmp_path):
@@ -153,7 +156,8 @@ def test_the_leader_writes_one_view_of_every_node_which_the_others_read_instead_
         RunDir(tmp_path).node_liveness_file(n).unlink()
     s = stragglers.of_run(tmp_path, now=NOW + 2)
     assert s["stragglers"] == ["node2"] and set(s["nodes"]) == {"node0", "node1", "node2"}
-    assert stragglers.of_run(tmp_path, now=NOW + liveness.FRESH_S + 1) is None  # a stale view: no leader, no word
+    # a job that ended: its last view still answers `status` and `compare`
+    assert stragglers.of_run(tmp_path, now=NOW + 3600)["stragglers"] == ["node2"]
 
 
 def test_a_node_that_is_not_the_leader_reads_no_other_nodes_file_while_its_ranks_step(tmp_path, monkeypatch):
@@ -166,7 +170,7 @@ def test_a_node_that_is_not_the_leader_reads_no_other_nodes_file_while_its_ranks
     reads = {"nodes": 0, "view": 0, "counting": True}
 
     def counted(what, real):
-        return lambda *a: reads.__setitem__(what, reads[what] + reads["counting"]) or real(*a)
+        return lambda *a, **k: reads.__setitem__(what, reads[what] + reads["counting"]) or real(*a, **k)
 
     monkeypatch.setattr(liveness, "read_nodes", counted("nodes", liveness.read_nodes))
     monkeypatch.setattr(liveness, "read_view", counted("view", liveness.read_view))
@@ -221,7 +225,7 @@ def test_a_saving_node_reads_the_job_view_only_once_its_stall_outlasts_the_short
     memory.mkdir()
     reads = []
     real = liveness.read_view
-    monkeypatch.setattr(liveness, "read_view", lambda *a: reads.append(a) or real(*a))
+    monkeypatch.setattr(liveness, "read_view", lambda *a, **k: reads.append(a) or real(*a, **k))
     monkeypatch.setattr(wd, "parent_pid", lambda pid: 77)
     monkeypatch.setattr(wd, "process_state", lambda pid: "S (sleeping)")
     liveness.Leader(tmp_path, "node0").tick([beat(0, phase="save", step=40, progress=NOW - 25)], NOW - 1)
