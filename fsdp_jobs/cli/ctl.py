@@ -90,7 +90,7 @@ def run_status(run_dir: Path) -> dict[str, Any]:
         out["last_step"] = {k: metrics[-1].get(k) for k in ("step", "loss", "tokens_per_s", "world_size")}
     ckpt = newest_checkpoint(run_dir)
     out["checkpoint"] = str(ckpt) if ckpt else None
-    slow = stragglers.of_run(run_dir, straggler_ratio(run_dir))
+    slow = stragglers.of_run(run_dir, straggler_ratio(run_dir), thorough=True)
     if slow:  # every node's compute per step next to the median node's (fsdp_jobs/cli/stragglers.py)
         out["stragglers"] = slow
         if slow["stragglers"]:

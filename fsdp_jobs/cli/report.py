@@ -84,7 +84,7 @@ def slowest_node(run_dir: Path) -> Optional[str]:
     """`node2 2.4x`: the node whose compute per step is furthest above the median node's (fsdp_jobs/cli/stragglers.py)."""
     from fsdp_jobs.cli import stragglers
 
-    s = stragglers.of_run(run_dir)
+    s = stragglers.of_run(run_dir, thorough=True)
     return f"{s['slowest']} {s['ratio']:g}x" if s else None
 
 

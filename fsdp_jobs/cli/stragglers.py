@@ -49,9 +49,11 @@ def summary(summaries: list[liveness.NodeSummary], ratio: float = DEFAULT_RATIO)
                              "ratio": round(ratios[node], 2)} for node, n in nodes.items()}}
 
 
-def of_run(run_dir: Path, ratio: float = DEFAULT_RATIO, now: Optional[float] = None) -> Optional[dict[str, Any]]:
-    """From the job view (one read; fsdp_jobs/rundir/liveness.py), else from the node records."""
-    return summary(liveness.job_nodes(run_dir, time.time() if now is None else now), ratio)
+def of_run(run_dir: Path, ratio: float = DEFAULT_RATIO, now: Optional[float] = None,
+           thorough: bool = False) -> Optional[dict[str, Any]]:
+    """From the job view (one read; fsdp_jobs/rundir/liveness.py), else from the node records (also while
+    the job starts, `thorough`: `status` and `compare`, which a user waits on; never a watchdog's tick)."""
+    return summary(liveness.job_nodes(run_dir, time.time() if now is None else now, thorough), ratio)
 
 
 def describe(s: dict[str, Any]) -> str:

@@ -282,6 +282,10 @@ class NodeSummary:
         except (KeyError, TypeError, ValueError, AttributeError):
             return None
 
+    def settled(self) -> bool:
+        """Every rank of it stepping and timed: steady training, nothing a reader waits to hear."""
+        return self.ranks > 0 and set(self.phases) == {"step"} and self.compute_s is not None
+
     def key(self) -> tuple[Any, ...]:
         return (self.node, self.ranks, self.restart, tuple(sorted(self.phases.items())),
                 tuple(b.rank for b in self.silent), self.compute_s is not None)
@@ -318,10 +322,13 @@ class Leader:
         self.last_read = float("-inf")
 
     def tick(self, beats: list[RankBeat], now: float) -> bool:
-        if now - self.last_read >= LEADER_READ_S:
+        mine = NodeSummary.of(self.node, now, beats, now)
+        # every tick while the job starts (a node not yet stepping and timed), then every LEADER_READ_S
+        settled = all(n.settled() for n in [mine, *summarize(self.others, now)]) and self.others
+        if now - self.last_read >= LEADER_READ_S or not settled:
             self.others = [r for r in read_nodes(self.run_dir) if r.node != self.node]
             self.last_read = now
-        nodes = [NodeSummary.of(self.node, now, beats, now), *summarize(self.others, now)]
+        nodes = [mine, *summarize(self.others, now)]
         key = tuple(n.key() for n in nodes)
         if key == self.publisher.last_key and now - self.publisher.last_time < PUBLISH_S:
             return False
@@ -344,12 +351,15 @@ def read_view(run_dir: Path, now: float, fresh: bool = True) -> Optional[JobView
         return None
 
 
-def job_nodes(run_dir: Path, now: float) -> list[NodeSummary]:
+def job_nodes(run_dir: Path, now: float, thorough: bool = False) -> list[NodeSummary]:
     """Every node's summary, newest word first: the leader's view when fresh (one read); else the last view
     and the node records together (a job starting, a leader gone, a job that ended: `status` and `compare`
-    of a finished run still show its last stragglers). A summary's `written` says how old it is."""
+    of a finished run still show its last stragglers). `thorough` (a command a user waits on, not a
+    watchdog's tick): while the view is not settled (a job starting), the node records too, which are up to
+    a leader's read fresher. A summary's `written` says how old it is."""
     view = read_view(run_dir, now, fresh=False)
-    if view is not None and 0 <= now - view.written <= FRESH_S:
+    fresh = view is not None and 0 <= now - view.written <= FRESH_S
+    if fresh and not (thorough and not all(n.settled() for n in view.nodes)):
         age = now - view.written  # as of now: a fresh view vouches for its ranks as a node record does
         return [replace(n, silent=[replace(b, alive=b.alive + age) for b in n.silent],
                         laggard=replace(n.laggard, alive=n.laggard.alive + age) if n.laggard else None)

@@ -36,6 +36,7 @@ if TYPE_CHECKING:  # types only: the ranks' config comes from fsdp_jobs/planning
     from fsdp_jobs.planning.config import JobConfig
 
 INTERVAL_S = liveness.HEARTBEAT_S
+TIMED_AFTER = 3  # step gaps before a rank's step time and compute are reported
 STACK_SIGNAL = signal.SIGUSR1  # NCCL's flight recorder dump is triggered by its own mechanism, not a signal
 
 
@@ -79,6 +80,7 @@ class Heartbeat:
         self._stack_file = open(stacks, "a")  # held open: faulthandler writes to its descriptor from C
         faulthandler.register(STACK_SIGNAL, file=self._stack_file, all_threads=True)
         self._stop = threading.Event()
+        self._wake = threading.Event()  # a phase change, or the first timed steps: write now, not in a second
         self._thread = threading.Thread(target=self._beat, name="fsdp-jobs-heartbeat", daemon=True)
         self._thread.start()
 
@@ -90,14 +92,17 @@ class Heartbeat:
             # every 100 steps advances every 100 steps), not the time per step
             self.step_times.append(now - self.progress)
             self.waits.append(min(waited - self.wait_mark, now - self.progress))
+        if self.name != "step" or len(self.step_times) == TIMED_AFTER:  # what the node's readers act on
+            self._wake.set()
         self.step, self.name, self.progress, self.wait_mark = step, "step", now, waited
 
     def phase(self, name: str) -> None:
         """Entering work the watchdog allows fault.startup_timeout_s for (a save, a load); advance() ends it."""
         self.name, self.progress = name, time.time()
+        self._wake.set()
 
     def record(self) -> liveness.RankBeat:
-        timed = len(self.step_times) >= 3
+        timed = len(self.step_times) >= TIMED_AFTER
         gaps, waits = list(self.step_times), list(self.waits)  # the training thread appends meanwhile
         n = min(len(gaps), len(waits))
         return liveness.RankBeat(
@@ -114,10 +119,13 @@ class Heartbeat:
                 liveness.write_beat(self.directory, self.record())
             except OSError:  # a full or vanished memory must not kill training; the watchdog sees no beat
                 pass
-            if self._stop.wait(INTERVAL_S):
+            self._wake.wait(INTERVAL_S)
+            self._wake.clear()
+            if self._stop.is_set():
                 return
 
     def close(self) -> None:
         self._stop.set()
+        self._wake.set()
         faulthandler.unregister(STACK_SIGNAL)
         self._stack_file.close()

@@ -238,3 +238,19 @@ def test_a_saving_node_reads_the_job_view_only_once_its_stall_outlasts_the_short
     assert dog.tick(NOW + 1) is None and reads == []  # saving for 11 s < 20 s: nothing to ask
     liveness.write_beat(memory, beat(2, "node1", pid=602, phase="save", step=40, progress=NOW - 30))
     assert dog.tick(NOW + 2) is None and len(reads) == 1  # 32 s: everyone is at the save (step 40): allowed
+
+
+def test_while_a_job_starts_status_hears_the_nodes_before_the_leader_has_read_them(tmp_path):
+    """A starting job's view lags its node records by up to a leader's read: `status` (thorough) takes the
+    newer records then; a watchdog's tick keeps to the one view."""
+    from fsdp_jobs.cli import stragglers
+
+    def timed(rank: int, node: str, compute: float) -> liveness.RankBeat:
+        return liveness.RankBeat(rank=rank, node=node, pid=1, step=9, phase="step", progress=NOW, alive=NOW,
+                                 compute_s=compute, wait_s=0.01)
+
+    liveness.Publisher(tmp_path, "node1").tick([beat(1, "node1", phase="start")], NOW)
+    liveness.Leader(tmp_path, "node0").tick([timed(0, "node0", 0.1)], NOW)  # the view: node1 still starting
+    liveness.Publisher(tmp_path, "node1").tick([timed(1, "node1", 0.1)], NOW + 0.5)  # node1 timed since
+    assert stragglers.of_run(tmp_path, now=NOW + 1) is None  # the view alone: one node timed
+    assert stragglers.of_run(tmp_path, now=NOW + 1, thorough=True)["stragglers"] == []  # both: nobody slow
