@@ -22,7 +22,7 @@ import abc
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Generic, Iterator, Optional, Protocol, TYPE_CHECKING, TypeVar
+from typing import Generic, Iterator, Optional, Protocol, TYPE_CHECKING, TypeVar
 
 from fsdp_jobs.rundir import runs
 from fsdp_jobs.planning.errors import UserError

@@ -7,7 +7,7 @@ import os.path
 import re
 from importlib import metadata
 from pathlib import Path
-from typing import Any, Optional, TYPE_CHECKING
+from typing import Optional, TYPE_CHECKING
 
 from fsdp_jobs.rundir import runs
 from fsdp_jobs.planning.plan import LIGHTHOUSE_ENV, REPLICA_ADDR_ENV, REPLICA_GROUP_ENV  # noqa: F401  (backends import them here)

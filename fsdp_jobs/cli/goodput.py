@@ -47,7 +47,6 @@ Effective training = productive / wall. Pure and torch-free: ctl reads it (fsdp_
 
 from __future__ import annotations
 
-import json
 import math
 import time
 from pathlib import Path

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any, TYPE_CHECKING
+from typing import TYPE_CHECKING
 
 from fsdp_jobs.planning import backends, faults
 from fsdp_jobs.planning.byo import travel_note

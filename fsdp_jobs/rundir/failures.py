@@ -11,7 +11,7 @@ import os
 import time
 import traceback
 from pathlib import Path
-from typing import Any, Optional
+from typing import Optional
 
 from fsdp_jobs.rundir import runs
 from fsdp_jobs.rundir.layout import RunDir

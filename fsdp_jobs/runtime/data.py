@@ -6,7 +6,7 @@ checkpointed, so a resumed run continues at the same sample, whatever the new wo
 
 from __future__ import annotations
 
-from typing import Any, Protocol, TYPE_CHECKING
+from typing import Protocol, TYPE_CHECKING
 
 import numpy as np
 import torch

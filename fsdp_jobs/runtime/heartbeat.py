@@ -27,7 +27,7 @@ import threading
 import time
 from collections import deque
 from pathlib import Path
-from typing import Any, Callable, Optional, TYPE_CHECKING
+from typing import Callable, Optional, TYPE_CHECKING
 
 from fsdp_jobs.rundir import liveness
 from fsdp_jobs.rundir.layout import RunDir

@@ -7,7 +7,7 @@ import os
 import dataclasses
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any, TYPE_CHECKING
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist

@@ -8,7 +8,7 @@ import json
 import resource
 import sys
 from pathlib import Path
-from typing import Any, Optional
+from typing import Optional
 
 import torch
 

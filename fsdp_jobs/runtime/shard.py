@@ -12,7 +12,7 @@ from __future__ import annotations
 import inspect
 import math
 import zlib
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Callable
 
 import torch
 from torch import nn

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import Any, List, Optional
+from typing import List, Optional
 
 from fsdp_jobs.planning.cluster_config import ClusterConfig, choice, positive, register_cluster_schema
 from fsdp_jobs.planning.errors import UserError

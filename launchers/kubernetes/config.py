@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import Any, Dict, Optional, TYPE_CHECKING
+from typing import Dict, Optional, TYPE_CHECKING
 
 from fsdp_jobs.planning.cluster_config import ClusterConfig, choice, positive, register_cluster_schema
 from fsdp_jobs.planning.errors import UserError

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Optional
 
 from fsdp_jobs.planning.cluster_config import ClusterConfig, register_cluster_schema
 

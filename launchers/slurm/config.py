@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Dict, List, Optional
 
 from fsdp_jobs.planning.cluster_config import ClusterConfig, choice, positive, register_cluster_schema
 from fsdp_jobs.planning.errors import UserError

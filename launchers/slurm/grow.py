@@ -22,7 +22,7 @@ import re
 import subprocess
 import time
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 from fsdp_jobs.rundir import runs
 from fsdp_jobs.planning.errors import UserError

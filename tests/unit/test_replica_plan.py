@@ -5,10 +5,8 @@ do with it: tests/integration/test_replicas.py, tests/docker/test_replicas_docke
 
 from __future__ import annotations
 
-import json
 import time
 
-import pytest
 import yaml
 
 from tests.conftest import cli
