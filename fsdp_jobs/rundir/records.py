@@ -76,6 +76,21 @@ class Record:
         except TypeError:  # a required field is missing
             return None
 
+    def __getitem__(self, key: str) -> Any:
+        """A field, or a key of `extra`: code that read these records as dicts keeps reading them so."""
+        if key != "extra" and key in self.__dict__:
+            return self.__dict__[key]
+        extra = getattr(self, "extra", None) or {}
+        if key in extra:
+            return extra[key]
+        raise KeyError(key)
+
+    def get(self, key: str, default: Any = None) -> Any:
+        try:
+            return self[key]
+        except KeyError:
+            return default
+
     def to_json(self) -> dict[str, Any]:
         """The JSON object written: by hand, not dataclasses.asdict (a deep copy; metrics rows are per step)."""
         out = {k: value for k, value in self.__dict__.items() if value is not None and k != "extra"}

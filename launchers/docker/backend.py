@@ -279,6 +279,7 @@ class DockerBackend(Backend[DockerRequest]):
                                          detach=bool(cfg.cluster.detach), down=req.commands[1],
                                          compose=compose_command(cfg), grace=cfg.cluster.stop_grace_s + 15, **code))
         runs.record_launch(run_dir, launch)
+        launch_fields = launch.to_json()  # what the supervisor reads back, as the launch record holds it
         job = runs.load_job(run_dir)  # as submit wrote it, before any container could touch the run dir
         (run_dir / RESULT_FILE).unlink(missing_ok=True)
         give_to(run_dir, container_user(cfg))
@@ -288,14 +289,14 @@ class DockerBackend(Backend[DockerRequest]):
             lines = [ln for ln in up.stderr.strip().splitlines() if ln.strip()] or ["(no output)"]
             raise UserError("cluster", "docker", f"docker compose up failed: {lines[-1][:300]}")
         if cfg.cluster.detach:
-            pid = docker_supervisor.start_detached(run_dir, launch, job, req.compose)
+            pid = docker_supervisor.start_detached(run_dir, launch_fields, job, req.compose)
             print(f"started {plan.nodes} containers (compose project {req.project}): {plan.name}\n"
                   f"  run dir:  {run_dir}\n"
                   f"  follow:   fsdp-jobs logs {plan.name} -f    status: fsdp-jobs status {plan.name}\n"
                   f"  cancel:   fsdp-jobs cancel {plan.name}     (supervisor pid {pid} removes the "
                   f"containers when the job ends)", flush=True)
             return Submitted(req.project)
-        return Submitted(req.project, docker_supervisor.supervise(run_dir, launch, job, req.compose, echo=True))
+        return Submitted(req.project, docker_supervisor.supervise(run_dir, launch_fields, job, req.compose, echo=True))
 
     def describe(self, run: Run) -> JobStatus:
         project = own_project(run)

@@ -109,3 +109,13 @@ def test_readers_skip_what_does_not_parse(tmp_path):
     rank.parent.mkdir()
     rank.write_text('{"rank": 0, "pid": "99"}')
     assert runs.read_rank(rank) is None
+
+
+def test_a_record_reads_like_the_dict_it_was():
+    """Code that read launch records as dicts (a backend's own keys in `extra`) keeps working with the record."""
+    from fsdp_jobs.rundir.records import LaunchRecord
+
+    r = LaunchRecord(backend="docker", job_id="p", nodes=2, extra={"user": "65534:65534"})
+    assert r["user"] == "65534:65534" and r["nodes"] == 2 and r.get("folder") is None and r.get("job_id") == "p"
+    with pytest.raises(KeyError):
+        r["folder"]
