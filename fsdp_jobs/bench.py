@@ -481,7 +481,12 @@ def bench_rundir_writes(nodes: int, ranks: int, seconds: float, run_dir: Optiona
                                  f"gpus_per_node={ranks}", "train.steps=1000000", "checkpoint.interval=1000000"],
                                 cwd=_REPO, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         try:
-            while not any(m["step"] >= 100 for m in runs.read_metrics(run)):  # past start-up: steady training
+            from fsdp_jobs.rundir.liveness import SETTLE_S
+
+            first = None  # steady training: past start-up, and the liveness records settled (SETTLE_S)
+            while first is None or time.time() - first < SETTLE_S + 5:
+                rows = runs.read_metrics(run)
+                first = first or (time.time() if rows else None)
                 if proc.poll() is not None:
                     raise SystemExit(f"the job ended early ({proc.returncode})")
                 time.sleep(0.5)

@@ -41,7 +41,9 @@ from fsdp_jobs.rundir.layout import NODE_LOCAL_ROOTS, RunDir
 
 SCHEMA = 1
 HEARTBEAT_S = 1.0  # a rank's heartbeat thread, into node-local memory: free
-PUBLISH_S = 10.0  # a node's record in the shared run dir when nothing changed
+PUBLISH_S = 10.0  # a node's record in the shared run dir when nothing changed, once settled
+START_PUBLISH_S = 1.0  # ... and while its ranks settle (Settling)
+SETTLE_S = 30.0  # how long new ranks have been stepping and timed before the record settles to PUBLISH_S
 STALE_S = 5.0  # a heartbeat thread silent this long: the process itself is not running
 FRESH_S = PUBLISH_S + 2 * STALE_S  # a node record older than this: its node's watchdog is gone
 LEADER_READ_S = 2.0  # the leader reads the node records this often
@@ -141,13 +143,36 @@ def read_local(directory: Path) -> list[RankBeat]:
 
 
 # ------------------------------------------------------------------ the shared run dir: one record per node
-class Publisher:
-    """A node's record in the shared run dir: on a change readers act on, else every PUBLISH_S."""
+class Settling:
+    """When a record is due: on a change readers act on; else every START_PUBLISH_S until its ranks (the same
+    processes) have been stepping and timed for SETTLE_S, then every PUBLISH_S. A rank's compute per step is
+    a mean over its recent steps, noisy in its first seconds: `status` early in a job reads numbers a second
+    old, not the first ones held for 10 s (a healthy node was named a straggler 60 steps in)."""
 
-    def __init__(self, run_dir: Path, node: str) -> None:
-        self.path, self.node = RunDir(run_dir).node_liveness_file(node), node
+    def __init__(self) -> None:
         self.last_key: Optional[tuple[Any, ...]] = None
         self.last_time = float("-inf")
+        self.ranks: Optional[frozenset[int]] = None  # the pids this settling is for
+        self.steady_since: Optional[float] = None
+
+    def due(self, key: tuple[Any, ...], pids: frozenset[int], steady: bool, now: float) -> bool:
+        if pids != self.ranks:  # new processes (a start, a restart): settle again
+            self.ranks, self.steady_since = pids, None
+        if steady and self.steady_since is None:
+            self.steady_since = now
+        settled = self.steady_since is not None and now - self.steady_since >= SETTLE_S
+        return key != self.last_key or now - self.last_time >= (PUBLISH_S if settled else START_PUBLISH_S)
+
+    def wrote(self, key: tuple[Any, ...], now: float) -> None:
+        self.last_key, self.last_time = key, now
+
+
+class Publisher(Settling):
+    """A node's record in the shared run dir (Settling says when)."""
+
+    def __init__(self, run_dir: Path, node: str) -> None:
+        super().__init__()
+        self.path, self.node = RunDir(run_dir).node_liveness_file(node), node
 
     @staticmethod
     def key(beats: list[RankBeat], now: float) -> tuple[Any, ...]:
@@ -158,13 +183,14 @@ class Publisher:
     def tick(self, beats: list[RankBeat], now: float) -> bool:
         """Publish if due; True when it wrote."""
         key = self.key(beats, now)
-        if key == self.last_key and now - self.last_time < PUBLISH_S:
+        steady = bool(beats) and all(b.phase == "step" and b.compute_s is not None for b in beats)
+        if not self.due(key, frozenset(b.pid for b in beats), steady, now):
             return False
         if not beats and self.last_key is None:
             return False  # nothing started yet: nothing to say
         if not self.write(json.dumps(asdict(NodeLiveness(self.node, now, beats)))):
             return False
-        self.last_key, self.last_time = key, now
+        self.wrote(key, now)
         return True
 
     def write(self, text: str) -> bool:
@@ -301,6 +327,14 @@ class JobView:
     v: int = SCHEMA
 
 
+def keep_timing(new: NodeSummary, old: Optional[NodeSummary]) -> NodeSummary:
+    """A node whose ranks have all exited (its record is empty: the job ended, or its workers restart)
+    keeps its last compute per step and attempt, so a finished run's `status` and `compare` still show it."""
+    if new.ranks or old is None or old.compute_s is None:
+        return new
+    return replace(new, compute_s=old.compute_s, wait_s=old.wait_s, restart=old.restart)
+
+
 def summarize(records: list[NodeLiveness], now: float) -> list[NodeSummary]:
     """Node records as summaries, each rank as alive as its record vouches (`read_published`)."""
     out = []
@@ -320,6 +354,7 @@ class Leader:
         self.publisher.path = RunDir(run_dir).job_liveness_file
         self.others: list[NodeLiveness] = []
         self.last_read = float("-inf")
+        self.last: dict[str, NodeSummary] = {}  # each node's summary in the view written last
 
     def tick(self, beats: list[RankBeat], now: float) -> bool:
         mine = NodeSummary.of(self.node, now, beats, now)
@@ -328,13 +363,15 @@ class Leader:
         if now - self.last_read >= LEADER_READ_S or not settled:
             self.others = [r for r in read_nodes(self.run_dir) if r.node != self.node]
             self.last_read = now
-        nodes = [mine, *summarize(self.others, now)]
+        nodes = [keep_timing(n, self.last.get(n.node)) for n in [mine, *summarize(self.others, now)]]
+        self.last = {n.node: n for n in nodes}
         key = tuple(n.key() for n in nodes)
-        if key == self.publisher.last_key and now - self.publisher.last_time < PUBLISH_S:
+        ranks = frozenset(b.pid for b in beats) | frozenset((n.node, n.restart) for n in nodes)
+        if not self.publisher.due(key, ranks, all(n.settled() for n in nodes), now):
             return False
         if not self.publisher.write(json.dumps(asdict(JobView(now, self.node, nodes)))):
             return False
-        self.publisher.last_key, self.publisher.last_time = key, now
+        self.publisher.wrote(key, now)
         return True
 
 
@@ -367,5 +404,5 @@ def job_nodes(run_dir: Path, now: float, thorough: bool = False) -> list[NodeSum
     nodes = {n.node: n for n in (view.nodes if view else [])}
     for n in summarize(read_nodes(run_dir), now):
         if n.node not in nodes or n.written > nodes[n.node].written:
-            nodes[n.node] = n
+            nodes[n.node] = keep_timing(n, nodes.get(n.node))
     return sorted(nodes.values(), key=lambda n: n.node)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import replace
+from typing import Any
 
 import pytest
 
@@ -43,35 +44,48 @@ def test_a_ranks_heartbeat_stays_in_node_memory_and_never_writes_the_run_dir(tmp
     assert written == [str(RunDir(run_dir).stack_file(3).relative_to(run_dir))]  # opened once, for SIGUSR1
 
 
-def test_a_node_publishes_on_a_change_and_otherwise_every_publish_interval(tmp_path):
+def test_a_node_publishes_on_a_change_every_second_while_its_ranks_settle_then_every_publish_interval(tmp_path):
     pub = liveness.Publisher(tmp_path, "node0")
     path = RunDir(tmp_path).node_liveness_file("node0")
     assert pub.tick([], NOW) is False and not path.exists()  # nothing started: nothing said
-    def ranks(at: float, step: int = 10, phase: str = "step") -> list[liveness.RankBeat]:
-        return [beat(0, step=step, alive=at, phase=phase), beat(1, step=step, alive=at)]
 
-    assert pub.tick(ranks(NOW), NOW) is True  # first word
-    assert pub.tick(ranks(NOW + 1, step=11), NOW + 1) is False  # steps advance: not a change
-    assert pub.tick(ranks(NOW + 9), NOW + liveness.PUBLISH_S - 0.1) is False
-    assert pub.tick(ranks(NOW + 10), NOW + liveness.PUBLISH_S) is True  # the periodic record
-    assert pub.tick(ranks(NOW + 11, phase="save"), NOW + liveness.PUBLISH_S + 1) is True  # a phase change
-    t = NOW + liveness.PUBLISH_S + 2
-    silent = [beat(0, phase="save", alive=t), beat(1, alive=t - liveness.STALE_S - 1)]
+    def ranks(at: float, step: int = 10, phase: str = "step") -> list[liveness.RankBeat]:
+        return [replace(beat(0, step=step, alive=at, phase=phase), compute_s=0.1),
+                replace(beat(1, step=step, alive=at), compute_s=0.1)]
+
+    t0 = NOW - liveness.SETTLE_S - 1  # new ranks: every second while their numbers settle
+    assert all(pub.tick(ranks(t0 + s, step=s), t0 + s) for s in range(int(liveness.SETTLE_S)))
+    last = t0 + liveness.SETTLE_S - 1  # the last write while settling
+    def at(s: float, **kw: Any) -> bool:
+        return pub.tick(ranks(last + s, **kw), last + s)
+
+    assert at(2, step=40) is False  # settled: steps advance, nothing else changed
+    assert at(liveness.PUBLISH_S - 1, step=48) is False
+    assert at(liveness.PUBLISH_S, step=49) is True  # the periodic record
+    assert at(liveness.PUBLISH_S + 1, phase="save") is True  # a phase change
+    assert at(liveness.PUBLISH_S + 2, phase="save") is False  # still settled
+    t = last + liveness.PUBLISH_S + 3
+    silent = [replace(beat(0, phase="save", alive=t), compute_s=0.1), replace(beat(1, alive=t - liveness.STALE_S - 1),
+                                                                                compute_s=0.1)]
     assert pub.tick(silent, t) is True  # a rank went silent: readers act on that, at once
     assert pub.tick(silent + [beat(2, alive=t)], t + 1) is True  # a rank started
     timed = [replace(b, compute_s=0.1) for b in silent + [beat(2, alive=t)]]
     assert pub.tick(timed, t + 2) is True  # its first compute per step: the straggler report needs it now
+    assert pub.tick(timed, t + 3) is True  # and a new process settles again: every second
 
 
 def test_writes_per_node_do_not_grow_with_its_ranks(tmp_path):
-    """One minute of steady training, a tick a second: the same writes for 1 rank a node and for 64."""
+    """One minute of steady training after the ranks settled, a tick a second: the same writes for 1 rank a
+    node and for 64."""
     def writes(ranks: int) -> int:
         pub = liveness.Publisher(tmp_path / str(ranks), "node0")
         (tmp_path / str(ranks)).mkdir()
-        return sum(pub.tick([beat(r, step=10 + s, alive=NOW + s, progress=NOW + s) for r in range(ranks)], NOW + s)
-                   for s in range(60))
+        settle = int(liveness.SETTLE_S) + 1
+        counted = [pub.tick([replace(beat(r, step=10 + s, alive=NOW + s, progress=NOW + s), compute_s=0.1)
+                             for r in range(ranks)], NOW + s) for s in range(settle + 60)]
+        return sum(counted[settle:])
 
-    assert writes(1) == writes(64) == 1 + int(59 // liveness.PUBLISH_S)
+    assert writes(1) == writes(64) == int(60 // liveness.PUBLISH_S)
 
 
 def test_a_record_caught_half_rewritten_or_damaged_is_skipped(tmp_path):
@@ -150,7 +164,9 @@ def test_the_leader_writes_one_view_of_every_node_which_the_others_read_instead_
     mine = [liveness.RankBeat(rank=0, node="node0", pid=1, step=50, phase="step", progress=NOW, alive=NOW,
                               compute_s=0.1, wait_s=0.01)]
     assert leader.tick(mine, NOW) is True
-    assert leader.tick(mine, NOW + 1) is False  # nothing changed: no write
+    assert leader.tick(mine, NOW + 1) is True  # settling: every second
+    leader.publisher.steady_since = NOW - liveness.SETTLE_S  # (as if settled long ago)
+    assert leader.tick(mine, NOW + 2) is False  # settled, nothing changed: no write
     assert not RunDir(tmp_path).node_liveness_file("node0").exists()  # the leader's node is in the view only
     for n in ("node1", "node2"):  # the records gone: readers still answer, from the one view
         RunDir(tmp_path).node_liveness_file(n).unlink()
@@ -254,3 +270,23 @@ def test_while_a_job_starts_status_hears_the_nodes_before_the_leader_has_read_th
     liveness.Publisher(tmp_path, "node1").tick([timed(1, "node1", 0.1)], NOW + 0.5)  # node1 timed since
     assert stragglers.of_run(tmp_path, now=NOW + 1) is None  # the view alone: one node timed
     assert stragglers.of_run(tmp_path, now=NOW + 1, thorough=True)["stragglers"] == []  # both: nobody slow
+
+
+def test_a_finished_runs_nodes_keep_their_last_timing_when_their_ranks_have_exited(tmp_path):
+    """At the end every node's ranks exit and its watchdog publishes an empty record, before or after the
+    leader's last view: `compare` of the finished sweep still shows each member's slowest node."""
+    from fsdp_jobs.cli import stragglers
+
+    def timed(rank: int, node: str, compute: float) -> liveness.RankBeat:
+        return liveness.RankBeat(rank=rank, node=node, pid=1, step=20, phase="step", progress=NOW, alive=NOW,
+                                 compute_s=compute, wait_s=0.01)
+
+    n2 = liveness.Publisher(tmp_path, "n2")
+    n2.tick([timed(1, "n2", 0.3)], NOW)
+    leader = liveness.Leader(tmp_path, "n1")
+    leader.tick([timed(0, "n1", 0.1)], NOW)
+    n2.tick([], NOW + 1)  # n2's ranks exited: after the view
+    later = NOW + 3600
+    assert stragglers.of_run(tmp_path, now=later, thorough=True)["slowest"] == "n2"
+    leader.tick([timed(0, "n1", 0.1)], NOW + liveness.LEADER_READ_S + 1)  # the leader saw n2 empty: the same
+    assert stragglers.of_run(tmp_path, now=later)["slowest"] == "n2"
