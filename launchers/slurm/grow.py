@@ -141,7 +141,9 @@ class GrowTask:
         from launchers.slurm.node_task import agent_args, read_rendezvous, start_agent
 
         run_dir, env = Path(self.run_dir), submitit.JobEnvironment()
-        job, rdzv = runs.load_job(run_dir), read_rendezvous(run_dir)
+        from fsdp_jobs.planning.config import job_config
+
+        job, plan, rdzv = job_config(runs.load_job(run_dir)), runs.load_plan(run_dir), read_rendezvous(run_dir)
         if rdzv.get("run_id") != self.run_id:
             print(f"fsdp-jobs: the job's rendezvous is now {rdzv.get('run_id')}, not {self.run_id} (requeued since "
                   "the scale); these nodes do not join it", flush=True)
@@ -149,7 +151,7 @@ class GrowTask:
         print(f"fsdp-jobs: grow node {env.node}/{env.num_nodes} (slurm node {os.environ.get('SLURMD_NODENAME')}) "
               f"joins rendezvous {rdzv['endpoint']} of job {rdzv['job_id']}", flush=True)
         error_file = RunDir(run_dir).torchrun_error_file(f"{env.job_id}-node{env.node}")
-        args = agent_args(job, self.run_id, str(rdzv["endpoint"]))
+        args = agent_args(plan, job, self.run_id, str(rdzv["endpoint"]))
         rc = start_agent(job, run_dir, args, {}, str(rdzv["attempt"]), error_file).wait()
         print(f"fsdp-jobs: grow node {env.node}: torchrun exited with {rc}", flush=True)
         if rc:
