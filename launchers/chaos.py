@@ -37,8 +37,6 @@ from fsdp_jobs.planning.input_rules import TC_RATE
 from fsdp_jobs.rundir.layout import RunDir
 from launchers.node.watchdog import process_state
 
-THROTTLE_FILE = "chaos-throttle.json"
-LINK_FILE = "chaos-link.json"
 PERIOD_S = 0.2
 SHARE = 0.2  # slow-node: what a throttled rank keeps of a core
 
@@ -133,7 +131,7 @@ def slow_node(run_dir: Path, node: str, share: float = SHARE) -> str:
     p = subprocess.Popen([sys.executable, "-m", "launchers.chaos", "throttle", str(run_dir), node, str(share)],
                          stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                          start_new_session=True)
-    (run_dir / THROTTLE_FILE).write_text(json.dumps({"pid": p.pid, "node": node, "share": share}) + "\n")
+    RunDir(run_dir).chaos_throttle_file.write_text(json.dumps({"pid": p.pid, "node": node, "share": share}) + "\n")
     how = (f"at most {share:.0%} of a core each (a cgroup's CPU quota)" if cpu_cgroup_root() is not None
            else f"stopped {1 - share:.0%} of every {PERIOD_S:g} s (no cgroup rights: a stop/continue duty cycle)")
     return f"throttling {node}'s {len(pids)} ranks: {how} (pid {p.pid}); undo: chaos RUN resume"
@@ -148,18 +146,18 @@ def slow_link(run_dir: Path, node: str, rate: str) -> str:
                           "it has no link of its own to slow")
     dev = _default_device(pid)
     _tc(pid, "qdisc", "replace", "dev", dev, "root", "tbf", "rate", rate, "burst", "2mbit", "latency", "400ms")
-    (run_dir / LINK_FILE).write_text(json.dumps({"node": node, "dev": dev, "rate": rate}) + "\n")
+    RunDir(run_dir).chaos_link_file.write_text(json.dumps({"node": node, "dev": dev, "rate": rate}) + "\n")
     return f"{node} sends at most {rate} on {dev} (tc tbf in its network namespace); undo: chaos RUN resume"
 
 
 def restore_link(run_dir: Path) -> Optional[str]:
     """Remove the rate limit slow-link set, while the node still has a rank to enter its namespace through."""
     try:
-        rec = json.loads((run_dir / LINK_FILE).read_text())
+        rec = json.loads(RunDir(run_dir).chaos_link_file.read_text())
         node, dev = str(rec["node"]), str(rec["dev"])
     except (OSError, ValueError, KeyError, TypeError):
         return None
-    (run_dir / LINK_FILE).unlink(missing_ok=True)
+    RunDir(run_dir).chaos_link_file.unlink(missing_ok=True)
     try:
         _tc(_node_process(run_dir, node), "qdisc", "del", "dev", dev, "root")
     except LookupError:
@@ -207,7 +205,7 @@ def _tc(pid: int, *args: str) -> None:
 def stop_throttle(run_dir: Path) -> Optional[int]:
     """Stop this run's throttler, if one runs (its command line names this run dir: proof it is ours)."""
     try:
-        pid = int(json.loads((run_dir / THROTTLE_FILE).read_text())["pid"])
+        pid = int(json.loads(RunDir(run_dir).chaos_throttle_file.read_text())["pid"])
         cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
     except (OSError, ValueError, KeyError, TypeError):
         return None
@@ -216,7 +214,7 @@ def stop_throttle(run_dir: Path) -> Optional[int]:
         deadline = time.time() + 5  # it puts the ranks back into their own cgroup before it exits
         while time.time() < deadline and not process_state(pid).startswith(("Z", "gone")):
             time.sleep(0.05)
-        (run_dir / THROTTLE_FILE).unlink(missing_ok=True)
+        RunDir(run_dir).chaos_throttle_file.unlink(missing_ok=True)
         return pid
     return None
 

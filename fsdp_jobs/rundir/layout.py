@@ -203,6 +203,16 @@ class RunDir:
         return self.root / "scale-request"
 
     @property
+    def chaos_throttle_file(self) -> Path:
+        """`fsdp-jobs chaos RUN slow-node`: the throttler's pid, node and share, for `resume` to undo."""
+        return self.root / "chaos-throttle.json"
+
+    @property
+    def chaos_link_file(self) -> Path:
+        """`fsdp-jobs chaos RUN slow-link`: the node, device and rate, for `resume` to undo."""
+        return self.root / "chaos-link.json"
+
+    @property
     def scale_taken_file(self) -> Path:
         return self.root / ".scale-request.taken"
 

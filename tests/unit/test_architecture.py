@@ -204,7 +204,7 @@ def test_the_top_level_holds_only_the_fixed_entries():
 RUN_DIR_NAMES = ("state.json", "job.yaml", "plan.json", "launches.jsonl", "metrics.jsonl", "goodput.jsonl",
                  "hangs.jsonl", "failures.jsonl", "preflight.json", "stop-request", "scale-request",
                  "cancel-requested", "wandb-id", "wandb-ledger.json", "launcher.log", "supervisor.log",
-                 "torchrun-error", "probe.pt", "preflight-rank", "job.json")
+                 "torchrun-error", "probe.pt", "preflight-rank", "job.json", "chaos-throttle", "chaos-link")
 RETIRED_NAMES = ("heartbeats/", "RUN_DIR/heartbeats")  # every rank's file in the shared run dir: gone for good
 # boot.py runs in a Kubernetes pod from the job's ConfigMap, standard library only, before the node wrapper
 # sets the umask: it copies the job and plan records into the run dir by name (the names manifests.py keys
