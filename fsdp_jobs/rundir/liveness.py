@@ -256,14 +256,14 @@ def read_published(run_dir: Path, now: float, exclude_node: Optional[str] = None
     their `alive` is moved forward by the record's age, so a rank silent when written stays silent and one
     that was beating counts as beating. A stale record (its node's watchdog is gone) is taken as written:
     its ranks look silent. Reads every node's record: for tools and the leader, not for every node."""
-    out = []
-    for record in read_nodes(run_dir):
-        if record.node == exclude_node or record.written <= since:
-            continue
-        age = now - record.written
-        shift = age if 0 <= age <= FRESH_S else 0.0
-        out.extend(replace(b, alive=b.alive + shift) for b in record.ranks)
-    return out
+    return [b for r in read_nodes(run_dir) if r.node != exclude_node and r.written > since
+            for b in vouched(r, now)]
+
+
+def vouched(record: NodeLiveness, now: float) -> list[RankBeat]:
+    """A record's ranks as seen from `now`: a fresh one moves each rank's `alive` forward by its age."""
+    shift = now - record.written if 0 <= now - record.written <= FRESH_S else 0.0
+    return [replace(b, alive=b.alive + shift) for b in record.ranks]
 
 
 # ------------------------------------------------------------------ the job view: one file for every reader
@@ -336,12 +336,8 @@ def keep_timing(new: NodeSummary, old: Optional[NodeSummary]) -> NodeSummary:
 
 
 def summarize(records: list[NodeLiveness], now: float) -> list[NodeSummary]:
-    """Node records as summaries, each rank as alive as its record vouches (`read_published`)."""
-    out = []
-    for r in records:
-        shift = now - r.written if 0 <= now - r.written <= FRESH_S else 0.0
-        out.append(NodeSummary.of(r.node, r.written, [replace(b, alive=b.alive + shift) for b in r.ranks], now))
-    return out
+    """Node records as summaries, each rank as alive as its record vouches (`vouched`)."""
+    return [NodeSummary.of(r.node, r.written, vouched(r, now), now) for r in records]
 
 
 class Leader:
@@ -358,12 +354,13 @@ class Leader:
 
     def tick(self, beats: list[RankBeat], now: float) -> bool:
         mine = NodeSummary.of(self.node, now, beats, now)
+        others = summarize(self.others, now)
         # every tick while the job starts (a node not yet stepping and timed), then every LEADER_READ_S
-        settled = all(n.settled() for n in [mine, *summarize(self.others, now)]) and self.others
-        if now - self.last_read >= LEADER_READ_S or not settled:
+        if now - self.last_read >= LEADER_READ_S or not (others and all(n.settled() for n in [mine, *others])):
             self.others = [r for r in read_nodes(self.run_dir) if r.node != self.node]
             self.last_read = now
-        nodes = [keep_timing(n, self.last.get(n.node)) for n in [mine, *summarize(self.others, now)]]
+            others = summarize(self.others, now)
+        nodes = [keep_timing(n, self.last.get(n.node)) for n in [mine, *others]]
         self.last = {n.node: n for n in nodes}
         key = tuple(n.key() for n in nodes)
         ranks = frozenset(b.pid for b in beats) | frozenset((n.node, n.restart) for n in nodes)
