@@ -2,10 +2,12 @@
 
     python /etc/fsdp-jobs/boot.py CONFIG_DIR RUN_DIR COMMAND...
 
-The submitter cannot write the PVC that holds the run dirs, so the job's config travels in a ConfigMap
-(job.yaml, plan.json and this file) mounted read-only at CONFIG_DIR. Every pod copies it into RUN_DIR on
-the PVC, where the runtime expects it (fsdp_jobs/rundir/runs.py), keeping a changed job.yaml under history/ as
-`runs.prepare` does; pods write concurrently, so each writes under its own temporary name and renames.
+The submitter cannot write the PVC that holds the run dirs, so the job's records (its config and plan,
+keyed by their run-dir names: launchers/kubernetes/manifests.py job_files) travel in a ConfigMap with this
+file, mounted read-only at CONFIG_DIR. Every pod copies each record into RUN_DIR on the PVC, where the
+runtime expects it (fsdp_jobs/rundir/runs.py), keeping a record it replaces under history/ as
+`runs.prepare` keeps a changed config; pods write concurrently, so each writes under its own temporary
+name and renames. This file knows no record's name: the ConfigMap's keys are the contract.
 Then it waits until the rendezvous host (the first pod's DNS name) resolves: a c10d agent that cannot
 resolve it would not know it is the store's host, and every agent would wait for a store nobody serves.
 With fault_tolerance=replica every pod has the same command, and each replica group its own rendezvous:
@@ -22,14 +24,21 @@ import socket
 import sys
 import time
 
-FILES = ("job.yaml", "plan.json")
 DNS_WAIT_S = 600.0
+NOT_RECORDS = ("boot.py", "user-code.tgz")  # this file and the user's code travel in the ConfigMap too
+
+
+def records(config_dir: str) -> list:
+    """The job's records in the mounted ConfigMap (its `..data` links and folders start with a dot)."""
+    return sorted(name for name in os.listdir(config_dir)
+                  if not name.startswith(".") and name not in NOT_RECORDS
+                  and os.path.isfile(os.path.join(config_dir, name)))
 
 
 def copy_job(config_dir: str, run_dir: str) -> None:
     os.makedirs(os.path.join(run_dir, "logs"), exist_ok=True)
     me = socket.gethostname()
-    for name in FILES:
+    for name in records(config_dir):
         with open(os.path.join(config_dir, name), "rb") as f:
             new = f.read()
         dst = os.path.join(run_dir, name)
@@ -40,10 +49,11 @@ def copy_job(config_dir: str, run_dir: str) -> None:
             old = None
         if old == new:
             continue
-        if name == "job.yaml" and old is not None:  # the run was started with another config: keep it
+        if old is not None:  # the run was started with another config or plan: keep what it had
             hist = os.path.join(run_dir, "history")
             os.makedirs(hist, exist_ok=True)
-            with open(os.path.join(hist, "job-%s-%s.yaml" % (time.strftime("%Y%m%d-%H%M%S"), me)), "wb") as f:
+            stem, ext = os.path.splitext(name)
+            with open(os.path.join(hist, "%s-%s-%s%s" % (stem, time.strftime("%Y%m%d-%H%M%S"), me, ext)), "wb") as f:
                 f.write(old)
         tmp = os.path.join(run_dir, ".%s.tmp-%s" % (name, me))
         with open(tmp, "wb") as f:

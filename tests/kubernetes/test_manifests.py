@@ -212,11 +212,14 @@ def test_pod_boot_puts_the_job_in_the_run_dir_then_execs_torchrun(tmp_path: Path
     run_dir = tmp_path / "pvc" / "exp1"
     (run_dir).mkdir(parents=True)
     (run_dir / "job.yaml").write_text("old: config\n")
+    (run_dir / "plan.json").write_text('{"nodes": 1}\n')  # another node count: the old plan is kept too
     r = subprocess.run(command, env=env, capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
     assert (run_dir / "job.yaml").read_text() == cm["job.yaml"]
     assert json.loads((run_dir / "plan.json").read_text())["run_dir"] == str(run_dir)
-    assert [p.read_text() for p in (run_dir / "history").iterdir()] == ["old: config\n"]
+    kept = sorted((run_dir / "history").iterdir())
+    assert [(p.name.split("-")[0], p.suffix, p.read_text()) for p in kept] == [
+        ("job", ".yaml", "old: config\n"), ("plan", ".json", '{"nodes": 1}\n')]
     assert (tmp_path / "exec.txt").read_text().split() == ["-m", "launchers.node", *[
         a for a in command[7:]]]
 
