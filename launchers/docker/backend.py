@@ -40,8 +40,8 @@ from launchers.base import (Backend, DryRun, JobState, JobStatus, Run, Submitted
 from launchers.common import (NODE_WRAPPER, begin_user_attempt, lighthouse_command, lighthouse_port, python_path,
                               rank_entry, rank_env, replica_env, replica_group, runtime_env, torchrun_args,
                               user_code_dir)
-from launchers.docker.engine import (DOWN_TIMEOUT_S, RESULT_FILE, SKEL_IMAGE, compose_command, container_user,
-                                     containers, docker, engine_error, ensure_skel_image, give_to, read_result)
+from launchers.docker.engine import (COMPOSE_FILE, DOWN_TIMEOUT_S, RESULT_FILE, SKEL_IMAGE, compose_command, container_user,
+                                     containers, docker, docker_dir, engine_error, ensure_skel_image, give_to, read_result)
 from launchers.node.wrapper import ENGINE_RESTARTS_ENV
 from launchers.snapshot import PROJECT_ROOT, next_snapshot_dir, take_snapshot, take_user_code
 
@@ -51,7 +51,6 @@ if TYPE_CHECKING:  # types only, never imported at run time: no hydra on the nod
     from launchers.docker.config import DockerClusterConfig
 
 DEFAULT_RDZV_PORT = 29400
-COMPOSE_FILE = "compose.yaml"
 SCALE_WAIT_S = 120  # for the supervisor to start the containers a scale asked for
 SCALE_PROFILE = "scale"  # the compose profile of the nodes a job may grow to (cluster.max_nodes)
 LABEL = "fsdp-jobs.run"
@@ -199,7 +198,7 @@ def drop_dotenv(run_dir: Path) -> None:
     """Compose reads a .env beside its file (variables, DOCKER_HOST): the run dir's, which the containers'
     user can write, must not steer the launcher's `compose up`/`down` (root under sudo). Called before both,
     when no container of the run is running."""
-    (run_dir / ".env").unlink(missing_ok=True)
+    (docker_dir(run_dir) / ".env").unlink(missing_ok=True)
 
 
 def compose_args(compose: list[str], project: str, file: Path, *args: str) -> list[str]:
@@ -211,7 +210,7 @@ class DockerRequest:
     """The compose file (as data) and the exact commands that start it and take it down."""
 
     compose: dict[str, Any]
-    file: str  # where submit writes it: <run_dir>/compose.yaml
+    file: str  # where submit writes it: <run_dir>/docker/compose.yaml
     project: str
     code_dir: str  # the code snapshot the containers import (taken by submit)
     commands: list[list[str]]  # [up, down]
@@ -246,7 +245,7 @@ class DockerBackend(Backend[DockerRequest]):
         user_dir = user_code_dir(cfg, run_dir)
         spec = compose_spec(plan, cfg, code_dir, user_dir)
         project = project_name(run_dir)
-        file = run_dir / COMPOSE_FILE
+        file = docker_dir(run_dir) / COMPOSE_FILE
         compose = compose_command(cfg)
         # `down` with the scale profile: compose v2 removes only the services of the profiles it is given,
         # so the nodes a scale started would outlive the job (and its network)
@@ -271,6 +270,7 @@ class DockerBackend(Backend[DockerRequest]):
         if req.user_dir:  # the user's script/package, where the containers' command names it
             take_user_code(cfg, Path(req.user_dir))
         begin_user_attempt(cfg, run_dir)
+        Path(req.file).parent.mkdir(parents=True, exist_ok=True)
         runs.write_atomic(Path(req.file), yaml.safe_dump(req.compose, sort_keys=False))
         drop_dotenv(run_dir)
         runs.clear_stop_request(run_dir)
@@ -281,7 +281,7 @@ class DockerBackend(Backend[DockerRequest]):
         runs.record_launch(run_dir, launch)
         launch_fields = launch.to_json()  # what the supervisor reads back, as the launch record holds it
         job = runs.load_job(run_dir)  # as submit wrote it, before any container could touch the run dir
-        (run_dir / RESULT_FILE).unlink(missing_ok=True)
+        (docker_dir(run_dir) / RESULT_FILE).unlink(missing_ok=True)
         give_to(run_dir, container_user(cfg))
         up = subprocess.run(req.commands[0], capture_output=True, text=True, timeout=300)
         if up.returncode:

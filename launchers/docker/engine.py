@@ -14,12 +14,21 @@ from pathlib import Path
 from typing import Any, Optional, TYPE_CHECKING
 
 from fsdp_jobs.planning.errors import UserError
+from fsdp_jobs.rundir.layout import RunDir
 
 if TYPE_CHECKING:  # types only, never imported at run time: no hydra on the node side, no import cycle
     from fsdp_jobs.planning.config import JobConfig
 
 SKEL_IMAGE = "fsdp-jobs-skel:1"  # an empty root: /usr and Python come from the host, read-only
-RESULT_FILE = "docker-result.json"  # the supervisor's record of how the containers ended
+COMPOSE_FILE = "compose.yaml"  # the job's compose spec as submitted, in docker_dir
+RESULT_FILE = "result.json"  # the supervisor's record of how the containers ended, in docker_dir
+LEGACY_RESULT_FILE = "docker-result.json"  # where runs submitted before docker_dir existed have it: the top
+
+
+def docker_dir(run_dir: Path) -> Path:
+    """This backend's own folder in a run dir: the compose file (and the .env compose would read beside it,
+    which drop_dotenv removes) and the supervisor's result."""
+    return RunDir(run_dir).backend_dir("docker")  # launchers/docker/config.py NAME (engine imports no config)
 DOWN_TIMEOUT_S = 300  # the most `docker compose down` is given to remove a job's containers and network
 NOBODY = "65534:65534"
 
@@ -116,7 +125,13 @@ def containers(project: str) -> dict[str, dict[str, Any]]:
 
 def read_result(run_dir: Path) -> Optional[dict[str, Any]]:
     try:
-        return json.loads((run_dir / RESULT_FILE).read_text())
+        return json.loads((docker_dir(run_dir) / RESULT_FILE).read_text())
+    except FileNotFoundError:
+        pass
+    except (OSError, json.JSONDecodeError):
+        return None
+    try:
+        return json.loads((run_dir / LEGACY_RESULT_FILE).read_text())
     except (OSError, json.JSONDecodeError):
         return None
 

@@ -1,7 +1,7 @@
 """The supervisor of one cluster=docker job, on the host: launchers/supervisor.py (shared with
 cluster=local: log pump, signals, peer-death grace, exit status) over one `ContainerNode` per node,
 which follows its container's log across restarts; then it records how they ended in
-docker-result.json and removes the containers and the network.
+its result (docker/result.json) and removes the containers and the network.
 
 It runs in the CLI's foreground for an attached job (Ctrl-C stops exactly these containers: SIGTERM
 to each agent, whose ranks checkpoint, then SIGKILL after the grace), or detached
@@ -26,7 +26,7 @@ import yaml
 
 from fsdp_jobs.rundir import runs
 from fsdp_jobs.rundir.layout import RunDir
-from launchers.docker.engine import DOWN_TIMEOUT_S, RESULT_FILE, containers, give_to
+from launchers.docker.engine import COMPOSE_FILE, DOWN_TIMEOUT_S, RESULT_FILE, containers, docker_dir, give_to
 from launchers.supervisor import STOP_EXTRA_S, LogSink, Node, exit_status, why_not_grow
 from launchers.supervisor import supervise as supervise_nodes
 
@@ -172,8 +172,9 @@ def supervise(run_dir: Path, launch: dict[str, Any], job: dict[str, Any], compos
 
 
 def write_result(run_dir: Path, result: dict[str, Any], user: str) -> None:
-    runs.write_atomic(run_dir / RESULT_FILE, json.dumps(result, indent=2) + "\n")
-    give_to(run_dir / RESULT_FILE, user)
+    path = docker_dir(run_dir) / RESULT_FILE
+    runs.write_atomic(path, json.dumps(result, indent=2) + "\n")
+    give_to(path, user)
 
 
 def start_services(launch: dict[str, Any], compose: dict[str, Any], names: list[str]) -> str:
@@ -181,7 +182,7 @@ def start_services(launch: dict[str, Any], compose: dict[str, Any], names: list[
     a file only this user can read; the running ones stay as they are. Returns why it failed, or ""."""
     # a directory of its own (0700): compose reads the .env beside its file, and /tmp's is anyone's
     private = tempfile.mkdtemp(prefix="fsdp-jobs-compose-")
-    path = os.path.join(private, "compose.yaml")
+    path = os.path.join(private, COMPOSE_FILE)
     try:
         with open(path, "w") as f:
             yaml.safe_dump(compose, f, sort_keys=False)

@@ -21,7 +21,7 @@ def test_plain_ddp_script_runs_unmodified_in_two_containers_of_two(run_root):
     assert "node0 exited 0" in r.stdout and "node1 exited 0" in r.stdout
     run_dir = run_root / "ddp"
     assert json.loads((run_dir / "state.json").read_text())["status"] == "completed"
-    compose = (run_dir / "compose.yaml").read_text()
+    compose = (run_dir / "docker" / "compose.yaml").read_text()
     assert f"{run_dir}/script/001/ddp_train.py" in compose  # the containers run the run dir's copy
     status = json.loads(cli("status", "ddp", "--run-root", str(run_root)).stdout)
     assert "SUCCEEDED" in json.dumps(status), status
@@ -43,6 +43,6 @@ def test_secrets_reach_every_container_which_runs_unprivileged_and_nothing_holds
     assert_owner_only(run_root / "sec")
     import yaml
 
-    node = yaml.safe_load((run_root / "sec" / "compose.yaml").read_text())["services"]["node0"]
+    node = yaml.safe_load((run_root / "sec" / "docker" / "compose.yaml").read_text())["services"]["node0"]
     assert node["cap_drop"] == ["ALL"] and node["security_opt"] == ["no-new-privileges:true"]
     assert node["environment"]["HF_TOKEN"] is None and not node["user"].startswith("0:")

@@ -54,7 +54,7 @@ def wait_for_file(path: Path, proc: subprocess.Popen[str] | None, timeout: float
 
 
 def result(run_dir: Path) -> dict:
-    return json.loads((run_dir / "docker-result.json").read_text())
+    return json.loads((run_dir / "docker" / "result.json").read_text())
 
 
 @pytest.fixture(scope="module")

@@ -199,17 +199,13 @@ def test_the_top_level_holds_only_the_fixed_entries():
     assert not extra, f"tracked at the top level, outside the fixed layout: {extra}"
 
 
-# The run dir's file and folder names (fsdp_jobs/rundir/layout.py spells each once). "heartbeats" is left out
-# while the liveness code that still names it is rewritten (node-local heartbeats).
+# The run dir's file and folder names (fsdp_jobs/rundir/layout.py spells each once). The word "heartbeats" is
+# prose; only the retired folder's spellings below are names.
 RUN_DIR_NAMES = ("state.json", "job.yaml", "plan.json", "launches.jsonl", "metrics.jsonl", "goodput.jsonl",
                  "hangs.jsonl", "failures.jsonl", "preflight.json", "stop-request", "scale-request",
                  "cancel-requested", "wandb-id", "wandb-ledger.json", "launcher.log", "supervisor.log",
                  "torchrun-error", "probe.pt", "preflight-rank", "job.json", "chaos-throttle", "chaos-link")
 RETIRED_NAMES = ("heartbeats/", "RUN_DIR/heartbeats")  # every rank's file in the shared run dir: gone for good
-# boot.py runs in a Kubernetes pod from the job's ConfigMap, standard library only, before the node wrapper
-# sets the umask: it copies the job and plan records into the run dir by name (the names manifests.py keys
-# the ConfigMap by, from RunDir: test_the_kubernetes_boot_script_copies_the_records_layout_names holds them equal)
-RUN_DIR_NAME_EXEMPT = {"launchers/kubernetes/boot.py"}
 
 
 def run_dir_name_mentions(path: Path) -> list[str]:
@@ -224,23 +220,10 @@ def test_only_the_rundir_package_names_run_dir_files():
     assert all(name in layout for name in RUN_DIR_NAMES), "a name the check looks for is not layout.py's"
     rundir = REPO / "fsdp_jobs" / "rundir"
     mentions = [m for pkg in PACKAGES for p in sorted((REPO / pkg).rglob("*.py"))
-                if rundir not in p.parents and str(p.relative_to(REPO)) not in RUN_DIR_NAME_EXEMPT
+                if rundir not in p.parents
                 for m in run_dir_name_mentions(p)]
     assert not mentions, ("run-dir names outside fsdp_jobs/rundir/ (ask RunDir(run_dir) in "
                           "fsdp_jobs/rundir/layout.py, or name the record in words):\n" + "\n".join(mentions))
-
-
-def test_the_kubernetes_boot_script_copies_the_records_layout_names():
-    """boot.py (exempt above: it runs alone in a pod) names the job and plan records as layout.py does."""
-    import ast as _ast
-
-    from fsdp_jobs.rundir.layout import RunDir
-
-    tree = _ast.parse((REPO / "launchers" / "kubernetes" / "boot.py").read_text())
-    files = next(_ast.literal_eval(n.value) for n in _ast.walk(tree)
-                 if isinstance(n, _ast.Assign) and getattr(n.targets[0], "id", "") == "FILES")
-    rd = RunDir(Path("/r"))
-    assert files == (rd.job_file.name, rd.plan_file.name)
 
 
 MAX_FUNCTION_LINES = 80

@@ -97,7 +97,7 @@ def test_a_job_whose_containers_are_being_removed_is_ending_not_failed(tmp_path,
     import time
 
     from launchers.docker import backend
-    from launchers.docker.engine import RESULT_FILE
+    from launchers.docker.engine import LEGACY_RESULT_FILE, RESULT_FILE, docker_dir
     from fsdp_jobs.rundir.status import JobState, Run
 
     monkeypatch.setattr(backend, "containers", lambda project: {})  # compose down took them already
@@ -105,8 +105,10 @@ def test_a_job_whose_containers_are_being_removed_is_ending_not_failed(tmp_path,
     run = Run(tmp_path, {"backend": "docker", "project": project})
     result = {"project": project, "exit_status": 143, "cancelled": True, "containers": {}}
 
+    docker_dir(tmp_path).mkdir()
+
     def describe(**fields):
-        (tmp_path / RESULT_FILE).write_text(json.dumps({**result, **fields}))
+        (docker_dir(tmp_path) / RESULT_FILE).write_text(json.dumps({**result, **fields}))
         return backend.BACKEND.describe(run)
 
     ending = describe(time=time.time(), removed=False)
@@ -115,5 +117,9 @@ def test_a_job_whose_containers_are_being_removed_is_ending_not_failed(tmp_path,
     assert describe(time=time.time()).state == JobState.CANCELLED  # a result from before `removed` existed
     stale = describe(time=time.time() - 3600, removed=False)  # the supervisor died during the removal
     assert stale.state == JobState.CANCELLED and "did not confirm" in stale.detail
-    (tmp_path / RESULT_FILE).unlink()
+    (docker_dir(tmp_path) / RESULT_FILE).unlink()
+    # a run submitted before the result moved into <run_dir>/docker/ still reads as it ended
+    (tmp_path / LEGACY_RESULT_FILE).write_text(json.dumps({**result, "time": time.time(), "removed": True}))
+    assert backend.BACKEND.describe(run).state == JobState.CANCELLED
+    (tmp_path / LEGACY_RESULT_FILE).unlink()
     assert backend.BACKEND.describe(run).state == JobState.FAILED  # gone with no record at all
