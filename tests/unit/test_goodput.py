@@ -253,3 +253,26 @@ def test_a_replica_jobs_stall_is_lost_time_and_its_steps_count_once():
     assert a["parts_s"]["productive"] == pytest.approx(8.0) and a["parts_s"]["lost"] == pytest.approx(2.5)
     assert a["lost_steps"] == 0 and a["steps"] == [1, 20]
     assert_adds_up(a)
+
+
+def test_rank_zero_writes_a_steps_window_at_most_every_ten_seconds_and_the_windows_tile(tmp_path, monkeypatch):
+    """A flush every 1.5 s (60 ms steps, log_interval 25) is not a write each: the flushes between two writes
+    are one window (fsdp_jobs/runtime/timeline.py STEPS_EVENT_S), and a save writes the pending one first, so
+    the windows still tile the steps and add up to the time between the loop's start and the last flush."""
+    from fsdp_jobs.rundir.events import read_events
+    from fsdp_jobs.rundir.layout import RunDir
+    from fsdp_jobs.runtime import timeline
+
+    clock = [1000.0]
+    monkeypatch.setattr(timeline.time, "time", lambda: clock[0])
+    tl = timeline.Timeline(tmp_path, enabled=True, restart=0)
+    tl.loop(0)
+    for flush in range(1, 21):  # steps 25, 50, ... 500, one flush every 1.5 s: 30 s
+        clock[0] += 1.5
+        tl.steps(25 * flush)
+        if flush == 12:
+            tl.save(25 * flush, began=clock[0])  # a checkpoint after step 300, 7.5 s after the last window
+    tl.event("end", why="completed", step=500)  # writes the 1.5 s still pending
+    windows = [e for e in read_events(RunDir(tmp_path).goodput_file) if e.event == "steps"]
+    assert [(w["first"], w["last"], w["seconds"]) for w in windows] == [
+        (1, 175, 10.5), (176, 300, 7.5), (301, 475, 10.5), (476, 500, 1.5)]  # 20 flushes, 4 writes
