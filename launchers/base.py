@@ -67,7 +67,7 @@ class DryRun(Generic[R]):
 def request_scale(run: Run, nodes: int) -> None:
     """Hand `fsdp-jobs scale` to a launcher that starts the new nodes itself (cluster=local's launcher,
     cluster=docker's supervisor): only once the ranks train (launchers/supervisor.py: why_not_grow)."""
-    training = runs.read_state(run.run_dir).get("status")
+    training = runs.read_state(run.run_dir).status or None
     if training != "running":
         raise UserError("RUN", run.run_dir.name, f"its ranks are not training ({RunDir(run.run_dir).state_file.name}: {training or 'none'}); "
                                                  "scale a job once it trains")

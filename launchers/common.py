@@ -175,18 +175,17 @@ def begin_user_attempt(job: JobConfig, run_dir: Path) -> None:
     """Before the ranks start: the state record says running, so an outcome left by an earlier attempt
     (preempted, completed) is never taken for this attempt's."""
     if user_mode(job):
-        runs.write_state(run_dir, status="running", step=runs.read_state(run_dir).get("step"))
+        runs.write_state(run_dir, status="running", step=runs.read_state(run_dir).step)
 
 
 def settle_user_state(job: JobConfig, run_dir: Path, rc: int) -> str:
     """A user's script need not write the state record. When every rank exited 0 it completed, unless it
     recorded a stop (fsdp_jobs.job's should_stop: preempted, to be requeued). Returns the status."""
     state = runs.read_state(run_dir)
-    status = str(state.get("status") or "")
-    if user_mode(job) and rc == 0 and status not in ("preempted", "completed"):
-        runs.write_state(run_dir, status="completed", step=state.get("step"), reason="the script exited 0")
+    if user_mode(job) and rc == 0 and state.status not in ("preempted", "completed"):
+        runs.write_state(run_dir, status="completed", step=state.step, reason="the script exited 0")
         return "completed"
-    return status
+    return state.status
 
 
 # host paths that hand a container the machine, and container paths that would replace its system

@@ -143,7 +143,7 @@ def why_not_grow(nodes: list[Node], run_dir: Path) -> Optional[str]:
     ended = [n.name for n in nodes if n.ended() is not None]
     if ended:
         return f"{', '.join(ended)} ended"
-    status = runs.read_state(run_dir).get("status")
+    status = runs.read_state(run_dir).status
     return None if status == "running" else f"the ranks are not training ({RunDir(run_dir).state_file.name}: {status or 'none'})"
 
 
@@ -166,8 +166,8 @@ def exit_status(outcome: Outcome, job: JobConfig, run_dir: Path) -> int:
     if outcome.interrupted:
         return INTERRUPTED
     recorded = runs.read_state(run_dir)
-    state = recorded.get("status")
-    if state == "failed" and recorded.get("stage") == "preflight":
+    state = recorded.status
+    if state == "failed" and recorded.stage == "preflight":
         return PREFLIGHT_FAILED  # a node was named: its nodes may have exited 0 (launchers/node/wrapper.py)
     if state == "completed":
         return 0  # nodes stopped for good (exit 137) while the others finished do not fail the job

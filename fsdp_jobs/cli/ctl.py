@@ -84,7 +84,8 @@ def run_status(run_dir: Path) -> dict[str, Any]:
     except UserError as e:
         status = JobStatus(JobState.UNKNOWN, f"UNKNOWN ({e.allowed})")
     out.update({"state": status.state.value, "detail": status.detail, **status.info})
-    out["train"] = runs.read_state(run_dir)
+    state = runs.read_state_record(run_dir)
+    out["train"] = state.to_json() if state else {}
     metrics = runs.read_metrics(run_dir)
     if metrics:
         out["last_step"] = {k: metrics[-1].get(k) for k in ("step", "loss", "tokens_per_s", "world_size")}

@@ -143,8 +143,8 @@ def _existing(member: Member) -> str:
     if not RunDir(run_dir).job_file.is_file():
         return ""
     state = runs.read_state(run_dir)
-    if state.get("status") == "completed" and int(state.get("step") or 0) >= member.cfg.train.steps:
-        return f"completed at step {state.get('step')}"
+    if state.status == "completed" and (state.step or 0) >= member.cfg.train.steps:
+        return f"completed at step {state.step}"
     run = Run.load(run_dir)
     if run.launch.get("backend"):
         status = launcher.get(str(run.launch["backend"])).describe(run)

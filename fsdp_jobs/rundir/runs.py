@@ -202,11 +202,10 @@ def read_state_record(run_dir: Path) -> Optional[StateRecord]:
     return StateRecord.from_dict(_read_json(RunDir(run_dir).state_file))
 
 
-def read_state(run_dir: Path) -> dict[str, Any]:
-    """The state record as the JSON object written (when it parses as a StateRecord), {} when there is none: its many readers ask for one key
-    or two with .get, and `status --json` shows it whole."""
-    state = _read_json(RunDir(run_dir).state_file)
-    return state if StateRecord.from_dict(state) else {}
+def read_state(run_dir: Path) -> StateRecord:
+    """The state record; when there is none (not written yet, or damaged), one whose status is "" and step
+    None, so a reader asks `read_state(d).status` without a None check."""
+    return read_state_record(run_dir) or StateRecord(status="", time=0.0)
 
 
 def _read_json(path: Path) -> Any:

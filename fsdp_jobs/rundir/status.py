@@ -53,6 +53,6 @@ class Run:
 
 def state_from_training(run_dir: Path) -> JobState:
     """When the backend has nothing left to say, state.json (rank 0's own record) tells the outcome."""
-    status = runs.read_state(run_dir).get("status")
+    status = runs.read_state(run_dir).status or None
     return {"completed": JobState.SUCCEEDED, "failed": JobState.FAILED,
             "preempted": JobState.CANCELLED}.get(str(status), JobState.UNKNOWN)

@@ -261,7 +261,7 @@ def run_preflight(run_dir: Path, cfg: JobConfig, world: World) -> bool:
         log(0, preflight.summary_line(v))
         if not v["ok"]:
             runs.write_state(run_dir, status="failed", stage="preflight", bad_nodes=v["bad"],
-                             reason=preflight.summary_line(v)[:1000], step=runs.read_state(run_dir).get("step"))
+                             reason=preflight.summary_line(v)[:1000], step=runs.read_state(run_dir).step)
         ok = [v["ok"]]
     dist.broadcast_object_list(ok, src=0)
     return bool(ok[0])

@@ -210,7 +210,7 @@ class Trainer:
         self.timeline.event("preflight", ok=ok)
         if ok and self.cfg.preflight == "only" and self.world.rank == 0:
             runs.write_state(self.run_dir, status="completed", stage="preflight", step=runs.read_state(
-                self.run_dir).get("step"), reason="preflight=only: every node passed")
+                self.run_dir).step, reason="preflight=only: every node passed")
         if not ok or self.cfg.preflight == "only":  # the attempt ends here (the goodput timeline)
             self.timeline.event("end", why="completed: preflight=only" if ok else "failed: preflight named a node",
                                 step=0)

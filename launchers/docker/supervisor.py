@@ -24,6 +24,7 @@ from typing import Any, Optional
 
 import yaml
 
+from fsdp_jobs.planning.config import rank_config
 from fsdp_jobs.rundir import runs
 from fsdp_jobs.rundir.layout import RunDir
 from launchers.docker.engine import COMPOSE_FILE, DOWN_TIMEOUT_S, RESULT_FILE, containers, docker_dir, give_to
@@ -118,6 +119,7 @@ def supervise(run_dir: Path, launch: dict[str, Any], job: dict[str, Any], compos
     `launch` (project, user, the `down` command), `job` and the `compose` spec come from the submitting
     process, in memory: never read back from the run dir, which the containers' user can rewrite while
     this runs as root."""
+    cfg = rank_config(job)  # the job record through the typed schema, as the node side reads it
     project, user = launch["project"], launch["user"]
     log_path = RunDir(run_dir).launcher_log
     sink = LogSink(log_path, echo)
@@ -146,12 +148,12 @@ def supervise(run_dir: Path, launch: dict[str, Any], job: dict[str, Any], compos
 
     removed = False
     try:
-        outcome = supervise_nodes(nodes, sink, job["cluster"].get("min_nodes") or job["nodes"],
-                                  job["cluster"]["stop_grace_s"], grow)
-        status = exit_status(outcome, job, run_dir)
+        outcome = supervise_nodes(nodes, sink, cfg.cluster.get("min_nodes") or cfg.nodes,
+                                  cfg.cluster.stop_grace_s, grow)
+        status = exit_status(outcome, cfg, run_dir)
         result = {"project": project, "time": time.time(), "exit_status": status,
                   "cancelled": outcome.interrupted or runs.cancel_recorded(run_dir)
-                               or runs.read_state(run_dir).get("status") == "preempted",
+                               or runs.read_state(run_dir).status == "preempted",
                   "containers": {n.name: {"exit_code": n.last["State"]["ExitCode"],
                                           "restarts": n.last.get("RestartCount", 0)} for n in nodes}}
         for n, r in result["containers"].items():

@@ -202,7 +202,7 @@ class LocalBackend(Backend[LocalRequest]):
         if state == JobState.UNKNOWN:
             state = JobState.FAILED
         return JobStatus(state, f"{state.value} (launcher pid {pid} has exited; training state: "
-                                f"{runs.read_state(run.run_dir).get('status', 'none recorded')})", {"launcher_pid": None})
+                                f"{runs.read_state(run.run_dir).status or 'none recorded'})", {"launcher_pid": None})
 
     def _launcher(self, run: Run) -> int:
         """The pid of the launcher that runs the job, proven by the run's lock (its launch record alone is not)."""

@@ -145,11 +145,11 @@ def preflight_status(rc: int, run_dir: Path, node: str, engine_restarts: bool = 
         from fsdp_jobs.rundir import runs
 
         state = runs.read_state(run_dir)
-        if state.get("status") == "failed" and state.get("stage") == "preflight":
-            print(f"fsdp-jobs: {node}: stopped before training: {state.get('reason')}"
+        if state.status == "failed" and state.stage == "preflight":
+            print(f"fsdp-jobs: {node}: stopped before training: {state.reason}"
                   + ("; not restarted" if engine_restarts else ""), flush=True)
             if termination_log:
-                write_termination_log(termination_log, f"{PREFLIGHT_MESSAGE}{state.get('reason')}")
+                write_termination_log(termination_log, f"{PREFLIGHT_MESSAGE}{state.reason}")
             return 0 if engine_restarts else PREFLIGHT_FAILED_RC
     return rc
 
@@ -207,8 +207,8 @@ def supervise_agent(agent: subprocess.Popen, run_dir: Path, node: str, beats: Pa
             state = runs.read_state(run_dir)
             # every node sees the repeat, one tick apart: the first to stop writes the reason, and a later one
             # never overwrites it, nor the scheduler task's final word written meanwhile (launchers/slurm/node_task.py)
-            if state.get("status") != "failed":
-                runs.write_state(run_dir, status="failed", reason=why, step=state.get("step"))
+            if state.status != "failed":
+                runs.write_state(run_dir, status="failed", reason=why, step=state.step)
             return 1
 
 

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from fsdp_jobs.rundir import runs
+from fsdp_jobs.planning.config import JobConfig, job_config
 from fsdp_jobs.planning.errors import UserError
 from fsdp_jobs.rundir.layout import RunDir
 from launchers.base import Run
@@ -87,9 +88,9 @@ def joined(run_dir: Path, run_id: str, active: Any) -> list[dict[str, Any]]:
     return [r for r in grow_jobs(run_dir) if r.get("run_id") == run_id and active(str(r["job_id"]))]
 
 
-def nodes_now(run_dir: Path, job: dict[str, Any], run_id: str, active: Any) -> int:
+def nodes_now(run_dir: Path, job: JobConfig, run_id: str, active: Any) -> int:
     """The job's nodes plus those of its grow jobs that joined this rendezvous."""
-    return job["nodes"] + sum(r["nodes"] for r in joined(run_dir, run_id, active))
+    return job.nodes + sum(r["nodes"] for r in joined(run_dir, run_id, active))
 
 
 def submit_grow(run: Run, nodes: int, job_id: str, active: Any) -> str:
@@ -98,9 +99,9 @@ def submit_grow(run: Run, nodes: int, job_id: str, active: Any) -> str:
 
     from launchers.slurm.node_task import read_rendezvous
 
-    run_dir, job = run.run_dir, runs.load_job(run.run_dir)
+    run_dir, job = run.run_dir, job_config(runs.load_job(run.run_dir))
     rdzv = read_rendezvous(run_dir)
-    if runs.read_state(run_dir).get("status") != "running" or rdzv.get("job_id") != job_id:
+    if runs.read_state(run_dir).status != "running" or rdzv.get("job_id") != job_id:
         raise UserError("RUN", run_dir.name, f"SLURM job {job_id} is not training yet (no rendezvous of its current "
                                              "attempt); scale a job once it trains")
     have = nodes_now(run_dir, job, str(rdzv["run_id"]), active)
@@ -112,7 +113,7 @@ def submit_grow(run: Run, nodes: int, job_id: str, active: Any) -> str:
         raise UserError("RUN", run_dir.name, f"{slurm_dir(run_dir) / PARAMETERS_FILE} is missing or damaged; "
                                              "cannot submit the nodes to add") from None
     busy = nodes_in_use([job_id, *(str(r["job_id"]) for r in joined(run_dir, str(rdzv["run_id"]), active))])
-    params = grow_parameters(params, nodes - have, minutes_left(job_id, job["cluster"]["time_min"]) +
+    params = grow_parameters(params, nodes - have, minutes_left(job_id, job.cluster.time_min) +
                              GROW_TIME_MARGIN_MIN, busy)
     executor = submitit.SlurmExecutor(folder=slurm_dir(run_dir) / "%j", max_num_timeout=0)
     executor.update_parameters(**params)
@@ -141,7 +142,6 @@ class GrowTask:
         from launchers.slurm.node_task import agent_args, read_rendezvous, start_agent
 
         run_dir, env = Path(self.run_dir), submitit.JobEnvironment()
-        from fsdp_jobs.planning.config import job_config
 
         job, plan, rdzv = job_config(runs.load_job(run_dir)), runs.load_plan(run_dir), read_rendezvous(run_dir)
         if rdzv.get("run_id") != self.run_id:

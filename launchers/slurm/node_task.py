@@ -30,7 +30,7 @@ from fsdp_jobs.rundir import runs
 from fsdp_jobs.rundir.checkpoints import newest_checkpoint, step_of
 from fsdp_jobs.rundir.failures import ATTEMPT_ENV
 from fsdp_jobs.rundir.layout import RunDir
-from fsdp_jobs.rundir.records import LaunchRecord
+from fsdp_jobs.rundir.records import LaunchRecord, StateRecord
 from fsdp_jobs.rundir.runs import clear_stop_request, request_stop
 from launchers.common import (LIGHTHOUSE_ENV, NODE_WRAPPER, REPLICA_GROUP_ENV, USER_CODE_ENV, begin_user_attempt,
                               rank_entry, settle_user_state, torchrun_args)
@@ -110,7 +110,7 @@ def requeue_excluding(run_dir: Path, job_id: str, decision: Decision) -> None:
     print(f"fsdp-jobs: requeued job {job_id} with --exclude={nodes}: {decision.reason}", flush=True)
 
 
-def act(run_dir: Path, job_id: str, decision: Decision, reason: str, state: dict[str, Any]) -> None:
+def act(run_dir: Path, job_id: str, decision: Decision, reason: str, state: StateRecord) -> None:
     """Task 0, once an attempt failed: requeue it (with progress, or without the nodes a preflight named), or
     record it as failed. By <array id>_<i>: the element holding the array's own id would requeue them all."""
     step = _step_of(newest_checkpoint(run_dir))
@@ -122,8 +122,9 @@ def act(run_dir: Path, job_id: str, decision: Decision, reason: str, state: dict
         subprocess.run(["scontrol", "requeue", job_id], check=True, timeout=60)
         time.sleep(KILL_WAIT_S)
     else:  # a preflight's failure keeps naming its nodes
-        keep = {k: state[k] for k in ("stage", "bad_nodes") if k in state and state.get("stage") == "preflight"}
-        runs.write_state(run_dir, **keep, status="failed", reason=reason, step=step)
+        preflight = state.stage == "preflight"
+        runs.write_state(run_dir, status="failed", reason=reason, step=step, stage=state.stage if preflight else None,
+                         bad_nodes=state.bad_nodes if preflight else None)
 
 
 def agent_args(plan: Plan, cfg: JobConfig, run_id: str, endpoint: str, group: Optional[int] = None) -> list[str]:
@@ -230,9 +231,9 @@ class NodeTask(submitit.helpers.Checkpointable):
         settle_user_state(job, run_dir, rc)  # a plain script exiting 0 completed (it writes no state record)
         state = runs.read_state(run_dir)
         decision = after_preflight(state, bool(job.cluster.get("exclude_bad_nodes")), excluded_nodes(run_dir, job),
-                                   self._terminated) or decide(rc, state.get("status"), self._terminated,
+                                   self._terminated) or decide(rc, state.status, self._terminated,
                                                                _step_of(start_ckpt), _step_of(newest_checkpoint(run_dir)))
-        done = {"status": decision.action, "node": env.node, "step": state.get("step")}
+        done = {"status": decision.action, "node": env.node, "step": state.step}
         if decision.action == COMPLETED:
             return done
         if decision.action == TERMINATED:
@@ -269,7 +270,7 @@ class NodeTask(submitit.helpers.Checkpointable):
             if not _wait_exit(self._proc.pid, deadline):
                 print(f"fsdp-jobs: ranks did not finish their checkpoint within {deadline}s; requeueing anyway",
                       flush=True)
-        if runs.read_state(run_dir).get("status") == "completed":
+        if runs.read_state(run_dir).status == "completed":
             print("fsdp-jobs: training completed before the stop took effect; not requeueing", flush=True)
             raise SystemExit(0)
         ckpt = newest_checkpoint(run_dir)

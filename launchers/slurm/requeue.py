@@ -16,7 +16,10 @@ Before those, a preflight that named nodes (the state record: stage "preflight",
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Optional
+
+if TYPE_CHECKING:  # types only: the requeue rules import nothing at run time
+    from fsdp_jobs.rundir.records import StateRecord
 
 
 COMPLETED, TERMINATED, PREEMPTED, REQUEUE, FAILED = "completed", "terminated", "preempted", "requeue", "failed"
@@ -47,15 +50,15 @@ def decide(rc: int, status: str | None, terminated: bool, start_step: int, now_s
                             "submit again (the same name=, or the same sweep command)")
 
 
-def after_preflight(state: dict[str, Any], exclude_bad_nodes: bool, excluded: list[str],
+def after_preflight(state: StateRecord, exclude_bad_nodes: bool, excluded: list[str],
                     terminated: bool = False) -> Optional[Decision]:
     """None unless the attempt ended in a preflight that named nodes (the state record's stage and bad_nodes).
     Then EXCLUDE with the old and new excluded nodes, when cluster.exclude_bad_nodes is on and a named
     node is not excluded yet (a node named again would loop), else FAILED with the preflight's reason."""
-    if terminated or state.get("status") != "failed" or state.get("stage") != "preflight":
+    if terminated or state.status != "failed" or state.stage != "preflight":
         return None
-    bad = [str(n) for n in state.get("bad_nodes") or []]
-    why = str(state.get("reason") or f"preflight named {', '.join(bad)}")
+    bad = [str(n) for n in state.bad_nodes or []]
+    why = state.reason or f"preflight named {', '.join(bad)}"
     new = [n for n in bad if n not in excluded]
     if exclude_bad_nodes and new:
         nodes = tuple(sorted(set(excluded) | set(new)))

@@ -102,7 +102,7 @@ def test_readers_skip_what_does_not_parse(tmp_path):
     assert [f.error for f in failures.read(tmp_path)] == ["E: x"]
     for text in ('{"status": 5}', "[]", '{"sta', "\xff"):
         rd.state_file.write_text(text)
-        assert runs.read_state(tmp_path) == {} and runs.read_state_record(tmp_path) is None
+        assert runs.read_state(tmp_path).status == "" and runs.read_state_record(tmp_path) is None
     rd.scale_request_file.write_text('{"nodes": "4"}')
     assert runs.take_scale_request(tmp_path) is None
     rank = rd.rank_file(0)

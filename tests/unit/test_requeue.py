@@ -55,9 +55,10 @@ PREFLIGHT_FAILED = {"status": "failed", "stage": "preflight", "bad_nodes": ["c3"
     ({"status": "completed", "stage": "preflight"}, True, [], False, None, ()),  # preflight=only passed
 ])
 def test_preflight_decision(state, enabled, excluded, terminated, action, exclude):
+    from fsdp_jobs.rundir.records import StateRecord
     from launchers.slurm.requeue import after_preflight
 
-    d = after_preflight(state, enabled, excluded, terminated)
+    d = after_preflight(StateRecord.from_dict(state), enabled, excluded, terminated)
     assert (d.action if d else None) == action, d
     if d is not None:
         assert d.exclude == exclude and d.reason.startswith(PREFLIGHT_FAILED["reason"])
