@@ -85,13 +85,16 @@ class Node(abc.ABC):
 class Outcome:
     codes: dict[str, int] = field(default_factory=dict)  # node -> exit code (what each ended with)
     interrupted: bool = False  # SIGINT/SIGTERM reached the supervisor
+    began: Optional[float] = field(default=None, compare=False)  # time.time() when supervision began: the outcome is a record written since
 
 
 def supervise(nodes: list[Node], sink: LogSink, min_nodes: int, stop_grace_s: float,
-              grow: Optional[Callable[[], list[Node]]] = None) -> Outcome:
+              grow: Optional[Callable[[], list[Node]]] = None, began: Optional[float] = None) -> Outcome:
     """Until every node has ended for good; returns how each ended. Always leaves none running.
     `grow`, asked every poll, returns the nodes `fsdp-jobs scale` added since (already started): they
-    are followed and supervised like the first ones."""
+    are followed and supervised like the first ones. `began`: when the launch began, before its nodes
+    started (default: now), so that exit_status reads only the state this launch's ranks recorded."""
+    began = time.time() if began is None else began
     done = threading.Event()
     signals: list[int] = []
     old = {s: signal.signal(s, lambda signum, _frame: signals.append(signum)) for s in (signal.SIGINT, signal.SIGTERM)}
@@ -131,7 +134,7 @@ def supervise(nodes: list[Node], sink: LogSink, min_nodes: int, stop_grace_s: fl
             n.join(timeout=30)
         for s, h in old.items():
             signal.signal(s, h)
-    return Outcome({k: int(v) for k, v in codes.items() if v is not None}, bool(signals))
+    return Outcome({k: int(v) for k, v in codes.items() if v is not None}, bool(signals), began)
 
 
 def why_not_grow(nodes: list[Node], run_dir: Path) -> Optional[str]:
@@ -165,7 +168,7 @@ def exit_status(outcome: Outcome, job: JobConfig, run_dir: Path) -> int:
         settle_user_state(job, run_dir, failure)
     if outcome.interrupted:
         return INTERRUPTED
-    recorded = runs.read_state(run_dir)
+    recorded = runs.read_outcome(run_dir, outcome.began)  # never an earlier launch's "completed"
     state = recorded.status
     if state == "failed" and recorded.stage == "preflight":
         return PREFLIGHT_FAILED  # a node was named: its nodes may have exited 0 (launchers/node/wrapper.py)

@@ -208,6 +208,18 @@ def read_state(run_dir: Path) -> StateRecord:
     return read_state_record(run_dir) or StateRecord(status="", time=0.0)
 
 
+def read_outcome(run_dir: Path, since: Optional[float]) -> StateRecord:
+    """The state record if it was written at or after `since` (when the launch or attempt being judged
+    began), else the empty one: a record an earlier launch left (completed, at an older step) is never
+    this launch's outcome. A job whose ranks died before recording anything (a checkpoint that fails to
+    load, a crash at start-up) then reads as having recorded nothing, not as the run's last success.
+    `since` None: any record (a launch record from before launches were timed). The times are the
+    writers' clocks: a compute node's against the submitting host's, which NTP keeps well inside the
+    seconds between a launch and its ranks' first record."""
+    state = read_state(run_dir)
+    return state if since is None or state.time >= since else StateRecord(status="", time=0.0)
+
+
 def _read_json(path: Path) -> Any:
     """The JSON value in `path`, or None when missing or not JSON."""
     try:

@@ -51,8 +51,9 @@ class Run:
         return cls(run_dir, runs.last_launch(run_dir))
 
 
-def state_from_training(run_dir: Path) -> JobState:
-    """When the backend has nothing left to say, state.json (rank 0's own record) tells the outcome."""
-    status = runs.read_state(run_dir).status or None
+def state_from_training(run: "Run") -> JobState:
+    """When the backend has nothing left to say, the state record (rank 0's own) tells the outcome: only
+    one written since the run's newest launch began (runs.read_outcome). UNKNOWN when it wrote none."""
+    status = runs.read_outcome(run.run_dir, run.launch.get("unix")).status or None
     return {"completed": JobState.SUCCEEDED, "failed": JobState.FAILED,
             "preempted": JobState.CANCELLED}.get(str(status), JobState.UNKNOWN)

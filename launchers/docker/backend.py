@@ -302,7 +302,7 @@ class DockerBackend(Backend[DockerRequest]):
         project = own_project(run)
         result = read_result(run.run_dir)
         if result is not None and result.get("project") == project:
-            state = state_from_training(run.run_dir) if result["exit_status"] == 0 else (
+            state = state_from_training(run) if result["exit_status"] == 0 else (
                 JobState.CANCELLED if result.get("cancelled") else JobState.FAILED)
             if result.get("removed", True):
                 return JobStatus(state, f"{state.value} (exit {result['exit_status']}; containers removed)",

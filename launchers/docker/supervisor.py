@@ -149,7 +149,7 @@ def supervise(run_dir: Path, launch: dict[str, Any], job: dict[str, Any], compos
     removed = False
     try:
         outcome = supervise_nodes(nodes, sink, cfg.cluster.get("min_nodes") or cfg.nodes,
-                                  cfg.cluster.stop_grace_s, grow)
+                                  cfg.cluster.stop_grace_s, grow, began=launch.get("unix"))
         status = exit_status(outcome, cfg, run_dir)
         result = {"project": project, "time": time.time(), "exit_status": status,
                   "cancelled": outcome.interrupted or runs.cancel_recorded(run_dir)

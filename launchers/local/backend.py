@@ -9,6 +9,7 @@ stream, on the terminal and in RunDir.launcher_log, and maps how they ended to a
 from __future__ import annotations
 
 import os
+import time
 import shlex
 import signal
 import socket
@@ -198,7 +199,7 @@ class LocalBackend(Backend[LocalRequest]):
         if runs.RunLock(run.run_dir).held():
             return JobStatus(JobState.RUNNING, f"RUNNING (launcher pid {pid})", {"launcher_pid": pid})
         # no launcher holds the run: the job has ended, whatever rank 0 managed to record
-        state = state_from_training(run.run_dir)
+        state = state_from_training(run)
         if state == JobState.UNKNOWN:
             state = JobState.FAILED
         return JobStatus(state, f"{state.value} (launcher pid {pid} has exited; training state: "
@@ -233,6 +234,7 @@ class LocalBackend(Backend[LocalRequest]):
 def run_agents(dryrun: DryRun[LocalRequest], echo: bool = True) -> int:
     plan, cfg = dryrun.plan, dryrun.cfg
     run_dir = Path(plan.run_dir)
+    began = time.time()  # the outcome of this launch is a state record written since (runs.read_outcome)
     runs.clear_stop_request(run_dir)
     begin_user_attempt(cfg, run_dir)
     runs.record_launch(run_dir, LaunchRecord(backend="local", job_id=str(os.getpid()), nodes=plan.nodes,
@@ -270,7 +272,7 @@ def run_agents(dryrun: DryRun[LocalRequest], echo: bool = True) -> int:
             lighthouse.follow(sink, done)
         for i, agent in enumerate(dryrun.request.agents):
             nodes.append(AgentNode(f"node{i}", agent))
-        outcome = supervise(nodes, sink, min_live_nodes(plan), cfg.cluster.stop_grace_s, grow)
+        outcome = supervise(nodes, sink, min_live_nodes(plan), cfg.cluster.stop_grace_s, grow, began=began)
     finally:
         for n in nodes:  # started before a failure to start the others
             if n.ended() is None:

@@ -190,6 +190,7 @@ class NodeTask(submitit.helpers.Checkpointable):
         self.run_dir = run_dir
         self._proc: Optional[subprocess.Popen[bytes]] = None
         self._terminated = False  # SLURM sent SIGTERM: scancel, its own requeue, or the end of the job
+        self._began: Optional[float] = None  # when this attempt's task started (None: not started here)
 
     def __getstate__(self) -> dict[str, Any]:
         return {"run_dir": self.run_dir}
@@ -199,6 +200,7 @@ class NodeTask(submitit.helpers.Checkpointable):
 
     def __call__(self) -> dict[str, Any]:
         run_dir = Path(self.run_dir)
+        self._began = time.time()  # this attempt's outcome is a state record written since (runs.read_outcome)
         job, plan = job_config(runs.load_job(run_dir)), runs.load_plan(run_dir)
         env = submitit.JobEnvironment()
         job_id = env.job_id  # <array id>_<i> for an array element: what scontrol/scancel/sacct name it by
@@ -229,7 +231,7 @@ class NodeTask(submitit.helpers.Checkpointable):
         self._proc = start_agent(job, run_dir, args, extra, f"{job_id}.{attempt}", error_file)
         rc = self._proc.wait()
         settle_user_state(job, run_dir, rc)  # a plain script exiting 0 completed (it writes no state record)
-        state = runs.read_state(run_dir)
+        state = runs.read_outcome(run_dir, self._began)
         decision = after_preflight(state, bool(job.cluster.get("exclude_bad_nodes")), excluded_nodes(run_dir, job),
                                    self._terminated) or decide(rc, state.status, self._terminated,
                                                                _step_of(start_ckpt), _step_of(newest_checkpoint(run_dir)))
@@ -270,7 +272,7 @@ class NodeTask(submitit.helpers.Checkpointable):
             if not _wait_exit(self._proc.pid, deadline):
                 print(f"fsdp-jobs: ranks did not finish their checkpoint within {deadline}s; requeueing anyway",
                       flush=True)
-        if runs.read_state(run_dir).status == "completed":
+        if runs.read_outcome(run_dir, self._began).status == "completed":
             print("fsdp-jobs: training completed before the stop took effect; not requeueing", flush=True)
             raise SystemExit(0)
         ckpt = newest_checkpoint(run_dir)

@@ -133,3 +133,23 @@ def test_a_scale_is_acted_on_only_while_every_node_runs_and_the_ranks_train(tmp_
     assert why_not_grow([live[0], Fake("node1", 0)], tmp_path) == "node1 ended"
     (tmp_path / "state.json").write_text(json.dumps({"status": "completed"}))
     assert "not training (state.json: completed)" in why_not_grow(live, tmp_path)
+
+
+def test_an_earlier_launchs_completed_state_is_never_this_launchs_outcome(tmp_path):
+    """A finished run extended with more steps whose ranks all died before recording anything (every
+    checkpoint failing to load) printed `finished`, exited 0 and read SUCCEEDED from the first launch's
+    record. The state record counts only when written since this launch began (runs.read_outcome)."""
+    import time
+
+    from fsdp_jobs.rundir.status import JobState, Run, state_from_training
+
+    runs.write_state(tmp_path, status="completed", step=8)  # the first launch's
+    job = {"script": None, "module": None}
+    began = time.time() + 0.01
+    time.sleep(0.02)
+    assert exit_status(Outcome({"node0": 1, "node1": 1}, False, began), job, tmp_path) == 1
+    assert state_from_training(Run(tmp_path, {"backend": "local", "unix": began})) == JobState.UNKNOWN
+    assert state_from_training(Run(tmp_path, {"backend": "local", "unix": began - 60})) == JobState.SUCCEEDED
+    runs.write_state(tmp_path, status="completed", step=12)  # this launch's own
+    assert exit_status(Outcome({"node0": 0, "node1": 0}, False, began), job, tmp_path) == 0
+    assert state_from_training(Run(tmp_path, {"backend": "local", "unix": began})) == JobState.SUCCEEDED
