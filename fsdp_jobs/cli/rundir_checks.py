@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Optional, TYPE_CHECKING
 
-from fsdp_jobs.rundir.checkpoints import newest_checkpoint
+from fsdp_jobs.rundir.checkpoints import newest_checkpoint, set_aside_checkpoints
 from fsdp_jobs.planning.errors import UserError
 from fsdp_jobs.planning.inputs import check_inputs
 from fsdp_jobs.planning.plan import ExistingRun, Plan, make_plan
@@ -33,7 +33,7 @@ def check_same_model(run_dir: Path, model: Any) -> None:
         if key in saved and saved[key] != model[key]:
             raise UserError(f"model.{key}", model[key],
                             f"run {run_dir.name} has checkpoints of a model with model.{key}={saved[key]!r}; "
-                            "keep it, choose another name=, or set checkpoint.resume=false")
+                            f"keep model.{key}={saved[key]!r} to resume it, or choose another name= for a new run")
 
 
 def read_existing_run(cfg: JobConfig, run_name: str) -> ExistingRun:
@@ -47,6 +47,12 @@ def read_existing_run(cfg: JobConfig, run_name: str) -> ExistingRun:
                         "starting it over would mix new checkpoints with them: choose another name=")
     if resume is not None:
         check_same_model(run_dir, cfg.model)
+    aside = set_aside_checkpoints(run_dir)
+    if resume is None and aside and cfg.checkpoint.resume:  # the ranks would stop on them (NoUsableCheckpoint)
+        raise UserError("checkpoint.resume", True, f"run {run_name} has no usable checkpoint: "
+                        f"{', '.join(p.name for p in aside)} failed their checks (each one's reason is inside it); "
+                        "rename one back if you know it is good, or start over with checkpoint.resume=false or a "
+                        "new name=")
     return ExistingRun(run_dir=str(run_dir), resume_from=str(resume) if resume else None, notes=notes)
 
 

@@ -4,7 +4,10 @@ export and the backends' in-job side read it too; fsdp_jobs/runtime/checkpoint.p
     checkpoints/.tmp-step-000100-<attempt>/   written by every rank (DCP), never read
     checkpoints/step-000100/                  visible only once complete:
         .metadata, __*_*.distcp                   DCP's files
-        manifest.json                             step, world size, mesh, config hash; written last
+        manifest.json                             step, world size, mesh, config hash, and `files`: each
+                                                  file's size and CRC-32 (checked before a resume); written last
+    checkpoints/step-000100.unusable/         one that failed its check or its load: set aside, never deleted
+        why-unusable.txt                          the reason
 
 A checkpoint counts ("is committed") only as a step-N directory holding both DCP's .metadata and our
 manifest: the manifest is written after every rank finished, then the directory is renamed into place,
@@ -17,6 +20,8 @@ import json
 import os
 import re
 import shutil
+import time
+import zlib
 from pathlib import Path
 from typing import Any, Optional
 
@@ -25,6 +30,8 @@ from fsdp_jobs.rundir.layout import RunDir
 MANIFEST_FILE = "manifest.json"
 DCP_METADATA_FILE = ".metadata"
 TMP_PREFIX = ".tmp-step-"
+UNUSABLE_SUFFIX = ".unusable"
+UNUSABLE_REASON_FILE = "why-unusable.txt"
 CKPT_DIR_RE = re.compile(r"^step-(\d+)$")
 # a committed checkpoint's directory as a user is told of it (export's help and refusals)
 STEP_DIR_WORDS = f"{RunDir(Path()).checkpoints_dir.name}/step-N"
@@ -80,9 +87,94 @@ def newest_checkpoint(run_dir: Path) -> Optional[Path]:
 
 
 def uncommitted_entries(root: Path) -> list[Path]:
-    """Everything under the checkpoints root that is not a committed checkpoint, by name (a save that
-    died mid-way, a prune cut short)."""
-    return [p for p in sorted(root.iterdir()) if not is_committed(p)]
+    """Everything under the checkpoints root that is neither a committed checkpoint nor one set aside, by
+    name (a save that died mid-way, a prune cut short)."""
+    return [p for p in sorted(root.iterdir()) if not is_committed(p) and not p.name.endswith(UNUSABLE_SUFFIX)]
+
+
+def set_aside_checkpoints(run_dir: Path) -> list[Path]:
+    """The checkpoints set aside as unusable, oldest first."""
+    root = root_of(run_dir)
+    return sorted(root.glob(f"step-*{UNUSABLE_SUFFIX}")) if root.is_dir() else []
+
+
+def set_aside(ckpt: Path, reason: str) -> Path:
+    """Rename a committed checkpoint that failed its check or its load out of the way (it no longer counts
+    as committed; nothing is deleted: a user who knows better renames it back), with the reason beside."""
+    dest = ckpt.with_name(ckpt.name + UNUSABLE_SUFFIX)
+    if dest.exists():  # set aside once before, renamed back by hand, and failed again
+        dest = ckpt.with_name(f"{ckpt.name}-{int(time.time())}{UNUSABLE_SUFFIX}")
+    os.rename(ckpt, dest)
+    (dest / UNUSABLE_REASON_FILE).write_text(reason + "\n")
+    return dest
+
+
+# ------------------------------------------------------------------ integrity (sizes and CRC-32 per file)
+SUM_BLOCK = 8 << 20
+
+
+def file_sum(path: Path) -> list[int]:
+    """[size, CRC-32] of one file, read in 8 MiB blocks (zlib's CRC-32: about 1 GB/s a core, no dependency)."""
+    crc, size = 0, 0
+    with open(path, "rb") as f:
+        while block := f.read(SUM_BLOCK):
+            crc, size = zlib.crc32(block, crc), size + len(block)
+    return [size, crc]
+
+
+def rank_files(ckpt: Path, rank: int) -> list[str]:
+    """The files DCP's FileSystemWriter wrote for `rank` (its storage prefix is __<rank>_)."""
+    return sorted(p.name for p in ckpt.glob(f"__{rank}_*.distcp"))
+
+
+def sums(ckpt: Path, names: list[str]) -> dict[str, list[int]]:
+    return {name: file_sum(ckpt / name) for name in names}
+
+
+def check_sizes(ckpt: Path) -> Optional[str]:
+    """Why `ckpt` cannot be what its manifest recorded, from sizes and DCP's .metadata alone (a stat per file:
+    cheap at any world size), or None. A manifest from before `files` existed is not checked."""
+    try:
+        files = read_manifest(ckpt).get("files")
+    except (OSError, ValueError, AttributeError):
+        return f"its {MANIFEST_FILE} is unreadable"
+    if not isinstance(files, dict):
+        return None
+    for name, (size, crc) in sorted(files.items()):
+        try:
+            actual = (ckpt / name).stat().st_size
+        except OSError:
+            return f"{name} is missing"
+        if actual != size:
+            return f"{name} has {actual} bytes, {size} when saved"
+    if DCP_METADATA_FILE in files and file_sum(ckpt / DCP_METADATA_FILE)[1] != files[DCP_METADATA_FILE][1]:
+        return f"{DCP_METADATA_FILE} changed since it was saved (CRC-32 differs)"
+    return None
+
+
+def check_sums(ckpt: Path, names: list[str]) -> Optional[str]:
+    """Why one of `names` (a share of the checkpoint's files: every rank checks its own) no longer holds what
+    was saved, or None."""
+    try:
+        files = read_manifest(ckpt).get("files") or {}
+    except (OSError, ValueError, AttributeError):
+        return f"its {MANIFEST_FILE} is unreadable"
+    for name in names:
+        if name in files:
+            try:
+                if file_sum(ckpt / name) != files[name]:
+                    return f"{name} changed since it was saved (CRC-32 differs)"
+            except OSError as e:
+                return f"{name} cannot be read ({e.strerror})"
+    return None
+
+
+def listed_files(ckpt: Path) -> list[str]:
+    """The files a checkpoint's manifest lists (none for one saved before `files` existed)."""
+    try:
+        return sorted(read_manifest(ckpt).get("files") or {})
+    except (OSError, ValueError, AttributeError):
+        return []
 
 
 def commit(tmp: Path, manifest: dict[str, Any], final: Path) -> None:
@@ -95,11 +187,16 @@ def commit(tmp: Path, manifest: dict[str, Any], final: Path) -> None:
 
 
 def prune(run_dir: Path, keep_last: int) -> None:
-    """Delete all but the newest `keep_last` committed checkpoints, and the leftovers of saves older
-    than the newest commit."""
+    """Delete all but the newest `keep_last` committed checkpoints (and the newest that passes check_sizes,
+    while none of those does), and the leftovers of saves older than the newest commit."""
     root = root_of(run_dir)
     committed = committed_checkpoints(run_dir)
-    for step, p in committed[:-keep_last]:
+    older, kept = committed[:-keep_last], committed[-keep_last:]
+    # never the newest one that passes its check while none of those kept does (the newest may be damaged)
+    if older and not any(check_sizes(p) is None for _, p in kept):
+        spared = next((p for _, p in reversed(older) if check_sizes(p) is None), None)
+        older = [(step, p) for step, p in older if p != spared]
+    for step, p in older:
         # renamed first (atomic): a prune cut short by the process exiting leaves a .tmp leftover,
         # never a half-deleted directory that still looks committed
         doomed = root / f"{TMP_PREFIX}{step:06d}-pruned"

@@ -9,11 +9,19 @@ No rank waits for rank 0's file work: DCP's save returns on rank 0 (its coordina
 gathered every rank's write results and wrote its metadata file, so rank 0 alone can commit, and the others
 go on training meanwhile. An async save is committed by rank 0 the moment its background write
 ends (not at the next save), and old checkpoints are pruned in a thread of their own.
+
+Integrity: right after the write, every rank reads back the files it wrote (from the page cache, in
+parallel: each holds 1/world of the checkpoint) for their sizes and CRC-32s, which rank 0 gathers into the
+manifest. Before a resume, rank 0 checks every size and DCP's metadata, and every rank the CRC-32 of its
+share of the files; a checkpoint that fails, or fails to load, is set aside (renamed, never deleted) and
+the one before it is tried. When checkpoints were set aside and none is left, the job stops
+(NoUsableCheckpoint): a resume never quietly starts over.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import signal
 import threading
 import time
@@ -24,17 +32,23 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint import FileSystemWriter
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 from torch.distributed.checkpoint.state_dict import (get_model_state_dict, get_optimizer_state_dict,
                                                      set_model_state_dict, set_optimizer_state_dict)
 from torch.distributed.checkpoint.stateful import Stateful
 
 from fsdp_jobs.rundir import checkpoints as layout
+from fsdp_jobs.rundir import runs
 from fsdp_jobs.planning import faults
 
 # test-only fault injection: "STEP" makes rank 0 SIGKILL itself in the middle of saving that step
 # (after the shards are on disk, before the commit), on the first attempt only
 CRASH_IN_SAVE_ENV = "FSDP_JOBS_TEST_CRASH_IN_SAVE"
+
+
+class NoUsableCheckpoint(RuntimeError):
+    """Every checkpoint of the run failed its check or its load (each set aside, with the reason)."""
 
 
 class StateObjects(Stateful):
@@ -123,22 +137,75 @@ class CheckpointManager:
 
     # ------------------------------------------------------------------ load
     def find_latest(self) -> Optional[Path]:
-        """Rank 0 picks the newest complete checkpoint and tells everyone (collective): ranks listing a
-        shared directory on their own can disagree (NFS attribute caching) and would mix shards."""
-        choice: list[Optional[str]] = [None]
-        if self.rank == 0:
-            for p in layout.uncommitted_entries(self.root):
-                self.log(f"checkpoint: skipping incomplete {p.name} (no manifest: its writer died mid-save)")
-            newest = layout.newest_checkpoint(self.run_dir)
-            choice = [str(newest) if newest else None]
-        if dist.is_initialized():
-            dist.broadcast_object_list(choice, src=0)
-        return Path(choice[0]) if choice[0] else None
+        """The newest committed checkpoint that passes its checks, the same on every rank (collective):
+        rank 0 lists and checks sizes (ranks listing a shared directory on their own can disagree: NFS
+        attribute caching, and would mix shards), every rank the CRC-32s of its share of the files. One that
+        fails is set aside and the one before is tried. None on a run with no checkpoint."""
+        while True:
+            choice: list[Optional[str]] = [None, None]  # (checkpoint to try, why none is usable)
+            if self.rank == 0:
+                choice = self._newest_passing_sizes()
+            if dist.is_initialized():
+                dist.broadcast_object_list(choice, src=0)
+            if choice[1]:
+                raise NoUsableCheckpoint(choice[1])
+            if choice[0] is None:
+                return None
+            path = Path(choice[0])
+            world = dist.get_world_size() if dist.is_initialized() else 1
+            whys: list[Optional[str]] = [layout.check_sums(path, layout.listed_files(path)[self.rank::world])]
+            if dist.is_initialized():
+                gathered: list[Optional[str]] = [None] * world
+                dist.all_gather_object(gathered, whys[0])
+                whys = gathered
+            why = next((w for w in whys if w), None)
+            if why is None:
+                return path
+            if self.rank == 0:
+                self._set_aside(path, why)
+
+    def _newest_passing_sizes(self) -> list[Optional[str]]:
+        """Rank 0: [the newest committed checkpoint whose sizes and metadata pass, None] (those that fail are
+        set aside on the way), or [None, why none is usable] when the run has set some aside and none is left."""
+        for p in layout.uncommitted_entries(self.root):
+            self.log(f"checkpoint: skipping incomplete {p.name} (no manifest: its writer died mid-save)")
+        for _, path in reversed(layout.committed_checkpoints(self.run_dir)):
+            why = layout.check_sizes(path)
+            if why is None:
+                return [str(path), None]
+            self._set_aside(path, why)
+        aside = layout.set_aside_checkpoints(self.run_dir)
+        if not aside:
+            return [None, None]
+        why = (f"no usable checkpoint: {', '.join(p.name for p in aside)} failed their checks (the reason is in "
+               f"each one's {layout.UNUSABLE_REASON_FILE}); rename one back if you know it is good, or start "
+               "over with checkpoint.resume=false or a new name=")
+        runs.write_state(self.run_dir, status="failed", reason=why)
+        return [None, why]
+
+    def _set_aside(self, path: Path, why: str) -> None:
+        """Rank 0: rename it out of the way, and say so in one line."""
+        dest = layout.set_aside(path, why)
+        self.log(f"checkpoint: {path.name} is unusable ({why}): set aside as {dest.name}; trying the one before")
 
     def load(self, state: StateObjects, path: Optional[Path]) -> Optional[Path]:
-        """Load checkpoint `path` (from find_latest, the same on every rank) into `state`."""
-        if path is None:
-            return None
+        """Load checkpoint `path` (from find_latest, the same on every rank) into `state`; one that fails to
+        load (on every rank: DCP's load is collective) is set aside and the one before is loaded instead."""
+        while path is not None:
+            try:
+                return self._load(state, path)
+            except NoUsableCheckpoint:
+                raise
+            except (Exception, CheckpointException) as e:  # DCP's is a BaseException; any failure: the checkpoint's
+                first = _first_error_line(e)
+                if self.rank == 0:
+                    self._set_aside(path, f"failed to load: {first}")
+                if dist.is_initialized():
+                    dist.barrier()
+                path = self.find_latest()
+        return None
+
+    def _load(self, state: StateObjects, path: Path) -> Path:
         t0 = time.perf_counter()
         sd = state.state_dict()
         dcp.load(sd, checkpoint_id=str(path))
@@ -197,6 +264,7 @@ class CheckpointManager:
                      f"(training blocked {time.perf_counter() - t0:.2f}s)")
             return None
         dcp.save(sd, checkpoint_id=str(tmp))
+        manifest["files"] = self._file_sums(tmp, None)
         self._commit(tmp, final, manifest)
         self.log(f"checkpoint: saved {final.name} in {time.perf_counter() - t0:.2f}s")
         return final
@@ -230,15 +298,41 @@ class CheckpointManager:
                              committed: threading.Event) -> None:
         """Runs in DCP's background thread as soon as the write ends."""
         try:
-            if future.exception() is None:
+            if future.exception() is None:  # DCP's save raises on every rank alike: all gather the sums, or none
+                manifest["files"] = self._file_sums(tmp, self._async_group)
                 self._commit(tmp, final, manifest)
-                self.log(f"checkpoint: committed {final.name} (background save)")
+                if self.rank == 0:
+                    self.log(f"checkpoint: committed {final.name} (background save)")
         finally:
             committed.set()
+
+    def _file_sums(self, tmp: Path, group: Any) -> dict[str, list[int]]:
+        """On rank 0, [size, CRC-32] of every file of the checkpoint written to `tmp` ({} on the others): each
+        rank reads back the files it wrote (DCP names them by its rank in `group`), rank 0 gathers them
+        (a collective on `group`) and adds DCP's metadata. A file that cannot be read back is [-1, 0]."""
+        me = dist.get_rank(group) if dist.is_initialized() else 0
+        try:
+            mine = layout.sums(tmp, layout.rank_files(tmp, me))
+        except OSError:
+            mine = {f"__{me}_": [-1, 0]}
+        gathered: Optional[list[Any]] = [mine]
+        if dist.is_initialized():
+            gathered = [None] * dist.get_world_size(group) if self.rank == 0 else None
+            dist.gather_object(mine, gathered, dst=0, group=group)
+        if self.rank != 0:
+            return {}
+        files = {name: sums for part in gathered or [] for name, sums in (part or {}).items()}
+        files[layout.DCP_METADATA_FILE] = layout.file_sum(tmp / layout.DCP_METADATA_FILE)
+        return files
 
     def _commit(self, tmp: Path, final: Path, manifest: dict[str, Any]) -> None:
         """Rank 0 only, nobody waits: DCP returned, so every rank's shards and DCP's metadata are written."""
         if self.rank != 0:
+            return
+        unread = [name for name, (size, _) in manifest.get("files", {}).items() if size < 0]
+        if unread:  # never commit what could not be read back: the save failed; the older checkpoints stand
+            self.log(f"checkpoint: step {manifest['step']} not committed: its files could not be read back "
+                     f"({', '.join(unread)[:200]})")
             return
         crash_step = faults.step(CRASH_IN_SAVE_ENV)
         if crash_step and crash_step == manifest["step"] and os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0":
@@ -253,6 +347,16 @@ class CheckpointManager:
 
     def _prune(self) -> None:
         layout.prune(self.run_dir, self.keep_last)
+
+
+def _first_error_line(e: BaseException) -> str:
+    """What went wrong, in a line: DCP's CheckpointException wraps each rank's traceback; its last line
+    names the error (e.g. "_pickle.UnpicklingError: invalid load key")."""
+    lines = [ln.strip() for ln in str(e).strip().splitlines() if ln.strip()]
+    if isinstance(e, CheckpointException):
+        named = [ln for ln in lines if re.match(r"^[A-Za-z_.]+(Error|Exception): ", ln)]
+        return (named[-1] if named else lines[-1] if lines else type(e).__name__)[:200]
+    return f"{type(e).__name__}: {lines[0] if lines else ''}"[:200]
 
 
 def _tensors(tree: Any) -> list[torch.Tensor]:

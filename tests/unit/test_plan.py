@@ -173,6 +173,16 @@ def test_resuming_a_run_with_another_model_shape_is_refused(tmp_path):
         plan_run(cfg)  # a fresh start would mix its checkpoints with the old ones
 
 
+def test_a_run_whose_every_checkpoint_was_set_aside_is_refused_unless_it_starts_over(tmp_path):
+    """Its ranks would stop on them (fsdp_jobs/runtime/checkpoint.py NoUsableCheckpoint): say so before anything runs."""
+    (tmp_path / "r4" / "checkpoints" / "step-000010.unusable").mkdir(parents=True)
+    cfg, _ = compose([f"run_root={tmp_path}", "name=r4"])
+    with pytest.raises(UserError, match="no usable checkpoint: step-000010.unusable failed their checks"):
+        plan_run(cfg)
+    cfg, _ = compose([f"run_root={tmp_path}", "name=r4", "checkpoint.resume=false"])
+    assert plan_run(cfg).resume_from is None
+
+
 def test_make_plan_reads_no_file_and_plan_run_adds_what_the_run_dir_holds(tmp_path, monkeypatch):
     """make_plan is pure (a dry run of a config gives the same plan wherever it runs); plan_run, what
     the CLI and sweeps call, reads the run dir and resumes from its newest committed checkpoint."""

@@ -1,0 +1,138 @@
+"""Checkpoint integrity in one process (DCP without a process group, as tests/unit/test_checkpoint_manager.py):
+every committed checkpoint's manifest holds each file's size and CRC-32; before a resume a damaged one is
+set aside (renamed, with the reason, never deleted) and the one before it is loaded; a checkpoint that
+fails to load is set aside the same way; when none is left the job stops instead of starting over; and
+pruning never deletes the newest sound checkpoint while the newer ones are damaged (issue 27)."""
+
+from __future__ import annotations
+
+import json
+import warnings
+
+import pytest
+import torch
+
+from fsdp_jobs.rundir import checkpoints as layout
+from fsdp_jobs.rundir import runs
+from fsdp_jobs.runtime.checkpoint import CheckpointManager, NoUsableCheckpoint
+from tests.unit.test_checkpoint_manager import make_state
+
+warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
+
+
+def saved_run(tmp_path, steps=(4, 8), keep_last=5):
+    """A run with a checkpoint at each of `steps`; the model's weights differ at each. Returns (the
+    manager, the model's weights at each step, the log)."""
+    state, log = make_state(), []
+    ckpt = CheckpointManager(tmp_path, keep_last=keep_last, manifest_extra={}, rank=0, attempt="a", log=log.append)
+    weights = {}
+    for step in steps:
+        with torch.no_grad():
+            for p in state.model.parameters():
+                p.add_(step)
+        state.step = step
+        ckpt.save(state, {"shard": 1}, 1)
+        weights[step] = [p.detach().clone() for p in state.model.parameters()]
+    ckpt.close()
+    return ckpt, weights, log
+
+
+def shard(ckpt_dir):
+    return next(ckpt_dir.glob("__0_*.distcp"))
+
+
+def flip_a_byte(path, at=100):
+    data = bytearray(path.read_bytes())
+    data[at] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+def resumed_weights(tmp_path):
+    """A fresh job's resume: (the checkpoint it loaded, its model's weights, its log)."""
+    state, log = make_state(), []
+    ckpt = CheckpointManager(tmp_path, keep_last=5, manifest_extra={}, rank=0, attempt="b", log=log.append)
+    loaded = ckpt.load(state, ckpt.find_latest())
+    return loaded, [p.detach() for p in state.model.parameters()], log
+
+
+def test_the_manifest_holds_every_files_size_and_crc(tmp_path):
+    saved_run(tmp_path, steps=(4,))
+    ckpt = layout.newest_checkpoint(tmp_path)
+    files = layout.read_manifest(ckpt)["files"]
+    on_disk = sorted(p.name for p in ckpt.iterdir() if p.name != layout.MANIFEST_FILE)
+    assert sorted(files) == on_disk and layout.DCP_METADATA_FILE in files
+    assert all(files[n] == layout.file_sum(ckpt / n) for n in on_disk)
+    assert layout.check_sizes(ckpt) is None and layout.check_sums(ckpt, on_disk) is None
+
+
+@pytest.mark.parametrize("damage, says", [
+    (lambda c: (c / layout.DCP_METADATA_FILE).write_bytes(b"x" * (c / layout.DCP_METADATA_FILE).stat().st_size),
+     ".metadata changed since it was saved"),  # the issue's case: .metadata overwritten
+    (lambda c: flip_a_byte(shard(c)), "changed since it was saved (CRC-32 differs)"),  # a bit rot in a shard
+    (lambda c: shard(c).write_bytes(shard(c).read_bytes()[:-10]), "bytes, "),  # a truncated shard
+    (lambda c: shard(c).unlink(), "is missing"),
+])
+def test_a_damaged_newest_checkpoint_is_set_aside_and_the_one_before_is_loaded(tmp_path, damage, says):
+    _, weights, _ = saved_run(tmp_path)
+    newest = layout.newest_checkpoint(tmp_path)
+    damage(newest)
+    loaded, got, log = resumed_weights(tmp_path)
+    assert loaded is not None and layout.step_of(loaded) == 4
+    assert all(torch.equal(a, b) for a, b in zip(got, weights[4]))  # bitwise what step 4 saved
+    aside = layout.set_aside_checkpoints(tmp_path)
+    assert [p.name for p in aside] == ["step-000008.unusable"]  # renamed, nothing deleted
+    assert says in (aside[0] / layout.UNUSABLE_REASON_FILE).read_text()
+    lines = [m for m in log if "unusable" in m]
+    assert len(lines) == 1 and "step-000008" in lines[0] and says in lines[0]
+
+
+def test_a_checkpoint_that_fails_to_load_is_set_aside_and_the_one_before_is_loaded(tmp_path):
+    """A checkpoint saved before manifests held sums (nothing to check it by) that DCP cannot load."""
+    _, weights, _ = saved_run(tmp_path)
+    newest = layout.newest_checkpoint(tmp_path)
+    manifest = layout.read_manifest(newest)
+    del manifest["files"]
+    (newest / layout.MANIFEST_FILE).write_text(json.dumps(manifest))
+    (newest / layout.DCP_METADATA_FILE).write_bytes(b"not a pickle")
+    loaded, got, log = resumed_weights(tmp_path)
+    assert layout.step_of(loaded) == 4 and all(torch.equal(a, b) for a, b in zip(got, weights[4]))
+    reason = (layout.set_aside_checkpoints(tmp_path)[0] / layout.UNUSABLE_REASON_FILE).read_text()
+    assert reason.startswith("failed to load: ")
+
+
+def test_with_every_checkpoint_damaged_the_job_stops_instead_of_starting_over(tmp_path):
+    saved_run(tmp_path)
+    for _, c in layout.committed_checkpoints(tmp_path):
+        flip_a_byte(shard(c))
+    with pytest.raises(NoUsableCheckpoint, match="no usable checkpoint: step-000004.unusable, step-000008.unusable"):
+        resumed_weights(tmp_path)
+    state = runs.read_state(tmp_path)
+    assert state.status == "failed" and "checkpoint.resume=false" in (state.reason or "")
+    with pytest.raises(NoUsableCheckpoint):  # the next attempt too: never a fresh start over them
+        resumed_weights(tmp_path)
+    assert len(list(layout.root_of(tmp_path).iterdir())) == 2  # both still there, set aside
+
+
+def test_pruning_spares_the_newest_sound_checkpoint_while_the_newer_ones_are_damaged(tmp_path):
+    ckpt, _, _ = saved_run(tmp_path, steps=(4, 8), keep_last=1)
+    assert [s for s, _ in layout.committed_checkpoints(tmp_path)] == [8]
+    saved_run(tmp_path, steps=(12,), keep_last=2)
+    newest = layout.newest_checkpoint(tmp_path)
+    shard(newest).write_bytes(b"")  # step 12 damaged: its size differs
+    older = [p for _, p in layout.committed_checkpoints(tmp_path)][0]
+    shard(older).write_bytes(b"")  # and step 8 too
+    saved_run(tmp_path, steps=(16,), keep_last=1)  # keep_last=1 would leave only 16
+    assert [s for s, _ in layout.committed_checkpoints(tmp_path)] == [16]
+    (layout.newest_checkpoint(tmp_path) / layout.DCP_METADATA_FILE).write_bytes(b"")  # 16 damaged
+    layout.prune(tmp_path, keep_last=1)
+    assert [s for s, _ in layout.committed_checkpoints(tmp_path)] == [16]  # nothing sound older to spare
+
+
+def test_pruning_keeps_the_sound_one_when_the_kept_one_is_damaged(tmp_path):
+    saved_run(tmp_path, steps=(4, 8), keep_last=5)
+    (layout.newest_checkpoint(tmp_path) / layout.DCP_METADATA_FILE).write_bytes(b"")
+    layout.prune(tmp_path, keep_last=1)
+    assert [s for s, _ in layout.committed_checkpoints(tmp_path)] == [4, 8]  # 4 is the newest sound one
+    layout.prune(tmp_path, keep_last=2)
+    assert [s for s, _ in layout.committed_checkpoints(tmp_path)] == [4, 8]
