@@ -130,6 +130,48 @@ def test_checkpoint_torn_by_a_killed_writer_is_never_loaded(run_root, reference_
     assert_same_state(reference_run / "checkpoints" / "step-000040", run_dir / "checkpoints" / "step-000040")
 
 
+def test_a_damaged_newest_checkpoint_is_set_aside_and_the_extended_run_matches_an_uninterrupted_one(run_root, reference_run):
+    """Issue 27's case: a finished run whose newest checkpoint went bad on disk (its .metadata overwritten),
+    extended with more steps, crashed on every restart and then said `finished`, exit 0, SUCCEEDED. Now the
+    bad one is set aside in one line and the one before is loaded; the extended run ends where an
+    uninterrupted one does, bit for bit."""
+    run_dir = run_root / "rot"
+    assert_ok(cli(f"run_root={run_root}", "name=rot", *KILL_ARGS, "train.steps=20"))
+    metadata = run_dir / "checkpoints" / "step-000020" / ".metadata"
+    metadata.write_bytes(b"\0" * metadata.stat().st_size)
+    r = cli(f"run_root={run_root}", "name=rot", *KILL_ARGS)
+    assert_ok(r)
+    said = [ln for ln in r.stdout.splitlines() if "unusable" in ln]
+    assert len(said) == 1 and "step-000020 is unusable (.metadata changed since it was saved" in said[0], said
+    assert "resumed from step-000010" in r.stdout
+    assert (run_dir / "checkpoints" / "step-000020.unusable" / ".metadata").read_bytes() == b"\0" * len(
+        (run_dir / "checkpoints" / "step-000020.unusable" / ".metadata").read_bytes())  # kept as it was found
+    assert_same_state(reference_run / "checkpoints" / "step-000040", run_dir / "checkpoints" / "step-000040")
+    status = json.loads(cli("status", "rot", "--run-root", str(run_root)).stdout)
+    assert status["state"] == "SUCCEEDED" and status["train"]["step"] == 40
+
+
+def test_with_no_usable_checkpoint_the_job_fails_and_says_so_never_succeeded(run_root):
+    """Every checkpoint damaged: the job stops with one line naming them (it never starts over, and never
+    reads the first launch's `completed` as its own), exits non-zero, and `status` says FAILED."""
+    run_dir = run_root / "allbad"
+    assert_ok(cli(f"run_root={run_root}", "name=allbad", *KILL_ARGS, "train.steps=20"))
+    for shard in (run_dir / "checkpoints").glob("step-*/__0_0.distcp"):
+        data = bytearray(shard.read_bytes())
+        data[len(data) // 2] ^= 0xFF
+        shard.write_bytes(bytes(data))
+    r = cli(f"run_root={run_root}", "name=allbad", *KILL_ARGS, "train.steps=30")
+    assert r.returncode != 0, r.stdout[-3000:]
+    out = r.stdout + r.stderr
+    assert "no usable checkpoint: step-000010.unusable, step-000020.unusable" in out, out[-3000:]
+    assert "finished" not in out.strip().splitlines()[-1]
+    status = json.loads(cli("status", "allbad", "--run-root", str(run_root)).stdout)
+    assert status["state"] == "FAILED", status
+    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["step-000010.unusable", "step-000020.unusable"]
+    r = cli(f"run_root={run_root}", "name=allbad", *KILL_ARGS, "train.steps=30")  # the same command again
+    assert r.returncode == 2 and "no usable checkpoint" in r.stderr, r.stderr[-2000:]
+
+
 def test_resume_on_fewer_nodes_continues_at_the_same_data_position(run_root):
     args = (f"run_root={run_root}", "name=resize", "train.global_batch_size=16", *SHORT)
     run_dir = run_root / "resize"
