@@ -43,8 +43,12 @@ def export(ckpt: Path, out: Path, dtype: Optional[str] = None, hf_model: Optiona
 
     from fsdp_jobs.cli.consolidate import read_model_state
 
+    damaged = checkpoints.check_sizes(ckpt) or checkpoints.check_sums(ckpt, checkpoints.listed_files(ckpt))
+    if damaged:  # what the ranks' resume would set aside (fsdp_jobs/runtime/checkpoint.py find_latest)
+        raise UserError("checkpoint", str(ckpt), f"is damaged ({damaged}): export another step with --step N")
     try:
-        model_sd = read_model_state(ckpt)
+        with checkpoints.quiet_dcp_logs():
+            model_sd = read_model_state(ckpt)
     # DCP's reader fails in many ways on a damaged metadata file or shard (fsdp_jobs/ARCHITECTURE.md, pitfall 4)
     except (Exception, CheckpointException) as e:  # noqa: BLE001
         why = [ln.strip() for ln in str(e).splitlines() if ln.strip()][-1:] or [type(e).__name__]  # DCP's

@@ -16,7 +16,9 @@ so a reader sees a whole checkpoint or none. Pruning renames before deleting for
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 import os
 import re
 import shutil
@@ -107,6 +109,22 @@ def set_aside(ckpt: Path, reason: str) -> Path:
     os.rename(ckpt, dest)
     (dest / UNUSABLE_REASON_FILE).write_text(reason + "\n")
     return dest
+
+
+@contextlib.contextmanager
+def quiet_dcp_logs() -> Any:
+    """DCP logs every failed read attempt with its traceback before raising (two screens for one damaged
+    .metadata), some through the root logger (state_dict_loader's is logging.getLogger()); the caller says
+    what failed in one line, so they are kept out of the user's output while it loads."""
+    loggers = [logging.getLogger(), logging.getLogger("torch.distributed.checkpoint")]
+    levels = [lg.level for lg in loggers]
+    for lg in loggers:
+        lg.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        for lg, level in zip(loggers, levels):
+            lg.setLevel(level)
 
 
 # ------------------------------------------------------------------ integrity (sizes and CRC-32 per file)

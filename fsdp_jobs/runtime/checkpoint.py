@@ -208,7 +208,8 @@ class CheckpointManager:
     def _load(self, state: StateObjects, path: Path) -> Path:
         t0 = time.perf_counter()
         sd = state.state_dict()
-        dcp.load(sd, checkpoint_id=str(path))
+        with layout.quiet_dcp_logs():  # a failure is one line of ours (load), not DCP's tracebacks
+            dcp.load(sd, checkpoint_id=str(path))
         state.load_state_dict(sd)
         manifest = layout.read_manifest(path)
         self.log(f"checkpoint: resumed from {path.name} (step {state.step}, saved at world size "
