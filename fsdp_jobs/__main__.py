@@ -91,6 +91,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     try:
         submit.plan_member(member, compose_many([argv])[0])
     except UserError as e:
+        submit.record_refusal(member, e)
         die(e)
     finally:
         gc.enable()

@@ -16,6 +16,7 @@ import json
 import os
 import re
 import sys
+import time
 from collections import Counter
 from pathlib import Path
 from typing import Any, Optional
@@ -86,6 +87,12 @@ def run_status(run_dir: Path) -> dict[str, Any]:
     out.update({"state": status.state.value, "detail": status.detail, **status.info})
     state = runs.read_state_record(run_dir)
     out["train"] = state.to_json() if state else {}
+    refused = journal.last_refusal(run_dir.resolve())
+    if refused and refused["time"] > float(run.launch.get("unix") or 0):
+        # the state above is the run's, from its last launch: not the outcome of the user's last command
+        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(refused["time"]))
+        out["last_submission"] = {"refused": refused["reason"], "time": when}
+        out["detail"] = f"{out['detail']}; the last submission ({when}) was refused: {refused['reason']}"
     metrics = runs.read_metrics(run_dir)
     if metrics:
         out["last_step"] = {k: metrics[-1].get(k) for k in ("step", "loss", "tokens_per_s", "world_size")}

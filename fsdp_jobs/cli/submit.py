@@ -22,6 +22,7 @@ import yaml
 
 from fsdp_jobs.planning import backends, secret_env
 from fsdp_jobs.rundir import journal, runs
+from fsdp_jobs.rundir.layout import RunDir
 from fsdp_jobs.planning.errors import UserError
 
 if TYPE_CHECKING:  # types only, never imported at run time: no hydra on the node side, no import cycle
@@ -43,6 +44,22 @@ class Member:
     dryrun: Any = None
     skip: str = ""  # why it is not submitted (a sweep's completed or still active member)
     secrets: dict[str, str] = field(default_factory=dict)  # held in memory only (fsdp_jobs/planning/secret_env.py)
+
+
+def record_refusal(m: Member, e: UserError) -> None:
+    """A real submission of a run that exists, refused before it started: the journal keeps it, so that
+    `status` does not show the run's earlier outcome as if it were this command's. Best effort: the
+    refusal itself is what the user must see."""
+    cfg = m.cfg
+    if cfg is None or cfg.get("dry_run"):
+        return
+    run_dir = Path(str(cfg.run_root)).expanduser() / str(cfg.get("name") or "")
+    if not cfg.get("name") or not RunDir(run_dir).launches_file.is_file():
+        return
+    try:
+        journal.record_refusal(run_dir.resolve(), str(e).replace("\n", " ").strip())
+    except (UserError, OSError):
+        pass
 
 
 def plan_member(m: Member, composed: Any, sweep: Optional[str] = None, skip_existing: Any = None) -> None:

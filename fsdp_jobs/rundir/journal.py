@@ -35,6 +35,13 @@ CREATE TABLE IF NOT EXISTS submissions (
     config_hash TEXT NOT NULL
 );
 CREATE INDEX IF NOT EXISTS submissions_sweep ON submissions (sweep, member);
+CREATE TABLE IF NOT EXISTS refusals (   -- a submission of an existing run that was refused before it started
+    id          INTEGER PRIMARY KEY AUTOINCREMENT,
+    time        REAL NOT NULL,
+    run_dir     TEXT NOT NULL,
+    reason      TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS refusals_run ON refusals (run_dir);
 """
 
 
@@ -84,6 +91,35 @@ def record(*, sweep: Optional[str], member: str, overrides: list[str], params: d
                      (time.time(), sweep, member, json.dumps(overrides), json.dumps(params), backend, str(job_id),
                       str(run_dir), config_hash))
     conn.close()
+
+
+def record_refusal(run_dir: Path, reason: str) -> None:
+    """A submission of the existing run `run_dir` was refused (nothing in the run dir changed): `status`
+    says so beside the run's own state, which is then not the outcome of the user's last command."""
+    conn = _connect(create=True)
+    assert conn is not None
+    with conn:
+        conn.execute("INSERT INTO refusals (time, run_dir, reason) VALUES (?, ?, ?)",
+                     (time.time(), str(run_dir), reason))
+    conn.close()
+
+
+def last_refusal(run_dir: Path) -> Optional[dict[str, Any]]:
+    """The newest refused submission of `run_dir` ({time, reason}), or None."""
+    conn = _connect(create=False)
+    if conn is None:
+        return None
+    import sqlite3
+
+    try:
+        with conn:
+            row = conn.execute("SELECT time, reason FROM refusals WHERE run_dir = ? ORDER BY id DESC LIMIT 1",
+                               (str(run_dir),)).fetchone()
+    except sqlite3.Error as e:
+        raise damaged(e) from None
+    finally:
+        conn.close()
+    return dict(row) if row else None
 
 
 def _row(r: sqlite3.Row) -> dict[str, Any]:

@@ -148,3 +148,27 @@ def test_a_scale_request_is_taken_once_and_never_through_a_link_or_a_fifo(tmp_pa
     RunDir(tmp_path).scale_request_file.write_text('{"nodes": true}')
     assert runs.take_scale_request(tmp_path) is None
     assert sorted(p.name for p in tmp_path.iterdir()) == ["secret.json"]
+
+
+def test_a_refused_resubmission_is_in_status_beside_the_runs_own_outcome(run_root):
+    """Issue 27: a finished run resubmitted with another model shape exited 2, and `status` then said
+    SUCCEEDED as if that were the outcome of the command. The run is untouched (its state is still its
+    last launch's), and status says the last submission was refused, and why."""
+    run_dir = make_run(run_root, "done", json.dumps({"backend": "local", "job_id": "1", "pid": 1, "unix": 1.0}) + "\n",
+                       {"status": "completed", "step": 10})
+    (run_dir / "job.yaml").write_text("name: done\nnodes: 1\nmodel: {dim: 128}\n")
+    ckpt = run_dir / "checkpoints" / "step-000010"
+    ckpt.mkdir(parents=True)
+    (ckpt / ".metadata").write_text("x")
+    (ckpt / "manifest.json").write_text("{}")
+    before = tree(run_root)
+    dry = cli(f"run_root={run_root}", "name=done", "model.dim=64", "dry_run=true")
+    assert dry.returncode == 2
+    assert "last_submission" not in json.loads(cli("status", "done", "--run-root", str(run_root)).stdout)  # a dry run is no submission
+    r = cli(f"run_root={run_root}", "name=done", "model.dim=64")
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "model.dim=64" in r.stderr
+    assert tree(run_root) == before  # nothing in the run dir touched
+    info = json.loads(cli("status", "done", "--run-root", str(run_root)).stdout)
+    assert info["state"] == "SUCCEEDED" and info["train"]["step"] == 10  # the run's own, truthfully
+    assert "model.dim=64" in info["last_submission"]["refused"]
+    assert "the last submission" in info["detail"] and "was refused: model.dim=64" in info["detail"]
