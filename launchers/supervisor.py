@@ -34,7 +34,7 @@ PEER_GONE_GRACE_S = 30.0
 STOP_EXTRA_S = 15.0  # after torchrun's own grace for the ranks, before we kill
 INTERRUPTED = 130  # the shell's status for Ctrl-C
 STOPPED_FROM_OUTSIDE = 143  # the ranks recorded a stop (cancel, docker stop) and checkpointed
-PREFLIGHT_FAILED = 3  # the preflight named a node (launchers/node/wrapper.py's PREFLIGHT_FAILED_RC)
+PREFLIGHT_FAILED = 3  # the preflight named a node (launchers/node/wrapper.py's NO_RESTART_RC)
 
 
 class LogSink:
@@ -174,6 +174,9 @@ def exit_status(outcome: Outcome, job: JobConfig, run_dir: Path) -> int:
         return PREFLIGHT_FAILED  # a node was named: its nodes may have exited 0 (launchers/node/wrapper.py)
     if state == "completed":
         return 0  # nodes stopped for good (exit 137) while the others finished do not fail the job
+    if state == "failed":
+        # the ranks decided it (a non-finite loss) and exited 0, their nodes NO_RESTART_RC: none restarts
+        return 1 if failure in (0, PREFLIGHT_FAILED) else failure
     if state == "preempted":
         return STOPPED_FROM_OUTSIDE
     return failure if outcome.codes else 1

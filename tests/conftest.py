@@ -43,7 +43,8 @@ def assert_grew_without_skipping_data(run_dir: Path, before: int, after: int, gl
 
 
 def committed(run_dir: Path) -> list[str]:
-    return sorted(p.name for p in (run_dir / "checkpoints").glob("step-*") if (p / "manifest.json").is_file())
+    return sorted(p.name for p in (run_dir / "checkpoints").glob("step-*")
+                  if (p / "manifest.json").is_file() and not p.name.endswith(".unusable"))
 
 
 def manifest(ckpt: Path) -> dict[str, Any]:

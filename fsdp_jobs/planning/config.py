@@ -23,6 +23,7 @@ STRATEGIES = ("full_shard", "shard_grad_op", "hybrid_shard", "hybrid_shard_zero2
 DTYPES = ("float32", "bfloat16", "float16")
 BACKWARD_PREFETCH = ("BACKWARD_PRE", "BACKWARD_POST")
 LR_SCHEDULES = ("cosine", "linear", "constant")
+ON_NONFINITE = ("stop", "rollback")
 WANDB_MODES = ("online", "offline")
 WANDB_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,127}")
 
@@ -135,6 +136,10 @@ class TrainConfig(Keys):
     weight_decay: float = 0.0
     betas: List[float] = field(default_factory=lambda: [0.9, 0.95])
     grad_clip: float = 1.0  # max global grad norm; 0 = off
+    # a step whose loss or gradient norm is NaN or infinite: "stop" (the job fails, its checkpoints all of
+    # finite weights) or "rollback" (reload the newest checkpoint and skip the batches since; a third
+    # rollback in one attempt stops). Never a checkpoint of the weights such a step produced.
+    on_nonfinite: str = "stop"
     log_interval: int = 25  # progress line every N steps (the metrics record gets every step)
     # a collective that waits longer fails the rank (NCCL's default is 10 min, gloo's 30); the hang
     # watchdog (fault.*) fires well before it
@@ -384,6 +389,7 @@ def _validate_train(cfg: JobConfig) -> None:
     positive("train.log_interval", t.log_interval)
     positive("train.warmup_steps", t.warmup_steps, minimum=0)
     choice("train.lr_schedule", t.lr_schedule, LR_SCHEDULES)
+    choice("train.on_nonfinite", t.on_nonfinite, ON_NONFINITE)
     finite("train.lr", t.lr, 0, low_open=True)
     finite("train.min_lr_ratio", t.min_lr_ratio, 0, 1)
     finite("train.weight_decay", t.weight_decay, 0)

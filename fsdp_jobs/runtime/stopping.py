@@ -7,6 +7,7 @@ import signal
 import threading
 import time
 from pathlib import Path
+from typing import Optional
 
 import torch
 import torch.distributed as dist
@@ -14,12 +15,15 @@ import torch.distributed as dist
 from fsdp_jobs.rundir import runs
 
 STOP_FILE = 1  # the vote's code for the stop request; a signal votes its number (SIGHUP, 1, is not caught)
+NONFINITE = 1000  # a rank's loss or gradient norm was NaN or infinite: above every signal's number (MAX wins)
 
 
 def stop_reason(code: int) -> str:
     """What an agreed vote's code says stopped the job: a signal's name, or the stop request."""
     if code == STOP_FILE:
         return runs.STOP_REQUEST_REASON
+    if code == NONFINITE:
+        return "a non-finite loss or gradient norm"
     try:
         return signal.Signals(code).name
     except ValueError:
@@ -55,9 +59,13 @@ class StopVote:
         if device.type == "cuda":  # one pinned slot and one event, reused: result() runs before cast()
             self.host, self.event = torch.empty(1, pin_memory=True), torch.cuda.Event()
 
-    def cast(self, code: int) -> None:
+    def cast(self, code: int, nonfinite: Optional[torch.Tensor] = None) -> None:
+        """`nonfinite`: this rank's step went non-finite (a bool on the device: no host sync here); it votes
+        NONFINITE, which outvotes any stop."""
         # torch.full is a fill kernel; torch.tensor(..., device=cuda) would be a synchronous copy
         flag = torch.full((1,), float(code), device=self.device)
+        if nonfinite is not None:
+            flag = torch.maximum(flag, nonfinite.reshape(1).to(flag.dtype) * NONFINITE)
         work = dist.all_reduce(flag, op=dist.ReduceOp.MAX, async_op=True)
         if self.device.type == "cuda":
             work.wait()  # orders the current stream after the reduce; does not block the host

@@ -37,7 +37,7 @@ from fsdp_jobs.runtime.prefetch import BatchPrefetcher
 from fsdp_jobs.runtime.replicas import JOINING, NoReplicas, open_replicas
 from fsdp_jobs.runtime.shard import build_meta_model, dtype_of, init_devices, materialize, shard_model
 from fsdp_jobs.runtime.signals import StopFlag
-from fsdp_jobs.runtime.stopping import STOP_FILE, StopFileWatcher, StopVote, stop_reason
+from fsdp_jobs.runtime.stopping import NONFINITE, STOP_FILE, StopFileWatcher, StopVote, stop_reason
 from fsdp_jobs.runtime.timeline import Timeline
 from fsdp_jobs.runtime.trackers import Trackers
 
@@ -46,6 +46,8 @@ if TYPE_CHECKING:  # types only: the config comes from fsdp_jobs/planning/config
 
 # test-only fault injection: the training step raises from this step on (a job that cannot progress)
 FAIL_AT_STEP_ENV = "FSDP_JOBS_TEST_FAIL_AT_STEP"
+NONFINITE_AT_STEP_ENV = "FSDP_JOBS_TEST_NONFINITE_AT_STEP"
+MAX_ROLLBACKS = 2  # train.on_nonfinite=rollback: a third non-finite step in one attempt stops the job
 PROBE_TOKENS = 16  # positions per probe sequence: enough to check an export, small at any vocab size
 
 
@@ -149,6 +151,9 @@ class Trainer:
         self.tcfg, self.ccfg = cfg.train, cfg.checkpoint
         self.heartbeat: Optional[heartbeat.Heartbeat] = None
         self.joining = False  # fault_tolerance=replica: other groups train already; recover from them
+        self.poisoned = False  # test fault injection: the current batch makes the loss NaN
+        self.nonfinite: Optional[torch.Tensor] = None  # the last step's loss or grad norm was not finite (device)
+        self.rollbacks = 0  # train.on_nonfinite=rollback, in this attempt
         self.timeline = Timeline(run_dir, enabled=False, restart=0)  # bring_up opens rank 0's (the goodput timeline)
 
     def run(self, stop: StopFlag) -> int:
@@ -168,7 +173,8 @@ class Trainer:
         self.timeline.loop(self.state.step)
         stopped = self.fit(stop)
         self.finish(stopped)
-        self.timeline.event("end", why="preempted" if stopped else "completed", step=self.state.step)
+        why = {None: "completed", "nonfinite": "failed: a non-finite loss"}.get(stopped, "preempted")
+        self.timeline.event("end", why=why, step=self.state.step)
         return 0
 
     def config_hash(self) -> str:
@@ -377,6 +383,8 @@ class Trainer:
         self.metrics.start(state.step + 1)  # TensorBoard/W&B: the steps after the resumed one replace earlier ones
         self.window_args = (self.per_rank * seq_len, fpt, peak)  # fit() opens the window when the steps start
         self.fail_at = faults.step(FAIL_AT_STEP_ENV)
+        poison_step = faults.step(NONFINITE_AT_STEP_ENV)  # the data position that step takes from scratch
+        self.poison_position = (poison_step - 1) * self.global_batch if poison_step else None
         if world.rank == 0 and self.replicas.writer:
             runs.write_state(self.run_dir, status="running", step=state.step,
                              resumed_from=str(self.resumed) if self.resumed else None)
@@ -395,6 +403,8 @@ class Trainer:
             rows = slice(i * micro, (i + 1) * micro)
             logits = logits_of(self.model(inputs[rows]))  # a tensor, or an HF output object
             loss = F.cross_entropy(logits.flatten(0, 1).float(), targets[rows].flatten())
+            if self.poisoned:  # test fault injection: this batch makes the loss NaN (NONFINITE_AT_STEP_ENV)
+                loss = loss * float("nan")
             (loss / accum if accum > 1 else loss).backward()
             step_loss = loss.detach() if step_loss is None else step_loss + loss.detach()
         assert step_loss is not None
@@ -411,6 +421,9 @@ class Trainer:
         state.optimizer.zero_grad(set_to_none=True)
         state.step += 1
         state.samples_seen += self.global_batch
+        # on the device, no host sync: the stop vote carries it (fsdp_jobs/runtime/stopping.py NONFINITE)
+        self.nonfinite = ~torch.isfinite(step_loss) if grad_norm is None else ~(
+            torch.isfinite(step_loss) & torch.isfinite(grad_norm))
         return step_loss.float() / accum, grad_norm
 
     def watch_for_stop(self, stop: StopFlag) -> None:
@@ -424,14 +437,14 @@ class Trainer:
         else why to stop (fsdp_jobs/runtime/stopping.py stop_reason). The local flag learns of an agreed stop,
         so that a rank stopped for another rank's signal lingers at exit (StopFlag.linger)."""
         code = self.vote.result()
-        if code:
+        if code and code != NONFINITE:
             self.stop.agreed(signalled=code != STOP_FILE)
         return code
 
     def cast_stop_vote(self) -> bool:
         """Vote on whether this rank was told to stop (a signal, or the stop request); returns the vote."""
         code = self.stop.received.value if self.stop.received else STOP_FILE if self.stop_file.seen.is_set() else 0
-        self.vote.cast(code)
+        self.vote.cast(code, self.nonfinite)
         return bool(code)
 
     def checkpoint_due(self) -> bool:
@@ -477,6 +490,7 @@ class Trainer:
             inputs, targets = inputs.to(world.device, non_blocking=True), targets.to(world.device, non_blocking=True)
             if self.fail_at and state.step + 1 >= self.fail_at:
                 raise RuntimeError(f"test fault injection: step {state.step + 1} raises ({FAIL_AT_STEP_ENV})")
+            self.poisoned = position == self.poison_position
             stepped = self.train_step(inputs, targets)
             if stepped is None:  # not committed: the same step again, with the groups then alive
                 continue
@@ -488,9 +502,16 @@ class Trainer:
             self.window.append(loss, grad_norm, {"step": state.step, "lr": state.scheduler.get_last_lr()[0],
                                                  "sample_start": position, "time": time.time(),
                                                  "world_size": replicas.job_world_size(), "writer": replicas.writer})
-            stopping = self.stop_agreed()
-            self.cast_stop_vote()
+            stopping = self.stop_agreed()  # the step before's vote
+            self.cast_stop_vote()  # this step's, its non-finite flag included
             checkpoint_now = self.checkpoint_due()
+            if stopping != NONFINITE and (stopping or checkpoint_now or state.step == total):
+                stopping = max(stopping, self.stop_agreed())  # before any save: never weights a NaN step made
+            if stopping == NONFINITE:
+                if self.after_nonfinite():
+                    stopped_by = "nonfinite"
+                    break
+                continue
             logged = stopping or checkpoint_now or state.step % self.tcfg.log_interval == 0 or state.step == total
             if logged or replicas.enabled:  # a replica group flushes every step: one that dies loses no line
                 self.window.flush()
@@ -509,6 +530,34 @@ class Trainer:
         batches.close()
         return stopped_by
 
+    def after_nonfinite(self) -> bool:
+        """The vote says this step or the one before went non-finite. train.on_nonfinite=rollback: reload
+        the newest checkpoint (each holds finite weights: fit() never saves after such a step) and skip the
+        batches since; False: go on. Otherwise (stop, a third rollback, no checkpoint yet, replica groups,
+        which would have to roll back together) record the job as failed and return True: the ranks then
+        exit 0 so that no restart repeats it (launchers/node/wrapper.py reports the failure)."""
+        state, rank, policy = self.state, self.world.rank, self.tcfg.on_nonfinite
+        self.window.flush()  # the steps' rows, their non-finite loss included: what happened
+        bad_at, position = state.step, state.samples_seen
+        self.ckpt.wait()  # a background save of an earlier step (finite: it was checked before it began)
+        newest = self.ckpt.find_latest()  # collective: every rank asks
+        last = newest if policy == "rollback" and self.rollbacks < MAX_ROLLBACKS and not self.replicas.enabled else None
+        if last is None:
+            tried = f", after {self.rollbacks} rollbacks" if self.rollbacks else ""
+            why = (f"the loss or gradient norm became non-finite by step {bad_at} (train.on_nonfinite={policy}"
+                   f"{tried}); the newest checkpoint, {newest.name if newest else 'none'}, holds finite weights")
+            if rank == 0:
+                runs.write_state(self.run_dir, status="failed", reason=why, step=bad_at)
+            log(rank, f"stopping: {why}")
+            return True
+        self.ckpt.load(state, last)
+        skipped, state.samples_seen = position - state.samples_seen, position
+        self.rollbacks += 1
+        log(rank, f"non-finite loss or gradient norm by step {bad_at}: rolled back to {last.name} (step {state.step}) "
+                  f"and skipping the {skipped} samples since (train.on_nonfinite=rollback, {self.rollbacks} of "
+                  f"{MAX_ROLLBACKS})")
+        return False
+
     def finish(self, stopped_by: Optional[str]) -> None:
         """The final checkpoint and probe of a finished run, the run's record."""
         state, rank = self.state, self.world.rank
@@ -525,7 +574,7 @@ class Trainer:
         self.ckpt.close()
         self.metrics.close()
         self.replicas.close()
-        if rank == 0 and writer:
+        if rank == 0 and writer and stopped_by != "nonfinite":  # that one recorded its failure (after_nonfinite)
             runs.write_state(self.run_dir, status="preempted" if stopped_by else "completed", step=state.step,
                              checkpoint=str(step_dir(self.ckpt.root, state.step)))
             log(rank, f"{'stopped' if stopped_by else 'done'} at step {state.step}")

@@ -29,7 +29,7 @@ from launchers.kubernetes import manifests
 from launchers.base import Backend, DryRun, JobState, JobStatus, Run, Submitted
 from launchers.common import runtime_env, torchrun_args
 from launchers.kubernetes.api import api_client, explain, require_package
-from launchers.node.wrapper import PREFLIGHT_MESSAGE
+from launchers.node.wrapper import FAILED_MESSAGE, PREFLIGHT_MESSAGE
 
 if TYPE_CHECKING:  # types only, never imported at run time: no hydra on the node side, no import cycle
     from fsdp_jobs.planning.config import JobConfig
@@ -208,6 +208,8 @@ class KubernetesBackend(Backend[manifests.Request]):
         verdict = self._preflight_verdict(client, run) if state in (JobState.SUCCEEDED, JobState.FAILED) else None
         if verdict is None:
             return state, why
+        if verdict.startswith(FAILED_MESSAGE):  # a failure the ranks decided (a non-finite loss), not restarted
+            return JobState.FAILED, "; ".join(w for w in (why, verdict[len("fsdp-jobs: "):]) if w)
         info["preflight"] = verdict
         return JobState.FAILED, "; ".join(w for w in (why, f"the preflight named a node, not restarted: {verdict}") if w)
 
@@ -226,6 +228,8 @@ class KubernetesBackend(Backend[manifests.Request]):
                 ended = (cs.get("state") or {}).get("terminated")
                 if ended:
                     message = str(ended.get("message") or "").strip()
+                    if message.startswith(FAILED_MESSAGE):
+                        return message
                     return message[len(PREFLIGHT_MESSAGE):] if message.startswith(PREFLIGHT_MESSAGE) else None
         return None
 

@@ -32,7 +32,7 @@ from omegaconf import OmegaConf
 from fsdp_jobs.planning.errors import UserError
 from fsdp_jobs.rundir.layout import RunDir
 from launchers.common import NODE_WRAPPER, python_path, rank_entry, rank_env, runtime_env, torchrun_args
-from launchers.node.wrapper import ENGINE_RESTARTS_ENV, PREFLIGHT_FAILED_RC, TERMINATION_LOG_ENV
+from launchers.node.wrapper import ENGINE_RESTARTS_ENV, NO_RESTART_RC, TERMINATION_LOG_ENV
 
 if TYPE_CHECKING:  # types only, never imported at run time: no hydra on the node side, no import cycle
     from fsdp_jobs.planning.config import JobConfig
@@ -341,7 +341,7 @@ def volcano(plan: Plan, cfg: JobConfig) -> Request:
         # Volcano takes a task's first matching policy, and a task's before the job's: exit 3 must come
         # before TorchX's PodFailed -> RestartJob. TerminateJob ends the job Terminated (TorchX: FAILED) and
         # is not resumable; AbortJob would read CANCELLED, CompleteJob SUCCEEDED
-        task["policies"] = [{"exitCode": PREFLIGHT_FAILED_RC, "action": "TerminateJob"}, *task.get("policies", [])]
+        task["policies"] = [{"exitCode": NO_RESTART_RC, "action": "TerminateJob"}, *task.get("policies", [])]
     if plan.replicas is not None:  # done when every node's pod is: the lighthouse's ends with the job
         resource["spec"]["minSuccess"] = plan.nodes
         for task in resource["spec"]["tasks"]:  # a failed lighthouse is started again alone, not the whole job
@@ -434,7 +434,7 @@ def jobset(plan: Plan, cfg: JobConfig) -> Request:
                 "parallelism": plan.nodes, "completions": plan.nodes, "completionMode": "Indexed",
                 "backoffLimit": 0, "podFailurePolicy": {"rules": [
                     {"action": "FailJob", "onExitCodes": {"containerName": container, "operator": "In",
-                                                          "values": [PREFLIGHT_FAILED_RC]}}]},
+                                                          "values": [NO_RESTART_RC]}}]},
                 "template": pod}}}],
         },
     }

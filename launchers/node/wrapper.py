@@ -110,19 +110,19 @@ def run(argv: list[str], environ: Optional[dict[str, str]] = None) -> int:
         if signal.getsignal(s) is not signal.SIG_IGN:
             signal.signal(s, forward)
     try:
-        rc = preflight_status(supervise_agent(agent, Path(run_dir), node, beats), Path(run_dir), node,
-                              engine_restarts=environ.get(ENGINE_RESTARTS_ENV) == "1",
-                              termination_log=environ.get(TERMINATION_LOG_ENV))
+        rc = decided_status(supervise_agent(agent, Path(run_dir), node, beats), Path(run_dir), node,
+                            engine_restarts=environ.get(ENGINE_RESTARTS_ENV) == "1",
+                            termination_log=environ.get(TERMINATION_LOG_ENV), began=started)
     finally:
         shutil.rmtree(beats, ignore_errors=True)  # node memory: nothing of the job may stay behind
     events.append_event(Path(run_dir), "node_end", node=node, rc=rc)
-    if rc and rc != PREFLIGHT_FAILED_RC:
+    if rc and rc != NO_RESTART_RC:
         cause = root_cause(env["TORCHELASTIC_ERROR_FILE"])
         print(f"fsdp-jobs: {node}: torchrun exited {rc}" + (f"; first error: {cause}" if cause else ""), flush=True)
     return rc
 
 
-PREFLIGHT_FAILED_RC = 3
+NO_RESTART_RC = 3  # the ranks decided the job failed (a preflight named a node, a non-finite loss): a restart repeats it
 # set by a backend whose engine restarts a node that exits non-zero by itself, with no rule to tell exit 3
 # apart (Docker's restart: on-failure, a PyTorchJob's OnFailure: launchers/kubernetes/manifests.py)
 ENGINE_RESTARTS_ENV = "FSDP_JOBS_ENGINE_RESTARTS"
@@ -130,13 +130,16 @@ ENGINE_RESTARTS_ENV = "FSDP_JOBS_ENGINE_RESTARTS"
 # the preflight's verdict is written there, so the job's status can name it without reading the run dir
 TERMINATION_LOG_ENV = "FSDP_JOBS_TERMINATION_LOG"
 PREFLIGHT_MESSAGE = "fsdp-jobs preflight named a node: "  # how that text starts (launchers/kubernetes/backend.py)
+FAILED_MESSAGE = "fsdp-jobs: the job failed: "  # the same for any other failure the ranks decided
 TERMINATION_LOG_MAX = 4000  # the kubelet keeps 4096 bytes of it
 
 
-def preflight_status(rc: int, run_dir: Path, node: str, engine_restarts: bool = False,
-                     termination_log: Optional[str] = None) -> int:
-    """The ranks exit 0 after a preflight that named a node (a failure would make torchrun restart them
-    into the same checks): the node's status is then non-zero, as the job's (fsdp_jobs/runtime/preflight.py).
+def decided_status(rc: int, run_dir: Path, node: str, engine_restarts: bool = False,
+                   termination_log: Optional[str] = None, began: Optional[float] = None) -> int:
+    """The ranks exit 0 after a failure they decided on, which a restart would only repeat (a failure would
+    make torchrun restart them): a preflight that named a node (fsdp_jobs/runtime/preflight.py), a non-finite
+    loss (train.on_nonfinite, fsdp_jobs/runtime/trainer.py). The node's status is then NO_RESTART_RC, as the
+    job's; the state record says why (only one written since `began`, this node's start, counts).
     Except where the engine restarts failed nodes by itself: there a non-zero status would rerun the same
     checks on the same nodes until its restarts are used up, so the node exits 0 and whoever reports the
     job reads the verdict: Docker's supervisor from the state record (launchers/supervisor.py's exit_status),
@@ -144,13 +147,14 @@ def preflight_status(rc: int, run_dir: Path, node: str, engine_restarts: bool = 
     if rc == 0:
         from fsdp_jobs.rundir import runs
 
-        state = runs.read_state(run_dir)
-        if state.status == "failed" and state.stage == "preflight":
-            print(f"fsdp-jobs: {node}: stopped before training: {state.reason}"
+        state = runs.read_outcome(run_dir, began)
+        if state.status == "failed":
+            preflight = state.stage == "preflight"
+            print(f"fsdp-jobs: {node}: {'stopped before training' if preflight else 'the job failed'}: {state.reason}"
                   + ("; not restarted" if engine_restarts else ""), flush=True)
             if termination_log:
-                write_termination_log(termination_log, f"{PREFLIGHT_MESSAGE}{state.reason}")
-            return 0 if engine_restarts else PREFLIGHT_FAILED_RC
+                write_termination_log(termination_log, f"{PREFLIGHT_MESSAGE if preflight else FAILED_MESSAGE}{state.reason}")
+            return 0 if engine_restarts else NO_RESTART_RC
     return rc
 
 

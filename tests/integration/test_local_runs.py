@@ -172,6 +172,40 @@ def test_with_no_usable_checkpoint_the_job_fails_and_says_so_never_succeeded(run
     assert r.returncode == 2 and "no usable checkpoint" in r.stderr, r.stderr[-2000:]
 
 
+NAN_AT_15 = {"FSDP_JOBS_TEST_NONFINITE_AT_STEP": "15"}  # the batch of step 15 makes the loss NaN
+
+
+def test_a_non_finite_loss_stops_the_job_at_once_with_every_checkpoint_finite(run_root):
+    """train.on_nonfinite=stop (the default): the job fails in one line, no restart repeats the step, and no
+    checkpoint holds the weights the NaN step made (the save at step 20 never happens)."""
+    run_dir = run_root / "nan"
+    r = cli(f"run_root={run_root}", "name=nan", *KILL_ARGS, "train.steps=30", env=NAN_AT_15)
+    out = r.stdout + r.stderr
+    assert r.returncode == 1, out[-3000:]
+    assert "the loss or gradient norm became non-finite by step 1" in out and "train.on_nonfinite=stop" in out
+    assert committed(run_dir) == ["step-000010"]
+    assert max(x["restart"] for x in metrics(run_dir)) == 0  # torchrun never restarted the ranks into it
+    status = json.loads(cli("status", "nan", "--run-root", str(run_root)).stdout)
+    assert status["state"] == "FAILED" and "non-finite" in status["train"]["reason"], status
+
+
+def test_a_non_finite_loss_rolls_back_to_the_last_checkpoint_and_skips_the_bad_batches(run_root, tmp_path):
+    run_dir = run_root / "nanrb"
+    r = cli(f"run_root={run_root}", "name=nanrb", *KILL_ARGS, "train.steps=30", "train.on_nonfinite=rollback",
+            env=NAN_AT_15)
+    assert_ok(r)
+    said = [ln for ln in r.stdout.splitlines() if "rolled back to" in ln]
+    assert said and "rolled back to step-000010 (step 10)" in said[0], r.stdout[-3000:]
+    assert committed(run_dir)[-1] == "step-000030"
+    batch = manifest(run_dir / "checkpoints" / "step-000010")["samples_seen"] // 10
+    skipped = int(said[0].split("skipping the ")[1].split()[0])
+    assert skipped in (5 * batch, 6 * batch)  # steps 11..15 or 11..16: the bad batch and those after it
+    assert manifest(run_dir / "checkpoints" / "step-000030")["samples_seen"] == 30 * batch + skipped
+    out = tmp_path / "w.pt"
+    assert cli(str(run_dir / "checkpoints" / "step-000030"), "-o", str(out), module="fsdp_jobs.export").returncode == 0
+    assert all(torch.isfinite(t).all() for t in torch.load(out).values())
+
+
 def test_resume_on_fewer_nodes_continues_at_the_same_data_position(run_root):
     args = (f"run_root={run_root}", "name=resize", "train.global_batch_size=16", *SHORT)
     run_dir = run_root / "resize"

@@ -184,13 +184,13 @@ def node_exit(container: dict[str, Any], run_dir: Path, log: Path) -> tuple[int,
     preflight that named node1, with the environment the manifest gives its container (the message goes to
     `log` in place of the container's terminationMessagePath)."""
     from fsdp_jobs.rundir import runs
-    from launchers.node.wrapper import ENGINE_RESTARTS_ENV, TERMINATION_LOG_ENV, preflight_status
+    from launchers.node.wrapper import ENGINE_RESTARTS_ENV, TERMINATION_LOG_ENV, decided_status
 
     runs.write_state(run_dir, status="failed", stage="preflight", bad_nodes=["node1"],
                      reason="preflight named node1: matmul TFLOPS 0.026 is 3.01x worse than the median node's")
     env = {e["name"]: e.get("value") for e in container["env"]}
     assert env[TERMINATION_LOG_ENV] == container["terminationMessagePath"]
-    rc = preflight_status(0, run_dir, "node0", engine_restarts=env.get(ENGINE_RESTARTS_ENV) == "1",
+    rc = decided_status(0, run_dir, "node0", engine_restarts=env.get(ENGINE_RESTARTS_ENV) == "1",
                           termination_log=str(log))
     return rc, log.read_text() if log.exists() else ""
 

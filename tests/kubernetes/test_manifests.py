@@ -243,7 +243,7 @@ def test_cluster_image_is_required_and_bad_keys_are_one_line(tmp_path: Path) -> 
 def test_each_kind_ends_the_job_on_a_failed_preflight_by_its_own_rule(tmp_path: Path, kind: str) -> None:
     """A node exits 3 after a preflight that named a node (launchers/node/wrapper.py): the kind must not restart
     the pods into the same checks (tests/kubernetes/test_e2e.py plays what each controller does with this)."""
-    from launchers.node.wrapper import ENGINE_RESTARTS_ENV, PREFLIGHT_FAILED_RC, TERMINATION_LOG_ENV
+    from launchers.node.wrapper import ENGINE_RESTARTS_ENV, NO_RESTART_RC, TERMINATION_LOG_ENV
 
     d = dryrun(tmp_path, f"cluster.kind={kind}", "nodes=3", "preflight=only")
     job = d.request.job
@@ -256,7 +256,7 @@ def test_each_kind_ends_the_job_on_a_failed_preflight_by_its_own_rule(tmp_path: 
     assert (ENGINE_RESTARTS_ENV in env) == (kind == "pytorchjob")
     if kind == "volcano":  # a task's first matching policy acts: exit 3 before TorchX's PodFailed -> RestartJob
         for task in job["spec"]["tasks"]:
-            assert task["policies"][0] == {"exitCode": PREFLIGHT_FAILED_RC, "action": "TerminateJob"}
+            assert task["policies"][0] == {"exitCode": NO_RESTART_RC, "action": "TerminateJob"}
             assert {"event": "PodFailed", "action": "RestartJob"} in task["policies"][1:]
     elif kind == "pytorchjob":  # no rule for one exit code: the nodes exit 0, crashes still restart in place
         worker = job["spec"]["pytorchReplicaSpecs"]["Worker"]
@@ -265,7 +265,7 @@ def test_each_kind_ends_the_job_on_a_failed_preflight_by_its_own_rule(tmp_path: 
         rj = job["spec"]["replicatedJobs"][0]
         (rule,) = rj["template"]["spec"]["podFailurePolicy"]["rules"]
         assert rule == {"action": "FailJob", "onExitCodes": {"containerName": ctr["name"], "operator": "In",
-                                                             "values": [PREFLIGHT_FAILED_RC]}}
+                                                             "values": [NO_RESTART_RC]}}
         assert rj["template"]["spec"]["template"]["spec"]["restartPolicy"] == "Never"  # podFailurePolicy needs it
         (js_rule,) = job["spec"]["failurePolicy"]["rules"]
         assert js_rule["action"] == "FailJobSet" and js_rule["onJobFailureReasons"] == ["PodFailurePolicy"]

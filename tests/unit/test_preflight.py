@@ -130,20 +130,20 @@ def test_preflight_only_runs_the_checks_instead_of_a_script():
 
 def test_a_named_node_makes_the_node_wrapper_exit_non_zero(tmp_path, capsys):
     from fsdp_jobs.rundir import runs
-    from launchers.node.wrapper import PREFLIGHT_FAILED_RC, preflight_status
+    from launchers.node.wrapper import NO_RESTART_RC, decided_status
 
-    assert preflight_status(0, tmp_path, "node0") == 0
+    assert decided_status(0, tmp_path, "node0") == 0
     runs.write_state(tmp_path, status="failed", stage="preflight", bad_nodes=["node1"], reason="preflight: node1")
-    assert preflight_status(0, tmp_path, "node0") == PREFLIGHT_FAILED_RC
+    assert decided_status(0, tmp_path, "node0") == NO_RESTART_RC
     assert "node0: stopped before training: preflight: node1" in capsys.readouterr().out
-    assert preflight_status(1, tmp_path, "node0") == 1  # a real failure keeps its own status
+    assert decided_status(1, tmp_path, "node0") == 1  # a real failure keeps its own status
     # where the engine restarts a failed node (Docker): exit 0, or it reruns the same checks N times
-    assert preflight_status(0, tmp_path, "node0", engine_restarts=True) == 0
+    assert decided_status(0, tmp_path, "node0", engine_restarts=True) == 0
     assert "stopped before training: preflight: node1; not restarted" in capsys.readouterr().out
     # Kubernetes: the verdict is also the container's termination message, which `fsdp-jobs status` reads
     log = tmp_path / "termination-log"
-    assert preflight_status(1, tmp_path, "node0", termination_log=str(log)) == 1 and not log.exists()
-    assert preflight_status(0, tmp_path, "node0", termination_log=str(log)) == PREFLIGHT_FAILED_RC
+    assert decided_status(1, tmp_path, "node0", termination_log=str(log)) == 1 and not log.exists()
+    assert decided_status(0, tmp_path, "node0", termination_log=str(log)) == NO_RESTART_RC
     assert log.read_text() == "fsdp-jobs preflight named a node: preflight: node1"
 
 

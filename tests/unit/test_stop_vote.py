@@ -17,7 +17,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from fsdp_jobs.runtime.signals import StopFlag
-from fsdp_jobs.runtime.stopping import STOP_FILE, StopVote, stop_reason
+from fsdp_jobs.runtime.stopping import NONFINITE, STOP_FILE, StopVote, stop_reason
 
 
 def _vote(rank: int, store: str, codes: list[list[int]], out: str) -> None:
@@ -25,7 +25,8 @@ def _vote(rank: int, store: str, codes: list[list[int]], out: str) -> None:
     vote, agreed = StopVote(torch.device("cpu")), []
     for step in codes:  # as the trainer does: read the previous step's vote, cast this one's
         agreed.append(vote.result())
-        vote.cast(step[rank])
+        code = step[rank]  # -1: this rank's step went non-finite (no signal)
+        vote.cast(max(code, 0), torch.tensor(code < 0) if code <= 0 else None)
     agreed.append(vote.result())
     dist.destroy_process_group()
     Path(out, f"rank-{rank}.json").write_text(json.dumps(agreed))
@@ -44,6 +45,15 @@ def test_every_rank_agrees_on_the_step_and_on_the_signal_another_rank_got(tmp_pa
     assert ranks[0] == ranks[1] == [0, 0, usr2, term]
     assert [stop_reason(c) for c in ranks[0][2:]] == ["SIGUSR2", "SIGTERM"]
     assert stop_reason(STOP_FILE) == "stop-request file"
+
+
+def test_one_ranks_non_finite_step_is_every_ranks_and_outvotes_a_signal(tmp_path):
+    """train.on_nonfinite: the loss is checked on the device and carried by the vote (no host sync a step);
+    a non-finite step on one rank stops every rank at the same step, whatever else was voted."""
+    term = int(signal.SIGTERM)
+    ranks = agreed(tmp_path, [[0, 0], [0, -1], [term, 0], [term, -1]])
+    assert ranks[0] == ranks[1] == [0, 0, NONFINITE, term, NONFINITE]
+    assert stop_reason(NONFINITE) == "a non-finite loss or gradient norm"
 
 
 @pytest.fixture(autouse=True)
