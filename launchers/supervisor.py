@@ -43,13 +43,21 @@ class LogSink:
     def __init__(self, path: Path, echo: bool) -> None:
         self.path, self.echo, self.lock = path, echo, threading.Lock()
         self.file = runs.open_append(path)
+        self.failing = False  # the log's disk is full: said once; the terminal still gets every line
 
     def write(self, line: str) -> None:
         with self.lock:
-            self.file.write(line + "\n")
-            self.file.flush()
             if self.echo:
                 print(line, flush=True)
+            try:
+                self.file.write(line + "\n")
+                self.file.flush()
+                self.failing = False
+            except OSError as e:  # a full disk must not stop following the nodes (their pipes would fill)
+                if not self.failing and self.echo:
+                    print(f"fsdp-jobs: cannot write {self.path} ({e.strerror}); lines are lost there until it can",
+                          flush=True)
+                self.failing = True
 
     def close(self) -> None:
         with self.lock:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import signal
 import threading
 import time
@@ -260,15 +261,29 @@ class CheckpointManager:
                 future = future.upload_completion
             committed = threading.Event()
             future.add_done_callback(lambda f: self._commit_when_written(f, tmp, final, manifest, committed))
-            self.pending = (future, committed, final)
+            self.pending = (future, committed, final, tmp, state.step)
             self.log(f"checkpoint: step {state.step} saving in the background "
                      f"(training blocked {time.perf_counter() - t0:.2f}s)")
             return None
-        dcp.save(sd, checkpoint_id=str(tmp))
+        try:
+            dcp.save(sd, checkpoint_id=str(tmp))
+        except (Exception, CheckpointException) as e:  # raised on every rank alike (DCP gathers the failures)
+            self._save_failed(tmp, state.step, e)
+            return None
         manifest["files"] = self._file_sums(tmp, None)
-        self._commit(tmp, final, manifest)
+        if not self._commit(tmp, final, manifest):
+            return None
         self.log(f"checkpoint: saved {final.name} in {time.perf_counter() - t0:.2f}s")
         return final
+
+    def _save_failed(self, tmp: Path, step: int, e: BaseException) -> None:
+        """A save that failed (a full disk, a lost file server) costs that checkpoint, not the job: its files
+        are removed (rank 0; they may be what filled the disk), the committed ones stay, training goes on and
+        the next interval saves again."""
+        if self.rank == 0:
+            shutil.rmtree(tmp, ignore_errors=True)
+            self.log(f"checkpoint: step {step} not saved ({_first_error_line(e)}); training goes on, the next "
+                     "checkpoint.interval tries again, the committed checkpoints are intact")
 
     def wait_staging(self) -> None:
         """Block until a background copy of the state to host memory has finished (overlap_staging)."""
@@ -281,9 +296,12 @@ class CheckpointManager:
         self.wait_staging()
         if self.pending is None:
             return
-        future, committed, final = self.pending
+        future, committed, final, tmp, step = self.pending
         self.pending = None
-        future.result()  # raises what the background write raised
+        try:
+            future.result()
+        except (Exception, CheckpointException) as e:  # what the background write raised, on every rank
+            self._save_failed(tmp, step, e)
         committed.wait()
 
     def close(self) -> None:
@@ -326,25 +344,30 @@ class CheckpointManager:
         files[layout.DCP_METADATA_FILE] = layout.file_sum(tmp / layout.DCP_METADATA_FILE)
         return files
 
-    def _commit(self, tmp: Path, final: Path, manifest: dict[str, Any]) -> None:
-        """Rank 0 only, nobody waits: DCP returned, so every rank's shards and DCP's metadata are written."""
+    def _commit(self, tmp: Path, final: Path, manifest: dict[str, Any]) -> bool:
+        """Rank 0 only, nobody waits: DCP returned, so every rank's shards and DCP's metadata are written.
+        Whether it committed (the other ranks answer True: they never know, and need not)."""
         if self.rank != 0:
-            return
+            return True
         unread = [name for name, (size, _) in manifest.get("files", {}).items() if size < 0]
         if unread:  # never commit what could not be read back: the save failed; the older checkpoints stand
-            self.log(f"checkpoint: step {manifest['step']} not committed: its files could not be read back "
-                     f"({', '.join(unread)[:200]})")
-            return
+            self._save_failed(tmp, manifest["step"], OSError(f"its files could not be read back: {', '.join(unread)[:200]}"))
+            return False
         crash_step = faults.step(CRASH_IN_SAVE_ENV)
         if crash_step and crash_step == manifest["step"] and os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0":
             self.log(f"checkpoint: test fault injection: killing rank 0 mid-save at step {manifest['step']}")
             os.kill(os.getpid(), signal.SIGKILL)
-        layout.commit(tmp, manifest, final)
+        try:
+            layout.commit(tmp, manifest, final)
+        except OSError as e:  # the manifest could not be written (a full disk): not committed
+            self._save_failed(tmp, manifest["step"], e)
+            return False
         # deleting big old checkpoints takes seconds on a shared file system: not on this thread
         if self._pruner is not None:
             self._pruner.join()
         self._pruner = threading.Thread(target=self._prune, name="checkpoint-prune", daemon=True)
         self._pruner.start()
+        return True
 
     def _prune(self) -> None:
         layout.prune(self.run_dir, self.keep_last)

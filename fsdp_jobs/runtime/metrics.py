@@ -35,6 +35,7 @@ class MetricsWriter:
         self.enabled, self.total, self.interval = enabled, total_steps, log_interval
         self.file = open(path, "a") if enabled else None
         self.trackers = trackers if enabled else None
+        self.failing = False  # the last write failed (a full disk): said once, retried at every row
 
     def start(self, first_step: int) -> None:
         """Open the trackers now (else at the first record): this attempt logs steps from first_step on."""
@@ -45,8 +46,15 @@ class MetricsWriter:
         if not self.file:
             return
         record = row.to_json()
-        self.file.write(json.dumps(record) + "\n")
-        self.file.flush()
+        try:
+            self.file.write(json.dumps(record) + "\n")
+            self.file.flush()
+            self.failing = False
+        except OSError as e:  # a full disk must not stop training: the rows are lost until it has room
+            if not self.failing:
+                print(f"metrics: cannot write {Path(self.file.name).name} ({e.strerror}); training goes on, "
+                      "the rows are lost until it can", flush=True)
+            self.failing = True
         if self.trackers is not None:
             self.trackers.write(record)
         step = record["step"]

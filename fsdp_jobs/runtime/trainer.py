@@ -22,7 +22,7 @@ import torch.nn.functional as F
 
 from fsdp_jobs.planning import faults
 from fsdp_jobs.rundir import runs
-from fsdp_jobs.rundir.checkpoints import step_dir
+from fsdp_jobs.rundir.checkpoints import newest_checkpoint, step_dir
 from fsdp_jobs.planning.cluster_config import CPU_PEAK_TFLOPS, ClusterConfig
 from fsdp_jobs.planning.plan import compute_dtype, micro_batch, replica_groups, reshard_after_forward
 from fsdp_jobs.rundir.layout import RunDir
@@ -575,8 +575,12 @@ class Trainer:
         self.metrics.close()
         self.replicas.close()
         if rank == 0 and writer and stopped_by != "nonfinite":  # that one recorded its failure (after_nonfinite)
+            saved = newest_checkpoint(self.run_dir)  # the final save may have failed (a full disk): say which
+            if saved != step_dir(self.ckpt.root, state.step) and (self.ccfg.save_final or stopped_by):
+                log(rank, f"the checkpoint of step {state.step} could not be saved; the newest is "
+                          f"{saved.name if saved else 'none'}")
             runs.write_state(self.run_dir, status="preempted" if stopped_by else "completed", step=state.step,
-                             checkpoint=str(step_dir(self.ckpt.root, state.step)))
+                             checkpoint=str(saved) if saved else None)
             log(rank, f"{'stopped' if stopped_by else 'done'} at step {state.step}")
 
 

@@ -206,6 +206,42 @@ def test_a_non_finite_loss_rolls_back_to_the_last_checkpoint_and_skips_the_bad_b
     assert all(torch.isfinite(t).all() for t in torch.load(out).values())
 
 
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounts a size-limited tmpfs for the run dir (root, as CI runs)")
+def test_a_full_disk_costs_a_checkpoint_not_the_job(tmp_path):
+    """The run dir's disk fills up during training: the save fails cleanly (its partial files removed, the
+    committed checkpoints intact), the user is told in one line, training goes on, and once there is room
+    again the next interval saves; the job completes with its final checkpoint."""
+    import threading
+
+    fs = tmp_path / "fs"
+    fs.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=32m", "tmpfs", str(fs)], check=True)
+    try:
+        run_dir, filler = fs / "runs" / "full", fs / "filler"
+        proc = start([f"run_root={fs / 'runs'}", "name=full", *KILL_ARGS, "train.steps=400", "checkpoint.interval=20"])
+        lines: list[str] = []
+        threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True).start()
+        wait_for(lambda: (run_dir / "checkpoints" / "step-000020" / "manifest.json").exists(), 400, proc)
+        with open(filler, "wb") as f:  # every byte left, now
+            try:
+                while True:
+                    f.write(b"\0" * (1 << 20))
+                    f.flush()
+            except OSError:
+                pass
+        wait_for(lambda: any("not saved" in ln for ln in list(lines)), 400, proc)
+        filler.unlink()
+        assert proc.wait(timeout=600) == 0, "".join(lines)[-4000:]
+        failed = [ln for ln in lines if "not saved" in ln]
+        assert "No space left on device" in failed[0] and "training goes on" in failed[0], failed
+        assert committed(run_dir)[-1] == "step-000400"  # the final checkpoint, saved once there was room
+        assert not list((run_dir / "checkpoints").glob(".tmp-*"))  # the failed save's files are gone
+        failed_step = int(failed[0].split("step ")[1].split()[0])
+        assert f"step-{failed_step:06d}" not in committed(run_dir)
+    finally:
+        subprocess.run(["umount", "-l", str(fs)], check=False)
+
+
 def test_resume_on_fewer_nodes_continues_at_the_same_data_position(run_root):
     args = (f"run_root={run_root}", "name=resize", "train.global_batch_size=16", *SHORT)
     run_dir = run_root / "resize"
