@@ -538,6 +538,8 @@ class Trainer:
         exit 0 so that no restart repeats it (launchers/node/wrapper.py reports the failure)."""
         state, rank, policy = self.state, self.world.rank, self.tcfg.on_nonfinite
         self.window.flush()  # the steps' rows, their non-finite loss included: what happened
+        self.vote.result()  # this step's vote, if still pending: about weights a rollback replaces (a signal or
+        # the stop request is voted again at the next step: the flags stay set)
         bad_at, position = state.step, state.samples_seen
         self.ckpt.wait()  # a background save of an earlier step (finite: it was checked before it began)
         newest = self.ckpt.find_latest()  # collective: every rank asks
