@@ -94,6 +94,10 @@ class NodeLiveness:
     node: str
     written: float
     ranks: list[RankBeat]
+    # once its ranks have exited (the job ended, or its workers restart): their last timing, {compute_s,
+    # wait_s, restart}, so that a finished run's straggler report still has this node (a short job's ranks
+    # can be timed and gone between two of its records)
+    kept: Optional[dict[str, Any]] = None
     v: int = SCHEMA
 
 
@@ -173,6 +177,7 @@ class Publisher(Settling):
     def __init__(self, run_dir: Path, node: str) -> None:
         super().__init__()
         self.path, self.node = RunDir(run_dir).node_liveness_file(node), node
+        self.kept: Optional[dict[str, Any]] = None  # the last timing its ranks had, seen at any tick
 
     @staticmethod
     def key(beats: list[RankBeat], now: float) -> tuple[Any, ...]:
@@ -183,12 +188,16 @@ class Publisher(Settling):
     def tick(self, beats: list[RankBeat], now: float) -> bool:
         """Publish if due; True when it wrote."""
         key = self.key(beats, now)
+        summary = NodeSummary.of(self.node, now, beats, now)
+        if summary.compute_s is not None:
+            self.kept = {"compute_s": summary.compute_s, "wait_s": summary.wait_s, "restart": summary.restart}
         steady = bool(beats) and all(b.phase == "step" and b.compute_s is not None for b in beats)
         if not self.due(key, frozenset(b.pid for b in beats), steady, now):
             return False
         if not beats and self.last_key is None:
             return False  # nothing started yet: nothing to say
-        if not self.write(json.dumps(asdict(NodeLiveness(self.node, now, beats)))):
+        record = NodeLiveness(self.node, now, beats, None if beats else self.kept)
+        if not self.write(json.dumps(asdict(record))):
             return False
         self.wrote(key, now)
         return True
@@ -238,7 +247,8 @@ def read_node(path: Path) -> Optional[NodeLiveness]:
         if not isinstance(d, dict) or not isinstance(d.get("ranks"), list):
             return None
         beats = [RankBeat.from_dict(r) for r in d["ranks"]]
-        return NodeLiveness(str(d["node"]), float(d["written"]), [b for b in beats if b is not None])
+        kept = d.get("kept") if isinstance(d.get("kept"), dict) else None
+        return NodeLiveness(str(d["node"]), float(d["written"]), [b for b in beats if b is not None], kept)
     except (ValueError, KeyError, TypeError):
         return None
 
@@ -336,8 +346,19 @@ def keep_timing(new: NodeSummary, old: Optional[NodeSummary]) -> NodeSummary:
 
 
 def summarize(records: list[NodeLiveness], now: float) -> list[NodeSummary]:
-    """Node records as summaries, each rank as alive as its record vouches (`vouched`)."""
-    return [NodeSummary.of(r.node, r.written, vouched(r, now), now) for r in records]
+    """Node records as summaries, each rank as alive as its record vouches (`vouched`); a node whose ranks
+    have exited with the timing they last had (NodeLiveness.kept)."""
+    return [with_kept(NodeSummary.of(r.node, r.written, vouched(r, now), now), r.kept) for r in records]
+
+
+def with_kept(summary: NodeSummary, kept: Optional[dict[str, Any]]) -> NodeSummary:
+    try:
+        if summary.ranks or not kept or not isinstance(kept.get("compute_s"), (int, float)):
+            return summary
+        return replace(summary, compute_s=float(kept["compute_s"]), wait_s=float(kept.get("wait_s") or 0.0),
+                       restart=int(kept.get("restart") or 0))
+    except (TypeError, ValueError):  # a record not of our making
+        return summary
 
 
 class Leader:

@@ -290,3 +290,25 @@ def test_a_finished_runs_nodes_keep_their_last_timing_when_their_ranks_have_exit
     assert stragglers.of_run(tmp_path, now=later, thorough=True)["slowest"] == "n2"
     leader.tick([timed(0, "n1", 0.1)], NOW + liveness.LEADER_READ_S + 1)  # the leader saw n2 empty: the same
     assert stragglers.of_run(tmp_path, now=later)["slowest"] == "n2"
+
+
+def test_a_node_timed_and_gone_between_two_of_its_records_keeps_its_timing_in_its_own_record(tmp_path):
+    """CI's 20-step SLURM sweep: n2's ranks were loading at its last published record, then timed and
+    exited within a second, and the leader's last view had n2 loading: `compare` showed no slowest node.
+    The node's record of its exited ranks carries the timing they last had, seen at any tick."""
+    from fsdp_jobs.cli import stragglers
+
+    def ranked(rank: int, node: str, phase: str, compute: float | None) -> liveness.RankBeat:
+        return liveness.RankBeat(rank=rank, node=node, pid=1, step=20 if compute else 0, phase=phase, progress=NOW,
+                                 alive=NOW, compute_s=compute, wait_s=0.01 if compute else None)
+
+    n2, leader = liveness.Publisher(tmp_path, "n2"), liveness.Leader(tmp_path, "n1")
+    n2.tick([ranked(1, "n2", "load", None)], NOW)
+    leader.tick([ranked(0, "n1", "step", 0.1)], NOW + 0.1)  # its last view: n2 loading
+    n2.due = lambda *args: False  # a tick that is not due: its ranks' timing is seen, not published
+    n2.tick([ranked(1, "n2", "finish", 0.3)], NOW + 0.6)
+    del n2.due
+    n2.tick([], NOW + 1.0)  # its ranks exited
+    record = liveness.read_node(RunDir(tmp_path).node_liveness_file("n2"))
+    assert record is not None and record.ranks == [] and record.kept["compute_s"] == 0.3
+    assert stragglers.of_run(tmp_path, now=NOW + 3600, thorough=True)["slowest"] == "n2"
