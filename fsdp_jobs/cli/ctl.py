@@ -87,7 +87,10 @@ def run_status(run_dir: Path) -> dict[str, Any]:
     out.update({"state": status.state.value, "detail": status.detail, **status.info})
     state = runs.read_state_record(run_dir)
     out["train"] = state.to_json() if state else {}
-    refused = journal.last_refusal(run_dir.resolve())
+    try:
+        refused = journal.last_refusal(run_dir.resolve())
+    except UserError:  # a damaged journal: a run's status needs none (the journal's own commands say so)
+        refused = None
     if refused and refused["time"] > float(run.launch.get("unix") or 0):
         # the state above is the run's, from its last launch: not the outcome of the user's last command
         when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(refused["time"]))

@@ -151,9 +151,12 @@ def sums(ckpt: Path, names: list[str]) -> dict[str, list[int]]:
 
 def check_sizes(ckpt: Path) -> Optional[str]:
     """Why `ckpt` cannot be what its manifest recorded, from sizes and DCP's .metadata alone (a stat per file:
-    cheap at any world size), or None. A manifest from before `files` existed is not checked."""
+    cheap at any world size), or None. A manifest from before `files` existed is not checked, nor a DCP
+    directory without one (export reads any)."""
     try:
         files = read_manifest(ckpt).get("files")
+    except FileNotFoundError:
+        return None
     except (OSError, ValueError, AttributeError):
         return f"its {MANIFEST_FILE} is unreadable"
     if not isinstance(files, dict):
@@ -175,6 +178,8 @@ def check_sums(ckpt: Path, names: list[str]) -> Optional[str]:
     was saved, or None."""
     try:
         files = read_manifest(ckpt).get("files") or {}
+    except FileNotFoundError:
+        return None
     except (OSError, ValueError, AttributeError):
         return f"its {MANIFEST_FILE} is unreadable"
     for name in names:
