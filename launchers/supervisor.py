@@ -61,7 +61,10 @@ class LogSink:
 
     def close(self) -> None:
         with self.lock:
-            self.file.close()
+            try:
+                self.file.close()
+            except OSError:  # its last lines could not be flushed (a full disk): said when they were written
+                pass
 
 
 class Node(abc.ABC):

@@ -174,10 +174,27 @@ class Trackers:
     def write(self, record: dict[str, Any]) -> None:
         self.start(record["step"])
         values = scalars(record)
-        for tracker in self.open or ():
-            tracker.log(record["step"], values)
+        for tracker in list(self.open or ()):
+            try:
+                tracker.log(record["step"], values)
+            except OSError as e:  # a full disk: TensorBoard's writer thread has died with it; the job goes on
+                self.drop(tracker, e)
+
+    def drop(self, tracker: Any, e: OSError) -> None:
+        """A tracker that cannot write is off for the rest of this attempt (the next one reopens it): one line."""
+        print(f"{type(tracker).__name__} off for this attempt: cannot write ({e.strerror or e}); training goes on "
+              f"(metrics.jsonl keeps every step it can write)", flush=True)
+        assert self.open is not None
+        self.open.remove(tracker)
+        try:
+            tracker.close()
+        except OSError:
+            pass
 
     def close(self) -> None:
         for tracker in self.open or ():
-            tracker.close()
+            try:
+                tracker.close()
+            except OSError as e:  # its last lines could not be written: the run's outcome stands
+                print(f"{type(tracker).__name__}: could not close ({e.strerror or e})", flush=True)
         self.open = []

@@ -422,8 +422,10 @@ class Trainer:
         state.step += 1
         state.samples_seen += self.global_batch
         # on the device, no host sync: the stop vote carries it (fsdp_jobs/runtime/stopping.py NONFINITE)
-        self.nonfinite = ~torch.isfinite(step_loss) if grad_norm is None else ~(
-            torch.isfinite(step_loss) & torch.isfinite(grad_norm))
+        # (a DTensor grad norm's local part: any rank's non-finite gradient shows in its own; no collective)
+        local_norm = grad_norm.to_local() if hasattr(grad_norm, "to_local") else grad_norm
+        self.nonfinite = ~torch.isfinite(step_loss) if local_norm is None else ~(
+            torch.isfinite(step_loss) & torch.isfinite(local_norm))
         return step_loss.float() / accum, grad_norm
 
     def watch_for_stop(self, stop: StopFlag) -> None:
