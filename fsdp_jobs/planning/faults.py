@@ -15,6 +15,7 @@ PREFIX = "FSDP_JOBS_TEST_"
 KNOWN = {
     "FSDP_JOBS_TEST_FAIL_AT_STEP": "every training step from this one on raises",
     "FSDP_JOBS_TEST_CRASH_IN_SAVE": "rank 0 SIGKILLs itself in the middle of saving this step (first attempt)",
+    "FSDP_JOBS_TEST_OOM_AT_STEP": "the job's last rank allocates memory until the kernel kills it, at this step (first attempt)",
     "FSDP_JOBS_TEST_NONFINITE_AT_STEP": "the batch a run from scratch takes at this step makes the loss NaN (a bad batch)",
     "FSDP_JOBS_TEST_PREFLIGHT_SLOW_NODE": "this node's preflight checks take 3x as long (fsdp_jobs/runtime/preflight.py)",
     "FSDP_JOBS_TEST_PREFLIGHT_SLOW_ONCE": "this node's preflight checks take 3x as long in the first round only",

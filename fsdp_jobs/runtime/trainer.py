@@ -47,6 +47,7 @@ if TYPE_CHECKING:  # types only: the config comes from fsdp_jobs/planning/config
 # test-only fault injection: the training step raises from this step on (a job that cannot progress)
 FAIL_AT_STEP_ENV = "FSDP_JOBS_TEST_FAIL_AT_STEP"
 NONFINITE_AT_STEP_ENV = "FSDP_JOBS_TEST_NONFINITE_AT_STEP"
+OOM_AT_STEP_ENV = "FSDP_JOBS_TEST_OOM_AT_STEP"
 MAX_ROLLBACKS = 2  # train.on_nonfinite=rollback: a third non-finite step in one attempt stops the job
 PROBE_TOKENS = 16  # positions per probe sequence: enough to check an export, small at any vocab size
 
@@ -383,6 +384,7 @@ class Trainer:
         self.metrics.start(state.step + 1)  # TensorBoard/W&B: the steps after the resumed one replace earlier ones
         self.window_args = (self.per_rank * seq_len, fpt, peak)  # fit() opens the window when the steps start
         self.fail_at = faults.step(FAIL_AT_STEP_ENV)
+        self.oom_at = faults.step(OOM_AT_STEP_ENV)
         poison_step = faults.step(NONFINITE_AT_STEP_ENV)  # the data position that step takes from scratch
         self.poison_position = (poison_step - 1) * self.global_batch if poison_step else None
         if world.rank == 0 and self.replicas.writer:
@@ -492,6 +494,8 @@ class Trainer:
             inputs, targets = inputs.to(world.device, non_blocking=True), targets.to(world.device, non_blocking=True)
             if self.fail_at and state.step + 1 >= self.fail_at:
                 raise RuntimeError(f"test fault injection: step {state.step + 1} raises ({FAIL_AT_STEP_ENV})")
+            if self.oom_at == state.step + 1 and world.rank == world.world_size - 1 and world.restart == 0:
+                exhaust_memory()  # test fault injection (OOM_AT_STEP_ENV): the kernel's OOM killer ends this rank
             self.poisoned = position == self.poison_position
             stepped = self.train_step(inputs, targets)
             if stepped is None:  # not committed: the same step again, with the groups then alive
@@ -586,6 +590,13 @@ class Trainer:
             runs.write_state(self.run_dir, status="preempted" if stopped_by else "completed", step=state.step,
                              checkpoint=str(saved) if saved else None)
             log(rank, f"{'stopped' if stopped_by else 'done'} at step {state.step}")
+
+
+def exhaust_memory() -> None:
+    """Test fault injection: touch 64 MiB after 64 MiB until the kernel's OOM killer (or a MemoryError) ends it."""
+    hog = []
+    while True:
+        hog.append(b"\1" * (64 << 20))
 
 
 @torch.no_grad()

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any, Optional
 
 if TYPE_CHECKING:  # types only: this wrapper imports nothing of the project before it sets the umask
     from fsdp_jobs.planning.config import FaultConfig
+    from launchers.node.oom import OomWatch
 
 RUN_DIR_ENV = "FSDP_JOBS_RUN_DIR"
 NODE_ENV = "FSDP_JOBS_NODE"
@@ -92,6 +93,7 @@ def run(argv: list[str], environ: Optional[dict[str, str]] = None) -> int:
     # launcher's is, whatever umask the node (a container, a batch step) starts with (README: Security)
     os.umask(OWNER_ONLY_UMASK)
     from fsdp_jobs.rundir import events, liveness
+    from launchers.node.oom import OomWatch
 
     events.append_event(Path(run_dir), "node_start", node=node, time=started)
     # the ranks' heartbeats: node-local memory, this node's watchdog reads them (fsdp_jobs/rundir/liveness.py)
@@ -100,6 +102,7 @@ def run(argv: list[str], environ: Optional[dict[str, str]] = None) -> int:
     Path(env["TORCHELASTIC_ERROR_FILE"]).parent.mkdir(parents=True, exist_ok=True)
     Path(env["TORCHELASTIC_ERROR_FILE"]).unlink(missing_ok=True)  # an earlier attempt's is not this one's
     # torchrun itself, its stores kept on loopback when the rendezvous host is (launchers/node/agent.py)
+    oom = OomWatch()  # before the agent: its kills from here on
     agent = subprocess.Popen([sys.executable, "-m", "launchers.node.agent", *argv], cwd=run_dir, env=env)
 
     def forward(signum: int, _frame: Any) -> None:
@@ -110,7 +113,7 @@ def run(argv: list[str], environ: Optional[dict[str, str]] = None) -> int:
         if signal.getsignal(s) is not signal.SIG_IGN:
             signal.signal(s, forward)
     try:
-        rc = decided_status(supervise_agent(agent, Path(run_dir), node, beats), Path(run_dir), node,
+        rc = decided_status(supervise_agent(agent, Path(run_dir), node, beats, oom), Path(run_dir), node,
                             engine_restarts=environ.get(ENGINE_RESTARTS_ENV) == "1",
                             termination_log=environ.get(TERMINATION_LOG_ENV), began=started)
     finally:
@@ -118,7 +121,10 @@ def run(argv: list[str], environ: Optional[dict[str, str]] = None) -> int:
     events.append_event(Path(run_dir), "node_end", node=node, rc=rc)
     if rc and rc != NO_RESTART_RC:
         cause = root_cause(env["TORCHELASTIC_ERROR_FILE"])
-        print(f"fsdp-jobs: {node}: torchrun exited {rc}" + (f"; first error: {cause}" if cause else ""), flush=True)
+        oom.new_kills()
+        memory = f"; out of memory: {oom.total()} OOM kills in {oom.where()}" if oom.total() else ""
+        print(f"fsdp-jobs: {node}: torchrun exited {rc}" + (f"; first error: {cause}" if cause else "") + memory,
+              flush=True)
     return rc
 
 
@@ -182,8 +188,10 @@ def job_fault(run_dir: Path) -> Optional[FaultConfig]:
     return fault if fault.watchdog else None
 
 
-def supervise_agent(agent: subprocess.Popen, run_dir: Path, node: str, beats: Path) -> int:
-    """Wait for the agent, with the hang watchdog (launchers/node/watchdog.py) looking at its ranks every second."""
+def supervise_agent(agent: subprocess.Popen, run_dir: Path, node: str, beats: Path,
+                    oom: Optional[OomWatch] = None) -> int:
+    """Wait for the agent, with the hang watchdog (launchers/node/watchdog.py) looking at its ranks every second,
+    and the node's OOM kills (launchers/node/oom.py) named as they happen."""
     from launchers.node.watchdog import Watchdog
 
     from fsdp_jobs.rundir import failures
@@ -199,6 +207,10 @@ def supervise_agent(agent: subprocess.Popen, run_dir: Path, node: str, beats: Pa
         line = watchdog.tick() if watchdog is not None else None
         if line:
             print(line, flush=True)
+        killed = oom.new_kills() if oom is not None else 0
+        if killed:  # a rank SIGKILLed by the kernel records nothing itself: say what killed it
+            print(f"fsdp-jobs: {node}: out of memory: the kernel's OOM killer killed {killed} process"
+                  f"{'es' if killed > 1 else ''} in {oom.where()}; torchrun restarts the ranks it lost", flush=True)
         repeated = failures.repeating(failures.read(run_dir)) if seen.changed() else None
         if repeated or (watchdog is not None and watchdog.given_up):  # no restart can help: the job fails here
             agent.kill()

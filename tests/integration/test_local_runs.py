@@ -242,6 +242,50 @@ def test_a_full_disk_costs_a_checkpoint_not_the_job(tmp_path):
         subprocess.run(["umount", "-l", str(fs)], check=False)
 
 
+def memory_cgroup(limit: int) -> Path | None:
+    """A memory cgroup of the test's own, below this process's, holding at most `limit` bytes (cgroup v1,
+    or v2 where the parent lets a child have the memory controller); None where the host does not allow it."""
+    from launchers.node import oom
+
+    counter = oom.counter_file(Path("/proc/self/cgroup").read_text())
+    if counter is None or os.geteuid() != 0:
+        return None
+    child = counter.parent / f"fsdp-jobs-oom-{os.getpid()}"
+    limit_file = "memory.limit_in_bytes" if counter.name == "memory.oom_control" else "memory.max"
+    try:
+        child.mkdir()
+        (child / limit_file).write_text(str(limit))
+    except OSError:
+        if child.is_dir():
+            child.rmdir()
+        return None
+    return child
+
+
+def test_a_rank_killed_for_memory_is_named_out_of_memory_and_the_job_loses_nothing(run_root, reference_run):
+    """The kernel's OOM killer takes a rank (its node's memory cgroup has a limit): the node says out of
+    memory, not only torchrun's "Signal 9", torchrun restarts it, and the job ends bit for bit where an
+    uninterrupted one does."""
+    cgroup = memory_cgroup(5 << 30)
+    if cgroup is None:
+        pytest.skip("this host lets no memory cgroup be made below the test's (cgroup v2 without delegation)")
+    try:
+        def enter() -> None:
+            (cgroup / "cgroup.procs").write_text(str(os.getpid()))
+
+        proc = subprocess.Popen([sys.executable, "-m", "fsdp_jobs", f"run_root={run_root}", "name=oom", *KILL_ARGS],
+                                cwd=REPO, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                env={**os.environ, "FSDP_JOBS_TEST_OOM_AT_STEP": "15"}, preexec_fn=enter)
+        out, _ = proc.communicate(timeout=600)
+        assert proc.returncode == 0, out[-4000:]
+        said = [ln for ln in out.splitlines() if "out of memory" in ln]
+        assert said and "the kernel's OOM killer killed" in said[0], out[-4000:]
+        assert "resumed from step-000010" in out
+        assert_same_state(reference_run / "checkpoints" / "step-000040", run_root / "oom" / "checkpoints" / "step-000040")
+    finally:
+        cgroup.rmdir()
+
+
 def test_resume_on_fewer_nodes_continues_at_the_same_data_position(run_root):
     args = (f"run_root={run_root}", "name=resize", "train.global_batch_size=16", *SHORT)
     run_dir = run_root / "resize"
