@@ -8,6 +8,7 @@ stream, on the terminal and in RunDir.launcher_log, and maps how they ended to a
 
 from __future__ import annotations
 
+import ctypes
 import os
 import time
 import shlex
@@ -18,7 +19,7 @@ import sys
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional, TYPE_CHECKING
+from typing import Callable, Optional, TYPE_CHECKING
 
 from fsdp_jobs.rundir import runs
 from fsdp_jobs.rundir.records import LaunchRecord
@@ -125,13 +126,31 @@ class LocalRequest:
         return "\n".join(lines)
 
 
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
+_LIBC = ctypes.CDLL(None, use_errno=True) if sys.platform.startswith("linux") else None  # loaded before any fork
+
+
+def stop_with_launcher(launcher_pid: int) -> Callable[[], None]:
+    """preexec_fn of a node's process: SIGTERM when the launcher dies, even by SIGKILL (PR_SET_PDEATHSIG), so
+    that its ranks checkpoint and stop rather than train on unsupervised, their output read by nobody; the
+    same command again resumes the run. In the child only a C call and a syscall: no allocation after fork."""
+    def arm() -> None:
+        if _LIBC is not None:
+            _LIBC.prctl(PR_SET_PDEATHSIG, int(signal.SIGTERM))
+            if os.getppid() != launcher_pid:  # it died before the call: no signal would come
+                os.kill(os.getpid(), signal.SIGTERM)
+    return arm
+
+
 class AgentNode(Node):
-    """One simulated node: a torchrun agent in its own session (Ctrl-C reaches only the launcher)."""
+    """One simulated node: a torchrun agent in its own session (Ctrl-C reaches only the launcher), stopped
+    with its ranks' checkpoint if the launcher dies (stop_with_launcher)."""
 
     def __init__(self, name: str, agent: Agent) -> None:
         self.name = name
         self.proc = subprocess.Popen(agent.argv, env={**os.environ, **agent.env}, stdout=subprocess.PIPE,
-                                     stderr=subprocess.STDOUT, start_new_session=True)
+                                     stderr=subprocess.STDOUT, start_new_session=True,
+                                     preexec_fn=stop_with_launcher(os.getpid()))
         self.pump: Optional[threading.Thread] = None
 
     def follow(self, sink: LogSink, done: threading.Event) -> None:

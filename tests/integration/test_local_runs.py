@@ -286,6 +286,31 @@ def test_a_rank_killed_for_memory_is_named_out_of_memory_and_the_job_loses_nothi
         cgroup.rmdir()
 
 
+def test_the_launcher_killed_leaves_no_rank_running_and_the_same_command_resumes(run_root):
+    """`kill -9` of an attached `python -m fsdp_jobs` (a closed terminal, an OOM-killed login shell): its nodes
+    get SIGTERM from the kernel (PR_SET_PDEATHSIG), so no rank trains on unsupervised; the same command
+    again resumes the run from its checkpoint and completes it."""
+    run_dir = run_root / "orphan"
+    args = [f"run_root={run_root}", "name=orphan", *KILL_ARGS, "train.steps=400"]
+    proc = start(args)
+    wait_for(lambda: (run_dir / "checkpoints" / "step-000020" / "manifest.json").exists(), 400, proc)
+    ranks = [json.loads(p.read_text())["pid"] for p in (run_dir / "ranks").glob("rank-*.json")]
+    assert len(ranks) == 4 and all(_alive(pid) for pid in ranks)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    deadline = time.monotonic() + 120
+    while any(_alive(pid) for pid in ranks) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not any(_alive(pid) for pid in ranks), "ranks outlived their launcher"
+    stopped_at = json.loads((run_dir / "state.json").read_text())["step"]
+    assert stopped_at < 400  # they stopped, not trained on to the end
+    r = cli(*args)
+    assert_ok(r)
+    assert "resumed from step-0000" in r.stdout
+    assert committed(run_dir)[-1] == "step-000400"
+    assert {x["step"] for x in metrics(run_dir)} == set(range(1, 401))
+
+
 def test_resume_on_fewer_nodes_continues_at_the_same_data_position(run_root):
     args = (f"run_root={run_root}", "name=resize", "train.global_batch_size=16", *SHORT)
     run_dir = run_root / "resize"
