@@ -82,6 +82,15 @@ class NoReplicas:
         pass
 
 
+
+def training(node: liveness.NodeSummary) -> bool:
+    """A node whose ranks are past their first step: stepping, or saving a checkpoint between two steps (a
+    save takes seconds, the CRC-32s of its files included: a group restarting then took the others for a
+    job just starting, loaded the checkpoint and was recovered live anyway)."""
+    if node.phases.get("step") and (node.step_max or 0) > 0:
+        return True
+    return bool(node.phases.get("save")) and node.laggard is not None and node.laggard.step > 0
+
 class Replicas(NoReplicas):
     """This rank's side of a replica group (module docstring)."""
 
@@ -137,7 +146,7 @@ class Replicas(NoReplicas):
             nodes = [n for n in liveness.job_nodes(self.run_dir, now)
                      if n.written > self.since and now - n.written <= liveness.FRESH_S]
             others = [n for n in nodes if n.rank_min // ranks_per_group != me and n.phases]
-            if any(n.phases.get("step") and (n.step_max or 0) > 0 for n in others):
+            if any(training(n) for n in others):
                 return True
             ready = {n.rank_min // ranks_per_group for n in others if phases is None or phases & set(n.phases)}
             if len(ready) >= self.world.groups - 1 or time.time() > deadline:

@@ -183,7 +183,7 @@ class Trackers:
     def drop(self, tracker: Any, e: OSError) -> None:
         """A tracker that cannot write is off for the rest of this attempt (the next one reopens it): one line."""
         print(f"{type(tracker).__name__} off for this attempt: cannot write ({e.strerror or e}); training goes on "
-              f"(metrics.jsonl keeps every step it can write)", flush=True)
+              f"(the metrics record keeps every step it can write)", flush=True)
         assert self.open is not None
         self.open.remove(tracker)
         try:

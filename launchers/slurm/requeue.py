@@ -38,8 +38,8 @@ def decide(rc: int, status: str | None, terminated: bool, start_step: int, now_s
     start_step / now_step: the newest committed checkpoint when the attempt began / now (0 = none)."""
     if rc == 0 and status == "completed":
         return Decision(COMPLETED, "training completed")
-    if status == "failed":  # this attempt's ranks (or a node's wrapper) decided it: a requeue would repeat it
-        return Decision(FAILED, "the job failed (its reason is in the state record: fsdp-jobs status)")
+    if rc == 0 and status == "failed":  # the ranks decided it and exited 0 (a non-finite loss): a requeue repeats it
+        return Decision(FAILED, "the ranks stopped the job as failed (the reason: fsdp-jobs status); not requeued")
     if terminated:
         return Decision(TERMINATED, f"SLURM terminated the job (torchrun exit {rc}); not requeueing it myself")
     if rc == 0 and status == "preempted":

@@ -80,3 +80,25 @@ def test_the_excluded_nodes_grow_from_the_config_and_the_last_requeue(tmp_path):
     runs.record_launch(tmp_path, LaunchRecord(backend="slurm", job_id="12",
                                               extra={"exclude": ["c3"], "requeue": "preflight"}))
     assert excluded_nodes(tmp_path, job) == ["c3", "c9"]
+
+
+def test_ranks_that_recorded_a_failure_and_exited_0_are_not_requeued_even_with_progress():
+    """train.on_nonfinite=stop: the ranks exit 0 so that torchrun restarts nothing; a requeue would train into
+    the same bad batch. A crash (rc != 0) with the wrapper's `failed` is decided as before."""
+    d = decide(0, "failed", False, 100, 200)
+    assert d.action == FAILED and "not requeued" in d.reason
+    assert decide(1, "failed", False, 100, 200).action == REQUEUE  # progress, then a crash: as before
+
+
+def test_a_group_saving_between_two_steps_is_training():
+    """fault_tolerance=replica: a group that restarts while the others save a checkpoint joins them live
+    (fsdp_jobs/runtime/replicas.py training); one loading at the job's start is not training yet."""
+    from fsdp_jobs.rundir.liveness import NodeSummary, RankBeat
+    from fsdp_jobs.runtime.replicas import training
+
+    def node(phase: str, step: int) -> NodeSummary:
+        beat = RankBeat(rank=0, node="n0", pid=1, step=step, phase=phase, progress=1.0, alive=1.0)
+        return NodeSummary("n0", 1.0, 1, 0, 0, {phase: 1}, step if phase == "step" else None, None, None, [], beat)
+
+    assert training(node("step", 5)) and training(node("save", 80))
+    assert not training(node("load", 0)) and not training(node("start", 0)) and not training(node("step", 0))
