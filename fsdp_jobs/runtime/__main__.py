@@ -7,11 +7,39 @@ the script (fsdp_jobs/ARCHITECTURE.md, pitfall 5)."""
 import signal
 import sys
 import time
+from typing import Any
 from pathlib import Path
 
 from fsdp_jobs.runtime import timeline  # first: its MAIN_STARTED is when this rank's own code began
 
 AGENT_HANDLED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)  # torchrun's handlers
+
+
+class ReaderMayGo:
+    """A rank's stdout or stderr, whose reader (the launcher, through the node's pipe) may die first: a write
+    then is dropped, not a BrokenPipeError in the middle of the checkpoint the rank is saving because its
+    launcher died (launchers/local/backend.py stop_with_launcher)."""
+
+    def __init__(self, stream: Any) -> None:
+        self.stream, self.gone = stream, False
+
+    def write(self, text: str) -> int:
+        if not self.gone:
+            try:
+                return self.stream.write(text)
+            except BrokenPipeError:
+                self.gone = True
+        return len(text)
+
+    def flush(self) -> None:
+        if not self.gone:
+            try:
+                self.stream.flush()
+            except BrokenPipeError:
+                self.gone = True
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.stream, name)
 
 
 def forked(run_dir: str) -> None:
@@ -33,6 +61,7 @@ def main(exit_process: bool = True) -> None:
     if len(sys.argv) != 2:
         print("usage: python -m fsdp_jobs.runtime RUN_DIR", file=sys.stderr)
         raise SystemExit(2)
+    sys.stdout, sys.stderr = ReaderMayGo(sys.stdout), ReaderMayGo(sys.stderr)
     from fsdp_jobs.runtime.signals import StopFlag
 
     stop = StopFlag()  # first, before the slow torch import: a stop signal may come any moment

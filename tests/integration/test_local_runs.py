@@ -286,22 +286,39 @@ def test_a_rank_killed_for_memory_is_named_out_of_memory_and_the_job_loses_nothi
         cgroup.rmdir()
 
 
+def descendants(pid: int) -> list[int]:
+    """Every process below `pid` (from /proc: each one's parent)."""
+    parents = {}
+    for d in Path("/proc").iterdir():
+        try:
+            parents[int(d.name)] = int((d / "stat").read_text().rsplit(") ", 1)[1].split()[1])
+        except (ValueError, OSError, IndexError):
+            continue
+    out, frontier = [], [pid]
+    while frontier:
+        kids = [p for p, pp in parents.items() if pp in frontier]
+        out, frontier = out + kids, kids
+    return out
+
+
 def test_the_launcher_killed_leaves_no_rank_running_and_the_same_command_resumes(run_root):
     """`kill -9` of an attached `python -m fsdp_jobs` (a closed terminal, an OOM-killed login shell): its nodes
     get SIGTERM from the kernel (PR_SET_PDEATHSIG), so no rank trains on unsupervised; the same command
     again resumes the run from its checkpoint and completes it."""
     run_dir = run_root / "orphan"
-    args = [f"run_root={run_root}", "name=orphan", *KILL_ARGS, "train.steps=400"]
+    args = [f"run_root={run_root}", "name=orphan", *KILL_ARGS, "train.steps=400", "train.log_interval=1000"]
     proc = start(args)
     wait_for(lambda: (run_dir / "checkpoints" / "step-000020" / "manifest.json").exists(), 400, proc)
     ranks = [json.loads(p.read_text())["pid"] for p in (run_dir / "ranks").glob("rank-*.json")]
     assert len(ranks) == 4 and all(_alive(pid) for pid in ranks)
+    started = descendants(proc.pid)  # node wrappers, agents, ranks
+    assert set(ranks) <= set(started)
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
     deadline = time.monotonic() + 120
-    while any(_alive(pid) for pid in ranks) and time.monotonic() < deadline:
+    while any(_alive(pid) for pid in started) and time.monotonic() < deadline:
         time.sleep(0.5)
-    assert not any(_alive(pid) for pid in ranks), "ranks outlived their launcher"
+    assert not [pid for pid in started if _alive(pid)], "processes outlived their launcher"
     stopped_at = json.loads((run_dir / "state.json").read_text())["step"]
     assert stopped_at < 400  # they stopped, not trained on to the end
     r = cli(*args)
