@@ -24,7 +24,14 @@ _, job = compose([f"run_root={sys.argv[1]}", "cluster.device=cpu", "nodes=2", "g
                   "model.n_layers=1", "model.ffn_dim=128", "model.vocab_size=128", "fault.watchdog=false"])
 t = Trainer(Path(sys.argv[1]), rank_config(job))
 t.bring_up()
-print(json.dumps({"rank": t.world.rank, "restart": t.world.restart}))
+print(json.dumps({"rank": t.world.rank, "restart": t.world.restart}), flush=True)
+# both past every store and collective call before either leaves, and as a rank leaves (fsdp_jobs/runtime/train.py
+# shutdown): no interpreter teardown, where gloo's and the store's C++ threads can abort a rank whose peer (the
+# store's host) left first ("terminate called without an active exception": seen once in CI)
+import os
+import torch.distributed as dist
+dist.barrier()
+os._exit(0)
 """
 
 
