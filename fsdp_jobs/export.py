@@ -42,8 +42,9 @@ def export(ckpt: Path, out: Path, dtype: Optional[str] = None, hf_model: Optiona
     from torch.distributed.checkpoint.api import CheckpointException
 
     from fsdp_jobs.cli.consolidate import read_model_state
+    from fsdp_jobs.runtime.checkpoint import first_error_line
 
-    damaged = checkpoints.check_sizes(ckpt) or checkpoints.check_sums(ckpt, checkpoints.listed_files(ckpt))
+    damaged = checkpoints.damage(ckpt)
     if damaged:  # what the ranks' resume would set aside (fsdp_jobs/runtime/checkpoint.py find_latest)
         raise UserError("checkpoint", str(ckpt), f"is damaged ({damaged}): export another step with --step N")
     try:
@@ -51,10 +52,8 @@ def export(ckpt: Path, out: Path, dtype: Optional[str] = None, hf_model: Optiona
             model_sd = read_model_state(ckpt)
     # DCP's reader fails in many ways on a damaged metadata file or shard (fsdp_jobs/ARCHITECTURE.md, pitfall 4)
     except (Exception, CheckpointException) as e:  # noqa: BLE001
-        why = [ln.strip() for ln in str(e).splitlines() if ln.strip()][-1:] or [type(e).__name__]  # DCP's
-        # exception text holds each rank's traceback: its last line is the cause
-        raise UserError("checkpoint", str(ckpt), f"cannot be read ({why[0][:200]}); it is damaged: export another "
-                                                 "step with --step N") from None
+        raise UserError("checkpoint", str(ckpt), f"cannot be read ({first_error_line(e)}); it is damaged: export "
+                                                 "another step with --step N") from None
     out.parent.mkdir(parents=True, exist_ok=True)  # only once there is something to write
     if dtype:
         model_sd = {k: v.to(getattr(torch, dtype)) if v.is_floating_point() else v for k, v in model_sd.items()}

@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Optional, TYPE_CHECKING
 
-from fsdp_jobs.rundir.checkpoints import newest_checkpoint, set_aside_checkpoints
+from fsdp_jobs.rundir.checkpoints import newest_checkpoint, none_usable, set_aside_checkpoints
 from fsdp_jobs.planning.errors import UserError
 from fsdp_jobs.planning.inputs import check_inputs
 from fsdp_jobs.planning.plan import ExistingRun, Plan, make_plan
@@ -49,10 +49,7 @@ def read_existing_run(cfg: JobConfig, run_name: str) -> ExistingRun:
         check_same_model(run_dir, cfg.model)
     aside = set_aside_checkpoints(run_dir)
     if resume is None and aside and cfg.checkpoint.resume:  # the ranks would stop on them (NoUsableCheckpoint)
-        raise UserError("checkpoint.resume", True, f"run {run_name} has no usable checkpoint: "
-                        f"{', '.join(p.name for p in aside)} failed their checks (each one's reason is inside it); "
-                        "rename one back if you know it is good, or start over with checkpoint.resume=false or a "
-                        "new name=")
+        raise UserError("checkpoint.resume", True, f"run {run_name} has {none_usable(aside)}")
     return ExistingRun(run_dir=str(run_dir), resume_from=str(resume) if resume else None, notes=notes)
 
 

@@ -149,19 +149,25 @@ def sums(ckpt: Path, names: list[str]) -> dict[str, list[int]]:
     return {name: file_sum(ckpt / name) for name in names}
 
 
-def check_sizes(ckpt: Path) -> Optional[str]:
-    """Why `ckpt` cannot be what its manifest recorded, from sizes and DCP's .metadata alone (a stat per file:
-    cheap at any world size), or None. A manifest from before `files` existed is not checked, nor a DCP
-    directory without one (export reads any)."""
+def manifest_files(ckpt: Path) -> tuple[dict[str, list[int]], Optional[str]]:
+    """(the manifest's `files`: name -> [size, CRC-32], why it cannot be read or None). Empty, and nothing
+    wrong, for a manifest from before `files` existed or a DCP directory without one (export reads any)."""
     try:
         files = read_manifest(ckpt).get("files")
     except FileNotFoundError:
-        return None
+        return {}, None
     except (OSError, ValueError, AttributeError):
-        return f"its {MANIFEST_FILE} is unreadable"
-    if not isinstance(files, dict):
-        return None
-    for name, (size, crc) in sorted(files.items()):
+        return {}, f"its {MANIFEST_FILE} is unreadable"
+    return (files if isinstance(files, dict) else {}), None
+
+
+def check_sizes(ckpt: Path) -> Optional[str]:
+    """Why `ckpt` cannot be what its manifest recorded, from sizes and DCP's .metadata alone (a stat per file:
+    cheap at any world size), or None."""
+    files, unreadable = manifest_files(ckpt)
+    if unreadable:
+        return unreadable
+    for name, (size, _) in sorted(files.items()):
         try:
             actual = (ckpt / name).stat().st_size
         except OSError:
@@ -176,12 +182,9 @@ def check_sizes(ckpt: Path) -> Optional[str]:
 def check_sums(ckpt: Path, names: list[str]) -> Optional[str]:
     """Why one of `names` (a share of the checkpoint's files: every rank checks its own) no longer holds what
     was saved, or None."""
-    try:
-        files = read_manifest(ckpt).get("files") or {}
-    except FileNotFoundError:
-        return None
-    except (OSError, ValueError, AttributeError):
-        return f"its {MANIFEST_FILE} is unreadable"
+    files, unreadable = manifest_files(ckpt)
+    if unreadable:
+        return unreadable
     for name in names:
         if name in files:
             try:
@@ -194,10 +197,20 @@ def check_sums(ckpt: Path, names: list[str]) -> Optional[str]:
 
 def listed_files(ckpt: Path) -> list[str]:
     """The files a checkpoint's manifest lists (none for one saved before `files` existed)."""
-    try:
-        return sorted(read_manifest(ckpt).get("files") or {})
-    except (OSError, ValueError, AttributeError):
-        return []
+    return sorted(manifest_files(ckpt)[0])
+
+
+def damage(ckpt: Path) -> Optional[str]:
+    """Why one checkpoint fails its checks, all of them in this process (export; the ranks share the CRC-32s
+    out: fsdp_jobs/runtime/checkpoint.py find_latest), or None."""
+    return check_sizes(ckpt) or check_sums(ckpt, listed_files(ckpt))
+
+
+def none_usable(aside: list[Path]) -> str:
+    """What the job says, and the CLI before it starts, when every checkpoint of the run was set aside."""
+    return (f"no usable checkpoint: {', '.join(p.name for p in aside)} failed their checks (the reason is in "
+            f"each one's {UNUSABLE_REASON_FILE}); rename one back if you know it is good, or start over with "
+            "checkpoint.resume=false or a new name=")
 
 
 def commit(tmp: Path, manifest: dict[str, Any], final: Path) -> None:

@@ -340,9 +340,14 @@ class JobView:
 def keep_timing(new: NodeSummary, old: Optional[NodeSummary]) -> NodeSummary:
     """A node whose ranks have all exited (its record is empty: the job ended, or its workers restart)
     keeps its last compute per step and attempt, so a finished run's `status` and `compare` still show it."""
-    if new.ranks or old is None or old.compute_s is None:
+    return new if old is None else with_timing(new, old.compute_s, old.wait_s, old.restart)
+
+
+def with_timing(new: NodeSummary, compute_s: Optional[float], wait_s: Optional[float], restart: int) -> NodeSummary:
+    """`new`, a node with no ranks left, with the timing they last had (none: as it is)."""
+    if new.ranks or compute_s is None:
         return new
-    return replace(new, compute_s=old.compute_s, wait_s=old.wait_s, restart=old.restart)
+    return replace(new, compute_s=compute_s, wait_s=wait_s, restart=restart)
 
 
 def summarize(records: list[NodeLiveness], now: float) -> list[NodeSummary]:
@@ -352,11 +357,12 @@ def summarize(records: list[NodeLiveness], now: float) -> list[NodeSummary]:
 
 
 def with_kept(summary: NodeSummary, kept: Optional[dict[str, Any]]) -> NodeSummary:
+    """with_timing from a record's `kept` (NodeLiveness), as written by Publisher.tick."""
     try:
-        if summary.ranks or not kept or not isinstance(kept.get("compute_s"), (int, float)):
+        if not kept or not isinstance(kept.get("compute_s"), (int, float)):
             return summary
-        return replace(summary, compute_s=float(kept["compute_s"]), wait_s=float(kept.get("wait_s") or 0.0),
-                       restart=int(kept.get("restart") or 0))
+        return with_timing(summary, float(kept["compute_s"]), float(kept.get("wait_s") or 0.0),
+                           int(kept.get("restart") or 0))
     except (TypeError, ValueError):  # a record not of our making
         return summary
 

@@ -202,10 +202,16 @@ def read_state_record(run_dir: Path) -> Optional[StateRecord]:
     return StateRecord.from_dict(_read_json(RunDir(run_dir).state_file))
 
 
+def no_state() -> StateRecord:
+    """What read_state and read_outcome give when no record counts (a new one each time: records are mutable)."""
+    return StateRecord(status="", time=0.0)
+
+
+
 def read_state(run_dir: Path) -> StateRecord:
     """The state record; when there is none (not written yet, or damaged), one whose status is "" and step
     None, so a reader asks `read_state(d).status` without a None check."""
-    return read_state_record(run_dir) or StateRecord(status="", time=0.0)
+    return read_state_record(run_dir) or no_state()
 
 
 def read_outcome(run_dir: Path, since: Optional[float]) -> StateRecord:
@@ -217,7 +223,7 @@ def read_outcome(run_dir: Path, since: Optional[float]) -> StateRecord:
     writers' clocks: a compute node's against the submitting host's, which NTP keeps well inside the
     seconds between a launch and its ranks' first record."""
     state = read_state(run_dir)
-    return state if since is None or state.time >= since else StateRecord(status="", time=0.0)
+    return state if since is None or state.time >= since else no_state()
 
 
 def _read_json(path: Path) -> Any:

@@ -178,9 +178,7 @@ class CheckpointManager:
         aside = layout.set_aside_checkpoints(self.run_dir)
         if not aside:
             return [None, None]
-        why = (f"no usable checkpoint: {', '.join(p.name for p in aside)} failed their checks (the reason is in "
-               f"each one's {layout.UNUSABLE_REASON_FILE}); rename one back if you know it is good, or start "
-               "over with checkpoint.resume=false or a new name=")
+        why = layout.none_usable(aside)
         runs.write_state(self.run_dir, status="failed", reason=why)
         return [None, why]
 
@@ -198,7 +196,7 @@ class CheckpointManager:
             except NoUsableCheckpoint:
                 raise
             except (Exception, CheckpointException) as e:  # DCP's is a BaseException; any failure: the checkpoint's
-                first = _first_error_line(e)
+                first = first_error_line(e)
                 if self.rank == 0:
                     self._set_aside(path, f"failed to load: {first}")
                 if dist.is_initialized():
@@ -282,7 +280,7 @@ class CheckpointManager:
         the next interval saves again."""
         if self.rank == 0:
             shutil.rmtree(tmp, ignore_errors=True)
-            self.log(f"checkpoint: step {step} not saved ({_first_error_line(e)}); training goes on, the next "
+            self.log(f"checkpoint: step {step} not saved ({first_error_line(e)}); training goes on, the next "
                      "checkpoint.interval tries again, the committed checkpoints are intact")
 
     def wait_staging(self) -> None:
@@ -373,7 +371,7 @@ class CheckpointManager:
         layout.prune(self.run_dir, self.keep_last)
 
 
-def _first_error_line(e: BaseException) -> str:
+def first_error_line(e: BaseException) -> str:
     """What went wrong, in a line: DCP's CheckpointException wraps each rank's traceback; its last line
     names the error (e.g. "_pickle.UnpicklingError: invalid load key")."""
     lines = [ln.strip() for ln in str(e).strip().splitlines() if ln.strip()]

@@ -548,10 +548,11 @@ class Trainer:
         # the stop request is voted again at the next step: the flags stay set)
         bad_at, position = state.step, state.samples_seen
         self.ckpt.wait()  # a background save of an earlier step (finite: it was checked before it began)
-        newest = self.ckpt.find_latest()  # collective: every rank asks
-        last = newest if policy == "rollback" and self.rollbacks < MAX_ROLLBACKS and not self.replicas.enabled else None
+        rolls = policy == "rollback" and self.rollbacks < MAX_ROLLBACKS and not self.replicas.enabled
+        last = self.ckpt.find_latest() if rolls else None  # collective (the same answer on every rank), checked
         if last is None:
             tried = f", after {self.rollbacks} rollbacks" if self.rollbacks else ""
+            newest = newest_checkpoint(self.run_dir)  # only named: rank 0's line and record
             why = (f"the loss or gradient norm became non-finite by step {bad_at} (train.on_nonfinite={policy}"
                    f"{tried}); the newest checkpoint, {newest.name if newest else 'none'}, holds finite weights")
             if rank == 0:
