@@ -57,9 +57,17 @@ def record_refusal(m: Member, e: UserError) -> None:
     if not cfg.get("name") or not RunDir(run_dir).launches_file.is_file():
         return
     try:
-        journal.record_refusal(run_dir.resolve(), str(e).replace("\n", " ").strip())
+        journal.record_refusal(run_dir.resolve(), refusal_text(m, e))
     except (UserError, OSError):
         pass
+
+
+def refusal_text(m: Member, e: UserError) -> str:
+    """The refusal as the journal keeps it: never a secret (a secret-looking key's value is left out, and any
+    value passed for one, or already taken as one, is masked wherever the text repeats it)."""
+    text = f"{e.key}: {e.allowed}" if secret_env.looks_secret(str(e.key)) else str(e)
+    passed = {o: o.split("=", 1)[1] for o in m.overrides if "=" in o and secret_env.looks_secret(o.split("=", 1)[0])}
+    return secret_env.mask(text, {**passed, **m.secrets}).replace("\n", " ").strip()
 
 
 def plan_member(m: Member, composed: Any, sweep: Optional[str] = None, skip_existing: Any = None) -> None:

@@ -172,3 +172,21 @@ def test_a_refused_resubmission_is_in_status_beside_the_runs_own_outcome(run_roo
     assert info["state"] == "SUCCEEDED" and info["train"]["step"] == 10  # the run's own, truthfully
     assert "model.dim=64" in info["last_submission"]["refused"]
     assert "the last submission" in info["detail"] and "was refused: model.dim=64" in info["detail"]
+
+
+def test_a_refusal_kept_in_the_journal_never_holds_a_secret(run_root):
+    """The journal is a file: a refused submission's reason keeps no secret passed on the command line."""
+    from fsdp_jobs.cli import submit
+    from fsdp_jobs.planning.compose import compose
+    from fsdp_jobs.planning.errors import UserError
+    from fsdp_jobs.rundir import journal
+
+    run_dir = make_run(run_root, "sec", LOCAL)
+    overrides = [f"run_root={run_root}", "name=sec", "+cluster.env.HF_TOKEN=hunter2", "+cluster.env.X=hunter2x"]
+    m = submit.Member(None, overrides)
+    m.cfg, m.job = compose(overrides)
+    for e in (UserError("cluster.env.HF_TOKEN", "hunter2", "goes in a Kubernetes Secret"),
+              UserError("cluster.env.X", "hunter2x", "echoes hunter2 back")):
+        submit.record_refusal(m, e)
+        reason = journal.last_refusal(run_dir.resolve())["reason"]
+        assert "hunter2" not in reason.replace("hunter2x", "") and reason.startswith("cluster.env."), reason
