@@ -277,7 +277,10 @@ class CheckpointManager:
     def _save_failed(self, tmp: Path, step: int, e: BaseException) -> None:
         """A save that failed (a full disk, a lost file server) costs that checkpoint, not the job: its files
         are removed (rank 0; they may be what filled the disk), the committed ones stay, training goes on and
-        the next interval saves again."""
+        the next interval saves again. Anything but storage (a peer that died mid-save: gloo's or NCCL's error)
+        is raised: going on would only fail at the next collective, later and with a vaguer cause."""
+        if not storage_failure(e):
+            raise e
         if self.rank == 0:
             shutil.rmtree(tmp, ignore_errors=True)
             self.log(f"checkpoint: step {step} not saved ({first_error_line(e)}); training goes on, the next "
@@ -369,6 +372,15 @@ class CheckpointManager:
 
     def _prune(self) -> None:
         layout.prune(self.run_dir, self.keep_last)
+
+
+def storage_failure(e: BaseException) -> bool:
+    """Did the save fail for its storage (an OSError: a full disk, a lost file server) on every rank that
+    failed? DCP gathers each rank's exception into one CheckpointException, raised on every rank alike."""
+    if isinstance(e, CheckpointException):
+        caught = [f[0] if isinstance(f, tuple) else f for f in e.failures.values()]
+        return bool(caught) and all(isinstance(x, OSError) for x in caught)
+    return isinstance(e, OSError)
 
 
 def first_error_line(e: BaseException) -> str:

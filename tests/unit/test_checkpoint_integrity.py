@@ -162,3 +162,25 @@ def test_export_of_a_damaged_checkpoint_is_one_line_without_torchs_tracebacks(tm
     err = r.stderr.strip().splitlines()
     assert r.returncode == 2 and len(err) == 1 and "cannot be read" in err[0], err
     assert not (tmp_path / "out.pt").exists()
+
+
+def test_only_a_storage_failure_is_survived_by_a_save():
+    """A full disk or a lost file server costs a checkpoint (training goes on); a peer that died mid-save
+    (gloo's RuntimeError, raised alike by DCP's gather) fails the rank at once, as any step would."""
+    from torch.distributed.checkpoint.api import CheckpointException, _wrap_exception
+
+    from fsdp_jobs.runtime.checkpoint import storage_failure
+
+    def wrapped(e: BaseException):
+        try:
+            raise e
+        except BaseException as caught:
+            return _wrap_exception(caught)
+
+    full = OSError(28, "No space left on device")
+    assert storage_failure(full)
+    assert storage_failure(CheckpointException("save", {0: wrapped(full), 1: wrapped(OSError(5, "EIO"))}))
+    peer = RuntimeError("Connection reset by peer")
+    assert not storage_failure(peer)
+    assert not storage_failure(CheckpointException("save", {0: wrapped(full), 1: wrapped(peer)}))
+    assert not storage_failure(CheckpointException("save", {}))
