@@ -96,6 +96,13 @@ class Heartbeat:
             self._wake.set()
         self.step, self.name, self.progress, self.wait_mark = step, "step", now, waited
 
+    def attempt(self, restart: int) -> None:
+        """The restart count the ranks agreed on (trainer's bring_up): every node's record then says the same
+        attempt, which the straggler view compares nodes within (an agent's own count is lower on a node
+        that only re-rendezvoused, and the view then saw one node and named none)."""
+        self.info["restart"] = restart
+        self._wake.set()
+
     def phase(self, name: str) -> None:
         """Entering work the watchdog allows fault.startup_timeout_s for (a save, a load); advance() ends it."""
         self.name, self.progress = name, time.time()

@@ -203,6 +203,8 @@ class Trainer:
         restarts = torch.tensor([world.restart], device=world.device)
         dist.all_reduce(restarts, op=dist.ReduceOp.MAX)
         world.restart = int(restarts.item())
+        if self.heartbeat is not None:
+            self.heartbeat.attempt(world.restart)
         write_rank_file(self.run_dir, world)  # pid, host, restart of this rank, for tools (and tests that kill ranks)
         self.use(world, build_mesh(self.cfg, world))
         self.replicas = open_replicas(self.run_dir, self.cfg, world)

@@ -106,3 +106,20 @@ def test_status_and_compare_name_the_slowest_node(tmp_path):
     assert "node2 3.5x" in lines[1]
     (run / "job.yaml").write_text("{not: [yaml")
     assert ctl.straggler_ratio(run) == stragglers.DEFAULT_RATIO  # a damaged job.yaml: the default, no traceback
+
+
+def test_nodes_whose_agents_counted_different_restarts_are_still_compared(tmp_path, monkeypatch):
+    """torchrun's restart count is per agent: after node1's rank died, node1's agent says 3 and node0's 2
+    (it only re-rendezvoused). The ranks agree on the largest (trainer's bring_up) and their heartbeats
+    carry that, so both nodes stay in the view and the slow one is named. Found by the chaos marathon: a
+    slow node after such a restart was never named."""
+    monkeypatch.setenv(liveness.LOCAL_DIR_ENV, str(tmp_path / "node-memory"))
+    hb = heartbeat.Heartbeat(tmp_path, 0, 0, 2)
+    try:
+        hb.attempt(3)
+        assert hb.record().restart == 3
+    finally:
+        hb.close()
+    write_beats(tmp_path / "run", {"node0": 0.05}, restart=3)
+    write_beats(tmp_path / "run", {"node1": 0.2}, restart=3, start_rank=2)
+    assert stragglers.of_run(tmp_path / "run", now=2.0)["stragglers"] == ["node1"]
