@@ -31,7 +31,7 @@ USAGE = """usage: python -m fsdp_jobs [key=value ...]      (fsdp-jobs [key=value
 Groups: model=tiny|llama3_1b|llama3_8b|llama3_70b  fsdp=full_shard|shard_grad_op|hybrid_shard|
 hybrid_shard_zero2|no_shard  cluster={backends}  data=synthetic|token_file.
 Submitted runs: fsdp-jobs list | status RUN | logs RUN [-f] | cancel RUN | scale RUN nodes=N |
-chaos RUN kill-node|stop-node N; sweeps: status|cancel SWEEP,
+chaos RUN kill-node|stop-node N, chaos RUN marathon --faults N; sweeps: status|cancel SWEEP,
 cancel SWEEP/MEMBER, compare SWEEP, plot RUN_OR_SWEEP... -o out.png. Every key: conf/ and
 fsdp_jobs/planning/config.py. Export a checkpoint: python -m fsdp_jobs.export RUN_DIR."""
 

@@ -30,6 +30,10 @@ benchmark compares side by side in one run and reports ratios).
         into place; metrics, trackers and checkpoints left out: fsdp_jobs/rundir/writes.py), per node and
         second: a local job of NODES x RANKS started here, or the running job of --run-dir (any backend
         whose run dir this machine sees).
+    python -m fsdp_jobs.bench chaos [--faults 30] [--seed 0] [--steps N] [--keep DIR] [-- OVERRIDES...]
+        the chaos marathon (fsdp_jobs/bench_chaos.py): an uninterrupted 2x2 job, then the same job under
+        `fsdp-jobs chaos RUN marathon`; every incident, the goodput, and whether the final checkpoints are
+        equal bit for bit.
 """
 
 from __future__ import annotations
@@ -534,7 +538,18 @@ def main(argv: list[str] | None = None) -> int:
     w.add_argument("--ranks", type=int, default=2, help="ranks per node")
     w.add_argument("--seconds", type=float, default=15.0)
     w.add_argument("--run-dir", type=Path, default=None, help="count a running job's run dir instead")
+    ch = sub.add_parser("chaos")
+    ch.add_argument("--faults", type=int, default=30)
+    ch.add_argument("--seed", type=int, default=0)
+    ch.add_argument("--steps", type=int, default=None, help="train.steps (default: 100 per fault + 200)")
+    ch.add_argument("--keep", type=Path, default=None, help="run both jobs under this run root and keep it")
+    ch.add_argument("overrides", nargs="*", help="after --: overrides for both runs")
     args = p.parse_args(argv)
+    if args.which == "chaos":
+        from fsdp_jobs.bench_chaos import bench_chaos
+
+        print(json.dumps(bench_chaos(args.faults, args.seed, args.steps, args.overrides, args.keep), indent=2))
+        return 0
     if args.which in ("checkpoint", "checkpoint-dcp"):
         base = args.dir or Path("runs")
         base.mkdir(parents=True, exist_ok=True)

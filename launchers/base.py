@@ -76,6 +76,8 @@ def request_scale(run: Run, nodes: int) -> None:
 
 class Backend(abc.ABC, Generic[R]):
     name = ""
+    # the faults `chaos RUN marathon` deals (launchers/marathon.py); a backend with nodes of its own adds kill-node
+    marathon_kinds: tuple[str, ...] = ("kill-rank", "hang-rank", "slow-node", "corrupt-checkpoint")
 
     def check(self, plan: Plan, cfg: JobConfig) -> None:
         """Refusals that need the backend (is it reachable? is the run busy?), before anything is written."""
@@ -139,6 +141,12 @@ class Backend(abc.ABC, Generic[R]):
         except LookupError as e:
             raise UserError("chaos", action, str(e)) from None
         raise UserError("chaos", action, f"not supported by the {self.name} backend (cluster=docker has it)")
+
+    def marathon(self, run: Run, faults: int, seed: int) -> int:
+        """`chaos RUN marathon`: a seeded schedule of mixed faults into the running job (launchers/marathon.py)."""
+        from launchers import marathon
+
+        return marathon.run_marathon(self, run, faults, seed)
 
     def log_files(self, run: Run) -> list[Path]:
         """Files holding the job's log; the default `log_iter` tails them."""

@@ -28,6 +28,7 @@ from fsdp_jobs.planning.errors import OneLineParser, UserError, die
 from fsdp_jobs.rundir.checkpoints import newest_checkpoint
 from fsdp_jobs.rundir.layout import RunDir
 
+MAX_MARATHON_FAULTS = 1000
 COMMANDS = ("list", "status", "logs", "cancel", "scale", "chaos", "compare", "plot", "goodput")
 
 
@@ -236,15 +237,18 @@ def parser() -> OneLineParser:
                                    + (" or SWEEP" if name in ("status", "cancel") else ""))
     parsers["logs"].add_argument("-f", "--follow", action="store_true", help="until the job ends")
     parsers["chaos"].add_argument("action", choices=("kill-node", "stop-node", "kill-rank", "hang-rank", "slow-node",
-                                                         "slow-link", "resume"),
+                                                         "slow-link", "resume", "marathon"),
                                   help="kill-node: SIGKILL the node's agent (it restarts); stop-node: gone for good; "
                                        "kill-rank: SIGKILL one rank; hang-rank: SIGSTOP one rank; "
                                        "slow-node: throttle a node's ranks; slow-link: limit a node's network "
-                                       "(--rate); resume: undo")
+                                       "(--rate); resume: undo; marathon: --faults N mixed faults, one "
+                                       "at a time, and a table of each one's detection and recovery")
     parsers["chaos"].add_argument("node", type=int, nargs="?", default=0,
                                   help="node index (0 = the rendezvous host), or the rank for kill-rank, hang-rank")
     parsers["chaos"].add_argument("--rate", default="100mbit", help="slow-link: the node's send rate (tc's units: "
                                   "100mbit, 500kbit, 1gbit)")
+    parsers["chaos"].add_argument("--faults", type=int, default=10, help="marathon: how many faults")
+    parsers["chaos"].add_argument("--seed", type=int, default=0, help="marathon: the schedule's seed")
     parsers["scale"].add_argument("size", metavar="nodes=N", help="the node count to grow the running job to "
                                   "(at most its cluster.max_nodes)")
     parsers["status"].add_argument("--json", action="store_true", help="a sweep's member statuses as JSON")
@@ -270,6 +274,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     try:
         if args.cmd == "chaos" and not input_rules.TC_RATE.fullmatch(args.rate):
             raise UserError("--rate", args.rate, "need a number and kbit, mbit or gbit (e.g. 100mbit)")
+        if args.cmd == "chaos" and not 1 <= args.faults <= MAX_MARATHON_FAULTS:
+            raise UserError("--faults", args.faults, f"must be between 1 and {MAX_MARATHON_FAULTS}")
         if args.cmd == "list":
             print("\n".join(list_lines(root)))
             return 0
@@ -302,6 +308,8 @@ def main(argv: Optional[list[str]] = None) -> int:
             print(backend.cancel(run))
         elif args.cmd == "scale":
             print(backend.scale(run, scale_target(run_dir, args.size)))
+        elif args.action == "marathon":
+            return backend.marathon(run, args.faults, args.seed)
         else:
             print(backend.chaos(run, args.action, args.node, rate=args.rate))
     except UserError as e:

@@ -213,6 +213,11 @@ class RunDir:
         return self.root / "chaos-link.json"
 
     @property
+    def chaos_incidents_file(self) -> Path:
+        """`fsdp-jobs chaos RUN marathon`: one ChaosIncident per injected fault (launchers/marathon.py)."""
+        return self.root / "chaos.jsonl"
+
+    @property
     def scale_taken_file(self) -> Path:
         return self.root / ".scale-request.taken"
 

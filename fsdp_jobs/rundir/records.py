@@ -272,3 +272,22 @@ class RankRecord(Record):
 
 ALL = (StateRecord, LaunchRecord, GoodputEvent, MetricsRow, PreflightRecord, HangRecord, FailureRecord,
        ScaleRequest, RankRecord)
+
+
+@dataclass
+class ChaosIncident(Record):
+    """One line of RunDir.chaos_incidents_file per fault a chaos marathon injected (launchers/marathon.py):
+    when (wall clock and the job's step), when the job first recorded it and how, when it stepped past
+    that step again, and the steps it redid. None = did not happen (not detected, not recovered)."""
+
+    n: int
+    kind: str
+    target: str
+    injected_at: float
+    step: Optional[int] = None
+    detected_s: Optional[float] = None
+    recovered_s: Optional[float] = None
+    steps_lost: Optional[int] = None
+    evidence: str = ""
+    v: int = SCHEMA
+    extra: dict[str, Any] = field(default_factory=dict)

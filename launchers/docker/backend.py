@@ -358,6 +358,8 @@ class DockerBackend(Backend[DockerRequest]):
         raise UserError("RUN", run.run_dir.name, f"its supervisor started no new container in {SCALE_WAIT_S}s "
                                                  f"(fsdp-jobs logs {run.run_dir.name} says why)")
 
+    marathon_kinds = ("kill-rank", "hang-rank", "slow-node", "corrupt-checkpoint", "kill-node")
+
     def chaos(self, run: Run, action: str, node: int, rate: str = "100mbit") -> str:
         if action not in ("kill-node", "stop-node"):  # the rank-level faults: launchers/chaos.py
             return super().chaos(run, action, node, rate)

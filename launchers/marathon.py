@@ -1,0 +1,400 @@
+"""`fsdp-jobs chaos RUN marathon --faults N [--seed S]`: a seeded random schedule of mixed faults injected
+into one running job, one at a time, each measured from what the job itself recorded in its run dir.
+
+The schedule (`schedule`) spreads N faults over the job's steps, after its first checkpoint and before its
+last one, and deals the kinds the backend can inject in shuffled rounds, so that every kind comes up
+(`Backend.marathon_kinds`): kill-rank (SIGKILL: a crash), hang-rank (SIGSTOP: alive, no progress; the
+watchdog's hang timeout finds it), slow-node (a CPU quota on one node's ranks until the straggler view names
+it), corrupt-checkpoint (the newest committed checkpoint damaged, a shard's bytes flipped or cut short, then
+a rank killed so that the restart meets it: it must be set aside and the one before used) and, where the
+backend has nodes of its own, kill-node. NaN injection is left out: rollback skips a batch window by design,
+so its run cannot end bit for bit where an uninterrupted one does (tests/integration/test_local_runs.py
+proves rollback on its own).
+
+Per incident (a ChaosIncident line in the run dir's chaos.jsonl; the table at the end):
+- injected at: wall clock, and the newest step the job had recorded;
+- detected after: the first record the job wrote about it: a rank's failure record, a watchdog's hang
+  record, a checkpoint set aside, the new attempt's start on the timeline, or the straggler view naming the
+  node;
+- recovered after: the first step past the one it was at, recorded by the attempt after the fault (a slow
+  node: the first step back at its earlier pace once the quota is lifted);
+- steps lost: the steps the job did again (where it was, minus the checkpoint it resumed from).
+The job's metrics are read by offset, never whole again; the small records (failures, hangs, timeline)
+are read whole each poll, which only a test tool may afford.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import statistics
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Callable, Optional
+
+from fsdp_jobs.cli import stragglers
+from fsdp_jobs.planning.errors import UserError
+from fsdp_jobs.rundir import checkpoints, events, failures, hangs, runs
+from fsdp_jobs.rundir.layout import RunDir
+from fsdp_jobs.rundir.records import ChaosIncident, MetricsRow
+from fsdp_jobs.rundir.status import JobState, Run
+
+if TYPE_CHECKING:
+    from launchers.base import Backend
+
+BASE_KINDS = ("kill-rank", "hang-rank", "slow-node", "corrupt-checkpoint")
+POLL_S = 0.1
+DESCRIBE_S = 2.0  # how often the backend is asked whether the job still runs
+SLOW_DETECT_S = 90.0  # a slow node the straggler view has not named by then: not detected, quota lifted
+RECOVER_S = 240.0  # a restart that has not stepped past the fault's step by then: not recovered
+SLOW_SHARE = 0.05  # slow-node: what a throttled rank keeps of a core
+PACE_RATIO = 1.5  # a slow node has recovered when a step is back within this of the earlier median
+
+
+@dataclass
+class Fault:
+    at_step: int
+    kind: str
+    target: int  # a rank (kill-rank, hang-rank, corrupt-checkpoint's kill) or a node index
+
+
+def schedule(seed: int, faults: int, kinds: tuple[str, ...], world: int, nodes: int, steps: int,
+             interval: int) -> list[Fault]:
+    """`faults` faults at steps spread between the first checkpoint and the last one before the end, the kinds
+    dealt in shuffled rounds (each kind once per round). Raises UserError when the steps cannot hold them."""
+    first, last = interval + 1, steps - interval - 1
+    if interval <= 0 or last - first < 2 * (faults - 1):
+        raise UserError("--faults", faults, f"{faults} faults need train.steps >= {2 * (faults - 1) + 2 * interval + 2} "
+                                            f"with checkpoint.interval={interval} (2 steps apart, none before the "
+                                            f"first checkpoint or after the last); this job has {steps}")
+    rng = random.Random(seed)
+    dealt: list[str] = []
+    while len(dealt) < faults:
+        round_ = list(kinds)
+        rng.shuffle(round_)
+        dealt += round_
+    gap = (last - first) / max(1, faults - 1)
+    out = []
+    for i, kind in enumerate(dealt[:faults]):
+        at = first + round(i * gap)
+        target = rng.randrange(nodes) if kind in ("slow-node", "kill-node") else rng.randrange(world)
+        out.append(Fault(at, kind, target))
+    return out
+
+
+class Progress:
+    """The job's metrics rows, read from where the last read ended."""
+
+    def __init__(self, run_dir: Path) -> None:
+        self.path, self.offset, self.rows = RunDir(run_dir).metrics_file, 0, []  # type: list[MetricsRow]
+
+    def poll(self) -> list[MetricsRow]:
+        try:
+            with open(self.path, "rb") as f:
+                f.seek(self.offset)
+                data = f.read()
+        except OSError:
+            return []
+        end = data.rfind(b"\n") + 1  # a line still being written is read next time
+        self.offset += end
+        new = []
+        for line in data[:end].splitlines():
+            try:
+                row = MetricsRow.from_dict(json.loads(line))
+            except ValueError:
+                row = None
+            if row is not None and row.time is not None:
+                new.append(row)
+        self.rows += new
+        return new
+
+    def last(self) -> Optional[MetricsRow]:
+        self.poll()
+        return self.rows[-1] if self.rows else None
+
+
+def _attempt(row: MetricsRow) -> tuple[str, int]:
+    return (row.attempt or "", row.restart or 0)
+
+
+def evidence(run_dir: Path, since: float, known_aside: set[str]) -> list[tuple[float, str]]:
+    """(when, what) of every record the job wrote since a fault was injected at `since`."""
+    found: list[tuple[float, str]] = []
+    found += [(f.time, f"rank {f.rank}'s failure record ({f.error.split(':')[0]})") for f in failures.read(run_dir)
+              if f.time >= since]
+    found += [(h.time, f"{h.node}'s watchdog: hang, rank {h.first_stopped.get('rank')} stopped first")
+              for h in hangs.read(run_dir) if h.time >= since]
+    found += [(e.time, "the workers restarted") for e in events.read_events(RunDir(run_dir).goodput_file)
+              if e.event == "start" and e.time >= since]
+    for ckpt in checkpoints.set_aside_checkpoints(run_dir):
+        if ckpt.name not in known_aside:
+            why = (ckpt / checkpoints.UNUSABLE_REASON_FILE)
+            found.append((why.stat().st_mtime if why.exists() else time.time(), f"{ckpt.name}: set aside"))
+    return found
+
+
+class Marathon:
+    """One job, one schedule, one incident at a time."""
+
+    def __init__(self, backend: "Backend", run: Run, faults: list[Fault], say: Callable[[str], None]) -> None:
+        self.backend, self.run, self.run_dir, self.faults, self.say = backend, run, run.run_dir, faults, say
+        self.progress = Progress(run.run_dir)
+        self.incidents: list[ChaosIncident] = []
+        self.next_describe, self.ended = 0.0, False
+
+    def running(self) -> bool:
+        """False once the job has ended (asked of the backend every DESCRIBE_S)."""
+        if not self.ended and time.time() >= self.next_describe:
+            self.next_describe = time.time() + DESCRIBE_S
+            self.ended = self.backend.describe(Run.load(self.run_dir)).state.terminal
+        return not self.ended
+
+    def wait(self, until: Callable[[], bool], timeout: float) -> bool:
+        deadline = time.time() + timeout
+        while self.running() and time.time() < deadline:
+            if until():
+                return True
+            time.sleep(POLL_S)
+        return until()
+
+    def run_all(self) -> list[ChaosIncident]:
+        for n, fault in enumerate(self.faults, 1):
+            self.next_describe = 0.0  # asked afresh before each fault: never inject into a job that has ended
+            if not self.wait(lambda: self._reached(fault.at_step), RECOVER_S * 4) or not self.running():
+                self.say(f"marathon: the job ended (or stalled) before fault {n} (step {fault.at_step}); "
+                         f"{len(self.faults) - n + 1} not injected")
+                break
+            incident = self.inject_and_measure(n, fault)
+            self.incidents.append(incident)
+            with runs.open_append(RunDir(self.run_dir).chaos_incidents_file) as f:
+                f.write(json.dumps(incident.to_json()) + "\n")
+            self.say(incident_line(incident))
+        return self.incidents
+
+    def _reached(self, step: int) -> bool:
+        row = self.progress.last()
+        return row is not None and row.step >= step
+
+    def inject_and_measure(self, n: int, fault: Fault) -> ChaosIncident:
+        before = self.progress.last()
+        assert before is not None  # _reached saw a row
+        known_aside = {p.name for p in checkpoints.set_aside_checkpoints(self.run_dir)}
+        seen = len(self.progress.rows)
+        incident = ChaosIncident(n=n, kind=fault.kind, target="", injected_at=time.time(), step=before.step)
+        try:
+            incident.target = self.inject(fault)
+        except (UserError, LookupError, OSError) as e:
+            incident.evidence = f"not injected: {e}"
+            return incident
+        if fault.kind == "slow-node":
+            return self.measure_slow(incident, before)
+        return self.measure_restart(incident, before, seen, known_aside)
+
+    def inject(self, fault: Fault) -> str:
+        """Inject one fault; what it hit, in words."""
+        if fault.kind == "corrupt-checkpoint":
+            return corrupt_newest_and_kill(self.run_dir, fault.target, random.Random(fault.at_step))
+        if fault.kind == "slow-node":  # a fifth of a core hides among 4 ranks sharing 2 cores; a twentieth shows
+            from launchers import chaos
+
+            chaos.slow_node(self.run_dir, f"node{fault.target}", SLOW_SHARE)
+            return f"node{fault.target}"
+        self.backend.chaos(self.run, fault.kind, fault.target)
+        return f"node{fault.target}" if fault.kind == "kill-node" else f"rank {fault.target}"
+
+    def measure_restart(self, incident: ChaosIncident, before: MetricsRow, seen: int,
+                        known_aside: set[str]) -> ChaosIncident:
+        """A fault the job restarts from: detected at its first record of it, recovered at the new attempt's
+        first step past the newest one the old attempt recorded."""
+        t0, old = incident.injected_at, _attempt(before)
+        only_aside = incident.kind == "corrupt-checkpoint"  # the kill is not what this one is about
+
+        def first() -> Optional[tuple[float, str]]:
+            found = [e for e in evidence(self.run_dir, t0, known_aside) if not only_aside or "set aside" in e[1]]
+            return min(found) if found else None
+
+        def recovered() -> Optional[MetricsRow]:
+            rows = self.progress.rows[seen:]
+            lost_at = max([before.step] + [r.step for r in rows if _attempt(r) == old])
+            return next((r for r in rows if _attempt(r) != old and r.step > lost_at), None)
+
+        found: list[Optional[tuple[float, str]]] = [None]
+
+        def done() -> bool:
+            self.progress.poll()
+            found[0] = found[0] or first()
+            return found[0] is not None and recovered() is not None
+
+        self.wait(done, RECOVER_S)
+        row, ev = recovered(), found[0] or first()
+        if ev is not None:
+            incident.detected_s, incident.evidence = round(ev[0] - t0, 2), ev[1]
+        elif only_aside and row is not None:
+            incident.evidence = "not detected: the restart did not load the damaged checkpoint"
+        else:
+            incident.evidence = f"no record of it in {RECOVER_S:g} s"
+        if row is not None and row.time is not None:
+            rows = self.progress.rows[seen:]
+            new = [r for r in rows if _attempt(r) == _attempt(row)]
+            lost_at = max([before.step] + [r.step for r in rows if _attempt(r) == old])
+            incident.recovered_s = round(row.time - t0, 2)
+            incident.steps_lost = lost_at - (new[0].step - 1)
+        return incident
+
+    def measure_slow(self, incident: ChaosIncident, before: MetricsRow) -> ChaosIncident:
+        """A slow node: detected when the straggler view names it; the quota is then lifted, and it has
+        recovered at the first step back within PACE_RATIO of the pace before."""
+        t0, node = incident.injected_at, incident.target
+        paces = [r.step_time_s for r in self.progress.rows[-20:] if r.step_time_s]
+        pace = statistics.median(paces) if paces else None
+        ratio = float(self.backend_ratio())
+        named = self.wait(lambda: node in ((stragglers.of_run(self.run_dir, ratio) or {}).get("stragglers") or []),
+                          SLOW_DETECT_S)
+        if named:
+            incident.detected_s, incident.evidence = round(time.time() - t0, 2), f"straggler view names {node}"
+        else:
+            incident.evidence = f"not detected: the straggler view did not name {node} in {SLOW_DETECT_S:g} s"
+        self.backend.chaos(self.run, "resume", 0)
+        lifted, seen = time.time(), len(self.progress.rows)
+
+        def back() -> bool:
+            self.progress.poll()
+            return any(r.step_time_s is not None and pace is not None and r.step_time_s <= PACE_RATIO * pace
+                       and (r.time or 0) > lifted for r in self.progress.rows[seen:])
+
+        if self.wait(back, RECOVER_S) and named:
+            row = next(r for r in self.progress.rows[seen:] if r.step_time_s is not None and pace is not None
+                       and r.step_time_s <= PACE_RATIO * pace and (r.time or 0) > lifted)
+            incident.recovered_s, incident.steps_lost = round((row.time or lifted) - t0, 2), 0
+        return incident
+
+    def backend_ratio(self) -> float:
+        from fsdp_jobs.planning.config import job_config
+
+        return job_config(runs.load_job(self.run_dir)).fault.straggler_ratio
+
+
+def corrupt_newest_and_kill(run_dir: Path, rank: int, rng: random.Random) -> str:
+    """Damage the newest committed checkpoint and SIGKILL `rank`, with every rank stopped meanwhile (no save
+    may commit a newer one between the two: the restart must meet the damaged one)."""
+    from launchers import chaos
+
+    procs = chaos.rank_processes(run_dir)
+    if rank not in procs:
+        raise LookupError(f"no running rank {rank} of this run on this machine")
+    for pid, _ in procs.values():
+        os.kill(pid, signal.SIGSTOP)
+    try:
+        newest = checkpoints.newest_checkpoint(run_dir)
+        if newest is None:
+            raise LookupError("no committed checkpoint to damage yet")
+        how = damage_shard(newest, rng)
+        os.kill(procs[rank][0], signal.SIGKILL)
+    finally:
+        for pid, _ in procs.values():
+            try:
+                os.kill(pid, signal.SIGCONT)
+            except OSError:
+                pass
+    return f"{newest.name}: {how}; rank {rank} killed"
+
+
+def damage_shard(ckpt: Path, rng: random.Random) -> str:
+    """Flip 64 bytes in the middle of one shard (bit rot: same size, only its checksum tells) or cut it to
+    half (a torn copy: its size tells)."""
+    shards = sorted(ckpt.glob("*.distcp"))
+    if not shards:
+        raise LookupError(f"{ckpt.name} has no shard to damage")
+    shard = rng.choice(shards)
+    size = shard.stat().st_size
+    if rng.random() < 0.5:
+        with open(shard, "r+b") as f:
+            f.seek(size // 2)
+            data = f.read(64)
+            f.seek(size // 2)
+            f.write(bytes(b ^ 0xFF for b in data))
+        return f"64 bytes of {shard.name} flipped"
+    os.truncate(shard, size // 2)
+    return f"{shard.name} cut to {size // 2} of {size} bytes"
+
+
+def incident_line(i: ChaosIncident) -> str:
+    def s(v: Optional[float]) -> str:
+        return "-" if v is None else f"{v:.1f}s"
+
+    return (f"marathon: #{i.n} {i.kind} {i.target} at step {i.step}: detected after {s(i.detected_s)}, recovered "
+            f"after {s(i.recovered_s)}, {'-' if i.steps_lost is None else i.steps_lost} steps lost ({i.evidence})")
+
+
+def table(incidents: list[ChaosIncident]) -> list[str]:
+    """The incidents as a Markdown table (the README shows one)."""
+    lines = ["| # | fault | target | step | detected after | recovered after | steps lost | first record |",
+             "|---|---|---|---|---|---|---|---|"]
+    for i in incidents:
+        lines.append(f"| {i.n} | {i.kind} | {i.target} | {i.step} | "
+                     f"{'-' if i.detected_s is None else f'{i.detected_s:.1f} s'} | "
+                     f"{'-' if i.recovered_s is None else f'{i.recovered_s:.1f} s'} | "
+                     f"{'-' if i.steps_lost is None else i.steps_lost} | {i.evidence} |")
+    return lines
+
+
+def restarts_needed(faults: list[Fault]) -> tuple[int, int]:
+    """(restarts, of them after hangs) the schedule costs the job."""
+    restarting = [f for f in faults if f.kind != "slow-node"]
+    return len(restarting), sum(f.kind == "hang-rank" for f in restarting)
+
+
+def plan_for(backend: "Backend", run: Run, count: int, seed: int) -> list[Fault]:
+    """The schedule for this job, refused in one line when the job cannot survive it as configured."""
+    from fsdp_jobs.planning.config import job_config
+
+    cfg, plan = job_config(runs.load_job(run.run_dir)), runs.load_plan(run.run_dir)
+    faults = schedule(seed, count, backend.marathon_kinds, plan.world_size, plan.nodes, cfg.train.steps,
+                      cfg.checkpoint.interval)
+    restarts, after_hangs = restarts_needed(faults)
+    if restarts > cfg.cluster.max_restarts:
+        raise UserError("--faults", count, f"this schedule restarts the job {restarts} times and its "
+                                           f"cluster.max_restarts is {cfg.cluster.max_restarts}: submit it with "
+                                           f"cluster.max_restarts={restarts + 2} or fewer faults")
+    if after_hangs > cfg.fault.max_hang_restarts:
+        raise UserError("--faults", count, f"this schedule hangs the job {after_hangs} times and its "
+                                           f"fault.max_hang_restarts is {cfg.fault.max_hang_restarts}: submit it "
+                                           f"with fault.max_hang_restarts={after_hangs} or fewer faults")
+    return faults
+
+
+def _say(line: str) -> None:
+    print(line, flush=True)
+
+
+def run_marathon(backend: "Backend", run: Run, count: int, seed: int, say: Callable[[str], None] = _say) -> int:
+    """Inject the schedule into the running job, wait for it to end, print the table and the goodput.
+    0 when every fault was injected, detected and recovered from and the job succeeded; 1 otherwise."""
+    from fsdp_jobs.cli import goodput
+
+    if backend.describe(run).state.terminal:
+        raise UserError("RUN", run.run_dir.name, "is not running: a marathon needs a running job (start it, then "
+                                                 "run this from another terminal)")
+    faults = plan_for(backend, run, count, seed)
+    say(f"marathon: {len(faults)} faults (seed {seed}) at steps "
+        f"{', '.join(f'{f.at_step} {f.kind}' for f in faults)}")
+    marathon = Marathon(backend, run, faults, say)
+    incidents = marathon.run_all()
+    marathon.wait(lambda: False, 24 * 3600)  # until the job ends
+    state = backend.describe(Run.load(run.run_dir)).state
+    for line in table(incidents):
+        say(line)
+    report = goodput.of_run(run.run_dir)
+    total = (report or {}).get("total", {})
+    say(f"marathon: the job {state.value}; goodput {total.get('effective_pct')}% of "
+        f"{total.get('wall_s')} s wall, {total.get('lost_steps')} steps lost over "
+        f"{len((report or {}).get('attempts', []))} attempts")
+    bad = [i for i in incidents if i.detected_s is None or i.recovered_s is None]
+    if len(incidents) < len(faults) or bad or state != JobState.SUCCEEDED:
+        say(f"marathon: FAILED: {len(faults) - len(incidents)} not injected, {len(bad)} not detected or not "
+            f"recovered ({', '.join(f'#{i.n}' for i in bad) or 'none'}), job {state.value}")
+        return 1
+    return 0

@@ -1,0 +1,40 @@
+"""The chaos marathon on a real local 2x2 job (`python -m fsdp_jobs.bench chaos`, which runs an uninterrupted
+job and then the same job under `fsdp-jobs chaos RUN marathon`): one fault of each kind the local backend
+deals (kill-rank, hang-rank, slow-node, corrupt-checkpoint), each detected from the job's own records and
+recovered from, the job ending completed with its final checkpoint equal bit for bit to the uninterrupted
+run's, the table and goodput printed and every incident kept in the run dir. The 30-fault marathon is the
+benchmark's (README: Chaos marathon); this one is the CI-sized proof."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from fsdp_jobs.bench_chaos import bench_chaos
+from fsdp_jobs.rundir.layout import RunDir
+from tests.conftest import MEASURED
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.mark.expects_hang
+def test_a_marathon_of_every_kind_ends_completed_and_bitwise_equal(tmp_path):
+    result = bench_chaos(faults=4, seed=5, steps=None, overrides=[], keep=tmp_path)
+    print(MEASURED + json.dumps({k: result[k] for k in ("reference_wall_s", "job_wall_s", "goodput")}))
+    print("\n".join(result["table"]))
+    assert result["reference_exit"] == 0 and result["job_exit"] == 0, result
+    assert result["marathon_exit"] == 0, result["table"]
+    incidents = result["incidents"]
+    assert sorted(i["kind"] for i in incidents) == sorted(["kill-rank", "hang-rank", "slow-node", "corrupt-checkpoint"])
+    for i in incidents:
+        assert i["detected_s"] is not None and i["recovered_s"] is not None, i
+        assert i["recovered_s"] >= i["detected_s"] >= 0, i
+    why = {i["kind"]: i["evidence"] for i in incidents}
+    assert "set aside" in why["corrupt-checkpoint"]  # the damaged one was found, not merely skipped past
+    assert "watchdog: hang" in why["hang-rank"] and "straggler view names node" in why["slow-node"]
+    assert next(i for i in incidents if i["kind"] == "slow-node")["steps_lost"] == 0
+    assert result["bitwise_equal_to_uninterrupted"], result["first_difference"]
+    assert len(result["table"]) == 2 + 4 and result["goodput"]["effective_pct"] > 0
+    kept = RunDir(tmp_path / "chaos").chaos_incidents_file.read_text().splitlines()
+    assert [json.loads(line)["n"] for line in kept] == [1, 2, 3, 4]
