@@ -33,7 +33,8 @@ def check_same_model(run_dir: Path, model: Any) -> None:
         if key in saved and saved[key] != model[key]:
             raise UserError(f"model.{key}", model[key],
                             f"run {run_dir.name} has checkpoints of a model with model.{key}={saved[key]!r}; "
-                            f"keep model.{key}={saved[key]!r} to resume it, or choose another name= for a new run")
+                            f"keep model.{key}={saved[key]!r} to resume it, or start anew: another name=, or "
+                            "checkpoint.resume=false (its checkpoints are then moved aside, not deleted)")
 
 
 def read_existing_run(cfg: JobConfig, run_name: str) -> ExistingRun:
@@ -43,9 +44,11 @@ def read_existing_run(cfg: JobConfig, run_name: str) -> ExistingRun:
     run_dir = (Path(cfg.run_root).expanduser() / run_name).resolve()
     resume = newest_checkpoint(run_dir)
     if resume is not None and not cfg.checkpoint.resume:
-        raise UserError("checkpoint.resume", False, f"run {run_name} already has checkpoints (newest {resume.name}); "
-                        "starting it over would mix new checkpoints with them: choose another name=")
-    if resume is not None:
+        # starting over: submit moves them aside first (submit.start_over), so new ones never mix with them
+        notes.append(f"checkpoint.resume=false: run {run_name}'s checkpoints (newest {resume.name}) are moved to "
+                     f"{RunDir(run_dir).checkpoints_before_dir('<time>').name} and it starts from step 0")
+        resume = None
+    elif resume is not None:
         check_same_model(run_dir, cfg.model)
     aside = set_aside_checkpoints(run_dir)
     if resume is None and aside and cfg.checkpoint.resume:  # the ranks would stop on them (NoUsableCheckpoint)

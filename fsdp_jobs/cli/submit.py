@@ -21,7 +21,7 @@ from typing import Any, Optional, TYPE_CHECKING
 import yaml
 
 from fsdp_jobs.planning import backends, secret_env
-from fsdp_jobs.rundir import journal, runs
+from fsdp_jobs.rundir import checkpoints, journal, runs
 from fsdp_jobs.rundir.layout import RunDir
 from fsdp_jobs.planning.errors import UserError
 
@@ -107,6 +107,17 @@ def render_dry_run(plan: Plan, launch_text: str) -> str:
     return f"{head}# launch commands ({plan.backend})\n{launch_text.rstrip()}\n"
 
 
+def start_over(m: Member) -> None:
+    """checkpoint.resume=false on a run with checkpoints: they are moved aside (under the run's lock, before
+    anything is written), so the new attempt neither loads nor prunes them, and nothing is deleted."""
+    if m.cfg is None or m.cfg.checkpoint.resume:
+        return
+    moved = checkpoints.move_all_aside(Path(m.plan.run_dir))
+    if moved is not None:
+        print(f"fsdp-jobs: {m.plan.name}: checkpoint.resume=false: its earlier checkpoints moved to {moved}",
+              flush=True)
+
+
 def announce(m: Member) -> None:
     """The line a single run prints once its run dir is written, before the backend takes over."""
     plan = m.plan
@@ -161,6 +172,7 @@ def submit_group(sweep: Optional[str], group: list[Member]) -> list[tuple[Member
             for m, lock in zip(group, locks):
                 if not lock.acquire():
                     raise _busy(sweep, m, lock.holder())
+                start_over(m)
                 runs.prepare(Path(m.plan.run_dir), m.job, m.plan.to_dict())
         except OSError as e:  # an unwritable run_root
             raise _unwritable(sweep, group, e) from None

@@ -100,6 +100,20 @@ def set_aside_checkpoints(run_dir: Path) -> list[Path]:
     return sorted(root.glob(f"step-*{UNUSABLE_SUFFIX}")) if root.is_dir() else []
 
 
+def move_all_aside(run_dir: Path) -> Optional[Path]:
+    """checkpoint.resume=false on a run that has checkpoints: the whole checkpoints folder is renamed out of
+    the way (a new attempt must neither load nor prune them; a user who wants them back renames it back).
+    None when there was nothing to move."""
+    root = root_of(run_dir)
+    if not root.is_dir() or not any(root.iterdir()):
+        return None
+    dest = RunDir(run_dir).checkpoints_before_dir(time.strftime("%Y%m%d-%H%M%S"))
+    if dest.exists():
+        dest = dest.with_name(f"{dest.name}-{os.getpid()}")
+    os.rename(root, dest)
+    return dest
+
+
 def set_aside(ckpt: Path, reason: str) -> Path:
     """Rename a committed checkpoint that failed its check or its load out of the way (it no longer counts
     as committed; nothing is deleted: a user who knows better renames it back), with the reason beside."""

@@ -167,6 +167,11 @@ class RunDir:
         """step-N/ committed checkpoints (checkpoints.py: the rules)."""
         return self.root / "checkpoints"
 
+    def checkpoints_before_dir(self, stamp: str) -> Path:
+        """A run submitted again with checkpoint.resume=false starts over: its earlier checkpoints are moved
+        here (never deleted; rundir/checkpoints.py move_all_aside)."""
+        return self.root / f"{self.checkpoints_dir.name}-before-{stamp}"
+
     # -------------------------------------------------------------- trackers (rank 0)
     @property
     def tensorboard_dir(self) -> Path:

@@ -166,11 +166,29 @@ def test_resuming_a_run_with_another_model_shape_is_refused(tmp_path):
     (d / "manifest.json").write_text("{}")
     (tmp_path / "r2" / "job.yaml").write_text("model: {dim: 128, n_layers: 2}\n")
     cfg, _ = compose([f"run_root={tmp_path}", "name=r2", "model.dim=64", "model.ffn_dim=128"])
-    with pytest.raises(UserError, match="model.dim=128"):
+    with pytest.raises(UserError, match="model.dim=128") as e:
         plan_run(cfg)
+    assert "another name=, or checkpoint.resume=false" in str(e.value)  # the two ways on
+    assert (d / "manifest.json").exists()  # nothing touched
+
+
+def test_checkpoint_resume_false_starts_over_with_the_old_checkpoints_moved_aside_not_deleted(tmp_path):
+    from fsdp_jobs.cli.submit import Member, start_over
+
+    d = tmp_path / "r2" / "checkpoints" / "step-000010"
+    d.mkdir(parents=True)
+    (d / ".metadata").write_text("x")
+    (d / "manifest.json").write_text("{}")
+    (tmp_path / "r2" / "job.yaml").write_text("model: {dim: 128, n_layers: 2}\n")
     cfg, _ = compose([f"run_root={tmp_path}", "name=r2", "model.dim=64", "checkpoint.resume=false"])
-    with pytest.raises(UserError, match="already has checkpoints"):
-        plan_run(cfg)  # a fresh start would mix its checkpoints with the old ones
+    plan = plan_run(cfg)  # another model is fine: nothing is loaded
+    assert plan.resume_from is None and any("are moved to checkpoints-before-" in n for n in plan.notes)
+    assert (d / "manifest.json").exists()  # planning moves nothing (a dry run is the same plan)
+    start_over(Member(name="r2", overrides=[], cfg=cfg, plan=plan))
+    moved = list(tmp_path.glob("r2/checkpoints-before-*/step-000010/manifest.json"))
+    assert len(moved) == 1 and not (tmp_path / "r2" / "checkpoints").exists()
+    cfg, _ = compose([f"run_root={tmp_path}", "name=r2", "model.dim=64"])
+    assert plan_run(cfg).resume_from is None  # the moved ones are no longer the run's
 
 
 def test_a_run_whose_every_checkpoint_was_set_aside_is_refused_unless_it_starts_over(tmp_path):
