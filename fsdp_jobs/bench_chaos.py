@@ -70,18 +70,37 @@ def state_difference(a: Path, b: Path) -> Optional[str]:
     return None
 
 
+def _state(run_dir: Path) -> str:
+    """What `fsdp-jobs status` says of the run now (UNKNOWN before it has a job record)."""
+    from fsdp_jobs.cli import ctl
+
+    try:
+        return str(ctl.run_status(run_dir).get("state", "UNKNOWN"))
+    except (OSError, ValueError):
+        return "UNKNOWN"
+
+
+def _ended(run_dir: Path, timeout: float = 3600) -> str:
+    """The run's final state: a backend that submits and returns (a scheduler's) ends later than its command."""
+    deadline = time.time() + timeout
+    while _state(run_dir) in ("PENDING", "RUNNING") and time.time() < deadline:
+        time.sleep(2)
+    return _state(run_dir)
+
+
 def _marathon(root: Path, args: list[str], faults: int, seed: int) -> tuple[int, int, list[str], float]:
     """(job exit, marathon exit, marathon lines, job wall s) of the job run under the marathon."""
     began = time.time()
     job = _cli(f"run_root={root}", "name=chaos", *args, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
     metrics = RunDir(root / "chaos").metrics_file
-    while not metrics.exists() and job.poll() is None:
+    while not metrics.exists() and (job.poll() is None or _state(root / "chaos") in ("PENDING", "RUNNING")):
         time.sleep(0.2)
     m = _cli("chaos", "chaos", "marathon", "--faults", str(faults), "--seed", str(seed), "--run-root", str(root),
              stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     lines = [line.rstrip("\n") for line in m.stdout or []]
     marathon_rc = m.wait()
     job_rc = job.wait()
+    _ended(root / "chaos")
     return job_rc, marathon_rc, lines, time.time() - began
 
 
@@ -94,6 +113,7 @@ def bench_chaos(faults: int, seed: int, steps: Optional[int], overrides: list[st
         began = time.time()
         ref_rc = _cli(f"run_root={root}", "name=ref", *args, stdout=subprocess.DEVNULL,
                       stderr=subprocess.STDOUT).wait()
+        ref_state = _ended(root / "ref")
         ref_wall = time.time() - began
         job_rc, marathon_rc, lines, wall = _marathon(root, args, faults, seed)
         incidents = runs.read_jsonl(RunDir(root / "chaos").chaos_incidents_file)
@@ -101,7 +121,7 @@ def bench_chaos(faults: int, seed: int, steps: Optional[int], overrides: list[st
         same = (state_difference(final_ref, final) if final_ref and final and final_ref.name == final.name
                 else f"final checkpoints {final_ref and final_ref.name} vs {final and final.name}")
         report = goodput.of_run(root / "chaos") or {}
-    return {"benchmark": "chaos", "faults": faults, "seed": seed, "job": args, "reference_exit": ref_rc,
+    return {"benchmark": "chaos", "faults": faults, "seed": seed, "job": args, "reference_exit": ref_rc, "reference_state": ref_state,
             "reference_wall_s": round(ref_wall, 1), "job_exit": job_rc, "marathon_exit": marathon_rc,
             "job_wall_s": round(wall, 1), "final_checkpoint": final.name if final else None,
             "bitwise_equal_to_uninterrupted": same is None, "first_difference": same,

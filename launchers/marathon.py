@@ -80,7 +80,9 @@ def schedule(seed: int, faults: int, kinds: tuple[str, ...], world: int, nodes: 
     out = []
     for i, kind in enumerate(dealt[:faults]):
         at = first + round(i * gap)
-        target = rng.randrange(nodes) if kind in ("slow-node", "kill-node") else rng.randrange(world)
+        # node0 holds the rendezvous store: its loss restarts every node, a fault of its own (not dealt)
+        target = (rng.randrange(nodes) if kind == "slow-node" else rng.randrange(1, nodes) if kind == "kill-node"
+                  else rng.randrange(world))
         out.append(Fault(at, kind, target))
     return out
 
@@ -352,7 +354,8 @@ def plan_for(backend: "Backend", run: Run, count: int, seed: int) -> list[Fault]
     from fsdp_jobs.planning.config import job_config
 
     cfg, plan = job_config(runs.load_job(run.run_dir)), runs.load_plan(run.run_dir)
-    faults = schedule(seed, count, backend.marathon_kinds, plan.world_size, plan.nodes, cfg.train.steps,
+    kinds = tuple(k for k in backend.marathon_kinds if plan.nodes > 1 or k not in ("slow-node", "kill-node"))
+    faults = schedule(seed, count, kinds, plan.world_size, plan.nodes, cfg.train.steps,
                       cfg.checkpoint.interval)
     restarts, after_hangs = restarts_needed(faults)
     if restarts > cfg.cluster.max_restarts:

@@ -84,3 +84,9 @@ def test_a_bad_fault_count_is_one_line_and_exit_2(tmp_path):
     for count in ("0", "1001"):
         r = cli("chaos", "anything", "marathon", "--faults", count, "--run-root", str(tmp_path))
         assert r.returncode == 2 and r.stderr.count("\n") == 1 and "between 1 and 1000" in r.stderr, r.stderr
+
+
+def test_kill_node_spares_node0_which_holds_the_rendezvous_store():
+    faults = marathon.schedule(1, 40, (*KINDS, "kill-node"), world=3, nodes=3, steps=2000, interval=20)
+    killed = {f.target for f in faults if f.kind == "kill-node"}
+    assert killed == {1, 2}
