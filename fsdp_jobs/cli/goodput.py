@@ -211,13 +211,26 @@ def _summary(parts: dict[str, float], startup: dict[str, float], wall: float) ->
             "effective_pct": round(100 * parts["productive"] / wall, 2) if wall > 0 else None}
 
 
+def _unwritten_window(a: _Attempt, until: Optional[float], rows: Sequence[tuple[float, int]]) -> None:
+    """Rank 0 writes a steps window at most every STEPS_EVENT_S (and at each save): an attempt killed before
+    it wrote its last one left those steps only in the metrics record. Its rows after the attempt's last
+    event (and before the next attempt started) are that window: productive until a later attempt computes
+    them again (then lost), not recovery."""
+    after = a.last_time()
+    mine = [(t, step) for t, step in rows if after < t and (until is None or t < until)]
+    if mine:
+        t, last = max(mine)
+        a.flow.append({"event": "steps", "pid": a.start.get("pid"), "last": last, "time": t})
+
+
 def account(events: list[dict[str, Any]], launches: Sequence[float] = (),
-            committed_step: Optional[int] = None) -> dict[str, Any]:
+            committed_step: Optional[int] = None, rows: Sequence[tuple[float, int]] = ()) -> dict[str, Any]:
     """Per attempt and in total: wall time and its parts (PARTS, STARTUP_PARTS), lost steps, effective %.
 
     `events`: a timeline (read_events); `launches`: the launch records' unix times (launch_times);
     `committed_step`: the newest committed checkpoint's step, which a failed last attempt's later steps
-    are lost against (no later attempt says what it resumed from)."""
+    are lost against (no later attempt says what it resumed from); `rows`: the metrics record's (time,
+    step), for the steps a killed attempt never wrote a window of (_unwritten_window)."""
     times = sorted(launches)
 
     def launch_of(t: float) -> int:
@@ -243,6 +256,9 @@ def account(events: list[dict[str, Any]], launches: Sequence[float] = (),
             else:
                 a.marks[name] = e
     attempts.sort(key=lambda a: float(a.start["time"]))
+    for a, nxt in zip(attempts, [*attempts[1:], None]):
+        if a.end is None:  # killed: its last window may be in the metrics record only
+            _unwritten_window(a, float(nxt.start["time"]) if nxt is not None else None, rows)
     prev: Optional[_Attempt] = None
     for a in attempts:
         first = prev is None or prev.launch != a.launch
@@ -299,6 +315,8 @@ def of_run(run_dir: Path) -> Optional[dict[str, Any]]:
         return None
     newest = newest_checkpoint(run_dir)
     committed = step_of(newest)
-    out = account(events, launch_times(runs.launches(run_dir)), committed)
+    rows = [(float(r["time"]), int(r["step"])) for r in runs.read_metrics(run_dir)
+            if isinstance(r.get("time"), (int, float)) and isinstance(r.get("step"), int)]
+    out = account(events, launch_times(runs.launches(run_dir)), committed, rows)
     out["file"], out["damaged_lines"] = str(path), damaged
     return out

@@ -276,3 +276,21 @@ def test_rank_zero_writes_a_steps_window_at_most_every_ten_seconds_and_the_windo
     windows = [e for e in read_events(RunDir(tmp_path).goodput_file) if e.event == "steps"]
     assert [(w["first"], w["last"], w["seconds"]) for w in windows] == [
         (1, 175, 10.5), (176, 300, 7.5), (301, 475, 10.5), (476, 500, 1.5)]  # 20 flushes, 4 writes
+
+
+def test_a_killed_attempts_unwritten_window_comes_from_the_metrics_and_is_lost_not_recovery():
+    """Rank 0 writes a window at most every 10 s and at each save: killed 7 steps after its save at step 20,
+    an attempt left steps 21-27 in the metrics record only. They were computed (productive time) and computed
+    again after the resume from 20: 7 lost steps and their 3.5 s lost, not recovery. Found by the chaos
+    marathon: goodput said 293 lost steps where the ranks had redone 418."""
+    a1 = attempt(1, 100.0, 0, [(20, 10.0)], {20: 1.0}, None)  # steps to 117, save to 118; killed
+    rows = [(118.0 + 0.5 * i, 20 + i) for i in range(1, 8)]  # 21..27, the last at 121.5
+    a2 = attempt(2, 125.0, 20, [(40, 10.0)], {}, ("completed", 0.0))
+    without = goodput.account([*a1, *a2], [100.0])["attempts"][0]
+    r1 = goodput.account([*a1, *a2], [100.0], rows=rows)["attempts"][0]
+    assert without["lost_steps"] == 0 and r1["lost_steps"] == 7
+    assert r1["parts_s"]["lost"] == pytest.approx(3.5) and r1["steps"] == [1, 27]
+    r2 = goodput.account([*a1, *a2], [100.0], rows=rows)["attempts"][1]
+    assert r2["parts_s"]["recovery"] == pytest.approx(3.5)  # 121.5 -> 125: torchrun's part only
+    late = [(126.0, 21)]  # a row after the next attempt began is not the killed one's
+    assert goodput.account([*a1, *a2], [100.0], rows=late)["attempts"][0]["lost_steps"] == 0
