@@ -31,6 +31,7 @@ import random
 import signal
 import statistics
 import time
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Optional
@@ -366,6 +367,12 @@ def plan_for(backend: "Backend", run: Run, count: int, seed: int) -> list[Fault]
         raise UserError("--faults", count, f"this schedule hangs the job {after_hangs} times and its "
                                            f"fault.max_hang_restarts is {cfg.fault.max_hang_restarts}: submit it "
                                            f"with fault.max_hang_restarts={after_hangs} or fewer faults")
+    kills = max(Counter(f.target for f in faults if f.kind == "kill-node").values(), default=0)
+    allowed = getattr(cfg.cluster, "container_restarts", None)  # a backend that restarts a killed node's container
+    if allowed is not None and kills > allowed:
+        raise UserError("--faults", count, f"this schedule kills one node {kills} times and its "
+                                           f"cluster.container_restarts is {allowed}: submit it with "
+                                           f"cluster.container_restarts={kills} or fewer faults")
     return faults
 
 
