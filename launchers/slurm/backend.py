@@ -145,24 +145,35 @@ def _folder(plan: Plan) -> Path:
     return slurm_dir(Path(plan.run_dir)) / "%j"
 
 
-def _sh(*cmd: str) -> str:
+SQUEUE_TIMEOUT_S = 5.0  # a controller that does not answer in this long (restarting): ask the accounting record
+
+
+def _sh(*cmd: str, timeout: float = 30) -> str:
+    return _run(*cmd, timeout=timeout)[1]
+
+
+def _run(*cmd: str, timeout: float = 30) -> tuple[bool, str]:
+    """(answered, stdout): answered is False when the command failed, timed out or is not installed."""
     try:
-        r = subprocess.run(list(cmd), capture_output=True, text=True, timeout=30)
+        r = subprocess.run(list(cmd), capture_output=True, text=True, timeout=timeout)
     except (OSError, subprocess.TimeoutExpired):
-        return ""
-    return r.stdout.strip()
+        return False, ""
+    return r.returncode == 0, r.stdout.strip()
 
 
 def slurm_state(job_id: str) -> tuple[str, str]:
-    """SLURM's own word: (state, detail) from squeue while queued, from sacct afterwards."""
-    live = _sh("squeue", "-h", "-j", job_id, "-o", "%T %r %M").split()
+    """SLURM's own word: (state, detail) from squeue while queued, from sacct afterwards, and from sacct
+    while slurmctld does not answer (an admin's restart: squeue retries for ~18 s before it gives up)."""
+    answered, out = _run("squeue", "-h", "-j", job_id, "-o", "%T %r %M", timeout=SQUEUE_TIMEOUT_S)
+    live = out.split()
     if live:
         reason = f" ({live[1]})" if len(live) > 1 and live[1] != "None" else ""
         return live[0], live[0] + reason
     done = _sh("sacct", "-X", "-n", "-P", "-j", job_id, "-o", "State,ExitCode,Elapsed")
     if done:
         state, code, elapsed = (done.splitlines()[-1].split("|") + ["", "", ""])[:3]
-        return state.split()[0], f"{state} (exit {code}, elapsed {elapsed})"
+        late = "" if answered else "; slurmctld is not answering: this is the accounting record's word"
+        return state.split()[0], f"{state} (exit {code}, elapsed {elapsed}{late})"
     return "UNKNOWN", "UNKNOWN (not in squeue; no accounting record)"
 
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 import re
 import shutil
 import time
@@ -13,7 +15,7 @@ import pytest
 import yaml
 
 from fsdp_jobs.rundir import runs
-from tests.conftest import REPO, assert_same_state, cli, committed, manifest, metrics
+from tests.conftest import MEASURED, REPO, assert_same_state, cli, committed, manifest, metrics
 from tests.slurm.conftest import job_log, sh, submit, wait_for, wait_job
 
 pytestmark = [pytest.mark.slurm, pytest.mark.usefixtures("slurm_cluster")]
@@ -245,3 +247,44 @@ def test_a_stopped_rank_on_a_slurm_node_is_found_and_the_job_resumes_bitwise(run
     assert status["hang"]["rank"] == 1 and status["hang"]["node"] == node
     print(f"slurm: stop -> hang declared {mine['time'] - stopped_at:.1f} s")
     assert_same_state(run_root / "ref" / "checkpoints" / "step-000200", run_dir / "checkpoints" / "step-000200")
+
+
+def test_the_job_trains_through_a_controller_restart_and_status_keeps_answering(run_root):
+    """An admin restarts slurmctld mid-job (deploy/slurm/restart-controller.sh: SIGTERM, down 20 s, start
+    again from its saved state). The job's ranks never notice: steps keep being recorded while the
+    controller is down, the job completes every step, and `fsdp-jobs status` answers before, while the
+    controller is down (a clear word, not a traceback) and after, with the true outcome."""
+    total = 3000
+    job_id, _, _ = submit(f"run_root={run_root}", "name=ctld", "nodes=2", "gpus_per_node=1", f"train.steps={total}",
+                          "checkpoint.interval=500", "train.log_interval=1", *SHORT)
+    run_dir = run_root / "ctld"
+    wait_for(lambda: len(metrics(run_dir)) >= 20 if (run_dir / "metrics.jsonl").exists() else False, 300, "step 20")
+    before = json.loads(cli("status", "ctld", "--run-root", str(run_root)).stdout)
+    assert before["state"] == "RUNNING", before
+    started = time.time()
+    restart = subprocess.Popen(["bash", str(REPO / "deploy" / "slurm" / "restart-controller.sh")],
+                               env={**os.environ, "DOWN_S": "20"}, text=True, stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT)
+    # SIGTERM: slurmctld saves its state and exits, then stays down DOWN_S
+    wait_for(lambda: subprocess.run(["scontrol", "ping"], capture_output=True).returncode != 0, 30, "slurmctld down")
+    asked = time.time()
+    down = cli("status", "ctld", "--run-root", str(run_root))
+    answered_s = time.time() - asked
+    assert subprocess.run(["scontrol", "ping"], capture_output=True).returncode != 0, "status was asked while it was up"
+    out, _ = restart.communicate(timeout=120)
+    assert restart.returncode == 0 and "slurmctld restarted" in out, out
+    said = json.loads(down.stdout)["detail"] if down.returncode == 0 else down.stderr.strip()
+    print(f"{MEASURED}{out.strip()}; status while down answered in {answered_s:.1f} s: {said}")
+    assert "Traceback" not in down.stdout + down.stderr, down.stdout + down.stderr
+    # squeue fails while slurmctld is down; the accounting record (slurmdbd) still says RUNNING
+    assert down.returncode == 0 and json.loads(down.stdout)["state"] == "RUNNING", down.stdout + down.stderr
+    assert "slurmctld is not answering" in said, said  # squeue gave up after SQUEUE_TIMEOUT_S, not its ~18 s
+    down_at = [float(x) for x in re.findall(r"down ([\d.]+) s", out)]
+    assert down_at and down_at[0] >= 20
+    assert wait_job(job_id, 900) == "COMPLETED", job_log(run_dir, job_id)
+    rows = metrics(run_dir)
+    assert rows[-1]["step"] == total and {r["restart"] for r in rows} == {0}, "the ranks never restarted"
+    while_down = [r for r in rows if started + 1 <= r["time"] <= started + down_at[0] - 0.5]
+    assert len(while_down) >= 5, "steps are recorded while the controller is down"
+    after = json.loads(cli("status", "ctld", "--run-root", str(run_root)).stdout)
+    assert after["state"] == "SUCCEEDED", after
