@@ -133,9 +133,9 @@ class Backend(abc.ABC, Generic[R]):
             if action == "hang-rank":
                 return chaos.hang_rank(run.run_dir, node)
             if action == "slow-node":
-                return chaos.slow_node(run.run_dir, f"node{node}")
+                return chaos.slow_node(run.run_dir, chaos.node_name(run.run_dir, node))
             if action == "slow-link":
-                return chaos.slow_link(run.run_dir, f"node{node}", rate)
+                return chaos.slow_link(run.run_dir, chaos.node_name(run.run_dir, node), rate)
             if action == "resume":
                 return chaos.resume(run.run_dir)
         except LookupError as e:

@@ -70,6 +70,18 @@ def _rank_files(run_dir: Path) -> dict[tuple[int, str], int]:
     return found
 
 
+def node_name(run_dir: Path, index: int) -> str:
+    """The name of node `index` (its node_rank) in this run's newest rank records: SLURM's nodes are its hosts
+    (n1, n2, ...), cluster=local's and Docker's node0, node1, ... (their name without a record yet)."""
+    newest: dict[int, tuple[float, str]] = {}
+    for f in RunDir(run_dir).rank_files():
+        record = runs.read_rank(f)
+        if record is not None and record.node_rank is not None:
+            seen = (record.time or 0.0, record.node)
+            newest[record.node_rank] = max(newest.get(record.node_rank, seen), seen)
+    return newest[index][1] if index in newest else f"node{index}"
+
+
 def rank_processes(run_dir: Path) -> dict[int, tuple[int, str]]:
     """{rank: (pid, node)} of this run's live rank processes on this machine, containers' included: the
     processes whose environment names this run dir (the node wrapper's, inherited) and that are a rank,

@@ -203,8 +203,9 @@ class Marathon:
         if fault.kind == "slow-node":  # a fifth of a core hides among 4 ranks sharing 2 cores; a twentieth shows
             from launchers import chaos
 
-            chaos.slow_node(self.run_dir, f"node{fault.target}", SLOW_SHARE)
-            return f"node{fault.target}"
+            node = chaos.node_name(self.run_dir, fault.target)
+            chaos.slow_node(self.run_dir, node, SLOW_SHARE)
+            return node
         self.backend.chaos(self.run, fault.kind, fault.target)
         return f"node{fault.target}" if fault.kind == "kill-node" else f"rank {fault.target}"
 
