@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from fsdp_jobs.planning.compose import compose
@@ -159,12 +161,18 @@ def test_same_name_resumes_newest_committed_checkpoint(tmp_path):
     assert plan_run(cfg).resume_from == str(ckpts / "step-000020")
 
 
-def test_resuming_a_run_with_another_model_shape_is_refused(tmp_path):
+def run_of_a_dim_128_model(tmp_path: Path) -> Path:
+    """Run r2, its job record saying model.dim=128, with one committed checkpoint (step 10)."""
     d = tmp_path / "r2" / "checkpoints" / "step-000010"
     d.mkdir(parents=True)
     (d / ".metadata").write_text("x")
     (d / "manifest.json").write_text("{}")
     (tmp_path / "r2" / "job.yaml").write_text("model: {dim: 128, n_layers: 2}\n")
+    return d
+
+
+def test_resuming_a_run_with_another_model_shape_is_refused(tmp_path):
+    d = run_of_a_dim_128_model(tmp_path)
     cfg, _ = compose([f"run_root={tmp_path}", "name=r2", "model.dim=64", "model.ffn_dim=128"])
     with pytest.raises(UserError, match="model.dim=128") as e:
         plan_run(cfg)
@@ -175,11 +183,7 @@ def test_resuming_a_run_with_another_model_shape_is_refused(tmp_path):
 def test_checkpoint_resume_false_starts_over_with_the_old_checkpoints_moved_aside_not_deleted(tmp_path):
     from fsdp_jobs.cli.submit import Member, start_over
 
-    d = tmp_path / "r2" / "checkpoints" / "step-000010"
-    d.mkdir(parents=True)
-    (d / ".metadata").write_text("x")
-    (d / "manifest.json").write_text("{}")
-    (tmp_path / "r2" / "job.yaml").write_text("model: {dim: 128, n_layers: 2}\n")
+    d = run_of_a_dim_128_model(tmp_path)
     cfg, _ = compose([f"run_root={tmp_path}", "name=r2", "model.dim=64", "checkpoint.resume=false"])
     plan = plan_run(cfg)  # another model is fine: nothing is loaded
     assert plan.resume_from is None and any("are moved to checkpoints-before-" in n for n in plan.notes)
