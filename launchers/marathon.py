@@ -34,17 +34,26 @@ import time
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Optional
+from typing import Callable, Optional, Protocol
 
 from fsdp_jobs.cli import stragglers
 from fsdp_jobs.planning.errors import UserError
 from fsdp_jobs.rundir import checkpoints, events, failures, hangs, runs
 from fsdp_jobs.rundir.layout import RunDir
 from fsdp_jobs.rundir.records import ChaosIncident, MetricsRow
-from fsdp_jobs.rundir.status import JobState, Run
+from fsdp_jobs.rundir.status import JobState, JobStatus, Run
 
-if TYPE_CHECKING:
-    from launchers.base import Backend
+
+
+class Backend(Protocol):
+    """What the marathon asks of a backend (launchers/base.py Backend has it; named here, not imported:
+    base.py's `marathon` calls this module)."""
+
+    marathon_kinds: tuple[str, ...]
+
+    def describe(self, run: Run) -> JobStatus: ...
+
+    def chaos(self, run: Run, action: str, node: int, rate: str = "100mbit") -> str: ...
 
 BASE_KINDS = ("kill-rank", "hang-rank", "slow-node", "corrupt-checkpoint")
 POLL_S = 0.1
@@ -142,7 +151,7 @@ def evidence(run_dir: Path, since: float, known_aside: set[str]) -> list[tuple[f
 class Marathon:
     """One job, one schedule, one incident at a time."""
 
-    def __init__(self, backend: "Backend", run: Run, faults: list[Fault], say: Callable[[str], None]) -> None:
+    def __init__(self, backend: Backend, run: Run, faults: list[Fault], say: Callable[[str], None]) -> None:
         self.backend, self.run, self.run_dir, self.faults, self.say = backend, run, run.run_dir, faults, say
         self.progress = Progress(run.run_dir)
         self.incidents: list[ChaosIncident] = []
@@ -351,7 +360,7 @@ def restarts_needed(faults: list[Fault]) -> tuple[int, int]:
     return len(restarting), sum(f.kind == "hang-rank" for f in restarting)
 
 
-def plan_for(backend: "Backend", run: Run, count: int, seed: int) -> list[Fault]:
+def plan_for(backend: Backend, run: Run, count: int, seed: int) -> list[Fault]:
     """The schedule for this job, refused in one line when the job cannot survive it as configured."""
     from fsdp_jobs.planning.config import job_config
 
@@ -381,7 +390,7 @@ def _say(line: str) -> None:
     print(line, flush=True)
 
 
-def run_marathon(backend: "Backend", run: Run, count: int, seed: int, say: Callable[[str], None] = _say) -> int:
+def run_marathon(backend: Backend, run: Run, count: int, seed: int, say: Callable[[str], None] = _say) -> int:
     """Inject the schedule into the running job, wait for it to end, print the table and the goodput.
     0 when every fault was injected, detected and recovered from and the job succeeded; 1 otherwise."""
     from fsdp_jobs.cli import goodput
