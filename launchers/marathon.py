@@ -192,7 +192,9 @@ class Marathon:
 
     def inject_and_measure(self, n: int, fault: Fault) -> ChaosIncident:
         before = self.progress.last()
-        assert before is not None  # _reached saw a row
+        if before is None:  # _reached saw a row; a metrics record replaced meanwhile has none
+            return ChaosIncident(n=n, kind=fault.kind, target="", injected_at=time.time(),
+                                 evidence="not injected: the job's metrics record has no row")
         known_aside = {p.name for p in checkpoints.set_aside_checkpoints(self.run_dir)}
         seen = len(self.progress.rows)
         incident = ChaosIncident(n=n, kind=fault.kind, target="", injected_at=time.time(), step=before.step)
@@ -202,7 +204,7 @@ class Marathon:
             incident.evidence = f"not injected: {e}"
             return incident
         if fault.kind == "slow-node":
-            return self.measure_slow(incident, before)
+            return self.measure_slow(incident)
         return self.measure_restart(incident, before, seen, known_aside)
 
     def inject(self, fault: Fault) -> str:
@@ -229,10 +231,11 @@ class Marathon:
             found = [e for e in evidence(self.run_dir, t0, known_aside) if not only_aside or "set aside" in e[1]]
             return min(found) if found else None
 
+        def lost_at() -> int:  # the newest step the old attempt recorded
+            return max([before.step] + [r.step for r in self.progress.rows[seen:] if _attempt(r) == old])
+
         def recovered() -> Optional[MetricsRow]:
-            rows = self.progress.rows[seen:]
-            lost_at = max([before.step] + [r.step for r in rows if _attempt(r) == old])
-            return next((r for r in rows if _attempt(r) != old and r.step > lost_at), None)
+            return next((r for r in self.progress.rows[seen:] if _attempt(r) != old and r.step > lost_at()), None)
 
         found: list[Optional[tuple[float, str]]] = [None]
 
@@ -250,14 +253,12 @@ class Marathon:
         else:
             incident.evidence = f"no record of it in {RECOVER_S:g} s"
         if row is not None and row.time is not None:
-            rows = self.progress.rows[seen:]
-            new = [r for r in rows if _attempt(r) == _attempt(row)]
-            lost_at = max([before.step] + [r.step for r in rows if _attempt(r) == old])
+            resumed_at = next(r.step for r in self.progress.rows[seen:] if _attempt(r) == _attempt(row)) - 1
             incident.recovered_s = round(row.time - t0, 2)
-            incident.steps_lost = lost_at - (new[0].step - 1)
+            incident.steps_lost = lost_at() - resumed_at
         return incident
 
-    def measure_slow(self, incident: ChaosIncident, before: MetricsRow) -> ChaosIncident:
+    def measure_slow(self, incident: ChaosIncident) -> ChaosIncident:
         """A slow node: detected when the straggler view names it; the quota is then lifted, and it has
         recovered at the first step back within PACE_RATIO of the pace before."""
         t0, node = incident.injected_at, incident.target
