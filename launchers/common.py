@@ -178,11 +178,14 @@ def begin_user_attempt(job: JobConfig, run_dir: Path) -> None:
         runs.write_state(run_dir, status="running", step=runs.read_state(run_dir).step)
 
 
-def settle_user_state(job: JobConfig, run_dir: Path, rc: int) -> str:
+def settle_user_state(job: JobConfig, run_dir: Path, rc: int, since: Optional[float] = None) -> str:
     """A user's script need not write the state record. When every rank exited 0 it completed, unless it
-    recorded a stop (fsdp_jobs.job's should_stop: preempted, to be requeued). Returns the status."""
+    recorded a stop (fsdp_jobs.job's should_stop: preempted, to be requeued), or its nodes decided it failed
+    since `since` (this launch's start: a failure that repeated, where nodes that stop exit 0 so that their
+    engine does not restart them). Returns the status."""
     state = runs.read_state(run_dir)
-    if user_mode(job) and rc == 0 and state.status not in ("preempted", "completed"):
+    decided = since is not None and runs.read_outcome(run_dir, since).status == "failed"
+    if user_mode(job) and rc == 0 and not decided and state.status not in ("preempted", "completed"):
         runs.write_state(run_dir, status="completed", step=state.step, reason="the script exited 0")
         return "completed"
     return state.status

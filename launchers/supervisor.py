@@ -176,7 +176,7 @@ def exit_status(outcome: Outcome, job: JobConfig, run_dir: Path) -> int:
     """The job's exit status from how its nodes ended and what rank 0 recorded (the state record)."""
     failure = next((c for c in outcome.codes.values() if c), 0)
     if outcome.codes and not outcome.interrupted:  # a plain script exiting 0 everywhere completed
-        settle_user_state(job, run_dir, failure)
+        settle_user_state(job, run_dir, failure, since=outcome.began)
     if outcome.interrupted:
         return INTERRUPTED
     recorded = runs.read_outcome(run_dir, outcome.began)  # never an earlier launch's "completed"

@@ -129,6 +129,9 @@ def run(argv: list[str], environ: Optional[dict[str, str]] = None) -> int:
 
 
 NO_RESTART_RC = 3  # the ranks decided the job failed (a preflight named a node, a non-finite loss): a restart repeats it
+# supervise_agent stopped the agent itself: a failure that repeats, or hangs past fault.max_hang_restarts (the
+# state record says why); not an exit status (those are 0-255, or minus a signal): decided_status maps it
+STOPPED_BY_WRAPPER = 1000
 # set by a backend whose engine restarts a node that exits non-zero by itself, with no rule to tell exit 3
 # apart (Docker's restart: on-failure, a PyTorchJob's OnFailure: launchers/kubernetes/manifests.py)
 ENGINE_RESTARTS_ENV = "FSDP_JOBS_ENGINE_RESTARTS"
@@ -149,7 +152,14 @@ def decided_status(rc: int, run_dir: Path, node: str, engine_restarts: bool = Fa
     Except where the engine restarts failed nodes by itself: there a non-zero status would rerun the same
     checks on the same nodes until its restarts are used up, so the node exits 0 and whoever reports the
     job reads the verdict: Docker's supervisor from the state record (launchers/supervisor.py's exit_status),
-    `fsdp-jobs status` of a Kubernetes job from the container's termination message (`termination_log`)."""
+    `fsdp-jobs status` of a Kubernetes job from the container's termination message (`termination_log`).
+    A node whose wrapper stopped the agent (STOPPED_BY_WRAPPER) exits 1 as it always has, or, where the engine
+    restarts by itself, is such a decided failure too: Docker used to restart both containers of a job
+    whose failure repeated until their restarts were used up, each stopping again at once."""
+    if rc == STOPPED_BY_WRAPPER:
+        if not engine_restarts:
+            return 1
+        rc = 0  # the state record, written since this node began, says why
     if rc == 0:
         from fsdp_jobs.rundir import runs
 
@@ -225,7 +235,7 @@ def supervise_agent(agent: subprocess.Popen, run_dir: Path, node: str, beats: Pa
             # never overwrites it, nor the scheduler task's final word written meanwhile (launchers/slurm/node_task.py)
             if state.status != "failed":
                 runs.write_state(run_dir, status="failed", reason=why, step=state.step)
-            return 1
+            return STOPPED_BY_WRAPPER
 
 
 def main() -> None:

@@ -289,3 +289,25 @@ def test_a_running_job_grows_from_two_containers_to_three_without_skipping_data(
     assert_grew_without_skipping_data(run_dir, 4, 6, 12, 100)
     assert set(result(run_dir)["containers"]) == {"node0", "node1", "node2"}
     assert labelled("container", run_dir) == [] and labelled("network", run_dir) == []
+
+
+def test_a_failure_that_repeats_stops_the_job_with_its_cause_and_every_word_agrees(run_root):
+    """Every step 3 raises (FSDP_JOBS_TEST_FAIL_AT_STEP): the same exception at the same step twice in a row
+    stops the job there, with that exception as its reason, instead of spending every torchrun restart and
+    container restart on it; the exit status, the summary line, `status` and `list` all say it failed."""
+    r = cli(f"run_root={run_root}", "name=crash", "cluster=docker", "nodes=2", "gpus_per_node=1", "train.steps=50",
+            "cluster.max_restarts=5", "+cluster.env.FSDP_JOBS_TEST_FAIL_AT_STEP=3", *SHORT)
+    assert r.returncode != 0, r.stdout[-3000:]
+    assert "finished: crash" not in r.stdout and f"exited with status {r.returncode}: crash" in r.stdout, r.stdout[-2000:]
+    assert "the same failure twice in a row, at step 2" in r.stdout, r.stdout[-3000:]  # step 2 done, 3 raised
+    run_dir = run_root / "crash"
+    starts = [json.loads(x) for x in (run_dir / "goodput.jsonl").read_text().splitlines()
+              if json.loads(x)["event"] == "start"]
+    assert len(starts) == 2, f"{len(starts)} attempts: the repeat should have stopped it after 2 (max_restarts=5)"
+    status = json.loads(cli("status", "crash", "--run-root", str(run_root)).stdout)
+    assert status["state"] == "FAILED" and "step 3 raises" in status["train"].get("reason", ""), status
+    listing = cli("list", "--run-root", str(run_root)).stdout
+    assert any(line.split()[0] == "crash" and "FAILED" in line.split() for line in listing.splitlines()[1:]), listing
+    assert labelled("container", run_dir) == []  # nothing left running
+    # stopped, not restarted by Docker to stop again (restart: on-failure used to run out all 3 of each node)
+    assert all(c["restarts"] == 0 for c in result(run_dir)["containers"].values()), result(run_dir)

@@ -162,3 +162,29 @@ def test_the_preflight_command_is_the_job_with_preflight_only(tmp_path):
     assert r.returncode == 0, r.stderr
     assert "-m fsdp_jobs.runtime " in r.stdout and "user_code" not in r.stdout.split("# launch commands", 1)[1]
     assert not (tmp_path / "pf").exists()  # a dry run writes nothing
+
+
+def test_a_node_whose_wrapper_stopped_a_repeating_failure_is_not_restarted_by_its_engine(tmp_path, capsys):
+    """The wrapper stops the agent on a failure that repeats (STOPPED_BY_WRAPPER, the state record saying
+    why): exit 1 where nothing restarts nodes by itself (local, SLURM), exit 0 where the engine would
+    (Docker's on-failure), so that the engine does not start it again to stop again; the job still fails by
+    its state record. And a user's script whose nodes exited 0 so is not then recorded as completed."""
+    import time
+
+    from fsdp_jobs.planning.compose import compose
+    from fsdp_jobs.rundir import runs
+    from launchers.common import settle_user_state
+    from launchers.node.wrapper import STOPPED_BY_WRAPPER, decided_status
+
+    began = time.time() - 1
+    why = "the same failure twice in a row, at step 2: RuntimeError: boom (x.py:1); not retried again"
+    runs.write_state(tmp_path, status="failed", reason=why, step=2)
+    assert decided_status(STOPPED_BY_WRAPPER, tmp_path, "node0", began=began) == 1
+    assert decided_status(STOPPED_BY_WRAPPER, tmp_path, "node0", engine_restarts=True, began=began) == 0
+    assert f"node0: the job failed: {why}; not restarted" in capsys.readouterr().out
+    script = tmp_path / "train.py"
+    script.write_text("print('hi')\n")
+    job, _ = compose([f"script={script}"])
+    assert settle_user_state(job, tmp_path, 0, since=began) == "failed"
+    assert runs.read_state(tmp_path).status == "failed"  # not overwritten by "the script exited 0"
+    assert settle_user_state(job, tmp_path, 0, since=time.time() + 1) == "completed"  # an older launch's failure
