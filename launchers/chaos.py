@@ -71,15 +71,18 @@ def _rank_files(run_dir: Path) -> dict[tuple[int, str], int]:
 
 
 def node_name(run_dir: Path, index: int) -> str:
-    """The name of node `index` (its node_rank) in this run's newest rank records: SLURM's nodes are its hosts
-    (n1, n2, ...), cluster=local's and Docker's node0, node1, ... (their name without a record yet)."""
-    newest: dict[int, tuple[float, str]] = {}
+    """The node that `chaos ... N` means: nodeN where the run names its nodes so (cluster=local's, Docker's
+    containers), else the N-th of its nodes in natural order by their rank records (SLURM's are its hosts:
+    n1, n2, ... so 0 is n1). nodeN when there is no record yet."""
+    names = set()
     for f in RunDir(run_dir).rank_files():
         record = runs.read_rank(f)
-        if record is not None and record.node_rank is not None:
-            seen = (record.time or 0.0, record.node)
-            newest[record.node_rank] = max(newest.get(record.node_rank, seen), seen)
-    return newest[index][1] if index in newest else f"node{index}"
+        if record is not None:
+            names.add(record.node)
+    wanted = f"node{index}"
+    if wanted in names or not 0 <= index < len(names):
+        return wanted
+    return sorted(names, key=lambda n: [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", n)])[index]
 
 
 def rank_processes(run_dir: Path) -> dict[int, tuple[int, str]]:

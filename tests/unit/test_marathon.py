@@ -92,16 +92,20 @@ def test_kill_node_spares_node0_which_holds_the_rendezvous_store():
 
 
 def test_a_node_index_is_named_as_the_run_names_its_nodes(tmp_path):
-    """chaos slow-node N, slow-link N and the marathon take a node index: SLURM's nodes are its hosts (n1..n4),
-    cluster=local's and Docker's node0.. (found on the 4-node SLURM marathon: 'no running rank on node2')."""
+    """chaos slow-node N, slow-link N and the marathon take a node index: nodeN where the run's nodes are so
+    named (cluster=local, Docker), whatever rank the rendezvous gave it; on SLURM, whose nodes are its hosts,
+    the N-th in natural order (found on the 4-node SLURM marathon: 'no running rank on node2')."""
     from fsdp_jobs.rundir.layout import RunDir
     from launchers import chaos
 
-    rd = RunDir(tmp_path)
-    for rank, (node, t) in enumerate([("n1", 5.0), ("n2", 5.0), ("n7", 1.0), ("n3", 6.0)]):
-        node_rank = 2 if node in ("n7", "n3") else rank  # n3 took node_rank 2 in a later attempt
-        path = rd.rank_file(rank)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps({"rank": rank, "pid": 100 + rank, "node": node, "host": node, "uid": 0,
-                                    "node_rank": node_rank, "restart": 0, "world_size": 4, "time": t, "v": 1}))
-    assert [chaos.node_name(tmp_path, i) for i in range(4)] == ["n1", "n2", "n3", "node3"]
+    def ranks(run_dir, nodes):
+        for rank, node in enumerate(nodes):
+            path = RunDir(run_dir).rank_file(rank)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps({"rank": rank, "pid": 100 + rank, "node": node, "host": node, "uid": 0,
+                                        "node_rank": rank, "restart": 0, "world_size": 4, "time": 1.0, "v": 1}))
+
+    ranks(tmp_path / "local", ["node1", "node0", "node2"])  # node1 took node_rank 0 at the rendezvous
+    assert [chaos.node_name(tmp_path / "local", i) for i in range(3)] == ["node0", "node1", "node2"]
+    ranks(tmp_path / "slurm", ["n10", "n2", "n9", "n1"])
+    assert [chaos.node_name(tmp_path / "slurm", i) for i in range(5)] == ["n1", "n2", "n9", "n10", "node4"]
