@@ -10,6 +10,7 @@ BASE=${SLURM_CI_DIR:-/tmp/slurm-ci}
 DOWN_S=${DOWN_S:-0}
 die() { echo "restart-controller.sh: $*" >&2; exit 1; }
 [ "$(id -u)" = 0 ] || die "must run as root"
+[[ $DOWN_S =~ ^[0-9]{1,4}$ ]] || die "DOWN_S=$DOWN_S: need whole seconds, 0-9999"
 [ -e "$BASE/up" ] || die "no running cluster in $BASE (start it with deploy/slurm/start.sh)"
 pstart() { local s; s=$(cat "/proc/$1/stat" 2>/dev/null) || return 1; s=${s##*) }; set -- $s; echo "${20}"; }
 alive() { local s; s=$(cat "/proc/$1/stat" 2>/dev/null) || return 1; s=${s##*) }; [ "${s:0:1}" != Z ] && { [ -z "${2:-}" ] || [ "$(pstart "$1")" = "$2" ]; }; }

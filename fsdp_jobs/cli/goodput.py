@@ -315,8 +315,11 @@ def of_run(run_dir: Path) -> Optional[dict[str, Any]]:
         return None
     newest = newest_checkpoint(run_dir)
     committed = step_of(newest)
+    # the metrics record is read only for an attempt that was killed (no end event): a long run's 1 M rows
+    # are not read for a run that never failed
+    killed = sum(e["event"] == "start" for e in events) > sum(e["event"] == "end" for e in events)
     rows = [(float(r["time"]), int(r["step"])) for r in runs.read_metrics(run_dir)
-            if isinstance(r.get("time"), (int, float)) and isinstance(r.get("step"), int)]
+            if isinstance(r.get("time"), (int, float)) and isinstance(r.get("step"), int)] if killed else []
     out = account(events, launch_times(runs.launches(run_dir)), committed, rows)
     out["file"], out["damaged_lines"] = str(path), damaged
     return out
