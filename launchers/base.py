@@ -136,6 +136,8 @@ class Backend(abc.ABC, Generic[R]):
                 return chaos.slow_node(run.run_dir, chaos.node_name(run.run_dir, node))
             if action == "slow-link":
                 return chaos.slow_link(run.run_dir, chaos.node_name(run.run_dir, node), rate)
+            if action == "cut-node":
+                return chaos.cut_node(run.run_dir, chaos.node_name(run.run_dir, node))
             if action == "resume":
                 return chaos.resume(run.run_dir)
         except LookupError as e:

@@ -1,4 +1,4 @@
-"""`fsdp-jobs chaos RUN kill-rank R | hang-rank R | slow-node N | slow-link N | resume`: faults a job must
+"""`fsdp-jobs chaos RUN kill-rank R | hang-rank R | slow-node N | slow-link N | cut-node N | resume`: faults a job must
 survive, on the ranks' processes this machine can see (cluster=local, cluster=docker's containers, the
 one-machine SLURM cluster).
 
@@ -14,7 +14,8 @@ collectives: the whole job slows down and the node may not stand out. slow-link 
 (a bad cable, a congested switch port): a token bucket (tc tbf; netem is a module many hosts lack) on the
 network device of the node's own network namespace, entered through one of its ranks (a container's,
 a SLURM node's of deploy/slurm/start.sh); simulated nodes of cluster=local share this machine's network and
-have no link of their own. Note that a CPU quota hides from a preflight's best-of-N timings of short
+have no link of their own. cut-node drops every packet on that device (iptables in the same namespace).
+Note that a CPU quota hides from a preflight's best-of-N timings of short
 kernels (one may fit inside a quota period), while a slow link slows every exchange. resume undoes all.
 
     python -m launchers.chaos throttle RUN_DIR NODE SHARE     (the throttler itself; started by slow-node)
@@ -180,6 +181,81 @@ def restore_link(run_dir: Path) -> Optional[str]:
     return node
 
 
+def cut_node(run_dir: Path, node: str) -> str:
+    """Every packet in or out of the node's network device dropped (iptables in its network namespace), as
+    a failed switch port or a cut cable looks: no reset, no error, its peers' collectives just stop. The
+    namespace is given a name (`ip netns attach`) so that `resume` finds it after the node's ranks are gone;
+    loopback inside the node is left alone (its agent still reaches its ranks)."""
+    pid = _node_process(run_dir, node)
+    if _net_namespace(pid) == _net_namespace(os.getpid()):
+        raise LookupError(f"{node} shares this machine's network namespace (cluster=local's simulated nodes do): "
+                          "it has no network of its own to cut")
+    dev = _network_device(pid)
+    restore_cut(run_dir)  # one cut at a time
+    name = f"fsdp-jobs-cut-{_run_tag(run_dir)}"
+    r = subprocess.run(["ip", "netns", "attach", name, str(pid)], capture_output=True, text=True, timeout=30)
+    if r.returncode:
+        raise LookupError(f"ip netns attach failed: {r.stderr.strip()[:200]} (root needed)")
+    RunDir(run_dir).chaos_cut_file.write_text(json.dumps({"node": node, "netns": name, "dev": dev}) + "\n")
+    for rule in (("INPUT", "-i"), ("OUTPUT", "-o")):
+        _iptables(name, "-I", rule[0], rule[1], dev, "-j", "DROP")
+    return f"cut {node} off: every packet on its {dev} dropped (iptables in its network namespace); undo: chaos RUN resume"
+
+
+def restore_cut(run_dir: Path) -> Optional[str]:
+    """Take cut-node's rules out again and drop the namespace's name (the namespace itself lives on with its
+    processes, or goes with them: a container restarted since has a new one, never cut)."""
+    try:
+        rec = json.loads(RunDir(run_dir).chaos_cut_file.read_text())
+        node, name, dev = str(rec["node"]), str(rec["netns"]), str(rec["dev"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    if not Path("/run/netns", name).exists():
+        RunDir(run_dir).chaos_cut_file.unlink(missing_ok=True)
+        raise LookupError(f"{node}'s cut cannot be undone from here: the name of its network namespace ({name}) was "
+                          f"deleted; its DROP rules on {dev} stay until the node's namespace goes")
+    for rule in (("INPUT", "-i"), ("OUTPUT", "-o")):
+        try:
+            _iptables(name, "-D", rule[0], rule[1], dev, "-j", "DROP")
+        except LookupError:
+            pass  # taken out already (the rule is not there)
+    r = subprocess.run(["ip", "netns", "delete", name], capture_output=True, text=True, timeout=30)
+    if r.returncode and Path("/run/netns", name).exists():
+        raise LookupError(f"ip netns delete {name} failed: {r.stderr.strip()[:200]}")
+    RunDir(run_dir).chaos_cut_file.unlink(missing_ok=True)
+    return node
+
+
+def _run_tag(run_dir: Path) -> str:
+    import hashlib
+
+    return hashlib.sha256(str(run_dir.resolve()).encode()).hexdigest()[:12]
+
+
+def _iptables(netns: str, *args: str) -> None:
+    try:
+        r = subprocess.run(["ip", "netns", "exec", netns, "iptables", "-w", *args], capture_output=True, text=True,
+                           timeout=30)
+    except FileNotFoundError as e:
+        raise LookupError(f"{e.filename} is not installed here (iproute2's ip, iptables)") from None
+    if r.returncode:
+        raise LookupError(f"iptables {' '.join(args)} failed: {r.stderr.strip()[:200]} (root and CAP_NET_ADMIN needed)")
+
+
+def _network_device(pid: int) -> str:
+    """The device that carries the node's traffic: its default route's, else the one with a global IPv4
+    address (deploy/slurm/start.sh's nodes have one subnet and no default route)."""
+    try:
+        return _default_device(pid)
+    except LookupError:
+        pass
+    r = _in_net_namespace(pid, "ip", "-o", "-4", "addr", "show", "scope", "global")
+    devs = [line.split()[1] for line in r.stdout.splitlines() if len(line.split()) > 1]
+    if r.returncode or not devs:
+        raise LookupError(f"no network device with an address in the node's namespace: {r.stderr.strip()[:200]}")
+    return devs[0]
+
+
 def _node_process(run_dir: Path, node: str) -> int:
     pids = [pid for pid, n in rank_processes(run_dir).values() if n == node]
     if not pids:
@@ -237,11 +313,13 @@ def stop_throttle(run_dir: Path) -> Optional[int]:
 def resume(run_dir: Path) -> str:
     throttler = stop_throttle(run_dir)
     link = restore_link(run_dir)
+    cut = restore_cut(run_dir)
     procs = rank_processes(run_dir)
     for pid, _ in procs.values():
         os.kill(pid, signal.SIGCONT)
     return (f"continued {len(procs)} ranks" + (f"; stopped the throttler (pid {throttler})" if throttler else "")
-            + (f"; {link}'s link at full speed again" if link else ""))
+            + (f"; {link}'s link at full speed again" if link else "")
+            + (f"; {cut} on the network again" if cut else ""))
 
 
 def cpu_cgroup_root() -> Optional[Path]:
@@ -276,9 +354,7 @@ class QuotaThrottle:
     ranks too), and back where they came from on `release`."""
 
     def __init__(self, root: Path, run_dir: Path, node: str, share: float) -> None:
-        import hashlib
-
-        tag = hashlib.sha256(str(run_dir.resolve()).encode()).hexdigest()[:12]
+        tag = _run_tag(run_dir)
         self.root, self.share, self.cgroup = root, share, root / f"fsdp-jobs-chaos-{tag}-{node}"
         self.cgroup.mkdir(exist_ok=True)
         self.origin: dict[int, Path] = {}

@@ -237,11 +237,11 @@ def parser() -> OneLineParser:
                                    + (" or SWEEP" if name in ("status", "cancel") else ""))
     parsers["logs"].add_argument("-f", "--follow", action="store_true", help="until the job ends")
     parsers["chaos"].add_argument("action", choices=("kill-node", "stop-node", "kill-rank", "hang-rank", "slow-node",
-                                                         "slow-link", "resume", "marathon"),
+                                                         "slow-link", "cut-node", "resume", "marathon"),
                                   help="kill-node: SIGKILL the node's agent (it restarts); stop-node: gone for good; "
                                        "kill-rank: SIGKILL one rank; hang-rank: SIGSTOP one rank; "
                                        "slow-node: throttle a node's ranks; slow-link: limit a node's network "
-                                       "(--rate); resume: undo; marathon: --faults N mixed faults, one "
+                                       "(--rate); cut-node: drop every packet of a node's network; resume: undo; marathon: --faults N mixed faults, one "
                                        "at a time, and a table of each one's detection and recovery")
     parsers["chaos"].add_argument("node", type=int, nargs="?", default=0,
                                   help="node index (0 = the rendezvous host), or the rank for kill-rank, hang-rank")

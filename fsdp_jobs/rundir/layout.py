@@ -208,6 +208,11 @@ class RunDir:
         return self.root / "scale-request"
 
     @property
+    def world_file(self) -> Path:
+        """The newest attempt's nodes (WorldRecord): the next one names who left or joined."""
+        return self.root / "world.json"
+
+    @property
     def chaos_throttle_file(self) -> Path:
         """`fsdp-jobs chaos RUN slow-node`: the throttler's pid, node and share, for `resume` to undo."""
         return self.root / "chaos-throttle.json"
@@ -216,6 +221,11 @@ class RunDir:
     def chaos_link_file(self) -> Path:
         """`fsdp-jobs chaos RUN slow-link`: the node, device and rate, for `resume` to undo."""
         return self.root / "chaos-link.json"
+
+    @property
+    def chaos_cut_file(self) -> Path:
+        """`fsdp-jobs chaos RUN cut-node`: the node, its network namespace's name and device, for `resume`."""
+        return self.root / "chaos-cut.json"
 
     @property
     def chaos_incidents_file(self) -> Path:

@@ -67,6 +67,7 @@ class RankBeat:
     restart: int = 0
     compute_s: Optional[float] = None  # mean compute per step (fsdp_jobs/cli/stragglers.py)
     wait_s: Optional[float] = None  # mean wait in collectives per step
+    save_s: Optional[float] = None  # the slowest of this process's finished saves: the watchdog's budget for the next
     v: int = SCHEMA
 
     @classmethod

@@ -275,6 +275,18 @@ ALL = (StateRecord, LaunchRecord, GoodputEvent, MetricsRow, PreflightRecord, Han
 
 
 @dataclass
+class WorldRecord(Record):
+    """RunDir.world_file: the nodes of the job's newest attempt, written by rank 0 once per attempt
+    (fsdp_jobs/runtime/trainer.py), so that the next attempt names the nodes that left it or joined."""
+
+    restart: int
+    nodes: list[str]
+    time: float
+    v: int = SCHEMA
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
 class ChaosIncident(Record):
     """One line of RunDir.chaos_incidents_file per fault a chaos marathon injected (launchers/marathon.py):
     when (wall clock and the job's step), when the job first recorded it and how, when it stepped past

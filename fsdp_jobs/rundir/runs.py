@@ -28,7 +28,7 @@ from typing import IO, TYPE_CHECKING, Any, Optional, TextIO
 import yaml
 
 from fsdp_jobs.rundir.layout import RunDir
-from fsdp_jobs.rundir.records import LaunchRecord, MetricsRow, RankRecord, ScaleRequest, StateRecord
+from fsdp_jobs.rundir.records import LaunchRecord, MetricsRow, RankRecord, ScaleRequest, StateRecord, WorldRecord
 
 if TYPE_CHECKING:  # types only: load_plan imports it when called
     from fsdp_jobs.planning.plan import Plan
@@ -237,6 +237,33 @@ def _read_json(path: Path) -> Any:
 def read_rank(path: Path) -> Optional[RankRecord]:
     """A rank's record (RunDir.rank_file), None when missing or damaged."""
     return RankRecord.from_dict(_read_json(path))
+
+
+def read_world(run_dir: Path) -> Optional[WorldRecord]:
+    """The newest attempt's nodes (RunDir.world_file), None when missing or damaged."""
+    return WorldRecord.from_dict(_read_json(RunDir(run_dir).world_file))
+
+
+def write_world(run_dir: Path, restart: int, nodes: list[str]) -> None:
+    write_atomic(RunDir(run_dir).world_file,
+                 json.dumps(WorldRecord(restart=restart, nodes=nodes, time=time.time()).to_json()) + "\n")
+
+
+def node_changes(before: Optional[WorldRecord], nodes: list[str], launched: Optional[float]) -> Optional[str]:
+    """One line naming the nodes that left the job, or joined it, since its last rendezvous (`before`); None
+    when the same nodes, or when `before` is an earlier launch's (written before `launched`)."""
+    if before is None or (launched is not None and before.time < launched):
+        return None
+    left, joined = sorted(set(before.nodes) - set(nodes)), sorted(set(nodes) - set(before.nodes))
+    if not left and not joined:
+        return None
+    parts = ([f"{_names(left)} left the job"] if left else []) + ([f"{_names(joined)} joined"] if joined else [])
+    return f"nodes: {'; '.join(parts)} since its last rendezvous: {len(before.nodes)} -> {len(nodes)} nodes"
+
+
+def _names(nodes: list[str], shown: int = 8) -> str:
+    """At most `shown` names (a rack of 32 nodes lost is one line, not 32 names)."""
+    return ", ".join(nodes[:shown]) + (f" and {len(nodes) - shown} more" if len(nodes) > shown else "")
 
 
 def request_scale(run_dir: Path, nodes: int) -> None:

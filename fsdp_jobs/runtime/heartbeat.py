@@ -74,6 +74,7 @@ class Heartbeat:
         self.step_times: deque[float] = deque(maxlen=20)
         self.waited, self.wait_mark = waited, waited()  # seconds in collectives, so far and at the last advance
         self.waits: deque[float] = deque(maxlen=20)  # of each gap in step_times, the part spent waiting
+        self.save_s: Optional[float] = None  # the slowest save so far (from phase("save") to the next advance)
         liveness.make_local_dir(self.directory)
         stacks = RunDir(run_dir).stack_file(rank)
         stacks.parent.mkdir(parents=True, exist_ok=True)
@@ -92,6 +93,8 @@ class Heartbeat:
             # every 100 steps advances every 100 steps), not the time per step
             self.step_times.append(now - self.progress)
             self.waits.append(min(waited - self.wait_mark, now - self.progress))
+        if self.name == "save":
+            self.save_s = max(self.save_s or 0.0, now - self.progress)
         if self.name != "step" or len(self.step_times) == TIMED_AFTER:  # what the node's readers act on
             self._wake.set()
         self.step, self.name, self.progress, self.wait_mark = step, "step", now, waited
@@ -118,7 +121,7 @@ class Heartbeat:
             # means, not medians: a node throttled every N-th step (a CPU quota's period, a noisy neighbour)
             # is slow in total, which is what the other nodes wait for, while most of its steps look fine
             compute_s=statistics.fmean(g - w for g, w in zip(gaps[-n:], waits[-n:])) if timed else None,
-            wait_s=statistics.fmean(waits[-n:]) if timed else None)
+            wait_s=statistics.fmean(waits[-n:]) if timed else None, save_s=self.save_s)
 
     def _beat(self) -> None:
         while True:

@@ -78,6 +78,23 @@ def write_rank_file(run_dir: Path, world: World) -> None:
     runs.write_atomic(RunDir(run_dir).rank_file(world.job_rank), json.dumps(info.to_json()) + "\n")
 
 
+def note_node_changes(run_dir: Path, world: World) -> None:
+    """Collective. Rank 0 names the nodes that left the job since the attempt before, or joined it (a node
+    cut off from the others is dropped by their next rendezvous with nothing of its own to say: this is
+    where the job says which), and keeps this attempt's nodes for the next one (RunDir.world_file). One
+    gather of a name per rank, once per attempt."""
+    names: list[Any] = [None] * world.world_size
+    dist.all_gather_object(names, os.environ.get("FSDP_JOBS_NODE") or socket.gethostname())
+    if world.job_rank != 0:
+        return
+    nodes = sorted(set(names))
+    launched = runs.last_launch(run_dir).get("unix")  # a new launch (a resubmission) compares with nothing
+    line = runs.node_changes(runs.read_world(run_dir), nodes, launched if isinstance(launched, (int, float)) else None)
+    if line:
+        print(f"fsdp-jobs: {line}", flush=True)
+    runs.write_world(run_dir, world.restart, nodes)
+
+
 def mfu_peak_flops(cfg: JobConfig, device: torch.device) -> float:
     """The accelerator's peak at the dtype the matmuls actually run in (bf16 vs fp32/TF32)."""
     cl = cfg.cluster
@@ -206,6 +223,8 @@ class Trainer:
         if self.heartbeat is not None:
             self.heartbeat.attempt(world.restart)
         write_rank_file(self.run_dir, world)  # pid, host, restart of this rank, for tools (and tests that kill ranks)
+        if world.groups == 1:  # a replica group's comings and goings are its quorum's (fsdp_jobs/runtime/replicas.py)
+            note_node_changes(self.run_dir, world)
         self.use(world, build_mesh(self.cfg, world))
         self.replicas = open_replicas(self.run_dir, self.cfg, world)
         self.timeline.event("process_group", began=began)

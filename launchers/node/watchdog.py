@@ -20,8 +20,8 @@ It also watches for a straggler: every STRAGGLER_CHECK_S it compares every node'
 says so in the log, once until the node recovers.
 
 The timeout: fault.hang_timeout_s, or derived from the ranks' recent step times (max(60 s, 10 x the
-slowest)); fault.startup_timeout_s until each rank has timed a few steps, and while it loads or saves a
-checkpoint. The decisions are pure functions of the heartbeats, tested in tests/unit/test_watchdog.py.
+slowest)); fault.startup_timeout_s until each rank has timed a few steps, and while it loads a checkpoint
+or makes its first save; a later save gets max(the step budget, SAVE_FACTOR x its slowest save so far). The decisions are pure functions of the heartbeats, tested in tests/unit/test_watchdog.py.
 """
 
 from __future__ import annotations
@@ -48,6 +48,7 @@ from fsdp_jobs.rundir.records import HangRecord
 STALE_S = liveness.STALE_S  # a heartbeat thread silent this long: the process itself is not running
 STRAGGLER_CHECK_S = 10.0
 DERIVED_FLOOR_S, DERIVED_FACTOR = 60.0, 10.0
+SAVE_FACTOR = 10.0  # a save after the first may take this many times the slowest before it
 
 
 Beat = liveness.RankBeat  # one rank's latest heartbeat
@@ -55,11 +56,18 @@ Beat = liveness.RankBeat  # one rank's latest heartbeat
 
 def hang_timeout(beats: list[Beat], fault: FaultConfig, job_step: Optional[int] = None) -> float:
     """How long no progress may last. Explicit, else derived from the step times once every rank is
-    stepping and has timed a few steps; start-up, loads and saves get fault.startup_timeout_s, unless
+    stepping and has timed a few steps; start-up, loads and first saves get fault.startup_timeout_s (a
+    later save: SAVE_FACTOR x the slowest before it, at least the step budget's floor), unless
     the job's other ranks are already past them (`job_step`: the furthest step a live rank of the job
     advanced to): a rank stopped in the middle of a save its peers finished is late, not saving."""
     startup = float(fault.startup_timeout_s)
-    if any(b.phase != "step" and (job_step is None or b.step >= job_step) for b in beats):
+    busy = [b for b in beats if b.phase != "step" and (job_step is None or b.step >= job_step)]
+    if busy and all(b.phase == "save" and b.save_s is not None for b in busy):
+        # a save like the ones before: SAVE_FACTOR x the slowest of them, not start-up's budget (a node cut
+        # off in a save's collectives stopped the job for fault.startup_timeout_s, 300 s by default)
+        floor = float(fault.hang_timeout_s or DERIVED_FLOOR_S)
+        return min(max(floor, SAVE_FACTOR * max(b.save_s or 0.0 for b in busy)), max(startup, floor))
+    if busy:
         return max(startup, float(fault.hang_timeout_s or 0))
     if fault.hang_timeout_s:
         return float(fault.hang_timeout_s)

@@ -113,7 +113,7 @@ def run(argv: list[str], environ: Optional[dict[str, str]] = None) -> int:
         if signal.getsignal(s) is not signal.SIG_IGN:
             signal.signal(s, forward)
     try:
-        rc = decided_status(supervise_agent(agent, Path(run_dir), node, beats, oom), Path(run_dir), node,
+        rc = decided_status(supervise_agent(agent, Path(run_dir), node, beats, oom, began=started), Path(run_dir), node,
                             engine_restarts=environ.get(ENGINE_RESTARTS_ENV) == "1",
                             termination_log=environ.get(TERMINATION_LOG_ENV), began=started)
     finally:
@@ -199,9 +199,10 @@ def job_fault(run_dir: Path) -> Optional[FaultConfig]:
 
 
 def supervise_agent(agent: subprocess.Popen, run_dir: Path, node: str, beats: Path,
-                    oom: Optional[OomWatch] = None) -> int:
+                    oom: Optional[OomWatch] = None, began: Optional[float] = None) -> int:
     """Wait for the agent, with the hang watchdog (launchers/node/watchdog.py) looking at its ranks every second,
-    and the node's OOM kills (launchers/node/oom.py) named as they happen."""
+    the node's OOM kills (launchers/node/oom.py) named as they happen, and the agent stopped once the job
+    completed without this node (`LeftBehind`)."""
     from launchers.node.watchdog import Watchdog
 
     from fsdp_jobs.rundir import failures
@@ -209,11 +210,16 @@ def supervise_agent(agent: subprocess.Popen, run_dir: Path, node: str, beats: Pa
     fault = job_fault(run_dir)
     watchdog = Watchdog(run_dir, node, agent.pid, fault, beats) if fault is not None else None
     seen = failures.Changes(run_dir)
+    left = LeftBehind(run_dir, agent.pid, time.time() if began is None else began)
     while True:
         try:
             return agent.wait(timeout=1.0)
         except subprocess.TimeoutExpired:
             pass
+        if left.tick():
+            print(f"fsdp-jobs: {node}: the job completed without this node (the others went on without it at "
+                  "their last rendezvous: it was cut off from them, or too late); stopping its agent", flush=True)
+            return stop_agent(agent)
         line = watchdog.tick() if watchdog is not None else None
         if line:
             print(line, flush=True)
@@ -236,6 +242,68 @@ def supervise_agent(agent: subprocess.Popen, run_dir: Path, node: str, beats: Pa
             if state.status != "failed":
                 runs.write_state(run_dir, status="failed", reason=why, step=state.step)
             return STOPPED_BY_WRAPPER
+
+
+class LeftBehind:
+    """A node the job went on without (cut off from the others' network, or too late for their last
+    rendezvous) has an agent with no ranks, waiting for a rendezvous whose store is gone: torchrun's own
+    timeouts keep it, and the job's SLURM allocation, its container or its pod, for many minutes after the
+    job completed. `tick()` (every second) says when to stop it: the ranks recorded the job completed since
+    this node began, and its agent has had no rank for GRACE_S. The state record is read only while the
+    agent has no rank (a restart's few seconds; at 1,024 nodes, no read in steady state)."""
+
+    CHECK_S, GRACE_S = 5.0, 30.0
+
+    def __init__(self, run_dir: Path, agent_pid: int, began: float) -> None:
+        self.run_dir, self.agent_pid, self.began = run_dir, agent_pid, began
+        self.idle_since: Optional[float] = None
+        self.checked = 0.0
+
+    def tick(self) -> bool:
+        now = time.monotonic()
+        if now - self.checked < self.CHECK_S:
+            return False
+        self.checked = now
+        if child_pids(self.agent_pid):
+            self.idle_since = None
+            return False
+        self.idle_since = self.idle_since or now
+        if now - self.idle_since < self.GRACE_S:
+            return False
+        from fsdp_jobs.rundir import runs
+
+        return runs.read_outcome(self.run_dir, self.began).status == "completed"
+
+
+def child_pids(pid: int) -> list[int]:
+    """The processes `pid` started that still run (its ranks, for a torchrun agent): not a zombie (a rank the
+    watchdog killed stays one while the agent waits in its rendezvous, unreaped)."""
+    found: list[int] = []
+    try:
+        for task in Path(f"/proc/{pid}/task").iterdir():
+            found += [int(c) for c in (task / "children").read_text().split()]
+    except (OSError, ValueError):
+        return [1]  # cannot tell: say busy, never stop an agent on a guess
+    return [c for c in found if not _zombie(c)]
+
+
+def _zombie(pid: int) -> bool:
+    try:
+        # /proc/PID/stat: "pid (comm) STATE ...", comm may hold spaces and parentheses
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] in ("Z", "X")
+    except (OSError, IndexError):
+        return True  # gone meanwhile
+
+
+def stop_agent(agent: subprocess.Popen, grace_s: float = 15.0) -> int:
+    """SIGTERM, then SIGKILL after `grace_s`; 0: the job this node belonged to completed."""
+    agent.terminate()
+    try:
+        agent.wait(timeout=grace_s)
+    except subprocess.TimeoutExpired:
+        agent.kill()
+        agent.wait()
+    return 0
 
 
 def main() -> None:

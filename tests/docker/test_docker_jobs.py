@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, assert_same_state, cli, committed, metrics
+from tests.conftest import MEASURED, REPO, assert_same_state, cli, committed, metrics
 
 pytestmark = [pytest.mark.docker, pytest.mark.integration, pytest.mark.usefixtures("docker_engine")]
 
@@ -126,6 +126,42 @@ def test_stop_node_leaves_two_nodes_that_continue_from_the_newest_checkpoint(run
     c = result(run_dir)["containers"]
     assert c["node2"]["exit_code"] == 137 and c["node2"]["restarts"] == 0  # gone for good
     assert c["node0"]["exit_code"] == 0 and c["node1"]["exit_code"] == 0
+
+
+@pytest.mark.expects_hang  # the cut node's peers' collectives stop: a hang, declared by design
+def test_a_node_cut_off_from_the_network_is_named_and_the_others_finish_without_it(run_root):
+    """`chaos cut-node 2`: every packet of node2's container dropped (iptables in its network namespace), no
+    reset, no error. The others' collectives stop: their watchdogs declare the hang after fault.hang_timeout_s,
+    their next rendezvous goes on without node2 (cluster.min_nodes=2) from the newest checkpoint, and rank 0
+    names node2 as gone. The job completes on two; node2's agent, left waiting for a rendezvous that is gone,
+    is stopped by its wrapper and the container exits 0, so the command ends instead of waiting out torchrun."""
+    proc = start(f"run_root={run_root}", "name=cut", *RUN_ARGS, "train.steps=400", "cluster.min_nodes=2",
+                 "fault.hang_timeout_s=10", "train.log_interval=1")
+    run_dir = run_root / "cut"
+    wait_for_file(run_dir / "checkpoints" / "step-000050" / "manifest.json", proc)
+    cut_at = time.time()
+    try:
+        assert_ok(cli("chaos", "cut", "cut-node", "2", "--run-root", str(run_root)))
+        out, _ = proc.communicate(timeout=600)
+    finally:
+        undo = cli("chaos", "cut", "resume", "--run-root", str(run_root))
+    assert proc.returncode == 0, out[-4000:]
+    assert "node2 on the network again" in undo.stdout, undo.stdout + undo.stderr
+    assert not any("fsdp-jobs-cut-" in n for n in subprocess.run(["ip", "netns", "list"], capture_output=True,
+                                                                  text=True).stdout.split()), "a cut's netns name left"
+    assert "nodes: node2 left the job" in out, out[-4000:]
+    assert "node2: the job completed without this node" in out, out[-4000:]
+    m = metrics(run_dir)
+    on_two = [x for x in m if x["world_size"] == 2]
+    assert on_two and on_two[-1]["step"] == 400 and m[-1]["step"] == 400
+    assert f"resumed from step-{on_two[0]['step'] - 1:06d}" in out
+    c = result(run_dir)["containers"]
+    assert {n: c[n]["exit_code"] for n in c} == {"node0": 0, "node1": 0, "node2": 0}, c
+    assert json.loads(cli("status", "cut", "--run-root", str(run_root)).stdout)["state"] == "SUCCEEDED"
+    hang = min(float(json.loads(ln)["time"]) for ln in (run_dir / "hangs.jsonl").read_text().splitlines())
+    back = next(x["time"] for x in m if x["world_size"] == 2)
+    print(f"{MEASURED}node cut off: hang declared after {hang - cut_at:.1f} s, first step on two nodes after "
+          f"{back - cut_at:.1f} s (fault.hang_timeout_s=10)")
 
 
 def test_detached_job_status_logs_follow_and_cancel(run_root):

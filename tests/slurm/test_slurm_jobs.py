@@ -288,3 +288,41 @@ def test_the_job_trains_through_a_controller_restart_and_status_keeps_answering(
     assert len(while_down) >= 5, "steps are recorded while the controller is down"
     after = json.loads(cli("status", "ctld", "--run-root", str(run_root)).stdout)
     assert after["state"] == "SUCCEEDED", after
+
+
+@pytest.mark.expects_hang  # the cut node's peers' collectives stop: a hang, declared by design
+def test_a_node_cut_off_from_the_network_is_named_and_the_job_trains_on_without_it(run_root):
+    """`chaos cut-node 2`: every packet of n3's network namespace dropped (iptables; slurmd's too). The others'
+    collectives stop: their watchdogs declare the hang after fault.hang_timeout_s (a save after a timed one
+    gets 10 x that save, not start-up's 300 s), their next rendezvous goes on without n3
+    (cluster.min_nodes=3) and rank 0 names n3 as gone. The link then heals (chaos resume), well inside
+    slurmd's 300 s timeout: past it slurmctld declares n3 down and ends the allocation (NODE_FAIL, a requeue:
+    SLURM's call, seen in this test's first version). The job completes, every step once at its data."""
+    job_id, _, _ = submit(f"run_root={run_root}", "name=cut", "nodes=4", "gpus_per_node=1", "cluster.min_nodes=3",
+                          "train.steps=1000", "checkpoint.interval=50", "train.log_interval=1",
+                          "fault.hang_timeout_s=10", *SHORT)
+    run_dir = run_root / "cut"
+    wait_for(lambda: (run_dir / "checkpoints" / "step-000100" / "manifest.json").exists(), 300, "checkpoint 100")
+    cut_at = time.time()
+    try:
+        r = cli("chaos", "cut", "cut-node", "2", "--run-root", str(run_root))
+        assert r.returncode == 0 and "cut n3 off" in r.stdout, r.stdout + r.stderr
+        wait_for(lambda: any(x["world_size"] == 3 for x in metrics(run_dir)), 240, "a step on three nodes")
+    finally:
+        undo = cli("chaos", "cut", "resume", "--run-root", str(run_root))
+    assert "n3 on the network again" in undo.stdout, undo.stdout + undo.stderr
+    assert wait_job(job_id, 600) == "COMPLETED"
+    log = job_log(run_dir, job_id)
+    assert "nodes: n3 left the job" in log, log[-4000:]
+    # healed, n3's waiting agent reaches the store again and joins a re-rendezvous (as seen here), or, had the
+    # job ended first, its wrapper stops it: never an allocation held by an agent waiting for nothing
+    assert "nodes: n3 joined" in log or "n3: the job completed without this node" in log, log[-4000:]
+    m = metrics(run_dir)
+    on_three = [x for x in m if x["world_size"] == 3]
+    assert m[-1]["step"] == 1000 and on_three
+    assert f"resumed from step-{on_three[0]['step'] - 1:06d}" in log
+    assert json.loads(cli("status", "cut", "--run-root", str(run_root)).stdout)["state"] == "SUCCEEDED"
+    hang = min(float(json.loads(ln)["time"]) for ln in (run_dir / "hangs.jsonl").read_text().splitlines())
+    print(f"{MEASURED}node cut off: hang declared after {hang - cut_at:.1f} s, first step on three nodes after "
+          f"{on_three[0]['time'] - cut_at:.1f} s (fault.hang_timeout_s=10); the job ended on "
+          f"{m[-1]['world_size']} nodes")

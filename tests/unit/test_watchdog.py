@@ -19,8 +19,8 @@ NOW = 1_000_000.0
 
 
 def beat(rank: int, step: int = 10, phase: str = "step", progress: float = NOW - 1, alive: float = NOW - 0.5,
-         step_s: float | None = 0.2, node: str = "node0") -> Beat:
-    return Beat(rank, node, 100 + rank, step, phase, progress, alive, step_s)
+         step_s: float | None = 0.2, node: str = "node0", save_s: float | None = None) -> Beat:
+    return Beat(rank, node, 100 + rank, step, phase, progress, alive, step_s, save_s=save_s)
 
 
 @pytest.mark.parametrize("beats, fault, expected", [
@@ -34,6 +34,17 @@ def beat(rank: int, step: int = 10, phase: str = "step", progress: float = NOW -
     ([beat(0, phase="start", step_s=None)], FaultConfig(startup_timeout_s=120, hang_timeout_s=20), 120.0),
     # explicit: exactly that while stepping
     ([beat(0, step_s=9.0)], FaultConfig(startup_timeout_s=300, hang_timeout_s=20), 20.0),
+    # a save after a timed one: 10 x the slowest save, at least the step budget's floor, at most start-up's
+    # (a node cut off from the network in a save's collectives cost 300 s before this)
+    ([beat(0, phase="save", save_s=0.1), beat(1, phase="save", save_s=0.09)],
+     FaultConfig(startup_timeout_s=300, hang_timeout_s=10), 10.0),
+    ([beat(0, phase="save", save_s=4.0), beat(1, phase="save", save_s=2.0)],
+     FaultConfig(startup_timeout_s=300, hang_timeout_s=10), 40.0),
+    ([beat(0, phase="save", save_s=0.5)], FaultConfig(startup_timeout_s=300), 60.0),
+    ([beat(0, phase="save", save_s=50.0)], FaultConfig(startup_timeout_s=300), 300.0),
+    ([beat(0, phase="save", save_s=None), beat(1, phase="save", save_s=0.1)],  # a rank's first save
+     FaultConfig(startup_timeout_s=300, hang_timeout_s=10), 300.0),
+    ([beat(0, phase="load", save_s=0.1)], FaultConfig(startup_timeout_s=300, hang_timeout_s=10), 300.0),
 ])
 def test_the_hang_timeout(beats, fault, expected):
     assert hang_timeout(beats, fault) == expected

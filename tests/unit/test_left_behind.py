@@ -1,0 +1,98 @@
+"""A node the job went on without (cut off from the others' network, too late for their last rendezvous):
+the job names it in one line at the next attempt (`runs.node_changes`, from RunDir.world_file), and the
+node's wrapper stops its agent once the job completed without it (launchers/node/wrapper.py `LeftBehind`),
+instead of holding its SLURM allocation, container or pod while torchrun waits for a rendezvous that is gone.
+The real thing, a node cut off by iptables: tests/docker/test_docker_jobs.py, tests/slurm/test_slurm_jobs.py."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+
+import pytest
+
+from fsdp_jobs.rundir import runs
+from fsdp_jobs.rundir.records import WorldRecord
+from launchers.node import wrapper
+from launchers.node.wrapper import LeftBehind
+
+
+def test_the_next_rendezvous_names_the_nodes_that_left_and_joined():
+    before = WorldRecord(restart=0, nodes=["n1", "n2", "n3", "n4"], time=100.0)
+    assert runs.node_changes(before, ["n1", "n2", "n4"], 50.0) == (
+        "nodes: n3 left the job since its last rendezvous: 4 -> 3 nodes")
+    # a healed node rejoins at a re-rendezvous, which torchrun does not count as a restart
+    assert runs.node_changes(before, ["n1", "n2", "n3", "n4", "n5"], 50.0) == (
+        "nodes: n5 joined since its last rendezvous: 4 -> 5 nodes")
+    assert runs.node_changes(before, ["n1", "n2", "n3", "n4"], 50.0) is None  # a restart on the same nodes
+    assert runs.node_changes(before, ["n1"], 150.0) is None  # a new launch (a resubmission): no comparison
+    assert runs.node_changes(None, ["n1"], None) is None
+    rack = WorldRecord(restart=2, nodes=[f"n{i:03d}" for i in range(64)], time=100.0)
+    line = runs.node_changes(rack, [f"n{i:03d}" for i in range(32)], None)
+    assert line is not None and "n032, n033" in line and "and 24 more left" in line and "64 -> 32" in line
+
+
+def test_the_world_record_round_trips_and_a_damaged_one_is_none(tmp_path):
+    runs.write_world(tmp_path, 2, ["n1", "n2"])
+    w = runs.read_world(tmp_path)
+    assert w is not None and (w.restart, w.nodes) == (2, ["n1", "n2"])
+    (tmp_path / "world.json").write_text('{"restart": 2, "nodes": "n1"}\n')
+    assert runs.read_world(tmp_path) is None
+
+
+@pytest.fixture
+def fast(monkeypatch):
+    monkeypatch.setattr(LeftBehind, "CHECK_S", 0.0)
+    monkeypatch.setattr(LeftBehind, "GRACE_S", 0.3)
+
+
+def agent(with_rank: bool) -> subprocess.Popen:
+    """A stand-in torchrun agent: a process that has a child (a rank) or has only a zombie (a rank the
+    watchdog killed, unreaped while the agent waits in its rendezvous, as a container showed)."""
+    rank = "import time; time.sleep(60)" if with_rank else "pass"
+    code = f"import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', {rank!r}]); time.sleep(60)"
+    return subprocess.Popen([sys.executable, "-c", code])
+
+
+def ticks(left: LeftBehind, seconds: float = 1.0) -> bool:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if left.tick():
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def test_an_agent_without_ranks_is_stopped_once_the_job_completed_since_the_node_began(tmp_path, fast):
+    proc = agent(with_rank=False)
+    try:
+        began = time.time()
+        left = LeftBehind(tmp_path, proc.pid, began)
+        assert not ticks(left, 0.6)  # no state record: the job goes on (a restart's rendezvous)
+        runs.write_state(tmp_path, status="running", step=10)
+        assert not ticks(left, 0.6)
+        runs.write_state(tmp_path, status="completed", step=20)
+        assert ticks(left)
+        assert wrapper.stop_agent(proc, grace_s=5) == 0 and proc.poll() is not None
+    finally:
+        proc.kill()
+
+
+def test_an_earlier_launchs_completed_record_or_an_agent_with_ranks_is_never_left_behind(tmp_path, fast):
+    runs.write_state(tmp_path, status="completed", step=20)  # the run's previous launch
+    proc = agent(with_rank=False)
+    busy = agent(with_rank=True)
+    try:
+        time.sleep(0.5)  # busy's child started
+        assert wrapper.child_pids(busy.pid) and not wrapper.child_pids(proc.pid)  # a zombie is no rank
+        assert not ticks(LeftBehind(tmp_path, proc.pid, time.time()), 0.8)
+        began = time.time()
+        runs.write_state(tmp_path, status="completed", step=20)
+        assert not ticks(LeftBehind(tmp_path, busy.pid, began), 0.8)  # its ranks still run: it is in the job
+    finally:
+        children = wrapper.child_pids(busy.pid)  # ours, by pid: the stand-in rank
+        for p in (proc, busy):
+            p.kill()
+        for child in children:
+            subprocess.run(["kill", "-9", str(child)], check=False)
