@@ -7,7 +7,10 @@ last one, and deals the kinds the backend can inject in shuffled rounds, so that
 watchdog's hang timeout finds it), slow-node (a CPU quota on one node's ranks until the straggler view names
 it), corrupt-checkpoint (the newest committed checkpoint damaged, a shard's bytes flipped or cut short, then
 a rank killed so that the restart meets it: it must be set aside and the one before used) and, where the
-backend has nodes of its own, kill-node. NaN injection is left out: rollback skips a batch window by design,
+backend has nodes of its own, kill-node and cut-node (every packet of a node dropped until the job has
+recorded the hang it causes, then healed: with cluster.min_nodes = nodes the others cannot go on without
+it, so the job resumes on every node, and its last checkpoint can still be compared bit for bit; going on
+without the node, elastic, is tests/docker and tests/slurm's cut-node tests). NaN injection is left out: rollback skips a batch window by design,
 so its run cannot end bit for bit where an uninterrupted one does (tests/integration/test_local_runs.py
 proves rollback on its own).
 
@@ -56,6 +59,7 @@ class Backend(Protocol):
     def chaos(self, run: Run, action: str, node: int, rate: str = "100mbit") -> str: ...
 
 BASE_KINDS = ("kill-rank", "hang-rank", "slow-node", "corrupt-checkpoint")
+NODE_KINDS = ("kill-node", "cut-node")  # a node's own: never node0, whose loss is every node's (it holds the store)
 POLL_S = 0.1
 DESCRIBE_S = 2.0  # how often the backend is asked whether the job still runs
 SLOW_DETECT_S = 90.0  # a slow node the straggler view has not named by then: not detected, quota lifted
@@ -91,7 +95,7 @@ def schedule(seed: int, faults: int, kinds: tuple[str, ...], world: int, nodes: 
     for i, kind in enumerate(dealt[:faults]):
         at = first + round(i * gap)
         # node0 holds the rendezvous store: its loss restarts every node, a fault of its own (not dealt)
-        target = (rng.randrange(nodes) if kind == "slow-node" else rng.randrange(1, nodes) if kind == "kill-node"
+        target = (rng.randrange(nodes) if kind == "slow-node" else rng.randrange(1, nodes) if kind in NODE_KINDS
                   else rng.randrange(world))
         out.append(Fault(at, kind, target))
     return out
@@ -218,6 +222,10 @@ class Marathon:
             chaos.slow_node(self.run_dir, node, SLOW_SHARE)
             return node
         self.backend.chaos(self.run, fault.kind, fault.target)
+        if fault.kind == "cut-node":
+            from launchers import chaos
+
+            return chaos.node_name(self.run_dir, fault.target)
         return f"node{fault.target}" if fault.kind == "kill-node" else f"rank {fault.target}"
 
     def measure_restart(self, incident: ChaosIncident, before: MetricsRow, seen: int,
@@ -226,6 +234,7 @@ class Marathon:
         first step past the newest one the old attempt recorded."""
         t0, old = incident.injected_at, _attempt(before)
         only_aside = incident.kind == "corrupt-checkpoint"  # the kill is not what this one is about
+        cut = [incident.kind == "cut-node"]  # healed once the job has recorded it
 
         def first() -> Optional[tuple[float, str]]:
             found = [e for e in evidence(self.run_dir, t0, known_aside) if not only_aside or "set aside" in e[1]]
@@ -242,9 +251,16 @@ class Marathon:
         def done() -> bool:
             self.progress.poll()
             found[0] = found[0] or first()
+            if found[0] is not None and cut[0]:
+                self.backend.chaos(self.run, "resume", 0)
+                cut[0] = False
             return found[0] is not None and recovered() is not None
 
-        self.wait(done, RECOVER_S)
+        try:
+            self.wait(done, RECOVER_S)
+        finally:
+            if cut[0]:  # never detected: heal it anyway, the marathon goes on
+                self.backend.chaos(self.run, "resume", 0)
         row, ev = recovered(), found[0] or first()
         if ev is not None:
             incident.detected_s, incident.evidence = round(ev[0] - t0, 2), ev[1]
@@ -358,7 +374,7 @@ def table(incidents: list[ChaosIncident]) -> list[str]:
 def restarts_needed(faults: list[Fault]) -> tuple[int, int]:
     """(restarts, of them after hangs) the schedule costs the job."""
     restarting = [f for f in faults if f.kind != "slow-node"]
-    return len(restarting), sum(f.kind == "hang-rank" for f in restarting)
+    return len(restarting), sum(f.kind in ("hang-rank", "cut-node") for f in restarting)
 
 
 def plan_for(backend: Backend, run: Run, count: int, seed: int) -> list[Fault]:
@@ -366,7 +382,7 @@ def plan_for(backend: Backend, run: Run, count: int, seed: int) -> list[Fault]:
     from fsdp_jobs.planning.config import job_config
 
     cfg, plan = job_config(runs.load_job(run.run_dir)), runs.load_plan(run.run_dir)
-    kinds = tuple(k for k in backend.marathon_kinds if plan.nodes > 1 or k not in ("slow-node", "kill-node"))
+    kinds = tuple(k for k in backend.marathon_kinds if plan.nodes > 1 or k not in ("slow-node", *NODE_KINDS))
     faults = schedule(seed, count, kinds, plan.world_size, plan.nodes, cfg.train.steps,
                       cfg.checkpoint.interval)
     restarts, after_hangs = restarts_needed(faults)

@@ -100,11 +100,14 @@ class Outcome:
 
 
 def supervise(nodes: list[Node], sink: LogSink, min_nodes: int, stop_grace_s: float,
-              grow: Optional[Callable[[], list[Node]]] = None, began: Optional[float] = None) -> Outcome:
+              grow: Optional[Callable[[], list[Node]]] = None, began: Optional[float] = None,
+              stop_now: Optional[str] = None) -> Outcome:
     """Until every node has ended for good; returns how each ended. Always leaves none running.
     `grow`, asked every poll, returns the nodes `fsdp-jobs scale` added since (already started): they
     are followed and supervised like the first ones. `began`: when the launch began, before its nodes
-    started (default: now), so that exit_status reads only the state this launch's ranks recorded."""
+    started (default: now), so that exit_status reads only the state this launch's ranks recorded.
+    `stop_now`: why to stop the job at once, as a signal would (Docker's guardian of an attached command
+    that died: launchers/docker/supervisor.py)."""
     began = time.time() if began is None else began
     done = threading.Event()
     signals: list[int] = []
@@ -126,7 +129,7 @@ def supervise(nodes: list[Node], sink: LogSink, min_nodes: int, stop_grace_s: fl
                 break
             gone = [name for name, c in codes.items() if c not in (None, 0)]
             peers_gone_since = (peers_gone_since or time.monotonic()) if gone and len(live) < min_nodes else None
-            why = _why_stop(signals, gone, live, min_nodes, peers_gone_since)
+            why = stop_now or _why_stop(signals, gone, live, min_nodes, peers_gone_since)
             if why and stopping_until is None:
                 sink.write(f"fsdp-jobs: {why}")
                 for n in live:
@@ -145,7 +148,7 @@ def supervise(nodes: list[Node], sink: LogSink, min_nodes: int, stop_grace_s: fl
             n.join(timeout=30)
         for s, h in old.items():
             signal.signal(s, h)
-    return Outcome({k: int(v) for k, v in codes.items() if v is not None}, bool(signals), began)
+    return Outcome({k: int(v) for k, v in codes.items() if v is not None}, bool(signals) or bool(stop_now), began)
 
 
 def why_not_grow(nodes: list[Node], run_dir: Path) -> Optional[str]:

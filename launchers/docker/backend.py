@@ -296,7 +296,12 @@ class DockerBackend(Backend[DockerRequest]):
                   f"  cancel:   fsdp-jobs cancel {plan.name}     (supervisor pid {pid} removes the "
                   f"containers when the job ends)", flush=True)
             return Submitted(req.project)
-        return Submitted(req.project, docker_supervisor.supervise(run_dir, launch_fields, job, req.compose, echo=True))
+        guardian = docker_supervisor.start_guardian(run_dir, launch_fields, job, req.compose)
+        try:
+            status = docker_supervisor.supervise(run_dir, launch_fields, job, req.compose, echo=True)
+        finally:
+            docker_supervisor.release_guardian(guardian)
+        return Submitted(req.project, status)
 
     def describe(self, run: Run) -> JobStatus:
         project = own_project(run)
@@ -358,7 +363,7 @@ class DockerBackend(Backend[DockerRequest]):
         raise UserError("RUN", run.run_dir.name, f"its supervisor started no new container in {SCALE_WAIT_S}s "
                                                  f"(fsdp-jobs logs {run.run_dir.name} says why)")
 
-    marathon_kinds = ("kill-rank", "hang-rank", "slow-node", "corrupt-checkpoint", "kill-node")
+    marathon_kinds = ("kill-rank", "hang-rank", "slow-node", "corrupt-checkpoint", "kill-node", "cut-node")
 
     def chaos(self, run: Run, action: str, node: int, rate: str = "100mbit") -> str:
         if action not in ("kill-node", "stop-node"):  # the rank-level faults: launchers/chaos.py

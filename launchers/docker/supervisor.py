@@ -6,6 +6,13 @@ its result (docker/result.json) and removes the containers and the network.
 It runs in the CLI's foreground for an attached job (Ctrl-C stops exactly these containers: SIGTERM
 to each agent, whose ranks checkpoint, then SIGKILL after the grace), or detached
 (`python -m launchers.docker.supervisor RUN_DIR`, started by `submit` with cluster.detach=true).
+
+An attached job also has a guardian (`python -m launchers.docker.supervisor RUN_DIR --guard`, its own
+session, `start_guardian`): it waits on a pipe from the CLI. The CLI writes "done" once its supervisor has
+ended; a CLI killed before (SIGKILL, a closed terminal, an OOM-killed login shell) closes the pipe with
+nothing written, and the guardian stops the containers as Ctrl-C would (the ranks checkpoint), records the
+result and removes them: no container trains on unsupervised, and the same command again resumes the run
+from its checkpoint, as cluster=local's nodes do through PR_SET_PDEATHSIG.
 """
 
 from __future__ import annotations
@@ -114,7 +121,7 @@ class ContainerNode(Node):
 
 
 def supervise(run_dir: Path, launch: dict[str, Any], job: dict[str, Any], compose: dict[str, Any],
-              echo: bool = False) -> int:
+              echo: bool = False, stop_now: Optional[str] = None) -> int:
     """Until every container has ended for good; then record, clean up, and return the job's status.
     `launch` (project, user, the `down` command), `job` and the `compose` spec come from the submitting
     process, in memory: never read back from the run dir, which the containers' user can rewrite while
@@ -149,7 +156,7 @@ def supervise(run_dir: Path, launch: dict[str, Any], job: dict[str, Any], compos
     removed = False
     try:
         outcome = supervise_nodes(nodes, sink, cfg.cluster.get("min_nodes") or cfg.nodes,
-                                  cfg.cluster.stop_grace_s, grow, began=launch.get("unix"))
+                                  cfg.cluster.stop_grace_s, grow, began=launch.get("unix"), stop_now=stop_now)
         status = exit_status(outcome, cfg, run_dir)
         result = {"project": project, "time": time.time(), "exit_status": status,
                   "cancelled": outcome.interrupted or runs.cancel_recorded(run_dir)
@@ -223,6 +230,56 @@ def start_detached(run_dir: Path, launch: dict[str, Any], job: dict[str, Any], c
     return p.pid
 
 
+GUARD_DONE = "done"
+ORPHANED = ("the attached command ended before its job (killed?): stopping the containers (the ranks checkpoint); "
+            "the same command again resumes the run")
+
+
+def start_guardian(run_dir: Path, launch: dict[str, Any], job: dict[str, Any],
+                   compose: dict[str, Any]) -> subprocess.Popen:
+    """The attached job's guardian, waiting on a pipe this process holds open until `release_guardian`."""
+    out = runs.open_append(RunDir(run_dir).supervisor_log)
+    give_to(RunDir(run_dir).supervisor_log, launch["user"])
+    p = subprocess.Popen([sys.executable, "-m", "launchers.docker.supervisor", str(run_dir), "--guard"], stdout=out,
+                         stderr=subprocess.STDOUT, stdin=subprocess.PIPE, start_new_session=True, text=True)
+    out.close()
+    assert p.stdin is not None
+    p.stdin.write(json.dumps({"launch": launch, "job": job, "compose": compose}) + "\n")
+    p.stdin.flush()
+    return p
+
+
+def release_guardian(guard: subprocess.Popen) -> None:
+    """This process's supervisor has ended: the guardian has nothing to do."""
+    try:
+        assert guard.stdin is not None
+        guard.stdin.write(GUARD_DONE + "\n")
+        guard.stdin.close()
+        guard.wait(timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        guard.kill()
+
+
+def guard(run_dir: Path, given: dict[str, Any], rest: str) -> int:
+    """After the attached command's pipe closed: nothing to do if it said done or the job has its result;
+    else stop the job and clean up as the command would have."""
+    result = read_result_of(run_dir, given["launch"]["project"])
+    if rest.strip() == GUARD_DONE or result is not None:
+        return 0
+    return supervise(run_dir, given["launch"], given["job"], given["compose"], stop_now=ORPHANED)
+
+
+def read_result_of(run_dir: Path, project: str) -> Optional[dict[str, Any]]:
+    try:
+        result = json.loads((docker_dir(run_dir) / RESULT_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+    return result if isinstance(result, dict) and result.get("project") == project else None
+
+
 if __name__ == "__main__":
+    if sys.argv[2:3] == ["--guard"]:
+        first = json.loads(sys.stdin.readline())
+        sys.exit(guard(Path(sys.argv[1]), first, sys.stdin.read()))  # read() returns at EOF: the command is gone
     given = json.loads(sys.stdin.read())
     sys.exit(supervise(Path(sys.argv[1]), given["launch"], given["job"], given["compose"]))

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -162,6 +163,33 @@ def test_a_node_cut_off_from_the_network_is_named_and_the_others_finish_without_
     back = next(x["time"] for x in m if x["world_size"] == 2)
     print(f"{MEASURED}node cut off: hang declared after {hang - cut_at:.1f} s, first step on two nodes after "
           f"{back - cut_at:.1f} s (fault.hang_timeout_s=10)")
+
+
+def test_the_attached_command_killed_stops_its_containers_and_the_same_command_resumes(run_root):
+    """`kill -9` of an attached `python -m fsdp_jobs cluster=docker` (a closed terminal, an OOM-killed login
+    shell): its guardian (launchers/docker/supervisor.py) sees the pipe close with no word, stops the
+    containers as Ctrl-C would (the ranks checkpoint) and removes them; the same command again resumes the run
+    from that checkpoint and completes it, every step once."""
+    args = [f"run_root={run_root}", "name=orphan", *RUN_ARGS, "train.steps=400", "checkpoint.interval=50"]
+    run_dir = run_root / "orphan"
+    proc = start(*args)
+    wait_for_file(run_dir / "checkpoints" / "step-000050" / "manifest.json", proc)
+    assert len(labelled("container", run_dir)) == 3
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    deadline = time.monotonic() + 120
+    removed = lambda: (run_dir / "docker" / "result.json").exists() and result(run_dir).get("removed")  # noqa: E731
+    while not removed() and time.monotonic() < deadline:  # the guardian's last word: after compose down
+        time.sleep(0.5)
+    assert not labelled("container", run_dir), "containers outlived their command"
+    assert result(run_dir)["exit_status"] == 130 and removed(), result(run_dir)
+    stopped_at = json.loads((run_dir / "state.json").read_text())["step"]
+    assert 50 <= stopped_at < 400  # they stopped (with a checkpoint), not trained on to the end
+    r = cli(*args)
+    assert_ok(r)
+    assert f"resumed from step-{stopped_at:06d}" in r.stdout, r.stdout[-3000:]
+    assert committed(run_dir)[-1] == "step-000400"
+    assert {x["step"] for x in metrics(run_dir)} == set(range(1, 401))
 
 
 def test_detached_job_status_logs_follow_and_cancel(run_root):

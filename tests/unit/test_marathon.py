@@ -85,10 +85,13 @@ def test_a_bad_fault_count_is_one_line_and_exit_2(tmp_path):
         assert r.returncode == 2 and r.stderr.count("\n") == 1 and "between 1 and 1000" in r.stderr, r.stderr
 
 
-def test_kill_node_spares_node0_which_holds_the_rendezvous_store():
-    faults = marathon.schedule(1, 40, (*KINDS, "kill-node"), world=3, nodes=3, steps=2000, interval=20)
-    killed = {f.target for f in faults if f.kind == "kill-node"}
-    assert killed == {1, 2}
+def test_kill_node_and_cut_node_spare_node0_which_holds_the_rendezvous_store():
+    faults = marathon.schedule(1, 40, (*KINDS, "kill-node", "cut-node"), world=3, nodes=3, steps=2000, interval=20)
+    for kind in ("kill-node", "cut-node"):
+        assert {f.target for f in faults if f.kind == kind} == {1, 2}, kind
+    restarts, after_hangs = marathon.restarts_needed(faults)  # a cut is found as a hang: it counts as one
+    assert after_hangs == sum(f.kind in ("hang-rank", "cut-node") for f in faults) and restarts == 40 - sum(
+        f.kind == "slow-node" for f in faults)
 
 
 def test_a_node_index_is_named_as_the_run_names_its_nodes(tmp_path):
