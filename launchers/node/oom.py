@@ -15,11 +15,15 @@ from pathlib import Path
 from typing import Optional
 
 PROC_CGROUP = Path("/proc/self/cgroup")
+PROC_MOUNTINFO = Path("/proc/self/mountinfo")
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 
 
-def counter_file(proc_cgroup: str, root: Path = CGROUP_ROOT) -> Optional[Path]:
-    """The file holding this process's memory cgroup's OOM kill count, from /proc/self/cgroup's text."""
+def counter_file(proc_cgroup: str, root: Path = CGROUP_ROOT, mountinfo: str = "") -> Optional[Path]:
+    """The file holding this process's memory cgroup's OOM kill count, from /proc/self/cgroup's text and,
+    where given, /proc/self/mountinfo's: a container without a cgroup namespace of its own (Docker on a
+    cgroup v1 host) sees the host's path in /proc/self/cgroup (/docker/ID) while its /sys/fs/cgroup/memory
+    is that cgroup itself (mounted with root /docker/ID): the mount's root is taken off the path."""
     v1, v2 = None, None
     for line in proc_cgroup.splitlines():
         parts = line.split(":", 2)
@@ -30,12 +34,38 @@ def counter_file(proc_cgroup: str, root: Path = CGROUP_ROOT) -> Optional[Path]:
             v2 = path
         elif "memory" in controllers.split(","):
             v1 = path
+    mounts = cgroup_mounts(mountinfo)
     candidates = []
     if v2 is not None:  # unified: mounted at the root, or beside the v1 hierarchies (a hybrid host)
+        candidates += [_below(m, v2) / "memory.events" for m in mounts.get("cgroup2", []) if _below(m, v2)]
         candidates += [root / v2.lstrip("/") / "memory.events", root / "unified" / v2.lstrip("/") / "memory.events"]
     if v1 is not None:
+        candidates += [_below(m, v1) / "memory.oom_control" for m in mounts.get("memory", []) if _below(m, v1)]
         candidates.append(root / "memory" / v1.lstrip("/") / "memory.oom_control")
     return next((c for c in candidates if c.is_file()), None)
+
+
+def cgroup_mounts(mountinfo: str) -> dict[str, list[tuple[str, Path]]]:
+    """{"cgroup2" | "memory": [(the mount's root in the hierarchy, where it is mounted)]} from mountinfo's
+    text (proc(5): ID PARENT MAJ:MIN ROOT MOUNTPOINT ... - FSTYPE SOURCE SUPEROPTS)."""
+    found: dict[str, list[tuple[str, Path]]] = {}
+    for line in mountinfo.splitlines():
+        before, sep, after = line.partition(" - ")
+        fields, tail = before.split(), after.split()
+        if not sep or len(fields) < 5 or len(tail) < 3:
+            continue
+        if tail[0] == "cgroup2":
+            found.setdefault("cgroup2", []).append((fields[3], Path(fields[4])))
+        elif tail[0] == "cgroup" and "memory" in tail[2].split(","):
+            found.setdefault("memory", []).append((fields[3], Path(fields[4])))
+    return found
+
+
+def _below(mount: tuple[str, Path], path: str) -> Optional[Path]:
+    """Where cgroup `path` is under this mount, or None when the mount does not hold it."""
+    mount_root, where = mount
+    rel = Path(path).relative_to(mount_root) if Path(path).is_relative_to(mount_root) else None
+    return None if rel is None else where / rel
 
 
 def read_kills(path: Optional[Path]) -> Optional[int]:
@@ -55,12 +85,14 @@ def read_kills(path: Optional[Path]) -> Optional[int]:
 class OomWatch:
     """New OOM kills in this node's memory cgroup since the node started (or since the last look)."""
 
-    def __init__(self, proc_cgroup: Optional[str] = None, root: Path = CGROUP_ROOT) -> None:
+    def __init__(self, proc_cgroup: Optional[str] = None, root: Path = CGROUP_ROOT,
+                 mountinfo: Optional[str] = None) -> None:
         try:
             text = proc_cgroup if proc_cgroup is not None else PROC_CGROUP.read_text()
+            mounts = mountinfo if mountinfo is not None else "" if proc_cgroup is not None else PROC_MOUNTINFO.read_text()
         except OSError:
-            text = ""
-        self.path = counter_file(text, root)
+            text, mounts = "", ""
+        self.path = counter_file(text, root, mounts)
         self.start = self.last = read_kills(self.path)
 
     def new_kills(self) -> int:

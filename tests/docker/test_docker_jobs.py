@@ -192,6 +192,22 @@ def test_the_attached_command_killed_stops_its_containers_and_the_same_command_r
     assert {x["step"] for x in metrics(run_dir)} == set(range(1, 401))
 
 
+def test_a_rank_killed_for_memory_in_a_container_is_named_out_of_memory_and_the_job_completes(run_root):
+    """cluster.mem=3g: each container's memory cgroup has a limit, and the last rank allocates until the
+    kernel's OOM killer takes it (FSDP_JOBS_TEST_OOM_AT_STEP). Its node's wrapper reads the container's own
+    memory.events and says out of memory, not only torchrun's "Signal 9"; torchrun restarts the ranks from
+    checkpoint 10, no container restarts, and the job completes every step."""
+    r = cli(f"run_root={run_root}", "name=oom", *RUN_ARGS, "train.steps=40", "checkpoint.interval=10",
+            "cluster.mem=3g", "+cluster.env.FSDP_JOBS_TEST_OOM_AT_STEP=15")
+    assert_ok(r)
+    said = [ln for ln in r.stdout.splitlines() if "out of memory" in ln]
+    assert said and "node2: out of memory: the kernel's OOM killer killed" in said[0], r.stdout[-4000:]
+    assert "resumed from step-000010" in r.stdout
+    assert {x["step"] for x in metrics(run_root / "oom")} == set(range(1, 41))
+    assert committed(run_root / "oom")[-1] == "step-000040"
+    assert all(c["restarts"] == 0 for c in result(run_root / "oom")["containers"].values())
+
+
 def test_detached_job_status_logs_follow_and_cancel(run_root):
     t0 = time.perf_counter()
     r = cli(f"run_root={run_root}", "name=bg", "cluster=docker", "nodes=2", "gpus_per_node=1",

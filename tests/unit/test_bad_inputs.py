@@ -240,6 +240,7 @@ CTL_CASES = [
     (["chaos", "keep", "kill-node", "abc"], "node", "invalid int"),
     (["chaos", "keep", "explode", "1"], "action", "invalid choice"),
     (["chaos", "keep", "slow-link", "1", "--rate", "1mbit;reboot"], "--rate='1mbit;reboot'", "need a number and kbit"),
+    (["chaos", "slurmrun", "cut-node", "1"], "chaos='cut-node'", "no running rank on node1"),
     (["status", "keep", "--bogus"], "--bogus", "unrecognized"),
     (["bogus-command"], "bogus-command", "overrides are key=value"),  # not a command: an override without '='
     (["cancel", "slurmrun"], "RUN='slurmrun'", "not a SLURM job id"),

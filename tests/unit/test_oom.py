@@ -44,3 +44,23 @@ def test_nothing_readable_is_no_kill_and_no_guess(tmp_path):
     assert watch.path is None and watch.new_kills() == 0 and watch.total() == 0
     damaged = cgroup(tmp_path, "x", "memory.events", "oom_kill lots\n")
     assert oom.read_kills(damaged) is None
+
+
+def test_a_docker_container_on_a_v1_host_reads_its_own_cgroup_through_its_mount(tmp_path):
+    """Found on the Docker OOM test: the container's /proc/self/cgroup names the host's path (/docker/ID) while
+    its /sys/fs/cgroup/memory is that cgroup itself, mounted with root /docker/ID: the path joined to the
+    mount point names nothing, and the kill went unnamed. mountinfo gives the mount's root to take off."""
+    cid = "/docker/42b2712"
+    text = f"4:memory:{cid}\n0::{cid}\n"
+    mountinfo = (f"1419 1411 0:33 {cid} {tmp_path}/memory ro,nosuid - cgroup cgroup rw,memory\n"
+                 f"1420 1411 0:34 {cid} {tmp_path}/pids ro,nosuid - cgroup cgroup rw,pids\n")
+    control = cgroup(tmp_path, "memory", "memory.oom_control", V1_CONTROL.format(n=0))
+    assert oom.OomWatch(text, tmp_path).path is None  # without mountinfo: the host's path names nothing here
+    watch = oom.OomWatch(text, tmp_path, mountinfo)
+    assert watch.path == control
+    control.write_text(V1_CONTROL.format(n=1))
+    assert watch.new_kills() == 1
+    v2 = f"1500 1411 0:40 {cid} {tmp_path}/unified rw - cgroup2 cgroup2 rw\n"
+    events = cgroup(tmp_path, "unified", "memory.events", V2_EVENTS.format(n=0))
+    assert oom.OomWatch(f"0::{cid}\n", tmp_path, v2).path == events
+    assert oom.cgroup_mounts("garbage\n1 2 3\n") == {}
