@@ -329,13 +329,16 @@ def test_the_launcher_killed_leaves_no_rank_running_and_the_same_command_resumes
 
 
 def test_resume_on_fewer_nodes_continues_at_the_same_data_position(run_root):
+    """A resubmission may change the node count and the sharding: DCP reshards on load, so no sharding
+    change makes a run's checkpoints unloadable, and none is refused (only the model's shape is:
+    tests/unit/test_bad_inputs.py)."""
     args = (f"run_root={run_root}", "name=resize", "train.global_batch_size=16", *SHORT)
     run_dir = run_root / "resize"
     assert_ok(cli(*args, "train.steps=20", "checkpoint.interval=10"))
     saved = torch.load(run_dir / "probe.pt")  # the world-4 model's outputs at step 20
-    # the same checkpoint loaded at world size 2 with nothing left to train: the resharded weights
-    # give the saved model's outputs
-    r = cli(*args, "train.steps=20", "nodes=1", "gpus_per_node=2")
+    # the same checkpoint loaded at world size 2, unsharded (fsdp=no_shard; hybrid_shard saved it), with
+    # nothing left to train: the resharded weights give the saved model's outputs
+    r = cli(*args, "train.steps=20", "nodes=1", "gpus_per_node=2", "fsdp=no_shard")
     assert_ok(r)
     assert "resumed from step-000020 (step 20, saved at world size 4)" in r.stdout
     resharded = torch.load(run_dir / "probe.pt")
