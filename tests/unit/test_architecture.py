@@ -204,7 +204,8 @@ def test_the_top_level_holds_only_the_fixed_entries():
 RUN_DIR_NAMES = ("state.json", "job.yaml", "plan.json", "launches.jsonl", "metrics.jsonl", "goodput.jsonl",
                  "hangs.jsonl", "failures.jsonl", "preflight.json", "stop-request", "scale-request",
                  "cancel-requested", "wandb-id", "wandb-ledger.json", "launcher.log", "supervisor.log",
-                 "torchrun-error", "probe.pt", "preflight-rank", "job.json", "chaos-throttle", "chaos-link")
+                 "torchrun-error", "probe.pt", "preflight-rank", "job.json", "chaos-throttle", "chaos-link",
+                 "chaos-cut", "world.json")
 RETIRED_NAMES = ("heartbeats/", "RUN_DIR/heartbeats")  # every rank's file in the shared run dir: gone for good
 
 
