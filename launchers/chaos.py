@@ -193,7 +193,7 @@ def cut_node(run_dir: Path, node: str) -> str:
     dev = _network_device(pid)
     restore_cut(run_dir)  # one cut at a time
     name = f"fsdp-jobs-cut-{_run_tag(run_dir)}"
-    r = subprocess.run(["ip", "netns", "attach", name, str(pid)], capture_output=True, text=True, timeout=30)
+    r = _run(["ip", "netns", "attach", name, str(pid)])
     if r.returncode:
         raise LookupError(f"ip netns attach failed: {r.stderr.strip()[:200]} (root needed)")
     RunDir(run_dir).chaos_cut_file.write_text(json.dumps({"node": node, "netns": name, "dev": dev}) + "\n")
@@ -217,9 +217,10 @@ def restore_cut(run_dir: Path) -> Optional[str]:
     for rule in (("INPUT", "-i"), ("OUTPUT", "-o")):
         try:
             _iptables(name, "-D", rule[0], rule[1], dev, "-j", "DROP")
-        except LookupError:
-            pass  # taken out already (the rule is not there)
-    r = subprocess.run(["ip", "netns", "delete", name], capture_output=True, text=True, timeout=30)
+        except LookupError as e:
+            if "does a matching rule exist" not in str(e) and "Bad rule" not in str(e):
+                raise  # not "taken out already": say why it could not be undone
+    r = _run(["ip", "netns", "delete", name])
     if r.returncode and Path("/run/netns", name).exists():
         raise LookupError(f"ip netns delete {name} failed: {r.stderr.strip()[:200]}")
     RunDir(run_dir).chaos_cut_file.unlink(missing_ok=True)
@@ -232,12 +233,18 @@ def _run_tag(run_dir: Path) -> str:
     return hashlib.sha256(str(run_dir.resolve()).encode()).hexdigest()[:12]
 
 
-def _iptables(netns: str, *args: str) -> None:
+def _run(cmd: list[str]) -> subprocess.CompletedProcess[str]:
+    """A network tool's run; LookupError (one line for the user) where it is missing or does not return."""
     try:
-        r = subprocess.run(["ip", "netns", "exec", netns, "iptables", "-w", *args], capture_output=True, text=True,
-                           timeout=30)
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=30)
     except FileNotFoundError as e:
         raise LookupError(f"{e.filename} is not installed here (iproute2's ip, iptables)") from None
+    except subprocess.TimeoutExpired:
+        raise LookupError(f"{' '.join(cmd[:4])} did not return in 30 s") from None
+
+
+def _iptables(netns: str, *args: str) -> None:
+    r = _run(["ip", "netns", "exec", netns, "iptables", "-w", "10", *args])
     if r.returncode:
         raise LookupError(f"iptables {' '.join(args)} failed: {r.stderr.strip()[:200]} (root and CAP_NET_ADMIN needed)")
 
@@ -312,11 +319,11 @@ def stop_throttle(run_dir: Path) -> Optional[int]:
 
 def resume(run_dir: Path) -> str:
     throttler = stop_throttle(run_dir)
+    procs = rank_processes(run_dir)
+    for pid, _ in procs.values():  # first: a cut that cannot be undone must not leave ranks stopped
+        os.kill(pid, signal.SIGCONT)
     link = restore_link(run_dir)
     cut = restore_cut(run_dir)
-    procs = rank_processes(run_dir)
-    for pid, _ in procs.values():
-        os.kill(pid, signal.SIGCONT)
     return (f"continued {len(procs)} ranks" + (f"; stopped the throttler (pid {throttler})" if throttler else "")
             + (f"; {link}'s link at full speed again" if link else "")
             + (f"; {cut} on the network again" if cut else ""))

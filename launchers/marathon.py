@@ -65,6 +65,7 @@ DESCRIBE_S = 2.0  # how often the backend is asked whether the job still runs
 SLOW_DETECT_S = 90.0  # a slow node the straggler view has not named by then: not detected, quota lifted
 RECOVER_S = 240.0  # a restart that has not stepped past the fault's step by then: not recovered
 SLOW_SHARE = 0.05  # slow-node: what a throttled rank keeps of a core
+CUT_MAX_S = 120.0  # cut-node: healed by then, detected or not (slurmd's timeout, 300 s here, would end the allocation)
 PACE_RATIO = 1.5  # a slow node has recovered when a step is back within this of the earlier median
 
 
@@ -234,7 +235,7 @@ class Marathon:
         first step past the newest one the old attempt recorded."""
         t0, old = incident.injected_at, _attempt(before)
         only_aside = incident.kind == "corrupt-checkpoint"  # the kill is not what this one is about
-        cut = [incident.kind == "cut-node"]  # healed once the job has recorded it
+        cut = [incident.kind == "cut-node"]  # healed once the job has recorded it, or after CUT_MAX_S
 
         def first() -> Optional[tuple[float, str]]:
             found = [e for e in evidence(self.run_dir, t0, known_aside) if not only_aside or "set aside" in e[1]]
@@ -251,7 +252,7 @@ class Marathon:
         def done() -> bool:
             self.progress.poll()
             found[0] = found[0] or first()
-            if found[0] is not None and cut[0]:
+            if cut[0] and (found[0] is not None or time.time() - t0 > CUT_MAX_S):
                 self.backend.chaos(self.run, "resume", 0)
                 cut[0] = False
             return found[0] is not None and recovered() is not None
@@ -377,12 +378,20 @@ def restarts_needed(faults: list[Fault]) -> tuple[int, int]:
     return len(restarting), sum(f.kind in ("hang-rank", "cut-node") for f in restarting)
 
 
+def kinds_for(kinds: tuple[str, ...], nodes: int, min_nodes: int) -> tuple[str, ...]:
+    """The backend's kinds this job can take: a node's own need more than one node, and cut-node a job that
+    cannot go on without the node (min_nodes = nodes): one that could would train on fewer nodes, a different
+    run from the uninterrupted one it is compared with (going on without it: tests/docker, tests/slurm)."""
+    return tuple(k for k in kinds if (nodes > 1 or k not in ("slow-node", *NODE_KINDS))
+                 and (k != "cut-node" or min_nodes >= nodes))
+
+
 def plan_for(backend: Backend, run: Run, count: int, seed: int) -> list[Fault]:
     """The schedule for this job, refused in one line when the job cannot survive it as configured."""
     from fsdp_jobs.planning.config import job_config
 
     cfg, plan = job_config(runs.load_job(run.run_dir)), runs.load_plan(run.run_dir)
-    kinds = tuple(k for k in backend.marathon_kinds if plan.nodes > 1 or k not in ("slow-node", *NODE_KINDS))
+    kinds = kinds_for(backend.marathon_kinds, plan.nodes, cfg.cluster.min_nodes or plan.nodes)
     faults = schedule(seed, count, kinds, plan.world_size, plan.nodes, cfg.train.steps,
                       cfg.checkpoint.interval)
     restarts, after_hangs = restarts_needed(faults)

@@ -115,6 +115,7 @@ def supervise(nodes: list[Node], sink: LogSink, min_nodes: int, stop_grace_s: fl
     for n in nodes:
         n.follow(sink, done)
     stopping_until: Optional[float] = None
+    stopped_for_request = False
     peers_gone_since: Optional[float] = None
     codes: dict[str, Optional[int]] = {}
     try:
@@ -131,6 +132,7 @@ def supervise(nodes: list[Node], sink: LogSink, min_nodes: int, stop_grace_s: fl
             peers_gone_since = (peers_gone_since or time.monotonic()) if gone and len(live) < min_nodes else None
             why = stop_now or _why_stop(signals, gone, live, min_nodes, peers_gone_since)
             if why and stopping_until is None:
+                stopped_for_request = why == stop_now
                 sink.write(f"fsdp-jobs: {why}")
                 for n in live:
                     n.stop(stop_grace_s)
@@ -148,7 +150,8 @@ def supervise(nodes: list[Node], sink: LogSink, min_nodes: int, stop_grace_s: fl
             n.join(timeout=30)
         for s, h in old.items():
             signal.signal(s, h)
-    return Outcome({k: int(v) for k, v in codes.items() if v is not None}, bool(signals) or bool(stop_now), began)
+    # stop_now counts as an interruption only where it stopped a live node (none left: the job had ended)
+    return Outcome({k: int(v) for k, v in codes.items() if v is not None}, bool(signals) or stopped_for_request, began)
 
 
 def why_not_grow(nodes: list[Node], run_dir: Path) -> Optional[str]:

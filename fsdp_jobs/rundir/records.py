@@ -270,10 +270,6 @@ class RankRecord(Record):
     extra: dict[str, Any] = field(default_factory=dict)
 
 
-ALL = (StateRecord, LaunchRecord, GoodputEvent, MetricsRow, PreflightRecord, HangRecord, FailureRecord,
-       ScaleRequest, RankRecord)
-
-
 @dataclass
 class WorldRecord(Record):
     """RunDir.world_file: the nodes of the job's newest attempt, written by rank 0 once per attempt
@@ -303,3 +299,7 @@ class ChaosIncident(Record):
     evidence: str = ""
     v: int = SCHEMA
     extra: dict[str, Any] = field(default_factory=dict)
+
+
+ALL = (StateRecord, LaunchRecord, GoodputEvent, MetricsRow, PreflightRecord, HangRecord, FailureRecord,
+       ScaleRequest, RankRecord, WorldRecord, ChaosIncident)

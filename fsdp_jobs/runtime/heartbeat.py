@@ -75,6 +75,7 @@ class Heartbeat:
         self.waited, self.wait_mark = waited, waited()  # seconds in collectives, so far and at the last advance
         self.waits: deque[float] = deque(maxlen=20)  # of each gap in step_times, the part spent waiting
         self.save_s: Optional[float] = None  # the slowest save so far (from phase("save") to the next advance)
+        self.timed_save = False  # the phase is a save whose length says what the next one may take
         liveness.make_local_dir(self.directory)
         stacks = RunDir(run_dir).stack_file(rank)
         stacks.parent.mkdir(parents=True, exist_ok=True)
@@ -93,7 +94,7 @@ class Heartbeat:
             # every 100 steps advances every 100 steps), not the time per step
             self.step_times.append(now - self.progress)
             self.waits.append(min(waited - self.wait_mark, now - self.progress))
-        if self.name == "save":
+        if self.name == "save" and self.timed_save:
             self.save_s = max(self.save_s or 0.0, now - self.progress)
         if self.name != "step" or len(self.step_times) == TIMED_AFTER:  # what the node's readers act on
             self._wake.set()
@@ -106,9 +107,11 @@ class Heartbeat:
         self.info["restart"] = restart
         self._wake.set()
 
-    def phase(self, name: str) -> None:
-        """Entering work the watchdog allows fault.startup_timeout_s for (a save, a load); advance() ends it."""
-        self.name, self.progress = name, time.time()
+    def phase(self, name: str, timed: bool = False) -> None:
+        """Entering work the watchdog allows fault.startup_timeout_s for (a save, a load); advance() ends it.
+        `timed`: a save whose length is kept as `save_s` (a synchronous one: an asynchronous save's blocking
+        part is its staging, while a later one may wait for the upload before it, or a final one for its own)."""
+        self.name, self.progress, self.timed_save = name, time.time(), timed
         self._wake.set()
 
     def record(self) -> liveness.RankBeat:

@@ -92,7 +92,10 @@ def note_node_changes(run_dir: Path, world: World) -> None:
     line = runs.node_changes(runs.read_world(run_dir), nodes, launched if isinstance(launched, (int, float)) else None)
     if line:
         print(f"fsdp-jobs: {line}", flush=True)
-    runs.write_world(run_dir, world.restart, nodes)
+    try:
+        runs.write_world(run_dir, world.restart, nodes)
+    except OSError as e:  # a note for the next attempt must never cost this one
+        print(f"fsdp-jobs: could not record this attempt's nodes: {e}", flush=True)
 
 
 def mfu_peak_flops(cfg: JobConfig, device: torch.device) -> float:
@@ -479,7 +482,7 @@ class Trainer:
 
     def save_checkpoint(self, state: StateObjects, wait: bool = False) -> None:
         """Collective. `wait`: the process is about to exit, the checkpoint must be committed first."""
-        self.beat_phase("save")
+        self.beat_phase("save", timed=not self.ccfg.async_save)
         began = time.time()
         self.ckpt.save(state, self.mesh_shape, self.world.world_size)
         if wait:
@@ -492,9 +495,9 @@ class Trainer:
         if self.heartbeat is not None:
             self.heartbeat.advance(step)
 
-    def beat_phase(self, name: str) -> None:
+    def beat_phase(self, name: str, timed: bool = False) -> None:
         if self.heartbeat is not None:
-            self.heartbeat.phase(name)
+            self.heartbeat.phase(name, timed)
 
     def fit(self, stop: StopFlag) -> Optional[str]:
         """Steps until train.steps or an agreed stop; returns "signal" if stopped."""

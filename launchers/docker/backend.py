@@ -299,8 +299,10 @@ class DockerBackend(Backend[DockerRequest]):
         guardian = docker_supervisor.start_guardian(run_dir, launch_fields, job, req.compose)
         try:
             status = docker_supervisor.supervise(run_dir, launch_fields, job, req.compose, echo=True)
-        finally:
-            docker_supervisor.release_guardian(guardian)
+        except BaseException:  # a second Ctrl-C in the clean-up, an error: the guardian finishes it
+            docker_supervisor.release_guardian(guardian, done=False)
+            raise
+        docker_supervisor.release_guardian(guardian)
         return Submitted(req.project, status)
 
     def describe(self, run: Run) -> JobStatus:

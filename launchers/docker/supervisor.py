@@ -236,35 +236,54 @@ ORPHANED = ("the attached command ended before its job (killed?): stopping the c
 
 
 def start_guardian(run_dir: Path, launch: dict[str, Any], job: dict[str, Any],
-                   compose: dict[str, Any]) -> subprocess.Popen:
-    """The attached job's guardian, waiting on a pipe this process holds open until `release_guardian`."""
-    out = runs.open_append(RunDir(run_dir).supervisor_log)
-    give_to(RunDir(run_dir).supervisor_log, launch["user"])
-    p = subprocess.Popen([sys.executable, "-m", "launchers.docker.supervisor", str(run_dir), "--guard"], stdout=out,
-                         stderr=subprocess.STDOUT, stdin=subprocess.PIPE, start_new_session=True, text=True)
-    out.close()
-    assert p.stdin is not None
-    p.stdin.write(json.dumps({"launch": launch, "job": job, "compose": compose}) + "\n")
-    p.stdin.flush()
+                   compose: dict[str, Any]) -> Optional[subprocess.Popen]:
+    """The attached job's guardian, waiting on a pipe this process holds open until `release_guardian`;
+    None (and one line) where it cannot start: the job then runs as before, supervised by this process."""
+    try:
+        out = runs.open_append(RunDir(run_dir).supervisor_log)
+        give_to(RunDir(run_dir).supervisor_log, launch["user"])
+        p = subprocess.Popen([sys.executable, "-m", "launchers.docker.supervisor", str(run_dir), "--guard"],
+                             stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.PIPE, start_new_session=True,
+                             text=True)
+        out.close()
+        assert p.stdin is not None
+        p.stdin.write(json.dumps({"launch": launch, "job": job, "compose": compose}) + "\n")
+        p.stdin.flush()
+    except OSError as e:
+        print(f"fsdp-jobs: no guardian for the containers ({e}): if this command is killed, stop them with "
+              "fsdp-jobs cancel", flush=True)
+        return None
     return p
 
 
-def release_guardian(guard: subprocess.Popen) -> None:
-    """This process's supervisor has ended: the guardian has nothing to do."""
+def release_guardian(guard: Optional[subprocess.Popen], done: bool = True) -> None:
+    """This process's supervisor has ended (`done`: the guardian has nothing to do), or ended by an error in
+    its clean-up (the guardian removes what is left)."""
+    if guard is None:
+        return
     try:
         assert guard.stdin is not None
-        guard.stdin.write(GUARD_DONE + "\n")
+        if done:
+            guard.stdin.write(GUARD_DONE + "\n")
         guard.stdin.close()
-        guard.wait(timeout=30)
+        guard.wait(timeout=30 if done else DOWN_TIMEOUT_S + 30)
     except (OSError, subprocess.TimeoutExpired):
-        guard.kill()
+        if done:
+            guard.kill()
 
 
 def guard(run_dir: Path, given: dict[str, Any], rest: str) -> int:
     """After the attached command's pipe closed: nothing to do if it said done or the job has its result;
     else stop the job and clean up as the command would have."""
     result = read_result_of(run_dir, given["launch"]["project"])
-    if rest.strip() == GUARD_DONE or result is not None:
+    if rest.strip() == GUARD_DONE:
+        return 0
+    if result is not None:  # ended; killed while removing the containers: finish that
+        if not result.get("removed", True):
+            sink = LogSink(RunDir(run_dir).launcher_log, False)
+            remove_containers(given["launch"], sink)
+            sink.close()
+            write_result(run_dir, {**result, "removed": True}, given["launch"]["user"])
         return 0
     return supervise(run_dir, given["launch"], given["job"], given["compose"], stop_now=ORPHANED)
 

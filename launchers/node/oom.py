@@ -82,16 +82,20 @@ def read_kills(path: Optional[Path]) -> Optional[int]:
     return None
 
 
+def _read(path: Path) -> str:
+    try:
+        return path.read_text()
+    except OSError:
+        return ""
+
+
 class OomWatch:
     """New OOM kills in this node's memory cgroup since the node started (or since the last look)."""
 
     def __init__(self, proc_cgroup: Optional[str] = None, root: Path = CGROUP_ROOT,
                  mountinfo: Optional[str] = None) -> None:
-        try:
-            text = proc_cgroup if proc_cgroup is not None else PROC_CGROUP.read_text()
-            mounts = mountinfo if mountinfo is not None else "" if proc_cgroup is not None else PROC_MOUNTINFO.read_text()
-        except OSError:
-            text, mounts = "", ""
+        text = proc_cgroup if proc_cgroup is not None else _read(PROC_CGROUP)
+        mounts = mountinfo if mountinfo is not None else "" if proc_cgroup is not None else _read(PROC_MOUNTINFO)
         self.path = counter_file(text, root, mounts)
         self.start = self.last = read_kills(self.path)
 

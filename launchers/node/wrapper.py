@@ -250,29 +250,34 @@ class LeftBehind:
     timeouts keep it, and the job's SLURM allocation, its container or its pod, for many minutes after the
     job completed. `tick()` (every second) says when to stop it: the ranks recorded the job completed since
     this node began, and its agent has had no rank for GRACE_S. The state record is read only while the
-    agent has no rank (a restart's few seconds; at 1,024 nodes, no read in steady state)."""
+    agent has had no rank that long (a rendezvous that waits, at start-up or after a failure: every node of a
+    1,024-node job may), first CHECK_S apart, then twice as far apart each time, at most MAX_CHECK_S: about
+    17 reads a second of one small file from 1,024 waiting nodes, none in steady state."""
 
-    CHECK_S, GRACE_S = 5.0, 30.0
+    CHECK_S, GRACE_S, MAX_CHECK_S = 5.0, 30.0, 60.0
 
     def __init__(self, run_dir: Path, agent_pid: int, began: float) -> None:
         self.run_dir, self.agent_pid, self.began = run_dir, agent_pid, began
         self.idle_since: Optional[float] = None
-        self.checked = 0.0
+        self.checked, self.every = 0.0, self.CHECK_S
 
     def tick(self) -> bool:
         now = time.monotonic()
-        if now - self.checked < self.CHECK_S:
+        if now - self.checked < self.every:
             return False
         self.checked = now
         if child_pids(self.agent_pid):
-            self.idle_since = None
+            self.idle_since, self.every = None, self.CHECK_S
             return False
         self.idle_since = self.idle_since or now
         if now - self.idle_since < self.GRACE_S:
             return False
         from fsdp_jobs.rundir import runs
 
-        return runs.read_outcome(self.run_dir, self.began).status == "completed"
+        if runs.read_outcome(self.run_dir, self.began).status == "completed":
+            return True
+        self.every = min(2 * self.every, self.MAX_CHECK_S)
+        return False
 
 
 def child_pids(pid: int) -> list[int]:

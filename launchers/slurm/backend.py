@@ -199,7 +199,8 @@ def common_state(slurm: str) -> JobState:
 class SlurmBackend(Backend[SlurmRequest]):
     name = "slurm"
     # a node's network cut: its own namespace (deploy/slurm/start.sh's nodes; a real cluster's, by the same
-    # nsenter from the node); healed within seconds, well inside slurmd's timeout
+    # nsenter from the node); healed once the job has recorded the hang, at most marathon.CUT_MAX_S later:
+    # inside slurmd's timeout
     marathon_kinds = ("kill-rank", "hang-rank", "slow-node", "corrupt-checkpoint", "cut-node")
 
     def check(self, plan: Plan, cfg: JobConfig) -> None:

@@ -96,3 +96,21 @@ def test_an_earlier_launchs_completed_record_or_an_agent_with_ranks_is_never_lef
             p.kill()
         for child in children:
             subprocess.run(["kill", "-9", str(child)], check=False)
+
+
+def test_a_waiting_agent_reads_the_state_record_less_and_less_often(tmp_path, monkeypatch):
+    """Every node of a big job may wait in a rendezvous at once (a slow start, a restart): each reads the
+    state record at first CHECK_S apart, then twice as far apart each time, at most MAX_CHECK_S."""
+    monkeypatch.setattr(LeftBehind, "CHECK_S", 0.05)
+    monkeypatch.setattr(LeftBehind, "GRACE_S", 0.0)
+    monkeypatch.setattr(LeftBehind, "MAX_CHECK_S", 0.2)
+    reads: list[float] = []
+    monkeypatch.setattr(runs, "read_outcome", lambda run_dir, since: reads.append(time.monotonic()) or runs.no_state())
+    proc = agent(with_rank=False)
+    try:
+        assert not ticks(LeftBehind(tmp_path, proc.pid, time.time()), 1.5)
+    finally:
+        proc.kill()
+    gaps = [b - a for a, b in zip(reads, reads[1:])]
+    assert 5 <= len(reads) <= 11, reads  # 0.05, 0.1, 0.2, 0.2 ... apart: about 8; 30 without the back-off
+    assert gaps[-1] >= 0.19 and gaps[0] < 0.15, gaps  # ticks are 0.05 s apart

@@ -312,3 +312,28 @@ def test_a_node_timed_and_gone_between_two_of_its_records_keeps_its_timing_in_it
     record = liveness.read_node(RunDir(tmp_path).node_liveness_file("n2"))
     assert record is not None and record.ranks == [] and record.kept["compute_s"] == 0.3
     assert stragglers.of_run(tmp_path, now=NOW + 3600, thorough=True)["slowest"] == "n2"
+
+
+def test_a_synchronous_save_is_timed_and_an_asynchronous_one_is_not(tmp_path, monkeypatch):
+    """save_s, the watchdog's budget for the next save, is a synchronous save's whole length; an asynchronous
+    save blocks only for its staging while the next one may wait for the upload before it, or a final one for
+    its own (a preemption checkpoint killed as a hang at 10 x a staging time), so it sets none."""
+    import time
+
+    monkeypatch.setenv(liveness.LOCAL_DIR_ENV, str(tmp_path / "node-memory"))
+    hb = heartbeat.Heartbeat(tmp_path, 0, 0, 0)
+    try:
+        hb.advance(1)
+        hb.phase("save", timed=False)
+        time.sleep(0.05)
+        hb.advance(2)
+        assert hb.record().save_s is None
+        hb.phase("save", timed=True)
+        time.sleep(0.05)
+        hb.advance(3)
+        assert 0.04 < (hb.record().save_s or 0) < 1
+        hb.phase("load")
+        hb.advance(4)
+        assert hb.record().save_s == hb.save_s  # a load is not a save
+    finally:
+        hb.close()

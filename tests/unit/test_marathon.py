@@ -112,3 +112,10 @@ def test_a_node_index_is_named_as_the_run_names_its_nodes(tmp_path):
     assert [chaos.node_name(tmp_path / "local", i) for i in range(3)] == ["node0", "node1", "node2"]
     ranks(tmp_path / "slurm", ["n10", "n2", "n9", "n1"])
     assert [chaos.node_name(tmp_path / "slurm", i) for i in range(5)] == ["n1", "n2", "n9", "n10", "node4"]
+
+
+def test_cut_node_is_dealt_only_to_a_job_that_cannot_go_on_without_the_node():
+    docker = (*KINDS, "kill-node", "cut-node")
+    assert marathon.kinds_for(docker, 3, 3) == docker
+    assert "cut-node" not in marathon.kinds_for(docker, 3, 2)  # elastic: it would finish on two, not bitwise
+    assert marathon.kinds_for(docker, 1, 1) == ("kill-rank", "hang-rank", "corrupt-checkpoint")

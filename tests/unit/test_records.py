@@ -12,7 +12,8 @@ import pytest
 from fsdp_jobs.rundir import events, failures, hangs, runs
 from fsdp_jobs.rundir.layout import RunDir
 from fsdp_jobs.rundir.records import (ALL, SCHEMA, FailureRecord, GoodputEvent, HangRecord, LaunchRecord, MetricsRow,
-                                      PreflightRecord, RankRecord, ScaleRequest, StateRecord)
+                                      PreflightRecord, RankRecord, ScaleRequest, StateRecord, WorldRecord,
+                                      ChaosIncident)
 
 # one well-formed record of each kind, and a field of it given the wrong type
 GOOD = {
@@ -25,6 +26,8 @@ GOOD = {
     FailureRecord: ({"time": 1.0, "attempt": ":0", "error": "ValueError: x", "step": None}, "error", None),
     ScaleRequest: ({"nodes": 4}, "nodes", True),
     RankRecord: ({"rank": 3, "pid": 99, "node": "n1"}, "pid", 99.5),
+    WorldRecord: ({"restart": 1, "nodes": ["n1", "n2"], "time": 1.0}, "nodes", "n1"),
+    ChaosIncident: ({"n": 1, "kind": "kill-rank", "target": "rank 1", "injected_at": 1.0, "step": 5}, "step", "5"),
 }
 
 

@@ -153,3 +153,16 @@ def test_an_earlier_launchs_completed_state_is_never_this_launchs_outcome(tmp_pa
     runs.write_state(tmp_path, status="completed", step=12)  # this launch's own
     assert exit_status(Outcome({"node0": 0, "node1": 0}, False, began), job, tmp_path) == 0
     assert state_from_training(Run(tmp_path, {"backend": "local", "unix": began})) == JobState.SUCCEEDED
+
+
+def test_stop_now_stops_live_nodes_as_a_signal_would_and_is_no_interruption_when_none_is_left(sink, tmp_path):
+    """Docker's guardian of an attached command that died (launchers/docker/supervisor.py): its `stop_now`
+    stops every live node and the outcome is an interruption; where every node had ended already (the
+    command was killed after its job ended), nothing was stopped and the job's own outcome stands."""
+    nodes = [ScriptedNode("node0"), ScriptedNode("node1")]
+    out = supervise(nodes, sink, min_nodes=2, stop_grace_s=1, stop_now="the command died")
+    assert all(n.stopped for n in nodes) and out.interrupted
+    assert "fsdp-jobs: the command died" in (tmp_path / "launcher.log").read_text()
+    ended = [ScriptedNode("node0", ends_after=0.0), ScriptedNode("node1", ends_after=0.0)]
+    out = supervise(ended, sink, min_nodes=2, stop_grace_s=1, stop_now="the command died")
+    assert out.codes == {"node0": 0, "node1": 0} and not out.interrupted and not any(n.stopped for n in ended)
