@@ -34,7 +34,8 @@ import yaml
 from fsdp_jobs.planning.config import rank_config
 from fsdp_jobs.rundir import runs
 from fsdp_jobs.rundir.layout import RunDir
-from launchers.docker.engine import COMPOSE_FILE, DOWN_TIMEOUT_S, RESULT_FILE, containers, docker_dir, give_to
+from launchers.docker.engine import (COMPOSE_FILE, DOWN_TIMEOUT_S, RESULT_FILE, containers, docker_dir, give_to,
+                                     read_result)
 from launchers.supervisor import STOP_EXTRA_S, LogSink, Node, exit_status, why_not_grow
 from launchers.supervisor import supervise as supervise_nodes
 
@@ -275,10 +276,10 @@ def release_guardian(guard: Optional[subprocess.Popen], done: bool = True) -> No
 def guard(run_dir: Path, given: dict[str, Any], rest: str) -> int:
     """After the attached command's pipe closed: nothing to do if it said done or the job has its result;
     else stop the job and clean up as the command would have."""
-    result = read_result_of(run_dir, given["launch"]["project"])
+    result = read_result(run_dir)
     if rest.strip() == GUARD_DONE:
         return 0
-    if result is not None:  # ended; killed while removing the containers: finish that
+    if isinstance(result, dict) and result.get("project") == given["launch"]["project"]:  # ended; killed while removing the containers: finish that
         if not result.get("removed", True):
             sink = LogSink(RunDir(run_dir).launcher_log, False)
             remove_containers(given["launch"], sink)
@@ -286,14 +287,6 @@ def guard(run_dir: Path, given: dict[str, Any], rest: str) -> int:
             write_result(run_dir, {**result, "removed": True}, given["launch"]["user"])
         return 0
     return supervise(run_dir, given["launch"], given["job"], given["compose"], stop_now=ORPHANED)
-
-
-def read_result_of(run_dir: Path, project: str) -> Optional[dict[str, Any]]:
-    try:
-        result = json.loads((docker_dir(run_dir) / RESULT_FILE).read_text())
-    except (OSError, ValueError):
-        return None
-    return result if isinstance(result, dict) and result.get("project") == project else None
 
 
 if __name__ == "__main__":
