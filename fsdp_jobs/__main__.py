@@ -30,7 +30,7 @@ USAGE = """usage: python -m fsdp_jobs [key=value ...]      (fsdp-jobs [key=value
 
 Groups: model=tiny|llama3_1b|llama3_8b|llama3_70b  fsdp=full_shard|shard_grad_op|hybrid_shard|
 hybrid_shard_zero2|no_shard  cluster={backends}  data=synthetic|token_file.
-Submitted runs: fsdp-jobs list | status RUN | logs RUN [-f] | cancel RUN | scale RUN nodes=N |
+Submitted runs: fsdp-jobs list | top | status RUN | logs RUN [-f] | stacks RUN | report RUN | cancel RUN | scale RUN nodes=N |
 chaos RUN kill-node|stop-node N, chaos RUN marathon --faults N; sweeps: status|cancel SWEEP,
 cancel SWEEP/MEMBER, compare SWEEP, plot RUN_OR_SWEEP... -o out.png. Every key: conf/ and
 fsdp_jobs/planning/config.py. Export a checkpoint: python -m fsdp_jobs.export RUN_DIR."""
@@ -38,14 +38,13 @@ fsdp_jobs/planning/config.py. Export a checkpoint: python -m fsdp_jobs.export RU
 
 def summarize(plan: Plan, status: int) -> str:
     run_dir = Path(plan.run_dir)
-    metrics = runs.read_metrics(run_dir)
+    first, last = runs.first_metrics_row(run_dir), (runs.read_metrics_tail(run_dir, 1) or [None])[0]
     ckpt = newest_checkpoint(run_dir)
     lines = [f"{'finished' if status == 0 else f'exited with status {status}'}: {plan.name}",
              f"  run dir:      {run_dir}",
              f"  checkpoint:   {ckpt or 'none yet'}",
              f"  metrics:      {RunDir(run_dir).metrics_file}"]
-    if metrics and "loss" in metrics[0] and "loss" in metrics[-1]:  # a user's script may log no loss
-        first, last = metrics[0], metrics[-1]
+    if first and last and "loss" in first and "loss" in last:  # a user's script may log no loss
         lines.append(f"  loss:         {first['loss']:.4f} (step {first['step']}) -> "
                      f"{last['loss']:.4f} (step {last['step']})")
     lines.append(f"  logs:         {RunDir(run_dir).launcher_log}")

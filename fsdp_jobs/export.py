@@ -7,10 +7,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
+import threading
+import time
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Iterator, Optional
 
 from fsdp_jobs.rundir import checkpoints
 from fsdp_jobs.planning.errors import OneLineParser, UserError, die
@@ -34,6 +37,38 @@ def find_checkpoint(path: Path, step: Optional[int]) -> Path:
     return ckpt
 
 
+PROGRESS_EVERY_S = 30.0  # a long read or write of a large model says it goes on this often (stderr)
+PROGRESS_AFTER_S = 2.0  # ... first after this long: a quick export, and a refusal, stay silent but for their line
+
+
+@contextlib.contextmanager
+def phase(what: str, every_s: float = PROGRESS_EVERY_S, after_s: float = PROGRESS_AFTER_S) -> Iterator[None]:
+    """On stderr, once `what` has taken `after_s`: that it goes on, again every `every_s`, and when done how long it
+    took (a 70B checkpoint is minutes of reading: the user is never left looking at nothing)."""
+    began, done, said = time.monotonic(), threading.Event(), []
+
+    def tick() -> None:
+        wait = after_s
+        while not done.wait(wait):
+            print(f"export: {what}: {time.monotonic() - began:.0f} s so far", file=sys.stderr, flush=True)
+            said.append(True)
+            wait = every_s
+
+    ticker = threading.Thread(target=tick, daemon=True)
+    ticker.start()
+    try:
+        yield
+    finally:
+        done.set()
+        ticker.join()
+    if said:
+        print(f"export: {what}: done in {time.monotonic() - began:.1f} s", file=sys.stderr, flush=True)
+
+
+def _gb(ckpt: Path) -> float:
+    return sum(f.stat().st_size for f in ckpt.iterdir() if f.is_file()) / 1e9
+
+
 def export(ckpt: Path, out: Path, dtype: Optional[str] = None, hf_model: Optional[dict[str, Any]] = None) -> dict[str, Any]:
     """Read the model's shards of the checkpoint (never the optimizer's; no process group needed) and
     write its weights."""
@@ -48,7 +83,8 @@ def export(ckpt: Path, out: Path, dtype: Optional[str] = None, hf_model: Optiona
     if damaged:  # what the ranks' resume would set aside (fsdp_jobs/runtime/checkpoint.py find_latest)
         raise UserError("checkpoint", str(ckpt), f"is damaged ({damaged}): export another step with --step N")
     try:
-        with checkpoints.quiet_dcp_logs():
+        with checkpoints.quiet_dcp_logs(), phase(f"reading the model's shards of {ckpt.name} ({_gb(ckpt):.2f} GB "
+                                                 "with the optimizer's)"):
             model_sd = read_model_state(ckpt)
     # DCP's reader fails in many ways on a damaged metadata file or shard (fsdp_jobs/ARCHITECTURE.md, pitfall 4)
     except (Exception, CheckpointException) as e:  # noqa: BLE001
@@ -60,9 +96,11 @@ def export(ckpt: Path, out: Path, dtype: Optional[str] = None, hf_model: Optiona
     if hf_model is not None:  # --format hf: an HF directory (config.json + safetensors) for from_pretrained
         from fsdp_jobs.models.hf import export_hf
 
-        return {"checkpoint": str(ckpt), "output": str(out), **export_hf(model_sd, hf_model, out)}
+        with phase(f"writing {out}"):
+            return {"checkpoint": str(ckpt), "output": str(out), **export_hf(model_sd, hf_model, out)}
     tmp_out = out.with_name(f".{out.name}.tmp")
-    torch.save(model_sd, tmp_out)
+    with phase(f"writing {out}"):
+        torch.save(model_sd, tmp_out)
     tmp_out.rename(out)
     return {"checkpoint": str(ckpt), "output": str(out), "tensors": len(model_sd),
             "params": sum(v.numel() for v in model_sd.values())}

@@ -5,7 +5,8 @@
     submit_group(...) -> [Submitted]    several requests of one shape (`group_key`) as one submission
                                         (`group_text`: that submission, as a sweep's dry run shows it)
     describe(run)     -> JobStatus      the backend's own word on the job, mapped to a common state
-    log_iter(run, follow)               the job's log lines; with follow, until the job has ended
+    log_iter(run, follow, where=...)    the job's log lines that a LogFilter keeps (node, rank, attempt, text,
+                                        tail); with follow, until the job has ended
     cancel(run)       -> str            stop it (the ranks checkpoint first where the backend allows)
 
 `run` is a `Run`: the run dir plus its newest launch record, which is all a backend needs to find its
@@ -19,11 +20,12 @@ fsdp_jobs/planning/backends.py (fsdp_jobs/ARCHITECTURE.md, "Adding a backend").
 from __future__ import annotations
 
 import abc
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Generic, Iterator, Optional, Protocol, TYPE_CHECKING, TypeVar
+from typing import Callable, Generic, Iterator, Optional, Protocol, TYPE_CHECKING, TypeVar
 
+from fsdp_jobs.rundir import logs
+from fsdp_jobs.rundir.logs import LogFilter
 from fsdp_jobs.rundir import runs
 from fsdp_jobs.planning.errors import UserError
 from fsdp_jobs.rundir.layout import RunDir
@@ -34,7 +36,7 @@ if TYPE_CHECKING:  # types only, never imported at run time: no hydra on the nod
     from fsdp_jobs.planning.config import JobConfig
     from fsdp_jobs.planning.plan import Plan
 
-__all__ = ["Backend", "DryRun", "Request", "JobState", "JobStatus", "Run", "Submitted", "state_from_training"]
+__all__ = ["Backend", "DryRun", "LogFilter", "Request", "JobState", "JobStatus", "Run", "Submitted", "state_from_training"]
 
 
 class Request(Protocol):
@@ -144,35 +146,62 @@ class Backend(abc.ABC, Generic[R]):
             raise UserError("chaos", action, str(e)) from None
         raise UserError("chaos", action, f"not supported by the {self.name} backend (cluster=docker has it)")
 
-    def marathon(self, run: Run, faults: int, seed: int) -> int:
+    def marathon(self, run: Run, faults: int, seed: int, kinds: tuple[str, ...] = (),
+                 margin: Optional[int] = None) -> int:
         """`chaos RUN marathon`: a seeded schedule of mixed faults into the running job (launchers/marathon.py)."""
         from launchers import marathon
 
-        return marathon.run_marathon(self, run, faults, seed)
+        return marathon.run_marathon(self, run, faults, seed, only=kinds, margin=margin)
 
-    def log_files(self, run: Run) -> list[Path]:
-        """Files holding the job's log; the default `log_iter` tails them."""
+    def stacks(self, run: Run, node: Optional[str], ranks: Optional[set[int]]) -> tuple[Path, list[str]]:
+        """`fsdp-jobs stacks`: the Python stacks of every rank (of `node`: an index or a name; of `ranks`) into one
+        file of the run dir (launchers/stacks.py); its path and one header line a rank ([] when none ran)."""
+        import time
+
+        from launchers.chaos import node_name
+        from launchers import stacks
+
+        where = (node_name(run.run_dir, int(node)) if node.isdigit() else node) if node is not None else None
+        when = time.time()
+        parts = RunDir(run.run_dir).stacks_parts_dir(when)
+        self.dump_stacks(run, parts, where, ranks)
+        path, heads = stacks.gather(run.run_dir, parts, when)
+        if not heads:
+            path.unlink(missing_ok=True)
+        return path, heads
+
+    def dump_stacks(self, run: Run, parts: Path, node: Optional[str], ranks: Optional[set[int]]) -> None:
+        """Each rank's stacks into `parts`, a file a rank. Here: the ranks this machine's /proc shows
+        (cluster=local; Docker's containers are this machine's processes); a backend whose ranks run elsewhere
+        runs launchers/stacks.py there."""
+        from launchers import stacks
+
+        stacks.dump_here(run.run_dir, parts, ranks, node)
+
+    def log_files(self, run: Run, node: Optional[str] = None) -> list[Path]:
+        """Files holding the job's log; the default `log_iter` reads them. With `node` (an index or a name), the
+        files that hold that node's lines: a backend that keeps a file per node returns that node's
+        (fsdp_jobs/rundir/logs.py `one_node`: one line when it has none). RunDir.launcher_log holds every node's
+        lines, each prefixed with its node's name, and is returned whatever the node: log_iter keeps its lines."""
         return [RunDir(run.run_dir).launcher_log]
 
-    def log_iter(self, run: Run, follow: bool = False, poll_s: float = 1.0) -> Iterator[str]:
-        """Every line of the log files (prefixed with the file's name when there are several); with
-        `follow`, keep reading until the job has ended and nothing more was written."""
-        offsets: dict[Path, int] = {}
-        while True:
-            ended = follow and self.describe(run).state.terminal  # asked before the last read
-            files = self.log_files(run)
-            for f in files:
-                try:
-                    with open(f, "rb") as fh:
-                        fh.seek(offsets.get(f, 0))
-                        data = fh.read()
-                except OSError:
-                    continue
-                cut = data.rfind(b"\n") + 1 if follow and not ended else len(data)  # whole lines only
-                offsets[f] = offsets.get(f, 0) + cut
-                prefix = f"[{f.name}] " if len(files) > 1 else ""
-                for line in data[:cut].decode(errors="replace").splitlines():
-                    yield prefix + line
-            if not follow or ended:
-                return
-            time.sleep(poll_s)
+    def log_iter(self, run: Run, follow: bool = False, poll_s: float = 1.0, *,
+                 where: Optional[LogFilter] = None,
+                 on_quiet: Optional[Callable[[float, JobStatus], None]] = None) -> Iterator[str]:
+        """The lines of the log files that `where` keeps (node, rank, attempt, text, the last N of each file:
+        fsdp_jobs/rundir/logs.py), prefixed with the file's name when there are several; with `follow`, keep
+        reading until the job has ended and nothing more was written. A tail reads each file from its end.
+        `on_quiet(seconds, status)`: while following, no line for logs.QUIET_S (the backend's newest word)."""
+        where = where or LogFilter()
+        merged = RunDir(run.run_dir).launcher_log
+        newest: list[JobStatus] = []  # what `ended` asked the backend last: on_quiet needs no second query
+
+        def files() -> list[Path]:
+            return self.log_files(run) if where.node is None else self.log_files(run, node=where.node)
+
+        def ended() -> bool:
+            newest[:] = [self.describe(run)]
+            return newest[0].state.terminal
+
+        quiet = None if on_quiet is None else (lambda seconds: on_quiet(seconds, newest[0]) if newest else None)
+        return logs.read(files, where, lambda f: f == merged, follow=follow, poll_s=poll_s, ended=ended, quiet=quiet)

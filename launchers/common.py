@@ -25,11 +25,17 @@ def torchrun_args(plan: Plan, endpoint: str, stop_grace_s: int, group: Optional[
     (its nodes, its rendezvous at `endpoint`, its restarts): replica_group() below."""
     r = plan.rendezvous
     nnodes = f"{r.min_nodes}:{r.max_nodes}" if r.min_nodes != r.max_nodes else str(r.max_nodes)
-    run_id = r.run_id
+    run_id, world = r.run_id, r.max_nodes
     if plan.replicas is not None:
         if group is None:
             raise ValueError("a replica job's torchrun flags are per replica group")
         nnodes, run_id = str(plan.replicas.nodes_per_group), f"{r.run_id}-rg{group}"
+        world = plan.replicas.nodes_per_group
+    # a job that may grow starts with fewer than its rendezvous' most nodes: once min_nodes have joined,
+    # torchrun's c10d rendezvous waits last_call_timeout (30 s by default) for more, at every start
+    # and restart; the nodes a `scale` adds join a running job instead (fsdp-jobs scale). Only where
+    # min_nodes is `nodes`: with a lower bound the 30 s are what lets late nodes into the first round
+    grow = r.max_nodes > plan.nodes and r.min_nodes == plan.nodes
     return [
         f"--nnodes={nnodes}",
         f"--nproc-per-node={plan.gpus_per_node}",
@@ -37,18 +43,58 @@ def torchrun_args(plan: Plan, endpoint: str, stop_grace_s: int, group: Optional[
         f"--rdzv-endpoint={endpoint}",
         f"--rdzv-id={run_id}",
         f"--max-restarts={r.max_restarts}",
-        "--monitor-interval=1",
+        f"--monitor-interval={monitor_interval_s(world)}",
         *([f"--shutdown-timeout={stop_grace_s}"] if torchrun_has_shutdown_timeout() else []),
-        # a job that may grow starts with fewer than its rendezvous' most nodes: once min_nodes have joined,
-        # torchrun's c10d rendezvous waits last_call_timeout (30 s by default) for more, at every start
-        # and restart; the nodes a `scale` adds join a running job instead (fsdp-jobs scale). Only where
-        # min_nodes is `nodes`: with a lower bound the 30 s are what lets late nodes into the first round
-        *([f"--rdzv-conf=last_call_timeout={GROW_LAST_CALL_S}"]
-          if r.max_nodes > plan.nodes and r.min_nodes == plan.nodes else []),
+        *rdzv_conf(world, grow),
     ]
 
 
 GROW_LAST_CALL_S = 2
+
+# torchrun's c10d rendezvous keeps the whole membership in one store key that every agent rewrites by
+# compare-and-set, so its cost grows with the nodes of one torchrun world (fsdp_jobs/bench_rendezvous.py,
+# issue #28). Up to LARGE_WORLD_NODES torch's defaults hold; above, three of them do not:
+# - join_timeout (600 s, counted by each agent from its own start): the first agent up waits for the last
+#   one, and a large job's nodes come up over many minutes (image pulls share a registry, allocations and
+#   pods start over minutes): 10 min plus 1 s per node (27 min at 1,024), where a node that never comes
+#   still fails the round rather than hold the allocation for hours;
+# - keep_alive_interval x keep_alive_max_attempt (5 s x 3): an agent whose heartbeat is not written for
+#   that long is dropped as dead. When all agents enter a round at once (every restart: their workers fail
+#   together), each winning write costs a losing attempt of every other agent, and a heartbeat that comes
+#   due queues behind them: with more than ~480 agents at a 1,024-node state (81 KB, ~0.09 ms a losing
+#   attempt: up to ~46 s of store time for the round) live agents are dropped about as fast as they join
+#   and the round never completes (simulated: 128-256 agents on 2 cores, where an attempt costs ~2.5 ms).
+#   60 s x 3: heartbeats first come due after such a round, 120 s of slack (~1,600 agents), 12x fewer
+#   heartbeat writes; a lost node is dropped within 180 s, less than the hang watchdog (>= 60 s) plus the
+#   collective timeout after which the others restart anyway;
+# - --monitor-interval: every agent's monitor loop reads the whole state each time (1,024 x 81 KB a
+#   second at 1 s): every 5 s instead; the agent then notices its workers' exit within 5 s instead of 1.
+LARGE_WORLD_NODES = 256
+LARGE_MONITOR_INTERVAL_S = 5
+# Up to LARGE_WORLD_NODES, torch's own default (0.1 s; this was 1 s): a failed rank is noticed within 0.1 s
+# instead of 1 s (0.5 s of a restart on average, `fsdp-jobs bench recovery`). The store's load is not set
+# by it: beside the agent's polls of its own processes (local, cheap) its only store read is the check
+# for waiting nodes, which goes through the rendezvous state's cache (torch's
+# _BackendRendezvousStateHolder.sync), so each agent reads the state at most once per cache period:
+# launchers/node/agent.py's rendezvous_poll_s, whose budget holds the load of the whole world.
+SMALL_MONITOR_INTERVAL_S = 0.1
+
+
+def monitor_interval_s(world: int) -> float:
+    """torchrun's --monitor-interval for a torchrun world of `world` nodes."""
+    return SMALL_MONITOR_INTERVAL_S if world <= LARGE_WORLD_NODES else LARGE_MONITOR_INTERVAL_S
+LARGE_KEEP_ALIVE_S = 60
+
+
+def rdzv_conf(world: int, grow: bool) -> list[str]:
+    """torchrun's --rdzv-conf for a torchrun world of `world` nodes (one flag: torchrun keeps the last)."""
+    conf: dict[str, int] = {}
+    if world > LARGE_WORLD_NODES:
+        conf.update(join_timeout=600 + world, keep_alive_interval=LARGE_KEEP_ALIVE_S, keep_alive_max_attempt=3)
+    if grow:
+        conf["last_call_timeout"] = GROW_LAST_CALL_S
+    return [f"--rdzv-conf={','.join(f'{k}={v}' for k, v in conf.items())}"] if conf else []
+
 
 def replica_group(node: int, plan: Plan) -> int:
     """The replica group of the node-th node (0-based): consecutive nodes form a group, as consecutive

@@ -65,6 +65,8 @@ DESCRIBE_S = 2.0  # how often the backend is asked whether the job still runs
 SLOW_DETECT_S = 90.0  # a slow node the straggler view has not named by then: not detected, quota lifted
 RECOVER_S = 240.0  # a restart that has not stepped past the fault's step by then: not recovered
 SLOW_SHARE = 0.05  # slow-node: what a throttled rank keeps of a core
+AUTO_MARGIN = 20  # steps kept free of faults at each end of a checkpoint.interval=auto job (plan_for)
+SAVE_WAIT_S = 30.0  # corrupt-checkpoint waits this long for a save under way to commit before it damages the newest
 CUT_MAX_S = 120.0  # cut-node: healed by then, detected or not (slurmd's timeout, 300 s here, would end the allocation)
 PACE_RATIO = 1.5  # a slow node has recovered when a step is back within this of the earlier median
 
@@ -78,20 +80,22 @@ class Fault:
 
 def schedule(seed: int, faults: int, kinds: tuple[str, ...], world: int, nodes: int, steps: int,
              interval: int) -> list[Fault]:
-    """`faults` faults at steps spread between the first checkpoint and the last one before the end, the kinds
-    dealt in shuffled rounds (each kind once per round). Raises UserError when the steps cannot hold them."""
+    """`faults` faults at steps spread evenly from the first checkpoint on, the last one a gap before the last
+    checkpoint: the job has as many steps after its last fault as between two, to show it recovered (a slow
+    node dealt 21 steps before the end was still being named when the job completed). The kinds are dealt in
+    shuffled rounds (each kind once per round). Raises UserError when the steps cannot hold them."""
     first, last = interval + 1, steps - interval - 1
-    if interval <= 0 or last - first < 2 * (faults - 1):
-        raise UserError("--faults", faults, f"{faults} faults need train.steps >= {2 * (faults - 1) + 2 * interval + 2} "
-                                            f"with checkpoint.interval={interval} (2 steps apart, none before the "
-                                            f"first checkpoint or after the last); this job has {steps}")
+    if interval <= 0 or last - first < 2 * faults:
+        raise UserError("--faults", faults, f"{faults} faults need train.steps >= {2 * faults + 2 * interval + 2} "
+                                            f"with a margin of {interval} steps (the checkpoint interval or --margin; "
+                                            f"2 steps apart, none in the first or last margin); this job has {steps}")
     rng = random.Random(seed)
     dealt: list[str] = []
     while len(dealt) < faults:
         round_ = list(kinds)
         rng.shuffle(round_)
         dealt += round_
-    gap = (last - first) / max(1, faults - 1)
+    gap = (last - first) / faults
     out = []
     for i, kind in enumerate(dealt[:faults]):
         at = first + round(i * gap)
@@ -309,28 +313,34 @@ class Marathon:
 
 
 def corrupt_newest_and_kill(run_dir: Path, rank: int, rng: random.Random) -> str:
-    """Damage the newest committed checkpoint and SIGKILL `rank`, with every rank stopped meanwhile (no save
-    may commit a newer one between the two: the restart must meet the damaged one)."""
+    """Damage the newest committed checkpoint and SIGKILL `rank`, with every rank stopped meanwhile and no save
+    under way (no save may commit a newer one between the two: the restart must meet the damaged one; a CI run
+    dealt this fault at step 300 of an interval of 20 and the save of step 300 committed after the kill)."""
     from launchers import chaos
 
     procs = chaos.rank_processes(run_dir)
     if rank not in procs:
         raise LookupError(f"no running rank {rank} of this run on this machine")
-    for pid, _ in procs.values():
-        os.kill(pid, signal.SIGSTOP)
-    try:
-        newest = checkpoints.newest_checkpoint(run_dir)
-        if newest is None:
-            raise LookupError("no committed checkpoint to damage yet")
-        how = damage_shard(newest, rng)
-        os.kill(procs[rank][0], signal.SIGKILL)
-    finally:
+    deadline = time.monotonic() + SAVE_WAIT_S
+    while True:
         for pid, _ in procs.values():
-            try:
-                os.kill(pid, signal.SIGCONT)
-            except OSError:
-                pass
-    return f"{newest.name}: {how}; rank {rank} killed"
+            os.kill(pid, signal.SIGSTOP)
+        try:
+            # a save's leftover of a dead attempt also counts until a newer commit: past the deadline, go on
+            if not checkpoints.saves_under_way(run_dir) or time.monotonic() > deadline:
+                newest = checkpoints.newest_checkpoint(run_dir)
+                if newest is None:
+                    raise LookupError("no committed checkpoint to damage yet")
+                how = damage_shard(newest, rng)
+                os.kill(procs[rank][0], signal.SIGKILL)
+                return f"{newest.name}: {how}; rank {rank} killed"
+        finally:
+            for pid, _ in procs.values():
+                try:
+                    os.kill(pid, signal.SIGCONT)
+                except OSError:
+                    pass
+        time.sleep(0.05)
 
 
 def damage_shard(ckpt: Path, rng: random.Random) -> str:
@@ -386,14 +396,23 @@ def kinds_for(kinds: tuple[str, ...], nodes: int, min_nodes: int) -> tuple[str, 
                  and (k != "cut-node" or min_nodes >= nodes))
 
 
-def plan_for(backend: Backend, run: Run, count: int, seed: int) -> list[Fault]:
-    """The schedule for this job, refused in one line when the job cannot survive it as configured."""
+def plan_for(backend: Backend, run: Run, count: int, seed: int, only: tuple[str, ...] = (),
+             margin: Optional[int] = None) -> list[Fault]:
+    """The schedule for this job, refused in one line when the job cannot survive it as configured. `only`:
+    these kinds alone (--kinds); `margin`: steps kept free of faults at each end (--margin; by default the
+    checkpoint interval, AUTO_MARGIN for checkpoint.interval=auto: the same schedule whatever the interval)."""
     from fsdp_jobs.planning.config import job_config
 
     cfg, plan = job_config(runs.load_job(run.run_dir)), runs.load_plan(run.run_dir)
-    kinds = kinds_for(backend.marathon_kinds, plan.nodes, cfg.cluster.min_nodes or plan.nodes)
-    faults = schedule(seed, count, kinds, plan.world_size, plan.nodes, cfg.train.steps,
-                      cfg.checkpoint.interval)
+    unknown = [k for k in only if k not in backend.marathon_kinds]
+    if unknown:
+        raise UserError("--kinds", ",".join(only), f"this backend deals {', '.join(backend.marathon_kinds)}")
+    kinds = kinds_for(only or backend.marathon_kinds, plan.nodes, cfg.cluster.min_nodes or plan.nodes)
+    if not kinds:
+        raise UserError("--kinds", ",".join(only), f"none of them can be dealt to a job of {plan.nodes} nodes")
+    every = cfg.checkpoint.interval
+    margin = margin if margin is not None else AUTO_MARGIN if every == "auto" else int(every)
+    faults = schedule(seed, count, kinds, plan.world_size, plan.nodes, cfg.train.steps, margin)
     restarts, after_hangs = restarts_needed(faults)
     if restarts > cfg.cluster.max_restarts:
         raise UserError("--faults", count, f"this schedule restarts the job {restarts} times and its "
@@ -416,7 +435,8 @@ def _say(line: str) -> None:
     print(line, flush=True)
 
 
-def run_marathon(backend: Backend, run: Run, count: int, seed: int, say: Callable[[str], None] = _say) -> int:
+def run_marathon(backend: Backend, run: Run, count: int, seed: int, say: Callable[[str], None] = _say,
+                 only: tuple[str, ...] = (), margin: Optional[int] = None) -> int:
     """Inject the schedule into the running job, wait for it to end, print the table and the goodput.
     0 when every fault was injected, detected and recovered from and the job succeeded; 1 otherwise."""
     from fsdp_jobs.cli import goodput
@@ -424,7 +444,7 @@ def run_marathon(backend: Backend, run: Run, count: int, seed: int, say: Callabl
     if backend.describe(run).state.terminal:
         raise UserError("RUN", run.run_dir.name, "is not running: a marathon needs a running job (start it, then "
                                                  "run this from another terminal)")
-    faults = plan_for(backend, run, count, seed)
+    faults = plan_for(backend, run, count, seed, only, margin)
     say(f"marathon: {len(faults)} faults (seed {seed}) at steps "
         f"{', '.join(f'{f.at_step} {f.kind}' for f in faults)}")
     marathon = Marathon(backend, run, faults, say)

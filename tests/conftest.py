@@ -182,6 +182,9 @@ def pytest_collection_modifyitems(config, items):
 # (Not `--dist loadgroup` with xdist_group marks: with pytest 9.2 it silently stops grouping, because xdist
 # 3.8 marks a group by rewriting a test's node id, which pytest no longer reads back: pytest-xdist issue 1386.)
 CLUSTER_TIERS = ("tests/docker/", "tests/slurm/")
+# the real Kubernetes control plane (deploy/kubernetes/dev-apiserver) is machine-wide too, but needs neither
+# of the others: its tests are a unit of work of their own (the second largest: the other worker's first)
+KUBE_TESTS = "tests/kubernetes/test_real_apiserver.py"
 
 
 CLUSTER_LOCK = Path("/tmp/fsdp-jobs-cluster-tests.lock")
@@ -212,7 +215,8 @@ def pytest_xdist_make_scheduler(config, log):
 
     class ClustersOnOneWorker(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
-            return "clusters" if nodeid.startswith(CLUSTER_TIERS) else nodeid
+            return ("clusters" if nodeid.startswith(CLUSTER_TIERS) else "kube-apiserver" if nodeid.startswith(KUBE_TESTS)
+                    else nodeid)
 
     return ClustersOnOneWorker(config, log)
 
@@ -267,7 +271,23 @@ def pytest_terminal_summary(terminalreporter) -> None:
         for name, text in getattr(report, "sections", []):
             if report.when == "call" and "stdout" in name:
                 lines += [f"{report.nodeid}: {ln[len(MEASURED):]}" for ln in text.splitlines() if ln.startswith(MEASURED)]
+    lines += _time_per_worker(terminalreporter)
     if lines:
         terminalreporter.section("measured")
         for line in lines:
             terminalreporter.write_line(line)
+
+
+def _time_per_worker(terminalreporter) -> list[str]:
+    """Each pytest-xdist worker's busy seconds (setup, call and teardown of its tests): which one is the run's
+    long pole, for keeping .ci/run under its time budget."""
+    busy: dict[str, list[float]] = {}
+    for reports in terminalreporter.stats.values():
+        for report in reports:
+            worker = getattr(getattr(getattr(report, "node", None), "gateway", None), "id", None)
+            if worker and isinstance(getattr(report, "duration", None), float):
+                entry = busy.setdefault(worker, [0.0, 0])
+                entry[0] += report.duration
+                entry[1] += report.when == "call"
+    return ["time per xdist worker: " + ", ".join(f"{w} {t:.0f} s in {n} tests" for w, (t, n) in sorted(busy.items()))
+            ] if busy else []

@@ -1,4 +1,5 @@
-"""fsdp-jobs list | status RUN | logs RUN [-f] | cancel RUN | chaos RUN ACTION NODE
+"""fsdp-jobs list | status RUN | logs RUN [-f] [--node K] [--rank R] [--attempt A] [--grep TEXT] [--tail N]
+         | cancel RUN | chaos RUN ACTION NODE
          | compare SWEEP | plot RUN_OR_SWEEP... -o out.png | goodput RUN_OR_SWEEP [--json]
                                                                 (also: python -m fsdp_jobs.cli.ctl ...)
 
@@ -21,7 +22,11 @@ from collections import Counter
 from pathlib import Path
 from typing import Any, Optional
 
+import yaml
+
 from fsdp_jobs.cli import goodput, report, stragglers
+from fsdp_jobs.rundir import logs
+from fsdp_jobs.rundir.logs import LogFilter
 from fsdp_jobs.planning import input_rules
 from fsdp_jobs.rundir import hangs, journal, runs
 from fsdp_jobs.planning.errors import OneLineParser, UserError, die
@@ -29,7 +34,7 @@ from fsdp_jobs.rundir.checkpoints import newest_checkpoint
 from fsdp_jobs.rundir.layout import RunDir
 
 MAX_MARATHON_FAULTS = 1000
-COMMANDS = ("list", "status", "logs", "cancel", "scale", "chaos", "compare", "plot", "goodput")
+COMMANDS = ("list", "status", "logs", "cancel", "scale", "chaos", "compare", "plot", "goodput", "report", "stacks", "top")
 
 
 def _backend(run: Any) -> Any:
@@ -97,11 +102,17 @@ def run_status(run_dir: Path) -> dict[str, Any]:
         when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(refused["time"]))
         out["last_submission"] = {"refused": refused["reason"], "time": when}
         out["detail"] = f"{out['detail']}; the last submission ({when}) was refused: {refused['reason']}"
-    metrics = runs.read_metrics(run_dir)
+    metrics = runs.read_metrics_tail(run_dir, 1)  # the newest row only: a long run's record is 1 M rows
     if metrics:
         out["last_step"] = {k: metrics[-1].get(k) for k in ("step", "loss", "tokens_per_s", "world_size")}
     ckpt = newest_checkpoint(run_dir)
     out["checkpoint"] = str(ckpt) if ckpt else None
+    try:
+        spares = ((runs.load_job(run_dir) or {}).get("cluster") or {}).get("spare_nodes")
+    except (OSError, ValueError, AttributeError, yaml.YAMLError):  # a damaged job record: status still answers
+        spares = None
+    if spares:  # cluster.spare_nodes: agents beyond the rendezvous' max_nodes, waiting to replace a node that dies
+        out["spare_nodes"] = spares
     slow = stragglers.of_run(run_dir, straggler_ratio(run_dir), thorough=True)
     if slow:  # every node's compute per step next to the median node's (fsdp_jobs/cli/stragglers.py)
         out["stragglers"] = slow
@@ -185,6 +196,52 @@ def goodput_command(ref: str, root: Path, as_json: bool) -> None:
     print("\n".join(report.goodput_sweep_lines(found)))
 
 
+def report_command(ref: str, root: Path, output: Optional[Path]) -> None:
+    """`fsdp-jobs report RUN|SWEEP [-o FILE]`: the HTML page (fsdp_jobs/cli/html_report.py); by default
+    RUN_DIR/report.html (a sweep: report.html in the current directory), its path printed."""
+    from fsdp_jobs.cli import html_report
+
+    is_run = any(RunDir(d).job_file.is_file() for d in (Path(ref), root / ref))
+    members = None if is_run else report.find_sweep(ref, root)
+    if members is None:
+        run_dir = find_run(ref, root)
+        text, path = html_report.render_run(run_dir), output or RunDir(run_dir).report_file
+    else:
+        text, path = html_report.render_sweep(ref, members), output or Path("report.html")
+    html_report.write(path, text)
+    print(path)
+
+
+def stacks_command(backend: Any, run: Any, node: Optional[str], rank: Optional[str]) -> None:
+    """`fsdp-jobs stacks RUN [--node K] [--rank R]`: every running rank's Python stacks into one file of the run
+    dir (the backend's `stacks`: launchers/stacks.py), one line a rank (where its main thread is) and the
+    file's path printed."""
+    ranks = {logs.whole_number("--rank", rank, "need a rank: a whole number from 0")} if rank is not None else None
+    if backend.describe(run).state.value != "RUNNING":
+        raise UserError("RUN", run.run_dir.name, "is not running: stacks are read from live ranks (a hang's are "
+                                                 "kept in its hang record: `fsdp-jobs status`)")
+    path, heads = backend.stacks(run, node, ranks)
+    if not heads:
+        raise UserError("--rank" if ranks else "--node" if node else "RUN", rank or node or run.run_dir.name,
+                        "no running rank of it was found")
+    print("\n".join([*heads, str(path)]))
+
+
+def top_command(ref: Optional[str], root: Path) -> None:
+    """`fsdp-jobs top [RUN]` (fsdp_jobs/cli/top.py): live while stdout is a terminal, else one frame."""
+    from fsdp_jobs.cli import top
+
+    if ref is not None:
+        one = [find_run(ref, root)]
+        view = top.Top(lambda: one, straggler_ratio)
+    else:
+        view = top.Top(lambda: top.live_runs(run_dirs(root), time.time()), straggler_ratio)
+    if sys.stdout.isatty():
+        top.loop(view)
+    else:
+        print("\n".join(view.frame()))
+
+
 def list_lines(run_root: Path) -> list[str]:
     lines = [f"{'RUN':<36} {'BACKEND':<10} {'JOB':<28} {'STATE':<10} {'STEP':>7}  DETAIL"]
     for run_dir in run_dirs(run_root):
@@ -194,12 +251,25 @@ def list_lines(run_root: Path) -> list[str]:
     sweeps = journal.sweeps()
     if sweeps:  # every sweep in the journal, wherever its run dirs are
         rows = []
-        for sw in sweeps:
-            states = Counter(s["state"] for s in sweep_statuses(report.find_sweep(sw["sweep"], run_root) or []))
+        for sw in sweeps:  # the backend's word per member only: 1,000 full statuses would read 1,000 timelines
+            states = Counter(member_state(m["run_dir"]) for m in report.find_sweep(sw["sweep"], run_root) or [])
             rows.append([sw["sweep"], str(sw["members"]), sw["backend"],
                          ", ".join(f"{n} {st}" for st, n in sorted(states.items())), sw["dir"]])
         lines += [""] + report.table(["SWEEP", "MEMBERS", "BACKEND", "STATES", "DIR"], rows)
     return lines
+
+
+def member_state(run_dir: Path) -> str:
+    """A run's state in the backend's word alone (what `list` counts per sweep member)."""
+    from fsdp_jobs.rundir.status import JobState, Run
+
+    if not RunDir(run_dir).job_file.is_file():
+        return JobState.UNKNOWN.value
+    run = Run.load(run_dir)
+    try:
+        return _backend(run).describe(run).state.value
+    except UserError:
+        return JobState.UNKNOWN.value
 
 
 def sweep_statuses(members: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -227,15 +297,27 @@ def cancel_sweep(members: list[dict[str, Any]]) -> list[str]:
 
 
 def parser() -> OneLineParser:
-    """`fsdp-jobs list|status|logs|cancel|scale|chaos|goodput|compare|plot`."""
+    """`fsdp-jobs list|status|logs|stacks|top|cancel|scale|chaos|goodput|report|compare|plot`."""
     p = OneLineParser(prog="fsdp-jobs", description="Follow and control submitted runs.")
     sub = p.add_subparsers(dest="cmd", required=True)
     parsers = {"list": sub.add_parser("list", help="runs under the run root, with their state")}
-    for name in ("status", "cancel", "logs", "scale", "chaos"):
+    for name in ("status", "cancel", "logs", "scale", "chaos", "stacks"):
         parsers[name] = sub.add_parser(name)
         parsers[name].add_argument("run", help="run name, run dir, the backend's job id, SWEEP/MEMBER"
                                    + (" or SWEEP" if name in ("status", "cancel") else ""))
     parsers["logs"].add_argument("-f", "--follow", action="store_true", help="until the job ends")
+    parsers["logs"].add_argument("--node", help="one node's lines: its index (0 = the backend's first node) or "
+                                 "its name (node3, a host, a pod); where a backend keeps a log per node, only "
+                                 "that one is read")
+    parsers["logs"].add_argument("--rank", help="the lines that name this rank ([rank R], [rankR]:)")
+    parsers["logs"].add_argument("--attempt", help="one attempt's lines: K = the ranks' K-th start (rank 0's K-th "
+                                 "world line), 0 = before the first, -1 = the newest")
+    parsers["logs"].add_argument("--grep", action="append", default=[], metavar="TEXT",
+                                 help="lines holding TEXT (plain text, case-sensitive; repeat: any of them)")
+    parsers["logs"].add_argument("--tail", metavar="N", help="the last N matching lines of each log, read from "
+                                 "its end (with -f: then what is written)")
+    parsers["stacks"].add_argument("--node", help="one node's ranks: its index (0 = the first) or its name")
+    parsers["stacks"].add_argument("--rank", help="one rank")
     parsers["chaos"].add_argument("action", choices=("kill-node", "stop-node", "kill-rank", "hang-rank", "slow-node",
                                                          "slow-link", "cut-node", "resume", "marathon"),
                                   help="kill-node: SIGKILL the node's agent (it restarts); stop-node: gone for good; "
@@ -249,6 +331,10 @@ def parser() -> OneLineParser:
                                   "100mbit, 500kbit, 1gbit)")
     parsers["chaos"].add_argument("--faults", type=int, default=10, help="marathon: how many faults")
     parsers["chaos"].add_argument("--seed", type=int, default=0, help="marathon: the schedule's seed")
+    parsers["chaos"].add_argument("--kinds", default="", help="marathon: only these kinds, comma-separated "
+                                  "(default: every kind the backend deals)")
+    parsers["chaos"].add_argument("--margin", type=int, help="marathon: steps kept free of faults at each end "
+                                  "(default: checkpoint.interval; 20 for auto)")
     parsers["scale"].add_argument("size", metavar="nodes=N", help="the node count to grow the running job to "
                                   "(at most its cluster.max_nodes)")
     parsers["status"].add_argument("--json", action="store_true", help="a sweep's member statuses as JSON")
@@ -258,6 +344,14 @@ def parser() -> OneLineParser:
     parsers["goodput"].add_argument("--json", action="store_true", help="every part, per attempt, as JSON")
     parsers["compare"] = sub.add_parser("compare", help="a sweep's members: overrides, final loss, tokens/s, MFU")
     parsers["compare"].add_argument("sweep", help="sweep id (see fsdp-jobs list) or sweep dir")
+    parsers["top"] = sub.add_parser("top", help="a live view of running jobs: per node step, compute, straggler "
+                                    "ratio, age; q quits (one frame when not a terminal)")
+    parsers["top"].add_argument("run", nargs="?", help="one run (default: every running run under the run root)")
+    parsers["report"] = sub.add_parser("report", help="one self-contained HTML page of what happened to a run "
+                                       "(curves, goodput timeline, incidents, nodes, config) or a sweep")
+    parsers["report"].add_argument("run", help="run name, run dir, job id, SWEEP/MEMBER or SWEEP")
+    parsers["report"].add_argument("-o", "--output", type=Path, default=None,
+                                   help="the HTML file (default: RUN_DIR/report.html; a sweep: ./report.html)")
     parsers["plot"] = sub.add_parser("plot", help="PNG of loss and tokens/s over steps, one line per run")
     parsers["plot"].add_argument("refs", nargs="+", metavar="RUN_OR_SWEEP")
     parsers["plot"].add_argument("-o", "--output", type=Path, default=Path("runs.png"), help="PNG to write")
@@ -276,6 +370,8 @@ def main(argv: Optional[list[str]] = None) -> int:
             raise UserError("--rate", args.rate, "need a number and kbit, mbit or gbit (e.g. 100mbit)")
         if args.cmd == "chaos" and not 1 <= args.faults <= MAX_MARATHON_FAULTS:
             raise UserError("--faults", args.faults, f"must be between 1 and {MAX_MARATHON_FAULTS}")
+        if args.cmd == "chaos" and args.margin is not None and args.margin < 1:
+            raise UserError("--margin", args.margin, "must be an integer >= 1 (steps)")
         if args.cmd == "list":
             print("\n".join(list_lines(root)))
             return 0
@@ -283,6 +379,12 @@ def main(argv: Optional[list[str]] = None) -> int:
             return sweep_command(args, root)
         if args.cmd == "goodput":
             goodput_command(args.run, root, args.json)
+            return 0
+        if args.cmd == "report":
+            report_command(args.run, root, args.output)
+            return 0
+        if args.cmd == "top":
+            top_command(args.run, root)
             return 0
         # a run is found without the journal (a damaged journal must not stop `status RUN`)
         is_run = any(RunDir(d).job_file.is_file() for d in (Path(args.run), root / args.run))
@@ -302,14 +404,16 @@ def main(argv: Optional[list[str]] = None) -> int:
         run = Run.load(run_dir)
         backend = _backend(run)
         if args.cmd == "logs":
-            for line in backend.log_iter(run, follow=args.follow):
-                print(line, flush=args.follow)
+            logs_command(backend, run, log_filter(args, run_dir), args.follow)
+        elif args.cmd == "stacks":
+            stacks_command(backend, run, args.node, args.rank)
         elif args.cmd == "cancel":
             print(backend.cancel(run))
         elif args.cmd == "scale":
             print(backend.scale(run, scale_target(run_dir, args.size)))
         elif args.action == "marathon":
-            return backend.marathon(run, args.faults, args.seed)
+            kinds = tuple(k for k in args.kinds.split(",") if k)
+            return backend.marathon(run, args.faults, args.seed, kinds, args.margin)
         else:
             print(backend.chaos(run, args.action, args.node, rate=args.rate))
     except UserError as e:
@@ -319,6 +423,53 @@ def main(argv: Optional[list[str]] = None) -> int:
     except OSError as e:  # an unreadable run dir, a backend command that is not installed
         die(f"{getattr(e, 'filename', '') or ''}: {e.strerror or e}".lstrip(": "))
     return 0
+
+
+def log_filter(args: argparse.Namespace, run_dir: Path) -> LogFilter:
+    """`logs`' flags as a LogFilter, or one line naming the flag, its value and what is allowed."""
+    where = LogFilter(node=args.node, grep=tuple(args.grep),
+                      rank=logs.whole_number("--rank", args.rank, "need a rank: a whole number from 0"),
+                      attempt=logs.whole_number("--attempt", args.attempt, "need a whole number: 0 (before the "
+                                                "ranks first started), K (their K-th start), -1 (the newest)"),
+                      tail=logs.whole_number("--tail", args.tail, f"need a line count from 1 to {logs.MAX_TAIL:,}"))
+    return logs.check(where, args.follow, _job_record(run_dir))
+
+
+def _job_record(run_dir: Path) -> Optional[dict[str, Any]]:
+    import yaml
+
+    try:
+        return runs.load_job(run_dir)
+    except (OSError, ValueError, yaml.YAMLError):
+        return None  # no bounds on node and rank: the filters still apply
+
+
+def waiting_line(seconds: float, status: Any) -> str:
+    """What `logs -f` says on stderr when no line came for a while: the backend's own word (a scheduler's state and
+    its reason, e.g. PENDING (Resources)), so a queued job or a slow first rendezvous is not silence."""
+    return f"fsdp-jobs: no new log line for {seconds:.0f} s; the job is {status.detail or status.state.value}"
+
+
+def logs_command(backend: Any, run: Any, where: LogFilter, follow: bool) -> None:
+    def on_quiet(seconds: float, status: Any) -> None:
+        print(waiting_line(seconds, status), file=sys.stderr, flush=True)
+
+    lines = backend.log_iter(run, follow=follow, where=where, on_quiet=on_quiet)
+    shown = 0
+    for line in lines:
+        print(line, flush=follow)
+        shown += 1
+    if not shown and where.active:
+        print("fsdp-jobs: no line matched", file=sys.stderr)
+
+
+def log_lines(run_dir: Path, where: LogFilter) -> list[str]:
+    """`fsdp-jobs logs RUN_DIR` with filters, as a list (what `bench` times): the run's backend reads its logs
+    (a tail, or a node of a backend with a log per node, reads only those ends or that file)."""
+    from fsdp_jobs.rundir.status import Run
+
+    run = Run.load(Path(run_dir))
+    return list(_backend(run).log_iter(run, where=logs.check(where, job=_job_record(Path(run_dir)))))
 
 
 def sweep_command(args: argparse.Namespace, root: Path) -> int:

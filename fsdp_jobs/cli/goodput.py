@@ -17,6 +17,9 @@ The goodput timeline (RunDir.goodput_file) is append-only, one JSON object a lin
     save           {pid, step, blocked}   a checkpoint save returned; blocked: seconds the loop waited for it
     stall          {pid, step, seconds, groups}  fault_tolerance=replica: the step waited this long for its
                                           quorum (a replica group died mid-step, or joined); groups in it
+    interval       {pid, step, next, steps, seconds, save_s, step_s, mtbf_s, failures, ...}  checkpoint.interval=auto
+                                          chose the steps to the next checkpoint, from these inputs
+                                          (fsdp_jobs/runtime/interval.py); no part of the tiling
     end            {pid, why, step}       completed / preempted / failed: ...
 
 Each attempt's wall time is tiled by these marks: the time between two marks belongs to the part the
@@ -47,14 +50,17 @@ Effective training = productive / wall. Pure and torch-free: ctl reads it (fsdp_
 
 from __future__ import annotations
 
+import json
 import math
 import time
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence, Union
 
-from fsdp_jobs.rundir import events as timeline
 from fsdp_jobs.rundir.events import NODE_EVENTS, RANK_EVENTS
 from fsdp_jobs.rundir.layout import RunDir
+from fsdp_jobs.rundir.records import GoodputEvent
+
+KNOWN_EVENTS = frozenset(RANK_EVENTS + NODE_EVENTS)
 
 PARTS = ("queued", "startup", "productive", "checkpoint", "lost", "recovery", "shutdown", "other")
 STARTUP_PARTS = ("agent", "interpreter", "imports", "process_group", "preflight", "build", "checkpoint_load",
@@ -70,13 +76,21 @@ def _num(e: dict[str, Any], key: str) -> Optional[float]:
 
 def read_events(path: Path) -> tuple[list[dict[str, Any]], int]:
     """The well-formed events of a timeline, as the JSON objects written (the accounting reads each event's
-    own fields by name), and how many lines were not (cut by a kill, not JSON, wrong types, unknown events)."""
+    own fields by name), and how many lines were not (cut by a kill, not JSON, wrong types, unknown events).
+    The file is read once: a 1,024-node job's timeline has two events per node and launch."""
     try:
         lines = [ln for ln in path.read_text(errors="replace").splitlines() if ln.strip()]
     except OSError:
         return [], 0
-    good = [e.to_json() for e in timeline.read_events(path) if e.event in RANK_EVENTS + NODE_EVENTS
-            and math.isfinite(e.time) and (e.event in NODE_EVENTS or e.pid is not None)]
+    good = []
+    for line in lines:
+        try:
+            e = GoodputEvent.from_dict(json.loads(line))
+        except ValueError:
+            continue
+        if e is not None and e.event in KNOWN_EVENTS and math.isfinite(e.time) and (
+                e.event in NODE_EVENTS or e.pid is not None):
+            good.append(e.to_json())
     return good, len(lines) - len(good)
 
 
@@ -103,11 +117,13 @@ class _Attempt:
         self.marks: dict[str, dict[str, Any]] = {}
         self.flow: list[dict[str, Any]] = []  # steps, save and stall events, in order
         self.end: Optional[dict[str, Any]] = None
+        self.interval: Optional[dict[str, Any]] = None  # checkpoint.interval=auto's last choice in this attempt
         self.parts = dict.fromkeys(PARTS, 0.0)
         self.startup = dict.fromkeys(STARTUP_PARTS, 0.0)
         self.windows: list[tuple[int, int, float]] = []  # (first, last, productive seconds)
         self.begin = self.t = float(start["time"])
         self.lost_steps = 0
+        self.save_blocked: list[float] = []  # each save's blocking seconds (async: staging only)
 
     def add(self, part: str, until: Optional[float]) -> None:
         """The time from the last mark to `until` is `part`'s (a mark out of order adds nothing)."""
@@ -170,6 +186,7 @@ def _tile(a: _Attempt, first_of_launch: bool, launch_at: Optional[float], node_s
             first = last + 1
         else:
             blocked = _num(e, "blocked") or 0.0
+            a.save_blocked.append(blocked)
             a.add("productive", t - blocked)
             a.add("checkpoint", t)
     if a.end is not None:
@@ -205,33 +222,50 @@ def _lose_after(a: _Attempt, step: int) -> None:
             a.lost_steps += min(redone, n)
 
 
-def _summary(parts: dict[str, float], startup: dict[str, float], wall: float) -> dict[str, Any]:
+def _saves(blocked: list[float]) -> dict[str, Any]:
+    """What each save cost the step loop: with checkpoint.async_save only its staging (pinned host memory on a
+    GPU), so this is where near-zero blocking shows, save by save."""
+    ordered = sorted(blocked)
+    mid = len(ordered) // 2
+    median = (ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2) if ordered else None
+    return {"count": len(ordered), "blocked_median_s": None if median is None else round(median, 4),
+            "blocked_max_s": round(ordered[-1], 4) if ordered else None}
+
+
+def _summary(parts: dict[str, float], startup: dict[str, float], wall: float,
+             save_blocked: Sequence[float] = ()) -> dict[str, Any]:
     return {"wall_s": round(wall, 3), "parts_s": {k: round(v, 3) for k, v in parts.items()},
             "startup_s": {k: round(v, 3) for k, v in startup.items()},
-            "effective_pct": round(100 * parts["productive"] / wall, 2) if wall > 0 else None}
+            "effective_pct": round(100 * parts["productive"] / wall, 2) if wall > 0 else None,
+            "saves": _saves(list(save_blocked))}
 
 
-def _unwritten_window(a: _Attempt, until: Optional[float], rows: Sequence[tuple[float, int]]) -> None:
+Rows = Callable[[float, Optional[float]], Sequence[tuple[float, int]]]  # (after, until) -> (time, step) between
+
+
+def _unwritten_window(a: _Attempt, until: Optional[float], rows: Rows) -> None:
     """Rank 0 writes a steps window at most every STEPS_EVENT_S (and at each save): an attempt killed before
     it wrote its last one left those steps only in the metrics record. Its rows after the attempt's last
     event (and before the next attempt started) are that window: productive until a later attempt computes
     them again (then lost), not recovery."""
-    after = a.last_time()
-    mine = [(t, step) for t, step in rows if after < t and (until is None or t < until)]
+    mine = rows(a.last_time(), until)
     if mine:
         t, last = max(mine)
         a.flow.append({"event": "steps", "pid": a.start.get("pid"), "last": last, "time": t})
 
 
 def account(events: list[dict[str, Any]], launches: Sequence[float] = (),
-            committed_step: Optional[int] = None, rows: Sequence[tuple[float, int]] = ()) -> dict[str, Any]:
+            committed_step: Optional[int] = None, rows: Union[Sequence[tuple[float, int]], Rows] = ()) -> dict[str, Any]:
     """Per attempt and in total: wall time and its parts (PARTS, STARTUP_PARTS), lost steps, effective %.
 
     `events`: a timeline (read_events); `launches`: the launch records' unix times (launch_times);
     `committed_step`: the newest committed checkpoint's step, which a failed last attempt's later steps
     are lost against (no later attempt says what it resumed from); `rows`: the metrics record's (time,
-    step), for the steps a killed attempt never wrote a window of (_unwritten_window)."""
+    step), for the steps a killed attempt never wrote a window of (_unwritten_window): the rows, or what
+    finds those between two times (of_run: a bisection of the record, not a read of its 1 M rows)."""
     times = sorted(launches)
+    between: Rows = rows if callable(rows) else lambda after, until: [  # type: ignore[assignment]
+        (t, step) for t, step in rows if after < t and (until is None or t < until)]
 
     def launch_of(t: float) -> int:
         return sum(1 for x in times if x <= t + 1.0) - 1  # + 1 s: an old record's time is to the second
@@ -253,12 +287,14 @@ def account(events: list[dict[str, Any]], launches: Sequence[float] = (),
                 a.flow.append(e)
             elif name == "end":
                 a.end = e
+            elif name == "interval":
+                a.interval = {k: v for k, v in e.items() if k not in ("event", "pid", "time", "v")}
             else:
                 a.marks[name] = e
     attempts.sort(key=lambda a: float(a.start["time"]))
     for a, nxt in zip(attempts, [*attempts[1:], None]):
         if a.end is None:  # killed: its last window may be in the metrics record only
-            _unwritten_window(a, float(nxt.start["time"]) if nxt is not None else None, rows)
+            _unwritten_window(a, float(nxt.start["time"]) if nxt is not None else None, between)
     prev: Optional[_Attempt] = None
     for a in attempts:
         first = prev is None or prev.launch != a.launch
@@ -293,14 +329,18 @@ def _report(attempts: list[_Attempt]) -> dict[str, Any]:
                      "resumed_from_step": a.resumed_step(),
                      "steps": [steps[0][0], steps[-1][1]] if steps else None, "lost_steps": a.lost_steps,
                      "ended": (a.end or {}).get("why", "no end recorded (killed?)"),
-                     **_summary(a.parts, a.startup, wall)})
+                     **_summary(a.parts, a.startup, wall, a.save_blocked),
+                     **({"checkpoint_interval": a.interval} if a.interval else {})})
         for k in PARTS:
             total[k] += a.parts[k]
         for k in STARTUP_PARTS:
             total_startup[k] += a.startup[k]
     wall = sum(a.t - a.begin for a in attempts)
-    return {"attempts": rows, "total": {**_summary(total, total_startup, wall),
-                                        "lost_steps": sum(a.lost_steps for a in attempts)}}
+    chosen = [a.interval for a in attempts if a.interval]
+    every_save = [b for a in attempts for b in a.save_blocked]
+    return {"attempts": rows, "total": {**_summary(total, total_startup, wall, every_save),
+                                        "lost_steps": sum(a.lost_steps for a in attempts),
+                                        **({"checkpoint_interval": chosen[-1]} if chosen else {})}}
 
 
 def of_run(run_dir: Path) -> Optional[dict[str, Any]]:
@@ -315,11 +355,12 @@ def of_run(run_dir: Path) -> Optional[dict[str, Any]]:
         return None
     newest = newest_checkpoint(run_dir)
     committed = step_of(newest)
-    # the metrics record is read only for an attempt that was killed (no end event): a long run's 1 M rows
-    # are not read for a run that never failed
-    killed = sum(e["event"] == "start" for e in events) > sum(e["event"] == "end" for e in events)
-    rows = [(float(r["time"]), int(r["step"])) for r in runs.read_metrics(run_dir)
-            if isinstance(r.get("time"), (int, float)) and isinstance(r.get("step"), int)] if killed else []
+    # the metrics record is read only around an attempt that was killed (no end event), by bisection: a
+    # long run's 1 M rows are never all read
+    def rows(after: float, until: Optional[float]) -> list[tuple[float, int]]:
+        return [(float(r["time"]), int(r["step"])) for r in runs.read_metrics_between(run_dir, after, until)
+                if isinstance(r.get("step"), int)]
+
     out = account(events, launch_times(runs.launches(run_dir)), committed, rows)
     out["file"], out["damaged_lines"] = str(path), damaged
     return out

@@ -9,8 +9,10 @@ from typing import Any, Iterable, Optional
 from fsdp_jobs.cli import goodput
 from fsdp_jobs.rundir import journal, runs
 from fsdp_jobs.rundir.layout import RunDir
+from fsdp_jobs.runtime import interval
 
 WINDOW = 20  # steps the throughput figures are averaged over (the newest ones)
+TAIL_ROWS = 4 * WINDOW + 1  # the metrics rows summarize_run reads, from the end
 
 
 def find_sweep(ref: str, run_root: Path) -> Optional[list[dict[str, Any]]]:
@@ -29,8 +31,9 @@ def find_sweep(ref: str, run_root: Path) -> Optional[list[dict[str, Any]]]:
 
 def summarize_run(run_dir: Path) -> dict[str, Any]:
     """Last step and loss; tokens/s and MFU as the median of the newest WINDOW steps, leaving out each
-    attempt's first step (start-up and warm-up would drag it down)."""
-    metrics = runs.read_metrics(run_dir)
+    attempt's first step (start-up and warm-up would drag it down). Reads the newest TAIL_ROWS rows only:
+    enough for WINDOW steady ones unless most of them began an attempt."""
+    metrics = runs.read_metrics_tail(run_dir, TAIL_ROWS)
     out: dict[str, Any] = {"step": None, "loss": None, "tokens_per_s": None, "mfu": None}
     if not metrics:
         return out
@@ -192,7 +195,13 @@ def goodput_lines(result: dict[str, Any]) -> list[str]:
     """`fsdp-jobs goodput RUN`: one row per attempt and the total, in seconds, and the effective share."""
     rows = [_goodput_row(str(r["attempt"]), r) for r in result["attempts"]]
     rows.append(_goodput_row("total", result["total"]))
-    return table(["ATTEMPT", *GOODPUT_HEADER], rows)
+    # checkpoint.interval=auto: what each attempt chose last, and from what
+    chosen = [f"attempt {r['attempt']}: {interval.describe(r['checkpoint_interval'])}"
+              for r in result["attempts"] if r.get("checkpoint_interval")]
+    saves = result["total"].get("saves") or {}
+    blocked = ([f"saves: {saves['count']}, the step loop blocked {saves['blocked_median_s']:.3f} s per save "
+                f"(median), {saves['blocked_max_s']:.3f} s at most"] if saves.get("count") else [])
+    return table(["ATTEMPT", *GOODPUT_HEADER], rows) + blocked + chosen
 
 
 # one letter per part for the text timeline (fsdp_jobs/cli/goodput.py's PARTS)

@@ -29,6 +29,12 @@ BACKENDS: dict[str, str] = {
 DEFAULT = "local"  # conf/config.yaml's cluster= default
 # `python -m fsdp_jobs.bench dry-run` times our dry run on this backend against TorchX's scheduler of the same name
 DRY_RUN_BENCH = "slurm"
+# `python -m fsdp_jobs.bench dry-run-scale`: every backend's dry run, each way it renders (a Kubernetes kind each)
+DRY_RUN_SHAPES: dict[str, list[list[str]]] = {
+    "local": [[]], "slurm": [[]], "docker": [[]],
+    "kubernetes": [["cluster.image=registry.example.com/fsdp-jobs:1", f"cluster.kind={kind}"]
+                   for kind in ("volcano", "pytorchjob", "jobset")],
+}
 
 
 def names() -> tuple[str, ...]:
@@ -64,3 +70,8 @@ def secret_store(name: str) -> Optional[str]:
     """How to use the backend's own secret store, if cluster.secret_env names its secrets (SECRET_STORE in
     its config.py); None: fsdp_jobs/planning/secret_env.py resolves the references and passes the values on."""
     return getattr(config_module(name), "SECRET_STORE", None)
+
+
+def spare_backends() -> tuple[str, ...]:
+    """The backends that start cluster.spare_nodes agents (SPARE_NODES = True in their config.py)."""
+    return tuple(n for n in names() if getattr(config_module(n), "SPARE_NODES", False))

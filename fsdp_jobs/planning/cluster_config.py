@@ -32,6 +32,10 @@ class ClusterConfig:
     # elastic upper bound: a running job grows to it with `fsdp-jobs scale RUN nodes=N` (its rendezvous
     # admits that many nodes from the start); None = nodes, a job that cannot grow
     max_nodes: Optional[int] = None
+    # hot spares: agents started beyond the job's nodes that wait in torch's rendezvous redundancy list and take a
+    # dead node's place at the next round (same world size, mesh and global batch); the backends whose config.py
+    # sets SPARE_NODES start them, the others refuse (planning/config.py check_spare_nodes)
+    spare_nodes: int = 0
     rdzv_port: Optional[int] = None  # None = a free port
     env: Dict[str, str] = field(default_factory=dict)  # extra environment for every rank
     # environment from secrets, by reference (fsdp_jobs/planning/secret_env.py): {VAR: "env:NAME" | "file:PATH"}, or

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Union
 
 from hydra.core.config_store import ConfigStore
 
@@ -200,7 +200,13 @@ class FaultToleranceConfig(Keys):
 
 @dataclass
 class CheckpointConfig(Keys):
-    interval: int = 50  # steps between checkpoints; 0 = only at the end (and on preemption)
+    # steps between checkpoints; 0 = only at the end (and on preemption); auto = the interval that loses the
+    # least to saves and failures, from this job's measured save time, step time and failures (Young/Daly:
+    # fsdp_jobs/runtime/interval.py), chosen again at every attempt and after every save
+    interval: Union[int, str] = 50
+    # checkpoint.interval=auto before the job has seen a failure: its mean time between failures in hours;
+    # null = 6,000 h per node / nodes (Llama 3's measured rate: fsdp_jobs/runtime/interval.py NODE_MTBF_H)
+    mtbf_hours: Optional[float] = None
     keep_last: int = 2  # committed checkpoints kept; older ones are deleted
     async_save: bool = False  # overlap the disk write with training (DCP thread mode)
     resume: bool = True  # start from the newest complete checkpoint of the run, if any
@@ -426,7 +432,7 @@ def _validate_fault(cfg: JobConfig) -> None:
 def _validate_data(cfg: JobConfig) -> None:
     f, m = cfg.fsdp, cfg.model
     c = cfg.checkpoint
-    positive("checkpoint.interval", c.interval, minimum=0)
+    validate_interval(cfg)
     positive("checkpoint.keep_last", c.keep_last)
     d = cfg.data
     positive("data.seq_len", d.seq_len)
@@ -439,6 +445,27 @@ def _validate_data(cfg: JobConfig) -> None:
                         *(("fsdp.wrap.transformer_blocks", b) for b in f.wrap.transformer_blocks)):
         check_target(key, target)
         _importable(key, target)
+
+
+def validate_interval(cfg: JobConfig) -> None:
+    """checkpoint.interval: a number of steps, or auto where the job's own saves and failures can choose it."""
+    c = cfg.checkpoint
+    if c.mtbf_hours is not None:
+        finite("checkpoint.mtbf_hours", c.mtbf_hours, 0, low_open=True)
+    if c.interval != "auto":
+        if not isinstance(c.interval, int) or isinstance(c.interval, bool) or c.interval < 0:
+            raise UserError("checkpoint.interval", c.interval, "allowed: a number of steps >= 0 (0 = only at the "
+                                                               "end) or auto (chosen from measured save and "
+                                                               "failure costs)")
+        return
+    if cfg.script or cfg.module:
+        raise UserError("checkpoint.interval", "auto", "is the built-in trainer's: your script decides when it "
+                                                       "calls job.checkpoint.save; set a number of steps")
+    if cfg.fault_tolerance.mode == "replica":
+        raise UserError("checkpoint.interval", "auto", "cannot be computed with fault_tolerance=replica: a failed "
+                                                       "group recovers from its peers, so a failure costs no "
+                                                       "checkpointed work to weigh saves against; set a number "
+                                                       "of steps")
 
 
 def _validate_cluster(cfg: JobConfig) -> None:
@@ -458,6 +485,7 @@ def _validate_cluster(cfg: JobConfig) -> None:
                                      or not cfg.nodes <= cl.max_nodes <= MAX_NODES):
         raise UserError("cluster.max_nodes", cl.max_nodes,
                         f"must be an integer from nodes={cfg.nodes} to {MAX_NODES}, or null (the job cannot grow)")
+    check_spare_nodes(cfg)
     if not 0 < cl.memory_fraction <= 1:
         raise UserError("cluster.memory_fraction", cl.memory_fraction, "must be in (0, 1]")
     if cl.rdzv_port is not None and not 1 <= cl.rdzv_port <= 65535:
@@ -466,3 +494,23 @@ def _validate_cluster(cfg: JobConfig) -> None:
     module.validate(cl)  # the chosen backend's own keys (launchers/<name>/config.py)
     if hasattr(module, "validate_job"):  # and what it refuses of the others (a mode it has no place for)
         module.validate_job(cfg)
+
+
+def check_spare_nodes(cfg: Any) -> None:
+    """cluster.spare_nodes=K: K more agents than the rendezvous admits. A job that may grow (max_nodes > nodes)
+    would take the spares as growth at once (they would join the wait list, not the redundancy list), and
+    replica groups have one rendezvous per group: both refused in one line."""
+    cl = cfg.cluster
+    spares = cl.get("spare_nodes") or 0
+    if spares == 0:
+        return
+    if not isinstance(spares, int) or isinstance(spares, bool) or not 0 <= spares <= MAX_NODES - cfg.nodes:
+        raise UserError("cluster.spare_nodes", spares, f"must be an integer from 0 to {MAX_NODES - cfg.nodes}")
+    if cl.backend not in backends.spare_backends():
+        raise UserError("cluster.spare_nodes", spares, f"cluster={cl.backend} does not start spare nodes yet; "
+                        f"allowed with cluster={'|'.join(backends.spare_backends())}, or 0")
+    if (cl.get("max_nodes") or cfg.nodes) != cfg.nodes:
+        raise UserError("cluster.spare_nodes", spares, f"spares need cluster.max_nodes unset or = nodes={cfg.nodes} "
+                        "(agents beyond max_nodes wait as spares; below it they would grow the job)")
+    if cfg.fault_tolerance.mode == "replica":
+        raise UserError("cluster.spare_nodes", spares, "not with fault_tolerance=replica (one rendezvous per group)")

@@ -17,6 +17,7 @@ KNOWN = {
     "FSDP_JOBS_TEST_CRASH_IN_SAVE": "rank 0 SIGKILLs itself in the middle of saving this step (first attempt)",
     "FSDP_JOBS_TEST_OOM_AT_STEP": "the job's last rank allocates memory until the kernel kills it, at this step (first attempt)",
     "FSDP_JOBS_TEST_NONFINITE_AT_STEP": "the batch a run from scratch takes at this step makes the loss NaN (a bad batch)",
+    "FSDP_JOBS_TEST_REJOIN_DELAY_S": "a restarted replica group waits this many seconds before it rejoins (a node slow to come back)",
     "FSDP_JOBS_TEST_PREFLIGHT_SLOW_NODE": "this node's preflight checks take 3x as long (fsdp_jobs/runtime/preflight.py)",
     "FSDP_JOBS_TEST_PREFLIGHT_SLOW_ONCE": "this node's preflight checks take 3x as long in the first round only",
 }
@@ -38,7 +39,8 @@ def parse(env: Mapping[str, str]) -> dict[str, int | str]:
             out[name] = str(value)
             continue
         if not str(value).strip().isdigit():
-            raise UserError(name, value, "must be a step number (an integer >= 0)")
+            unit = "seconds" if name.endswith("_S") else "a step number"
+            raise UserError(name, value, f"must be {unit} (an integer >= 0)")
         out[name] = int(value)
     return out
 

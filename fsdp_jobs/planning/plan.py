@@ -159,11 +159,16 @@ class Plan:
     micro_batch: int = 0  # sequences per rank per forward/backward
     grad_accum: int = 1  # micro batches per optimizer step (per_rank_batch / micro_batch)
     replicas: Optional[ReplicaLayout] = None  # fault_tolerance=replica
+    # cluster.spare_nodes: agents started beyond rendezvous.max_nodes; torch's dynamic rendezvous keeps them in its
+    # redundancy list (not counted by num_nodes_waiting, so no restart) until a round has room for them
+    spare_nodes: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
         if d["replicas"] is None:  # a job without replica groups: the plan it always had
             del d["replicas"]
+        if not d["spare_nodes"]:  # a job without spares: the plan it always had (golden dry runs unchanged)
+            del d["spare_nodes"]
         return d
 
     @classmethod
@@ -415,5 +420,6 @@ def make_plan(cfg: JobConfig, name: Optional[str] = None, existing: Optional[Exi
         notes=notes,
         micro_batch=micro_batch(cfg.train, world)[0],
         grad_accum=micro_batch(cfg.train, world)[1],
+        spare_nodes=cfg.cluster.get("spare_nodes") or 0,
         replicas=replicas,
     )

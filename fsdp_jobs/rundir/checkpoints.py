@@ -257,13 +257,31 @@ def prune(run_dir: Path, keep_last: int) -> None:
         shutil.rmtree(doomed, ignore_errors=True)
     # leftovers of saves that died mid-way, older than the newest commit, are garbage now
     newest = committed[-1][0] if committed else -1
-    for p in root.glob(f"{TMP_PREFIX}*"):
-        try:
-            step = int(p.name.split("-")[2])
-        except (IndexError, ValueError):
-            continue
+    for step, p in tmp_entries(root):
         if step <= newest:
             shutil.rmtree(p, ignore_errors=True)
+
+
+def tmp_entries(root: Path) -> list[tuple[int, Path]]:
+    """(step, path) of each save's or prune's temporary directory under the checkpoints root."""
+    found = []
+    for p in root.glob(f"{TMP_PREFIX}*"):
+        try:
+            found.append((int(p.name.split("-")[2]), p))
+        except (IndexError, ValueError):
+            continue
+    return sorted(found)
+
+
+def saves_under_way(run_dir: Path) -> list[Path]:
+    """Temporary directories of steps newer than the newest commit: a save being written (or one whose
+    writer died mid-way, until a newer save commits and prune removes it)."""
+    root = root_of(run_dir)
+    if not root.is_dir():
+        return []
+    committed = committed_checkpoints(run_dir)
+    newest = committed[-1][0] if committed else -1
+    return [p for step, p in tmp_entries(root) if step > newest]
 
 
 def _fsync_dir(path: Path) -> None:

@@ -13,7 +13,8 @@ from fsdp_jobs.rundir import runs
 from fsdp_jobs.rundir.layout import RunDir
 from fsdp_jobs.rundir.records import GoodputEvent
 
-RANK_EVENTS = ("start", "process_group", "preflight", "built", "loaded", "loop", "steps", "save", "stall", "end")
+RANK_EVENTS = ("start", "process_group", "preflight", "built", "loaded", "loop", "steps", "save", "stall", "interval",
+               "end")
 NODE_EVENTS = ("node_start", "node_end")
 
 

@@ -153,6 +153,23 @@ class RunDir:
         return self.liveness_dir / f"node-{node}.json"
 
     @property
+    def stacks_dir(self) -> Path:
+        """`fsdp-jobs stacks RUN`'s files: one per request, every rank asked for (launchers/stacks.py)."""
+        return self.root / "stacks"
+
+    def stacks_file(self, when: float) -> Path:
+        return self.stacks_dir / f"{time.strftime('%Y%m%d-%H%M%S', time.localtime(when))}-{int(when * 1000) % 1000:03d}.txt"
+
+    def stacks_parts_dir(self, when: float) -> Path:
+        """Where each node writes its ranks' parts of one request, joined into stacks_file(when) and removed."""
+        return self.stacks_dir / f".parts-{int(when * 1000)}"
+
+    @property
+    def report_file(self) -> Path:
+        """`fsdp-jobs report RUN`'s page (fsdp_jobs/cli/html_report.py), unless -o names another."""
+        return self.root / "report.html"
+
+    @property
     def hangs_file(self) -> Path:
         """hangs.jsonl: one HangRecord per hang a watchdog declared."""
         return self.root / "hangs.jsonl"

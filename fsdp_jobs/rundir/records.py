@@ -15,37 +15,40 @@ from __future__ import annotations
 import functools
 import time
 from dataclasses import dataclass, field, fields
-from typing import Any, Optional, TypeVar
+from typing import Any, Callable, Optional, TypeVar
 
 SCHEMA = 1
 
 R = TypeVar("R", bound="Record")
 
 
-def _is(kind: str, value: Any) -> bool:
-    """Does `value` fit the annotation `kind` (the string form: `from __future__ import annotations`)?"""
+@functools.lru_cache(maxsize=None)
+def _check(kind: str) -> Callable[[Any], bool]:
+    """Does a value fit the annotation `kind` (the string form: `from __future__ import annotations`)? The
+    test, made once per annotation: read_metrics and the goodput
+    timeline check every field of up to a million rows."""
     if kind.startswith("Optional[") and kind.endswith("]"):
-        return value is None or _is(kind[len("Optional["):-1], value)
+        inner = _check(kind[len("Optional["):-1])
+        return lambda value: value is None or inner(value)
     if kind == "bool":
-        return isinstance(value, bool)
-    if kind == "int":  # a bool is an int to Python, never to a record
-        return isinstance(value, int) and not isinstance(value, bool)
-    if kind == "float":  # NaN and inf too: a diverged loss is still a metric
-        return isinstance(value, (int, float)) and not isinstance(value, bool)
+        return lambda value: isinstance(value, bool)
+    if kind in ("int", "float"):  # a bool is an int to Python, never to a record; NaN and inf are floats
+        types = int if kind == "int" else (int, float)
+        return lambda value: isinstance(value, types) and not isinstance(value, bool)
     if kind == "str":
-        return isinstance(value, str)
+        return lambda value: isinstance(value, str)
     if kind.startswith("list"):
-        return isinstance(value, list) and (kind != "list[str]" or all(isinstance(x, str) for x in value))
+        strings = kind == "list[str]"
+        return lambda value: isinstance(value, list) and (not strings or all(isinstance(x, str) for x in value))
     if kind.startswith("dict"):
-        return isinstance(value, dict)
-    return kind == "Any"
+        return lambda value: isinstance(value, dict)
+    return lambda value: kind == "Any"
 
 
 @functools.lru_cache(maxsize=None)
-def _fields(cls: type) -> dict[str, str]:
-    """{name: annotation} of a record's fields ("extra" included), once per class: read_metrics parses
-    every row of a long run."""
-    return {f.name: str(f.type) for f in fields(cls)}
+def _fields(cls: type) -> dict[str, Callable[[Any], bool]]:
+    """{name: the test of its annotation} of a record's fields ("extra" included), once per class."""
+    return {f.name: _check(str(f.type)) for f in fields(cls)}
 
 
 class Record:
@@ -62,10 +65,10 @@ class Record:
             return None
         known, values, rest = _fields(cls), {}, {}
         for k, value in d.items():
-            kind = known.get(k)
-            if kind is None or k == "extra":  # a key of a newer version (or a record's own "extra")
+            check = known.get(k)
+            if check is None or k == "extra":  # a key of a newer version (or a record's own "extra")
                 rest[k] = value
-            elif not _is(kind, value):
+            elif not check(value):
                 return None
             else:
                 values[k] = value

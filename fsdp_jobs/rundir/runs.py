@@ -23,11 +23,12 @@ import stat
 import tempfile
 import time
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any, Optional, TextIO
+from typing import IO, TYPE_CHECKING, Any, Callable, Optional, TextIO
 
 import yaml
 
 from fsdp_jobs.rundir.layout import RunDir
+from fsdp_jobs.rundir.logs import BLOCK, MAX_LINE, backward
 from fsdp_jobs.rundir.records import LaunchRecord, MetricsRow, RankRecord, ScaleRequest, StateRecord, WorldRecord
 
 if TYPE_CHECKING:  # types only: load_plan imports it when called
@@ -345,5 +346,102 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
 def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
     """The metrics rows, oldest first, as the JSON objects written (a user's script's own metrics at the top,
     by their names: trackers and report read any of them); a line cut by a kill mid-write or not a row
-    (no int step, a known metric of the wrong type) is skipped."""
+    (no int step, a known metric of the wrong type) is skipped. Every row: a command that needs the newest
+    few reads read_metrics_tail instead (a long run's record is 1 M rows, 24 s to parse)."""
     return [d for d in read_jsonl(RunDir(run_dir).metrics_file) if MetricsRow.from_dict(d) is not None]
+
+
+TAIL_BLOCK = BLOCK  # read_tail's step backwards from a file's end (logs.backward's)
+MAX_RECORD_LINE = MAX_LINE  # a longer "line" is no record of ours: read_tail sees only its first MAX_LINE bytes
+CLOCK_SLACK_S = 60.0  # rank 0 may move to a node whose clock is behind: read_metrics_between's margin
+
+
+def read_tail(path: Path, count: int, keep: Callable[[dict[str, Any]], bool] = lambda d: True) -> list[dict[str, Any]]:
+    """The newest `count` objects of a JSON-lines file that `keep` accepts, oldest first, read backwards from
+    its end a block at a time (logs.backward: what it costs does not grow with the file); a damaged line is
+    skipped as read_jsonl skips it."""
+    out: list[dict[str, Any]] = []
+    try:
+        with open(path, "rb") as f:
+            for _, line in backward(f, f.seek(0, os.SEEK_END)):
+                record = _json_object(line)
+                if record is not None and keep(record):
+                    out.append(record)
+                    if len(out) == count:
+                        break
+    except OSError:
+        return []
+    return out[::-1]
+
+
+def _json_object(line: bytes) -> Optional[dict[str, Any]]:
+    try:
+        record = json.loads(line.decode(errors="replace"))
+    except ValueError:
+        return None
+    return record if isinstance(record, dict) else None
+
+
+def read_metrics_tail(run_dir: Path, count: int) -> list[dict[str, Any]]:
+    """The newest `count` metrics rows (read_metrics' rows, without reading the others)."""
+    return read_tail(RunDir(run_dir).metrics_file, count, lambda d: MetricsRow.from_dict(d) is not None)
+
+
+def read_metrics_between(run_dir: Path, after: float, until: Optional[float]) -> list[dict[str, Any]]:
+    """The metrics rows whose time is after `after` and before `until` (None: to the end), found by
+    bisecting the file's offsets (rank 0 appends its rows in time order, give or take CLOCK_SLACK_S between
+    nodes' clocks), then read forward: a few blocks of a 1 M-row record, not all of it."""
+    try:
+        with open(RunDir(run_dir).metrics_file, "rb") as f:
+            lo, hi = 0, f.seek(0, os.SEEK_END)
+            while hi - lo > TAIL_BLOCK:  # the row after offset `lo` is at or before `after` (or lo is 0)
+                mid = (lo + hi) // 2
+                t = _time_after(f, mid)
+                if t is None or t > after - CLOCK_SLACK_S:
+                    hi = mid
+                else:
+                    lo = mid
+            f.seek(lo)
+            if lo:
+                f.readline()  # the rest of a row that began before lo
+            return _rows_until(f, after, until)
+    except OSError:
+        return []
+
+
+def _time_after(f: IO[bytes], offset: int) -> Optional[float]:
+    """The time of the first whole metrics row after `offset` (None: none before the file's end)."""
+    f.seek(offset)
+    f.readline()
+    for line in f:
+        record = _json_object(line)
+        if record is not None and isinstance(record.get("time"), (int, float)):
+            return float(record["time"])
+    return None
+
+
+def _rows_until(f: IO[bytes], after: float, until: Optional[float]) -> list[dict[str, Any]]:
+    out = []
+    for line in f:
+        record = _json_object(line)
+        t = record.get("time") if record is not None else None
+        if not isinstance(t, (int, float)) or MetricsRow.from_dict(record) is None:
+            continue
+        if until is not None and t >= until + CLOCK_SLACK_S:
+            break
+        if t > after and (until is None or t < until):
+            out.append(record)  # type: ignore[arg-type]
+    return out
+
+
+def first_metrics_row(run_dir: Path) -> Optional[dict[str, Any]]:
+    """The oldest metrics row, reading from the file's start only as far as it."""
+    try:
+        with open(RunDir(run_dir).metrics_file, "rb") as f:
+            for line in f:
+                record = _json_object(line)
+                if record is not None and MetricsRow.from_dict(record) is not None:
+                    return record
+    except OSError:
+        pass
+    return None

@@ -18,13 +18,15 @@ MAIN_STARTED = time.time()  # imported first thing by fsdp_jobs/runtime/__main__
 
 
 def process_start_time() -> Optional[float]:
-    """When this process was started (Linux: /proc/self/stat's starttime after the boot time), or None."""
+    """When this process was started (Linux: /proc/self/stat's starttime, in ticks since boot), or None.
+    Counted back from now by /proc/uptime (0.01 s), not forward from /proc/stat's btime: btime is whole
+    seconds, which put a forked rank's start up to 1 s before the agent forked it (`bench recovery` read
+    0.6 s of "interpreter" for a fork that takes 0.01 s)."""
     try:
         stat = Path("/proc/self/stat").read_text()
         ticks = int(stat.rsplit(")", 1)[1].split()[19])  # field 22, counted after the command name
-        boot = next(float(ln.split()[1]) for ln in Path("/proc/stat").read_text().splitlines()
-                    if ln.startswith("btime "))
-        return boot + ticks / os.sysconf("SC_CLK_TCK")
+        uptime = float(Path("/proc/uptime").read_text().split()[0])
+        return time.time() - uptime + ticks / os.sysconf("SC_CLK_TCK")
     except (OSError, ValueError, IndexError, StopIteration):
         return None
 

@@ -27,7 +27,8 @@ from fsdp_jobs.planning.cluster_config import CPU_PEAK_TFLOPS, ClusterConfig
 from fsdp_jobs.planning.plan import compute_dtype, micro_batch, replica_groups, reshard_after_forward
 from fsdp_jobs.rundir.layout import RunDir
 from fsdp_jobs.rundir.records import MetricsRow, RankRecord
-from fsdp_jobs.runtime import heartbeat
+from fsdp_jobs.rundir import events
+from fsdp_jobs.runtime import heartbeat, interval
 from fsdp_jobs.runtime.checkpoint import CheckpointManager, StateObjects, TrainState
 from fsdp_jobs.runtime.data import build_dataset
 from fsdp_jobs.runtime.mesh import World, build_mesh, init_process_group, read_world
@@ -38,7 +39,7 @@ from fsdp_jobs.runtime.replicas import JOINING, NoReplicas, open_replicas
 from fsdp_jobs.runtime.shard import build_meta_model, dtype_of, init_devices, materialize, shard_model
 from fsdp_jobs.runtime.signals import StopFlag
 from fsdp_jobs.runtime.stopping import NONFINITE, STOP_FILE, StopFileWatcher, StopVote, stop_reason
-from fsdp_jobs.runtime.timeline import Timeline
+from fsdp_jobs.runtime.timeline import MAIN_STARTED, Timeline
 from fsdp_jobs.runtime.trackers import Trackers
 
 if TYPE_CHECKING:  # types only: the config comes from fsdp_jobs/planning/config.py rank_config
@@ -48,6 +49,7 @@ if TYPE_CHECKING:  # types only: the config comes from fsdp_jobs/planning/config
 FAIL_AT_STEP_ENV = "FSDP_JOBS_TEST_FAIL_AT_STEP"
 NONFINITE_AT_STEP_ENV = "FSDP_JOBS_TEST_NONFINITE_AT_STEP"
 OOM_AT_STEP_ENV = "FSDP_JOBS_TEST_OOM_AT_STEP"
+REJOIN_DELAY_ENV = "FSDP_JOBS_TEST_REJOIN_DELAY_S"
 MAX_ROLLBACKS = 2  # train.on_nonfinite=rollback: a third non-finite step in one attempt stops the job
 PROBE_TOKENS = 16  # positions per probe sequence: enough to check an export, small at any vocab size
 
@@ -175,6 +177,9 @@ class Trainer:
         self.poisoned = False  # test fault injection: the current batch makes the loss NaN
         self.nonfinite: Optional[torch.Tensor] = None  # the last step's loss or grad norm was not finite (device)
         self.rollbacks = 0  # train.on_nonfinite=rollback, in this attempt
+        self.auto: Optional[interval.Planner] = None  # checkpoint.interval=auto's, opened by prepare_loop
+        self.next_save: Optional[int] = None  # its step of the next checkpoint, agreed by the ranks
+        self.loop_start = 0
         self.timeline = Timeline(run_dir, enabled=False, restart=0)  # bring_up opens rank 0's (the goodput timeline)
 
     def run(self, stop: StopFlag) -> int:
@@ -349,6 +354,10 @@ class Trainer:
             replicas.others_training(float(ft.join_timeout_s), phases={JOINING, "step"})
         else:  # the others wait for this group's first step in their all-reduces: not a cold one
             self.beat_phase(JOINING)
+            delay = faults.step(REJOIN_DELAY_ENV)  # test fault injection: a group slow to come back
+            if delay:
+                log(rank, f"replica group {self.world.group}: rejoining in {delay} s ({REJOIN_DELAY_ENV})")
+                time.sleep(delay)
             if warm_up is not None:
                 replicas.warm_up(warm_up)
             replicas.open(state.state_dict, state.load_state_dict, state.step, self.mesh)
@@ -407,6 +416,7 @@ class Trainer:
                                      tcfg.log_interval, Trackers(self.run_dir, cfg) if world.group == 0 else None)
         self.metrics.start(state.step + 1)  # TensorBoard/W&B: the steps after the resumed one replace earlier ones
         self.window_args = (self.per_rank * seq_len, fpt, peak)  # fit() opens the window when the steps start
+        self.open_auto_interval()
         self.fail_at = faults.step(FAIL_AT_STEP_ENV)
         self.oom_at = faults.step(OOM_AT_STEP_ENV)
         poison_step = faults.step(NONFINITE_AT_STEP_ENV)  # the data position that step takes from scratch
@@ -476,12 +486,43 @@ class Trainer:
         return bool(code)
 
     def checkpoint_due(self) -> bool:
-        """checkpoint.interval steps passed (the final step is checkpoint.save_final's)."""
-        interval, step = self.ccfg.interval, self.state.step
-        return bool(interval) and step % interval == 0 and step < self.tcfg.steps
+        """checkpoint.interval steps passed, or auto's agreed step came (the final step is checkpoint.save_final's)."""
+        every, step = self.ccfg.interval, self.state.step
+        if self.auto is not None:
+            self.auto.stepped(time.time())
+            if self.next_save is None and step - self.loop_start >= interval.WARMUP_STEPS:
+                self.choose_interval()
+            return self.next_save is not None and step >= self.next_save and step < self.tcfg.steps
+        return bool(every) and step % every == 0 and step < self.tcfg.steps
 
-    def save_checkpoint(self, state: StateObjects, wait: bool = False) -> None:
-        """Collective. `wait`: the process is about to exit, the checkpoint must be committed first."""
+    def open_auto_interval(self) -> None:
+        """checkpoint.interval=auto: rank 0 reads the run's goodput timeline once per attempt for its failures
+        and saves so far (fsdp_jobs/runtime/interval.py); the first choice comes after WARMUP_STEPS steps."""
+        if self.ccfg.interval != "auto":
+            return
+        past = interval.History()
+        if self.world.rank == 0:
+            timeline = [e.to_json() for e in events.read_events(RunDir(self.run_dir).goodput_file)]
+            past = interval.history(timeline, self.timeline.pid)
+        prior = interval.prior_mtbf_s(self.ccfg.mtbf_hours, self.world.nodes)
+        self.auto, self.loop_start = interval.Planner(past, prior, MAIN_STARTED), self.state.step
+
+    def choose_interval(self) -> None:
+        """Collective: rank 0 chooses the steps to the next checkpoint and every rank takes its number."""
+        assert self.auto is not None
+        choice = self.auto.choose(time.time()) if self.world.rank == 0 else None
+        steps = torch.tensor([choice.steps if choice else 0], dtype=torch.int64, device=self.world.device)
+        dist.broadcast(steps, src=0)
+        self.next_save = self.state.step + int(steps.item())
+        if choice is not None:
+            self.timeline.event("interval", step=self.state.step, next=self.next_save, **choice.to_json())
+            if choice.steps != self.auto.said:  # a line when the interval changes, not at every save
+                self.auto.said = choice.steps
+                log(0, interval.describe(choice.to_json()))
+
+    def save_checkpoint(self, state: StateObjects, wait: bool = False) -> float:
+        """Collective. `wait`: the process is about to exit, the checkpoint must be committed first. Returns
+        the seconds the caller was blocked."""
         self.beat_phase("save", timed=not self.ccfg.async_save)
         began = time.time()
         self.ckpt.save(state, self.mesh_shape, self.world.world_size)
@@ -489,6 +530,7 @@ class Trainer:
             self.ckpt.wait()
         self.timeline.save(state.step, began)
         self.beat(state.step)
+        return time.time() - began
 
     def beat(self, step: int) -> None:
         """Progress for the hang watchdog (fsdp_jobs/runtime/heartbeat.py): no I/O, no sync."""
@@ -555,7 +597,10 @@ class Trainer:
                     self.save_checkpoint(state, wait=True)
                 break
             if checkpoint_now and replicas.writer:
-                self.save_checkpoint(state)
+                blocked = self.save_checkpoint(state)
+                if self.auto is not None:  # checkpoint.interval=auto: weigh this save, choose again
+                    self.auto.saved(blocked, time.time())
+                    self.choose_interval()
         self.vote.result()  # every rank cast the same number of votes: drain the last one
         batches.close()
         return stopped_by

@@ -31,7 +31,8 @@ def api_client(context: Optional[str]) -> Any:
         if in_cluster:
             config.load_incluster_config(client_configuration=configuration)
         else:
-            config.load_kube_config(context=context, client_configuration=configuration)
+            # the path read now: the package fixes its default when first imported, perhaps before KUBECONFIG was set
+            config.load_kube_config(config_file=kubeconfig, context=context, client_configuration=configuration)
     except (config.ConfigException, OSError, TypeError, KeyError) as e:  # missing/broken file, unknown context
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise UserError("cluster.context", context, f"no usable kube config ({first}); point KUBECONFIG at one "

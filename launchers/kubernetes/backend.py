@@ -5,7 +5,7 @@
              scheduler | Kubeflow PyTorchJob | JobSet)
     submit   creates them in that order (the Volcano Job through TorchX's `schedule`), makes the job
              own the others (Kubernetes deletes them with it), records the job and returns at once
-    describe the job's own state (Volcano phase via TorchX, the operator's conditions)
+    describe the job's own state (Volcano's phase in TorchX's words, the operator's conditions)
     log_iter the pods' logs (node order), following restarted pods until the job has ended
     cancel   deletes the job; its pods get SIGTERM and stop_grace_s + 30 s to checkpoint
 
@@ -16,16 +16,17 @@ config and launch records, which is all `fsdp-jobs list|status|logs|cancel` need
 from __future__ import annotations
 
 import queue
-import re
 import threading
 import time
 from pathlib import Path
-from typing import Any, Iterator, Optional, TYPE_CHECKING
+from typing import Any, Iterable, Iterator, Optional, TYPE_CHECKING
 
 from fsdp_jobs.rundir import runs
 from fsdp_jobs.rundir.records import LaunchRecord
 from fsdp_jobs.planning.errors import UserError
 from launchers.kubernetes import manifests
+from fsdp_jobs.rundir import logs
+from fsdp_jobs.rundir.logs import LogFilter
 from launchers.base import Backend, DryRun, JobState, JobStatus, Run, Submitted
 from launchers.common import runtime_env, torchrun_args
 from launchers.kubernetes.api import api_client, explain, require_package
@@ -35,7 +36,6 @@ if TYPE_CHECKING:  # types only, never imported at run time: no hydra on the nod
     from fsdp_jobs.planning.config import JobConfig
     from fsdp_jobs.planning.plan import Plan
 
-TIMESTAMP = re.compile(r"^\d{4}-\d\d-\d\dT[0-9:.]+Z ")  # TorchX asks the API for timestamped lines
 INSTALL_HINT = {"volcano": "Volcano (volcano.sh)", "pytorchjob": "the Kubeflow training-operator",
                 "jobset": "JobSet (jobset.sigs.k8s.io)"}
 
@@ -63,6 +63,13 @@ def _condition_state(kind: str, status: dict[str, Any]) -> tuple[JobState, str]:
     elif state is JobState.FAILED and reason:  # e.g. JobSet's FailJobSetFailurePolicyAction, ReachedMaxRestarts
         last = f"{last} ({reason})"
     return state, last or "no conditions yet"
+
+
+def unplaced(pod: dict[str, Any]) -> str:
+    """Why a pod has no node yet, in the scheduler's words (its PodScheduled condition)."""
+    why = next((c for c in (pod.get("status") or {}).get("conditions") or [] if c.get("type") == "PodScheduled"), {})
+    said = ": ".join(str(w) for w in (why.get("reason"), why.get("message")) if w)
+    return f"pod {pod['metadata']['name']} is not on a node yet{f' ({said})' if said else ''}"
 
 
 def side_object(client: Any, verb: str, kind: str) -> Any:
@@ -234,18 +241,23 @@ class KubernetesBackend(Backend[manifests.Request]):
         return None
 
     def _describe_volcano(self, client: Any, run: Run, info: dict[str, Any]) -> JobStatus:
-        from torchx.schedulers.kubernetes_scheduler import create_scheduler
+        """The Volcano phase, in TorchX's vocabulary (its JOB_STATE), and the pods per phase. TorchX's own
+        describe reads a task per replica (<role>-<i>); our nodes are one task of `nodes` replicas."""
+        from kubernetes import client as k8s
+        from torchx.schedulers.kubernetes_scheduler import JOB_STATE
 
         ns, name = info["namespace"], info["name"]
-        try:
-            resp = create_scheduler("fsdp-jobs", client=client).describe(f"{ns}:{name}")
-        except KeyError as e:  # a Volcano phase TorchX 0.7 does not know (e.g. Completing)
-            return JobStatus(JobState.RUNNING, f"RUNNING (Volcano Job {ns}/{name}: phase {e.args[0]})", info)
-        assert resp is not None
-        state = _torchx_state(resp.state)
-        if state is JobState.UNKNOWN:  # the job exists, but Volcano has not given it a status yet
+        k = manifests.KINDS["volcano"]
+        body = k8s.CustomObjectsApi(client).get_namespaced_custom_object(k.group, k.version, ns, k.plural, name)
+        status = body.get("status") or {}
+        phase = str((status.get("state") or {}).get("phase") or "")
+        if phase and phase not in JOB_STATE:  # a Volcano phase TorchX 0.7 does not know (e.g. Completing)
+            return JobStatus(JobState.RUNNING, f"RUNNING (Volcano Job {ns}/{name}: phase {phase})", info)
+        state = _torchx_state(JOB_STATE[phase]) if phase else JobState.PENDING  # no status yet: just created
+        if state is JobState.UNKNOWN:
             state = JobState.PENDING
-        pods = ", ".join(f"{r.role}-{r.id} {r.state.name}" for rs in resp.roles_statuses for r in rs.replicas)
+        pods = "; ".join(f"{task}: " + ", ".join(f"{n} {p}" for p, n in sorted((counts.get("phase") or {}).items()))
+                         for task, counts in sorted((status.get("taskStatusCount") or {}).items()))
         state, why = self._with_preflight(client, run, state, pods, info)
         return JobStatus(state, f"{state.value} (Volcano Job {ns}/{name}{': ' + why if why else ''})", info)
 
@@ -270,6 +282,10 @@ class KubernetesBackend(Backend[manifests.Request]):
         grace = run.launch.get("stop_grace_s")
         return (f"deleted Kubernetes {k.kind} {ns}/{name} ({run.run_dir.name}); its pods get SIGTERM and "
                 f"{'their grace period' if grace is None else f'{grace} s'} to checkpoint")
+
+    def dump_stacks(self, run: Run, parts: Path, node: Optional[str], ranks: Optional[set[int]]) -> None:
+        raise UserError("stacks", run.run_dir.name, "not on Kubernetes yet (its ranks run in pods this CLI does not "
+                                                    "exec into): kubectl exec POD -- py-spy dump --pid PID")
 
     def scale(self, run: Run, nodes: int) -> str:
         """An elastic PyTorchJob grows by its Worker replicas (up to the elasticPolicy's maxReplicas, which is
@@ -305,11 +321,17 @@ class KubernetesBackend(Backend[manifests.Request]):
     def _pod(self, core: Any, run: Run, node: int) -> Optional[dict[str, Any]]:
         """Node `node`'s pod (the newest one, for a JobSet that restarted), as a plain dict; None if none yet."""
         kind, ns, name = self._where(run)
-        pattern = manifests.KINDS[kind].pod_name
+        k = manifests.KINDS[kind]
         try:
-            if pattern:
-                pod = core.read_namespaced_pod(pattern.format(job=name, k=node), ns)
-                return core.api_client.sanitize_for_serialization(pod)
+            for pattern in filter(None, (k.pod_name, k.old_pod_name)):  # a job submitted before: its own names
+                try:
+                    return core.api_client.sanitize_for_serialization(
+                        core.read_namespaced_pod(pattern.format(job=name, k=node), ns))
+                except Exception as e:  # noqa: BLE001
+                    if getattr(e, "status", None) != 404:
+                        raise
+            if k.pod_name:
+                return None
             pods = core.list_namespaced_pod(ns, label_selector=f"jobset.sigs.k8s.io/jobset-name={name}")
         except Exception as e:  # noqa: BLE001
             if getattr(e, "status", None) == 404:
@@ -320,47 +342,66 @@ class KubernetesBackend(Backend[manifests.Request]):
             "batch.kubernetes.io/job-completion-index") == str(node)]
         return max(mine, key=lambda p: p["metadata"].get("creationTimestamp") or "", default=None)
 
-    def _lines(self, client: Any, run: Run, pod_name: str, node: int, follow: bool) -> Iterator[str]:
-        kind, ns, name = self._where(run)
-        if kind == "volcano":  # TorchX's own log call (pod <job>-node-<k>-0)
-            from torchx.schedulers.kubernetes_scheduler import create_scheduler
+    def _lines(self, client: Any, run: Run, pod_name: str, follow: bool, tail: Optional[int] = None) -> Iterator[str]:
+        """A pod's log lines; `tail`: only its last N, cut by the API server (tail_lines), not read here."""
+        ns = self._where(run)[1]
+        from kubernetes import client as k8s, watch
 
-            lines = create_scheduler("fsdp-jobs", client=client).log_iter(
-                f"{ns}:{name}", manifests.ROLE, node, should_tail=follow)
+        core = k8s.CoreV1Api(client)
+        more = {"tail_lines": tail} if tail is not None else {}
+        if follow:
+            lines = watch.Watch().stream(core.read_namespaced_pod_log, name=pod_name, namespace=ns, **more)
         else:
-            from kubernetes import client as k8s, watch
-
-            core = k8s.CoreV1Api(client)
-            if follow:
-                lines = watch.Watch().stream(core.read_namespaced_pod_log, name=pod_name, namespace=ns)
-            else:
-                lines = core.read_namespaced_pod_log(pod_name, ns).splitlines()
+            lines = core.read_namespaced_pod_log(pod_name, ns, **more).splitlines()
         for line in lines:
-            yield TIMESTAMP.sub("", line.rstrip("\n"), count=1)
+            yield line.rstrip("\n")
 
-    def log_iter(self, run: Run, follow: bool = False, poll_s: float = 1.0) -> Iterator[str]:
-        """Every pod's log, prefixed [nodeK]; with follow, streamed as written, across pod restarts, until
-        the job has ended."""
+    def _log_nodes(self, core: Any, run: Run, where: LogFilter) -> list[int]:
+        """The node indices whose pods `where` asks for: one with --node (an index, or a pod's name, found in
+        one list of the job's pods), else all of them."""
+        if where.node is None:
+            return list(range(int(run.launch.get("nodes") or 1)))
+        if where.node.isdigit():
+            return [int(where.node)]
+        kind, ns, name = self._where(run)
+        k = manifests.KINDS[kind]
+        nodes = int(run.launch.get("nodes") or 1)
+        by_name = {pattern.format(job=name, k=i): i for pattern in filter(None, (k.pod_name, k.old_pod_name))
+                   for i in range(nodes)}
+        if where.node in by_name:
+            return [by_name[where.node]]
+        pods = core.list_namespaced_pod(ns, label_selector=f"{manifests.LABEL_JOB}={name}").items
+        for pod in (core.api_client.sanitize_for_serialization(p) for p in pods):
+            index = (pod["metadata"].get("annotations") or {}).get("batch.kubernetes.io/job-completion-index")
+            # a JobSet's node pods (<job>-node-0-<k>-<suffix>); its lighthouse's Job is not Indexed
+            if pod["metadata"]["name"] == where.node and index and where.node.startswith(f"{name}-{manifests.ROLE}-"):
+                return [int(index)]
+        names = ", ".join(sorted(p.metadata.name for p in pods)[:8]) or "none yet"
+        raise UserError("--node", where.node, f"no pod of {ns}/{name} has that name (its pods: {names}); or give a "
+                                              "node index")
+
+    def log_iter(self, run: Run, follow: bool = False, poll_s: float = 1.0, *,
+                 where: Optional[LogFilter] = None, on_quiet: Any = None) -> Iterator[str]:
+        """(on_quiet: unused here; a pod that is not on a node says why in its own line.) The pods' log lines that `where` keeps (fsdp_jobs/rundir/logs.py), prefixed [nodeK]: with --node one
+        pod's only; a plain --tail is the API server's tail_lines (no pod's whole log comes here), other filters
+        are applied per pod as read. With follow, streamed as written, across pod restarts, until the job has
+        ended (a thread per followed pod: follow one node of a large job with --node)."""
+        where = where or LogFilter()
+        if follow and where.tail is not None and not where.plain_tail:
+            raise UserError("--tail", where.tail, "with -f on Kubernetes --tail goes with --node only (the pods' "
+                                                  "own last lines); with --grep, --rank or --attempt drop -f or --tail")
         client = api_client(run.launch.get("context"))
         from kubernetes import client as k8s
 
         core = k8s.CoreV1Api(client)
-        nodes = int(run.launch.get("nodes") or 1)
+        nodes = self._log_nodes(core, run, where)
         if not follow:
-            for node in range(nodes):
-                try:
-                    pod = self._pod(core, run, node)
-                    if pod is None:
-                        yield f"[node{node}] (no pod yet)"
-                        continue
-                    for line in self._lines(client, run, pod["metadata"]["name"], node, False):
-                        yield f"[node{node}] {line}"
-                except Exception as e:  # noqa: BLE001 - a pod still starting has no log yet
-                    yield f"[node{node}] (no log: {explain(e, 'pod log', client).allowed})"
+            for node in nodes:
+                yield from self._node_lines(client, core, run, node, where)
             return
         out: queue.Queue[Optional[str]] = queue.Queue()
-        threads = [threading.Thread(target=self._follow_node, args=(client, core, run, n, out, poll_s), daemon=True)
-                   for n in range(nodes)]
+        threads = [threading.Thread(target=self._follow_node, args=(client, core, run, n, out, poll_s, where),
+                                    daemon=True) for n in nodes]
         for t in threads:
             t.start()
         running = len(threads)
@@ -371,10 +412,30 @@ class KubernetesBackend(Backend[manifests.Request]):
             else:
                 yield line
 
+    def _node_lines(self, client: Any, core: Any, run: Run, node: int, where: LogFilter) -> Iterator[str]:
+        try:
+            pod = self._pod(core, run, node)
+            if pod is None:
+                yield f"[node{node}] (no pod yet)"
+                return
+            if not (pod.get("spec") or {}).get("nodeName"):  # the API server answers such a pod with an empty log
+                yield f"[node{node}] (no log yet: {unplaced(pod)})"
+                return
+            tail = where.tail if where.plain_tail else None
+            lines: Iterable[str] = self._lines(client, run, pod["metadata"]["name"], False, tail)
+            if where.active and not where.plain_tail:
+                lines = logs.select(lines, where)
+            for line in lines:
+                yield f"[node{node}] {line}"
+        except Exception as e:  # noqa: BLE001 - a pod still starting has no log yet
+            yield f"[node{node}] (no log: {explain(e, 'pod log', client).allowed})"
+
     def _follow_node(self, client: Any, core: Any, run: Run, node: int, out: "queue.Queue[Optional[str]]",
-                     poll_s: float) -> None:
-        """Stream each incarnation of the node's pod (a new pod, or its container restarted) once."""
+                     poll_s: float, where: LogFilter) -> None:
+        """Stream each incarnation of the node's pod (a new pod, or its container restarted) once: the lines
+        `where` keeps, a positive --attempt counted over this pod's starts."""
         streamed: set[tuple[str, int]] = set()
+        starts = 0
         try:
             while True:
                 pod = self._pod(core, run, node)
@@ -388,8 +449,11 @@ class KubernetesBackend(Backend[manifests.Request]):
                     if started and incarnation not in streamed:
                         streamed.add(incarnation)
                         try:
-                            for line in self._lines(client, run, pod["metadata"]["name"], node, True):
-                                out.put(f"[node{node}] {line}")
+                            tail = where.tail if len(streamed) == 1 else None  # a restart's lines: all of them
+                            for line in self._lines(client, run, pod["metadata"]["name"], True, tail):
+                                starts += logs.is_start(line)
+                                if (where.attempt is None or starts == where.attempt) and where.keeps(line):
+                                    out.put(f"[node{node}] {line}")
                         except Exception:  # noqa: BLE001 - the pod went away mid-stream: look again
                             pass
                         continue

@@ -11,7 +11,8 @@ name and renames. This file knows no record's name: the ConfigMap's keys are the
 Then it waits until the rendezvous host (the first pod's DNS name) resolves: a c10d agent that cannot
 resolve it would not know it is the store's host, and every agent would wait for a store nobody serves.
 With fault_tolerance=replica every pod has the same command, and each replica group its own rendezvous:
-this pod's group comes from its index (FSDP_JOBS_NODE_INDEX, from the controller), and its flags name the
+this pod's group comes from its index (FSDP_JOBS_NODE_INDEX, from the controller: a JobSet's completion
+index; on Volcano its env plugin's VC_TASK_INDEX, the pod's index in the nodes' task), and its flags name the
 group's first pod (launchers/kubernetes/manifests.py: node_command, replica_pod_env).
 
 Standard library only (the image needs nothing but Python, torch and fsdp_jobs); the backend ships this
@@ -111,7 +112,8 @@ def replica_command(command: list, environ: dict) -> tuple:
     per_group = environ.get("FSDP_JOBS_NODES_PER_GROUP")
     if not per_group:
         return command, {}
-    k, index, dns = int(per_group), int(environ["FSDP_JOBS_NODE_INDEX"]), environ["FSDP_JOBS_NODE_DNS"]
+    index = environ.get("FSDP_JOBS_NODE_INDEX") or environ["VC_TASK_INDEX"]  # JobSet's, else Volcano's
+    k, index, dns = int(per_group), int(index), environ["FSDP_JOBS_NODE_DNS"]
     group = index // k
     fill = {"@GROUP_HOST@": dns.replace("{i}", str(group * k)), "@NODE_HOST@": dns.replace("{i}", str(index)),
             "@GROUP@": str(group)}

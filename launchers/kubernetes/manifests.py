@@ -2,7 +2,8 @@
 
     ConfigMap <job>-job   the job and plan records and boot.py, mounted read-only into every pod
     Service   <job>       kind=jobset only: the headless Service behind the pods' DNS names
-    the job   <job>       kind=volcano: a Volcano Job built by TorchX's kubernetes scheduler
+    the job   <job>       kind=volcano: a Volcano Job built by TorchX's kubernetes scheduler, its nodes
+                          one task of `replicas: nodes` (the object's size does not grow with nodes)
                           kind=pytorchjob: a Kubeflow PyTorchJob (elasticPolicy, c10d)
                           kind=jobset: a JobSet, one Indexed Job of `nodes` pods
 
@@ -17,6 +18,7 @@ Imports torchx/kubernetes only inside functions: the planning path stays fast.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import re
 import secrets
@@ -38,7 +40,7 @@ if TYPE_CHECKING:  # types only, never imported at run time: no hydra on the nod
     from fsdp_jobs.planning.config import JobConfig
     from fsdp_jobs.planning.plan import Plan
 
-ROLE = "node"  # TorchX role / JobSet replicated job: pods are <job>-node-<k>-0
+ROLE = "node"  # TorchX role and Volcano task (pods <job>-node-<k>) / JobSet replicated job (<job>-node-0-<k>)
 CONFIG_DIR = "/etc/fsdp-jobs"  # where the ConfigMap is mounted
 CONFIG_VOLUME = "fsdp-jobs-config"
 BOOT_FILE = Path(__file__).with_name("boot.py")
@@ -46,7 +48,7 @@ LABEL_RUN = "fsdp-jobs/run"
 LABEL_JOB = "fsdp-jobs/job"
 MANAGED_BY = {"app.kubernetes.io/managed-by": "fsdp-jobs"}
 DEFAULT_PORT = 29500  # cluster.rdzv_port=null: every job has its own pods, so no clash
-NAME_PREFIX_MAX = 30  # + "-" + TorchX's suffix (<= 14) + "-node-NN-0" stays within a 63-char hostname
+NAME_PREFIX_MAX = 30  # + "-" + TorchX's suffix (<= 14) + "-node-0-NNNN" stays within a 63-char hostname
 TERMINATION_LOG = "/dev/termination-log"  # the kubelet keeps what the node writes here in the pod's status
 # A preflight that named a node ends the job at once, failed, by each kind's own rule (not the kind's
 # restarts, which would rerun the same checks on the same nodes): what each controller does with these is
@@ -63,13 +65,14 @@ class Kind:
     first_pod: str  # the first pod's stable DNS name, from the job name
     pod_name: str  # pod of node k (for logs); "" = found by label (the Job controller adds a suffix)
     node_pod: str = ""  # node {i}'s stable DNS name; "" = none (fault_tolerance=replica needs one)
+    old_pod_name: str = ""  # node k's pod in jobs submitted by an earlier version (still read by logs)
 
 
 KINDS = {
-    # Volcano's svc plugin: headless Service <job>, pod hostname <job>-<task>-<i>, subdomain <job>; TorchX
-    # makes a task of one pod per node, <role>-<node>
-    "volcano": Kind("Job", "batch.volcano.sh", "v1alpha1", "jobs", "{job}-node-0-0.{job}", "{job}-node-{k}-0",
-                    "{job}-node-{i}-0.{job}"),
+    # Volcano's svc plugin: headless Service <job>, pod hostname <job>-<task>-<i>, subdomain <job>; the
+    # nodes are one task of `nodes` replicas, <role> (volcano_nodes_task)
+    "volcano": Kind("Job", "batch.volcano.sh", "v1alpha1", "jobs", "{job}-node-0.{job}", "{job}-node-{k}",
+                    "{job}-node-{i}.{job}", old_pod_name="{job}-node-{k}-0"),  # before: TorchX's task per node
     # the training-operator makes a Service per replica: <job>-worker-<k>
     "pytorchjob": Kind("PyTorchJob", "kubeflow.org", "v1", "pytorchjobs", "{job}-worker-0", "{job}-worker-{k}"),
     # JobSet: hostname <jobset>-<replicated job>-<job index>-<pod index>, subdomain = our headless Service
@@ -231,8 +234,6 @@ def torchx_role(plan: Plan, cfg: JobConfig, rdzv_endpoint: str, port_name: str =
     gpn = plan.gpus_per_node
     command = node_command(plan, cfg, rdzv_endpoint)
     env = pod_env(plan, cfg, kind, job)
-    if plan.replicas is not None and kind == "volcano":  # TorchX writes each node's task: its index in it
-        env[NODE_INDEX_ENV] = specs.macros.replica_id
     return specs.Role(
         name=ROLE,
         image=c.image,
@@ -318,13 +319,17 @@ def network_policy(plan: Plan, cfg: JobConfig, job: str) -> dict[str, Any]:
 
 
 def volcano(plan: Plan, cfg: JobConfig) -> Request:
-    """TorchX builds the Volcano Job (gang, /dev/shm, PVC, maxRetry + RestartJob); we patch its pods."""
+    """TorchX builds the Volcano Job (gang, /dev/shm, PVC, maxRetry + RestartJob); we patch its pods and make
+    its nodes one task of `nodes` replicas (volcano_nodes_task)."""
     from torchx import specs
     from torchx.schedulers import get_scheduler_factories
 
     c = cfg.cluster
     role = torchx_role(plan, cfg, endpoint("volcano", specs.macros.app_id, rdzv_port(cfg)), kind="volcano",
                        job=specs.macros.app_id)
+    # one replica for TorchX, which writes a task per replica: at 1,024 nodes that was one 3.7 MB object,
+    # past the API server's 1.5 MiB request limit (etcd's); volcano_nodes_task sets the count
+    role = dataclasses.replace(role, num_replicas=1, min_replicas=None)
     app = specs.AppDef(name=name_prefix(plan.name), roles=[role, *lighthouse_roles(plan, cfg)])
     scheduler = get_scheduler_factories()["kubernetes"]("fsdp-jobs")
     opts = {"namespace": c.namespace, "queue": c.queue, "service_account": c.service_account}
@@ -342,6 +347,8 @@ def volcano(plan: Plan, cfg: JobConfig) -> Request:
         # before TorchX's PodFailed -> RestartJob. TerminateJob ends the job Terminated (TorchX: FAILED) and
         # is not resumable; AbortJob would read CANCELLED, CompleteJob SUCCEEDED
         task["policies"] = [{"exitCode": NO_RESTART_RC, "action": "TerminateJob"}, *task.get("policies", [])]
+        if task["name"] == f"{ROLE}-0":
+            volcano_nodes_task(task, plan)
     if plan.replicas is not None:  # done when every node's pod is: the lighthouse's ends with the job
         resource["spec"]["minSuccess"] = plan.nodes
         for task in resource["spec"]["tasks"]:  # a failed lighthouse is started again alone, not the whole job
@@ -351,6 +358,22 @@ def volcano(plan: Plan, cfg: JobConfig) -> Request:
     return Request("volcano", c.namespace, c.context, job,
                    [configmap(plan, cfg, job), network_policy(plan, cfg, job), resource],
                    pod_run_dir(plan, cfg), torchx=info, endpoint=endpoint("volcano", job, rdzv_port(cfg)))
+
+
+def volcano_nodes_task(task: dict[str, Any], plan: Plan) -> None:
+    """TorchX's one-replica task -> the nodes' task: `replicas: nodes`, pods <job>-node-<k> (Volcano's names,
+    the svc plugin's hostnames), the first `min_nodes` required (gang) and the rest optional. What TorchX
+    wrote for replica 0 alone goes: every pod is alike, and a pod's index is Volcano's (the env plugin's
+    VC_TASK_INDEX, which boot.py reads for fault_tolerance=replica)."""
+    task["name"] = ROLE
+    task["replicas"] = plan.nodes
+    if plan.rendezvous.min_nodes != plan.nodes:
+        task["minAvailable"] = plan.rendezvous.min_nodes
+    pod = task["template"]
+    pod["metadata"]["labels"].pop("torchx.pytorch.org/replica-id", None)
+    container = pod["spec"]["containers"][0]
+    container["name"] = ROLE
+    container["env"] = [e for e in container.get("env", []) if e["name"] != "TORCHX_RANK0_HOST"]
 
 
 def _pod_template(plan: Plan, cfg: JobConfig, kind: str, job: str, container: str, port_name: str,
@@ -478,8 +501,21 @@ def lighthouse_job(plan: Plan, cfg: JobConfig, job: str) -> dict[str, Any]:
 RENDERERS = {"volcano": volcano, "pytorchjob": pytorchjob, "jobset": jobset}
 
 
+# etcd's default request limit (--max-request-bytes, 1.5 MiB): the API server refuses a larger object
+REQUEST_LIMIT = 1536 * 1024
+
+
 def render(plan: Plan, cfg: JobConfig) -> Request:
-    return RENDERERS[cfg.cluster.kind](plan, cfg)
+    request = RENDERERS[cfg.cluster.kind](plan, cfg)
+    for obj in request.objects:  # none grows with nodes today (README: "What grows with the job"): keep it so
+        size = len(json.dumps(obj, separators=(",", ":")))
+        if size > REQUEST_LIMIT:  # a ConfigMap's data has its own 1 MiB limit, checked where it is made
+            fits = " or ".join(f"cluster.kind={k}" for k in RENDERERS if k != cfg.cluster.kind)
+            advice = f"try {fits}, or fewer nodes" if obj is request.job else "make it smaller"
+            raise UserError("cluster.kind", cfg.cluster.kind, f"its {obj['kind']} for {plan.nodes} nodes would be "
+                            f"{size // 1024} KiB, over the API server's {REQUEST_LIMIT // 1024} KiB request limit "
+                            f"(etcd's); {advice}")
+    return request
 
 
 def pod_templates(obj: dict[str, Any]) -> list[dict[str, Any]]:

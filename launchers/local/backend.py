@@ -52,8 +52,15 @@ def node_commands(plan: Plan, cfg: JobConfig, ports: list[int], user_dir: Option
     `ports`: the rendezvous port of each node (one job's, or each replica group's)."""
     entry = rank_entry(cfg, plan.run_dir, user_dir)
     groups = [replica_group(i, plan) if plan.replicas else None for i in range(plan.rendezvous.max_nodes)]
+    groups += [None] * plan.spare_nodes  # spares: refused with replica groups (planning/config.py)
     return [[sys.executable, "-m", NODE_WRAPPER, *agent_args(plan, cfg, ports[i], groups[i]), *entry]
-            for i in range(plan.rendezvous.max_nodes)]
+            for i in range(agent_count(plan))]
+
+
+def agent_count(plan: Plan) -> int:
+    """Every agent the job may run: up to cluster.max_nodes, plus cluster.spare_nodes hot spares (these are
+    beyond max_nodes, so torch's rendezvous keeps them in its redundancy list until a node dies)."""
+    return plan.rendezvous.max_nodes + plan.spare_nodes
 
 
 def rendezvous_ports(plan: Plan, cfg: JobConfig) -> list[int]:
@@ -62,7 +69,7 @@ def rendezvous_ports(plan: Plan, cfg: JobConfig) -> list[int]:
     next groups take the ports after it)."""
     if plan.replicas is None:
         port = cfg.cluster.rdzv_port or free_port()  # chosen now, so the dry run shows the real one
-        return [port] * plan.rendezvous.max_nodes
+        return [port] * agent_count(plan)
     base = cfg.cluster.rdzv_port
     per_group = [base + g if base else free_port() for g in range(plan.replicas.groups)]
     return [per_group[replica_group(i, plan)] for i in range(plan.nodes)]
@@ -80,7 +87,7 @@ def node_gpus(plan: Plan, cfg: JobConfig) -> list[dict[str, str]]:
     """Each simulated node's own GPUs. Every agent numbers its ranks from LOCAL_RANK 0 and rank r binds
     cuda:r, so without this node1's ranks would take node0's GPUs (NCCL: duplicate GPU). Taken in order
     from CUDA_VISIBLE_DEVICES when it is set; a CPU job sets nothing."""
-    nodes = plan.rendezvous.max_nodes  # a node a scale adds gets GPUs of its own too
+    nodes = agent_count(plan)  # a node a scale adds, and a spare, gets GPUs of its own too
     if cfg.cluster.device == "cpu":
         return [{} for _ in range(nodes)]
     g, need = plan.gpus_per_node, nodes * plan.gpus_per_node
@@ -107,6 +114,7 @@ class LocalRequest:
     user_dir: Optional[str]  # where submit copies the user's script/package (the commands name it), or None
     spares: list[Agent] = field(default_factory=list)  # started by `fsdp-jobs scale` (cluster.max_nodes)
     lighthouse: Optional[Agent] = None  # fault_tolerance=replica: started first, stopped last
+    hot_spares: int = 0  # the last this many of `agents`: cluster.spare_nodes, started with the job
 
     @property
     def lighthouse_url(self) -> str:
@@ -122,6 +130,7 @@ class LocalRequest:
         for i, agent in enumerate(self.agents + self.spares):
             extra = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(agent.env.items()))
             when = f" (started by fsdp-jobs scale RUN nodes={i + 1})" if i >= len(self.agents) else ""
+            when = " (hot spare: cluster.spare_nodes)" if i >= len(self.agents) - self.hot_spares else when
             lines.append(f"# node{i}{when}\n{extra} {shlex.join(agent.argv)}")
         return "\n".join(lines)
 
@@ -203,7 +212,10 @@ class LocalBackend(Backend[LocalRequest]):
 
         agents = [Agent({**runtime_env(cfg), **extra, **gpus[i], "FSDP_JOBS_NODE": f"node{i}", **replica(i)}, cmd)
                   for i, cmd in enumerate(node_commands(plan, cfg, ports, user_dir))]
-        request.agents, request.spares = agents[:plan.nodes], agents[plan.nodes:]
+        # spares (cluster.spare_nodes) start with the job; max_nodes = nodes then, so no scale spares
+        request.agents, request.spares = agents[:plan.nodes] + agents[plan.rendezvous.max_nodes:], \
+            agents[plan.nodes:plan.rendezvous.max_nodes]
+        request.hot_spares = plan.spare_nodes
         return DryRun(self.name, plan, cfg, request, agent_args=agent_args(plan, cfg, ports[0], 0 if plan.replicas else None),
                       agent_env=runtime_env(cfg))
 

@@ -8,6 +8,7 @@ from typing import Optional
 from fsdp_jobs.planning.cluster_config import ClusterConfig, register_cluster_schema
 
 NAME = "local"
+SPARE_NODES = True  # cluster.spare_nodes: K more agents (launchers/local/backend.py agent_count)
 HOST_FILES = True  # the job's processes see this machine's files (data.path is checked here at plan time)
 
 

@@ -90,14 +90,105 @@ def shorten_replica_restart_stop(seconds: int = REPLICA_RESTART_STOP_S) -> None:
     PContext.close = close_soon
 
 
+# torch's c10d rendezvous hard-codes three waits of the restart's critical path (fsdp_jobs/ARCHITECTURE.md,
+# pitfall 14): 1 s between two polls of the state while a round forms
+# (dynamic_rendezvous._DistributedRendezvousOpExecutor.run's `_delay(seconds=1)`), a 1 s cache in front of
+# every read of it (_BackendRendezvousStateHolder's cache_duration: a poll sooner reads the cached state),
+# and a random 0-0.3 s before the first round, which at the first restart still reads round 0. After a
+# failure they were 1.0-1.4 s of the rendezvous' 1.4 s. Each read fetches the whole state (it grows with the
+# nodes), so the store's load grows as nodes^2 / period. The period is world^2 / POLL_BUDGET_NODES^2 seconds,
+# between 0.1 s and torch's 1 s: never more load than torch's own 1 s at POLL_BUDGET_NODES nodes (0.1 s up to
+# 20 nodes, 1 s from 64 and unchanged above, where fsdp_jobs/bench_rendezvous.py measured what large worlds
+# need). All three scale together; the cache also bounds the monitor loop's reads (launchers/common.py).
+POLL_BUDGET_NODES = 64
+TORCH_POLL_S = 1.0
+MIN_POLL_S = 0.1
+
+
+def rendezvous_poll_s(nodes: int) -> float:
+    """The rendezvous' poll while a round forms, for a torchrun world of at most `nodes` nodes."""
+    return min(TORCH_POLL_S, max(MIN_POLL_S, nodes * nodes / POLL_BUDGET_NODES ** 2))
+
+
+def max_nodes(nnodes: str) -> int:
+    """torchrun's --nnodes (`N` or `MIN:MAX`): the most nodes of the world."""
+    return int(str(nnodes).split(":")[-1])
+
+
+def shorten_rendezvous_poll(nodes: int) -> None:
+    """Every sleep of torch's dynamic rendezvous and its state's cache, scaled by rendezvous_poll_s(nodes) / 1 s."""
+    from torch.distributed.elastic.rendezvous import dynamic_rendezvous
+
+    scale = rendezvous_poll_s(nodes) / TORCH_POLL_S
+    if scale >= 1.0:
+        return
+    delay = dynamic_rendezvous._delay
+    holder = dynamic_rendezvous._BackendRendezvousStateHolder
+    make_holder = holder.__init__
+
+    def scaled(seconds: Any) -> None:
+        delay(tuple(s * scale for s in seconds) if isinstance(seconds, tuple) else seconds * scale)
+
+    def cached_shorter(self: Any, backend: Any, settings: Any, cache_duration: float = TORCH_POLL_S) -> None:
+        make_holder(self, backend, settings, cache_duration * scale)
+
+    dynamic_rendezvous._delay = scaled
+    holder.__init__ = cached_shorter
+
+
+# A failure that repeats stops the job: the node wrapper (launchers/node/wrapper.py) reads the failure records
+# once a second and stops the agent with the job's reason (fsdp_jobs/rundir/failures.py). With the waits above a
+# small world restarts in well under a second, so the agent started a third attempt before its wrapper saw the
+# second failure (a Docker test saw 3 starts 0.8 s apart where the repeat should stop it at 2). Before each
+# restart the agent reads the records once (a node per restart: nothing in steady state); when they show a
+# repeat it holds the restart REPEAT_HOLD_S, three of its wrapper's ticks, in which the wrapper stops it. A
+# restart the wrapper did not stop then goes ahead as before.
+REPEAT_HOLD_S = 3.0
+
+
+def hold_restart_on_a_repeat(hold_s: float = REPEAT_HOLD_S) -> None:
+    from launchers.node.wrapper import RUN_DIR_ENV  # the node wrapper's, which the agent inherits
+
+    run_dir = os.environ.get(RUN_DIR_ENV)
+    if not run_dir:
+        return
+    import time
+    from pathlib import Path
+
+    from torch.distributed.elastic.agent.server.api import SimpleElasticAgent
+
+    from fsdp_jobs.rundir import failures
+
+    restart = SimpleElasticAgent._restart_workers
+
+    def restart_unless_repeating(agent: Any, worker_group: Any) -> None:
+        if failures.repeating(failures.read(Path(run_dir))):
+            time.sleep(hold_s)  # the wrapper stops this agent meanwhile
+        restart(agent, worker_group)
+
+    SimpleElasticAgent._restart_workers = restart_unless_repeating
+
+
+def import_the_log_formatter() -> None:
+    """torch's log formatter imports torch._dynamo the first time it formats an exception (0.3-1.0 s on 2
+    busy cores), and the first one an agent logs is its ranks' failure, on the way to their restart
+    (fsdp_jobs/ARCHITECTURE.md, pitfall 15): imported here, before the first rendezvous, instead. Not in
+    a thread beside the rendezvous: a rank forked while another thread imports would inherit a held
+    import lock."""
+    import torch._dynamo.config  # noqa: F401
+
+
 def main() -> None:
     install()
+    import_the_log_formatter()
     shorten_exit_barrier()
     shorten_replica_restart_stop()
+    hold_restart_on_a_repeat()
     from torch.distributed import run as torchrun
     from torch.distributed.elastic.multiprocessing.errors import record
 
     args = torchrun.parse_args(sys.argv[1:])
+    shorten_rendezvous_poll(max_nodes(args.nnodes))
     record(launch_forked if forks_the_trainer(args) else torchrun.run)(args)
 
 

@@ -121,13 +121,14 @@ def innermost_frame(dump: str) -> Optional[str]:
     return None
 
 
-def dump_stack(beat: Beat, stacks_file: Path, wait_s: float = 2.0) -> str:
-    """The rank's Python stacks, from py-spy if installed, else from its faulthandler (SIGUSR1)."""
+def dump_stack(pid: int, stacks_file: Path, wait_s: float = 2.0) -> str:
+    """The rank's (process `pid`) Python stacks, from py-spy if installed, else from its faulthandler (SIGUSR1):
+    the hang watchdog's, and `fsdp-jobs stacks` (launchers/stacks.py)."""
     beside = Path(sys.executable).with_name("py-spy")  # a container that mounts this interpreter's prefix
     spy = shutil.which("py-spy") or (str(beside) if beside.is_file() else None)
     if spy:
         try:
-            r = subprocess.run([spy, "dump", "--nonblocking", "--pid", str(beat.pid)], capture_output=True,
+            r = subprocess.run([spy, "dump", "--nonblocking", "--pid", str(pid)], capture_output=True,
                                text=True, timeout=30)
             if r.returncode == 0 and r.stdout.strip():
                 return r.stdout
@@ -135,7 +136,7 @@ def dump_stack(beat: Beat, stacks_file: Path, wait_s: float = 2.0) -> str:
             pass
     size = stacks_file.stat().st_size if stacks_file.exists() else 0
     try:
-        os.kill(beat.pid, signal.SIGUSR1)
+        os.kill(pid, signal.SIGUSR1)
     except OSError:
         return "(the process is gone)\n"
     deadline = time.time() + wait_s
@@ -146,7 +147,7 @@ def dump_stack(beat: Beat, stacks_file: Path, wait_s: float = 2.0) -> str:
             with open(stacks_file) as f:
                 f.seek(size)
                 return f.read()
-    return (f"(no stack: the process is {process_state(beat.pid)}; a stopped process cannot run its own "
+    return (f"(no stack: the process is {process_state(pid)}; a stopped process cannot run its own "
             "faulthandler: pip install py-spy, which reads it from outside)\n")
 
 
@@ -238,7 +239,7 @@ class Watchdog:
         where.mkdir(parents=True, exist_ok=True)
         frames = {}
         for b in mine:
-            text = dump_stack(b, RunDir(self.run_dir).stack_file(b.rank))
+            text = dump_stack(b.pid, RunDir(self.run_dir).stack_file(b.rank))
             (where / f"rank-{b.rank}.txt").write_text(f"rank {b.rank} pid {b.pid} on {b.node}, step {b.step}, "
                                                       f"{process_state(b.pid)}\n\n{text}")
             frames[b.rank] = innermost_frame(text)

@@ -27,6 +27,8 @@ from launchers.base import Backend, DryRun, JobState, JobStatus, Run, Submitted
 from launchers.common import (lighthouse_command, python_path, rank_entry, rank_env, runtime_env, torchrun_args,
                               user_code_dir)
 from launchers.snapshot import PROJECT_ROOT, next_snapshot_dir, take_snapshot, take_user_code
+from launchers.slurm import arrays
+from launchers.slurm.arrays import max_array_size
 from launchers.slurm.config import LIGHTHOUSE_PORT_BASE, slurm_dir
 from launchers.slurm.grow import grow_jobs, save_parameters, submit_grow
 
@@ -234,11 +236,23 @@ class SlurmBackend(Backend[SlurmRequest]):
         return Submitted(submit_job(dryrun))
 
     def group_text(self, dryruns: list[DryRun[SlurmRequest]]) -> Optional[str]:
-        """The one array script submit_group will submit for several requests, byte for byte."""
+        """The array script submit_group will submit for several requests, byte for byte; above the cluster's
+        MaxArraySize, each of the arrays (launchers/slurm/arrays.py) under a line saying which members it holds."""
         if len(dryruns) < 2:
             return None
-        folder, params = array_parameters(dryruns)
-        return sbatch_script(folder, {**params, "map_count": len(dryruns)})
+        parts = submissions(dryruns)
+        if len(parts) == 1:
+            return submission_script(dryruns)
+        limit, throttle = max_array_size(), dryruns[0].cfg.cluster.get("array_parallelism")
+        texts = []
+        for i, part in enumerate(parts):
+            first, last = (Path(dryruns[j].plan.run_dir).name for j in (part.start, part.stop - 1))
+            what = (f"members {part.start + 1}-{part.stop} ({first} ... {last}), an array of {len(part)} "
+                    f"(--array=0-{len(part) - 1}%{arrays.throttle(throttle, len(part))})" if len(part) > 1
+                    else f"member {part.start + 1} ({first}), a job of its own")
+            texts.append(f"# submission {i + 1} of {len(parts)}: {what}; {len(dryruns)} members are more than one "
+                         f"array holds at MaxArraySize={limit}\n{submission_script(dryruns[part.start:part.stop])}")
+        return "".join(texts)
 
     def group_key(self, dryrun: DryRun[SlurmRequest]) -> Optional[str]:
         return group_key(dryrun)
@@ -253,9 +267,29 @@ class SlurmBackend(Backend[SlurmRequest]):
         state, detail = slurm_state(job_id) if job_id else ("UNKNOWN", "UNKNOWN (no job id recorded)")
         return JobStatus(common_state(state), detail, {"job_id": job_id, "slurm_state": detail})
 
-    def log_files(self, run: Run) -> list[Path]:
+    def log_files(self, run: Run, node: Optional[str] = None) -> list[Path]:
+        from fsdp_jobs.rundir import logs
+
         folder = run.launch.get("folder")
-        return sorted(Path(folder).glob("*_log.out")) if folder else []
+        files = sorted(Path(folder).glob("*_log.out")) if folder else []
+        # submitit names a task's log <job id>_<task>_log.out, and the job runs one task per node: task = node index
+        return files if node is None else logs.one_node(files, node, lambda f: int(f.name.split("_")[-2]))
+
+    def dump_stacks(self, run: Run, parts: Path, node: Optional[str], ranks: Optional[set[int]]) -> None:
+        """One task on every node of the allocation (or on `node`), beside the job's own (srun --overlap): each
+        dumps the ranks it runs into `parts` (launchers/stacks.py). This CLI's interpreter and code, as a
+        batch job's nodes run them (submitit's assumption: a shared filesystem)."""
+        job_id = own_job_id(run)
+        answered, count = _run("squeue", "-h", "-j", job_id, "-o", "%D", timeout=SQUEUE_TIMEOUT_S)
+        where = ["-w", node, "-N", "1"] if node else ["-N", count] if answered and count.isdigit() else []
+        cmd = ["srun", "--overlap", f"--jobid={job_id}", "--ntasks-per-node=1", *where, sys.executable, "-m",
+               "launchers.stacks", str(run.run_dir), str(parts),
+               *[a for r in sorted(ranks or ()) for a in ("--rank", str(r))]]
+        env = {**os.environ, "PYTHONPATH": f"{PROJECT_ROOT}:{os.environ.get('PYTHONPATH', '')}".rstrip(":")}
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env)
+        if r.returncode:
+            raise UserError("RUN", run.run_dir.name, f"srun --overlap --jobid={job_id} failed: "
+                                                     f"{(r.stderr.strip().splitlines() or ['?'])[-1][:200]}")
 
     def cancel(self, run: Run) -> str:
         job_id = own_job_id(run)
@@ -312,9 +346,12 @@ def _snapshot(dryrun: DryRun[SlurmRequest]) -> dict[str, str]:
 
 def group_key(dryrun: DryRun[SlurmRequest]) -> str:
     """The resource shape: every sbatch parameter but the job's name and its setup lines (those hold
-    the run's own paths and environment; an array runs each element's own, see array_parameters)."""
+    the run's own paths and environment; an array runs each element's own, see array_parameters), and the
+    array's own settings."""
     params = {k: v for k, v in dryrun.request.parameters.items() if k not in ("job_name", "setup")}
-    return json.dumps({"parameters": params, "max_timeouts": dryrun.cfg.cluster.max_timeouts}, sort_keys=True)
+    c = dryrun.cfg.cluster
+    return json.dumps({"parameters": params, "max_timeouts": c.max_timeouts,
+                       "array_parallelism": c.get("array_parallelism")}, sort_keys=True)
 
 
 def array_parameters(dryruns: list[DryRun[SlurmRequest]]) -> tuple[Path, dict[str, Any]]:
@@ -329,31 +366,65 @@ def array_parameters(dryruns: list[DryRun[SlurmRequest]]) -> tuple[Path, dict[st
     for i, d in enumerate(dryruns):
         setup += [f"  {i})"] + [f"    {line}" for line in d.request.parameters["setup"]] + ["    ;;"]
     params["setup"] = setup + ["esac"]
+    # --array=0-N%K: cluster.array_parallelism, or every element at once (submitit's own default is a hidden 256)
+    params["array_parallelism"] = arrays.throttle(dryruns[0].cfg.cluster.get("array_parallelism"), len(dryruns))
     return slurm_dir(parent) / "%j", params  # (the sweep dir's own folder, named as a run dir's)
 
 
+def submissions(dryruns: list[DryRun[SlurmRequest]]) -> list[range]:
+    """How submit_jobs sends these requests: one job, one array, or (more than the cluster's MaxArraySize)
+    consecutive arrays (launchers/slurm/arrays.py)."""
+    return arrays.split(len(dryruns), max_array_size() if len(dryruns) > 1 else 1)
+
+
+def submission(dryruns: list[DryRun[SlurmRequest]]) -> tuple[Path, dict[str, Any]]:
+    """submitit's folder and parameters for one submission: a request's own job, or an array of several."""
+    if len(dryruns) == 1:
+        return _folder(dryruns[0].plan), dryruns[0].request.parameters
+    return array_parameters(dryruns)
+
+
+def submission_script(dryruns: list[DryRun[SlurmRequest]]) -> str:
+    """The sbatch script of that submission, as submitit writes it."""
+    folder, params = submission(dryruns)
+    return sbatch_script(folder, params if len(dryruns) == 1 else {**params, "map_count": len(dryruns)})
+
+
 def submit_jobs(dryruns: list[DryRun[SlurmRequest]]) -> list[str]:
-    """Submit one job, or several requests of one shape as ONE job array (submitit's batch). Every
-    element is a full multi-node allocation running NodeTask for its own run dir, and is requeued
-    on its own: its job id is <array id>_<i>."""
+    """Submit one job, or several requests of one shape as ONE job array (submitit's batch; above the
+    cluster's MaxArraySize, as several: `submissions`). Every element is a full multi-node allocation running
+    NodeTask for its own run dir, and is requeued on its own: its job id is <array id>_<i>, recorded in its
+    run dir as soon as its array is in."""
+    codes = [_snapshot(d) for d in dryruns]
+    ids: list[str] = []
+    for part in submissions(dryruns):
+        try:
+            ids += submit_part(dryruns[part.start:part.stop], codes[part.start:part.stop])
+        except UserError as e:
+            for d, code in zip(dryruns[part.start:], codes[part.start:]):
+                if d.cfg.cluster.snapshot_code:
+                    shutil.rmtree(code["code"], ignore_errors=True)
+            if not ids:
+                raise
+            raise UserError(e.key, e.value, f"{e.allowed}; members 1-{part.start} of {len(dryruns)} went out before it "
+                                            f"(jobs {ids[0]} ... {ids[-1]}, recorded in their run dirs): run the same "
+                                            "command again to submit the rest (queued members are left alone)") from None
+    return ids
+
+
+def submit_part(dryruns: list[DryRun[SlurmRequest]], codes: list[dict[str, str]]) -> list[str]:
+    """One submission (a job, or one array) and its launch records."""
     import submitit
 
     from launchers.slurm.node_task import NodeTask
 
-    codes = [_snapshot(d) for d in dryruns]
-    if len(dryruns) == 1:
-        folder, params = _folder(dryruns[0].plan), dryruns[0].request.parameters
-    else:
-        folder, params = array_parameters(dryruns)
+    folder, params = submission(dryruns)
     executor = submitit.SlurmExecutor(folder=folder, max_num_timeout=dryruns[0].cfg.cluster.max_timeouts)
     executor.update_parameters(**params)
     try:
         with executor.batch():  # one request: a plain job (submitit makes no array of one)
             jobs = [executor.submit(NodeTask(str(Path(d.plan.run_dir)))) for d in dryruns]
     except submitit.core.utils.FailedJobError as e:  # sbatch refused: bad partition, account, qos...
-        for d, code in zip(dryruns, codes):
-            if d.cfg.cluster.snapshot_code:
-                shutil.rmtree(code["code"], ignore_errors=True)
         lines = [ln.strip() for ln in str(e).splitlines() if "error" in ln.lower()] or [str(e).strip()]
         raise UserError("cluster", dryruns[0].plan.name, f"sbatch refused the job: {lines[-1][:300]}") from None
     for d, job, code in zip(dryruns, jobs, codes):

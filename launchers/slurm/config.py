@@ -50,6 +50,11 @@ class SlurmClusterConfig(ClusterConfig):
     # with preflight=true|only: when the preflight names nodes, the job requeues itself with them added to
     # its excluded nodes (launchers/slurm/requeue.py), instead of failing
     exclude_bad_nodes: bool = False
+    # a sweep's members of one shape go out as one job array: at most this many of them run at once
+    # (sbatch --array=0-N%K). None = no throttle of ours: every member may start (%N+1), as far as SLURM's own
+    # limits (QOS, partition, fair share) and free nodes allow. Per array: a sweep above the cluster's
+    # MaxArraySize goes out as several arrays (launchers/slurm/arrays.py), each throttled to it
+    array_parallelism: Optional[int] = None
 
 
 SCHEMA = SlurmClusterConfig
@@ -64,6 +69,8 @@ def validate(cl: SlurmClusterConfig) -> None:
     positive("cluster.time_min", cl.time_min)
     positive("cluster.signal_delay_s", cl.signal_delay_s)
     positive("cluster.max_timeouts", cl.max_timeouts, minimum=0)
+    if cl.array_parallelism is not None:
+        positive("cluster.array_parallelism", cl.array_parallelism)
     # TERM/INT/HUP are torchrun's own stop signals and USR1 is NCCL's: they cannot carry a requeue
     choice("cluster.signal", cl.signal, ("USR2", "URG"))
     choice("cluster.gpus", str(cl.gpus).lower(), ("auto", "true", "false"))

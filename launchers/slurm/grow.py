@@ -30,6 +30,7 @@ from fsdp_jobs.planning.errors import UserError
 from fsdp_jobs.rundir.layout import RunDir
 from launchers.base import Run
 from launchers.slurm.config import slurm_dir
+from launchers.slurm.hostlist import is_hostlist
 
 PARAMETERS_FILE = "parameters.json"  # in slurm_dir: the job's sbatch parameters, for its grow jobs
 GROW_FILE = "grow.jsonl"  # in slurm_dir: one line per grow job (its id, nodes, the rendezvous it joins)
@@ -53,18 +54,15 @@ def grow_parameters(parameters: dict[str, Any], nodes: int, minutes: int, busy: 
             "additional_parameters": {**extra, "no-requeue": True, **({"exclude": exclude} if exclude else {})}}
 
 
-# a node name as cluster.exclude takes it (launchers/slurm/config.py), with squeue's bracketed ranges
-_HOST = r"[A-Za-z0-9][A-Za-z0-9._-]*(?:\[[0-9,-]+\][A-Za-z0-9._-]*)*"
-HOSTLIST = re.compile(rf"{_HOST}(?:,{_HOST})*")  # squeue's %N: n1, n[1-2], gpu-[01,03],cpu7
-
-
 def nodes_in_use(job_ids: list[str]) -> list[str]:
-    """The nodes these jobs run on now, as squeue's hostlists; only well-formed ones, as they reach sbatch."""
+    """The nodes these jobs run on now, as squeue's hostlists (%N: n1, n[0001-1024], gpu-[01-03,07],cpu7), kept
+    compressed; only well-formed ones (launchers/slurm/hostlist.py: checked in one pass, never expanded), as
+    they reach sbatch."""
     r = subprocess.run(["squeue", "-h", "-t", "RUNNING", "-j", ",".join(job_ids), "-o", "%N"], capture_output=True,
                        text=True, timeout=30)
     if r.returncode:
         return []
-    return [h for h in (line.strip() for line in r.stdout.splitlines()) if HOSTLIST.fullmatch(h)]
+    return [h for h in (line.strip() for line in r.stdout.splitlines()) if is_hostlist(h)]
 
 
 def minutes_left(job_id: str, default: int) -> int:

@@ -36,6 +36,7 @@ from launchers.common import (LIGHTHOUSE_ENV, NODE_WRAPPER, REPLICA_GROUP_ENV, U
                               rank_entry, settle_user_state, torchrun_args)
 from launchers.node.wrapper import root_cause
 from launchers.slurm.config import slurm_dir
+from launchers.slurm.hostlist import expand
 from launchers.slurm.requeue import COMPLETED, EXCLUDE, PREEMPTED, REQUEUE, TERMINATED, Decision, after_preflight, decide
 
 if TYPE_CHECKING:  # types only: the node reads both from the run dir (job_config, runs.load_plan)
@@ -153,6 +154,26 @@ def replica_agent(plan: Plan, cfg: JobConfig, node: int, hostnames: list[str], r
     return args, {REPLICA_GROUP_ENV: str(group), LIGHTHOUSE_ENV: lighthouse}
 
 
+def job_hostnames(nodelist: str, nodes: int) -> list[str]:
+    """The allocation's nodes in SLURM's order, from SLURM_JOB_NODELIST (compressed: n[0001-1024]). SLURM's own
+    expansion, `scontrol show hostnames` (the node's slurm.conf, no call to the controller), when it names
+    `nodes` hosts; else launchers/slurm/hostlist.py's, by the same rule. Every node must name the same first
+    node: the rendezvous host."""
+    if not nodelist:
+        return [socket.gethostname()]
+    try:
+        r = subprocess.run(["scontrol", "show", "hostnames", nodelist], capture_output=True, text=True, timeout=30)
+        names = r.stdout.split() if r.returncode == 0 else []
+    except (OSError, subprocess.TimeoutExpired):
+        names = []
+    if len(names) == nodes:
+        return names
+    try:
+        return expand(nodelist)
+    except ValueError as e:
+        raise RuntimeError(f"cannot read this job's nodes from SLURM_JOB_NODELIST={nodelist!r}: {e}") from None
+
+
 RENDEZVOUS_FILE = "rendezvous.json"  # in slurm_dir: the running attempt's, for the nodes a scale adds
 
 
@@ -208,7 +229,8 @@ class NodeTask(submitit.helpers.Checkpointable):
         # (or a requeue meeting a stale agent) must not meet at one rendezvous port
         raw_id = os.environ.get("SLURM_JOB_ID", job_id.split("_")[0])
         attempt = int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0)
-        master = env.hostnames[0]
+        hostnames = job_hostnames(os.environ.get("SLURM_JOB_NODELIST", ""), env.num_nodes)
+        master = hostnames[0]
         port = job.cluster.get("rdzv_port") or 20000 + int(raw_id) % 20000
         start_ckpt = newest_checkpoint(run_dir)
         if env.global_rank == 0:
@@ -227,7 +249,7 @@ class NodeTask(submitit.helpers.Checkpointable):
         if plan.replicas is None:
             args, extra = agent_args(plan, job, run_id, endpoint), {}
         else:  # fault_tolerance=replica: this node's replica group is a torchrun world of its own
-            args, extra = replica_agent(plan, job, env.node, list(env.hostnames), run_id, port, int(raw_id))
+            args, extra = replica_agent(plan, job, env.node, hostnames, run_id, port, int(raw_id))
         self._proc = start_agent(job, run_dir, args, extra, f"{job_id}.{attempt}", error_file)
         rc = self._proc.wait()
         settle_user_state(job, run_dir, rc)  # a plain script exiting 0 completed (it writes no state record)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import statistics
-import subprocess
 import time
 from pathlib import Path
 

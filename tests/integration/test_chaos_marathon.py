@@ -13,7 +13,8 @@ import pytest
 
 from fsdp_jobs.bench_chaos import bench_chaos
 from fsdp_jobs.rundir.layout import RunDir
-from tests.conftest import MEASURED
+from tests import browser
+from tests.conftest import MEASURED, cli
 
 pytestmark = pytest.mark.integration
 
@@ -38,3 +39,20 @@ def test_a_marathon_of_every_kind_ends_completed_and_bitwise_equal(tmp_path):
     assert len(result["table"]) == 2 + 4 and result["goodput"]["effective_pct"] > 0
     kept = RunDir(tmp_path / "chaos").chaos_incidents_file.read_text().splitlines()
     assert [json.loads(line)["n"] for line in kept] == [1, 2, 3, 4]
+    report_page_shows_every_incident_at_its_time(tmp_path, tmp_path / "chaos", result["attempts"])
+
+
+def report_page_shows_every_incident_at_its_time(run_root, run_dir, attempts: int) -> None:
+    """`fsdp-jobs report` of the marathon's run, as headless chromium draws it: every attempt, and every fault
+    of chaos.jsonl on the timeline at the time it was injected; no console error; a screenshot for CI."""
+    r = cli("report", str(run_dir), "--run-root", str(run_root))
+    assert r.returncode == 0, r.stderr
+    seen = browser.render(run_dir / "report.html", "report.png")
+    print(MEASURED + f"report page of the marathon: {seen.screenshot}")
+    assert seen.attempts == attempts and not seen.console, (seen.attempts, seen.console)
+    kept = [json.loads(line) for line in RunDir(run_dir).chaos_incidents_file.read_text().splitlines()]
+    drawn = sorted((t, x) for k, t, x in seen.marks if k == "chaos")
+    assert [t for t, _ in drawn] == sorted(round(i["injected_at"], 3) for i in kept)
+    for t, x in drawn:
+        assert abs(x - browser.x_of(seen, t)) <= 0.2, (t, x)
+    assert sorted(t for k, t in seen.rows if k == "chaos") == [t for t, _ in drawn]

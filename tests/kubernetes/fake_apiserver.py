@@ -1,6 +1,10 @@
-"""A FAKE Kubernetes API server, for tests only: no real API server (nor kind, k3s, minikube) can run
-on this machine, so the client side (TorchX's kubernetes scheduler and the kubernetes package) is
-pointed at this one instead.
+"""A FAKE Kubernetes API server, for tests only, kept for what the REAL one of deploy/kubernetes/dev-apiserver
+(Kubernetes 1.20.2, no operator: test_real_apiserver.py) cannot show: what the operators do when a job's
+containers end (Volcano's policies, the training-operator's restartPolicy, JobSet's failurePolicy over
+Indexed Jobs, which 1.20 does not have). Every API semantic (paths, patches, RBAC, 409/422, garbage
+collection, logs) is tested against the real server; what this one says of them is our own reading.
+Neither server runs CEL rules (x-kubernetes-validations: unknown to 1.20, and jsonschema does not evaluate
+them); tests/kubernetes/crds/SOURCES.md says so for the schema tests too.
 
 It speaks the small part of the REST API the backend uses (create/get/list/patch/delete of ConfigMaps,
 Services, pods, pod logs with follow, and namespaced custom objects), with the API server's status
@@ -65,6 +69,7 @@ class State:
         self.objects: dict[tuple[str, str, str], dict[str, Any]] = {}
         self.logs: dict[tuple[str, str], list[str]] = {}
         self.requests: list[tuple[str, str, str, str]] = []  # (verb, apiGroup, resource, subresource)
+        self.log_reads: list[tuple[str, Optional[str]]] = []  # (pod, tailLines): what `logs` asked for
         self.received: list[dict[str, Any]] = []  # every object body as it arrived (create/patch result)
         self.rejected: list[str] = []  # validation messages sent back as 422
         self.follows: dict[str, int] = {}  # pod -> log streams (follow=true) started for it
@@ -138,7 +143,8 @@ class State:
         for old in self.pods(ns, name):
             del self.objects[("pods", ns, old["metadata"]["name"])]
         if kind == "Job":
-            pods = [(f"{name}-{t['name']}-0", t["template"], str(i)) for i, t in enumerate(spec["tasks"])]
+            pods = [(f"{name}-{t['name']}-{i}", t["template"], str(i)) for t in spec["tasks"]
+                    for i in range(t.get("replicas", 1))]
         elif kind == "PyTorchJob":
             w = spec["pytorchReplicaSpecs"]["Worker"]
             pods = [(f"{name}-worker-{i}", w["template"], str(i)) for i in range(w["replicas"])]
@@ -454,9 +460,14 @@ class _Handler(BaseHTTPRequestHandler):
         st = self.server_state
         stamp = q.get("timestamps", "").lower() == "true"
 
+        tail = int(q["tailLines"]) if q.get("tailLines", "").isdigit() else None
+        with st.lock:
+            st.log_reads.append((pod_name, q.get("tailLines")))
+
         def lines_from(i: int) -> list[str]:
             with st.lock:
-                lines = st.logs.get((ns, pod_name), [])[i:]
+                lines = st.logs.get((ns, pod_name), [])
+                lines = lines[i:] if tail is None else lines[max(i, len(lines) - tail):]  # the API's tailLines
             return [("2026-01-01T00:00:00.000000000Z " if stamp else "") + ln + "\n" for ln in lines]
 
         def container() -> dict[str, Any]:

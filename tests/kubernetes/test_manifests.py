@@ -16,6 +16,7 @@ import pytest
 import yaml
 
 from fsdp_jobs.planning.compose import compose
+from fsdp_jobs.planning.errors import UserError
 from fsdp_jobs.planning.plan import make_plan
 from launchers.kubernetes import manifests as k8s_manifests
 from launchers.kubernetes.backend import BACKEND
@@ -127,12 +128,51 @@ def test_the_issues_command(tmp_path: Path) -> None:
     job = objs[-1]
     assert (job["apiVersion"], job["kind"], job["metadata"]["namespace"]) == ("batch.volcano.sh/v1alpha1", "Job", "team-a")
     assert job["spec"]["schedulerName"] == "volcano" and job["spec"]["queue"] == "fsdp-jobs"
-    assert len(job["spec"]["tasks"]) == 4
+    assert [(t["name"], t["replicas"]) for t in job["spec"]["tasks"]] == [("node", 4)]  # one task of 4 pods
     for _, t in schemas.pod_templates(job):
         assert t["spec"]["containers"][0]["image"] == "registry.example.com/img:1"
         assert t["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == "8"
         assert {"name": "mount-0", "persistentVolumeClaim": {"claimName": "claim-a"}} in t["spec"]["volumes"]
     assert not (tmp_path / "runs").exists(), "a dry run writes nothing"
+
+
+# every kind without replica groups, and with them where a kind has a place for the lighthouse (a PyTorchJob
+# has none: refused at plan time, kubernetes/test_replicas_k8s.py)
+@pytest.mark.parametrize("kind,ft", [(k, "none") for k in KINDS] + [("volcano", "replica"), ("jobset", "replica")])
+def test_1024_nodes_of_8_gpus_fit_the_api_servers_request_limit_and_validate(tmp_path: Path, kind: str,
+                                                                             ft: str) -> None:
+    """Every object of a 1,024 x 8 job is far below etcd's 1.5 MiB (a task per node made Volcano's 3.7 MB)."""
+    d = dryrun(tmp_path, f"cluster.kind={kind}", "nodes=1024", "gpus_per_node=8", "model=llama3_70b",
+               f"fault_tolerance={ft}")
+    for obj in d.request.objects:
+        schemas.validate(obj)
+        size = len(json.dumps(obj, separators=(",", ":")))
+        assert size < k8s_manifests.REQUEST_LIMIT // 20, f"{obj['kind']}: {size} bytes"
+
+
+def test_an_object_over_the_request_limit_is_refused_in_one_line(tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """As a future object past 1.5 MiB would be: the job itself names the kinds that fit, the ConfigMap (which
+    every kind has) does not."""
+    monkeypatch.setattr(k8s_manifests, "REQUEST_LIMIT", 2 * 1024)  # the Job (~3 KiB) is over, not the policy
+    request = k8s_manifests.volcano
+
+    def without_configmap(plan: Any, cfg: Any) -> Any:  # so that the Job is the object over the limit
+        r = request(plan, cfg)
+        r.objects.pop(0)
+        return r
+
+    monkeypatch.setattr(k8s_manifests, "RENDERERS", {**k8s_manifests.RENDERERS, "volcano": without_configmap})
+    with pytest.raises(UserError) as e:
+        dryrun(tmp_path, "cluster.kind=volcano", "nodes=1024", "gpus_per_node=8")
+    line = str(e.value)
+    assert "\n" not in line and re.search(r"its Job for 1024 nodes would be \d KiB", line), line
+    assert "over the API server's 2 KiB request limit" in line
+    assert "try cluster.kind=pytorchjob or cluster.kind=jobset, or fewer nodes" in line
+    monkeypatch.setattr(k8s_manifests, "RENDERERS", {**k8s_manifests.RENDERERS, "volcano": request})
+    monkeypatch.setattr(k8s_manifests, "REQUEST_LIMIT", 8 * 1024)  # the ConfigMap (10 KiB) is over
+    with pytest.raises(UserError, match=r"its ConfigMap for 1024 nodes would be 10 KiB.*; make it smaller$"):
+        dryrun(tmp_path, "cluster.kind=volcano", "nodes=1024", "gpus_per_node=8")
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -141,7 +181,7 @@ def test_torchrun_points_at_the_first_pods_stable_dns_name(tmp_path: Path, kind:
                "cluster.max_restarts=5", "cluster.max_retries=2")
     job = d.request.job
     name = job["metadata"]["name"]
-    first = {"volcano": f"{name}-node-0-0.{name}", "pytorchjob": f"{name}-worker-0",
+    first = {"volcano": f"{name}-node-0.{name}", "pytorchjob": f"{name}-worker-0",
              "jobset": f"{name}-node-0-0.{name}"}[kind]
     for c in containers(job):
         args = c["command"]
@@ -150,10 +190,11 @@ def test_torchrun_points_at_the_first_pods_stable_dns_name(tmp_path: Path, kind:
         assert args[-3:] == ["-m", "fsdp_jobs.runtime", "/runs/exp1"]
         assert c["resources"]["limits"]["nvidia.com/gpu"] == "8"
     assert d.agent_args == containers(job)[0]["command"][7:-3]
-    if kind == "volcano":  # hostname <job>-<task>-0 + subdomain <job> (Volcano's svc plugin): task names
-        assert [t["name"] for t in job["spec"]["tasks"]] == ["node-0", "node-1", "node-2", "node-3"]
+    if kind == "volcano":  # hostname <job>-<task>-<k> + subdomain <job> (Volcano's svc plugin): one task
+        assert [(t["name"], t["replicas"]) for t in job["spec"]["tasks"]] == [("node", 4)]
         assert job["spec"]["plugins"]["svc"] == ["--publish-not-ready-addresses"]
-        assert [t.get("minAvailable") for t in job["spec"]["tasks"]] == [1, 1, 0, 0]  # gang of min_nodes
+        assert job["spec"]["plugins"]["env"] == []  # VC_TASK_INDEX: a replica pod's index (boot.py)
+        assert job["spec"]["tasks"][0]["minAvailable"] == 2  # a gang of min_nodes, the rest optional
         assert job["spec"]["maxRetry"] == 2 and {"event": "PodFailed", "action": "RestartJob"} in job["spec"]["tasks"][0]["policies"]
     elif kind == "pytorchjob":
         e = job["spec"]["elasticPolicy"]

@@ -1,9 +1,9 @@
-"""Refusals before anything is written: no kube config, no kubernetes package, an unreachable or busy
-cluster. One line `fsdp-jobs: error: ...`, exit status 2, no run dir, no journal entry."""
+"""Refusals before anything is written that need no API server: no kube config, no kubernetes package. One
+line `fsdp-jobs: error: ...`, exit status 2, no run dir, no journal entry. An unreachable or busy cluster,
+RBAC, 409 and 422: test_real_apiserver.py, against the real one."""
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
@@ -28,10 +28,11 @@ runpy.run_module("fsdp_jobs", run_name="__main__", alter_sys=True)
 """
 
 
-def one_line_refusal(r, needle: str) -> None:
+def one_line_refusal(r, *needles: str) -> None:
+    """Exit 2, nothing on stdout, one line on stderr naming each of `needles`."""
     assert r.returncode == 2, (r.stdout, r.stderr)
     assert r.stdout == "" and r.stderr.count("\n") == 1 and r.stderr.startswith("fsdp-jobs: error: "), r.stderr
-    assert needle in r.stderr, r.stderr
+    assert all(n in r.stderr for n in needles), r.stderr
 
 
 def test_no_kube_config(tmp_path: Path) -> None:
@@ -57,28 +58,3 @@ def test_kubernetes_package_missing(tmp_path: Path, fake_cluster: FakeCluster, d
                        capture_output=True, timeout=120, stdin=subprocess.DEVNULL)
     one_line_refusal(r, "the kubernetes Python package is not installed (pip install 'kubernetes>=30,<36')")
     assert not (tmp_path / "runs").exists() and fake_cluster.state.objects == {}
-
-
-def test_unreachable_api_server(tmp_path: Path, fake_cluster: FakeCluster) -> None:
-    """A kube config naming a port nothing listens on (the FAKE server's, after it stopped)."""
-    text = fake_cluster.kubeconfig.read_text().replace(fake_cluster.url, "http://127.0.0.1:9")
-    (tmp_path / "dead.yaml").write_text(text)
-    r = cli(*SUBMIT, f"run_root={tmp_path / 'runs'}", env={**fake_cluster.env, "KUBECONFIG": str(tmp_path / "dead.yaml")},
-            timeout=120)
-    one_line_refusal(r, "cannot reach http://127.0.0.1:9")
-    assert not (tmp_path / "runs").exists()
-
-
-def test_a_run_with_an_active_job_is_refused(tmp_path: Path, fake_cluster: FakeCluster) -> None:
-    """Against the FAKE API server (no real one can run here): two jobs must not share a run dir."""
-    root = tmp_path / "runs"
-    assert cli(*SUBMIT, f"run_root={root}", env=fake_cluster.env, timeout=120).returncode == 0
-    before = (root / "k8s-run" / "launches.jsonl").read_text()
-    r = cli(*SUBMIT, f"run_root={root}", env=fake_cluster.env, timeout=120)
-    one_line_refusal(r, "run already has Kubernetes job fsdp-jobs:")
-    assert (root / "k8s-run" / "launches.jsonl").read_text() == before and len(fake_cluster.state.jobs()) == 1
-    # ctl without a kube config: status says why it cannot tell, cancel refuses in one line
-    env = {**fake_cluster.env, "KUBECONFIG": str(tmp_path / "missing")}
-    s = cli("status", "k8s-run", "--run-root", str(root), env=env, timeout=120)
-    assert s.returncode == 0 and json.loads(s.stdout)["state"] == "UNKNOWN" and "kube config" in s.stdout
-    one_line_refusal(cli("cancel", "k8s-run", "--run-root", str(root), env=env, timeout=120), "no usable kube config")

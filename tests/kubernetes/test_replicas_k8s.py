@@ -2,7 +2,7 @@
 second replicated job, a Volcano job's second TorchX role), every object valid against the official schemas,
 the job done when its nodes are; each pod's replica group filled in by boot.py from its index; a PyTorchJob
 refused in one line. Then submit, status and the job's end through the CLI against the FAKE API server
-(tests/kubernetes/fake_apiserver.py: no real one can run here)."""
+(tests/kubernetes/fake_apiserver.py: it plays the operators, which the real dev server has none of)."""
 
 from __future__ import annotations
 
@@ -63,6 +63,10 @@ def test_boot_gives_each_pod_its_replica_groups_rendezvous() -> None:
     filled, extra = boot.replica_command(command, env)
     assert filled[3:6] == ["--rdzv-endpoint=j-node-0-2.j:29500", "--rdzv-id=run-rg1", "--local-addr=j-node-0-3.j"]
     assert extra == {"FSDP_JOBS_REPLICA_GROUP": "1"}
+    # on Volcano the index is its env plugin's: the pod's index in the nodes' one task
+    volcano = {"FSDP_JOBS_NODES_PER_GROUP": "2", "VC_TASK_INDEX": "3", "FSDP_JOBS_NODE_DNS": "j-node-{i}.j"}
+    assert boot.replica_command(command, volcano)[0][3:6] == [
+        "--rdzv-endpoint=j-node-2.j:29500", "--rdzv-id=run-rg1", "--local-addr=j-node-3.j"]
     assert boot.replica_command(command, {}) == (command, {})  # without replica groups: as it is
     assert boot.rendezvous_host(filled) == "j-node-0-2.j"  # what boot waits to resolve
 

@@ -52,6 +52,29 @@ def stop_our_cluster() -> None:
         _Ours.started = False
 
 
+UNUSABLE = ("down", "drain", "drng", "drained", "fail", "failg")  # sinfo's %t for a node no job gets
+
+
+def resume_unusable_nodes(timeout: float = 60.0) -> None:
+    """On our own cluster: a node an earlier test left down or drained (a network cut healed after the
+    controller gave up on it) is resumed, saying so, and waited for, so that this test's jobs are not left
+    pending for want of it. A node that does not come back fails here, naming it."""
+    states = dict(line.split() for line in sh("sinfo", "-h", "-N", "-o", "%N %t").splitlines() if line.count(" ") == 1)
+    bad = sorted(n for n, t in states.items() if t.rstrip("*~#!%$@^-") in UNUSABLE)
+    if not bad:
+        return
+    print(f"resuming nodes an earlier test left unusable: {', '.join(f'{n} ({states[n]})' for n in bad)}")
+    sh("scontrol", "update", f"nodename={','.join(bad)}", "state=resume")
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        states = dict(line.split() for line in sh("sinfo", "-h", "-N", "-o", "%N %t").splitlines()
+                      if line.count(" ") == 1)
+        if not any(states.get(n, "").rstrip("*~#!%$@^-") in UNUSABLE for n in bad):
+            return
+        time.sleep(2)
+    raise AssertionError(f"nodes still unusable after resume: {states}")
+
+
 @pytest.fixture
 def slurm_cluster():
     """The cluster is up for this test: a developer's if one runs (never stopped by us), else one this
@@ -60,6 +83,8 @@ def slurm_cluster():
     own_the_clusters()
     if not cluster_is_up():
         start_cluster()
+    if _Ours.started:
+        resume_unusable_nodes()
     yield
     # A test that failed half way may leave its jobs running, holding the nodes every later test waits for
     # (a CI rehearsal lost 5 minutes in each of three tests after one that way). Only on our own cluster:

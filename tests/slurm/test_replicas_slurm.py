@@ -15,13 +15,17 @@ pytestmark = [pytest.mark.slurm, pytest.mark.usefixtures("slurm_cluster")]
 # 1,170 steps after the kill (about 50 s): a loaded CI run took 10 s to restart group 2, by which time a job of
 # 300 steps in all (20 steps/s) had finished, and group 2 came back to a completed checkpoint instead of a peer
 STEPS = 1200
+# group 2's ranks are forked again by their agent within about 2 s; under a loaded CI run the survivors' new
+# quorum (heartbeat 1 s, then a tick) came after it, and no step ran without group 2: the restarted group
+# waits 5 s before it rejoins (FSDP_JOBS_TEST_REJOIN_DELAY_S), as a node slow to come back would
+REJOIN = "+cluster.env.FSDP_JOBS_TEST_REJOIN_DELAY_S=5"
 SHORT = ("model.dim=64", "model.n_layers=2", "model.ffn_dim=128", "model.vocab_size=128", "data.seq_len=32")
 
 
 def test_a_killed_rank_on_one_node_is_recovered_live_and_the_job_completes(run_root):
     job_id, _, _ = submit(f"run_root={run_root}", "name=ft", "nodes=3", "gpus_per_node=1", "fault_tolerance=replica",
                           "fault_tolerance.heartbeat_timeout_s=1", f"train.steps={STEPS}", "checkpoint.interval=400",
-                          "train.log_interval=1", *SHORT)
+                          "train.log_interval=1", REJOIN, *SHORT)
     run_dir = run_root / "ft"
     wait_for(lambda: (run_dir / "metrics.jsonl").exists() and len(metrics(run_dir)) >= 30, 300, "step 30")
     r = cli("chaos", "ft", "kill-rank", "2", "--run-root", str(run_root))

@@ -203,7 +203,7 @@ def test_a_job_that_always_crashes_is_not_requeued_forever(run_root):
     assert rows == [f"{job_id}|FAILED"], rows
 
 
-def test_status_logs_and_cancel_a_running_job(run_root):
+def test_status_logs_top_stacks_and_cancel_a_running_job(run_root):
     job_id, _, _ = submit(f"run_root={run_root}", "name=ctl", "nodes=2", "gpus_per_node=1", "train.steps=100000", *SHORT)
     run_dir = run_root / "ctl"
     wait_for(lambda: (run_dir / "metrics.jsonl").exists() and len(metrics(run_dir)) >= 3, 300, "training")
@@ -215,6 +215,15 @@ def test_status_logs_and_cancel_a_running_job(run_root):
     assert "ctl" in listing.stdout and job_id in listing.stdout
     logs = cli("logs", "ctl", "--run-root", str(run_root))
     assert "fsdp-jobs: node" in logs.stdout and "training steps" in logs.stdout
+    frame = cli("top", "--run-root", str(run_root))  # one frame (not a terminal): the job view of rank 0's node
+    assert frame.returncode == 0 and "ctl  step " in frame.stdout, frame.stdout + frame.stderr
+    assert sum(bool(re.match(r"\s+n\d+\s+\d+", ln)) for ln in frame.stdout.splitlines()) == 2, frame.stdout
+    stacks = cli("stacks", "ctl", "--run-root", str(run_root))  # srun --overlap: a task on each node, beside the job's
+    assert stacks.returncode == 0, stacks.stderr
+    heads = stacks.stdout.splitlines()[:-1]
+    assert [h.split()[2] for h in heads] == ["0", "1"], stacks.stdout  # one rank on each of the 2 nodes
+    assert len({h.split(" on ")[1].split(",")[0] for h in heads}) == 2 and "runtime/trainer.py" in Path(
+        stacks.stdout.splitlines()[-1]).read_text()
     cancel = cli("cancel", "ctl", "--run-root", str(run_root))
     assert cancel.returncode == 0 and f"cancelled SLURM job {job_id}" in cancel.stdout
     assert wait_job(job_id, 120) == "CANCELLED"

@@ -38,8 +38,24 @@ def test_newest_checkpoint_by_default_only_the_model_and_never_overwritten(tmp_p
     sd = torch.load(out)
     assert set(sd) == {"w", "b"}  # the optimizer's state is not exported
     assert torch.equal(sd["w"], torch.full((3, 2), 20.0))
+    assert r.stderr == ""  # a quick export says nothing but its line (progress begins after 2 s)
     again = export(str(run_dir))
     assert again.returncode == 2 and "exists already" in again.stderr and len(again.stderr.splitlines()) == 1
+
+
+def test_a_long_phase_says_every_interval_that_it_goes_on(capsys):
+    import time
+
+    from fsdp_jobs.export import phase
+
+    with phase("reading 70 GB", every_s=0.05, after_s=0.1):
+        time.sleep(0.33)
+    lines = capsys.readouterr().err.splitlines()
+    assert lines[0] == "export: reading 70 GB: 0 s so far" and lines[-1].startswith("export: reading 70 GB: done in 0.")
+    assert 4 <= sum(ln.endswith(" s so far") for ln in lines) <= 6, lines
+    with phase("reading 1 MB", every_s=0.05, after_s=0.1):
+        pass
+    assert capsys.readouterr().err == ""  # done before the first line is due: silent, also when it failed
 
 
 def test_step_output_and_dtype(tmp_path):

@@ -3,6 +3,8 @@ size (in a fresh process, so the peak RSS is the export's own)."""
 
 from __future__ import annotations
 
+import pytest
+
 import json
 import subprocess
 import sys
@@ -29,6 +31,7 @@ print(json.dumps({"peak_increase": kib('VmHWM') - before, **info}))
 """
 
 
+@pytest.mark.integration  # several torch processes (3 s): with the jobs tier, not the quick loop
 def test_export_peak_memory_is_about_the_model_not_model_plus_optimizer(tmp_path):
     n, numel = 8, 2 * 1024 * 1024  # 8 tensors of 8 MiB: a 64 MiB model
     gen = torch.Generator().manual_seed(0)

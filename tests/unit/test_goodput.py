@@ -62,7 +62,25 @@ def test_one_attempt_every_part_in_its_place():
                               "checkpoint_load": 0.5, "prepare": 0.5}
     assert a["effective_pct"] == pytest.approx(100 * 8 / 24.5, abs=0.01)
     assert gp["total"]["wall_s"] == 24.5 and gp["total"]["effective_pct"] == a["effective_pct"]
+    assert a["saves"] == gp["total"]["saves"] == {"count": 2, "blocked_median_s": 0.75, "blocked_max_s": 1.0}
     assert_adds_up(a)
+
+
+def test_blocked_seconds_per_save_over_attempts_and_in_goodputs_table(run_root):
+    """Each save's blocking (async: its staging, to pinned host memory on a GPU) is counted save by save, per
+    attempt and over the run, and `goodput` says it in one line."""
+    events = [*attempt(7, 105, 0, [(10, 4.0), (20, 4.0), (30, 4.0)], {10: 0.02, 20: 0.04, 30: 0.9}, None),
+              *attempt(8, 140, 20, [(30, 4.0)], {30: 0.03}, ("completed", 1.0))]
+    gp = goodput.account(events, [100.0])
+    assert [a["saves"]["count"] for a in gp["attempts"]] == [3, 1]
+    assert gp["attempts"][0]["saves"]["blocked_median_s"] == 0.04
+    assert gp["total"]["saves"] == {"count": 4, "blocked_median_s": 0.035, "blocked_max_s": 0.9}
+    assert goodput.account([*attempt(9, 105, 0, [(10, 4.0)], {}, ("completed", 1.0))])["total"]["saves"] == {
+        "count": 0, "blocked_median_s": None, "blocked_max_s": None}
+    run_dir = make_run(run_root, "sv", LOCAL)
+    write_timeline(run_dir, events)
+    lines = cli("goodput", "sv", "--run-root", str(run_root)).stdout.splitlines()
+    assert "saves: 4, the step loop blocked 0.035 s per save (median), 0.900 s at most" in lines, lines
 
 
 def test_a_killed_attempt_loses_the_steps_after_the_checkpoint_the_next_one_resumed_from():

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import random
+import time
 import zlib
 
 import pytest
@@ -24,14 +25,16 @@ def test_the_schedule_is_seeded_deals_every_kind_each_round_and_stays_between_th
     for r in range(0, 28, 4):  # each round of 4 holds each kind once
         assert sorted(f.kind for f in a[r:r + 4]) == sorted(KINDS)
     steps = [f.at_step for f in a]
-    assert steps == sorted(steps) and steps[0] == 21 and steps[-1] == 3200 - 21
+    gap = (3200 - 21 - 21) / 30
+    assert steps == sorted(steps) and steps[0] == 21 and steps[-1] == 21 + round(29 * gap)
+    assert 3200 - 21 - steps[-1] >= int(gap)  # as many steps after the last fault as between two: room to recover
     assert all(0 <= f.target < (2 if f.kind == "slow-node" else 4) for f in a)
 
 
 def test_a_schedule_the_steps_cannot_hold_is_refused_with_the_steps_it_needs():
     with pytest.raises(UserError) as e:
         marathon.schedule(0, 30, KINDS, world=4, nodes=2, steps=80, interval=20)
-    assert "30 faults need train.steps >= 100" in str(e.value) and "this job has 80" in str(e.value)
+    assert "30 faults need train.steps >= 102" in str(e.value) and "this job has 80" in str(e.value)
     with pytest.raises(UserError):
         marathon.schedule(0, 2, KINDS, world=4, nodes=2, steps=1000, interval=0)  # no checkpoint to come back to
 
@@ -83,6 +86,8 @@ def test_a_bad_fault_count_is_one_line_and_exit_2(tmp_path):
     for count in ("0", "1001"):
         r = cli("chaos", "anything", "marathon", "--faults", count, "--run-root", str(tmp_path))
         assert r.returncode == 2 and r.stderr.count("\n") == 1 and "between 1 and 1000" in r.stderr, r.stderr
+    r = cli("chaos", "anything", "marathon", "--margin", "0", "--run-root", str(tmp_path))
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "--margin=0: must be an integer >= 1" in r.stderr, r.stderr
 
 
 def test_kill_node_and_cut_node_spare_node0_which_holds_the_rendezvous_store():
@@ -119,3 +124,94 @@ def test_cut_node_is_dealt_only_to_a_job_that_cannot_go_on_without_the_node():
     assert marathon.kinds_for(docker, 3, 3) == docker
     assert "cut-node" not in marathon.kinds_for(docker, 3, 2)  # elastic: it would finish on two, not bitwise
     assert marathon.kinds_for(docker, 1, 1) == ("kill-rank", "hang-rank", "corrupt-checkpoint")
+
+
+FAKE_RANK_SAVE = """
+import os, sys, time
+from pathlib import Path
+tmp, final = Path(sys.argv[1]), Path(sys.argv[2])
+time.sleep(0.6)  # the save under way: its last shard, its manifest, then the commit's rename
+(tmp / "manifest.json").write_text("{}")
+os.rename(tmp, final)
+time.sleep(600)
+"""
+
+
+def committed_step(root, step: int, tmp: bool = False):
+    d = root / (f".tmp-step-{step:06d}-a1" if tmp else f"step-{step:06d}")
+    d.mkdir(parents=True)
+    (d / ".metadata").write_bytes(b"m")
+    (d / "__0_0.distcp").write_bytes(bytes(range(256)) * 8)
+    if not tmp:
+        (d / "manifest.json").write_text("{}")
+    return d
+
+
+def test_corrupt_checkpoint_waits_for_a_save_under_way_and_damages_the_checkpoint_the_restart_will_meet(tmp_path):
+    """A rank of the run (a stand-in process, by its environment, as launchers/chaos.py finds ranks) commits
+    step 40 0.6 s after the fault is dealt: the fault waits for that commit and damages step 40, not step 20,
+    which the restart would never load (a CI marathon's corrupt-checkpoint fault went undetected so)."""
+    import os
+    import subprocess
+    import sys
+
+    run_dir = tmp_path / "run"
+    root = run_dir / "checkpoints"
+    committed_step(root, 20)
+    tmp = committed_step(root, 40, tmp=True)
+    env = {**os.environ, "FSDP_JOBS_RUN_DIR": str(run_dir), "RANK": "0", "LOCAL_RANK": "0", "FSDP_JOBS_NODE": "node0"}
+    rank = subprocess.Popen([sys.executable, "-c", FAKE_RANK_SAVE, str(tmp), str(root / "step-000040")], env=env)
+    try:
+        time.sleep(0.2)  # the stand-in has started and is mid-save
+        what = marathon.corrupt_newest_and_kill(run_dir, 0, random.Random(3))
+        assert what.startswith("step-000040: ") and what.endswith("rank 0 killed"), what
+        assert rank.wait(timeout=10) == -9
+    finally:
+        rank.kill()
+    assert (root / "step-000020" / "__0_0.distcp").read_bytes() == bytes(range(256)) * 8  # left alone
+    assert (root / "step-000040" / "__0_0.distcp").read_bytes() != bytes(range(256)) * 8
+
+
+def prepared_run(tmp_path, *overrides: str):
+    """A run dir as a submission writes it (job.yaml, plan.json), through the planning path itself."""
+    from pathlib import Path
+
+    from fsdp_jobs.planning.compose import compose
+    from fsdp_jobs.planning.plan import make_plan
+    from fsdp_jobs.rundir import runs
+    from fsdp_jobs.rundir.status import Run
+
+    cfg, job = compose([f"run_root={tmp_path}", "name=m", *overrides])
+    plan = make_plan(cfg)
+    runs.prepare(Path(plan.run_dir), job, plan.to_dict())
+    return Run(Path(plan.run_dir), {})
+
+
+class Dealer:
+    marathon_kinds = (*KINDS, "kill-node")
+
+
+def test_kinds_and_margin_deal_one_schedule_whatever_the_checkpoint_interval(tmp_path):
+    """bench interval runs one fault schedule against several checkpoint intervals: --kinds kill-rank
+    --margin 20 deals the same faults at the same steps to interval=10, 50, 200 and auto."""
+    plans = [marathon.plan_for(Dealer(), prepared_run(tmp_path / every, "train.steps=1000", "cluster.max_restarts=9",
+                                                      f"checkpoint.interval={every}"), 6, 1, ("kill-rank",), 20)
+             for every in ("10", "50", "200", "auto")]
+    assert all(p == plans[0] for p in plans) and {f.kind for f in plans[0]} == {"kill-rank"}
+    assert plans[0][0].at_step == 21 and plans[0][-1].at_step <= 1000 - 21
+    auto = marathon.plan_for(Dealer(), prepared_run(tmp_path / "a", "train.steps=1000", "cluster.max_restarts=9", "checkpoint.interval=auto"),
+                             6, 1, ("kill-rank",))
+    assert auto == plans[0]  # auto's default margin: AUTO_MARGIN (20) steps
+    fixed = marathon.plan_for(Dealer(), prepared_run(tmp_path / "f", "train.steps=1000", "cluster.max_restarts=9", "checkpoint.interval=50"),
+                              6, 1, ("kill-rank",))
+    assert fixed[0].at_step == 51  # a fixed interval's default margin is the interval
+
+
+@pytest.mark.parametrize("kinds, needle", [(("bogus",), "this backend deals kill-rank"),
+                                           (("cut-node",), "this backend deals"),
+                                           (("kill-node",), "none of them can be dealt to a job of 1 nodes")])
+def test_kinds_a_backend_cannot_deal_are_refused_in_one_line(tmp_path, kinds, needle):
+    run = prepared_run(tmp_path, "nodes=1", "train.steps=1000")
+    with pytest.raises(UserError) as e:
+        marathon.plan_for(Dealer(), run, 4, 0, kinds)
+    assert needle in str(e.value) and "\n" not in str(e.value) and "--kinds" in str(e.value)

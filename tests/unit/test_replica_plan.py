@@ -119,12 +119,12 @@ def test_the_start_waits_for_every_group_and_a_group_joining_a_training_job_does
     from fsdp_jobs.runtime.mesh import World
     from fsdp_jobs.runtime.replicas import Replicas
 
-    world = World(rank=0, local_rank=0, world_size=2, local_world_size=2, node_rank=0, restart=0,
-                  device=torch.device("cpu"), group=0, groups=3)
+    group0 = World(rank=0, local_rank=0, world_size=2, local_world_size=2, node_rank=0, restart=0,
+                   device=torch.device("cpu"), group=0, groups=3)
     beat(tmp_path, 5, "step", 40, age_s=1)  # group 2's, by the run's previous launch (a second before this rank)
     from fsdp_jobs.planning.config import JobConfig
 
-    replicas = Replicas(tmp_path, JobConfig(), world)
+    replicas = Replicas(tmp_path, JobConfig(), group0)
     beat(tmp_path, 2, "start", 0)  # group 1 up, now
     t0 = time.monotonic()
     assert replicas.others_training(0.5, phases=None) is False  # waited for group 2, in vain

@@ -5,6 +5,8 @@ an agent that only re-rendezvoused after another node's rank died counts nothing
 
 from __future__ import annotations
 
+import pytest
+
 import json
 import os
 import socket
@@ -41,6 +43,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+@pytest.mark.integration  # several torch processes (3 s): with the jobs tier, not the quick loop
 def test_every_rank_reports_the_largest_restart_count_of_any_node(tmp_path: Path) -> None:
     port, procs = free_port(), []
     for rank, count in ((0, 0), (1, 2)):

@@ -38,6 +38,7 @@ def agreed(tmp_path: Path, codes: list[list[int]]) -> list[list[int]]:
     return [json.loads((tmp_path / f"rank-{r}.json").read_text()) for r in range(len(codes[0]))]
 
 
+@pytest.mark.integration  # several torch processes (3 s): with the jobs tier, not the quick loop
 def test_every_rank_agrees_on_the_step_and_on_the_signal_another_rank_got(tmp_path):
     usr2, term = int(signal.SIGUSR2), int(signal.SIGTERM)
     # step 1: nobody; step 2: only rank 1 has SIGUSR2; step 3: rank 0 has SIGTERM, rank 1 the stop file
@@ -47,6 +48,7 @@ def test_every_rank_agrees_on_the_step_and_on_the_signal_another_rank_got(tmp_pa
     assert stop_reason(STOP_FILE) == "stop-request file"
 
 
+@pytest.mark.integration  # several torch processes (3 s): with the jobs tier, not the quick loop
 def test_one_ranks_non_finite_step_is_every_ranks_and_outvotes_a_signal(tmp_path):
     """train.on_nonfinite: the loss is checked on the device and carried by the vote (no host sync a step);
     a non-finite step on one rank stops every rank at the same step, whatever else was voted."""

@@ -1,0 +1,94 @@
+"""cluster.spare_nodes on cluster=local (issue 30, hot spares): a 2-node job with 1 spare agent; a node's whole
+process group is SIGKILLed mid-run; torch's dynamic rendezvous takes the spare (it waited in the redundancy list,
+beyond max_nodes) at the next round, so the job goes on at world 2, not 1, and its loss curve equals an
+uninterrupted run's, step for step, bitwise. The killed node is one that has ranks and does not host the c10d
+store (the rendezvous endpoint's agent: killing it ends the rendezvous for all, spares or not)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO, cli
+from tests.integration.test_grow import wait_for_steps
+
+pytestmark = pytest.mark.integration
+
+ARGS = ("nodes=2", "gpus_per_node=1", "train.global_batch_size=4", "train.micro_batch_per_rank=1", "train.steps=120",
+        "checkpoint.interval=10", "train.log_interval=1", "model.dim=64", "model.n_layers=2", "model.ffn_dim=128",
+        "model.vocab_size=128", "data.seq_len=16")
+
+
+def _proc(pid: int, what: str) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/{what}").read_bytes()
+    except OSError:
+        return b""
+
+
+def _children(pid: int) -> list[int]:
+    found: list[int] = []
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        found += [int(c) for c in _proc(pid, f"task/{task.name}/children").split()]
+    return found
+
+
+def node_wrappers(run_dir: Path) -> dict[str, int]:
+    """node name -> PID of its node wrapper (python -m launchers.node) for this run: the matching process whose
+    parent does not match too (the wrapper's agent shares its environment)."""
+    found: dict[int, str] = {}
+    for p in filter(str.isdigit, os.listdir("/proc")):
+        env = dict(e.split(b"=", 1) for e in _proc(int(p), "environ").split(b"\0") if b"=" in e)
+        if b"launchers.node" in _proc(int(p), "cmdline") and env.get(b"FSDP_JOBS_RUN_DIR") == str(run_dir).encode():
+            found[int(p)] = env[b"FSDP_JOBS_NODE"].decode()
+    parent = {p: int(_proc(p, "stat").rsplit(b")", 1)[1].split()[1]) for p in found}
+    return {node: p for p, node in found.items() if parent[p] not in found}
+
+
+def store_host(wrappers: dict[str, int]) -> set[str]:
+    """The node whose agent listens on the rendezvous port (it hosts the c10d store)."""
+    argv = _proc(next(iter(wrappers.values())), "cmdline").split(b"\0")
+    port = next(a for a in argv if a.startswith(b"--rdzv-endpoint=")).decode().rsplit(":", 1)[1]
+    listening = subprocess.run(["ss", "-ltnpH", f"sport = :{port}"], capture_output=True, text=True).stdout
+    return {n for n, w in wrappers.items() if any(f"pid={a}," in listening for a in _children(w))}
+
+
+def losses(run_dir: Path) -> dict[int, float]:
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return {r["step"]: r["loss"] for r in rows}  # a step redone after the resume: its last value
+
+
+def test_a_spare_takes_a_killed_nodes_place_at_the_same_world_and_loss_curve(run_root):
+    ref = subprocess.run([sys.executable, "-m", "fsdp_jobs", f"run_root={run_root}", "name=ref", *ARGS], cwd=REPO,
+                         text=True, capture_output=True, timeout=600)
+    assert ref.returncode == 0, ref.stdout[-3000:] + ref.stderr[-3000:]
+    run_dir = run_root / "spare"
+    job = subprocess.Popen([sys.executable, "-m", "fsdp_jobs", f"run_root={run_root}", "name=spare",
+                            "cluster.spare_nodes=1", *ARGS], cwd=REPO, text=True, stdin=subprocess.DEVNULL,
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        wait_for_steps(run_dir, job, 15)
+        wrappers = node_wrappers(run_dir)
+        assert len(wrappers) == 3, wrappers  # N + K agents
+        training = sorted(n for n, w in wrappers.items() if any(_children(a) for a in _children(w)))
+        assert len(training) == 2, training  # the spare has no ranks while it waits: no restart for it
+        victim = next(n for n in training if n not in store_host(wrappers))
+        os.killpg(os.getpgid(wrappers[victim]), signal.SIGKILL)
+        out, _ = job.communicate(timeout=600)
+    finally:
+        if job.poll() is None:
+            job.kill()
+    assert job.returncode == 0, out[-4000:]
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert {r["world_size"] for r in rows} == {2}, out[-3000:]  # never 1: the spare filled the hole
+    assert max(r["restart"] for r in rows) == 1, out[-3000:]  # one restart: the kill, none for the waiting spare
+    assert losses(run_dir) == losses(run_root / "ref"), out[-3000:]
+    status = cli("status", "spare", "--run-root", str(run_root))
+    assert '"spare_nodes": 1' in status.stdout, status.stdout  # `status` names the configured spares
