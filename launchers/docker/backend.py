@@ -128,7 +128,9 @@ def compose_spec(plan: Plan, cfg: JobConfig, code_dir: Path, user_dir: Optional[
                   **{name: None for name in passed_names(cfg)}}
     entry = rank_entry(cfg, run_dir, user_code)
     restart = f"on-failure:{c.container_restarts}" if c.container_restarts else "no"
-    for i in range(plan.rendezvous.max_nodes):  # beyond `nodes`: started only by a scale (profile below)
+    # beyond `nodes`: started only by a scale (profile below); then cluster.spare_nodes hot spares, started with the
+    # job, which torch's rendezvous keeps waiting beyond max_nodes (= nodes) until a node dies
+    for i in range(plan.rendezvous.max_nodes + plan.spare_nodes):
         env = {**head_env, "FSDP_JOBS_NODE": f"node{i}", **shared_env,
                **(replica_env(plan, replica_group(i, plan), f"http://{LIGHTHOUSE}:{lighthouse_port(plan)}")
                   if plan.replicas else {})}
@@ -150,7 +152,7 @@ def compose_spec(plan: Plan, cfg: JobConfig, code_dir: Path, user_dir: Optional[
             "cap_drop": ["ALL"],
             "security_opt": ["no-new-privileges:true"],
         }
-        if i >= plan.nodes:  # `compose up` starts no service with a profile; naming it does (fsdp-jobs scale)
+        if plan.nodes <= i < plan.rendezvous.max_nodes:  # `compose up` starts no service with a profile; naming it does (fsdp-jobs scale)
             service["profiles"] = [SCALE_PROFILE]
         if c.cpus:
             service["cpus"] = float(c.cpus)

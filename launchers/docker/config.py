@@ -11,6 +11,7 @@ from fsdp_jobs.planning.errors import UserError
 from launchers.common import system_path
 
 NAME = "docker"
+SPARE_NODES = True  # cluster.spare_nodes: K more containers, started with the job (launchers/docker/backend.py compose_spec)
 HOST_FILES = True  # the job's processes see this machine's files (data.path is checked here at plan time)
 
 

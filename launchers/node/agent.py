@@ -169,6 +169,50 @@ def hold_restart_on_a_repeat(hold_s: float = REPEAT_HOLD_S) -> None:
     SimpleElasticAgent._restart_workers = restart_unless_repeating
 
 
+# A node waiting in the rendezvous when the job completes (a hot spare never needed: cluster.spare_nodes, or a
+# node too late for the last round) learns it from the store: the finishing agents close the rendezvous
+# (torch's RendezvousGracefulExitError, which torchrun 2.13 then turns into an AttributeError on the None
+# result), or, more often, the store host's agent exits first and the next poll fails
+# (RendezvousConnectionError). Either way torchrun exited 1 with a traceback, and a spare's container was
+# restarted by Docker (on-failure) to fail again (pitfall 16). Such an agent exits 0 with one line when the
+# ranks recorded the job completed since it started; any other rendezvous error stays one.
+def end_a_waiting_node_when_the_job_completed() -> None:
+    from launchers.node.wrapper import NODE_ENV, RUN_DIR_ENV  # the node wrapper's, which the agent inherits
+
+    run_dir = os.environ.get(RUN_DIR_ENV)
+    if not run_dir:
+        return
+    import time
+    from pathlib import Path
+
+    from torch.distributed.elastic.rendezvous import api
+    from torch.distributed.elastic.rendezvous.dynamic_rendezvous import DynamicRendezvousHandler
+
+    from fsdp_jobs.rundir import runs
+
+    started = time.time()
+    next_rendezvous, shutdown = DynamicRendezvousHandler.next_rendezvous, DynamicRendezvousHandler.shutdown
+    ended = (api.RendezvousConnectionError, api.RendezvousClosedError, api.RendezvousGracefulExitError)
+
+    def next_rendezvous_unless_completed(handler: Any) -> Any:
+        try:
+            return next_rendezvous(handler)
+        except ended:
+            if runs.read_outcome(Path(run_dir), started).status != "completed":
+                raise
+            handler._fsdp_jobs_ended = True  # nothing left to close: its store is gone with the job
+            print(f"fsdp-jobs: {os.environ.get(NODE_ENV, 'this node')}: the job completed while this node waited "
+                  "in the rendezvous (a hot spare it did not need, or a node too late for its last round)",
+                  flush=True)
+            raise SystemExit(0) from None
+
+    def shutdown_unless_ended(handler: Any) -> bool:
+        return False if getattr(handler, "_fsdp_jobs_ended", False) else shutdown(handler)
+
+    DynamicRendezvousHandler.next_rendezvous = next_rendezvous_unless_completed
+    DynamicRendezvousHandler.shutdown = shutdown_unless_ended
+
+
 def import_the_log_formatter() -> None:
     """torch's log formatter imports torch._dynamo the first time it formats an exception (0.3-1.0 s on 2
     busy cores), and the first one an agent logs is its ranks' failure, on the way to their restart
@@ -184,6 +228,7 @@ def main() -> None:
     shorten_exit_barrier()
     shorten_replica_restart_stop()
     hold_restart_on_a_repeat()
+    end_a_waiting_node_when_the_job_completed()
     from torch.distributed import run as torchrun
     from torch.distributed.elastic.multiprocessing.errors import record
 

@@ -95,7 +95,8 @@ def sbatch_parameters(plan: Plan, cfg: JobConfig, code_dir: Path, user_dir: Opti
         setup += lighthouse_setup(plan)
     params: dict[str, Any] = {
         "job_name": c.job_name or plan.name,
-        "nodes": plan.nodes,
+        # cluster.spare_nodes: K more nodes, each an agent that waits in torch's rendezvous beyond max_nodes
+        "nodes": plan.nodes + plan.spare_nodes,
         "ntasks_per_node": 1,  # one torchrun agent per node; it starts gpus_per_node ranks
         "time": c.time_min,
         "signal_delay_s": c.signal_delay_s,
@@ -105,6 +106,8 @@ def sbatch_parameters(plan: Plan, cfg: JobConfig, code_dir: Path, user_dir: Opti
         "additional_parameters": {"requeue": True, "signal": f"{c.signal}@{c.signal_delay_s}",
                                   **{str(k): v for k, v in c.sbatch.items()}},
     }
+    if plan.spare_nodes:  # a failed node must not end the allocation its spares are there to outlive
+        params["additional_parameters"]["no-kill"] = True
     if c.exclude:  # the nodes a preflight named earlier, or the user's (launchers/slurm/requeue.py adds to it)
         params["additional_parameters"]["exclude"] = ",".join(str(n) for n in c.exclude)
     if c.srun_args:

@@ -13,6 +13,7 @@ from fsdp_jobs.planning.input_rules import check_name
 from fsdp_jobs.rundir.layout import RunDir
 
 NAME = "slurm"
+SPARE_NODES = True  # cluster.spare_nodes: an allocation of nodes + K with --no-kill (launchers/slurm/backend.py)
 HOST_FILES = True  # the job's processes see this machine's files (data.path is checked here at plan time)
 
 
@@ -108,7 +109,7 @@ _SBATCH_VALUES = (
 # what the rendered script already sets (launchers/slurm/backend.py sbatch_parameters): a second line
 # would silently fight the first
 _SBATCH_OURS = ("job-name", "output", "error", "nodes", "ntasks-per-node", "requeue", "signal", "open-mode",
-                "wrap", "chdir", "export", "exclude")
+                "wrap", "chdir", "export", "exclude", "no-kill")
 
 
 # fault_tolerance=replica: the lighthouse's port, unless fault_tolerance.lighthouse_port names one. Derived from

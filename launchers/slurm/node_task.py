@@ -44,6 +44,7 @@ if TYPE_CHECKING:  # types only: the node reads both from the run dir (job_confi
     from fsdp_jobs.planning.plan import Plan
 
 KILL_WAIT_S = 300  # after a requeue, SLURM kills the tasks; do not report "done" meanwhile
+SPARE_WAIT_S = 5.0  # a node lost while spares stand in: how often its task reads the job's outcome
 
 
 def _step_of(ckpt: Optional[Path]) -> int:
@@ -252,6 +253,8 @@ class NodeTask(submitit.helpers.Checkpointable):
             args, extra = replica_agent(plan, job, env.node, hostnames, run_id, port, int(raw_id))
         self._proc = start_agent(job, run_dir, args, extra, f"{job_id}.{attempt}", error_file)
         rc = self._proc.wait()
+        if rc and plan.spare_nodes and env.global_rank != 0 and not self._terminated:
+            rc = self._outlive_lost_agent(run_dir, rc)
         settle_user_state(job, run_dir, rc)  # a plain script exiting 0 completed (it writes no state record)
         state = runs.read_outcome(run_dir, self._began)
         decision = after_preflight(state, bool(job.cluster.get("exclude_bad_nodes")), excluded_nodes(run_dir, job),
@@ -275,6 +278,25 @@ class NodeTask(submitit.helpers.Checkpointable):
         print(f"fsdp-jobs: {reason}", flush=True)
         act(run_dir, env.job_id, decision, reason, state)
         raise RuntimeError(reason)
+
+    def _outlive_lost_agent(self, run_dir: Path, rc: int) -> int:
+        """cluster.spare_nodes: this node's agent died and a spare takes its place at the next rendezvous, so the
+        job goes on without this node (the allocation has --no-kill). A task that failed now would fail the
+        SLURM job that completes without it, and one that requeued would restart every node: it waits for the
+        job's outcome instead (one read of the state record every SPARE_WAIT_S; only lost nodes wait) and ends
+        as the job does: 0 once it completed or stopped for a requeue. Not task 0: its node holds the
+        rendezvous store, without which no spare can join."""
+        node = os.environ.get("SLURMD_NODENAME") or socket.gethostname()
+        print(f"fsdp-jobs: {node}: this node's agent exited {rc}; the job goes on without it (cluster.spare_nodes: "
+              "a spare takes its place at the next rendezvous); waiting for the job's outcome", flush=True)
+        while not self._terminated:
+            status = runs.read_outcome(run_dir, self._began).status
+            if status in ("completed", "preempted"):
+                return 0
+            if status == "failed":
+                return rc
+            time.sleep(SPARE_WAIT_S)
+        return rc
 
     def _on_sigterm(self, signum: int, _frame: Any) -> None:
         self._terminated = True  # torchrun gets it too and stops its ranks, which checkpoint first

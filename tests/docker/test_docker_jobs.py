@@ -110,6 +110,49 @@ def test_kill_node_restarts_the_container_and_matches_the_uninterrupted_run_bitw
     assert labelled("container", run_dir) == []
 
 
+def losses(run_dir: Path) -> dict[int, float]:
+    return {x["step"]: x["loss"] for x in metrics(run_dir)}  # a step redone after a resume: its last value
+
+
+def test_a_hot_spare_takes_a_killed_containers_place_at_world_three_and_the_same_losses(run_root, reference_run):
+    """cluster.spare_nodes=1 on 3 nodes: 4 containers, one waiting in torch's rendezvous redundancy list (no
+    ranks, no restart). One training container is killed from the host (docker kill: Docker does not restart
+    it); the next round takes the spare, so the job goes on at world 3, from its newest checkpoint, and its
+    losses and final checkpoint equal the uninterrupted 3-node run's. Not node0: it hosts the c10d store,
+    whose death ends the rendezvous for every node, spares or not."""
+    proc = start(f"run_root={run_root}", "name=spare", *RUN_ARGS, "cluster.spare_nodes=1")
+    run_dir = run_root / "spare"
+    wait_for_file(run_dir / "checkpoints" / "step-000050" / "manifest.json", proc)
+    world = json.loads((run_dir / "world.json").read_text())["nodes"]
+    assert len(world) == 3, world
+    [spare] = {"node0", "node1", "node2", "node3"} - set(world)  # which one waits is the rendezvous' race
+    assert {x["restart"] for x in metrics(run_dir)} == {0}  # the waiting spare caused no restart
+    victim = max(n for n in world if n != "node0")
+    container = subprocess.run(["docker", "ps", "-q", "--filter", f"label=fsdp-jobs.run={run_dir}", "--filter",
+                                f"label=fsdp-jobs.node={victim[4:]}"], capture_output=True, text=True).stdout.split()
+    assert len(container) == 1, container
+    killed_at = time.time()
+    assert_ok(subprocess.run(["docker", "kill", container[0]], capture_output=True, text=True))
+    out, _ = proc.communicate(timeout=600)
+    assert proc.returncode == 0, out[-4000:]
+    m = metrics(run_dir)
+    assert {x["world_size"] for x in m} == {3}, out[-3000:]  # never 2: the spare filled the hole
+    assert max(x["restart"] for x in m) == 1, out[-3000:]  # one restart: the kill
+    assert sorted(json.loads((run_dir / "world.json").read_text())["nodes"]) == sorted({*world, spare} - {victim})
+    assert f"nodes: {victim} left the job; {spare} joined" in out, out[-3000:]
+    assert losses(run_dir) == losses(reference_run[0])
+    assert_same_state(reference_run[0] / "checkpoints" / "step-000300", run_dir / "checkpoints" / "step-000300")
+    c = result(run_dir)["containers"]
+    assert c[victim]["exit_code"] == 137 and c[victim]["restarts"] == 0, c  # gone for good
+    assert all(c[n]["exit_code"] == 0 and c[n]["restarts"] == 0 for n in c if n != victim), c
+    status = json.loads(cli("status", "spare", "--run-root", str(run_root)).stdout)
+    assert status["state"] == "SUCCEEDED" and status["spare_nodes"] == 1, status
+    assert labelled("container", run_dir) == []
+    after = next(x for x in m if x["restart"] == 1)
+    print(f"{MEASURED}hot spare (Docker 3 + 1): {victim} killed, {spare} took its place; first step at world 3 "
+          f"{after['time'] - killed_at:.1f} s after the kill (resumed from step {after['step'] - 1})")
+
+
 def test_stop_node_leaves_two_nodes_that_continue_from_the_newest_checkpoint(run_root):
     proc = start(f"run_root={run_root}", "name=shrink", *RUN_ARGS, "train.steps=150", "cluster.min_nodes=2")
     run_dir = run_root / "shrink"

@@ -335,3 +335,44 @@ def test_a_node_cut_off_from_the_network_is_named_and_the_job_trains_on_without_
     print(f"{MEASURED}node cut off: hang declared after {hang - cut_at:.1f} s, first step on three nodes after "
           f"{on_three[0]['time'] - cut_at:.1f} s (fault.hang_timeout_s=10); the job ended on "
           f"{m[-1]['world_size']} nodes")
+
+
+SPARE_ARGS = ("nodes=3", "gpus_per_node=1", "train.steps=600", "checkpoint.interval=50", "checkpoint.keep_last=20",
+              "train.seed=7", "train.log_interval=1", *SHORT)
+
+
+def test_a_hot_spare_takes_a_killed_nodes_place_at_world_three_and_the_same_losses(run_root):
+    """cluster.spare_nodes=1 on 3 nodes: an allocation of all 4 nodes (--no-kill), one agent waiting in torch's
+    rendezvous redundancy list. A training node other than the store's (the first host) loses its agent and
+    ranks to SIGKILL; its SLURM task stays and waits for the job's outcome, the next round takes the spare,
+    and the job completes at world 3 with the losses and final checkpoint of an uninterrupted 3-node job.
+    Its SLURM state is COMPLETED: a lost node fails neither the allocation nor the job."""
+    from tests.integration.test_spares import node_wrappers
+
+    ref_id, _, _ = submit(f"run_root={run_root}", "name=ref", *SPARE_ARGS)
+    assert wait_job(ref_id, 600) == "COMPLETED"
+    job_id, _, _ = submit(f"run_root={run_root}", "name=spare", "cluster.spare_nodes=1", *SPARE_ARGS)
+    run_dir = run_root / "spare"
+    wait_for(lambda: (run_dir / "checkpoints" / "step-000050" / "manifest.json").exists(), 300, "checkpoint 50")
+    world = json.loads((run_dir / "world.json").read_text())["nodes"]
+    [spare] = {"n1", "n2", "n3", "n4"} - set(world)  # the allocation is every node; which one waits is a race
+    assert {x["restart"] for x in metrics(run_dir)} == {0}  # the waiting spare caused no restart
+    victim = max(n for n in world if n != "n1")  # n1, the first host, holds the rendezvous store
+    wrappers = node_wrappers(run_dir)
+    assert sorted(wrappers) == ["n1", "n2", "n3", "n4"], wrappers
+    killed_at = time.time()
+    os.killpg(os.getpgid(wrappers[victim]), 9)
+    assert wait_job(job_id, 600) == "COMPLETED"
+    m = metrics(run_dir)
+    assert {x["world_size"] for x in m} == {3} and m[-1]["step"] == 600
+    assert max(x["restart"] for x in m) == 1  # one restart: the kill
+    log = job_log(run_dir, job_id)
+    assert f"{victim}: this node's agent exited -9; the job goes on without it" in log, log[-4000:]
+    assert f"nodes: {victim} left the job; {spare} joined" in log, log[-4000:]
+    assert {x["step"]: x["loss"] for x in m} == {x["step"]: x["loss"] for x in metrics(run_root / "ref")}
+    assert_same_state(run_root / "ref" / "checkpoints" / "step-000600", run_dir / "checkpoints" / "step-000600")
+    status = json.loads(cli("status", "spare", "--run-root", str(run_root)).stdout)
+    assert status["state"] == "SUCCEEDED" and status["spare_nodes"] == 1, status
+    after = next(x for x in m if x["restart"] == 1)
+    print(f"{MEASURED}hot spare (SLURM 3 + 1): {victim} killed, {spare} took its place; first step at world 3 "
+          f"{after['time'] - killed_at:.1f} s after the kill (resumed from step {after['step'] - 1})")

@@ -71,6 +71,9 @@ COMMANDS: dict[str, list[str]] = {
     "kubernetes-jobset-replica": [*K8S, "cluster.kind=jobset", "fault_tolerance=replica", "nodes=4",
                                   "gpus_per_node=2", "fsdp.shard_group_size=4"],
     "kubernetes-volcano-replica": [*K8S, "fault_tolerance=replica", "nodes=2", "gpus_per_node=1"],
+    # cluster.spare_nodes: nodes + K agents with a rendezvous of `nodes` (SLURM: an allocation of nodes + K, --no-kill)
+    "slurm-spares": ["cluster=slurm", "cluster.gpus=true", "nodes=3", "cluster.spare_nodes=1"],
+    "docker-spares": ["cluster=docker", "cluster.image=fsdp-jobs:test", "nodes=3", "cluster.spare_nodes=1"],
     "sweep-local": ["-m", "cluster=local", "cluster.rdzv_port=29511", "train.lr=1e-3,3e-3"],
     "sweep-slurm": ["-m", "cluster=slurm", "cluster.gpus=true", "nodes=2,4", "fsdp=full_shard,hybrid_shard", "name=scan"],
     "sweep-slurm-script": ["-m", "cluster=slurm", "cluster.gpus=true", *SCRIPT, "train.seed=1,2"],

@@ -1,7 +1,11 @@
-"""cluster.spare_nodes (issue 30, hot spares) in the plan and cluster=local's dry run; the refusals in one line.
-The real-agent proof that a spare replaces a killed node: tests/integration/test_spares.py."""
+"""cluster.spare_nodes (issue 30, hot spares) in the plan and the local, Docker and SLURM requests; the refusals
+in one line; a spare the job never needed ends with exit 0. The real-agent proofs that a spare replaces a killed
+node: tests/integration/test_spares.py (local), tests/docker/test_docker_jobs.py, tests/slurm/test_slurm_jobs.py."""
 
 from __future__ import annotations
+
+import time
+from pathlib import Path
 
 import pytest
 
@@ -37,9 +41,8 @@ def test_no_spares_leaves_the_plan_record_as_it_was():
 
 
 @pytest.mark.parametrize("overrides, says", [
-    (("cluster=docker",), "cluster=docker does not start spare nodes yet; allowed with cluster=local, or 0"),
-    (("cluster=slurm",), "cluster=slurm does not start spare nodes yet"),
-    (("cluster=kubernetes",), "cluster=kubernetes does not start spare nodes yet"),
+    (("cluster=kubernetes",), "cluster=kubernetes does not start spare nodes yet; allowed with "
+                              "cluster=local|slurm|docker, or 0"),
     (("cluster.max_nodes=3",), "spares need cluster.max_nodes unset or = nodes=2"),
     (("fault_tolerance=replica",), "not with fault_tolerance=replica"),
 ])
@@ -52,3 +55,57 @@ def test_spares_where_they_cannot_work_are_refused_in_one_line(overrides, says):
 def test_a_negative_spare_count_is_refused():
     with pytest.raises(UserError, match="cluster.spare_nodes=-1: must be an integer from 0"):
         make_plan(compose(["nodes=2", "cluster.spare_nodes=-1"])[0])
+
+
+def test_docker_starts_the_spares_with_the_job_and_slurm_allocates_them_with_no_kill():
+    """Docker: node3 is a service like the others, with no profile (`compose up` starts it), and the same
+    rendezvous of 3. SLURM: 4 nodes, each task an agent of a 3-node rendezvous, and --no-kill, so that the
+    node a spare replaces does not end the allocation."""
+    from launchers.docker.backend import compose_spec
+    from launchers.slurm.backend import sbatch_parameters
+
+    cfg, _ = compose(["cluster=docker", "nodes=3", "gpus_per_node=1", "cluster.spare_nodes=1"])
+    services = compose_spec(make_plan(cfg), cfg, Path("/code"))["services"]
+    assert sorted(services) == ["node0", "node1", "node2", "node3"]
+    assert not any("profiles" in s for s in services.values())
+    assert all("--nnodes=3" in s["command"] for s in services.values())
+    cfg, _ = compose(["cluster=slurm", "cluster.gpus=false", "nodes=3", "gpus_per_node=1", "cluster.spare_nodes=1"])
+    params = sbatch_parameters(make_plan(cfg), cfg, Path("/code"))
+    assert params["nodes"] == 4 and params["additional_parameters"]["no-kill"] is True
+    cfg, _ = compose(["cluster=slurm", "cluster.gpus=false", "nodes=3", "gpus_per_node=1"])
+    params = sbatch_parameters(make_plan(cfg), cfg, Path("/code"))
+    assert params["nodes"] == 3 and "no-kill" not in params["additional_parameters"]
+
+
+@pytest.mark.parametrize("status, ends", [("completed", True), ("failed", False), (None, False)])
+def test_a_node_waiting_in_the_rendezvous_exits_0_only_when_the_job_completed(tmp_path, monkeypatch, capsys,
+                                                                               status, ends):
+    """The spare's agent learns that the job ended from its rendezvous: the store is gone (or closed). torchrun
+    would exit 1 with a traceback, and Docker would restart the container; launchers/node/agent.py ends it with
+    exit 0 and one line when the ranks recorded the job completed since the agent started, else the error stays."""
+    from torch.distributed.elastic.rendezvous.api import RendezvousConnectionError
+    from torch.distributed.elastic.rendezvous.dynamic_rendezvous import DynamicRendezvousHandler
+
+    from fsdp_jobs.rundir import runs
+    from launchers.node import agent
+
+    def store_gone(handler):
+        raise RendezvousConnectionError("The connection to the C10d store has failed.")
+
+    monkeypatch.setattr(DynamicRendezvousHandler, "next_rendezvous", store_gone)
+    monkeypatch.setattr(DynamicRendezvousHandler, "shutdown", lambda handler: True)
+    monkeypatch.setenv("FSDP_JOBS_RUN_DIR", str(tmp_path))
+    monkeypatch.setenv("FSDP_JOBS_NODE", "node3")
+    runs.write_state(tmp_path, status="completed", step=5, time=time.time() - 60)  # an earlier launch's
+    agent.end_a_waiting_node_when_the_job_completed()
+    if status:
+        runs.write_state(tmp_path, status=status, step=10)
+    handler = object.__new__(DynamicRendezvousHandler)
+    if ends:
+        with pytest.raises(SystemExit) as e:
+            handler.next_rendezvous()
+        assert e.value.code == 0 and handler.shutdown() is False  # nothing left to close
+        assert capsys.readouterr().out.strip().startswith("fsdp-jobs: node3: the job completed while this node waited")
+    else:
+        with pytest.raises(RendezvousConnectionError):
+            handler.next_rendezvous()
