@@ -69,6 +69,27 @@ def find_run(ref: str, run_root: Path) -> Path:
     raise UserError("RUN", ref, f"no such run or job under {run_root}; runs there: {known}")
 
 
+def waiting_spares(run_dir: Path, launched: Any) -> list[str]:
+    """The nodes of this launch waiting as hot spares: started (the timeline's node_start since the launch), not
+    ended, not in the newest attempt's world, and never trained (no node record: a node whose ranks died keeps
+    its stale one). One read of the timeline, the world record and K file names."""
+    from fsdp_jobs.rundir import events
+
+    since = float(launched) if isinstance(launched, (int, float)) else 0.0
+    live: set[str] = set()
+    for e in events.read_events(RunDir(run_dir).goodput_file):
+        node = e.extra.get("node")
+        if e.time < since or not isinstance(node, str):
+            continue
+        if e.event == "node_start":
+            live.add(node)
+        elif e.event == "node_end":
+            live.discard(node)
+    world = runs.read_world(run_dir)
+    live -= set(world.nodes) if world and world.time >= since else set()
+    return sorted(n for n in live if not RunDir(run_dir).node_liveness_file(n).exists())
+
+
 def straggler_ratio(run_dir: Path) -> float:
     """The job's fault.straggler_ratio (the default for a run dir whose job record is older or unreadable)."""
     import yaml
@@ -113,6 +134,10 @@ def run_status(run_dir: Path) -> dict[str, Any]:
         spares = None
     if spares:  # cluster.spare_nodes: agents beyond the rendezvous' max_nodes, waiting to replace a node that dies
         out["spare_nodes"] = spares
+        if status.state == JobState.RUNNING:
+            waiting = waiting_spares(run_dir, run.launch.get("unix"))
+            out["spares_waiting"] = waiting
+            out["detail"] += f"; hot spares waiting: {', '.join(waiting) if waiting else f'none of {spares}'}"
     slow = stragglers.of_run(run_dir, straggler_ratio(run_dir), thorough=True)
     if slow:  # every node's compute per step next to the median node's (fsdp_jobs/cli/stragglers.py)
         out["stragglers"] = slow

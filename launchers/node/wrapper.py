@@ -213,9 +213,13 @@ def supervise_agent(agent: subprocess.Popen, run_dir: Path, node: str, beats: Pa
     left = LeftBehind(run_dir, agent.pid, time.time() if began is None else began)
     while True:
         try:
-            return agent.wait(timeout=1.0)
+            rc = agent.wait(timeout=1.0)
         except subprocess.TimeoutExpired:
             pass
+        else:
+            if watchdog is not None:
+                watchdog.last_word()
+            return rc
         if left.tick():
             print(f"fsdp-jobs: {node}: the job completed without this node (the others went on without it at "
                   "their last rendezvous: it was cut off from them, or too late); stopping its agent", flush=True)

@@ -79,6 +79,9 @@ def test_a_spare_takes_a_killed_nodes_place_at_the_same_world_and_loss_curve(run
         assert len(wrappers) == 3, wrappers  # N + K agents
         training = sorted(n for n, w in wrappers.items() if any(_children(a) for a in _children(w)))
         assert len(training) == 2, training  # the spare has no ranks while it waits: no restart for it
+        running = json.loads(cli("status", "spare", "--run-root", str(run_root)).stdout)
+        assert running["spares_waiting"] == sorted(set(wrappers) - set(training)), running  # the one not training
+        assert "hot spares waiting: " in running["detail"], running["detail"]
         victim = next(n for n in training if n not in store_host(wrappers))
         os.killpg(os.getpgid(wrappers[victim]), signal.SIGKILL)
         out, _ = job.communicate(timeout=600)

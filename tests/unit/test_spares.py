@@ -109,3 +109,24 @@ def test_a_node_waiting_in_the_rendezvous_exits_0_only_when_the_job_completed(tm
     else:
         with pytest.raises(RendezvousConnectionError):
             handler.next_rendezvous()
+
+
+def test_status_names_the_spares_that_wait_not_the_nodes_that_died(tmp_path):
+    """This launch started node0..node3; node2 trained, died (no node_end: SIGKILL) and node3 took its place;
+    node4 waits still; node5 ended. Only node4 waits: node2 left a node record behind, node5 its end."""
+    from fsdp_jobs.cli.ctl import waiting_spares
+    from fsdp_jobs.rundir import events, runs
+    from fsdp_jobs.rundir.layout import RunDir
+
+    launched = time.time() - 100
+    events.append_event(tmp_path, "node_start", node="old", time=launched - 50)  # an earlier launch's
+    for n in range(6):
+        events.append_event(tmp_path, "node_start", node=f"node{n}", time=launched + 1)
+    events.append_event(tmp_path, "node_end", node="node5", rc=0)
+    runs.write_world(tmp_path, 1, ["node0", "node1", "node3"])
+    RunDir(tmp_path).liveness_dir.mkdir()
+    for n in ("node1", "node2", "node3"):  # node0 leads: it writes the job view, not a node record
+        RunDir(tmp_path).node_liveness_file(n).write_text("{}")
+    assert waiting_spares(tmp_path, launched) == ["node4"]
+    runs.write_world(tmp_path, 2, ["node0", "node1", "node4"])
+    assert waiting_spares(tmp_path, launched) == []

@@ -171,3 +171,26 @@ def test_a_stopped_rank_whose_last_heartbeat_says_save_gets_the_hang_timeout(tmp
     monkeypatch.setattr(wd, "process_state", lambda pid: "T (stopped)")
     line = wd.Watchdog(tmp_path, "node0", 77, fault, hb).tick(NOW)
     assert line and "hang: no rank advanced for 30 s (timeout 20 s)" in line, line
+
+
+def test_a_short_jobs_ranks_timed_and_gone_within_a_tick_still_give_their_node_a_compute_per_step(tmp_path, monkeypatch):
+    """A 20-step job's ranks on node1 were timed and exited between two ticks of its watchdog (a SLURM sweep
+    member trained 0.8 s; its `compare` row named no slowest node): at its agent's exit the watchdog publishes
+    the final heartbeats once more, so node1's record carries their compute per step. Not a rank file of an
+    earlier attempt (restart 0 of 1)."""
+    import launchers.node.watchdog as wd
+    from fsdp_jobs.rundir import liveness
+
+    hb = tmp_path / "node-memory"
+    hb.mkdir()
+    for rank, restart, compute in ((2, 1, 0.020), (3, 1, 0.024), (5, 0, 9.0)):
+        (hb / f"rank-{rank}.json").write_text(json.dumps(
+            {"rank": rank, "node": "node1", "pid": 4000 + rank, "step": 20, "phase": "step", "progress": NOW - 1,
+             "alive": NOW - 0.5, "step_s": 0.05, "restart": restart, "compute_s": compute, "wait_s": 0.01}))
+    monkeypatch.setattr(wd, "parent_pid", lambda pid: 1)  # exited: no longer the agent's children
+    dog = wd.Watchdog(tmp_path, "node1", 77, FaultConfig(hang_timeout_s=20), hb)
+    assert dog.tick(NOW) is None
+    assert liveness.read_nodes(tmp_path) == []  # nothing of theirs was seen while they ran
+    dog.last_word(NOW + 0.1)
+    [node1] = liveness.summarize(liveness.read_nodes(tmp_path), NOW + 0.1)
+    assert node1.node == "node1" and node1.compute_s == pytest.approx(0.022) and node1.restart == 1
