@@ -91,17 +91,25 @@ def test_a_killed_replica_group_rejoins_live_while_the_others_keep_stepping(run_
     lost = lost_to_the_kill(run_dir, killed_at)
     worlds = {m["step"]: m["world_size"] for m in metrics(run_dir) if m["step"] > lost["step_at_kill"]}
     assert 2 in worlds.values() and worlds[STEPS] == 3, worlds  # two groups while node2 was gone, then three
-    # ... and kept stepping: of the steps after the kill, at most one took over 3x their median (the one that
-    # waited for the lighthouse to drop node2). That one holds the step under way at the kill, the heartbeat
-    # timeout, a new quorum and the step done again: no longer than the timeout, two median steps and 2.5 s
-    # (observed: 1.97 s idle, 2.22 and 3.07 s in CI rehearsals at 0.69-0.72 s a step). A single stalled step
-    # passes the count, so the bound is what catches one: CI once saw 7.35 s at 0.25 s a step, the stall
-    # fsdp_jobs/runtime/replicas.py Replicas.commit now prevents.
+    # ... and kept stepping: by the job's own records (rank 0's timeline: a step that waited for its quorum is a
+    # "stall"), after the kill one step waited for the lighthouse to drop node2 and, at most, one more for
+    # node2's return; no other step waited for anything. That one holds the step under way at the kill, the
+    # heartbeat timeout, a new quorum and the step done again: no longer than the timeout, two median steps
+    # and 2.5 s (observed: 1.97 s idle, 2.22 and 3.07 s in CI rehearsals at 0.69-0.72 s a step), and no step
+    # is longer: CI once saw 7.35 s at 0.25 s a step, the stall fsdp_jobs/runtime/replicas.py Replicas.commit
+    # now prevents. Not a count of steps over 3x the median: node2's container starting again on this one host
+    # takes the survivors' CPU, and a clean-clone CI run saw steps 38 and 39 at 1.5 and 2.0 s (median 0.3 s)
+    # that waited for no quorum.
     back = min(s for s, w in worlds.items() if w == 3 and any(worlds.get(b) == 2 for b in range(s)))
     after = [(s, round(done[s] - done[s - 1], 2)) for s in range(lost["step_at_kill"] + 1, STEPS + 1)]
     slow = [(s, dt) for s, dt in after if dt > 3 * lost["median_step_s"]]
     bound = HEARTBEAT_S + 2 * lost["median_step_s"] + 2.5
-    assert len(slow) <= 1 and lost["longest_step_s"] <= bound, (slow, bound, lost, f"node2 back at step {back}")
+    stalls = [e for e in map(json.loads, (run_dir / "goodput.jsonl").read_text().splitlines())
+              if e.get("event") == "stall" and e["step"] > lost["step_at_kill"]]
+    seen = (stalls, slow, bound, lost, f"node2 back at step {back}")
+    assert stalls and stalls[0]["groups"] == 2 and stalls[0]["seconds"] <= bound, seen  # node2 dropped, once
+    assert all(e["groups"] == 3 and e["step"] >= back - 1 for e in stalls[1:]) and len(stalls) <= 2, seen  # its return
+    assert lost["longest_step_s"] <= bound, seen
     # node2 came back and caught up live: no checkpoint read in its log after the kill
     node2 = [ln for ln in out.splitlines() if ln.startswith("[node2]")]
     starts = [i for i, ln in enumerate(node2) if "replica group 2 of 3: world" in ln]
