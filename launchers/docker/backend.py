@@ -152,7 +152,7 @@ def compose_spec(plan: Plan, cfg: JobConfig, code_dir: Path, user_dir: Optional[
             "cap_drop": ["ALL"],
             "security_opt": ["no-new-privileges:true"],
         }
-        if plan.nodes <= i < plan.rendezvous.max_nodes:  # `compose up` starts no service with a profile; naming it does (fsdp-jobs scale)
+        if plan.nodes <= i < plan.rendezvous.max_nodes:  # `compose up` starts no service with a profile (a scale names it)
             service["profiles"] = [SCALE_PROFILE]
         if c.cpus:
             service["cpus"] = float(c.cpus)
@@ -303,7 +303,7 @@ class DockerBackend(Backend[DockerRequest]):
             raise UserError("cluster", "docker", f"docker compose up failed: {lines[-1][:300]}")
         if cfg.cluster.detach:
             pid = docker_supervisor.start_detached(run_dir, launch_fields, job, req.compose)
-            print(f"started {plan.nodes} containers (compose project {req.project}): {plan.name}\n"
+            print(f"started {plan.nodes + plan.spare_nodes} containers (compose project {req.project}): {plan.name}\n"
                   f"  run dir:  {run_dir}\n"
                   f"  follow:   fsdp-jobs logs {plan.name} -f    status: fsdp-jobs status {plan.name}\n"
                   f"  cancel:   fsdp-jobs cancel {plan.name}     (supervisor pid {pid} removes the "

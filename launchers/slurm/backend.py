@@ -448,7 +448,8 @@ def submit_job(dryrun: DryRun[SlurmRequest]) -> str:
     job_id = submit_jobs([dryrun])[0]
     launch = runs.last_launch(Path(plan.run_dir))
     log = Path(launch["folder"]) / f"{job_id}_0_log.out"
-    print(f"submitted SLURM job {job_id}: {plan.name} on {plan.nodes} nodes x {plan.gpus_per_node}\n"
+    spares = f" (+ {plan.spare_nodes} hot spare{'s' if plan.spare_nodes > 1 else ''})" if plan.spare_nodes else ""
+    print(f"submitted SLURM job {job_id}: {plan.name} on {plan.nodes} nodes x {plan.gpus_per_node}{spares}\n"
           f"  run dir:  {plan.run_dir}\n"
           f"  code:     {launch['code']} (git {launch['git_commit'][:12] or 'n/a'})\n"
           f"  follow:   fsdp-jobs logs {plan.name} -f    (or tail -f {log})\n"

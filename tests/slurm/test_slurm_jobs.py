@@ -337,7 +337,7 @@ def test_a_node_cut_off_from_the_network_is_named_and_the_job_trains_on_without_
           f"{m[-1]['world_size']} nodes")
 
 
-SPARE_ARGS = ("nodes=3", "gpus_per_node=1", "train.steps=600", "checkpoint.interval=50", "checkpoint.keep_last=20",
+SPARE_ARGS = ("nodes=3", "gpus_per_node=1", "train.steps=300", "checkpoint.interval=50", "checkpoint.keep_last=20",
               "train.seed=7", "train.log_interval=1", *SHORT)
 
 
@@ -351,7 +351,7 @@ def test_a_hot_spare_takes_a_killed_nodes_place_at_world_three_and_the_same_loss
 
     ref_id, _, _ = submit(f"run_root={run_root}", "name=ref", *SPARE_ARGS)
     assert wait_job(ref_id, 600) == "COMPLETED"
-    job_id, _, _ = submit(f"run_root={run_root}", "name=spare", "cluster.spare_nodes=1", *SPARE_ARGS)
+    job_id, _, submitted = submit(f"run_root={run_root}", "name=spare", "cluster.spare_nodes=1", *SPARE_ARGS)
     run_dir = run_root / "spare"
     wait_for(lambda: (run_dir / "checkpoints" / "step-000050" / "manifest.json").exists(), 300, "checkpoint 50")
     world = json.loads((run_dir / "world.json").read_text())["nodes"]
@@ -364,13 +364,14 @@ def test_a_hot_spare_takes_a_killed_nodes_place_at_world_three_and_the_same_loss
     os.killpg(os.getpgid(wrappers[victim]), 9)
     assert wait_job(job_id, 600) == "COMPLETED"
     m = metrics(run_dir)
-    assert {x["world_size"] for x in m} == {3} and m[-1]["step"] == 600
+    assert {x["world_size"] for x in m} == {3} and m[-1]["step"] == 300
     assert max(x["restart"] for x in m) == 1  # one restart: the kill
     log = job_log(run_dir, job_id)
     assert f"{victim}: this node's agent exited -9; the job goes on without it" in log, log[-4000:]
+    assert "on 3 nodes x 1 (+ 1 hot spare)" in submitted, submitted
     assert f"nodes: {victim} left the job; {spare} joined" in log, log[-4000:]
     assert {x["step"]: x["loss"] for x in m} == {x["step"]: x["loss"] for x in metrics(run_root / "ref")}
-    assert_same_state(run_root / "ref" / "checkpoints" / "step-000600", run_dir / "checkpoints" / "step-000600")
+    assert_same_state(run_root / "ref" / "checkpoints" / "step-000300", run_dir / "checkpoints" / "step-000300")
     status = json.loads(cli("status", "spare", "--run-root", str(run_root)).stdout)
     assert status["state"] == "SUCCEEDED" and status["spare_nodes"] == 1, status
     after = next(x for x in m if x["restart"] == 1)
