@@ -13,7 +13,9 @@ and one backward, and writes what FSDP2 actually did (rank 0), as JSON:
 
 from __future__ import annotations
 
+import gc
 import json
+import os
 import sys
 from collections import Counter
 
@@ -66,8 +68,15 @@ def main() -> None:
             json.dump({"units": len(units), "sharded_after_forward": sharded, "root_sharded_after_forward": root_sharded,
                        "forward_calls": [calls[i] for i in range(len(units))], "compute_dtypes": sorted(dtypes),
                        "unit_params": [sum(p.numel() for p in u.parameters()) for u in units]}, f)
+    # FSDP2 + gloo abort at exit in a fifth to two fifths of runs unless the objects gloo's thread references are
+    # collected first, then no interpreter teardown (fsdp_jobs/ARCHITECTURE.md, pitfall 2; a clean-clone CI run of
+    # this probe died of SIGABRT, "terminate called without an active exception")
+    del model, units, out_logits, logits
+    gc.collect()
     torch.distributed.barrier()
     torch.distributed.destroy_process_group()
+    sys.stdout.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":
