@@ -26,6 +26,11 @@ def metrics(run_dir: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
 
 
+def losses(run_dir: Path) -> dict[int, float]:
+    """Each step's loss; a step redone after a resume: its last value."""
+    return {m["step"]: m["loss"] for m in metrics(run_dir)}
+
+
 def assert_grew_without_skipping_data(run_dir: Path, before: int, after: int, global_batch: int, steps: int) -> None:
     """A job grown from world `before` to `after` by `fsdp-jobs scale`: every step trained once (the
     ranks checkpointed where they stopped, so nothing was redone), each on the next `global_batch`

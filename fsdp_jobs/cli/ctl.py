@@ -28,7 +28,7 @@ from fsdp_jobs.cli import goodput, report, stragglers
 from fsdp_jobs.rundir import logs
 from fsdp_jobs.rundir.logs import LogFilter
 from fsdp_jobs.planning import input_rules
-from fsdp_jobs.rundir import hangs, journal, runs
+from fsdp_jobs.rundir import hangs, journal, liveness, runs
 from fsdp_jobs.planning.errors import OneLineParser, UserError, die
 from fsdp_jobs.rundir.checkpoints import newest_checkpoint
 from fsdp_jobs.rundir.layout import RunDir
@@ -67,27 +67,6 @@ def find_run(ref: str, run_root: Path) -> Path:
             return run_dir.resolve()
     known = ", ".join(p.name for p in run_dirs(run_root)[:20]) or "none"
     raise UserError("RUN", ref, f"no such run or job under {run_root}; runs there: {known}")
-
-
-def waiting_spares(run_dir: Path, launched: Any) -> list[str]:
-    """The nodes of this launch waiting as hot spares: started (the timeline's node_start since the launch), not
-    ended, not in the newest attempt's world, and never trained (no node record: a node whose ranks died keeps
-    its stale one). One read of the timeline, the world record and K file names."""
-    from fsdp_jobs.rundir import events
-
-    since = float(launched) if isinstance(launched, (int, float)) else 0.0
-    live: set[str] = set()
-    for e in events.read_events(RunDir(run_dir).goodput_file):
-        node = e.extra.get("node")
-        if e.time < since or not isinstance(node, str):
-            continue
-        if e.event == "node_start":
-            live.add(node)
-        elif e.event == "node_end":
-            live.discard(node)
-    world = runs.read_world(run_dir)
-    live -= set(world.nodes) if world and world.time >= since else set()
-    return sorted(n for n in live if not RunDir(run_dir).node_liveness_file(n).exists())
 
 
 def straggler_ratio(run_dir: Path) -> float:
@@ -135,7 +114,7 @@ def run_status(run_dir: Path) -> dict[str, Any]:
     if spares:  # cluster.spare_nodes: agents beyond the rendezvous' max_nodes, waiting to replace a node that dies
         out["spare_nodes"] = spares
         if status.state == JobState.RUNNING:
-            waiting = waiting_spares(run_dir, run.launch.get("unix"))
+            waiting = liveness.waiting_spares(run_dir, run.launch.get("unix"))
             out["spares_waiting"] = waiting
             out["detail"] += f"; hot spares waiting: {', '.join(waiting) if waiting else f'none of {spares}'}"
     slow = stragglers.of_run(run_dir, straggler_ratio(run_dir), thorough=True)

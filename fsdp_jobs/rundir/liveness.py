@@ -36,7 +36,7 @@ from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any, Optional
 
-from fsdp_jobs.rundir import runs
+from fsdp_jobs.rundir import events, runs
 from fsdp_jobs.rundir.layout import NODE_LOCAL_ROOTS, RunDir
 
 SCHEMA = 1
@@ -431,3 +431,22 @@ def job_nodes(run_dir: Path, now: float, thorough: bool = False) -> list[NodeSum
         if n.node not in nodes or n.written > nodes[n.node].written:
             nodes[n.node] = keep_timing(n, nodes.get(n.node))
     return sorted(nodes.values(), key=lambda n: n.node)
+
+
+def waiting_spares(run_dir: Path, launched: Any) -> list[str]:
+    """The nodes of this launch waiting as hot spares: started (the timeline's node_start since the launch), not
+    ended, not in the newest attempt's world, and never trained (no node record: a node whose ranks died keeps
+    its stale one). One read of the timeline, the world record and K file names."""
+    since = float(launched) if isinstance(launched, (int, float)) else 0.0
+    live: set[str] = set()
+    for e in events.read_events(RunDir(run_dir).goodput_file):
+        node = e.extra.get("node")
+        if e.time < since or not isinstance(node, str):
+            continue
+        if e.event == "node_start":
+            live.add(node)
+        elif e.event == "node_end":
+            live.discard(node)
+    world = runs.read_world(run_dir)
+    live -= set(world.nodes) if world and world.time >= since else set()
+    return sorted(n for n in live if not RunDir(run_dir).node_liveness_file(n).exists())

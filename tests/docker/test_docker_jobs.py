@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import MEASURED, REPO, assert_same_state, cli, committed, metrics
+from tests.conftest import MEASURED, REPO, assert_same_state, cli, committed, losses, metrics
 
 pytestmark = [pytest.mark.docker, pytest.mark.integration, pytest.mark.usefixtures("docker_engine")]
 
@@ -108,10 +108,6 @@ def test_kill_node_restarts_the_container_and_matches_the_uninterrupted_run_bitw
     assert resumed and 50 <= int(resumed.group(1)) < 300, out[-3000:]
     assert_same_state(reference_run[0] / "checkpoints" / "step-000300", run_dir / "checkpoints" / "step-000300")
     assert labelled("container", run_dir) == []
-
-
-def losses(run_dir: Path) -> dict[int, float]:
-    return {x["step"]: x["loss"] for x in metrics(run_dir)}  # a step redone after a resume: its last value
 
 
 def test_a_hot_spare_takes_a_killed_containers_place_at_world_three_and_the_same_losses(run_root, reference_run):

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, cli
+from tests.conftest import REPO, cli, losses
 from tests.integration.test_grow import wait_for_steps
 
 pytestmark = pytest.mark.integration
@@ -58,11 +58,6 @@ def store_host(wrappers: dict[str, int]) -> set[str]:
     port = next(a for a in argv if a.startswith(b"--rdzv-endpoint=")).decode().rsplit(":", 1)[1]
     listening = subprocess.run(["ss", "-ltnpH", f"sport = :{port}"], capture_output=True, text=True).stdout
     return {n for n, w in wrappers.items() if any(f"pid={a}," in listening for a in _children(w))}
-
-
-def losses(run_dir: Path) -> dict[int, float]:
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    return {r["step"]: r["loss"] for r in rows}  # a step redone after the resume: its last value
 
 
 def test_a_spare_takes_a_killed_nodes_place_at_the_same_world_and_loss_curve(run_root):

@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from fsdp_jobs.rundir import runs
-from tests.conftest import MEASURED, REPO, assert_same_state, cli, committed, manifest, metrics
+from tests.conftest import MEASURED, REPO, assert_same_state, cli, committed, losses, manifest, metrics
 from tests.slurm.conftest import job_log, sh, submit, wait_for, wait_job
 
 pytestmark = [pytest.mark.slurm, pytest.mark.usefixtures("slurm_cluster")]
@@ -370,7 +370,7 @@ def test_a_hot_spare_takes_a_killed_nodes_place_at_world_three_and_the_same_loss
     assert f"{victim}: this node's agent exited -9; the job goes on without it" in log, log[-4000:]
     assert "on 3 nodes x 1 (+ 1 hot spare)" in submitted, submitted
     assert f"nodes: {victim} left the job; {spare} joined" in log, log[-4000:]
-    assert {x["step"]: x["loss"] for x in m} == {x["step"]: x["loss"] for x in metrics(run_root / "ref")}
+    assert losses(run_dir) == losses(run_root / "ref")
     assert_same_state(run_root / "ref" / "checkpoints" / "step-000300", run_dir / "checkpoints" / "step-000300")
     status = json.loads(cli("status", "spare", "--run-root", str(run_root)).stdout)
     assert status["state"] == "SUCCEEDED" and status["spare_nodes"] == 1, status

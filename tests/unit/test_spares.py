@@ -114,8 +114,8 @@ def test_a_node_waiting_in_the_rendezvous_exits_0_only_when_the_job_completed(tm
 def test_status_names_the_spares_that_wait_not_the_nodes_that_died(tmp_path):
     """This launch started node0..node3; node2 trained, died (no node_end: SIGKILL) and node3 took its place;
     node4 waits still; node5 ended. Only node4 waits: node2 left a node record behind, node5 its end."""
-    from fsdp_jobs.cli.ctl import waiting_spares
     from fsdp_jobs.rundir import events, runs
+    from fsdp_jobs.rundir.liveness import waiting_spares
     from fsdp_jobs.rundir.layout import RunDir
 
     launched = time.time() - 100
