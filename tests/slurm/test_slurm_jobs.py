@@ -215,9 +215,19 @@ def test_status_logs_top_stacks_and_cancel_a_running_job(run_root):
     assert "ctl" in listing.stdout and job_id in listing.stdout
     logs = cli("logs", "ctl", "--run-root", str(run_root))
     assert "fsdp-jobs: node" in logs.stdout and "training steps" in logs.stdout
-    frame = cli("top", "--run-root", str(run_root))  # one frame (not a terminal): the job view of rank 0's node
-    assert frame.returncode == 0 and "ctl  step " in frame.stdout, frame.stdout + frame.stderr
-    assert sum(bool(re.match(r"\s+n\d+\s+\d+", ln)) for ln in frame.stdout.splitlines()) == 2, frame.stdout
+    # one frame (not a terminal): the job view of rank 0's node. It lags the ranks by up to a few seconds
+    # (a node record every START_PUBLISH_S, read by the leader every LEADER_READ_S): at 70 steps/s rank 0
+    # was at step 50 while n2's record still said `load` (a CI run), so the frame is asked again until
+    # both nodes show a step, within a bound far above that lag
+    deadline = time.monotonic() + 30
+    while True:
+        frame = cli("top", "--run-root", str(run_root))
+        assert frame.returncode == 0 and "ctl  step " in frame.stdout, frame.stdout + frame.stderr
+        stepping = sum(bool(re.match(r"\s+n\d+\s+\d+", ln)) for ln in frame.stdout.splitlines())
+        if stepping == 2 or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    assert stepping == 2, frame.stdout
     stacks = cli("stacks", "ctl", "--run-root", str(run_root))  # srun --overlap: a task on each node, beside the job's
     assert stacks.returncode == 0, stacks.stderr
     heads = stacks.stdout.splitlines()[:-1]
