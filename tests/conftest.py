@@ -285,14 +285,19 @@ def pytest_terminal_summary(terminalreporter) -> None:
 
 def _time_per_worker(terminalreporter) -> list[str]:
     """Each pytest-xdist worker's busy seconds (setup, call and teardown of its tests): which one is the run's
-    long pole, for keeping .ci/run under its time budget."""
+    long pole, for keeping .ci/run under its time budget; and each tier's (tests/<tier>/), which says what
+    moving a unit of work (tests/conftest.py: pytest_xdist_make_scheduler) to the other worker would change."""
     busy: dict[str, list[float]] = {}
+    tiers: dict[str, list[float]] = {}
     for reports in terminalreporter.stats.values():
         for report in reports:
             worker = getattr(getattr(getattr(report, "node", None), "gateway", None), "id", None)
             if worker and isinstance(getattr(report, "duration", None), float):
-                entry = busy.setdefault(worker, [0.0, 0])
-                entry[0] += report.duration
-                entry[1] += report.when == "call"
-    return ["time per xdist worker: " + ", ".join(f"{w} {t:.0f} s in {n} tests" for w, (t, n) in sorted(busy.items()))
-            ] if busy else []
+                for key, table in ((worker, busy), (report.nodeid.split("/")[1] if "/" in report.nodeid else "-", tiers)):
+                    entry = table.setdefault(key, [0.0, 0])
+                    entry[0] += report.duration
+                    entry[1] += report.when == "call"
+    if not busy:
+        return []
+    return [f"time per {what}: " + ", ".join(f"{k} {t:.0f} s in {n} tests" for k, (t, n) in sorted(table.items()))
+            for what, table in (("xdist worker", busy), ("tier", tiers))]
