@@ -86,11 +86,19 @@ def monitor_interval_s(world: int) -> float:
 LARGE_KEEP_ALIVE_S = 60
 
 
+TORCH_JOIN_TIMEOUT_S = 600  # torch's c10d rendezvous default
+
+
+def join_timeout_s(world: int) -> int:
+    """How long an agent waits for a rendezvous round of a torchrun world of `world` nodes to complete."""
+    return TORCH_JOIN_TIMEOUT_S + world if world > LARGE_WORLD_NODES else TORCH_JOIN_TIMEOUT_S
+
+
 def rdzv_conf(world: int, grow: bool) -> list[str]:
     """torchrun's --rdzv-conf for a torchrun world of `world` nodes (one flag: torchrun keeps the last)."""
     conf: dict[str, int] = {}
     if world > LARGE_WORLD_NODES:
-        conf.update(join_timeout=600 + world, keep_alive_interval=LARGE_KEEP_ALIVE_S, keep_alive_max_attempt=3)
+        conf.update(join_timeout=join_timeout_s(world), keep_alive_interval=LARGE_KEEP_ALIVE_S, keep_alive_max_attempt=3)
     if grow:
         conf["last_call_timeout"] = GROW_LAST_CALL_S
     return [f"--rdzv-conf={','.join(f'{k}={v}' for k, v in conf.items())}"] if conf else []

@@ -514,3 +514,9 @@ def check_spare_nodes(cfg: Any) -> None:
                         "(agents beyond max_nodes wait as spares; below it they would grow the job)")
     if cfg.fault_tolerance.mode == "replica":
         raise UserError("cluster.spare_nodes", spares, "not with fault_tolerance=replica (one rendezvous per group)")
+    if cfg.script or cfg.module:
+        # a spare that was never needed ends with the job when the built-in trainer's state record says it
+        # completed (launchers/node/agent.py, pitfall 16); a script of one's own writes no such record, so
+        # the spare's torchrun would exit 1 and fail a job that completed
+        raise UserError("cluster.spare_nodes", spares, "only with the built-in trainer, not with script=/module= "
+                        "(a spare learns that the job completed from the trainer's state record); use 0")

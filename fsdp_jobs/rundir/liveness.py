@@ -435,9 +435,14 @@ def job_nodes(run_dir: Path, now: float, thorough: bool = False) -> list[NodeSum
 
 def waiting_spares(run_dir: Path, launched: Any) -> list[str]:
     """The nodes of this launch waiting as hot spares: started (the timeline's node_start since the launch), not
-    ended, not in the newest attempt's world, and never trained (no node record: a node whose ranks died keeps
-    its stale one). One read of the timeline, the world record and K file names."""
+    ended, not in the newest attempt's world, and never trained (no node record and not in the job view: a
+    node whose ranks died keeps its stale record, and rank 0's node is in the view, which it writes instead).
+    None before this launch's first world: every node is still waiting then, spare or not. One read of the
+    timeline, the world record and the view, and K file names."""
     since = float(launched) if isinstance(launched, (int, float)) else 0.0
+    world = runs.read_world(run_dir)
+    if not (world and world.time >= since):
+        return []
     live: set[str] = set()
     for e in events.read_events(RunDir(run_dir).goodput_file):
         node = e.extra.get("node")
@@ -447,6 +452,6 @@ def waiting_spares(run_dir: Path, launched: Any) -> list[str]:
             live.add(node)
         elif e.event == "node_end":
             live.discard(node)
-    world = runs.read_world(run_dir)
-    live -= set(world.nodes) if world and world.time >= since else set()
+    view = read_view(run_dir, 0.0, fresh=False)
+    live -= set(world.nodes) | {n.node for n in (view.nodes if view else [])}
     return sorted(n for n in live if not RunDir(run_dir).node_liveness_file(n).exists())

@@ -33,7 +33,7 @@ from fsdp_jobs.rundir.layout import RunDir
 from fsdp_jobs.rundir.records import LaunchRecord, StateRecord
 from fsdp_jobs.rundir.runs import clear_stop_request, request_stop
 from launchers.common import (LIGHTHOUSE_ENV, NODE_WRAPPER, REPLICA_GROUP_ENV, USER_CODE_ENV, begin_user_attempt,
-                              rank_entry, settle_user_state, torchrun_args)
+                              join_timeout_s, rank_entry, settle_user_state, torchrun_args)
 from launchers.node.wrapper import root_cause
 from launchers.slurm.config import slurm_dir
 from launchers.slurm.hostlist import expand
@@ -44,7 +44,38 @@ if TYPE_CHECKING:  # types only: the node reads both from the run dir (job_confi
     from fsdp_jobs.planning.plan import Plan
 
 KILL_WAIT_S = 300  # after a requeue, SLURM kills the tasks; do not report "done" meanwhile
-SPARE_WAIT_S = 5.0  # a node lost while spares stand in: how often its task reads the job's outcome
+SPARE_WAIT_S = 5.0  # a node lost while spares stand in: its task's first wait between reads of the job's outcome
+SPARE_WAIT_MAX_S = 60.0  # ... twice as long each time, up to this: should rank 0's node be the one lost, all
+#                          1,023 other tasks of a 1,024-node job wait, about 17 reads a second of two small files
+
+
+class LostNodeWait:
+    """cluster.spare_nodes on SLURM: a node task whose agent died waits for the job's outcome (see
+    NodeTask._outlive_lost_agent), but not for ever. The job went on without the node when the job view
+    (rank 0's node writes it every few seconds while its ranks train: fsdp_jobs/rundir/liveness.py) was
+    written after the agent died. Without such a sign for `patience_s` (a rendezvous round's join timeout
+    plus the ranks' start-up allowance: a spare's round and start can take that long) nothing goes on: the
+    store host's node was lost with it, say, and every other agent failed too. With --no-kill no one ends
+    that allocation but its tasks: the task then ends with its agent's status, which fails (or, through
+    task 0, requeues) the SLURM job as a lost node did before there were spares."""
+
+    def __init__(self, died: float, patience_s: float) -> None:
+        self.died, self.patience_s = died, patience_s
+        self.wait_s = SPARE_WAIT_S
+
+    def verdict(self, status: str, view_written: Optional[float], now: float) -> Optional[str]:
+        """'ok' (the job completed or stopped for a requeue), 'failed' (it failed, or has shown no sign of
+        going on for patience_s), or None: wait `next_wait()` and ask again."""
+        if status in ("completed", "preempted"):
+            return "ok"
+        if status == "failed":
+            return "failed"
+        sign = max(self.died, view_written or 0.0)
+        return "failed" if now - sign > self.patience_s else None
+
+    def next_wait(self) -> float:
+        wait, self.wait_s = self.wait_s, min(2 * self.wait_s, SPARE_WAIT_MAX_S)
+        return wait
 
 
 def _step_of(ckpt: Optional[Path]) -> int:
@@ -254,7 +285,7 @@ class NodeTask(submitit.helpers.Checkpointable):
         self._proc = start_agent(job, run_dir, args, extra, f"{job_id}.{attempt}", error_file)
         rc = self._proc.wait()
         if rc and plan.spare_nodes and env.global_rank != 0 and not self._terminated:
-            rc = self._outlive_lost_agent(run_dir, rc)
+            rc = self._outlive_lost_agent(run_dir, rc, plan, job)
         settle_user_state(job, run_dir, rc)  # a plain script exiting 0 completed (it writes no state record)
         state = runs.read_outcome(run_dir, self._began)
         decision = after_preflight(state, bool(job.cluster.get("exclude_bad_nodes")), excluded_nodes(run_dir, job),
@@ -279,23 +310,34 @@ class NodeTask(submitit.helpers.Checkpointable):
         act(run_dir, env.job_id, decision, reason, state)
         raise RuntimeError(reason)
 
-    def _outlive_lost_agent(self, run_dir: Path, rc: int) -> int:
+    def _outlive_lost_agent(self, run_dir: Path, rc: int, plan: "Plan", job: "JobConfig") -> int:
         """cluster.spare_nodes: this node's agent died and a spare takes its place at the next rendezvous, so the
         job goes on without this node (the allocation has --no-kill). A task that failed now would fail the
         SLURM job that completes without it, and one that requeued would restart every node: it waits for the
-        job's outcome instead (one read of the state record every SPARE_WAIT_S; only lost nodes wait) and ends
-        as the job does: 0 once it completed or stopped for a requeue. Not task 0: its node holds the
-        rendezvous store, without which no spare can join."""
+        job's outcome instead (LostNodeWait: the state record and the job view, read every SPARE_WAIT_S, then
+        less often; only lost nodes wait) and ends as the job does: 0 once it completed or stopped for a
+        requeue; its agent's status once the job failed or showed no sign of going on. Not task 0: its node
+        holds the rendezvous store, without which no spare can join."""
+        from fsdp_jobs.rundir import liveness
+
         node = os.environ.get("SLURMD_NODENAME") or socket.gethostname()
+        patience = join_timeout_s(plan.rendezvous.max_nodes) + float(job.fault.startup_timeout_s)
         print(f"fsdp-jobs: {node}: this node's agent exited {rc}; the job goes on without it (cluster.spare_nodes: "
               "a spare takes its place at the next rendezvous); waiting for the job's outcome", flush=True)
+        wait = LostNodeWait(time.time(), patience)
         while not self._terminated:
+            now = time.time()
+            view = liveness.read_view(run_dir, now, fresh=False)
             status = runs.read_outcome(run_dir, self._began).status
-            if status in ("completed", "preempted"):
+            verdict = wait.verdict(status, view.written if view else None, now)
+            if verdict == "ok":
                 return 0
-            if status == "failed":
+            if verdict == "failed":
+                if status != "failed":
+                    print(f"fsdp-jobs: {node}: the job has not gone on without this node for {patience:.0f} s (no "
+                          f"job view written since its agent exited); ending with the agent's status {rc}", flush=True)
                 return rc
-            time.sleep(SPARE_WAIT_S)
+            time.sleep(wait.next_wait())
         return rc
 
     def _on_sigterm(self, signum: int, _frame: Any) -> None:

@@ -4,7 +4,9 @@ node: tests/integration/test_spares.py (local), tests/docker/test_docker_jobs.py
 
 from __future__ import annotations
 
+import json
 import time
+from dataclasses import asdict
 from pathlib import Path
 
 import pytest
@@ -45,6 +47,8 @@ def test_no_spares_leaves_the_plan_record_as_it_was():
                               "cluster=local|slurm|docker, or 0"),
     (("cluster.max_nodes=3",), "spares need cluster.max_nodes unset or = nodes=2"),
     (("fault_tolerance=replica",), "not with fault_tolerance=replica"),
+    ((f"script={Path(__file__).parents[1] / 'scripts' / 'env_probe.py'}",), "only with the built-in trainer"),
+    (("module=json.tool",), "only with the built-in trainer"),
 ])
 def test_spares_where_they_cannot_work_are_refused_in_one_line(overrides, says):
     with pytest.raises(UserError) as e:
@@ -115,7 +119,7 @@ def test_status_names_the_spares_that_wait_not_the_nodes_that_died(tmp_path):
     """This launch started node0..node3; node2 trained, died (no node_end: SIGKILL) and node3 took its place;
     node4 waits still; node5 ended. Only node4 waits: node2 left a node record behind, node5 its end."""
     from fsdp_jobs.rundir import events, runs
-    from fsdp_jobs.rundir.liveness import waiting_spares
+    from fsdp_jobs.rundir.liveness import JobView, NodeSummary, waiting_spares, write_in_place
     from fsdp_jobs.rundir.layout import RunDir
 
     launched = time.time() - 100
@@ -123,6 +127,7 @@ def test_status_names_the_spares_that_wait_not_the_nodes_that_died(tmp_path):
     for n in range(6):
         events.append_event(tmp_path, "node_start", node=f"node{n}", time=launched + 1)
     events.append_event(tmp_path, "node_end", node="node5", rc=0)
+    assert waiting_spares(tmp_path, launched) == []  # no world of this launch yet: every node waits, none is named
     runs.write_world(tmp_path, 1, ["node0", "node1", "node3"])
     RunDir(tmp_path).liveness_dir.mkdir()
     for n in ("node1", "node2", "node3"):  # node0 leads: it writes the job view, not a node record
@@ -130,3 +135,26 @@ def test_status_names_the_spares_that_wait_not_the_nodes_that_died(tmp_path):
     assert waiting_spares(tmp_path, launched) == ["node4"]
     runs.write_world(tmp_path, 2, ["node0", "node1", "node4"])
     assert waiting_spares(tmp_path, launched) == []
+    # node0, which led (the job view, no node record), was killed in turn and node4 took its place at world 3:
+    # the view still names node0, so it is not taken for a spare that waits
+    write_in_place(RunDir(tmp_path).job_liveness_file, json.dumps(asdict(JobView(time.time(), "node0", [
+        NodeSummary.of(n, time.time(), [], time.time()) for n in ("node0", "node1", "node4")]))))
+    runs.write_world(tmp_path, 3, ["node1", "node3", "node4"])
+    assert waiting_spares(tmp_path, launched) == []
+
+
+def test_a_lost_slurm_node_waits_for_the_outcome_while_the_job_goes_on_and_not_past_that():
+    """With --no-kill no one ends a spare job's allocation but its tasks: a lost node's task waits while the job
+    view is written after its agent died (the job went on), ends with the job's outcome, and gives up once no
+    such sign came for the patience (the store host lost with it: the allocation sat idle to its time limit)."""
+    from launchers.slurm.node_task import SPARE_WAIT_MAX_S, SPARE_WAIT_S, LostNodeWait
+
+    wait = LostNodeWait(died=100.0, patience_s=50.0)
+    assert wait.verdict("running", None, 149.0) is None  # a spare's round and start-up may take that long
+    assert wait.verdict("running", 90.0, 151.0) == "failed"  # a view from before the death is no sign
+    assert wait.verdict("running", 140.0, 185.0) is None  # the job went on: written since the death
+    assert wait.verdict("running", 140.0, 191.0) == "failed"  # ... and then stopped showing it
+    assert wait.verdict("completed", None, 1e9) == "ok" and wait.verdict("preempted", None, 101.0) == "ok"
+    assert wait.verdict("failed", 140.0, 141.0) == "failed"
+    waits = [wait.next_wait() for _ in range(6)]
+    assert waits[0] == SPARE_WAIT_S and waits == sorted(waits) and waits[-1] == SPARE_WAIT_MAX_S
