@@ -93,6 +93,8 @@ def sbatch_parameters(plan: Plan, cfg: JobConfig, code_dir: Path, user_dir: Opti
     setup.append(f"# every node: torchrun <flags> {shlex.join(rank_entry(cfg, plan.run_dir, user))}")
     if plan.replicas is not None:
         setup += lighthouse_setup(plan)
+    if plan.spare_nodes:
+        setup += spare_exit_setup()
     params: dict[str, Any] = {
         "job_name": c.job_name or plan.name,
         # cluster.spare_nodes: K more nodes, each an agent that waits in torch's rendezvous beyond max_nodes
@@ -106,12 +108,16 @@ def sbatch_parameters(plan: Plan, cfg: JobConfig, code_dir: Path, user_dir: Opti
         "additional_parameters": {"requeue": True, "signal": f"{c.signal}@{c.signal_delay_s}",
                                   **{str(k): v for k, v in c.sbatch.items()}},
     }
-    if plan.spare_nodes:  # a failed node must not end the allocation its spares are there to outlive
+    srun_args = list(c.srun_args or [])
+    if plan.spare_nodes:  # a failed node must not end the allocation its spares are there to outlive, nor the
+        # step every node's task runs in: sbatch's --no-kill keeps the allocation only, and SLURM kills a step
+        # on a failed node unless srun asked for --no-kill too (man sbatch, --no-kill; pitfall 17)
         params["additional_parameters"]["no-kill"] = True
+        srun_args.append("--no-kill")
     if c.exclude:  # the nodes a preflight named earlier, or the user's (launchers/slurm/requeue.py adds to it)
         params["additional_parameters"]["exclude"] = ",".join(str(n) for n in c.exclude)
-    if c.srun_args:
-        params["srun_args"] = list(c.srun_args)
+    if srun_args:
+        params["srun_args"] = srun_args
     for key in ("partition", "account", "qos", "constraint", "mem"):
         if c[key] is not None:
             params[key] = c[key]
@@ -135,6 +141,15 @@ def lighthouse_setup(plan: Plan) -> list[str]:
                                                                                            f'"0.0.0.0:{port}"')
     return ["# fault_tolerance=replica: the job's torchft lighthouse, on the first node (every replica group asks it)",
             f"{command} &"]
+
+
+def spare_exit_setup() -> list[str]:
+    """cluster.spare_nodes: the batch script exits as training ended, not with srun's status after a lost
+    node (launchers/slurm/batch_exit.py). bash's EXIT trap runs after srun, and its `exit` sets the status."""
+    check = f"{shlex.quote(sys.executable)} -m launchers.slurm.batch_exit \"$FSDP_JOBS_RUN_DIR\" \"$rc\" \"$began\""
+    return ["# cluster.spare_nodes: a lost node's status is not the job's once training completed without it",
+            "began=$(date +%s)",
+            f"trap 'rc=$?; if [ \"$rc\" -ne 0 ]; then {check}; rc=$?; fi; exit \"$rc\"' EXIT"]
 
 
 def sbatch_script(folder: Path, params: dict[str, Any]) -> str:

@@ -356,7 +356,9 @@ def test_a_hot_spare_takes_a_killed_nodes_place_at_world_three_and_the_same_loss
     rendezvous redundancy list. A training node other than the store's (the first host) loses its agent and
     ranks to SIGKILL; its SLURM task stays and waits for the job's outcome, the next round takes the spare,
     and the job completes at world 3 with the losses and final checkpoint of an uninterrupted 3-node job.
-    Its SLURM state is COMPLETED: a lost node fails neither the allocation nor the job."""
+    Meanwhile the node is set DOWN, as a health check would: SLURM kills its task and (srun --no-kill) keeps
+    the others. Its SLURM state is COMPLETED: a lost node fails neither the allocation nor the job (without the
+    batch script's exit trap srun's status 9 made it FAILED)."""
     from tests.integration.test_spares import node_wrappers
 
     ref_id, _, _ = submit(f"run_root={run_root}", "name=ref", *SPARE_ARGS)
@@ -372,12 +374,20 @@ def test_a_hot_spare_takes_a_killed_nodes_place_at_world_three_and_the_same_loss
     assert sorted(wrappers) == ["n1", "n2", "n3", "n4"], wrappers
     killed_at = time.time()
     os.killpg(os.getpgid(wrappers[victim]), 9)
-    assert wait_job(job_id, 600) == "COMPLETED"
+    try:  # the spare took its place: now SLURM learns the node failed (a health check downs it), and kills its task
+        wait_for(lambda: any(x["restart"] == 1 for x in metrics(run_dir)), 300, "a step after the spare joined")
+        sh("scontrol", "update", f"nodename={victim}", "state=down", "reason=fsdp-jobs test: a lost node", check=True)
+        assert wait_job(job_id, 600) == "COMPLETED", job_log(run_dir, job_id)[-4000:]
+    finally:  # back for the next tests (ReturnToService=2 may have done it already: resume then says "invalid")
+        sh("scontrol", "update", f"nodename={victim}", "state=resume")
+        wait_for(lambda: sh("sinfo", "-h", "-n", victim, "-o", "%T").strip() == "idle", 60, f"{victim} idle again")
     m = metrics(run_dir)
     assert {x["world_size"] for x in m} == {3} and m[-1]["step"] == 300
     assert max(x["restart"] for x in m) == 1  # one restart: the kill
     log = job_log(run_dir, job_id)
     assert f"{victim}: this node's agent exited -9; the job goes on without it" in log, log[-4000:]
+    # srun kept the step (--no-kill) and ended it with the lost task's status; the batch script's exit did not
+    assert f"Node failure on {victim}" in log and "but training completed at step 300" in log, log[-4000:]
     assert "on 3 nodes x 1 (+ 1 hot spare)" in submitted, submitted
     assert f"nodes: {victim} left the job; {spare} joined" in log, log[-4000:]
     assert losses(run_dir) == losses(run_root / "ref")

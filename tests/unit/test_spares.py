@@ -76,9 +76,40 @@ def test_docker_starts_the_spares_with_the_job_and_slurm_allocates_them_with_no_
     cfg, _ = compose(["cluster=slurm", "cluster.gpus=false", "nodes=3", "gpus_per_node=1", "cluster.spare_nodes=1"])
     params = sbatch_parameters(make_plan(cfg), cfg, Path("/code"))
     assert params["nodes"] == 4 and params["additional_parameters"]["no-kill"] is True
+    assert "--no-kill" in params["srun_args"]  # else SLURM kills the step on every node when one fails
     cfg, _ = compose(["cluster=slurm", "cluster.gpus=false", "nodes=3", "gpus_per_node=1"])
     params = sbatch_parameters(make_plan(cfg), cfg, Path("/code"))
-    assert params["nodes"] == 3 and "no-kill" not in params["additional_parameters"]
+    assert params["nodes"] == 3 and "no-kill" not in params["additional_parameters"] and "srun_args" not in params
+
+
+@pytest.mark.parametrize("srun_rc, state, script_rc", [
+    (9, "completed", 0),  # a lost node's status, training completed without it: the job completed
+    (9, "failed", 9), (9, None, 9), (9, "old completed", 9),  # ... an earlier launch's completion is not this one's
+    (0, None, 0),
+])
+def test_a_spare_jobs_batch_script_exits_as_training_ended_not_as_srun_did(tmp_path, srun_rc, state, script_rc):
+    """The setup lines the batch script of a spare job gets, run by bash with `(exit 9)` standing in for srun
+    (seen on the test cluster: a node set DOWN mid-job, training completed at world 3 with a spare, srun then
+    exited 9 and the SLURM job was FAILED)."""
+    import shlex
+    import subprocess
+    import sys
+
+    from fsdp_jobs.rundir import runs
+    from launchers.slurm.backend import spare_exit_setup
+
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    if state == "old completed":
+        runs.write_state(run_dir, status="completed", step=300)
+        time.sleep(1.1)  # the script's start is whole seconds
+    write = f"from fsdp_jobs.rundir import runs; runs.write_state({str(run_dir)!r}, status={state!r}, step=300)"
+    training = "true" if state in (None, "old completed") else f"{sys.executable} -c {shlex.quote(write)}"
+    script = "\n".join(spare_exit_setup() + [training, f"(exit {srun_rc})"])
+    env = {"FSDP_JOBS_RUN_DIR": str(run_dir), "PYTHONPATH": str(Path(__file__).parents[2]), "PATH": "/usr/bin:/bin"}
+    r = subprocess.run(["bash", "-c", script], env=env, capture_output=True, text=True, timeout=60)
+    assert r.returncode == script_rc, r.stdout + r.stderr
+    assert ("training completed at step 300" in r.stdout) == (script_rc == 0 and srun_rc != 0), r.stdout
 
 
 @pytest.mark.parametrize("status, ends", [("completed", True), ("failed", False), (None, False)])
