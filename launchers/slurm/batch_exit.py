@@ -23,7 +23,7 @@ def exit_status(run_dir: Path, rc: int, began: float) -> int:
     if state.status != "completed":
         return rc
     print(f"fsdp-jobs: srun ended with status {rc} (a node of the job was lost) but training completed at step "
-          f"{state.step} (state.json; cluster.spare_nodes stood in): the job exits 0", flush=True)
+          f"{state.step} (the state record; cluster.spare_nodes stood in): the job exits 0", flush=True)
     return 0
 
 
