@@ -189,3 +189,41 @@ def test_a_lost_slurm_node_waits_for_the_outcome_while_the_job_goes_on_and_not_p
     assert wait.verdict("failed", 140.0, 141.0) == "failed"
     waits = [wait.next_wait() for _ in range(6)]
     assert waits[0] == SPARE_WAIT_S and waits == sorted(waits) and waits[-1] == SPARE_WAIT_MAX_S
+
+
+@pytest.mark.parametrize("outcome, rc", [("completed", 0), ("failed", 137), (None, 137)])
+def test_a_lost_slurm_nodes_task_reads_the_run_dir_and_ends_as_the_job_did(tmp_path, monkeypatch, capsys, outcome, rc):
+    """NodeTask._outlive_lost_agent on a real run dir (the SLURM spare test's node is set DOWN, which kills this
+    wait): the job view, written after the agent died, keeps it waiting; the state record ends it, 0 once the
+    job completed; with neither, the patience (shortened here) ends it with the agent's status and one line."""
+    import threading
+    from types import SimpleNamespace
+
+    from fsdp_jobs.rundir import runs
+    from fsdp_jobs.rundir.layout import RunDir
+    from fsdp_jobs.rundir.liveness import JobView, write_in_place
+    from launchers.slurm import node_task
+
+    monkeypatch.setattr(node_task, "SPARE_WAIT_S", 0.05)
+    monkeypatch.setattr(node_task, "SPARE_WAIT_MAX_S", 0.05)
+    monkeypatch.setattr(node_task, "join_timeout_s", lambda world: 0.3)
+    task = node_task.NodeTask(str(tmp_path))
+    task._began = time.time()
+    RunDir(tmp_path).liveness_dir.mkdir()
+
+    def the_job_goes_on() -> None:
+        for _ in range(7):  # 0.7 s of job views, longer than the patience (0.3 s here)
+            write_in_place(RunDir(tmp_path).job_liveness_file, json.dumps(asdict(JobView(time.time(), "n1", []))))
+            time.sleep(0.1)
+        if outcome:
+            runs.write_state(tmp_path, status=outcome, step=300)
+
+    writer = threading.Thread(target=the_job_goes_on)
+    writer.start()
+    started = time.monotonic()
+    plan = SimpleNamespace(rendezvous=SimpleNamespace(max_nodes=3))
+    job = SimpleNamespace(fault=SimpleNamespace(startup_timeout_s=0.0))
+    assert task._outlive_lost_agent(tmp_path, 137, plan, job) == rc
+    writer.join()
+    assert time.monotonic() - started >= 0.6  # it waited while the views came
+    assert ("has not gone on without this node" in capsys.readouterr().out) == (outcome is None)
