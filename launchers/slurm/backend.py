@@ -146,10 +146,12 @@ def lighthouse_setup(plan: Plan) -> list[str]:
 def spare_exit_setup() -> list[str]:
     """cluster.spare_nodes: the batch script exits as training ended, not with srun's status after a lost
     node (launchers/slurm/batch_exit.py). bash's EXIT trap runs after srun, and its `exit` sets the status."""
-    check = f"{shlex.quote(sys.executable)} -m launchers.slurm.batch_exit \"$FSDP_JOBS_RUN_DIR\" \"$rc\" \"$began\""
+    check = f'{shlex.quote(sys.executable)} -m launchers.slurm.batch_exit "$FSDP_JOBS_RUN_DIR" "$rc" "$began"'
+    # a function, not a quoted trap string: an interpreter path that shlex quotes would end the trap's quotes
     return ["# cluster.spare_nodes: a lost node's status is not the job's once training completed without it",
             "began=$(date +%s)",
-            f"trap 'rc=$?; if [ \"$rc\" -ne 0 ]; then {check}; rc=$?; fi; exit \"$rc\"' EXIT"]
+            f'fsdp_jobs_spare_exit() {{ rc=$?; if [ "$rc" -ne 0 ]; then {check}; rc=$?; fi; exit "$rc"; }}',
+            "trap fsdp_jobs_spare_exit EXIT"]
 
 
 def sbatch_script(folder: Path, params: dict[str, Any]) -> str:

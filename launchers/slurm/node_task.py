@@ -337,8 +337,15 @@ class NodeTask(submitit.helpers.Checkpointable):
                     print(f"fsdp-jobs: {node}: the job has not gone on without this node for {patience:.0f} s (no "
                           f"job view written since its agent exited); ending with the agent's status {rc}", flush=True)
                 return rc
-            time.sleep(wait.next_wait())
+            self._sleep_unless_terminated(wait.next_wait())
         return rc
+
+    def _sleep_unless_terminated(self, seconds: float) -> None:
+        """A sleep that SIGTERM ends within a second: Python resumes an interrupted time.sleep (PEP 475), and
+        a 60 s one outlived SLURM's KillWait (30 s by default) after a scancel or a requeue."""
+        deadline = time.monotonic() + seconds
+        while not self._terminated and time.monotonic() < deadline:
+            time.sleep(min(1.0, max(0.0, deadline - time.monotonic())))
 
     def _on_sigterm(self, signum: int, _frame: Any) -> None:
         self._terminated = True  # torchrun gets it too and stops its ranks, which checkpoint first

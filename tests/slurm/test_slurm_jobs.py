@@ -374,9 +374,10 @@ def test_a_hot_spare_takes_a_killed_nodes_place_at_world_three_and_the_same_loss
     assert sorted(wrappers) == ["n1", "n2", "n3", "n4"], wrappers
     killed_at = time.time()
     os.killpg(os.getpgid(wrappers[victim]), 9)
-    try:  # the spare took its place: now SLURM learns the node failed (a health check downs it), and kills its task
-        wait_for(lambda: any(x["restart"] == 1 for x in metrics(run_dir)), 300, "a step after the spare joined")
-        sh("scontrol", "update", f"nodename={victim}", "state=down", "reason=fsdp-jobs test: a lost node", check=True)
+    # the spare took its place: now SLURM learns the node failed (a health check downs it), and kills its task
+    wait_for(lambda: any(x["restart"] == 1 for x in metrics(run_dir)), 300, "a step after the spare joined")
+    sh("scontrol", "update", f"nodename={victim}", "state=down", "reason=fsdp-jobs test: a lost node", check=True)
+    try:
         assert wait_job(job_id, 600) == "COMPLETED", job_log(run_dir, job_id)[-4000:]
     finally:  # back for the next tests (ReturnToService=2 may have done it already: resume then says "invalid")
         sh("scontrol", "update", f"nodename={victim}", "state=resume")

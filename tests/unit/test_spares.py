@@ -87,10 +87,12 @@ def test_docker_starts_the_spares_with_the_job_and_slurm_allocates_them_with_no_
     (9, "failed", 9), (9, None, 9), (9, "old completed", 9),  # ... an earlier launch's completion is not this one's
     (0, None, 0),
 ])
-def test_a_spare_jobs_batch_script_exits_as_training_ended_not_as_srun_did(tmp_path, srun_rc, state, script_rc):
+def test_a_spare_jobs_batch_script_exits_as_training_ended_not_as_srun_did(tmp_path, monkeypatch, srun_rc, state,
+                                                                           script_rc):
     """The setup lines the batch script of a spare job gets, run by bash with `(exit 9)` standing in for srun
     (seen on the test cluster: a node set DOWN mid-job, training completed at world 3 with a spare, srun then
-    exited 9 and the SLURM job was FAILED)."""
+    exited 9 and the SLURM job was FAILED). The interpreter's path has a space and a quote in it (a trap in
+    single quotes broke on it)."""
     import shlex
     import subprocess
     import sys
@@ -98,13 +100,19 @@ def test_a_spare_jobs_batch_script_exits_as_training_ended_not_as_srun_did(tmp_p
     from fsdp_jobs.rundir import runs
     from launchers.slurm.backend import spare_exit_setup
 
+    python = sys.executable
+    odd = tmp_path / "a user's python" / "python3"
+    odd.parent.mkdir()
+    odd.write_text(f"#!/bin/sh\nexec {shlex.quote(sys.executable)} \"$@\"\n")
+    odd.chmod(0o755)
+    monkeypatch.setattr(sys, "executable", str(odd))
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     if state == "old completed":
         runs.write_state(run_dir, status="completed", step=300)
         time.sleep(1.1)  # the script's start is whole seconds
     write = f"from fsdp_jobs.rundir import runs; runs.write_state({str(run_dir)!r}, status={state!r}, step=300)"
-    training = "true" if state in (None, "old completed") else f"{sys.executable} -c {shlex.quote(write)}"
+    training = "true" if state in (None, "old completed") else f"{python} -c {shlex.quote(write)}"
     script = "\n".join(spare_exit_setup() + [training, f"(exit {srun_rc})"])
     env = {"FSDP_JOBS_RUN_DIR": str(run_dir), "PYTHONPATH": str(Path(__file__).parents[2]), "PATH": "/usr/bin:/bin"}
     r = subprocess.run(["bash", "-c", script], env=env, capture_output=True, text=True, timeout=60)
@@ -227,3 +235,22 @@ def test_a_lost_slurm_nodes_task_reads_the_run_dir_and_ends_as_the_job_did(tmp_p
     writer.join()
     assert time.monotonic() - started >= 0.6  # it waited while the views came
     assert ("has not gone on without this node" in capsys.readouterr().out) == (outcome is None)
+
+
+def test_a_waiting_lost_nodes_task_ends_within_a_second_of_sigterm():
+    """Its waits back off to 60 s, and Python resumes an interrupted sleep: SLURM's KillWait (30 s) after a scancel
+    or a requeue SIGKILLed the task before it said why it ended."""
+    import signal
+    import threading
+
+    from launchers.slurm import node_task
+
+    task = node_task.NodeTask("/nonexistent")
+    previous = signal.signal(signal.SIGTERM, task._on_sigterm)
+    try:
+        threading.Timer(0.2, lambda: signal.raise_signal(signal.SIGTERM)).start()
+        started = time.monotonic()
+        task._sleep_unless_terminated(node_task.SPARE_WAIT_MAX_S)
+        assert task._terminated and time.monotonic() - started < 2.0
+    finally:
+        signal.signal(signal.SIGTERM, previous)
