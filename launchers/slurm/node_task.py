@@ -47,6 +47,7 @@ KILL_WAIT_S = 300  # after a requeue, SLURM kills the tasks; do not report "done
 SPARE_WAIT_S = 5.0  # a node lost while spares stand in: its task's first wait between reads of the job's outcome
 SPARE_WAIT_MAX_S = 60.0  # ... twice as long each time, up to this: should rank 0's node be the one lost, all
 #                          1,023 other tasks of a 1,024-node job wait, about 17 reads a second of two small files
+SLEEP_SLICE_S = 0.25  # each wait slept in slices this long, so that SIGTERM ends it at once
 
 
 class LostNodeWait:
@@ -341,11 +342,11 @@ class NodeTask(submitit.helpers.Checkpointable):
         return rc
 
     def _sleep_unless_terminated(self, seconds: float) -> None:
-        """A sleep that SIGTERM ends within a second: Python resumes an interrupted time.sleep (PEP 475), and
-        a 60 s one outlived SLURM's KillWait (30 s by default) after a scancel or a requeue."""
+        """A sleep that SIGTERM ends within SLEEP_SLICE_S: Python resumes an interrupted time.sleep (PEP 475),
+        and a 60 s one outlived SLURM's KillWait (30 s by default) after a scancel or a requeue."""
         deadline = time.monotonic() + seconds
         while not self._terminated and time.monotonic() < deadline:
-            time.sleep(min(1.0, max(0.0, deadline - time.monotonic())))
+            time.sleep(min(SLEEP_SLICE_S, max(0.0, deadline - time.monotonic())))
 
     def _on_sigterm(self, signum: int, _frame: Any) -> None:
         self._terminated = True  # torchrun gets it too and stops its ranks, which checkpoint first

@@ -9,6 +9,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -55,6 +56,17 @@ def agent(with_rank: bool) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-c", code])
 
 
+def proc_has_run_its_child(proc: subprocess.Popen) -> bool:
+    """The stand-in agent without a rank has started its child, which ended at once (a zombie now)."""
+    children = Path(f"/proc/{proc.pid}/task/{proc.pid}/children")
+    try:
+        pids = children.read_text().split()
+    except OSError:
+        return False
+    return any(Path(f"/proc/{p}/stat").exists() and open(f"/proc/{p}/stat").read().rsplit(")", 1)[1].split()[0] == "Z"
+               for p in pids)
+
+
 def ticks(left: LeftBehind, seconds: float = 1.0) -> bool:
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
@@ -69,9 +81,9 @@ def test_an_agent_without_ranks_is_stopped_once_the_job_completed_since_the_node
     try:
         began = time.time()
         left = LeftBehind(tmp_path, proc.pid, began)
-        assert not ticks(left, 0.6)  # no state record: the job goes on (a restart's rendezvous)
+        assert not ticks(left, 0.45)  # no state record: the job goes on (a restart's rendezvous); GRACE_S 0.3
         runs.write_state(tmp_path, status="running", step=10)
-        assert not ticks(left, 0.6)
+        assert not ticks(left, 0.45)
         runs.write_state(tmp_path, status="completed", step=20)
         assert ticks(left)
         assert wrapper.stop_agent(proc, grace_s=5) == 0 and proc.poll() is not None
@@ -84,12 +96,14 @@ def test_an_earlier_launchs_completed_record_or_an_agent_with_ranks_is_never_lef
     proc = agent(with_rank=False)
     busy = agent(with_rank=True)
     try:
-        time.sleep(0.5)  # busy's child started
+        deadline = time.monotonic() + 10
+        while not (wrapper.child_pids(busy.pid) and proc_has_run_its_child(proc)) and time.monotonic() < deadline:
+            time.sleep(0.05)  # busy's child started, proc's ended (a zombie)
         assert wrapper.child_pids(busy.pid) and not wrapper.child_pids(proc.pid)  # a zombie is no rank
-        assert not ticks(LeftBehind(tmp_path, proc.pid, time.time()), 0.8)
+        assert not ticks(LeftBehind(tmp_path, proc.pid, time.time()), 0.45)  # past GRACE_S (0.3)
         began = time.time()
         runs.write_state(tmp_path, status="completed", step=20)
-        assert not ticks(LeftBehind(tmp_path, busy.pid, began), 0.8)  # its ranks still run: it is in the job
+        assert not ticks(LeftBehind(tmp_path, busy.pid, began), 0.45)  # its ranks still run: it is in the job
     finally:
         children = wrapper.child_pids(busy.pid)  # ours, by pid: the stand-in rank
         for p in (proc, busy):
