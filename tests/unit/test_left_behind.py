@@ -58,13 +58,13 @@ def agent(with_rank: bool) -> subprocess.Popen:
 
 def proc_has_run_its_child(proc: subprocess.Popen) -> bool:
     """The stand-in agent without a rank has started its child, which ended at once (a zombie now)."""
-    children = Path(f"/proc/{proc.pid}/task/{proc.pid}/children")
+    from launchers.node.watchdog import process_state
+
     try:
-        pids = children.read_text().split()
+        pids = Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()
     except OSError:
         return False
-    return any(Path(f"/proc/{p}/stat").exists() and open(f"/proc/{p}/stat").read().rsplit(")", 1)[1].split()[0] == "Z"
-               for p in pids)
+    return any(process_state(int(p)).startswith("Z") for p in pids)
 
 
 def ticks(left: LeftBehind, seconds: float = 1.0) -> bool:
