@@ -64,6 +64,9 @@ class LoopbackTCPStore(_ORIGINAL):  # type: ignore[misc, valid-type]
                 kw["port"] = sock.getsockname()[1]
                 kw["master_listen_fd"] = sock.detach()  # the store owns it from here
         super().__init__(**kw)
+        # whether this process serves the store (torch tries as server, then as client when the port is
+        # taken): its agent must outlive the others' last calls (launchers/node/agent.py, pitfall 18)
+        self.hosts_server = bool(kw.get("is_master"))
 
 
 def install() -> None:

@@ -172,10 +172,57 @@ def hold_restart_on_a_repeat(hold_s: float = REPEAT_HOLD_S) -> None:
 # A node waiting in the rendezvous when the job completes (a hot spare never needed: cluster.spare_nodes, or a
 # node too late for the last round) learns it from the store: the finishing agents close the rendezvous
 # (torch's RendezvousGracefulExitError, which torchrun 2.13 then turns into an AttributeError on the None
-# result), or, more often, the store host's agent exits first and the next poll fails
-# (RendezvousConnectionError). Either way torchrun exited 1 with a traceback, and a spare's container was
-# restarted by Docker (on-failure) to fail again (pitfall 16). Such an agent exits 0 with one line when the
-# ranks recorded the job completed since it started; any other rendezvous error stays one.
+# result), or, when the store host's agent exited first, the next poll fails (RendezvousConnectionError).
+# Either way torchrun exited 1 with a traceback, and a spare's container was restarted by Docker
+# (on-failure) to fail again (pitfall 16). Such an agent exits 0 with one line when the ranks recorded the
+# job completed since it started; any other rendezvous error stays one.
+#
+# The store host's agent leaves last (pitfall 18). It served the rendezvous store and exited as soon as its
+# own shutdown returned, while the other agents still had calls to make: their close, a keep-alive, a
+# waiting spare's poll. Those failed and printed torch's warnings (`failed to shutdown the rendezvous`, a
+# keep-alive `due to an error of type RendezvousConnectionError`, TCPStore.cpp's C++ frames) at the end of
+# a job that completed; at 1,024 nodes, from up to 1,023 agents. Now every other agent counts itself out on
+# the store (one add) once it made its last call, and the host waits for all the nodes it last saw in the
+# rendezvous (participants, wait list, redundancy list) before it exits, LINGER_S at most (an agent that
+# died counts never). LINGER_POLL_S between two reads of the count: one small read, on the host itself.
+LINGER_S = 10.0
+LINGER_POLL_S = 0.05
+LEFT_KEY = "fsdp_jobs.agents_left."
+
+
+def others_in_the_rendezvous(handler: Any) -> int:
+    """How many other agents the rendezvous state this agent last read holds (each will count itself out)."""
+    state = handler._state_holder.state
+    nodes = set(state.participants) | set(state.wait_list) | set(state.redundancy_list)
+    nodes.discard(handler._this_node)
+    return len(nodes)
+
+
+def wait_for_the_others(store: Any, key: str, others: int, linger_s: float) -> bool:
+    """On the store host: wait until `others` agents counted themselves out at `key`; False after `linger_s`."""
+    import time
+
+    deadline = time.monotonic() + linger_s
+    while store.add(key, 0) < others:
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(LINGER_POLL_S)
+    return True
+
+
+def leave_the_rendezvous(handler: Any, store_is_up: bool) -> None:
+    """The last thing an agent does with its rendezvous: the host waits for the others, an other counts itself
+    out (when the store is still up: nothing to tell a store that is gone)."""
+    try:
+        store, key = handler._store, LEFT_KEY + handler._settings.run_id  # the c10d backend's TCPStore
+        if getattr(store, "hosts_server", False):
+            wait_for_the_others(store, key, others_in_the_rendezvous(handler), LINGER_S)
+        elif store_is_up:
+            store.add(key, 1)
+    except Exception:  # noqa: BLE001  the end of a job: a store that fails now has nothing left to serve
+        pass
+
+
 def end_a_waiting_node_when_the_job_completed() -> None:
     from launchers.node.wrapper import NODE_ENV, RUN_DIR_ENV  # the node wrapper's, which the agent inherits
 
@@ -191,26 +238,40 @@ def end_a_waiting_node_when_the_job_completed() -> None:
     from fsdp_jobs.rundir import runs
 
     started = time.time()
-    next_rendezvous, shutdown = DynamicRendezvousHandler.next_rendezvous, DynamicRendezvousHandler.shutdown
+    next_rendezvous = DynamicRendezvousHandler.next_rendezvous
     ended = (api.RendezvousConnectionError, api.RendezvousClosedError, api.RendezvousGracefulExitError)
 
     def next_rendezvous_unless_completed(handler: Any) -> Any:
         try:
             return next_rendezvous(handler)
-        except ended:
+        except ended as error:
             if runs.read_outcome(Path(run_dir), started).status != "completed":
                 raise
-            handler._fsdp_jobs_ended = True  # nothing left to close: its store is gone with the job
+            handler._fsdp_jobs_left = True  # the job closed the rendezvous: nothing left to close
             print(f"fsdp-jobs: {os.environ.get(NODE_ENV, 'this node')}: the job completed while this node waited "
                   "in the rendezvous (a hot spare it did not need, or a node too late for its last round)",
                   flush=True)
+            leave_the_rendezvous(handler, store_is_up=not isinstance(error, api.RendezvousConnectionError))
             raise SystemExit(0) from None
 
-    def shutdown_unless_ended(handler: Any) -> bool:
-        return False if getattr(handler, "_fsdp_jobs_ended", False) else shutdown(handler)
-
     DynamicRendezvousHandler.next_rendezvous = next_rendezvous_unless_completed
-    DynamicRendezvousHandler.shutdown = shutdown_unless_ended
+
+
+def let_the_store_host_leave_last() -> None:
+    """torchrun's last rendezvous call (`launch_agent`'s shutdown, not made on a signal) is followed by
+    leave_the_rendezvous, unless the agent left already (a waiting node, above)."""
+    from torch.distributed.elastic.rendezvous.dynamic_rendezvous import DynamicRendezvousHandler
+
+    shutdown = DynamicRendezvousHandler.shutdown
+
+    def shutdown_then_leave(handler: Any) -> bool:
+        if getattr(handler, "_fsdp_jobs_left", False):
+            return False
+        closed = shutdown(handler)  # False when the store is gone (torch logs it)
+        leave_the_rendezvous(handler, store_is_up=closed)
+        return closed
+
+    DynamicRendezvousHandler.shutdown = shutdown_then_leave
 
 
 def import_the_log_formatter() -> None:
@@ -229,6 +290,7 @@ def main() -> None:
     shorten_replica_restart_stop()
     hold_restart_on_a_repeat()
     end_a_waiting_node_when_the_job_completed()
+    let_the_store_host_leave_last()
     from torch.distributed import run as torchrun
     from torch.distributed.elastic.multiprocessing.errors import record
 

@@ -94,12 +94,18 @@ def test_a_spare_takes_a_killed_nodes_place_at_the_same_world_and_loss_curve(run
 
 def test_a_spare_the_job_never_needed_ends_with_it_and_says_so(run_root):
     """No node fails: the spare waits in the rendezvous the whole run, and learns that the job ended when the
-    store host's agent leaves. It ends with exit 0 and one line, not torchrun's exit 1 and traceback (on
-    Docker, exit 1 had the container restarted to fail again)."""
+    finishing agents close it. It ends with exit 0 and one line, not torchrun's exit 1 and traceback (on
+    Docker, exit 1 had the container restarted to fail again). No agent prints a store failure on the way out:
+    the store host's agent leaves last (launchers/node/agent.py, pitfall 18); CI saw a slower agent's
+    `failed to shutdown the rendezvous ... RendezvousConnectionError` here before it did."""
     r = subprocess.run([sys.executable, "-m", "fsdp_jobs", f"run_root={run_root}", "name=idle", "cluster.spare_nodes=1",
                         *ARGS, "train.steps=30"], cwd=REPO, text=True, capture_output=True, timeout=600)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     waited = [ln for ln in r.stdout.splitlines() if "the job completed while this node waited in the rendezvous" in ln]
     assert len(waited) == 1, r.stdout[-3000:]
-    assert "torchrun exited" not in r.stdout and "RendezvousConnectionError" not in r.stdout, r.stdout[-3000:]
+    assert "torchrun exited" not in r.stdout, r.stdout[-3000:]
+    store_failures = [ln for ln in r.stdout.splitlines() if any(s in ln for s in (
+        "RendezvousConnectionError", "failed to shutdown the rendezvous", "failed to send a keep-alive",
+        "TCPStore.cpp"))]
+    assert store_failures == [], "\n".join(store_failures)
     assert "\nfinished: idle\n" in r.stdout, r.stdout[-1000:]

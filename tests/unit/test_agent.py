@@ -105,3 +105,80 @@ def test_a_restart_after_a_repeating_failure_is_held_for_the_wrapper_to_stop(tmp
         f.write(json.dumps({**record, "attempt": ":1", "time": 2.0}) + "\n")
     SimpleElasticAgent._restart_workers(None, "second")  # the same failure again: held, then (if not stopped) on
     assert restarts == ["first", "second"] and slept == [3.0]
+
+
+def _joined_pair(monkeypatch):
+    """Two agents' real rendezvous handlers (torch's c10d backend, on a TCPStore one of them serves on
+    loopback) after both joined round 0 of a 2-node rendezvous."""
+    import threading
+
+    from torch.distributed.elastic.rendezvous import RendezvousParameters, c10d_rendezvous_backend, dynamic_rendezvous
+    from torch.distributed.elastic.rendezvous.dynamic_rendezvous import create_handler
+
+    from fsdp_jobs.runtime.loopback_store import LoopbackTCPStore
+    from launchers.node.agent import shorten_rendezvous_poll
+
+    monkeypatch.setattr(c10d_rendezvous_backend, "TCPStore", LoopbackTCPStore)
+    monkeypatch.setattr(dynamic_rendezvous, "_delay", dynamic_rendezvous._delay)  # both restored after the test
+    holder = dynamic_rendezvous._BackendRendezvousStateHolder
+    monkeypatch.setattr(holder, "__init__", holder.__init__)
+    shorten_rendezvous_poll(2)  # as a 2-node job's agents do: 0.1 s polls, not torch's 1 s
+    handlers = []
+    for is_host, port in ((True, 0), (False, None)):
+        port = handlers[0]._store.port if port is None else port
+        params = RendezvousParameters("c10d", f"127.0.0.1:{port}", "linger", 2, 2, is_host=is_host)
+        backend, store = c10d_rendezvous_backend.create_backend(params)
+        handlers.append(create_handler(store, backend, params))
+    joins = [threading.Thread(target=h.next_rendezvous) for h in handlers]
+    [t.start() for t in joins]
+    [t.join(60) for t in joins]
+    assert handlers[0]._store.hosts_server and not handlers[1]._store.hosts_server
+    return handlers
+
+
+def test_the_store_hosts_agent_leaves_only_after_the_other_agents_last_call(monkeypatch):
+    """The store host's agent exited as soon as its own rendezvous shutdown returned, and an agent a moment
+    slower then failed its close and keep-alive against a store that was gone: torch's `failed to shutdown
+    the rendezvous ... RendezvousConnectionError` and TCPStore's C++ frames at the end of a job that completed
+    (CI saw them from a hot spare's job). The host's shutdown now returns once the other agent has closed."""
+    import threading
+    import time
+
+    from torch.distributed.elastic.rendezvous.dynamic_rendezvous import DynamicRendezvousHandler
+
+    from launchers.node import agent
+
+    monkeypatch.setattr(DynamicRendezvousHandler, "shutdown", DynamicRendezvousHandler.shutdown)  # undone after
+    agent.let_the_store_host_leave_last()
+    host, other = _joined_pair(monkeypatch)
+    ended = {}
+
+    def shut(name, handler, after_s):
+        time.sleep(after_s)
+        closed = handler.shutdown()
+        ended[name] = (time.monotonic(), closed)
+
+    threads = [threading.Thread(target=shut, args=("host", host, 0.0)),
+               threading.Thread(target=shut, args=("other", other, 0.5))]  # the slower agent
+    [t.start() for t in threads]
+    [t.join(60) for t in threads]
+    assert ended["other"][1] is True  # its close reached the store
+    assert ended["host"][0] >= ended["other"][0] - 0.05, ended  # the host stayed until then (not 0.5 s before)
+    assert ended["host"][0] < ended["other"][0] + agent.LINGER_S / 2, ended  # and left as it counted out
+
+
+def test_the_store_host_waits_for_the_others_no_longer_than_linger_s():
+    """An agent that died never counts itself out: the host gives up after linger_s (LINGER_S: 10 s)."""
+    import time
+
+    from fsdp_jobs.runtime.loopback_store import LoopbackTCPStore
+    from launchers.node import agent
+
+    store = LoopbackTCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    began = time.monotonic()
+    assert agent.wait_for_the_others(store, "k", 0, 5.0) is True and time.monotonic() - began < 1  # alone
+    store.add("k", 1)
+    assert agent.wait_for_the_others(store, "k", 1, 5.0) is True  # the one other left already
+    began = time.monotonic()
+    assert agent.wait_for_the_others(store, "k", 2, 0.3) is False  # the second never comes
+    assert 0.3 <= time.monotonic() - began < 3

@@ -140,6 +140,7 @@ def test_a_node_waiting_in_the_rendezvous_exits_0_only_when_the_job_completed(tm
     monkeypatch.setenv("FSDP_JOBS_NODE", "node3")
     runs.write_state(tmp_path, status="completed", step=5, time=time.time() - 60)  # an earlier launch's
     agent.end_a_waiting_node_when_the_job_completed()
+    agent.let_the_store_host_leave_last()
     if status:
         runs.write_state(tmp_path, status=status, step=10)
     handler = object.__new__(DynamicRendezvousHandler)
