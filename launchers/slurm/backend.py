@@ -145,12 +145,18 @@ def lighthouse_setup(plan: Plan) -> list[str]:
 
 def spare_exit_setup() -> list[str]:
     """cluster.spare_nodes: the batch script exits as training ended, not with srun's status after a lost
-    node (launchers/slurm/batch_exit.py). bash's EXIT trap runs after srun, and its `exit` sets the status."""
+    node (launchers/slurm/batch_exit.py). bash's EXIT trap runs after srun, and its `exit` sets the status.
+    bash keeps one EXIT trap: one the user's cluster.setup set (cleaning a scratch dir) is kept and run first,
+    with the script's status in $?."""
     check = f'{shlex.quote(sys.executable)} -m launchers.slurm.batch_exit "$FSDP_JOBS_RUN_DIR" "$rc" "$began"'
-    # a function, not a quoted trap string: an interpreter path that shlex quotes would end the trap's quotes
+    # a function, not a quoted trap string: an interpreter path that shlex quotes would end the trap's quotes.
+    # `trap -p EXIT` prints the user's trap shell-quoted (trap -- 'CMD' EXIT): eval of the middle gives CMD back
     return ["# cluster.spare_nodes: a lost node's status is not the job's once training completed without it",
             "began=$(date +%s)",
-            f'fsdp_jobs_spare_exit() {{ rc=$?; if [ "$rc" -ne 0 ]; then {check}; rc=$?; fi; exit "$rc"; }}',
+            'fsdp_jobs_user_exit=$(trap -p EXIT); fsdp_jobs_user_exit=${fsdp_jobs_user_exit#"trap -- "}',
+            'eval "fsdp_jobs_user_exit=${fsdp_jobs_user_exit%" EXIT"}"',
+            f'fsdp_jobs_spare_exit() {{ rc=$?; eval "(exit $rc); $fsdp_jobs_user_exit"; '
+            f'if [ "$rc" -ne 0 ]; then {check}; rc=$?; fi; exit "$rc"; }}',
             "trap fsdp_jobs_spare_exit EXIT"]
 
 

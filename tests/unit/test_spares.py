@@ -112,11 +112,13 @@ def test_a_spare_jobs_batch_script_exits_as_training_ended_not_as_srun_did(tmp_p
         runs.write_state(run_dir, status="completed", step=300, time=time.time() - 2)
     write = f"from fsdp_jobs.rundir import runs; runs.write_state({str(run_dir)!r}, status={state!r}, step=300)"
     training = "true" if state in (None, "old completed") else f"{python} -c {shlex.quote(write)}"
-    script = "\n".join(spare_exit_setup() + [training, f"(exit {srun_rc})"])
+    user_trap = f"trap 'echo \"user trap saw $?\" > {shlex.quote(str(tmp_path / 'marker'))}' EXIT"  # cluster.setup's
+    script = "\n".join([user_trap] + spare_exit_setup() + [training, f"(exit {srun_rc})"])
     env = {"FSDP_JOBS_RUN_DIR": str(run_dir), "PYTHONPATH": str(Path(__file__).parents[2]), "PATH": "/usr/bin:/bin"}
     r = subprocess.run(["bash", "-c", script], env=env, capture_output=True, text=True, timeout=60)
     assert r.returncode == script_rc, r.stdout + r.stderr
     assert ("training completed at step 300" in r.stdout) == (script_rc == 0 and srun_rc != 0), r.stdout
+    assert (tmp_path / "marker").read_text() == f"user trap saw {srun_rc}\n"  # kept, with the script's status
 
 
 @pytest.mark.parametrize("status, ends", [("completed", True), ("failed", False), (None, False)])
