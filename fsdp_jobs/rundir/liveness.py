@@ -435,23 +435,35 @@ def job_nodes(run_dir: Path, now: float, thorough: bool = False) -> list[NodeSum
 
 def waiting_spares(run_dir: Path, launched: Any) -> list[str]:
     """The nodes of this launch waiting as hot spares: started (the timeline's node_start since the launch), not
-    ended, not in the newest attempt's world, and never trained (no node record and not in the job view: a
-    node whose ranks died keeps its stale record, and rank 0's node is in the view, which it writes instead).
-    None before this launch's first world: every node is still waiting then, spare or not. One read of the
-    timeline, the world record and the view, and K file names."""
+    ended, not in the newest attempt's world, and not trained since they last started. A node whose ranks died
+    keeps its stale node record, and rank 0's node, which writes the job view instead, keeps its entry there:
+    neither waits, unless the node started again after that record or entry was written (Docker restarted
+    its container, which then waits as a spare). Both times are the node's own clock. None before this
+    launch's first world: every node is still waiting then, spare or not. One read of the timeline, the world
+    record and the view, and one node record per candidate."""
     since = float(launched) if isinstance(launched, (int, float)) else 0.0
     world = runs.read_world(run_dir)
     if not (world and world.time >= since):
         return []
-    live: set[str] = set()
+    started: dict[str, float] = {}
     for e in events.read_events(RunDir(run_dir).goodput_file):
         node = e.extra.get("node")
         if e.time < since or not isinstance(node, str):
             continue
         if e.event == "node_start":
-            live.add(node)
+            started[node] = e.time
         elif e.event == "node_end":
-            live.discard(node)
+            started.pop(node, None)
     view = read_view(run_dir, 0.0, fresh=False)
-    live -= set(world.nodes) | {n.node for n in (view.nodes if view else [])}
-    return sorted(n for n in live if not RunDir(run_dir).node_liveness_file(n).exists())
+    in_view = {n.node: n.written for n in (view.nodes if view else [])}
+    return sorted(n for n, t in started.items() if n not in world.nodes and not trained_since(run_dir, n, t, in_view))
+
+
+def trained_since(run_dir: Path, node: str, started: float, in_view: dict[str, float]) -> bool:
+    """Whether `node` had ranks after it `started`: its node record, or else its job-view entry, written since.
+    A record that cannot be read counts as trained (never name a spare on a guess)."""
+    path = RunDir(run_dir).node_liveness_file(node)
+    if path.exists():
+        record = read_node(path)
+        return record is None or record.written >= started
+    return node in in_view and in_view[node] >= started

@@ -158,7 +158,8 @@ def test_a_node_waiting_in_the_rendezvous_exits_0_only_when_the_job_completed(tm
 
 def test_status_names_the_spares_that_wait_not_the_nodes_that_died(tmp_path):
     """This launch started node0..node3; node2 trained, died (no node_end: SIGKILL) and node3 took its place;
-    node4 waits still; node5 ended. Only node4 waits: node2 left a node record behind, node5 its end."""
+    node4 waits still; node5 ended. Only node4 waits: node2 left a node record behind, node5 its end. A node
+    restarted since it trained (a Docker container) waits again."""
     from fsdp_jobs.rundir import events, runs
     from fsdp_jobs.rundir.liveness import JobView, NodeSummary, waiting_spares, write_in_place
     from fsdp_jobs.rundir.layout import RunDir
@@ -182,6 +183,15 @@ def test_status_names_the_spares_that_wait_not_the_nodes_that_died(tmp_path):
         NodeSummary.of(n, time.time(), [], time.time()) for n in ("node0", "node1", "node4")]))))
     runs.write_world(tmp_path, 3, ["node1", "node3", "node4"])
     assert waiting_spares(tmp_path, launched) == []
+    # Docker restarts node2's container (and node0's): each waits as a spare now, its record or view entry
+    # older than its new start (node2's record as its watchdog writes it, with the node's clock)
+    write_in_place(RunDir(tmp_path).node_liveness_file("node2"), json.dumps({"node": "node2", "written": launched + 5,
+                                                                            "ranks": []}))
+    assert waiting_spares(tmp_path, launched) == []  # trained after it started
+    events.append_event(tmp_path, "node_start", node="node2", time=launched + 60)
+    assert waiting_spares(tmp_path, launched) == ["node2"]
+    events.append_event(tmp_path, "node_start", node="node0", time=time.time() + 1)
+    assert waiting_spares(tmp_path, launched) == ["node0", "node2"]
 
 
 def test_a_lost_slurm_node_waits_for_the_outcome_while_the_job_goes_on_and_not_past_that():
