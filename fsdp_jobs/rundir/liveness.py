@@ -437,8 +437,8 @@ def waiting_spares(run_dir: Path, launched: Any) -> list[str]:
     """The nodes of this launch waiting as hot spares: started (the timeline's node_start since the launch), not
     ended, not in the newest attempt's world, and not trained since they last started. A node whose ranks died
     keeps its stale node record, and rank 0's node, which writes the job view instead, keeps its entry there:
-    neither waits, unless the node started again after that record or entry was written (Docker restarted
-    its container, which then waits as a spare). Both times are the node's own clock. None before this
+    neither waits, unless the node started again after that record or entry was written (a container
+    restarted by its runtime, which then waits as a spare). Both times are the node's own clock. None before this
     launch's first world: every node is still waiting then, spare or not. One read of the timeline, the world
     record and the view, and one node record per candidate."""
     since = float(launched) if isinstance(launched, (int, float)) else 0.0
