@@ -181,45 +181,55 @@ def hold_restart_on_a_repeat(hold_s: float = REPEAT_HOLD_S) -> None:
 # own shutdown returned, while the other agents still had calls to make: their close, a keep-alive, a
 # waiting spare's poll. Those failed and printed torch's warnings (`failed to shutdown the rendezvous`, a
 # keep-alive `due to an error of type RendezvousConnectionError`, TCPStore.cpp's C++ frames) at the end of
-# a job that completed; at 1,024 nodes, from up to 1,023 agents. Now every other agent counts itself out on
-# the store (one add) once it made its last call, and the host waits for all the nodes it last saw in the
-# rendezvous (participants, wait list, redundancy list) before it exits, LINGER_S at most (an agent that
-# died counts never). LINGER_POLL_S between two reads of the count: one small read, on the host itself.
+# a job that completed; at 1,024 nodes, from up to 1,023 agents. Now every other agent sets a key of its own
+# on the store once it made its last call, and the host, when its workers succeeded, waits for the keys of
+# all the nodes it last saw in the rendezvous (participants, wait list, redundancy list) before it exits,
+# LINGER_S at most (an agent that died sets none). A key per node, not a count: a node outside that state
+# (one too late for the last round) must not stand in for one inside it. A failed or stopped host does not
+# wait: a failure is not held up. LINGER_POLL_S between two checks: one request, on the host itself.
 LINGER_S = 10.0
 LINGER_POLL_S = 0.05
-LEFT_KEY = "fsdp_jobs.agents_left."
+LEFT_KEY = "fsdp_jobs.agent_left."
 
 
-def others_in_the_rendezvous(handler: Any) -> int:
-    """How many other agents the rendezvous state this agent last read holds (each will count itself out)."""
+def left_key(handler: Any, node: Any) -> str:
+    """The key `node` (a rendezvous node descriptor) sets once it left this rendezvous."""
+    return f"{LEFT_KEY}{handler._settings.run_id}/{node!r}"
+
+
+def others_in_the_rendezvous(handler: Any) -> list[str]:
+    """The keys of the other agents the rendezvous state this agent last read holds."""
     state = handler._state_holder.state
     nodes = set(state.participants) | set(state.wait_list) | set(state.redundancy_list)
     nodes.discard(handler._this_node)
-    return len(nodes)
+    return sorted(left_key(handler, n) for n in nodes)
 
 
-def wait_for_the_others(store: Any, key: str, others: int, linger_s: float) -> bool:
-    """On the store host: wait until `others` agents counted themselves out at `key`; False after `linger_s`."""
+def wait_for_the_others(store: Any, keys: list[str], linger_s: float) -> bool:
+    """On the store host: wait until every one of `keys` is set; False after `linger_s`."""
     import time
 
     deadline = time.monotonic() + linger_s
-    while store.add(key, 0) < others:
+    while keys and not store.check(keys):
         if time.monotonic() >= deadline:
             return False
         time.sleep(LINGER_POLL_S)
     return True
 
 
-def leave_the_rendezvous(handler: Any, store_is_up: bool) -> None:
-    """The last thing an agent does with its rendezvous: the host waits for the others, an other counts itself
-    out (when the store is still up: nothing to tell a store that is gone)."""
+def leave_the_rendezvous(handler: Any, store_is_up: bool, succeeded: bool) -> None:
+    """The last thing an agent does with its rendezvous: the host waits for the others (when it `succeeded`),
+    an other says it left (when the store is still up: nothing to tell a store that is gone)."""
+    from torch.distributed.elastic.rendezvous.api import RendezvousError
+
     try:
-        store, key = handler._store, LEFT_KEY + handler._settings.run_id  # the c10d backend's TCPStore
+        store = handler._store  # the c10d backend's TCPStore (fsdp_jobs/runtime/loopback_store.py)
         if getattr(store, "hosts_server", False):
-            wait_for_the_others(store, key, others_in_the_rendezvous(handler), LINGER_S)
+            if succeeded:
+                wait_for_the_others(store, others_in_the_rendezvous(handler), LINGER_S)
         elif store_is_up:
-            store.add(key, 1)
-    except Exception:  # noqa: BLE001  the end of a job: a store that fails now has nothing left to serve
+            store.set(left_key(handler, handler._this_node), "1")
+    except (RendezvousError, RuntimeError, OSError):  # a store that fails now has nothing left to serve
         pass
 
 
@@ -251,7 +261,8 @@ def end_a_waiting_node_when_the_job_completed() -> None:
             print(f"fsdp-jobs: {os.environ.get(NODE_ENV, 'this node')}: the job completed while this node waited "
                   "in the rendezvous (a hot spare it did not need, or a node too late for its last round)",
                   flush=True)
-            leave_the_rendezvous(handler, store_is_up=not isinstance(error, api.RendezvousConnectionError))
+            leave_the_rendezvous(handler, store_is_up=not isinstance(error, api.RendezvousConnectionError),
+                                 succeeded=True)
             raise SystemExit(0) from None
 
     DynamicRendezvousHandler.next_rendezvous = next_rendezvous_unless_completed
@@ -259,18 +270,26 @@ def end_a_waiting_node_when_the_job_completed() -> None:
 
 def let_the_store_host_leave_last() -> None:
     """torchrun's last rendezvous call (`launch_agent`'s shutdown, not made on a signal) is followed by
-    leave_the_rendezvous, unless the agent left already (a waiting node, above)."""
+    leave_the_rendezvous, unless the agent left already (a waiting node, above). Whether this agent's
+    workers succeeded is the result of its run, which launch_agent gets just before."""
+    from torch.distributed.elastic.agent.server.api import SimpleElasticAgent
     from torch.distributed.elastic.rendezvous.dynamic_rendezvous import DynamicRendezvousHandler
 
-    shutdown = DynamicRendezvousHandler.shutdown
+    run, shutdown = SimpleElasticAgent.run, DynamicRendezvousHandler.shutdown
+
+    def run_and_remember(agent: Any, *args: Any, **kwargs: Any) -> Any:
+        result = run(agent, *args, **kwargs)
+        agent._worker_group.spec.rdzv_handler._fsdp_jobs_succeeded = result is not None and not result.is_failed()
+        return result
 
     def shutdown_then_leave(handler: Any) -> bool:
         if getattr(handler, "_fsdp_jobs_left", False):
             return False
         closed = shutdown(handler)  # False when the store is gone (torch logs it)
-        leave_the_rendezvous(handler, store_is_up=closed)
+        leave_the_rendezvous(handler, store_is_up=closed, succeeded=getattr(handler, "_fsdp_jobs_succeeded", False))
         return closed
 
+    SimpleElasticAgent.run = run_and_remember
     DynamicRendezvousHandler.shutdown = shutdown_then_leave
 
 

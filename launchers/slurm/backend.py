@@ -147,16 +147,18 @@ def spare_exit_setup() -> list[str]:
     """cluster.spare_nodes: the batch script exits as training ended, not with srun's status after a lost
     node (launchers/slurm/batch_exit.py). bash's EXIT trap runs after srun, and its `exit` sets the status.
     bash keeps one EXIT trap: one the user's cluster.setup set (cleaning a scratch dir) is kept and run first,
-    with the script's status in $?."""
-    check = f'{shlex.quote(sys.executable)} -m launchers.slurm.batch_exit "$FSDP_JOBS_RUN_DIR" "$rc" "$began"'
+    in a subshell, with the script's status in $? (its own `exit`, or `set -e`, cannot skip the check)."""
+    check = (f'{shlex.quote(sys.executable)} -m launchers.slurm.batch_exit "$FSDP_JOBS_RUN_DIR" "$fsdp_jobs_rc" '
+             '"$fsdp_jobs_began"')
     # a function, not a quoted trap string: an interpreter path that shlex quotes would end the trap's quotes.
     # `trap -p EXIT` prints the user's trap shell-quoted (trap -- 'CMD' EXIT): eval of the middle gives CMD back
     return ["# cluster.spare_nodes: a lost node's status is not the job's once training completed without it",
-            "began=$(date +%s)",
+            "fsdp_jobs_began=$(date +%s)",
             'fsdp_jobs_user_exit=$(trap -p EXIT); fsdp_jobs_user_exit=${fsdp_jobs_user_exit#"trap -- "}',
             'eval "fsdp_jobs_user_exit=${fsdp_jobs_user_exit%" EXIT"}"',
-            f'fsdp_jobs_spare_exit() {{ rc=$?; eval "(exit $rc); $fsdp_jobs_user_exit"; '
-            f'if [ "$rc" -ne 0 ]; then {check}; rc=$?; fi; exit "$rc"; }}',
+            # the user's trap in a subshell: its `exit`, or set -e with the status it is given, ends only that
+            f'fsdp_jobs_spare_exit() {{ fsdp_jobs_rc=$?; (set +e; (exit "$fsdp_jobs_rc"); eval "$fsdp_jobs_user_exit") '
+            f'|| :; if [ "$fsdp_jobs_rc" -ne 0 ]; then {check}; fsdp_jobs_rc=$?; fi; exit "$fsdp_jobs_rc"; }}',
             "trap fsdp_jobs_spare_exit EXIT"]
 
 

@@ -136,21 +136,33 @@ def _joined_pair(monkeypatch):
     return handlers
 
 
-def test_the_store_hosts_agent_leaves_only_after_the_other_agents_last_call(monkeypatch):
+@pytest.mark.parametrize("succeeded", [True, False])
+def test_the_store_hosts_agent_leaves_only_after_the_other_agents_last_call(monkeypatch, succeeded):
     """The store host's agent exited as soon as its own rendezvous shutdown returned, and an agent a moment
     slower then failed its close and keep-alive against a store that was gone: torch's `failed to shutdown
     the rendezvous ... RendezvousConnectionError` and TCPStore's C++ frames at the end of a job that completed
-    (CI saw them from a hot spare's job). The host's shutdown now returns once the other agent has closed."""
+    (CI saw them from a hot spare's job). The host's shutdown now returns once the other agent has closed,
+    when the host's workers succeeded (torchrun's run result); a failed host does not hold the failure up."""
     import threading
     import time
 
+    from torch.distributed.elastic.agent.server.api import RunResult, SimpleElasticAgent, WorkerState
     from torch.distributed.elastic.rendezvous.dynamic_rendezvous import DynamicRendezvousHandler
 
     from launchers.node import agent
 
     monkeypatch.setattr(DynamicRendezvousHandler, "shutdown", DynamicRendezvousHandler.shutdown)  # undone after
+    result = RunResult(state=WorkerState.SUCCEEDED if succeeded else WorkerState.FAILED)
+    monkeypatch.setattr(SimpleElasticAgent, "run", lambda agent, role="default": result)
     agent.let_the_store_host_leave_last()
     host, other = _joined_pair(monkeypatch)
+
+    class Agent:  # what run_and_remember reads of torchrun's agent: its worker group's rendezvous handler
+        class _worker_group:
+            class spec:
+                rdzv_handler = host
+
+    assert SimpleElasticAgent.run(Agent()) is result
     ended = {}
 
     def shut(name, handler, after_s):
@@ -163,12 +175,16 @@ def test_the_store_hosts_agent_leaves_only_after_the_other_agents_last_call(monk
     [t.start() for t in threads]
     [t.join(60) for t in threads]
     assert ended["other"][1] is True  # its close reached the store
-    assert ended["host"][0] >= ended["other"][0] - 0.05, ended  # the host stayed until then (not 0.5 s before)
-    assert ended["host"][0] < ended["other"][0] + agent.LINGER_S / 2, ended  # and left as it counted out
+    if succeeded:
+        assert ended["host"][0] >= ended["other"][0] - 0.05, ended  # the host stayed until then (not 0.5 s before)
+        assert ended["host"][0] < ended["other"][0] + agent.LINGER_S / 2, ended  # and left as it said it left
+    else:
+        assert ended["host"][0] < ended["other"][0] - 0.3, ended  # it did not wait
 
 
-def test_the_store_host_waits_for_the_others_no_longer_than_linger_s():
-    """An agent that died never counts itself out: the host gives up after linger_s (LINGER_S: 10 s)."""
+def test_the_store_host_waits_for_exactly_its_nodes_and_no_longer_than_linger_s():
+    """An agent that died never says it left: the host gives up after linger_s (LINGER_S: 10 s). A node that
+    was not in the host's last rendezvous state (too late for the last round) does not stand in for one."""
     import time
 
     from fsdp_jobs.runtime.loopback_store import LoopbackTCPStore
@@ -176,9 +192,10 @@ def test_the_store_host_waits_for_the_others_no_longer_than_linger_s():
 
     store = LoopbackTCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
     began = time.monotonic()
-    assert agent.wait_for_the_others(store, "k", 0, 5.0) is True and time.monotonic() - began < 1  # alone
-    store.add("k", 1)
-    assert agent.wait_for_the_others(store, "k", 1, 5.0) is True  # the one other left already
+    assert agent.wait_for_the_others(store, [], 5.0) is True and time.monotonic() - began < 1  # alone
+    store.set("left/a", "1")
+    assert agent.wait_for_the_others(store, ["left/a"], 5.0) is True  # the one other left already
+    store.set("left/late", "1")
     began = time.monotonic()
-    assert agent.wait_for_the_others(store, "k", 2, 0.3) is False  # the second never comes
+    assert agent.wait_for_the_others(store, ["left/a", "left/b"], 0.3) is False  # b never comes; late is not b
     assert 0.3 <= time.monotonic() - began < 3

@@ -82,17 +82,27 @@ def test_docker_starts_the_spares_with_the_job_and_slurm_allocates_them_with_no_
     assert params["nodes"] == 3 and "no-kill" not in params["additional_parameters"] and "srun_args" not in params
 
 
-@pytest.mark.parametrize("srun_rc, state, script_rc", [
-    (9, "completed", 0),  # a lost node's status, training completed without it: the job completed
-    (9, "failed", 9), (9, None, 9), (9, "old completed", 9),  # ... an earlier launch's completion is not this one's
-    (0, None, 0),
+USER_TRAP = "trap 'echo \"user trap saw $?\" > {marker}' EXIT"
+USER_SETUPS = {  # cluster.setup lines before the spare job's own: a user's EXIT trap is kept and runs first
+    "trap": USER_TRAP,
+    "set -e": "set -e\n" + USER_TRAP,  # set -e and the user's trap given status 9 must not end the script there
+    "trap that exits": "trap 'rc=$?; echo \"user trap saw $rc\" > {marker}; exit $rc' EXIT",  # a cleanup idiom
+}
+
+
+@pytest.mark.parametrize("srun_rc, state, script_rc, user_setup", [
+    (9, "completed", 0, "trap"),  # a lost node's status, training completed without it: the job completed
+    (9, "failed", 9, "trap"), (9, None, 9, "trap"),
+    (9, "old completed", 9, "trap"),  # ... an earlier launch's completion is not this one's
+    (0, None, 0, "trap"),
+    (9, "completed", 0, "set -e"), (9, "completed", 0, "trap that exits"), (9, "failed", 9, "trap that exits"),
 ])
 def test_a_spare_jobs_batch_script_exits_as_training_ended_not_as_srun_did(tmp_path, monkeypatch, srun_rc, state,
-                                                                           script_rc):
+                                                                           script_rc, user_setup):
     """The setup lines the batch script of a spare job gets, run by bash with `(exit 9)` standing in for srun
     (seen on the test cluster: a node set DOWN mid-job, training completed at world 3 with a spare, srun then
     exited 9 and the SLURM job was FAILED). The interpreter's path has a space and a quote in it (a trap in
-    single quotes broke on it)."""
+    single quotes broke on it). The user's own EXIT trap still runs, with srun's status."""
     import shlex
     import subprocess
     import sys
@@ -112,8 +122,8 @@ def test_a_spare_jobs_batch_script_exits_as_training_ended_not_as_srun_did(tmp_p
         runs.write_state(run_dir, status="completed", step=300, time=time.time() - 2)
     write = f"from fsdp_jobs.rundir import runs; runs.write_state({str(run_dir)!r}, status={state!r}, step=300)"
     training = "true" if state in (None, "old completed") else f"{python} -c {shlex.quote(write)}"
-    user_trap = f"trap 'echo \"user trap saw $?\" > {shlex.quote(str(tmp_path / 'marker'))}' EXIT"  # cluster.setup's
-    script = "\n".join([user_trap] + spare_exit_setup() + [training, f"(exit {srun_rc})"])
+    user = USER_SETUPS[user_setup].format(marker=shlex.quote(str(tmp_path / "marker")))
+    script = "\n".join([user] + spare_exit_setup() + [training, f"(exit {srun_rc})"])
     env = {"FSDP_JOBS_RUN_DIR": str(run_dir), "PYTHONPATH": str(Path(__file__).parents[2]), "PATH": "/usr/bin:/bin"}
     r = subprocess.run(["bash", "-c", script], env=env, capture_output=True, text=True, timeout=60)
     assert r.returncode == script_rc, r.stdout + r.stderr
@@ -146,6 +156,7 @@ def test_a_node_waiting_in_the_rendezvous_exits_0_only_when_the_job_completed(tm
     if status:
         runs.write_state(tmp_path, status=status, step=10)
     handler = object.__new__(DynamicRendezvousHandler)
+    handler._store = None  # a store it no longer reaches: nothing to say on the way out
     if ends:
         with pytest.raises(SystemExit) as e:
             handler.next_rendezvous()
