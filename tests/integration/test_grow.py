@@ -16,9 +16,12 @@ from tests.conftest import REPO, assert_grew_without_skipping_data, cli
 pytestmark = pytest.mark.integration
 
 SHORT = ("model.dim=64", "model.n_layers=2", "model.ffn_dim=128", "model.vocab_size=128", "data.seq_len=16")
-# 12 sequences a step: world 4 = 3 micro batches of 1 per rank, world 6 = 2
+# 12 sequences a step: world 4 = 3 micro batches of 1 per rank, world 6 = 2. STEPS: the new node must join
+# before the last step. At 100, here it joined at step 32 of 100 (5 s after the scale), and in a CI run under
+# extra load the job had ended before it joined
+STEPS = 200
 GROW_ARGS = ("nodes=2", "cluster.max_nodes=3", "gpus_per_node=2", "train.global_batch_size=12",
-             "train.micro_batch_per_rank=1", "train.steps=100", "checkpoint.interval=50", "train.log_interval=1", *SHORT)
+             "train.micro_batch_per_rank=1", f"train.steps={STEPS}", "checkpoint.interval=50", "train.log_interval=1", *SHORT)
 
 
 def wait_for_steps(run_dir: Path, proc: subprocess.Popen[str], steps: int, timeout: float = 300) -> None:
@@ -48,7 +51,7 @@ def test_a_running_job_grows_from_two_nodes_to_three_without_skipping_data(run_r
             job.kill()
     assert job.returncode == 0, out[-4000:]
     assert "node2 added (fsdp-jobs scale)" in out
-    assert_grew_without_skipping_data(run_dir, 4, 6, 12, 100)
+    assert_grew_without_skipping_data(run_dir, 4, 6, 12, STEPS)
     assert "global batch 12 (3/rank = 3 micro batches of 1)" in out, out[-3000:]  # world 4, then world 6:
     assert "global batch 12 (2/rank = 2 micro batches of 1)" in out, out[-3000:]  # the same batch by accumulation
     for args, says in ((("nodes=3",), "is not running"), (("nodes=4",), "must be from 3 to 3"),
