@@ -225,6 +225,11 @@ class RunDir:
         return self.root / "scale-request"
 
     @property
+    def replaced_nodes_file(self) -> Path:
+        """replaced-nodes.jsonl: one ReplacedNodes per preflight whose named nodes hot spares replace."""
+        return self.root / "replaced-nodes.jsonl"
+
+    @property
     def world_file(self) -> Path:
         """The newest attempt's nodes (WorldRecord): the next one names who left or joined."""
         return self.root / "world.json"

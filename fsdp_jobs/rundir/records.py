@@ -209,6 +209,7 @@ class PreflightRecord(Record):
     seconds: Optional[float] = None
     rechecked: Optional[list[str]] = None  # the nodes slow in a first round, measured again
     first_round: Optional[dict[str, Any]] = None
+    replaced: Optional[list[str]] = None  # the named nodes hot spares take the place of (cluster.spare_nodes)
     v: int = SCHEMA
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -286,6 +287,20 @@ class WorldRecord(Record):
 
 
 @dataclass
+class ReplacedNodes(Record):
+    """One line of RunDir.replaced_nodes_file per preflight that named nodes of a job with hot spares waiting
+    (fsdp_jobs/runtime/preflight.py): those nodes' agents leave the rendezvous instead of restarting
+    (launchers/node/agent.py), and the next round takes spares in their place."""
+
+    time: float
+    nodes: list[str]
+    reason: str
+    restart: Optional[int] = None  # the job's attempt whose preflight named them
+    v: int = SCHEMA
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
 class ChaosIncident(Record):
     """One line of RunDir.chaos_incidents_file per fault a chaos marathon injected (launchers/marathon.py):
     when (wall clock and the job's step), when the job first recorded it and how, when it stepped past
@@ -305,4 +320,4 @@ class ChaosIncident(Record):
 
 
 ALL = (StateRecord, LaunchRecord, GoodputEvent, MetricsRow, PreflightRecord, HangRecord, FailureRecord,
-       ScaleRequest, RankRecord, WorldRecord, ChaosIncident)
+       ScaleRequest, RankRecord, WorldRecord, ReplacedNodes, ChaosIncident)

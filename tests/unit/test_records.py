@@ -12,8 +12,8 @@ import pytest
 from fsdp_jobs.rundir import events, failures, hangs, runs
 from fsdp_jobs.rundir.layout import RunDir
 from fsdp_jobs.rundir.records import (ALL, SCHEMA, FailureRecord, GoodputEvent, HangRecord, LaunchRecord, MetricsRow,
-                                      PreflightRecord, RankRecord, ScaleRequest, StateRecord, WorldRecord,
-                                      ChaosIncident)
+                                      PreflightRecord, RankRecord, ReplacedNodes, ScaleRequest, StateRecord,
+                                      WorldRecord, ChaosIncident)
 
 # one well-formed record of each kind, and a field of it given the wrong type
 GOOD = {
@@ -27,6 +27,7 @@ GOOD = {
     ScaleRequest: ({"nodes": 4}, "nodes", True),
     RankRecord: ({"rank": 3, "pid": 99, "node": "n1"}, "pid", 99.5),
     WorldRecord: ({"restart": 1, "nodes": ["n1", "n2"], "time": 1.0}, "nodes", "n1"),
+    ReplacedNodes: ({"time": 1.0, "nodes": ["n2"], "reason": "slow", "restart": 0}, "nodes", [2]),
     ChaosIncident: ({"n": 1, "kind": "kill-rank", "target": "rank 1", "injected_at": 1.0, "step": 5}, "step", "5"),
 }
 
