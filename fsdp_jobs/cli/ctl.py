@@ -28,7 +28,7 @@ from fsdp_jobs.cli import goodput, report, stragglers
 from fsdp_jobs.rundir import logs
 from fsdp_jobs.rundir.logs import LogFilter
 from fsdp_jobs.planning import input_rules
-from fsdp_jobs.rundir import hangs, journal, liveness, runs
+from fsdp_jobs.rundir import hangs, journal, liveness, replaced, runs
 from fsdp_jobs.planning.errors import OneLineParser, UserError, die
 from fsdp_jobs.rundir.checkpoints import newest_checkpoint
 from fsdp_jobs.rundir.layout import RunDir
@@ -113,6 +113,10 @@ def run_status(run_dir: Path) -> dict[str, Any]:
         spares = None
     if spares:  # cluster.spare_nodes: agents beyond the rendezvous' max_nodes, waiting to replace a node that dies
         out["spare_nodes"] = spares
+        named = sorted({n for r in replaced.since(run_dir, float(run.launch.get("unix") or 0)) for n in r.nodes})
+        if named:  # this launch's nodes a preflight named, which spares replaced (fsdp_jobs/runtime/preflight.py)
+            out["replaced_nodes"] = named
+            out["detail"] += f"; replaced by hot spares after the preflight named them: {', '.join(named)}"
         if status.state == JobState.RUNNING:
             waiting = liveness.waiting_spares(run_dir, run.launch.get("unix"))
             out["spares_waiting"] = waiting

@@ -20,6 +20,8 @@ KNOWN = {
     "FSDP_JOBS_TEST_REJOIN_DELAY_S": "a restarted replica group waits this many seconds before it rejoins (a node slow to come back)",
     "FSDP_JOBS_TEST_PREFLIGHT_SLOW_NODE": "this node's preflight checks take 3x as long (fsdp_jobs/runtime/preflight.py)",
     "FSDP_JOBS_TEST_PREFLIGHT_SLOW_ONCE": "this node's preflight checks take 3x as long in the first round only",
+    "FSDP_JOBS_TEST_PREFLIGHT_SLOW_NODE_RANK": "in the job's first attempt, the preflight checks of its K-th node by "
+                                              "node rank (K >= 1) not serving the rendezvous store take 3x as long",
 }
 NAMED = ("FSDP_JOBS_TEST_PREFLIGHT_SLOW_NODE", "FSDP_JOBS_TEST_PREFLIGHT_SLOW_ONCE")  # these take a node's name, the others a step number
 
@@ -39,7 +41,7 @@ def parse(env: Mapping[str, str]) -> dict[str, int | str]:
             out[name] = str(value)
             continue
         if not str(value).strip().isdigit():
-            unit = "seconds" if name.endswith("_S") else "a step number"
+            unit = "seconds" if name.endswith("_S") else "a node rank" if name.endswith("_RANK") else "a step number"
             raise UserError(name, value, f"must be {unit} (an integer >= 0)")
         out[name] = int(value)
     return out

@@ -21,6 +21,9 @@ import torch.distributed as dist
 _ARGS = ("host_name", "port", "world_size", "is_master", "timeout", "wait_for_workers", "multi_tenant",
          "master_listen_fd", "use_libuv")
 _ORIGINAL = dist.TCPStore
+# "1" in the ranks of the node whose agent serves the rendezvous store, "0" in the others' (set by
+# launchers/node/agent.py after each round): a preflight never has a hot spare replace that node
+STORE_HOST_ENV = "FSDP_JOBS_STORE_HOST"
 
 
 def loopback_address(host: str) -> Optional[tuple[int, str]]:

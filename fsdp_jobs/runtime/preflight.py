@@ -15,6 +15,12 @@ names a node for slowness alone, every rank measures again after RECHECK_PAUSE_S
 on the better of each rank's two numbers: a node is named slow only when it was slow twice. Then rank 0
 prints one table, writes the preflight record (RunDir.preflight_file) and, when a node is named, the state
 "failed" with the reason.
+
+Hot spares (cluster.spare_nodes) stand in for named nodes: when as many spares wait as nodes were named, and
+none of those hosts the rendezvous store (preflight_verdict.why_no_spare), rank 0 records the named nodes
+(RunDir.replaced_nodes_file) instead of failing the job, and every rank exits REPLACED_EXIT. Each agent then
+restarts its ranks, except the named nodes' agents, which leave the rendezvous (launchers/node/agent.py), so
+the next round takes spares in their place and preflights them with the rest: same world, mesh and batch.
 """
 
 from __future__ import annotations
@@ -31,10 +37,11 @@ import torch
 import torch.distributed as dist
 
 from fsdp_jobs.planning import faults
-from fsdp_jobs.rundir import runs
+from fsdp_jobs.rundir import liveness, replaced, runs
 from fsdp_jobs.rundir.layout import RunDir
-from fsdp_jobs.rundir.records import PreflightRecord
+from fsdp_jobs.rundir.records import PreflightRecord, ReplacedNodes
 from fsdp_jobs.runtime import preflight_verdict as preflight
+from fsdp_jobs.runtime.loopback_store import STORE_HOST_ENV
 from fsdp_jobs.runtime.mesh import World
 from fsdp_jobs.runtime.metrics import log
 
@@ -49,6 +56,14 @@ RECHECK_PAUSE_S = 1.0  # before a recheck: a burst of the machine's other load m
 # the first round only (a momentary slowdown the recheck must forgive)
 SLOW_NODE_ENV = "FSDP_JOBS_TEST_PREFLIGHT_SLOW_NODE"
 SLOW_ONCE_ENV = "FSDP_JOBS_TEST_PREFLIGHT_SLOW_ONCE"
+# test-only too: in the job's first attempt, the K-th node by node rank (K >= 1) of those not serving the
+# rendezvous store is slow, whichever node the rendezvous put there (with hot spares, which agent waits as the
+# spare is a race, so a node's name may be the spare's; and the store host's node rank is a race of its own)
+SLOW_RANK_ENV = "FSDP_JOBS_TEST_PREFLIGHT_SLOW_NODE_RANK"
+# every rank's exit status when hot spares replace the nodes its preflight named: not 0, so that every agent
+# restarts its ranks (torchrun restarts on a failure only); not 1, which is any exception's; nor 3, which
+# launchers/node/wrapper.py gives a failure the ranks decided on
+REPLACED_EXIT = 4
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 
 
@@ -201,13 +216,28 @@ def my_turn(world: World, node: str) -> tuple[int, int]:
     return sorted(nodes_of[socket.gethostname()]).index(node), max(len(v) for v in nodes_of.values())
 
 
+def slow_by_node_rank(world: World) -> bool:
+    """The test fault SLOW_RANK_ENV: whether this node is the one it makes slow. Every rank takes part in one
+    gather when it is set (it is the whole job's, and world.restart is agreed at bring-up)."""
+    k = faults.step(SLOW_RANK_ENV)
+    if not k or world.restart:
+        return False
+    ranks: list[Any] = [None] * world.world_size
+    dist.all_gather_object(ranks, (world.node_rank, os.environ.get(STORE_HOST_ENV) == "1"))
+    others = sorted({r for r, host in ranks} - {r for r, host in ranks if host})
+    return len(others) >= k and others[k - 1] == world.node_rank
+
+
 def measure(run_dir: Path, world: World, first_round: bool = True) -> dict[str, Any]:
     """This rank's record; a check that raises is recorded as this rank's error (the node is then named)."""
     node = os.environ.get("FSDP_JOBS_NODE") or socket.gethostname()  # launchers/node/wrapper.py: the scheduler's name
-    slow = faults.name(SLOW_NODE_ENV) == node or (first_round and faults.name(SLOW_ONCE_ENV) == node)
+    slow = (faults.name(SLOW_NODE_ENV) == node or (first_round and faults.name(SLOW_ONCE_ENV) == node)
+            or slow_by_node_rank(world))
     turns = my_turn(world, node)
     rec: dict[str, Any] = {"rank": world.rank, "node": node, "host": socket.gethostname(),
-                           "device": str(world.device), "error": None}
+                           "device": str(world.device), "error": None,
+                           # its agent serves the rendezvous store (launchers/node/agent.py): no spare replaces it
+                           "store_host": os.environ.get(STORE_HOST_ENV) == "1"}
     checks: list[tuple[str, Callable[[], Any]]] = [
         ("allreduce_busbw_gbps", lambda: allreduce_busbw_gbps(world, slow)),
         ("pair_busbw_gbps", lambda: pair_busbw_gbps(world, slow)),
@@ -229,9 +259,13 @@ def measure(run_dir: Path, world: World, first_round: bool = True) -> dict[str, 
     return rec
 
 
-def run_preflight(run_dir: Path, cfg: JobConfig, world: World) -> bool:
-    """Every rank: measure, gather on rank 0, judge, recheck a node named slow, report. Returns the verdict
-    (the same on every rank)."""
+PASSED, FAILED, REPLACED = "passed", "failed", "replaced"  # run_preflight's outcomes
+
+
+def run_preflight(run_dir: Path, cfg: JobConfig, world: World) -> str:
+    """Every rank: measure, gather on rank 0, judge, recheck a node named slow, report. Returns the outcome, the
+    same on every rank: PASSED, FAILED (the state record says why) or REPLACED (hot spares take the named
+    nodes' places: see the module docstring)."""
     began = time.time()
     ratio = float(cfg.fault.preflight_slow_ratio)  # a job record older than fault.*: the schema's default
     ckpt_gb = checkpoint_gb(run_dir, cfg)
@@ -249,22 +283,51 @@ def run_preflight(run_dir: Path, cfg: JobConfig, world: World) -> bool:
             v = preflight.verdict(ranks, ratio, ckpt_gb, expected_nodes=cfg.nodes)
             v["notes"] += preflight.cleared_notes(first, v)
             v.update(rechecked=recheck[0], first_round={"ranks": first_ranks, "bad": first["bad"]})
-    ok = [True]
+    outcome = [PASSED]
     if world.rank == 0:
         assert v is not None
         v.update(time=time.time(), seconds=round(time.time() - began, 2), ranks=ranks)
-        record = PreflightRecord(**v)  # the verdict's keys are the record's fields: a new one is added there
-        runs.write_atomic(RunDir(run_dir).preflight_file, json.dumps(record.to_json(), indent=1) + "\n")
-        log(0, f"preflight of {len(v['nodes'])} nodes in {v['seconds']} s" +
-            "".join(f"; note: {n}" for n in v["notes"]))
-        log(0, preflight.table(v))
-        log(0, preflight.summary_line(v))
-        if not v["ok"]:
-            runs.write_state(run_dir, status="failed", stage="preflight", bad_nodes=v["bad"],
-                             reason=preflight.summary_line(v)[:1000], step=runs.read_state(run_dir).step)
-        ok = [v["ok"]]
-    dist.broadcast_object_list(ok, src=0)
-    return bool(ok[0])
+        outcome = [report(run_dir, cfg, world, v)]
+    dist.broadcast_object_list(outcome, src=0)
+    return str(outcome[0])
+
+
+def report(run_dir: Path, cfg: JobConfig, world: World, v: dict[str, Any]) -> str:
+    """Rank 0: the verdict `v` into the preflight record, the log and, when it named nodes, into the record of
+    nodes spares replace, or else the state record (failed); the outcome."""
+    why_not = None if v["ok"] else spares_for(run_dir, cfg, v)
+    if not v["ok"] and why_not is None:
+        v["replaced"] = v["bad"]
+    record = PreflightRecord(**v)  # the verdict's keys are the record's fields: a new one is added there
+    runs.write_atomic(RunDir(run_dir).preflight_file, json.dumps(record.to_json(), indent=1) + "\n")
+    log(0, f"preflight of {len(v['nodes'])} nodes in {v['seconds']} s" + "".join(f"; note: {n}" for n in v["notes"]))
+    log(0, preflight.table(v))
+    summary = preflight.summary_line(v)
+    if v["ok"]:
+        log(0, summary)
+        return PASSED
+    if why_not is None:
+        replaced.record(run_dir, ReplacedNodes(time=time.time(), nodes=list(v["bad"]), reason=summary[:1000],
+                                               restart=world.restart))
+        log(0, f"{summary}; hot spares take the place of {', '.join(v['bad'])}: the job restarts at the same world")
+        return REPLACED
+    summary += f"; not replaced: {why_not}" if why_not else ""
+    log(0, summary)
+    runs.write_state(run_dir, status="failed", stage="preflight", bad_nodes=v["bad"], reason=summary[:1000],
+                     step=runs.read_state(run_dir).step)
+    return FAILED
+
+
+def spares_for(run_dir: Path, cfg: JobConfig, v: dict[str, Any]) -> Optional[str]:
+    """None when hot spares can take the place of the nodes the verdict `v` named, else why not ("" for a job
+    without spares): preflight_verdict.why_no_spare on the spares waiting now (one read of the timeline and
+    the world record: liveness.waiting_spares) and the nodes that serve the rendezvous store."""
+    spares = int(cfg.cluster.get("spare_nodes") or 0)  # a job record from before spares has no such key
+    if not spares:
+        return ""
+    hosts = sorted({str(r.get("node")) for r in v["ranks"] if r.get("store_host")})
+    waiting = liveness.waiting_spares(run_dir, runs.last_launch(run_dir).get("unix"))
+    return preflight.why_no_spare(v["bad"], spares, waiting, hosts)
 
 
 def _gathered(rec: dict[str, Any], world: World) -> list[dict[str, Any]]:

@@ -160,6 +160,23 @@ def summary_line(v: dict[str, Any]) -> str:
             " | ".join(f"{n}: {v['nodes'][n]['verdict']}" for n in v["bad"]))
 
 
+def why_no_spare(bad: list[str], spares: int, waiting: list[str], store_hosts: list[str]) -> Optional[str]:
+    """Why hot spares (cluster.spare_nodes) cannot take the place of the `bad` nodes a preflight named, or
+    None when they can: the job then goes on at the same world without them (fsdp_jobs/runtime/preflight.py).
+    `waiting`: the spares waiting now; `store_hosts`: the nodes whose agent serves the rendezvous store, which
+    no spare can replace (its agent's exit ends the rendezvous for every node). "" for a job without spares:
+    its verdict reads as it always has."""
+    if spares <= 0:
+        return ""
+    hosts = [n for n in bad if n in store_hosts]
+    if hosts:
+        return f"{', '.join(hosts)} hosts the rendezvous store, which no hot spare can replace"
+    if len(bad) > len(waiting):
+        return (f"{len(bad)} node(s) named, {len(waiting)} hot spare(s) waiting"
+                + (f" ({', '.join(waiting)})" if waiting else ""))
+    return None
+
+
 def read(run_dir: Path) -> Optional[PreflightRecord]:
     """The preflight record (RunDir.preflight_file: the newest preflight's verdict and every rank's measures), or
     None when missing or damaged."""

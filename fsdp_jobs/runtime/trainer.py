@@ -185,10 +185,9 @@ class Trainer:
     def run(self, stop: StopFlag) -> int:
         """The built-in loop, start to exit."""
         self.bring_up()
-        if self.cfg.preflight and not self.preflight():
-            return 0  # a node was named: the state record says failed, and launchers/node/wrapper.py exits non-zero
-        if self.cfg.preflight == "only":
-            return 0
+        ended = self.preflight() if self.cfg.preflight else None
+        if ended is not None:
+            return ended
         self.tune_for_training()
         self.build()
         self.timeline.event("built")
@@ -237,20 +236,24 @@ class Trainer:
         self.replicas = open_replicas(self.run_dir, self.cfg, world)
         self.timeline.event("process_group", began=began)
 
-    def preflight(self) -> bool:
-        """preflight=true|only: every node checked before any step (fsdp_jobs/runtime/preflight.py)."""
-        from fsdp_jobs.runtime.preflight import run_preflight
+    def preflight(self) -> Optional[int]:
+        """preflight=true|only: every node checked before any step (fsdp_jobs/runtime/preflight.py). None: go on
+        training; else the ranks' exit status: 0 after preflight=only, or a named node (the state record says
+        failed, and launchers/node/wrapper.py exits non-zero), REPLACED_EXIT when hot spares replace it."""
+        from fsdp_jobs.runtime.preflight import PASSED, REPLACED, REPLACED_EXIT, run_preflight
 
         self.beat_phase("preflight")
-        ok = run_preflight(self.run_dir, self.cfg, self.world)
+        outcome = run_preflight(self.run_dir, self.cfg, self.world)
+        ok = outcome == PASSED
         self.timeline.event("preflight", ok=ok)
         if ok and self.cfg.preflight == "only" and self.world.rank == 0:
             runs.write_state(self.run_dir, status="completed", stage="preflight", step=runs.read_state(
                 self.run_dir).step, reason="preflight=only: every node passed")
-        if not ok or self.cfg.preflight == "only":  # the attempt ends here (the goodput timeline)
-            self.timeline.event("end", why="completed: preflight=only" if ok else "failed: preflight named a node",
-                                step=0)
-        return ok
+        if ok and self.cfg.preflight != "only":
+            return None
+        why = {PASSED: "completed: preflight=only", REPLACED: "failed: preflight named a node; hot spares replace it"}
+        self.timeline.event("end", why=why.get(outcome, "failed: preflight named a node"), step=0)  # the attempt ends
+        return REPLACED_EXIT if outcome == REPLACED else 0
 
     def use(self, world: World, mesh: Any) -> None:
         """Take a world and mesh brought up already (bring_up, or a test's one-rank group)."""

@@ -17,7 +17,7 @@ import sys
 from typing import Any
 
 from fsdp_jobs.planning.plan import REPLICA_GROUP_ENV
-from fsdp_jobs.runtime.loopback_store import install
+from fsdp_jobs.runtime.loopback_store import STORE_HOST_ENV, install
 
 TRAINER = "fsdp_jobs.runtime"
 SPAWN_ENV = "FSDP_JOBS_SPAWN_RANKS"
@@ -44,9 +44,24 @@ def launch_forked(args: Any) -> None:
     import fsdp_jobs.runtime.train  # noqa: F401  torch and the trainer, imported once, here
     from fsdp_jobs.runtime.__main__ import forked
 
+    quiet_about_replaced_ranks()
     args.start_method = "fork"
     config, _, _ = torchrun.config_from_args(args)
     elastic_launch(config=config, entrypoint=forked)(args.training_script_args[0])
+
+
+def quiet_about_replaced_ranks() -> None:
+    """The trainer's ranks exit REPLACED_EXIT when hot spares replace nodes a preflight named (a planned end of
+    the attempt, which the node named says in one line: leave_when_replaced). torchrun logs every rank that
+    exits non-zero as a failure with a 7-line traceback: 8,192 of them at 1,024 x 8 for one replaced node.
+    Those records, and only those, are dropped (built-in trainer only: a user's script may exit 4 itself)."""
+    import logging
+
+    from fsdp_jobs.runtime.preflight import REPLACED_EXIT
+
+    said = f"(exitcode: {REPLACED_EXIT})"
+    logging.getLogger("torch.distributed.elastic.multiprocessing.api").addFilter(
+        lambda record: said not in record.getMessage())
 
 
 def shorten_exit_barrier(seconds: float = EXIT_BARRIER_S) -> None:
@@ -293,6 +308,60 @@ def let_the_store_host_leave_last() -> None:
     DynamicRendezvousHandler.shutdown = shutdown_then_leave
 
 
+def tell_the_ranks_who_hosts_the_store() -> None:
+    """After each round, STORE_HOST_ENV in this agent's environment, which the ranks it then starts inherit
+    (forked or spawned): "1" where this agent serves the rendezvous store. A preflight never has a hot spare
+    replace that node (fsdp_jobs/runtime/preflight.py): its agent's exit would end the rendezvous for all."""
+    from torch.distributed.elastic.rendezvous.dynamic_rendezvous import DynamicRendezvousHandler
+
+    next_rendezvous = DynamicRendezvousHandler.next_rendezvous
+
+    def next_rendezvous_and_say_who_hosts(handler: Any) -> Any:
+        result = next_rendezvous(handler)
+        os.environ[STORE_HOST_ENV] = "1" if getattr(handler._store, "hosts_server", False) else "0"
+        return result
+
+    DynamicRendezvousHandler.next_rendezvous = next_rendezvous_and_say_who_hosts
+
+
+# A node a preflight named while hot spares waited (cluster.spare_nodes) leaves the job: its ranks, like every
+# rank, ended the attempt with REPLACED_EXIT, and where every other agent restarts its ranks, this one finds its
+# node in the record of replaced nodes (written since it started), leaves the rendezvous round it was in (what
+# torch's own next round begins with: its keep-alive stops, and it takes itself off the participants, so the
+# others' next round need not wait for its keep-alive to lapse) and exits 0 with one line. The next round has
+# room and takes a spare from the redundancy list. Nothing closes the rendezvous (`_fsdp_jobs_left`), and exit
+# 0 keeps Docker (on-failure) from starting the node again.
+def leave_when_replaced() -> None:
+    from launchers.node.wrapper import NODE_ENV, RUN_DIR_ENV  # the node wrapper's, which the agent inherits
+
+    run_dir, node = os.environ.get(RUN_DIR_ENV), os.environ.get(NODE_ENV)
+    if not run_dir or not node:
+        return
+    import time
+    from pathlib import Path
+
+    from torch.distributed.elastic.agent.server.api import SimpleElasticAgent
+    from torch.distributed.elastic.rendezvous.dynamic_rendezvous import _RendezvousExitOp
+
+    from fsdp_jobs.rundir import replaced
+
+    started = time.time()
+    restart = SimpleElasticAgent._restart_workers
+
+    def restart_unless_replaced(agent: Any, worker_group: Any) -> None:
+        if not replaced.is_replaced(Path(run_dir), node, started):
+            return restart(agent, worker_group)
+        handler = worker_group.spec.rdzv_handler
+        handler._stop_heartbeats()
+        handler._op_executor.run(_RendezvousExitOp(), handler._get_deadline(handler._settings.timeout.close))
+        handler._fsdp_jobs_left = True
+        print(f"fsdp-jobs: {node}: the preflight named this node and a hot spare takes its place; it leaves the job",
+              flush=True)
+        raise SystemExit(0)
+
+    SimpleElasticAgent._restart_workers = restart_unless_replaced
+
+
 def import_the_log_formatter() -> None:
     """torch's log formatter imports torch._dynamo the first time it formats an exception (0.3-1.0 s on 2
     busy cores), and the first one an agent logs is its ranks' failure, on the way to their restart
@@ -308,7 +377,9 @@ def main() -> None:
     shorten_exit_barrier()
     shorten_replica_restart_stop()
     hold_restart_on_a_repeat()
+    leave_when_replaced()
     end_a_waiting_node_when_the_job_completed()
+    tell_the_ranks_who_hosts_the_store()
     let_the_store_host_leave_last()
     from torch.distributed import run as torchrun
     from torch.distributed.elastic.multiprocessing.errors import record

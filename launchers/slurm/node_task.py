@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any, Optional
 import submitit
 
 from fsdp_jobs.planning.config import job_config
-from fsdp_jobs.rundir import runs
+from fsdp_jobs.rundir import replaced, runs
 from fsdp_jobs.rundir.checkpoints import newest_checkpoint, step_of
 from fsdp_jobs.rundir.failures import ATTEMPT_ENV
 from fsdp_jobs.rundir.layout import RunDir
@@ -233,10 +233,14 @@ def start_agent(job: JobConfig, run_dir: Path, args: list[str], extra_env: dict[
     cmd = [sys.executable, "-m", NODE_WRAPPER, *args, *rank_entry(job, str(run_dir), os.environ.get(USER_CODE_ENV))]
     error_file.parent.mkdir(exist_ok=True)
     error_file.unlink(missing_ok=True)
-    node = os.environ.get("SLURMD_NODENAME") or socket.gethostname()  # how the ranks name their node
     return subprocess.Popen(cmd, preexec_fn=_ignore_stop_signal(job.cluster.signal),
                             env={**os.environ, "TORCHELASTIC_ERROR_FILE": str(error_file),
-                                 "FSDP_JOBS_NODE": node, ATTEMPT_ENV: attempt_id, **extra_env})
+                                 "FSDP_JOBS_NODE": hostname(), ATTEMPT_ENV: attempt_id, **extra_env})
+
+
+def hostname() -> str:
+    """How this node's ranks, its wrapper and the run dir's records name it: SLURM's name for it."""
+    return os.environ.get("SLURMD_NODENAME") or socket.gethostname()
 
 
 class NodeTask(submitit.helpers.Checkpointable):
@@ -285,6 +289,8 @@ class NodeTask(submitit.helpers.Checkpointable):
             args, extra = replica_agent(plan, job, env.node, hostnames, run_id, port, int(raw_id))
         self._proc = start_agent(job, run_dir, args, extra, f"{job_id}.{attempt}", error_file)
         rc = self._proc.wait()
+        if rc == 0 and plan.spare_nodes and replaced.is_replaced(run_dir, hostname(), self._began):
+            return {"status": "replaced", "node": env.node, "step": None}  # its agent left for a spare, and said so
         if rc and plan.spare_nodes and env.global_rank != 0 and not self._terminated:
             rc = self._outlive_lost_agent(run_dir, rc, plan, job)
         settle_user_state(job, run_dir, rc)  # a plain script exiting 0 completed (it writes no state record)
@@ -321,7 +327,7 @@ class NodeTask(submitit.helpers.Checkpointable):
         holds the rendezvous store, without which no spare can join."""
         from fsdp_jobs.rundir import liveness
 
-        node = os.environ.get("SLURMD_NODENAME") or socket.gethostname()
+        node = hostname()
         patience = join_timeout_s(plan.rendezvous.max_nodes) + float(job.fault.startup_timeout_s)
         print(f"fsdp-jobs: {node}: this node's agent exited {rc}; the job goes on without it (cluster.spare_nodes: "
               "a spare takes its place at the next rendezvous); waiting for the job's outcome", flush=True)

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, cli, losses
+from tests.conftest import MEASURED, REPO, cli, losses
 from tests.integration.test_grow import wait_for_steps
 
 pytestmark = pytest.mark.integration
@@ -109,3 +109,32 @@ def test_a_spare_the_job_never_needed_ends_with_it_and_says_so(run_root):
         "TCPStore.cpp"))]
     assert store_failures == [], "\n".join(store_failures)
     assert "\nfinished: idle\n" in r.stdout, r.stdout[-1000:]
+
+
+def test_a_node_the_preflight_names_is_replaced_by_the_spare_before_any_step(run_root):
+    """preflight=true on 3 nodes + 1 spare, the first attempt's second node by node rank that does not serve the
+    rendezvous store 3x slow at its checks (FSDP_JOBS_TEST_PREFLIGHT_SLOW_NODE_RANK: which agent waits as the
+    spare is a race, so a node's name could be the spare's). The preflight names it; the job neither fails nor trains on it: its agent leaves, the
+    spare takes its place in the next round, passes the preflight with the other two, and the job trains at
+    world 3 from step 1 (launchers/node/agent.py leave_when_replaced, fsdp_jobs/runtime/preflight.py)."""
+    args = ("nodes=3", "preflight=true", *ARGS[1:], "train.global_batch_size=3", "train.steps=20")
+    r = cli(f"run_root={run_root}", "name=vetted", "cluster.spare_nodes=1", *args,
+            env={"FSDP_JOBS_TEST_PREFLIGHT_SLOW_NODE_RANK": "2"})
+    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]
+    run_dir = run_root / "vetted"
+    [entry] = [json.loads(line) for line in (run_dir / "replaced-nodes.jsonl").read_text().splitlines()]
+    [named] = entry["nodes"]
+    assert named != "node0" and entry["restart"] == 0, entry  # node0 hosts the store: never the one named here
+    assert f"{named}: the preflight named this node and a hot spare takes its place" in r.stdout, r.stdout[-3000:]
+    assert "torchrun exited" not in r.stdout and "the job failed" not in r.stdout, r.stdout[-3000:]
+    final = json.loads((run_dir / "preflight.json").read_text())  # the second attempt's preflight, with the spare
+    assert final["ok"] and named not in final["nodes"] and len(final["nodes"]) == 3, final
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [x["step"] for x in rows] == list(range(1, 21)) and {x["world_size"] for x in rows} == {3}, rows[:3]
+    assert {x["restart"] for x in rows} == {1}  # every step after the one restart that swapped the node
+    trained = {json.loads(p.read_text())["node"] for p in (run_dir / "ranks").glob("rank-*.json")}
+    assert named not in trained and len(trained) == 3, trained
+    status = json.loads(cli("status", "vetted", "--run-root", str(run_root)).stdout)
+    assert status["state"] == "SUCCEEDED" and status["replaced_nodes"] == [named], status
+    print(f"{MEASURED}preflight named {named}, a hot spare took its place: first step {rows[0]['time'] - entry['time']:.1f} s "
+          "after the verdict")

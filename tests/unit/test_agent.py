@@ -199,3 +199,106 @@ def test_the_store_host_waits_for_exactly_its_nodes_and_no_longer_than_linger_s(
     began = time.monotonic()
     assert agent.wait_for_the_others(store, ["left/a", "left/b"], 0.3) is False  # b never comes; late is not b
     assert 0.3 <= time.monotonic() - began < 3
+
+
+def test_a_node_spares_replace_leaves_its_round_and_the_next_takes_the_spare(tmp_path, monkeypatch, capsys):
+    """Three real rendezvous handlers of a 2-node job (torch's c10d backend on a loopback store): node0 (the store
+    host) and node1 joined round 0, node2 waits as a hot spare (the redundancy list). A preflight named node1 and
+    had it replaced: when its ranks end, its agent does not restart them but leaves the round at once (off the
+    participants: the others need not wait for its keep-alive to lapse) and exits 0, without closing the
+    rendezvous; node0's restart then forms round 1 with the spare. node0, not named, restarts as before."""
+    import threading
+    import time
+
+    from torch.distributed.elastic.agent.server.api import SimpleElasticAgent
+    from torch.distributed.elastic.rendezvous import RendezvousParameters, c10d_rendezvous_backend
+    from torch.distributed.elastic.rendezvous.dynamic_rendezvous import DynamicRendezvousHandler, create_handler
+
+    from fsdp_jobs.rundir import replaced
+    from fsdp_jobs.rundir.records import ReplacedNodes
+    from launchers.node import agent
+
+    monkeypatch.setattr(DynamicRendezvousHandler, "shutdown", DynamicRendezvousHandler.shutdown)  # undone after
+    monkeypatch.setenv("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")  # as every job's agents run (launchers/common.py)
+    agent.let_the_store_host_leave_last()  # torchrun's shutdown after the exit: must not close the rendezvous
+    host, node1 = _joined_pair(monkeypatch)
+    params = RendezvousParameters("c10d", f"127.0.0.1:{host._store.port}", "linger", 2, 2)
+    spare = create_handler(*reversed(c10d_rendezvous_backend.create_backend(params)), params)
+    worlds = {}
+    waiting = threading.Thread(target=lambda: worlds.update(spare=spare.next_rendezvous()))
+    waiting.start()
+    deadline = time.monotonic() + 30
+    while spare._this_node not in host._state_holder.state.redundancy_list and time.monotonic() < deadline:
+        time.sleep(0.05)
+        host._state_holder.sync()
+    assert spare._this_node in host._state_holder.state.redundancy_list  # it waits beyond max_nodes
+
+    restarted = []
+    monkeypatch.setattr(SimpleElasticAgent, "_restart_workers", lambda a, g: restarted.append(g.spec.rdzv_handler))
+    monkeypatch.setenv("FSDP_JOBS_RUN_DIR", str(tmp_path))
+    monkeypatch.setenv("FSDP_JOBS_NODE", "node1")
+    agent.leave_when_replaced()
+    replaced.record(tmp_path, ReplacedNodes(time=time.time(), nodes=["node1"], reason="slow"))
+
+    def group(handler):
+        class Group:
+            class spec:
+                rdzv_handler = handler
+        return Group()
+
+    with pytest.raises(SystemExit) as e:
+        SimpleElasticAgent._restart_workers(None, group(node1))
+    assert e.value.code == 0 and restarted == []
+    assert "node1: the preflight named this node and a hot spare takes its place" in capsys.readouterr().out
+    time.sleep(0.3)  # past the host's cache of the state (0.1 s: shorten_rendezvous_poll)
+    host._state_holder.sync()
+    assert node1._this_node not in host._state_holder.state.participants, node1._state_holder.state.participants
+    assert node1.shutdown() is False and not host._state_holder.state.closed  # and closes nothing on its way out
+
+    monkeypatch.setattr(SimpleElasticAgent, "_restart_workers", lambda a, g: restarted.append(g.spec.rdzv_handler))
+    monkeypatch.setenv("FSDP_JOBS_NODE", "node0")  # node0's agent, as its process installs it
+    agent.leave_when_replaced()
+    SimpleElasticAgent._restart_workers(None, group(host))  # not named: torchrun's restart, as always
+    assert restarted == [host]
+    rejoin = threading.Thread(target=lambda: worlds.update(host=host.next_rendezvous()))  # what that restart does
+    rejoin.start()
+    rejoin.join(60)
+    waiting.join(60)
+    assert worlds["host"].world_size == 2 and worlds["spare"].world_size == 2, worlds  # the spare filled the hole
+    assert host._state_holder.state.round == 1
+    for h in (spare, host):
+        h.shutdown()
+
+
+def test_the_ranks_are_told_whether_their_agent_hosts_the_rendezvous_store(monkeypatch):
+    """A preflight never has a spare replace the store host's node: its ranks learn it from the agent's env."""
+    import os
+    from types import SimpleNamespace
+
+    from torch.distributed.elastic.rendezvous.dynamic_rendezvous import DynamicRendezvousHandler
+
+    from fsdp_jobs.runtime.loopback_store import STORE_HOST_ENV
+    from launchers.node import agent
+
+    monkeypatch.setattr(DynamicRendezvousHandler, "next_rendezvous", lambda handler: "round")
+    monkeypatch.setenv(STORE_HOST_ENV, "")
+    agent.tell_the_ranks_who_hosts_the_store()
+    for hosts, says in ((True, "1"), (False, "0")):
+        handler = SimpleNamespace(_store=SimpleNamespace(hosts_server=hosts))
+        assert DynamicRendezvousHandler.next_rendezvous(handler) == "round" and os.environ[STORE_HOST_ENV] == says
+
+
+def test_torchrun_logs_no_failure_for_ranks_that_ended_for_a_replaced_node(caplog, monkeypatch):
+    """Every rank exits REPLACED_EXIT when spares replace a node (a planned end): torchrun's 7-line failure log
+    per rank is dropped for that exit status only."""
+    import logging
+
+    from launchers.node import agent
+
+    log = logging.getLogger("torch.distributed.elastic.multiprocessing.api")
+    monkeypatch.setattr(log, "filters", list(log.filters))  # the filter goes with the test
+    agent.quiet_about_replaced_ranks()
+    with caplog.at_level(logging.ERROR):
+        log.error("failed (exitcode: %s) local_rank: %s", 4, 0)
+        log.error("failed (exitcode: %s) local_rank: %s", 1, 0)
+    assert [r.getMessage() for r in caplog.records] == ["failed (exitcode: 1) local_rank: 0"]

@@ -46,11 +46,15 @@ def max_array_size(monkeypatch):
 
 @pytest.fixture
 def sbatch(tmp_path, monkeypatch):
-    """A fake sbatch first on PATH; returns the folder the scripts it was handed land in."""
+    """A fake sbatch first on PATH; returns the folder the scripts it was handed land in. And a fake srun:
+    submitit's SlurmExecutor refuses to start where `srun` is not on PATH, which is a machine without SLURM
+    (the quick tier failed both submit tests on a new one until the SLURM tier installed Debian's packages)."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     (bin_dir / "sbatch").write_text(FAKE_SBATCH)
-    (bin_dir / "sbatch").chmod(0o755)
+    (bin_dir / "srun").write_text("#!/bin/sh\necho 'fake srun: the submit tests never run it' >&2\nexit 1\n")
+    for tool in ("sbatch", "srun"):
+        (bin_dir / tool).chmod(0o755)
     monkeypatch.setenv("PATH", f"{bin_dir}:{__import__('os').environ['PATH']}")
     return tmp_path / "submitted"
 

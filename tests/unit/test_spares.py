@@ -277,3 +277,80 @@ def test_a_waiting_lost_nodes_task_ends_soon_after_sigterm():
         assert task._terminated and time.monotonic() - started < 1.0
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+# ---------------------------------------------------------------- a preflight that names a node while spares wait
+def _named_by_preflight(tmp_path, spares: int, waiting: list[str], bad: str = "node2", host: str = "node0"):
+    """Rank 0's report of a preflight of node0..node2 (node rank 2 slow twice over) in a run dir whose launch
+    started node0..node2 and the `waiting` spares, with node0..node2 in this attempt's world; its outcome."""
+    from types import SimpleNamespace
+
+    from fsdp_jobs.planning.config import rank_config
+    from fsdp_jobs.rundir import events, runs
+    from fsdp_jobs.rundir.records import LaunchRecord
+    from fsdp_jobs.runtime import preflight_verdict
+    from fsdp_jobs.runtime.preflight import report
+
+    launched = time.time() - 30
+    runs.record_launch(tmp_path, LaunchRecord(backend="local", job_id="1", nodes=3, unix=launched))
+    for n in ["node0", "node1", "node2", *waiting]:
+        events.append_event(tmp_path, "node_start", node=n, time=launched + 1)
+    runs.write_world(tmp_path, 0, ["node0", "node1", "node2"])
+    ranks = [{"rank": i, "node": f"node{i}", "matmul_tflops": 0.3 if f"node{i}" == bad else 1.0, "error": None,
+              "store_host": f"node{i}" == host} for i in range(3)]
+    v = preflight_verdict.verdict(ranks, 2.0, None, expected_nodes=3)
+    v.update(time=time.time(), seconds=1.0, ranks=ranks)
+    cfg = rank_config({"nodes": 3, "cluster": {"backend": "local", "spare_nodes": spares}})
+    return report(tmp_path, cfg, SimpleNamespace(restart=0), v)
+
+
+def test_a_node_the_preflight_names_is_replaced_when_a_spare_waits(tmp_path):
+    """The job does not fail: the named node is recorded for its agent to leave (launchers/node/agent.py), the
+    state record says nothing failed, and every rank ends the attempt with REPLACED_EXIT so that the others
+    restart and the next round takes the spare."""
+    from fsdp_jobs.rundir import replaced, runs
+    from fsdp_jobs.runtime import preflight_verdict
+    from fsdp_jobs.runtime.preflight import REPLACED
+
+    assert _named_by_preflight(tmp_path, spares=1, waiting=["node3"]) == REPLACED
+    [entry] = replaced.read(tmp_path)
+    assert entry.nodes == ["node2"] and entry.restart == 0 and "node2" in entry.reason
+    assert replaced.is_replaced(tmp_path, "node2", entry.time - 1) and not replaced.is_replaced(tmp_path, "node1", 0)
+    assert not replaced.is_replaced(tmp_path, "node2", entry.time + 1)  # a node started after it: a later launch's
+    assert runs.read_state(tmp_path).status != "failed"
+    assert preflight_verdict.read(tmp_path).replaced == ["node2"]
+
+
+@pytest.mark.parametrize("spares, waiting, bad, says", [
+    (0, [], "node2", None),  # no spares: the verdict as it always read
+    (1, [], "node2", "not replaced: 1 node(s) named, 0 hot spare(s) waiting"),  # the spare is in use already
+    (1, ["node3"], "node0", "not replaced: node0 hosts the rendezvous store, which no hot spare can replace"),
+])
+def test_a_named_node_no_spare_can_replace_fails_the_job_and_says_why(tmp_path, spares, waiting, bad, says):
+    from fsdp_jobs.rundir import replaced, runs
+    from fsdp_jobs.runtime.preflight import FAILED
+
+    assert _named_by_preflight(tmp_path, spares=spares, waiting=waiting, bad=bad) == FAILED
+    state = runs.read_state(tmp_path)
+    assert state.status == "failed" and state.stage == "preflight" and state.bad_nodes == [bad], state
+    assert ("not replaced" not in state.reason) if says is None else state.reason.endswith(says), state.reason
+    assert replaced.read(tmp_path) == []
+
+
+def test_status_names_the_nodes_spares_replaced_in_this_launch(tmp_path):
+    """A finished local run of 2 nodes + 1 spare whose preflight named node2 in this launch; node1 was named in an
+    earlier launch, which is not this one's story."""
+    from fsdp_jobs.cli import ctl
+    from fsdp_jobs.rundir import replaced, runs
+    from fsdp_jobs.rundir.records import LaunchRecord, ReplacedNodes
+
+    run_dir = tmp_path / "r"
+    runs.prepare(run_dir, {"name": "r", "nodes": 2, "cluster": {"backend": "local", "spare_nodes": 1}}, {})
+    replaced.record(run_dir, ReplacedNodes(time=time.time() - 100, nodes=["node1"], reason="an earlier launch's"))
+    runs.record_launch(run_dir, LaunchRecord(backend="local", job_id="999999", nodes=2, unix=time.time() - 10,
+                                             extra={"pid": 999999}))
+    replaced.record(run_dir, ReplacedNodes(time=time.time(), nodes=["node2"], reason="slow"))
+    runs.write_state(run_dir, status="completed", step=5)
+    out = ctl.run_status(run_dir)
+    assert out["state"] == "SUCCEEDED" and out["replaced_nodes"] == ["node2"], out
+    assert "replaced by hot spares after the preflight named them: node2" in out["detail"], out["detail"]
