@@ -372,6 +372,31 @@ def test_preflight_passes_then_names_a_node_whose_link_was_slowed_and_no_contain
     assert labelled("container", run_dir) == []
 
 
+def test_a_container_the_preflight_names_is_replaced_by_the_hot_spare(run_root):
+    """preflight=true, 3 containers + 1 spare, the first attempt's second node by node rank that does not serve
+    the rendezvous store 3x slow at its checks (a test fault: which container waits as the spare is a race). A
+    spare waits, so the verdict does not stop the job: the named container exits 0 with one line and Docker
+    does not start it again (restart: on-failure), the spare joins, the new world passes, and the job trains
+    at world 3 from step 1."""
+    r = cli(f"run_root={run_root}", "name=vet", "cluster=docker", "nodes=3", "gpus_per_node=1", "preflight=true",
+            "cluster.spare_nodes=1", "train.steps=20", "+cluster.env.FSDP_JOBS_TEST_PREFLIGHT_SLOW_NODE_RANK=2", *SHORT)
+    assert_ok(r)
+    run_dir = run_root / "vet"
+    [entry] = [json.loads(line) for line in (run_dir / "replaced-nodes.jsonl").read_text().splitlines()]
+    [named] = entry["nodes"]
+    assert named != "node0", entry  # it serves the rendezvous store
+    assert f"{named}: the preflight named this node and a hot spare takes its place" in r.stdout, r.stdout[-4000:]
+    c = result(run_dir)["containers"]
+    assert c[named]["exit_code"] == 0 and c[named]["restarts"] == 0, c  # not started again to fail again
+    assert all(c[n]["restarts"] == 0 for n in c), c
+    trained = {json.loads(p.read_text())["node"] for p in (run_dir / "ranks").iterdir()}
+    assert named not in trained and len(trained) == 3, trained
+    m = metrics(run_dir)
+    assert [x["step"] for x in m] == list(range(1, 21)) and {x["world_size"] for x in m} == {3}
+    status = json.loads(cli("status", "vet", "--run-root", str(run_root)).stdout)
+    assert status["state"] == "SUCCEEDED" and status["replaced_nodes"] == [named], status
+
+
 def test_healthy_containers_pass_preflight_five_times_out_of_five(run_root):
     """preflight=only on three containers, five runs in a row: no node named (a false alarm stops a job)."""
     for i in range(5):

@@ -11,7 +11,7 @@ import subprocess
 import pytest
 
 from fsdp_jobs.rundir import runs
-from tests.conftest import REPO, metrics
+from tests.conftest import REPO, cli, metrics
 from tests.slurm.conftest import job_log, submit, wait_job
 
 pytestmark = [pytest.mark.slurm, pytest.mark.usefixtures("slurm_cluster")]
@@ -67,3 +67,29 @@ def test_a_healthy_cluster_passes_preflight_five_times_out_of_five(run_root):
         assert report["ok"] and report["bad"] == [] and sorted(report["nodes"]) == ["n1", "n2", "n3", "n4"], \
             job_log(run_dir, job_id)[-3000:]
         print(f"run {i}: {report['seconds']} s, rechecked {report.get('rechecked', [])}, medians {report['medians']}")
+
+
+def test_a_node_the_preflight_names_is_replaced_by_the_hot_spare_and_the_job_completes(run_root):
+    """cluster.spare_nodes=1 on 3 nodes (all 4 allocated, --no-kill) with preflight=true, the first attempt's second
+    node by node rank that does not serve the rendezvous store 3x slow at its checks (a test fault: which node
+    waits as the spare is a race). The preflight names it and, a spare waiting, does not fail the job: that
+    node's agent leaves and its SLURM task ends 0 with one line (not `torchrun exited with 0 ...`, which a
+    task read as a failure: launchers/slurm/node_task.py), the spare joins, the new world passes, and the
+    job trains at world 3 on the other three nodes; SLURM says COMPLETED."""
+    job_id, _, _ = submit(f"run_root={run_root}", "name=vet", "nodes=3", "gpus_per_node=1", "preflight=true",
+                          "cluster.spare_nodes=1", "train.steps=20", "+cluster.env.FSDP_JOBS_TEST_PREFLIGHT_SLOW_NODE_RANK=2",
+                          *SHORT)
+    run_dir = run_root / "vet"
+    assert wait_job(job_id, 600) == "COMPLETED", job_log(run_dir, job_id)[-4000:]
+    log = job_log(run_dir, job_id)
+    [entry] = [json.loads(line) for line in (run_dir / "replaced-nodes.jsonl").read_text().splitlines()]
+    [named] = entry["nodes"]
+    assert named != "n1", entry  # n1, the first host, serves the rendezvous store: never replaceable
+    assert f"{named}: the preflight named this node and a hot spare takes its place" in log, log[-4000:]
+    assert "torchrun exited" not in log and "RuntimeError" not in log, log[-4000:]
+    ranks = [json.loads(p.read_text()) for p in (run_dir / "ranks").iterdir()]
+    assert named not in {r["node"] for r in ranks} and len(ranks) == 3, ranks
+    m = metrics(run_dir)
+    assert [x["step"] for x in m] == list(range(1, 21)) and {x["world_size"] for x in m} == {3}
+    status = json.loads(cli("status", "vet", "--run-root", str(run_root)).stdout)
+    assert status["state"] == "SUCCEEDED" and status["replaced_nodes"] == [named], status
