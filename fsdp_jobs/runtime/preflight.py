@@ -8,8 +8,8 @@
     memory          host MemAvailable; on CUDA the device's free memory (torch.cuda.mem_get_info)
 
 Each timing is the best of a few repeats: a shared machine's momentary contention is not the node's fault;
-simulated nodes sharing one machine time their local checks in turns, one run each, so they neither slow
-each other down nor sample different stretches of the machine's other load.
+simulated nodes sharing one machine (one kernel: machine_id) time their local checks in turns, one run each,
+so they neither slow each other down nor sample different stretches of the machine's other load.
 Rank 0 gathers every rank's record (all_gather_object) and judges them (fsdp_jobs/runtime/preflight_verdict.py). When it
 names a node for slowness alone, every rank measures again after RECHECK_PAUSE_S and the verdict is taken
 on the better of each rank's two numbers: a node is named slow only when it was slow twice. Then rank 0
@@ -204,16 +204,30 @@ def checkpoint_gb(run_dir: Path, cfg: JobConfig) -> Optional[float]:
     return params * (DTYPE_BYTES.get(cfg.model.dtype, 4) + 8) / 1024**3
 
 
+BOOT_ID = Path("/proc/sys/kernel/random/boot_id")
+
+
+def machine_id() -> str:
+    """What tells machines apart: the kernel's boot id. Containers and network namespaces on one machine share
+    it while their host names differ (Docker's containers, the SLURM test cluster's nodes: there the nodes
+    measured their matmuls all at once on 2 cores, and a clean CI run named a healthy node 2.2x slow twice);
+    two machines never share it. The host name where it cannot be read."""
+    try:
+        return BOOT_ID.read_text().strip() or socket.gethostname()
+    except OSError:
+        return socket.gethostname()
+
+
 def my_turn(world: World, node: str) -> tuple[int, int]:
-    """(this node's turn, how many turns): nodes on one machine (simulated nodes, or a shared host)
-    take turns at the local checks, so they do not measure each other. One turn on a real cluster."""
-    hosts: list[Any] = [None] * world.world_size
-    dist.all_gather_object(hosts, (socket.gethostname(), node))
+    """(this node's turn, how many turns): nodes on one machine (simulated nodes, containers, or a shared
+    host) take turns at the local checks, so they do not measure each other. One turn on a real cluster."""
+    machines: list[Any] = [None] * world.world_size
+    dist.all_gather_object(machines, (machine_id(), node))
     nodes_of: dict[str, list[str]] = {}
-    for host, n in hosts:
-        if n not in nodes_of.setdefault(host, []):
-            nodes_of[host].append(n)
-    return sorted(nodes_of[socket.gethostname()]).index(node), max(len(v) for v in nodes_of.values())
+    for machine, n in machines:
+        if n not in nodes_of.setdefault(machine, []):
+            nodes_of[machine].append(n)
+    return sorted(nodes_of[machine_id()]).index(node), max(len(v) for v in nodes_of.values())
 
 
 def slow_by_node_rank(world: World) -> bool:
@@ -235,6 +249,7 @@ def measure(run_dir: Path, world: World, first_round: bool = True) -> dict[str, 
             or slow_by_node_rank(world))
     turns = my_turn(world, node)
     rec: dict[str, Any] = {"rank": world.rank, "node": node, "host": socket.gethostname(),
+                           "turns": turns[1],  # how many nodes share this node's machine, at most
                            "device": str(world.device), "error": None,
                            # its agent serves the rendezvous store (launchers/node/agent.py): no spare replaces it
                            "store_host": os.environ.get(STORE_HOST_ENV) == "1"}

@@ -405,6 +405,8 @@ def test_healthy_containers_pass_preflight_five_times_out_of_five(run_root):
         assert_ok(r)
         report = json.loads((run_root / f"healthy{i}" / "preflight.json").read_text())
         assert report["ok"] and sorted(report["nodes"]) == ["node0", "node1", "node2"], r.stdout[-3000:]
+        # three containers, one kernel (one boot id, three host names): their local checks take turns
+        assert {rk["turns"] for rk in report["ranks"]} == {3}, report["ranks"]
         print(f"run {i}: {report['seconds']} s, rechecked {report.get('rechecked', [])}, medians {report['medians']}")
 
 

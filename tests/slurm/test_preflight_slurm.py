@@ -66,6 +66,8 @@ def test_a_healthy_cluster_passes_preflight_five_times_out_of_five(run_root):
         report = json.loads((run_dir / "preflight.json").read_text())
         assert report["ok"] and report["bad"] == [] and sorted(report["nodes"]) == ["n1", "n2", "n3", "n4"], \
             job_log(run_dir, job_id)[-3000:]
+        # the four nodes share this machine's kernel (one boot id, four host names): their local checks take turns
+        assert {rk["turns"] for rk in report["ranks"]} == {4}, report["ranks"]
         print(f"run {i}: {report['seconds']} s, rechecked {report.get('rechecked', [])}, medians {report['medians']}")
 
 
