@@ -113,7 +113,7 @@ def run_status(run_dir: Path) -> dict[str, Any]:
         spares = None
     if spares:  # cluster.spare_nodes: agents beyond the rendezvous' max_nodes, waiting to replace a node that dies
         out["spare_nodes"] = spares
-        named = sorted({n for r in replaced.since(run_dir, float(run.launch.get("unix") or 0)) for n in r.nodes})
+        named = replaced.nodes_since(run_dir, float(run.launch.get("unix") or 0))
         if named:  # this launch's nodes a preflight named, which spares replaced (fsdp_jobs/runtime/preflight.py)
             out["replaced_nodes"] = named
             out["detail"] += f"; replaced by hot spares after the preflight named them: {', '.join(named)}"

@@ -27,11 +27,12 @@ def read(run_dir: Path) -> list[ReplacedNodes]:
             if r is not None]
 
 
-def since(run_dir: Path, when: float) -> list[ReplacedNodes]:
-    """The records written at or after `when` (a node's start, a launch): an earlier launch's are not this one's."""
-    return [r for r in read(run_dir) if r.time >= when]
+def nodes_since(run_dir: Path, when: float) -> list[str]:
+    """The nodes replaced by records written at or after `when` (a node's start, a launch), sorted: an earlier
+    launch's are not this one's."""
+    return sorted({n for r in read(run_dir) if r.time >= when for n in r.nodes})
 
 
 def is_replaced(run_dir: Path, node: str, when: float) -> bool:
     """Whether a preflight since `when` named `node` and had a hot spare take its place."""
-    return any(node in r.nodes for r in since(run_dir, when))
+    return node in nodes_since(run_dir, when)
