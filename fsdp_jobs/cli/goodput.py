@@ -50,6 +50,7 @@ Effective training = productive / wall. Pure and torch-free: ctl reads it (fsdp_
 
 from __future__ import annotations
 
+import bisect
 import json
 import math
 import time
@@ -199,15 +200,16 @@ def _requeue(prev: _Attempt, a: _Attempt, starts: list[float], ends: list[float]
     """When the nodes were given back and came again between two attempts (a scheduler's requeue: every node's
     wrapper exited, then as many started), the first new node_start; the previous attempt's nodes exiting
     is its shutdown. None when the ranks were restarted on nodes that stayed (torchrun's restart, a
-    container restarted by its engine after a SIGKILL, which writes no node_end)."""
-    new = [t for t in starts if prev.t < t <= float(a.start["time"])]
-    if not new:
+    container restarted by its engine after a SIGKILL, which writes no node_end). `starts` and `ends`: the
+    launch's node events' times, sorted (bisected: a 1,024-node job's launch has 1,024 of each per requeue)."""
+    first_new, last_new = bisect.bisect_right(starts, prev.t), bisect.bisect_right(starts, float(a.start["time"]))
+    if first_new == last_new:
         return None
-    gone = [t for t in ends if prev.t <= t <= min(new)]
-    if len(gone) < len(new):
+    first_gone, last_gone = bisect.bisect_left(ends, prev.t), bisect.bisect_right(ends, starts[first_new])
+    if last_gone - first_gone < last_new - first_new:
         return None
-    prev.add("shutdown", max(gone))
-    return min(new)
+    prev.add("shutdown", ends[last_gone - 1])
+    return starts[first_new]
 
 
 def _lose_after(a: _Attempt, step: int) -> None:
@@ -292,19 +294,23 @@ def account(events: list[dict[str, Any]], launches: Sequence[float] = (),
             else:
                 a.marks[name] = e
     attempts.sort(key=lambda a: float(a.start["time"]))
+    for by_launch in (node_starts, node_ends):
+        for node_times in by_launch.values():
+            node_times.sort()  # _requeue bisects them
     for a, nxt in zip(attempts, [*attempts[1:], None]):
         if a.end is None:  # killed: its last window may be in the metrics record only
             _unwritten_window(a, float(nxt.start["time"]) if nxt is not None else None, between)
     prev: Optional[_Attempt] = None
     for a in attempts:
         first = prev is None or prev.launch != a.launch
-        starts = [t for t in node_starts.get(a.launch, []) if t <= float(a.start["time"])]
+        starts = node_starts.get(a.launch, [])
         launch_at = times[a.launch] if 0 <= a.launch < len(times) else None
         requeued_at = None
         if prev is not None and not first:
             requeued_at = _requeue(prev, a, node_starts.get(a.launch, []), node_ends.get(a.launch, []))
         prev_end = prev.t if prev is not None and not first else None
-        _tile(a, first, launch_at, min(starts) if starts else None, prev_end, requeued_at)
+        first_node = starts[0] if starts and starts[0] <= float(a.start["time"]) else None
+        _tile(a, first, launch_at, first_node, prev_end, requeued_at)
         prev = a
     for a, nxt in zip(attempts, [*attempts[1:], None]):
         resumed = nxt.resumed_step() if nxt is not None else None
@@ -313,8 +319,8 @@ def account(events: list[dict[str, Any]], launches: Sequence[float] = (),
         elif nxt is None and a.end is not None and str(a.end.get("why", "")).startswith("failed"):
             _lose_after(a, committed_step if committed_step is not None else a.resumed_step() or 0)
         if nxt is None or nxt.launch != a.launch:  # the launch's last attempt: until its nodes exited
-            ends = [t for t in node_ends.get(a.launch, []) if t >= a.t]
-            a.add("shutdown", max(ends) if ends else None)
+            ends = node_ends.get(a.launch, [])
+            a.add("shutdown", ends[-1] if ends and ends[-1] >= a.t else None)
     return _report(attempts)
 
 

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 from typing import Any, Iterable, Optional
 
@@ -31,9 +32,8 @@ def find_sweep(ref: str, run_root: Path) -> Optional[list[dict[str, Any]]]:
 
 def summarize_run(run_dir: Path) -> dict[str, Any]:
     """Last step and loss; tokens/s and MFU as the median of the newest WINDOW steps, leaving out each
-    attempt's first step (start-up and warm-up would drag it down). Reads the newest TAIL_ROWS rows only:
-    enough for WINDOW steady ones unless most of them began an attempt."""
-    metrics = runs.read_metrics_tail(run_dir, TAIL_ROWS)
+    attempt's first step (start-up and warm-up would drag it down)."""
+    metrics = steady_tail(run_dir)
     out: dict[str, Any] = {"step": None, "loss": None, "tokens_per_s": None, "mfu": None}
     if not metrics:
         return out
@@ -47,6 +47,21 @@ def summarize_run(run_dir: Path) -> dict[str, Any]:
         values = [m[key] for m in recent if isinstance(m.get(key), (int, float))]
         out[key] = statistics.median(values) if values else None
     return out
+
+
+def steady_tail(run_dir: Path) -> list[dict[str, Any]]:
+    """The newest metrics rows, oldest first, read backwards only until WINDOW of them are steady (the row
+    before is of the same attempt), at most TAIL_ROWS: a finished run's WINDOW + 1 rows, not TAIL_ROWS
+    (`compare` summarises every member of a 1,000-member sweep)."""
+    rows: list[dict[str, Any]] = []  # newest first
+    steady = 0
+    for row in itertools.islice(runs.metrics_newest_first(run_dir), TAIL_ROWS):
+        if rows and rows[-1].get("attempt") == row.get("attempt"):
+            steady += 1  # rows[-1], the next newer row, is steady: this row is of its attempt
+        rows.append(row)
+        if steady == WINDOW:
+            break
+    return rows[::-1]
 
 
 def _fmt(value: Any, kind: str = "") -> str:

@@ -21,7 +21,8 @@ class RunDir:
     root: Path
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "root", Path(self.root))
+        if not isinstance(self.root, Path):  # a Path is kept as is: pathlib parses a copy again (compare makes 6 a member)
+            object.__setattr__(self, "root", Path(self.root))
 
     # -------------------------------------------------------------- written by the CLI at submission
     @property

@@ -16,6 +16,7 @@ Launchers and the in-job runtime meet only here: neither imports the other.
 from __future__ import annotations
 
 import fcntl
+import itertools
 import json
 import os
 import shutil
@@ -23,7 +24,7 @@ import stat
 import tempfile
 import time
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any, Callable, Optional, TextIO
+from typing import IO, TYPE_CHECKING, Any, Callable, Iterator, Optional, TextIO
 
 import yaml
 
@@ -357,21 +358,22 @@ CLOCK_SLACK_S = 60.0  # rank 0 may move to a node whose clock is behind: read_me
 
 
 def read_tail(path: Path, count: int, keep: Callable[[dict[str, Any]], bool] = lambda d: True) -> list[dict[str, Any]]:
-    """The newest `count` objects of a JSON-lines file that `keep` accepts, oldest first, read backwards from
-    its end a block at a time (logs.backward: what it costs does not grow with the file); a damaged line is
-    skipped as read_jsonl skips it."""
-    out: list[dict[str, Any]] = []
+    """The newest `count` objects of a JSON-lines file that `keep` accepts, oldest first (newest_first's)."""
+    return list(itertools.islice(newest_first(path, keep), count))[::-1]
+
+
+def newest_first(path: Path, keep: Callable[[dict[str, Any]], bool] = lambda d: True) -> Iterator[dict[str, Any]]:
+    """The objects of a JSON-lines file that `keep` accepts, newest first, read backwards from its end a block
+    at a time (logs.backward) only as far as the caller takes them: what a tail costs does not grow with the
+    file. A damaged line is skipped as read_jsonl skips it; an unreadable file ends the objects."""
     try:
         with open(path, "rb") as f:
             for _, line in backward(f, f.seek(0, os.SEEK_END)):
                 record = _json_object(line)
                 if record is not None and keep(record):
-                    out.append(record)
-                    if len(out) == count:
-                        break
+                    yield record
     except OSError:
-        return []
-    return out[::-1]
+        return
 
 
 def _json_object(line: bytes) -> Optional[dict[str, Any]]:
@@ -384,7 +386,12 @@ def _json_object(line: bytes) -> Optional[dict[str, Any]]:
 
 def read_metrics_tail(run_dir: Path, count: int) -> list[dict[str, Any]]:
     """The newest `count` metrics rows (read_metrics' rows, without reading the others)."""
-    return read_tail(RunDir(run_dir).metrics_file, count, lambda d: MetricsRow.from_dict(d) is not None)
+    return list(itertools.islice(metrics_newest_first(run_dir), count))[::-1]
+
+
+def metrics_newest_first(run_dir: Path) -> Iterator[dict[str, Any]]:
+    """read_metrics' rows, newest first, read only as far as the caller takes them."""
+    return newest_first(RunDir(run_dir).metrics_file, lambda d: MetricsRow.from_dict(d) is not None)
 
 
 def read_metrics_between(run_dir: Path, after: float, until: Optional[float]) -> list[dict[str, Any]]:

@@ -190,3 +190,17 @@ def test_a_refusal_kept_in_the_journal_never_holds_a_secret(run_root):
         submit.record_refusal(m, e)
         reason = journal.last_refusal(run_dir.resolve())["reason"]
         assert "hunter2" not in reason.replace("hunter2x", "") and reason.startswith("cluster.env."), reason
+
+
+def test_list_rows_skip_the_goodput_accounting_that_status_shows(run_root, monkeypatch, capsys):
+    """`list` shows no goodput, so its row of a run never reads the run's whole timeline (32,000 events for
+    100 attempts of 1,024 nodes: bench scale); `status` of the same run does."""
+    from fsdp_jobs.cli import ctl, goodput
+
+    make_run(run_root, "done", LOCAL, {"status": "completed", "step": 5})
+    accounted: list[Path] = []
+    monkeypatch.setattr(goodput, "of_run", lambda run_dir: accounted.append(run_dir))
+    assert ctl.main(["list", "--run-root", str(run_root)]) == 0
+    assert "done" in capsys.readouterr().out and accounted == []
+    assert ctl.main(["status", "done", "--run-root", str(run_root)]) == 0
+    assert json.loads(capsys.readouterr().out)["goodput"] is None and len(accounted) == 1

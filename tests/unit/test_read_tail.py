@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from fsdp_jobs.cli import report
 from fsdp_jobs.rundir import runs
 from fsdp_jobs.rundir.layout import RunDir
 
@@ -113,3 +114,43 @@ def test_rows_written_after_rank_0_moved_to_a_node_whose_clock_is_behind_are_sti
     for after, until in [(20_975.0, 21_010.0), (20_990.0, None), (20_500.0, 20_995.0)]:
         expected = [r for r in every if r["time"] > after and (until is None or r["time"] < until)]
         assert runs.read_metrics_between(run_dir, after, until) == expected, (after, until)
+
+
+def _summary_of_the_newest_81(rows: list[dict[str, Any]]) -> tuple[Any, ...]:
+    """What compare showed before it read lazily: the rule over the newest TAIL_ROWS rows."""
+    import statistics
+
+    tail = rows[-report.TAIL_ROWS:]
+    steady = [m for prev, m in zip([None] + tail[:-1], tail) if prev and prev["attempt"] == m["attempt"]] or tail
+    recent = steady[-report.WINDOW:]
+    return tail[-1]["step"], statistics.median(m["tokens_per_s"] for m in recent)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_compare_reads_a_members_metrics_only_until_it_has_its_window_of_steady_steps(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, seed: int) -> None:
+    """summarize_run's figures are the rule's over the newest TAIL_ROWS rows (each attempt's first step left
+    out), yet a run whose newest steps are steady is read WINDOW + 1 rows deep, not TAIL_ROWS: `compare`
+    summarises every member of a 1,000-member sweep (bench scale)."""
+    rng = random.Random(seed)
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    rows, attempt = [], 0
+    for step in range(1, 301):  # attempts of 1 to 40 steps: some tails hold fewer than WINDOW steady rows
+        if rng.random() < (0.5 if seed % 2 else 0.03):
+            attempt += 1
+        rows.append({"step": step, "loss": 1.0, "tokens_per_s": rng.uniform(1, 100), "attempt": f"a{attempt}"})
+    RunDir(run_dir).metrics_file.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    taken: list[int] = []
+    real = runs.metrics_newest_first
+
+    def counted(d: Path) -> Any:
+        for row in real(d):
+            taken.append(row["step"])
+            yield row
+
+    monkeypatch.setattr(runs, "metrics_newest_first", counted)
+    got = report.summarize_run(run_dir)
+    assert (got["step"], got["tokens_per_s"]) == _summary_of_the_newest_81(rows)
+    steady_newest = all(r["attempt"] == rows[-1]["attempt"] for r in rows[-report.WINDOW - 1:])
+    assert len(taken) == (report.WINDOW + 1 if steady_newest else len(taken)) <= report.TAIL_ROWS
