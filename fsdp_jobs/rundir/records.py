@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import functools
 import time
-from dataclasses import dataclass, field, fields
+from dataclasses import MISSING, dataclass, field, fields
 from typing import Any, Callable, Optional, TypeVar
 
 SCHEMA = 1
@@ -65,6 +65,12 @@ def _fields(cls: type) -> dict[str, tuple[frozenset[type], Callable[[Any], bool]
     return {f.name: (_exact(str(f.type)), _check(str(f.type))) for f in fields(cls)}
 
 
+@functools.lru_cache(maxsize=None)
+def _required(cls: type) -> frozenset[str]:
+    """The fields a record cannot be made without (no default), once per class."""
+    return frozenset(f.name for f in fields(cls) if f.default is MISSING and f.default_factory is MISSING)
+
+
 class Record:
     """What every record shares: the tolerant read and the JSON object written (fields that are None are
     left out: readers ask with .get; `extra`'s keys are written at the top level)."""
@@ -75,6 +81,25 @@ class Record:
     @classmethod
     def from_dict(cls: type[R], d: Any) -> Optional[R]:
         """The record, or None for anything that is not one of ours (never raises)."""
+        values = cls._values(d)
+        if values is None:
+            return None
+        try:
+            return cls(**values)
+        except TypeError:  # a required field is missing
+            return None
+
+    @classmethod
+    def fits(cls, d: Any) -> bool:
+        """Whether from_dict would return a record, without making it: the test a reader that keeps the JSON
+        objects applies to every row (compare reads 21 metrics rows of each of 1,000 members)."""
+        values = cls._values(d)
+        return values is not None and _required(cls) <= values.keys()
+
+    @classmethod
+    def _values(cls, d: Any) -> Optional[dict[str, Any]]:
+        """The keyword arguments of the record `d` is (unknown keys in "extra" where the record has one), or
+        None when `d` is no object or a field has the wrong type."""
         if not isinstance(d, dict):
             return None
         known, values, rest = _fields(cls), {}, {}
@@ -88,10 +113,7 @@ class Record:
                 return None
         if "extra" in known:
             values["extra"] = rest
-        try:
-            return cls(**values)
-        except TypeError:  # a required field is missing
-            return None
+        return values
 
     def __getitem__(self, key: str) -> Any:
         """A field, or a key of `extra`: code that read these records as dicts keeps reading them so."""

@@ -349,7 +349,7 @@ def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
     by their names: trackers and report read any of them); a line cut by a kill mid-write or not a row
     (no int step, a known metric of the wrong type) is skipped. Every row: a command that needs the newest
     few reads read_metrics_tail instead (a long run's record is 1 M rows, 24 s to parse)."""
-    return [d for d in read_jsonl(RunDir(run_dir).metrics_file) if MetricsRow.from_dict(d) is not None]
+    return [d for d in read_jsonl(RunDir(run_dir).metrics_file) if MetricsRow.fits(d)]
 
 
 TAIL_BLOCK = BLOCK  # read_tail's step backwards from a file's end (logs.backward's)
@@ -391,7 +391,7 @@ def read_metrics_tail(run_dir: Path, count: int) -> list[dict[str, Any]]:
 
 def metrics_newest_first(run_dir: Path) -> Iterator[dict[str, Any]]:
     """read_metrics' rows, newest first, read only as far as the caller takes them."""
-    return newest_first(RunDir(run_dir).metrics_file, lambda d: MetricsRow.from_dict(d) is not None)
+    return newest_first(RunDir(run_dir).metrics_file, MetricsRow.fits)
 
 
 def read_metrics_between(run_dir: Path, after: float, until: Optional[float]) -> list[dict[str, Any]]:
@@ -447,7 +447,7 @@ def first_metrics_row(run_dir: Path) -> Optional[dict[str, Any]]:
         with open(RunDir(run_dir).metrics_file, "rb") as f:
             for line in f:
                 record = _json_object(line)
-                if record is not None and MetricsRow.from_dict(record) is not None:
+                if record is not None and MetricsRow.fits(record):
                     return record
     except OSError:
         pass

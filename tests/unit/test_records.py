@@ -63,6 +63,23 @@ def test_a_newer_version_with_an_unknown_key_is_still_read(kind):
         assert record.to_json()["added_later"] == {"x": 1}
 
 
+@pytest.mark.parametrize("kind", ALL, ids=lambda k: k.__name__)
+def test_fits_says_what_from_dict_would_of_any_object(kind):
+    """`fits` (the readers' filter that keeps the JSON objects: compare, read_metrics) never disagrees with
+    from_dict: each field dropped, each field of each wrong type (a bool for a number included), foreign
+    objects, a subclass of a JSON type, and every one of these with an unknown key beside."""
+    d, _, _ = GOOD[kind]
+
+    class Num(float):
+        pass
+
+    cases: list[object] = [d, None, [], "text", 3, {}, {"v": 1}]
+    cases += [{k: v for k, v in d.items() if k != dropped} for dropped in d]
+    cases += [{**d, k: wrong} for k in d for wrong in (True, 1, 1.5, Num(1.5), "x", None, [], ["x"], {}, float("nan"))]
+    for case in cases + [{**c, "added_later": 1} for c in cases if isinstance(c, dict)]:
+        assert kind.fits(case) == (kind.from_dict(case) is not None), case
+
+
 @pytest.mark.expects_hang  # it writes a hang record (tests/conftest.py: no_false_hang)
 def test_every_record_the_writers_write_carries_its_version(tmp_path, monkeypatch):
     monkeypatch.setenv("RANK", "0")
