@@ -40,9 +40,13 @@ wait_for() { local end=$(( $(date +%s) + $1 )); shift; until "$@"; do [ "$(date 
 [ "$(id -u)" = 0 ] || fail "must run as root"
 [ ! -e "$BASE/up" ] || { echo "a cluster is already running in $BASE; check.sh starts and stops its own. Stop it first." >&2; exit 1; }
 
+# a Docker engine may run beside this check (the project's tests drive Docker from another process): the
+# links and namespaces it and `fsdp-jobs chaos cut-node` of its containers add and remove are not ours
+OTHERS_LINKS='^(veth|docker0$|br-)'
+OTHERS_NETNS='^fsdp-jobs-cut-'
 snapshot() {  # what the machine looks like, for before/after comparison
-  ip -o link show | awk -F': ' '{print $2}' | sed 's/@.*//' | sort > "$1.links"
-  ip netns list 2>/dev/null | awk '{print $1}' | sort > "$1.netns"
+  ip -o link show | awk -F': ' '{print $2}' | sed 's/@.*//' | { grep -Ev "$OTHERS_LINKS" || true; } | sort > "$1.links"
+  ip netns list 2>/dev/null | awk '{print $1}' | { grep -Ev "$OTHERS_NETNS" || true; } | sort > "$1.netns"
   cp /etc/hosts "$1.hosts"
   ls /etc/slurm 2>/dev/null | sort > "$1.etcslurm"
   # live (non-zombie) Slurm/munge/MariaDB processes, as "comm pid starttime"
