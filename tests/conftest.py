@@ -6,7 +6,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -99,35 +98,6 @@ def _flatten(d, prefix=""):
     return out
 
 
-def list_row(listing: str, name: str) -> list[str]:
-    """The words of `fsdp-jobs list`'s row of run `name`."""
-    return next(line.split() for line in listing.splitlines() if line.split() and line.split()[0] == name)
-
-
-def list_shows_a_finished_and_a_running_run_then_the_cancelled_one(run_root: Path, backend: str, running: str,
-                                                                    job_id: str | None = None) -> None:
-    """`list` beside a finished local run shows `running` (a job of `backend` that has trained a step) RUNNING;
-    `cancel` ends it, `logs -f` returns once it has ended, and `list` then says CANCELLED."""
-    root = ("--run-root", str(run_root))
-    local = cli(f"run_root={run_root}", "name=on-local", "nodes=1", "train.steps=3", "model.dim=64", "model.n_layers=2",
-                "model.ffn_dim=128", "model.vocab_size=128", "data.seq_len=32")
-    assert local.returncode == 0, local.stderr
-    deadline = time.monotonic() + 300
-    while not ((run_root / running / "metrics.jsonl").exists() and metrics(run_root / running)):
-        assert time.monotonic() < deadline, f"{running}: no step trained in 300 s"
-        time.sleep(0.5)
-    listing = cli("list", *root).stdout
-    assert list_row(listing, "on-local")[1:2] == ["local"] and list_row(listing, "on-local")[3] == "SUCCEEDED"
-    assert list_row(listing, running)[1:4] == [backend, job_id or list_row(listing, running)[2], "RUNNING"], listing
-    assert cli("cancel", running, *root).returncode == 0
-    t0 = time.monotonic()
-    follow = cli("logs", running, "-f", *root, timeout=300)  # returns once the job has ended
-    assert follow.returncode == 0 and "training steps" in follow.stdout
-    print(f"logs -f of {running} returned {time.monotonic() - t0:.1f}s after the cancel")
-    assert list_row(cli("list", *root).stdout, running)[3] == "CANCELLED"
-    assert json.loads(cli("status", "on-local", *root).stdout)["state"] == "SUCCEEDED"
-
-
 @pytest.fixture(autouse=True)
 def journal_in_tmp(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
     """Every submission is journalled (fsdp_jobs/rundir/journal.py): tests write theirs to a temporary state
@@ -154,7 +124,7 @@ def docker_engine_up() -> bool:
 def docker_engine():
     """A real Docker engine (Debian's docker.io) started by the project's deploy/docker/start.sh,
     unless one is already up (a developer's): only an engine this fixture started is stopped."""
-    own("docker")
+    own_the_clusters()
     started = False
     if not docker_engine_up():
         r = subprocess.run(["bash", str(REPO / "deploy" / "docker" / "start.sh")], capture_output=True, text=True,
@@ -209,49 +179,51 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.timeout(TIER_TIMEOUT_S[tier]))
 
 
-# `python -m pytest` runs two pytest-xdist workers (pyproject.toml's addopts). The Docker engine, the SLURM
-# cluster and the real Kubernetes control plane are one machine-wide resource each, started and stopped by
-# a fixture of their tier, and no test of one tier uses another's: each tier's tests are one unit of work,
-# run by one worker in file order. The units start first, the largest on separate workers (xdist's loadscope
-# orders units by their test count), and the other tests go test by test to whichever worker is free. (Until
-# 2026-11-25 Docker and SLURM were one unit, a test of one using the other's: that worker ran 2,894 s of a
-# 2,903 s CI run while the other sat idle for its last 490 s.)
+# `python -m pytest` runs two pytest-xdist workers (pyproject.toml's addopts). The Docker engine and the
+# SLURM cluster are one machine-wide resource each, started and stopped by a session fixture, and a test of
+# one tier may use the other's (tests/slurm/test_list_backends.py needs both): every test of those two tiers
+# is one unit of work, run by one worker in file order, while the other worker takes the rest test by test.
+# Most of a cluster test is waiting (a scheduler's signal, a container's restart), so both cores stay busy.
 # (Not `--dist loadgroup` with xdist_group marks: with pytest 9.2 it silently stops grouping, because xdist
 # 3.8 marks a group by rewriting a test's node id, which pytest no longer reads back: pytest-xdist issue 1386.)
-RESOURCE_TESTS = {"docker": "tests/docker/", "slurm": "tests/slurm/",
-                  "kube-apiserver": "tests/kubernetes/test_real_apiserver.py"}
+CLUSTER_TIERS = ("tests/docker/", "tests/slurm/")
+# the real Kubernetes control plane (deploy/kubernetes/dev-apiserver) is machine-wide too, but needs neither
+# of the others: its tests are a unit of work of their own (the second largest: the other worker's first)
+KUBE_TESTS = "tests/kubernetes/test_real_apiserver.py"
 
-_owned: dict[str, Any] = {}  # resource -> its open, locked file, held until this process ends
+
+CLUSTER_LOCK = Path("/tmp/fsdp-jobs-cluster-tests.lock")
+_cluster_lock: list[Any] = []  # the open, locked file, held until this process ends
 
 
-def own(resource: str) -> None:
-    """Called by every test of a resource's tier: this process alone drives the machine's Docker engine or
-    SLURM cluster. A second worker (or a second pytest) doing so would stop an engine or a cluster under the
-    other's running job; this fails it in one line instead. The kernel drops the lock when the process ends."""
+def own_the_clusters() -> None:
+    """Called by every Docker and SLURM test: this process alone drives the machine's engine and cluster.
+    A second worker (or a second pytest) doing so would stop an engine or a cluster under the other's
+    running job; this fails it in one line instead. The kernel drops the lock when the process ends."""
     import fcntl
 
-    if resource in _owned:
+    if _cluster_lock:
         return
-    path = Path(f"/tmp/fsdp-jobs-{resource}-tests.lock")
-    f = open(path, "a")
+    f = open(CLUSTER_LOCK, "a")
     try:
         fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         f.close()
-        pytest.fail(f"another test process holds {path}: the {resource} tests must run in one process "
+        pytest.fail(f"another test process holds {CLUSTER_LOCK}: Docker and SLURM tests must run in one process "
                     "(tests/conftest.py: pytest_xdist_make_scheduler)", pytrace=False)
-    _owned[resource] = f
+    _cluster_lock.append(f)
 
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config, log):
     from xdist.scheduler import LoadScopeScheduling
 
-    class OneWorkerPerResource(LoadScopeScheduling):
+    class ClustersOnOneWorker(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
-            return next((name for name, prefix in RESOURCE_TESTS.items() if nodeid.startswith(prefix)), nodeid)
+            return ("clusters" if nodeid.startswith(CLUSTER_TIERS) else "kube-apiserver" if nodeid.startswith(KUBE_TESTS)
+                    else nodeid)
 
-    return OneWorkerPerResource(config, log)
+    return ClustersOnOneWorker(config, log)
 
 
 # ------------------------------------------------------------------ secrets (README: Security)

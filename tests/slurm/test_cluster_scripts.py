@@ -8,14 +8,14 @@ import subprocess
 
 import pytest
 
-from tests.conftest import own
+from tests.conftest import own_the_clusters
 from tests.slurm.conftest import DEPLOY, cluster_is_up, stop_our_cluster
 
 pytestmark = pytest.mark.slurm
 
 
 def test_cluster_scripts_start_run_jobs_and_leave_nothing_behind():
-    own("slurm")
+    own_the_clusters()
     stop_our_cluster()  # one this session started for earlier tests; later ones start it again
     if cluster_is_up():  # never on CI's fresh machine; a developer's own cluster is not ours to stop
         pytest.skip("a SLURM cluster not started by these tests is running; check.sh needs the machine without one")
