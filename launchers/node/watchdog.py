@@ -121,19 +121,48 @@ def innermost_frame(dump: str) -> Optional[str]:
     return None
 
 
+SPY_TRIES = 3  # py-spy dumps of a running rank before its main thread's stack is taken as it came
+
+
+def _py_spy_dump(spy: str, pid: int) -> Optional[str]:
+    """py-spy's dump of the process, read without stopping it (--nonblocking: a rank that is training goes on);
+    one whose main thread is torn (torn_main_thread) is taken again, SPY_TRIES times at most."""
+    dump = None
+    for attempt in range(SPY_TRIES):
+        try:
+            r = subprocess.run([spy, "dump", "--nonblocking", "--pid", str(pid)], capture_output=True,
+                               text=True, timeout=30)
+        except (OSError, subprocess.TimeoutExpired):
+            return dump
+        if r.returncode != 0 or not r.stdout.strip():
+            return dump
+        dump = r.stdout
+        if not torn_main_thread(dump):
+            return dump
+        time.sleep(0.1)
+    return dump
+
+
+_PYSPY_MAIN_STACK = re.compile(r'Thread \d+ \([^)]*\): "MainThread"\n((?:[ \t]+\S.*(?:\n|$))*)')
+_ENTRY_FRAMES = re.compile(r"^\s+(<module>|_run_module_as_main|_run_code) ", re.M)
+
+
+def torn_main_thread(dump: str) -> bool:
+    """Whether a py-spy dump's main thread stops short of the interpreter's entry (a module's top level,
+    runpy's): a --nonblocking read can catch its frames while they change (CI saw a rank's main thread as
+    `Module.named_modules` alone, no trainer frame under it). False for a dump with no main thread."""
+    main = _PYSPY_MAIN_STACK.search(dump)
+    return bool(main) and not _ENTRY_FRAMES.search(main.group(1))
+
+
 def dump_stack(pid: int, stacks_file: Path, wait_s: float = 2.0) -> str:
     """The rank's (process `pid`) Python stacks, from py-spy if installed, else from its faulthandler (SIGUSR1):
     the hang watchdog's, and `fsdp-jobs stacks` (launchers/stacks.py)."""
     beside = Path(sys.executable).with_name("py-spy")  # a container that mounts this interpreter's prefix
     spy = shutil.which("py-spy") or (str(beside) if beside.is_file() else None)
-    if spy:
-        try:
-            r = subprocess.run([spy, "dump", "--nonblocking", "--pid", str(pid)], capture_output=True,
-                               text=True, timeout=30)
-            if r.returncode == 0 and r.stdout.strip():
-                return r.stdout
-        except (OSError, subprocess.TimeoutExpired):
-            pass
+    dump = _py_spy_dump(spy, pid) if spy else None
+    if dump:
+        return dump
     size = stacks_file.stat().st_size if stacks_file.exists() else 0
     try:
         os.kill(pid, signal.SIGUSR1)

@@ -194,3 +194,42 @@ def test_a_short_jobs_ranks_timed_and_gone_within_a_tick_still_give_their_node_a
     dog.last_word(NOW + 0.1)
     [node1] = liveness.summarize(liveness.read_nodes(tmp_path), NOW + 0.1)
     assert node1.node == "node1" and node1.compute_s == pytest.approx(0.022) and node1.restart == 1
+
+
+WHOLE = '''Thread 9439 (idle): "MainThread"
+    named_modules (torch/nn/modules/module.py:2877)
+    fit (fsdp_jobs/runtime/trainer.py:562)
+    run (fsdp_jobs/runtime/trainer.py:700)
+    <module> (launchers/node/agent.py:20)
+    _run_code (<frozen runpy>:88)
+    _run_module_as_main (<frozen runpy>:198)
+Thread 9443 (idle): "fsdp-jobs-heartbeat"
+    _bootstrap (threading.py:1002)
+'''
+# what `fsdp-jobs stacks` once printed for a training rank in CI: py-spy --nonblocking read its main thread mid-change
+TORN = '''Thread 9439 (idle): "MainThread"
+    named_modules (torch/nn/modules/module.py:2877)
+Thread 9443 (idle): "fsdp-jobs-heartbeat"
+    wait (threading.py:331)
+    _bootstrap (threading.py:1002)
+'''
+
+
+def test_a_torn_py_spy_dump_is_taken_again_and_a_whole_one_is_kept(tmp_path, monkeypatch):
+    """A --nonblocking py-spy read of a running rank can catch its main thread without the frames under the
+    innermost one: dump_stack (the hang watchdog's and `fsdp-jobs stacks`) takes it again, SPY_TRIES times
+    at most, and keeps the last when every one is torn."""
+    import launchers.node.watchdog as wd
+
+    assert wd.torn_main_thread(TORN) and not wd.torn_main_thread(WHOLE)
+    assert not wd.torn_main_thread(FAULTHANDLER) and not wd.torn_main_thread("(the process is gone)\n")
+    calls = tmp_path / "calls"
+    spy = tmp_path / "py-spy"
+    for outputs, want, tries in (([TORN, WHOLE], WHOLE, 2), ([WHOLE], WHOLE, 1), ([TORN] * 5, TORN, wd.SPY_TRIES)):
+        calls.write_text("")
+        spy.write_text("#!/bin/sh\necho x >> %s\nn=$(wc -l < %s)\n%s\n" % (calls, calls, "\n".join(
+            f"[ $n = {i + 1} ] && cat <<'EOF'\n{text}EOF" for i, text in enumerate(outputs)) + "\nexit 0"))
+        spy.chmod(0o755)
+        monkeypatch.setattr(wd.shutil, "which", lambda name: str(spy))
+        assert wd.dump_stack(12345, tmp_path / "stacks") == want
+        assert len(calls.read_text().splitlines()) == tries
