@@ -371,9 +371,27 @@ def import_the_log_formatter() -> None:
     import torch._dynamo.config  # noqa: F401
 
 
+def name_rendezvous_events_cheaply() -> None:
+    """torch's rendezvous names every event it records (a join, each keep-alive, a close: `_record`) by
+    `inspect.stack()[2].function`, which reads the source lines of every frame on the stack from disk:
+    8.5% of an agent's CPU in a 40-step 2x2 job (py-spy, 100 Hz, both agents), more with each restart's
+    rendezvous and, at 1,024 nodes, in every agent's keep-alive thread. sys._getframe(2) is the same
+    frame (the caller of `_record`), found without reading a file."""
+    from torch.distributed.elastic.rendezvous import dynamic_rendezvous
+
+    def get_method_name(depth: int = 2) -> str:
+        try:
+            return sys._getframe(depth).f_code.co_name
+        except ValueError:  # a stack shorter than depth, as torch's own answers
+            return "no_method_name"
+
+    dynamic_rendezvous.get_method_name = get_method_name
+
+
 def main() -> None:
     install()
     import_the_log_formatter()
+    name_rendezvous_events_cheaply()
     shorten_exit_barrier()
     shorten_replica_restart_stop()
     hold_restart_on_a_repeat()

@@ -302,3 +302,29 @@ def test_torchrun_logs_no_failure_for_ranks_that_ended_for_a_replaced_node(caplo
         log.error("failed (exitcode: %s) local_rank: %s", 4, 0)
         log.error("failed (exitcode: %s) local_rank: %s", 1, 0)
     assert [r.getMessage() for r in caplog.records] == ["failed (exitcode: 1) local_rank: 0"]
+
+
+def test_rendezvous_events_are_named_as_torch_names_them_without_reading_source(monkeypatch):
+    """The agent's get_method_name (sys._getframe) names the same function as torch's (inspect.stack), from
+    torch's own `_record` call sites, and reads no file: linecache is never asked for a line."""
+    import linecache
+
+    from torch.distributed.elastic.rendezvous import dynamic_rendezvous
+
+    from launchers.node.agent import name_rendezvous_events_cheaply
+
+    def record() -> str:  # torch's _record: the name is of the function that called it
+        return dynamic_rendezvous.get_method_name()
+
+    def _keep_alive() -> str:
+        return record()
+
+    torchs = _keep_alive()
+    assert torchs == "_keep_alive" and dynamic_rendezvous.get_method_name(10_000) == "no_method_name"
+    monkeypatch.setattr(dynamic_rendezvous, "get_method_name", dynamic_rendezvous.get_method_name)
+    name_rendezvous_events_cheaply()
+    read, getlines = [], linecache.getlines
+    monkeypatch.setattr(linecache, "getlines", lambda *a, **k: read.append(a[0]) or getlines(*a, **k))
+    named, too_deep = _keep_alive(), dynamic_rendezvous.get_method_name(10_000)
+    monkeypatch.setattr(linecache, "getlines", getlines)
+    assert (named, too_deep, read) == (torchs, "no_method_name", [])
