@@ -18,6 +18,8 @@ KNOWN = {
     "FSDP_JOBS_TEST_OOM_AT_STEP": "the job's last rank allocates memory until the kernel kills it, at this step (first attempt)",
     "FSDP_JOBS_TEST_NONFINITE_AT_STEP": "the batch a run from scratch takes at this step makes the loss NaN (a bad batch)",
     "FSDP_JOBS_TEST_REJOIN_DELAY_S": "a restarted replica group waits this many seconds before it rejoins (a node slow to come back)",
+    "FSDP_JOBS_TEST_STEP_PAUSE_MS": "every rank sleeps this many milliseconds before each step (a job that keeps "
+                                    "stepping without using the CPU: tests that wait on the clock)",
     "FSDP_JOBS_TEST_PREFLIGHT_SLOW_NODE": "this node's preflight checks take 3x as long (fsdp_jobs/runtime/preflight.py)",
     "FSDP_JOBS_TEST_PREFLIGHT_SLOW_ONCE": "this node's preflight checks take 3x as long in the first round only",
     "FSDP_JOBS_TEST_PREFLIGHT_SLOW_NODE_RANK": "in the job's first attempt, the preflight checks of its K-th node by "
@@ -41,7 +43,7 @@ def parse(env: Mapping[str, str]) -> dict[str, int | str]:
             out[name] = str(value)
             continue
         if not str(value).strip().isdigit():
-            unit = "seconds" if name.endswith("_S") else "a node rank" if name.endswith("_RANK") else "a step number"
+            unit = "seconds" if name.endswith("_S") else "milliseconds" if name.endswith("_MS") else "a node rank" if name.endswith("_RANK") else "a step number"
             raise UserError(name, value, f"must be {unit} (an integer >= 0)")
         out[name] = int(value)
     return out

@@ -50,6 +50,9 @@ FAIL_AT_STEP_ENV = "FSDP_JOBS_TEST_FAIL_AT_STEP"
 NONFINITE_AT_STEP_ENV = "FSDP_JOBS_TEST_NONFINITE_AT_STEP"
 OOM_AT_STEP_ENV = "FSDP_JOBS_TEST_OOM_AT_STEP"
 REJOIN_DELAY_ENV = "FSDP_JOBS_TEST_REJOIN_DELAY_S"
+# test-only pacing: tests that wait on the clock (a controller restart, a time limit) need a job that keeps
+# stepping, not one that steps as fast as it can; on CI's 2 cores the steps' CPU slowed every other test
+STEP_PAUSE_ENV = "FSDP_JOBS_TEST_STEP_PAUSE_MS"
 MAX_ROLLBACKS = 2  # train.on_nonfinite=rollback: a third non-finite step in one attempt stops the job
 PROBE_TOKENS = 16  # positions per probe sequence: enough to check an export, small at any vocab size
 
@@ -422,6 +425,7 @@ class Trainer:
         self.open_auto_interval()
         self.fail_at = faults.step(FAIL_AT_STEP_ENV)
         self.oom_at = faults.step(OOM_AT_STEP_ENV)
+        self.pause_s = faults.step(STEP_PAUSE_ENV) / 1000
         poison_step = faults.step(NONFINITE_AT_STEP_ENV)  # the data position that step takes from scratch
         self.poison_position = (poison_step - 1) * self.global_batch if poison_step else None
         if world.rank == 0 and self.replicas.writer:
@@ -560,6 +564,8 @@ class Trainer:
             quorum_at, tries = time.time(), tries + 1
             position = state.samples_seen
             inputs, targets = batches.get(position)
+            if self.pause_s:
+                time.sleep(self.pause_s)  # test pacing (STEP_PAUSE_ENV): as if the data came slower
             inputs, targets = inputs.to(world.device, non_blocking=True), targets.to(world.device, non_blocking=True)
             if self.fail_at and state.step + 1 >= self.fail_at:
                 raise RuntimeError(f"test fault injection: step {state.step + 1} raises ({FAIL_AT_STEP_ENV})")

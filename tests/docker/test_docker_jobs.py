@@ -21,8 +21,11 @@ pytestmark = [pytest.mark.docker, pytest.mark.integration, pytest.mark.usefixtur
 
 SHORT = ("model.dim=64", "model.n_layers=2", "model.ffn_dim=128", "model.vocab_size=128", "data.seq_len=32")
 # long enough that a node can be killed mid-run after the first checkpoint
-RUN_ARGS = ("cluster=docker", "nodes=3", "gpus_per_node=1", "train.steps=300", "checkpoint.interval=50",
+RUN_ARGS = ("cluster=docker", "nodes=3", "gpus_per_node=1", "train.steps=200", "checkpoint.interval=50",
             "checkpoint.keep_last=10", "train.seed=7", *SHORT)
+# a job that keeps stepping while the test does something else, without the CPU of stepping flat out, which
+# the other test worker needs (fsdp_jobs/planning/faults.py)
+PACED = "+cluster.env.FSDP_JOBS_TEST_STEP_PAUSE_MS=100"
 SUDO_USER = {"SUDO_UID": "4321", "SUDO_GID": "4321"}  # what sudo tells a command about its caller
 
 
@@ -75,9 +78,9 @@ def test_three_nodes_run_to_completion_and_leave_nothing_behind(reference_run):
     for node in ("node0", "node1", "node2"):
         assert f"[{node}] [rank " in r.stdout and f"host {node} " in r.stdout  # each container's hostname
     m = metrics(run_dir)
-    assert [x["step"] for x in m] == list(range(1, 301)) and m[-1]["world_size"] == 3
+    assert [x["step"] for x in m] == list(range(1, 201)) and m[-1]["world_size"] == 3
     assert sum(x["loss"] for x in m[-10:]) < sum(x["loss"] for x in m[:10]) - 20.0  # mean falls by > 2
-    assert "finished: ref" in r.stdout and "step-000300" in committed(run_dir)
+    assert "finished: ref" in r.stdout and "step-000200" in committed(run_dir)
     assert labelled("container", run_dir) == [] and labelled("network", run_dir) == []
     assert all(c["exit_code"] == 0 and c["restarts"] == 0 for c in result(run_dir)["containers"].values())
 
@@ -106,8 +109,8 @@ def test_kill_node_restarts_the_container_and_matches_the_uninterrupted_run_bitw
     # from the newest checkpoint before the kill: step 50, or a later one when the loaded machine was slow to
     # run `chaos` (a CI rehearsal's kill came after step 100, and the old check, "step-0000", missed "step-000100")
     resumed = re.search(r"\[node0\] checkpoint: resumed from step-(\d{6})", out)
-    assert resumed and 50 <= int(resumed.group(1)) < 300, out[-3000:]
-    assert_same_state(reference_run[0] / "checkpoints" / "step-000300", run_dir / "checkpoints" / "step-000300")
+    assert resumed and 50 <= int(resumed.group(1)) < 200, out[-3000:]
+    assert_same_state(reference_run[0] / "checkpoints" / "step-000200", run_dir / "checkpoints" / "step-000200")
     assert labelled("container", run_dir) == []
 
 
@@ -138,7 +141,7 @@ def test_a_hot_spare_takes_a_killed_containers_place_at_world_three_and_the_same
     assert sorted(json.loads((run_dir / "world.json").read_text())["nodes"]) == sorted({*world, spare} - {victim})
     assert f"nodes: {victim} left the job; {spare} joined" in out, out[-3000:]
     assert losses(run_dir) == losses(reference_run[0])
-    assert_same_state(reference_run[0] / "checkpoints" / "step-000300", run_dir / "checkpoints" / "step-000300")
+    assert_same_state(reference_run[0] / "checkpoints" / "step-000200", run_dir / "checkpoints" / "step-000200")
     c = result(run_dir)["containers"]
     assert c[victim]["exit_code"] == 137 and c[victim]["restarts"] == 0, c  # gone for good
     assert all(c[n]["exit_code"] == 0 and c[n]["restarts"] == 0 for n in c if n != victim), c
@@ -176,7 +179,7 @@ def test_a_node_cut_off_from_the_network_is_named_and_the_others_finish_without_
     their next rendezvous goes on without node2 (cluster.min_nodes=2) from the newest checkpoint, and rank 0
     names node2 as gone. The job completes on two; node2's agent, left waiting for a rendezvous that is gone,
     is stopped by its wrapper and the container exits 0, so the command ends instead of waiting out torchrun."""
-    proc = start(f"run_root={run_root}", "name=cut", *RUN_ARGS, "train.steps=400", "cluster.min_nodes=2",
+    proc = start(f"run_root={run_root}", "name=cut", *RUN_ARGS, "train.steps=250", "cluster.min_nodes=2",
                  "fault.hang_timeout_s=10", "train.log_interval=1")
     run_dir = run_root / "cut"
     wait_for_file(run_dir / "checkpoints" / "step-000050" / "manifest.json", proc)
@@ -195,7 +198,7 @@ def test_a_node_cut_off_from_the_network_is_named_and_the_others_finish_without_
     assert "node2: the job completed without this node" in out, out[-4000:]
     m = metrics(run_dir)
     on_two = [x for x in m if x["world_size"] == 2]
-    assert on_two and on_two[-1]["step"] == 400 and m[-1]["step"] == 400
+    assert on_two and on_two[-1]["step"] == 250 and m[-1]["step"] == 250
     assert f"resumed from step-{on_two[0]['step'] - 1:06d}" in out
     c = result(run_dir)["containers"]
     assert {n: c[n]["exit_code"] for n in c} == {"node0": 0, "node1": 0, "node2": 0}, c
@@ -211,7 +214,7 @@ def test_the_attached_command_killed_stops_its_containers_and_the_same_command_r
     shell): its guardian (launchers/docker/supervisor.py) sees the pipe close with no word, stops the
     containers as Ctrl-C would (the ranks checkpoint) and removes them; the same command again resumes the run
     from that checkpoint and completes it, every step once."""
-    args = [f"run_root={run_root}", "name=orphan", *RUN_ARGS, "train.steps=400", "checkpoint.interval=50"]
+    args = [f"run_root={run_root}", "name=orphan", *RUN_ARGS, "train.steps=250", "checkpoint.interval=50"]
     run_dir = run_root / "orphan"
     proc = start(*args)
     wait_for_file(run_dir / "checkpoints" / "step-000050" / "manifest.json", proc)
@@ -225,12 +228,12 @@ def test_the_attached_command_killed_stops_its_containers_and_the_same_command_r
     assert not labelled("container", run_dir), "containers outlived their command"
     assert result(run_dir)["exit_status"] == 130 and removed(), result(run_dir)
     stopped_at = json.loads((run_dir / "state.json").read_text())["step"]
-    assert 50 <= stopped_at < 400  # they stopped (with a checkpoint), not trained on to the end
+    assert 50 <= stopped_at < 250  # they stopped (with a checkpoint), not trained on to the end
     r = cli(*args)
     assert_ok(r)
     assert f"resumed from step-{stopped_at:06d}" in r.stdout, r.stdout[-3000:]
-    assert committed(run_dir)[-1] == "step-000400"
-    assert {x["step"] for x in metrics(run_dir)} == set(range(1, 401))
+    assert committed(run_dir)[-1] == "step-000250"
+    assert {x["step"] for x in metrics(run_dir)} == set(range(1, 251))
 
 
 def test_a_rank_killed_for_memory_in_a_container_is_named_out_of_memory_and_the_job_completes(run_root):
@@ -252,7 +255,7 @@ def test_a_rank_killed_for_memory_in_a_container_is_named_out_of_memory_and_the_
 def test_detached_job_status_logs_follow_and_cancel(run_root):
     t0 = time.perf_counter()
     r = cli(f"run_root={run_root}", "name=bg", "cluster=docker", "nodes=2", "gpus_per_node=1",
-            "cluster.detach=true", "train.steps=1000000", "checkpoint.interval=0", *SHORT)
+            "cluster.detach=true", "train.steps=1000000", "checkpoint.interval=0", PACED, *SHORT)
     assert_ok(r)
     print(f"detached submission returned in {time.perf_counter() - t0:.1f}s")
     run_dir = run_root / "bg"
@@ -331,7 +334,7 @@ def test_a_stopped_rank_in_a_container_is_found_named_and_the_job_resumes_bitwis
     after = [m for m in metrics(run_dir) if m["restart"] >= 1]
     print(f"docker: stop -> hang declared {mine['time'] - stopped_at:.1f} s, -> first step after it "
           f"{after[0]['time'] - stopped_at:.1f} s")
-    assert_same_state(reference_run[0] / "checkpoints" / "step-000300", run_dir / "checkpoints" / "step-000300")
+    assert_same_state(reference_run[0] / "checkpoints" / "step-000200", run_dir / "checkpoints" / "step-000200")
 
 
 def test_preflight_passes_then_names_a_node_whose_link_was_slowed_and_no_container_restarts(run_root):
@@ -342,7 +345,7 @@ def test_preflight_passes_then_names_a_node_whose_link_was_slowed_and_no_contain
     would rerun the same checks on the same nodes: the containers exit 0 after the verdict instead."""
     run_dir = run_root / "pf"
     proc = start(f"run_root={run_root}", "name=pf", "cluster=docker", "nodes=3", "gpus_per_node=1", "preflight=true",
-                 "train.steps=100000", "checkpoint.interval=0", "train.log_interval=1", *SHORT)
+                 "train.steps=100000", "checkpoint.interval=0", "train.log_interval=1", PACED, *SHORT)
     try:
         deadline = time.monotonic() + 300
         while not ((run_dir / "metrics.jsonl").exists() and len(metrics(run_dir)) >= 5):

@@ -306,7 +306,7 @@ def test_the_launcher_killed_leaves_no_rank_running_and_the_same_command_resumes
     get SIGTERM from the kernel (PR_SET_PDEATHSIG), so no rank trains on unsupervised; the same command
     again resumes the run from its checkpoint and completes it."""
     run_dir = run_root / "orphan"
-    args = [f"run_root={run_root}", "name=orphan", *KILL_ARGS, "train.steps=400", "train.log_interval=1000"]
+    args = [f"run_root={run_root}", "name=orphan", *KILL_ARGS, "train.steps=100", "train.log_interval=1000"]
     proc = start(args)
     wait_for(lambda: (run_dir / "checkpoints" / "step-000020" / "manifest.json").exists(), 400, proc)
     ranks = [json.loads(p.read_text())["pid"] for p in (run_dir / "ranks").glob("rank-*.json")]
@@ -320,12 +320,12 @@ def test_the_launcher_killed_leaves_no_rank_running_and_the_same_command_resumes
         time.sleep(0.5)
     assert not [pid for pid in started if _alive(pid)], "processes outlived their launcher"
     stopped_at = json.loads((run_dir / "state.json").read_text())["step"]
-    assert stopped_at < 400  # they stopped, not trained on to the end
+    assert stopped_at < 100  # they stopped, not trained on to the end
     r = cli(*args)
     assert_ok(r)
     assert "resumed from step-0000" in r.stdout
-    assert committed(run_dir)[-1] == "step-000400"
-    assert {x["step"] for x in metrics(run_dir)} == set(range(1, 401))
+    assert committed(run_dir)[-1] == "step-000100"
+    assert {x["step"] for x in metrics(run_dir)} == set(range(1, 101))
 
 
 def test_resume_on_fewer_nodes_continues_at_the_same_data_position(run_root):

@@ -14,6 +14,7 @@ from tests.slurm.conftest import submit, wait_for, wait_job
 pytestmark = [pytest.mark.slurm, pytest.mark.docker, pytest.mark.usefixtures("slurm_cluster", "docker_engine")]
 
 SHORT = ("model.dim=64", "model.n_layers=2", "model.ffn_dim=128", "model.vocab_size=128", "data.seq_len=32")
+PACED = "+cluster.env.FSDP_JOBS_TEST_STEP_PAUSE_MS=100"  # two jobs running until cancelled, without their CPU
 
 
 def row(listing: str, name: str) -> list[str]:
@@ -25,10 +26,10 @@ def test_list_shows_local_slurm_and_docker_runs_with_their_real_state(run_root):
     local = cli(f"run_root={run_root}", "name=on-local", "nodes=1", "train.steps=3", *SHORT)
     assert local.returncode == 0, local.stderr
     docker = cli(f"run_root={run_root}", "name=on-docker", "cluster=docker", "nodes=2", "gpus_per_node=1",
-                 "cluster.detach=true", "train.steps=1000000", *SHORT)
+                 "cluster.detach=true", "train.steps=1000000", PACED, *SHORT)
     assert docker.returncode == 0, docker.stderr
     job_id, _, _ = submit(f"run_root={run_root}", "name=on-slurm", "nodes=2", "gpus_per_node=1",
-                          "train.steps=1000000", *SHORT)
+                          "train.steps=1000000", PACED, *SHORT)
     for name in ("on-docker", "on-slurm"):
         wait_for(lambda: (run_root / name / "metrics.jsonl").exists() and len(metrics(run_root / name)) >= 1,
                  300, f"{name} training")

@@ -12,9 +12,11 @@ from tests.slurm.conftest import job_log, submit, wait_for, wait_job
 
 pytestmark = [pytest.mark.slurm, pytest.mark.usefixtures("slurm_cluster")]
 
-# 1,170 steps after the kill (about 50 s): a loaded CI run took 10 s to restart group 2, by which time a job of
-# 300 steps in all (20 steps/s) had finished, and group 2 came back to a completed checkpoint instead of a peer
-STEPS = 1200
+# 370 steps after the kill, paced at 6-10 a second (PACED): 37-60 s. A loaded CI run took 10 s to restart
+# group 2, by which time a job of 300 steps in all (20 steps/s, unpaced) had finished, and group 2 came back to
+# a completed checkpoint instead of a peer; unpaced, 1,200 steps kept both CPU cores busy for a minute
+STEPS = 400
+PACED = "+cluster.env.FSDP_JOBS_TEST_STEP_PAUSE_MS=100"
 # group 2's ranks are forked again by their agent within about 2 s; under a loaded CI run the survivors' new
 # quorum (heartbeat 1 s, then a tick) came after it, and no step ran without group 2: the restarted group
 # waits 5 s before it rejoins (FSDP_JOBS_TEST_REJOIN_DELAY_S), as a node slow to come back would
@@ -25,7 +27,7 @@ SHORT = ("model.dim=64", "model.n_layers=2", "model.ffn_dim=128", "model.vocab_s
 def test_a_killed_rank_on_one_node_is_recovered_live_and_the_job_completes(run_root):
     job_id, _, _ = submit(f"run_root={run_root}", "name=ft", "nodes=3", "gpus_per_node=1", "fault_tolerance=replica",
                           "fault_tolerance.heartbeat_timeout_s=1", f"train.steps={STEPS}", "checkpoint.interval=400",
-                          "train.log_interval=1", REJOIN, *SHORT)
+                          "train.log_interval=1", REJOIN, PACED, *SHORT)
     run_dir = run_root / "ft"
     wait_for(lambda: (run_dir / "metrics.jsonl").exists() and len(metrics(run_dir)) >= 30, 300, "step 30")
     r = cli("chaos", "ft", "kill-rank", "2", "--run-root", str(run_root))

@@ -21,6 +21,9 @@ from tests.slurm.conftest import job_log, sh, submit, wait_for, wait_job
 pytestmark = [pytest.mark.slurm, pytest.mark.usefixtures("slurm_cluster")]
 
 SHORT = ("model.dim=64", "model.n_layers=2", "model.ffn_dim=128", "model.vocab_size=128", "data.seq_len=32")
+# a job that keeps stepping while a test waits on a clock (SLURM's, a controller's), without the CPU of
+# stepping flat out, which the other test worker needs (fsdp_jobs/planning/faults.py)
+PACED = "+cluster.env.FSDP_JOBS_TEST_STEP_PAUSE_MS=100"
 
 
 def test_four_node_job_runs_on_every_node_and_dry_run_matches(run_root):
@@ -165,19 +168,20 @@ def test_preemption_then_a_killed_rank_resume_and_goodput_accounts_both(run_root
 
 def test_time_limit_signal_checkpoints_and_requeues(run_root):
     """A 3-minute limit with the signal 90 s before it: SLURM warns 30-60 s into the run. While the job
-    waits to be requeued, the test raises the limit (as an admin would) and shortens what is left to 200
+    waits to be requeued, the test raises the limit (as an admin would) and shortens what is left to 100
     steps, so the second attempt takes the same few seconds on any machine: a fixed step count made this
-    test last 220 s on one machine and 610 s on a slower one, most of it training after the resume."""
-    total = 12000  # ~90 steps/s here: the 30-60 s before the warning never finish it
+    test last 220 s on one machine and 610 s on a slower one, most of it training after the resume. The
+    steps are paced (PACED): the test waits on SLURM's clock, and at full speed the wait cost CI 2 cores."""
+    total = 12000  # at most ~10 paced steps/s: the 30-60 s before the warning never finish it
     job_id, _, _ = submit(f"run_root={run_root}", "name=timeout", "nodes=2", "gpus_per_node=1",
                           f"train.steps={total}", "checkpoint.interval=100000", "checkpoint.keep_last=10",
-                          "cluster.time_min=3", "cluster.signal_delay_s=90", *SHORT)
+                          "cluster.time_min=3", "cluster.signal_delay_s=90", PACED, *SHORT)
     run_dir = run_root / "timeout"
     wait_for(lambda: runs.read_state(run_dir).get("status") == "preempted", 600, "the checkpoint at the time-out signal")
     stopped_at = int(runs.read_state(run_dir)["step"])
     assert stopped_at < total and len(steps_by_attempt(run_dir)) == 1  # requeued, not yet restarted
     job = yaml.safe_load((run_dir / "job.yaml").read_text())
-    job["train"]["steps"] = total = stopped_at + 200
+    job["train"]["steps"] = total = stopped_at + 100
     runs.write_atomic(run_dir / "job.yaml", yaml.safe_dump(job, sort_keys=False))
     sh("scontrol", "update", f"JobId={job_id}", "TimeLimit=30", check=True)
     assert wait_job(job_id, 900) == "COMPLETED", job_log(run_dir, job_id)
@@ -204,7 +208,8 @@ def test_a_job_that_always_crashes_is_not_requeued_forever(run_root):
 
 
 def test_status_logs_top_stacks_and_cancel_a_running_job(run_root):
-    job_id, _, _ = submit(f"run_root={run_root}", "name=ctl", "nodes=2", "gpus_per_node=1", "train.steps=100000", *SHORT)
+    job_id, _, _ = submit(f"run_root={run_root}", "name=ctl", "nodes=2", "gpus_per_node=1", "train.steps=100000", PACED,
+                          *SHORT)
     run_dir = run_root / "ctl"
     wait_for(lambda: (run_dir / "metrics.jsonl").exists() and len(metrics(run_dir)) >= 3, 300, "training")
     status = cli("status", "ctl", "--run-root", str(run_root))  # fsdp-jobs status ctl
@@ -273,9 +278,9 @@ def test_the_job_trains_through_a_controller_restart_and_status_keeps_answering(
     again from its saved state). The job's ranks never notice: steps keep being recorded while the
     controller is down, the job completes every step, and `fsdp-jobs status` answers before, while the
     controller is down (a clear word, not a traceback) and after, with the true outcome."""
-    total = 3000
+    total = 600  # paced (PACED), 6-10 steps/s: 60-100 s, past the controller's ~30 s away and back
     job_id, _, _ = submit(f"run_root={run_root}", "name=ctld", "nodes=2", "gpus_per_node=1", f"train.steps={total}",
-                          "checkpoint.interval=500", "train.log_interval=1", *SHORT)
+                          "checkpoint.interval=200", "train.log_interval=1", PACED, *SHORT)
     run_dir = run_root / "ctld"
     wait_for(lambda: len(metrics(run_dir)) >= 20 if (run_dir / "metrics.jsonl").exists() else False, 300, "step 20")
     before = json.loads(cli("status", "ctld", "--run-root", str(run_root)).stdout)
@@ -318,7 +323,7 @@ def test_a_node_cut_off_from_the_network_is_named_and_the_job_trains_on_without_
     slurmd's 300 s timeout: past it slurmctld declares n3 down and ends the allocation (NODE_FAIL, a requeue:
     SLURM's call, seen in this test's first version). The job completes, every step once at its data."""
     job_id, _, _ = submit(f"run_root={run_root}", "name=cut", "nodes=4", "gpus_per_node=1", "cluster.min_nodes=3",
-                          "train.steps=1000", "checkpoint.interval=50", "train.log_interval=1",
+                          "train.steps=400", "checkpoint.interval=50", "train.log_interval=1",
                           "fault.hang_timeout_s=10", *SHORT)
     run_dir = run_root / "cut"
     wait_for(lambda: (run_dir / "checkpoints" / "step-000100" / "manifest.json").exists(), 300, "checkpoint 100")
@@ -338,7 +343,7 @@ def test_a_node_cut_off_from_the_network_is_named_and_the_job_trains_on_without_
     assert "nodes: n3 joined" in log or "n3: the job completed without this node" in log, log[-4000:]
     m = metrics(run_dir)
     on_three = [x for x in m if x["world_size"] == 3]
-    assert m[-1]["step"] == 1000 and on_three
+    assert m[-1]["step"] == 400 and on_three
     assert f"resumed from step-{on_three[0]['step'] - 1:06d}" in log
     assert json.loads(cli("status", "cut", "--run-root", str(run_root)).stdout)["state"] == "SUCCEEDED"
     hang = min(float(json.loads(ln)["time"]) for ln in (run_dir / "hangs.jsonl").read_text().splitlines())

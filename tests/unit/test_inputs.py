@@ -35,6 +35,7 @@ def test_too_short_token_file_is_refused(run_root, tmp_path):
     ("FSDP_JOBS_TEST_CRASH_IN_SAVE", "1.5", "must be a step number"),
     ("FSDP_JOBS_TEST_TYPO", "3", "unknown test fault variable"),
     ("FSDP_JOBS_TEST_PREFLIGHT_SLOW_NODE", "node/1", "must be a node's name"),
+    ("FSDP_JOBS_TEST_STEP_PAUSE_MS", "0.5", "must be milliseconds"),
 ])
 def test_bad_fault_injection_variable_is_one_line(run_root, name, value, says):
     assert name in refused(run_root, env={name: value}) and says in refused(run_root, f"+cluster.env.{name}={value}")
