@@ -167,6 +167,16 @@ def no_false_hang(tmp_path_factory: pytest.TempPathFactory):
     assert not false, f"the hang watchdog declared a hang in a test that expected none: {false}"
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """The project's bytecode, compiled once: where PYTHONDONTWRITEBYTECODE=1 is set (this machine's shells
+    set it), every process the tests start (each CLI call, node wrapper and agent) compiled the modules it
+    imports from source again, 0.04-0.08 s of a 0.3 s `fsdp-jobs list`. compileall skips what is current."""
+    import compileall
+
+    for package in ("fsdp_jobs", "launchers"):
+        compileall.compile_dir(REPO / package, quiet=2)
+
+
 # A hung test fails in its tier's time, not after the global 20 minutes: unit tests (fast, pure logic
 # and single CLI calls) get 90 s; tiers that start real processes and clusters get more.
 TIER_TIMEOUT_S = {"unit": 90, "kubernetes": 180, "integration": 900, "docker": 900, "slurm": 1200}

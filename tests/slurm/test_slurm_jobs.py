@@ -352,7 +352,7 @@ def test_a_node_cut_off_from_the_network_is_named_and_the_job_trains_on_without_
           f"{m[-1]['world_size']} nodes")
 
 
-SPARE_ARGS = ("nodes=3", "gpus_per_node=1", "train.steps=300", "checkpoint.interval=50", "checkpoint.keep_last=20",
+SPARE_ARGS = ("nodes=3", "gpus_per_node=1", "train.steps=200", "checkpoint.interval=50", "checkpoint.keep_last=20",
               "train.seed=7", "train.log_interval=1", *SHORT)
 
 
@@ -388,16 +388,16 @@ def test_a_hot_spare_takes_a_killed_nodes_place_at_world_three_and_the_same_loss
         sh("scontrol", "update", f"nodename={victim}", "state=resume")
         wait_for(lambda: sh("sinfo", "-h", "-n", victim, "-o", "%T").strip() == "idle", 60, f"{victim} idle again")
     m = metrics(run_dir)
-    assert {x["world_size"] for x in m} == {3} and m[-1]["step"] == 300
+    assert {x["world_size"] for x in m} == {3} and m[-1]["step"] == 200
     assert max(x["restart"] for x in m) == 1  # one restart: the kill
     log = job_log(run_dir, job_id)
     assert f"{victim}: this node's agent exited -9; the job goes on without it" in log, log[-4000:]
     # srun kept the step (--no-kill) and ended it with the lost task's status; the batch script's exit did not
-    assert f"Node failure on {victim}" in log and "but training completed at step 300" in log, log[-4000:]
+    assert f"Node failure on {victim}" in log and "but training completed at step 200" in log, log[-4000:]
     assert "on 3 nodes x 1 (+ 1 hot spare)" in submitted, submitted
     assert f"nodes: {victim} left the job; {spare} joined" in log, log[-4000:]
     assert losses(run_dir) == losses(run_root / "ref")
-    assert_same_state(run_root / "ref" / "checkpoints" / "step-000300", run_dir / "checkpoints" / "step-000300")
+    assert_same_state(run_root / "ref" / "checkpoints" / "step-000200", run_dir / "checkpoints" / "step-000200")
     status = json.loads(cli("status", "spare", "--run-root", str(run_root)).stdout)
     assert status["state"] == "SUCCEEDED" and status["spare_nodes"] == 1, status
     after = next(x for x in m if x["restart"] == 1)
