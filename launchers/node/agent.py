@@ -372,11 +372,11 @@ def import_the_log_formatter() -> None:
 
 
 def name_rendezvous_events_cheaply() -> None:
-    """torch's rendezvous names every event it records (a join, each keep-alive, a close: `_record`) by
-    `inspect.stack()[2].function`, which reads the source lines of every frame on the stack from disk:
-    8.5% of an agent's CPU in a 40-step 2x2 job (py-spy, 100 Hz, both agents), more with each restart's
-    rendezvous and, at 1,024 nodes, in every agent's keep-alive thread. sys._getframe(2) is the same
-    frame (the caller of `_record`), found without reading a file."""
+    """fsdp_jobs/ARCHITECTURE.md, pitfall 19: torch's rendezvous names every event it records (a join, each
+    keep-alive, a close: `_record`) by `inspect.stack()[2].function`, which reads the source lines of every
+    frame on the stack from disk: 8.5% of an agent's CPU in a 40-step 2x2 job, more with each restart's
+    rendezvous and, at 1,024 nodes, in every agent's keep-alive thread. sys._getframe(2) is the same frame
+    (the caller of `_record`), found without reading a file."""
     from torch.distributed.elastic.rendezvous import dynamic_rendezvous
 
     def get_method_name(depth: int = 2) -> str:
