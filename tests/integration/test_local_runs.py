@@ -218,7 +218,7 @@ def test_a_full_disk_costs_a_checkpoint_not_the_job(tmp_path):
     subprocess.run(["mount", "-t", "tmpfs", "-o", "size=32m", "tmpfs", str(fs)], check=True)
     try:
         run_dir, filler = fs / "runs" / "full", fs / "filler"
-        proc = start([f"run_root={fs / 'runs'}", "name=full", *KILL_ARGS, "train.steps=400", "checkpoint.interval=20"])
+        proc = start([f"run_root={fs / 'runs'}", "name=full", *KILL_ARGS, "train.steps=200", "checkpoint.interval=20"])
         lines: list[str] = []
         threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True).start()
         wait_for(lambda: (run_dir / "checkpoints" / "step-000020" / "manifest.json").exists(), 400, proc)
@@ -234,7 +234,7 @@ def test_a_full_disk_costs_a_checkpoint_not_the_job(tmp_path):
         assert proc.wait(timeout=600) == 0, "".join(lines)[-4000:]
         failed = [ln for ln in lines if "not saved" in ln]
         assert "No space left on device" in failed[0] and "training goes on" in failed[0], failed
-        assert committed(run_dir)[-1] == "step-000400"  # the final checkpoint, saved once there was room
+        assert committed(run_dir)[-1] == "step-000200"  # the final checkpoint, saved once there was room
         assert not list((run_dir / "checkpoints").glob(".tmp-*"))  # the failed save's files are gone
         failed_step = int(failed[0].split("step ")[1].split()[0])
         assert f"step-{failed_step:06d}" not in committed(run_dir)
