@@ -167,6 +167,11 @@ def no_false_hang(tmp_path_factory: pytest.TempPathFactory):
     assert not false, f"the hang watchdog declared a hang in a test that expected none: {false}"
 
 
+# a job a test keeps running while it waits on a clock (a scheduler's, a command's): stepping, but without the
+# CPU of stepping flat out, which the other test worker needs (fsdp_jobs/planning/faults.py)
+PACED = "+cluster.env.FSDP_JOBS_TEST_STEP_PAUSE_MS=100"
+
+
 def pytest_configure(config: pytest.Config) -> None:
     """The project's bytecode, compiled once: where PYTHONDONTWRITEBYTECODE=1 is set (this machine's shells
     set it), every process the tests start (each CLI call, node wrapper and agent) compiled the modules it

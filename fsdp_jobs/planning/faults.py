@@ -25,6 +25,7 @@ KNOWN = {
     "FSDP_JOBS_TEST_PREFLIGHT_SLOW_NODE_RANK": "in the job's first attempt, the preflight checks of its K-th node by "
                                               "node rank (K >= 1) not serving the rendezvous store take 3x as long",
 }
+UNITS = (("_MS", "milliseconds"), ("_S", "seconds"), ("_RANK", "a node rank"))  # by name suffix; else a step
 NAMED = ("FSDP_JOBS_TEST_PREFLIGHT_SLOW_NODE", "FSDP_JOBS_TEST_PREFLIGHT_SLOW_ONCE")  # these take a node's name, the others a step number
 
 
@@ -43,7 +44,7 @@ def parse(env: Mapping[str, str]) -> dict[str, int | str]:
             out[name] = str(value)
             continue
         if not str(value).strip().isdigit():
-            unit = "seconds" if name.endswith("_S") else "milliseconds" if name.endswith("_MS") else "a node rank" if name.endswith("_RANK") else "a step number"
+            unit = next((u for suffix, u in UNITS if name.endswith(suffix)), "a step number")
             raise UserError(name, value, f"must be {unit} (an integer >= 0)")
         out[name] = int(value)
     return out

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from fsdp_jobs.rundir.layout import RunDir
-from tests.conftest import MEASURED, REPO, assert_same_state, cli, committed, losses, metrics
+from tests.conftest import MEASURED, PACED, REPO, assert_same_state, cli, committed, losses, metrics
 
 pytestmark = [pytest.mark.docker, pytest.mark.integration, pytest.mark.usefixtures("docker_engine")]
 
@@ -23,9 +23,6 @@ SHORT = ("model.dim=64", "model.n_layers=2", "model.ffn_dim=128", "model.vocab_s
 # long enough that a node can be killed mid-run after the first checkpoint
 RUN_ARGS = ("cluster=docker", "nodes=3", "gpus_per_node=1", "train.steps=200", "checkpoint.interval=50",
             "checkpoint.keep_last=10", "train.seed=7", *SHORT)
-# a job that keeps stepping while the test does something else, without the CPU of stepping flat out, which
-# the other test worker needs (fsdp_jobs/planning/faults.py)
-PACED = "+cluster.env.FSDP_JOBS_TEST_STEP_PAUSE_MS=100"
 SUDO_USER = {"SUDO_UID": "4321", "SUDO_GID": "4321"}  # what sudo tells a command about its caller
 
 

@@ -10,7 +10,7 @@ import re
 
 import pytest
 
-from tests.conftest import cli, metrics
+from tests.conftest import PACED, cli, metrics
 from tests.slurm.conftest import job_log, job_state, submit, wait_for, wait_job
 
 pytestmark = [pytest.mark.slurm, pytest.mark.usefixtures("slurm_cluster")]
@@ -27,7 +27,7 @@ def test_a_running_job_grows_by_a_second_job_whose_node_joins_its_rendezvous(run
     job_id, _, _ = submit(f"run_root={run_root}", "name=grow", "nodes=2", "cluster.max_nodes=3", "gpus_per_node=1",
                           f"train.global_batch_size={GLOBAL_BATCH}", "train.micro_batch_per_rank=1",
                           "train.steps=1000000", "checkpoint.interval=100000", "train.log_interval=1",
-                          "+cluster.env.FSDP_JOBS_TEST_STEP_PAUSE_MS=100", *SHORT)  # runs until cancelled: paced
+                          PACED, *SHORT)  # runs until cancelled: paced
     run_dir = run_root / "grow"
     wait_for(lambda: len(worlds(run_dir)) >= 5, 300, "step 5")
     r = cli("scale", "grow", "nodes=3", "--run-root", str(run_root))

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.conftest import cli, metrics
+from tests.conftest import PACED, cli, metrics
 from tests.slurm.conftest import job_log, submit, wait_for, wait_job
 
 pytestmark = [pytest.mark.slurm, pytest.mark.usefixtures("slurm_cluster")]
@@ -16,7 +16,6 @@ pytestmark = [pytest.mark.slurm, pytest.mark.usefixtures("slurm_cluster")]
 # group 2, by which time a job of 300 steps in all (20 steps/s, unpaced) had finished, and group 2 came back to
 # a completed checkpoint instead of a peer; unpaced, 1,200 steps kept both CPU cores busy for a minute
 STEPS = 400
-PACED = "+cluster.env.FSDP_JOBS_TEST_STEP_PAUSE_MS=100"
 # group 2's ranks are forked again by their agent within about 2 s; under a loaded CI run the survivors' new
 # quorum (heartbeat 1 s, then a tick) came after it, and no step ran without group 2: the restarted group
 # waits 5 s before it rejoins (FSDP_JOBS_TEST_REJOIN_DELAY_S), as a node slow to come back would

@@ -15,15 +15,12 @@ import pytest
 import yaml
 
 from fsdp_jobs.rundir import runs
-from tests.conftest import MEASURED, REPO, assert_same_state, cli, committed, losses, manifest, metrics
+from tests.conftest import MEASURED, PACED, REPO, assert_same_state, cli, committed, losses, manifest, metrics
 from tests.slurm.conftest import job_log, sh, submit, wait_for, wait_job
 
 pytestmark = [pytest.mark.slurm, pytest.mark.usefixtures("slurm_cluster")]
 
 SHORT = ("model.dim=64", "model.n_layers=2", "model.ffn_dim=128", "model.vocab_size=128", "data.seq_len=32")
-# a job that keeps stepping while a test waits on a clock (SLURM's, a controller's), without the CPU of
-# stepping flat out, which the other test worker needs (fsdp_jobs/planning/faults.py)
-PACED = "+cluster.env.FSDP_JOBS_TEST_STEP_PAUSE_MS=100"
 
 
 def test_four_node_job_runs_on_every_node_and_dry_run_matches(run_root):

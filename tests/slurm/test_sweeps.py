@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, cli, committed, metrics
+from tests.conftest import PACED, REPO, cli, committed, metrics
 from tests.slurm.conftest import job_state, sh, wait_for, wait_job
 from tests.slurm.test_slurm_jobs import SHORT, steps_by_attempt
 from tests.unit.test_sweeps import assert_png_with_one_curve_per_run
@@ -159,7 +159,7 @@ def test_four_member_sweep_returns_at_once_goes_out_as_one_array_and_completes(r
 def test_usr2_requeues_one_element_only_and_cancel_one_member_leaves_the_other_running(run_root, state_dir):
     # paced: the two members run while SLURM requeues one, without stepping flat out (fsdp_jobs/planning/faults.py)
     args = ("train.steps=100000", "checkpoint.interval=100000", "checkpoint.keep_last=10", "train.lr=1e-3,2e-3",
-            "+cluster.env.FSDP_JOBS_TEST_STEP_PAUSE_MS=100")
+            PACED)
     s = sweep(run_root, *args)
     assert s.returncode == 0, s.stdout + s.stderr
     a, b = s.submitted
