@@ -149,6 +149,10 @@ class TrainConfig(Keys):
     wandb: WandbConfig = field(default_factory=WandbConfig)
 
 
+# the derived hang timeout's floor (launchers/node/watchdog.py hang_timeout): no rank advanced for this long
+HANG_TIMEOUT_FLOOR_S = 60.0
+
+
 @dataclass
 class FaultConfig(Keys):
     """A rank that stops making progress without dying (a deadlock, a stopped process, a GPU or NIC that no
@@ -192,8 +196,10 @@ class FaultToleranceConfig(Keys):
     # comes later recovers live from the others, as after a failure)
     join_timeout_s: float = 60.0
     # a cross-group all-reduce, a quorum or a live recovery that takes longer fails the step (the group
-    # retries it with the replicas then alive)
-    timeout_s: float = 60.0
+    # retries it with the replicas then alive). At most half the hang watchdog's timeout: a group gone
+    # without a connection reset (a dead host, a cut link) leaves the others in gloo until this expires,
+    # and a survivor's watchdog that fired first restarted it cold (ARCHITECTURE.md, pitfall 20)
+    timeout_s: float = 30.0
     quorum_tick_ms: int = 100  # how often the lighthouse looks for a quorum while a group is missing
     lighthouse_port: Optional[int] = None  # None = 29510, or a free one where the job shares this machine's ports
 
@@ -427,6 +433,20 @@ def _validate_fault(cfg: JobConfig) -> None:
         raise UserError("preflight", True, "runs before the built-in trainer; with script=/module= use "
                                            "preflight=only first, then submit the script")
     validate_fault_tolerance(cfg.fault_tolerance)
+    _cross_group_timeout_below_the_watchdog(cfg.fault_tolerance, fc)
+
+
+def _cross_group_timeout_below_the_watchdog(ft: FaultToleranceConfig, fc: FaultConfig) -> None:
+    """A survivor waiting on a silent group must fail its step (and go on without it) before its own hang
+    watchdog takes the wait for a hang and restarts it from the checkpoint (pitfall 20)."""
+    if ft.mode == "none":
+        return
+    watchdog_s = fc.hang_timeout_s or HANG_TIMEOUT_FLOOR_S
+    if fc.watchdog and ft.timeout_s > watchdog_s / 2:
+        said = f"fault.hang_timeout_s={fc.hang_timeout_s:g}" if fc.hang_timeout_s else f"at least {watchdog_s:g} s"
+        raise UserError("fault_tolerance.timeout_s", ft.timeout_s,
+                        f"must be at most half the hang watchdog's timeout ({said}): a group waiting on a silent "
+                        "peer must fail its step before its watchdog restarts it; lower it or raise fault.hang_timeout_s")
 
 
 def _validate_data(cfg: JobConfig) -> None:

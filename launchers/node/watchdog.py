@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Optional
 
 from fsdp_jobs.cli import stragglers
+from fsdp_jobs.planning.config import HANG_TIMEOUT_FLOOR_S as DERIVED_FLOOR_S
 from fsdp_jobs.rundir import hangs, liveness
 
 if TYPE_CHECKING:  # types only: the node wrapper reads the fault keys through the schema (job_fault)
@@ -47,7 +48,7 @@ from fsdp_jobs.rundir.records import HangRecord
 
 STALE_S = liveness.STALE_S  # a heartbeat thread silent this long: the process itself is not running
 STRAGGLER_CHECK_S = 10.0
-DERIVED_FLOOR_S, DERIVED_FACTOR = 60.0, 10.0
+DERIVED_FACTOR = 10.0
 SAVE_FACTOR = 10.0  # a save after the first may take this many times the slowest before it
 
 

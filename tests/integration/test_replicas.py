@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from tests.conftest import REPO, cli, committed, metrics
+from tests.conftest import MEASURED, PACED, REPO, cli, committed, metrics
 
 pytestmark = pytest.mark.integration
 
@@ -65,6 +65,13 @@ def kill_rank_3_when(run_root, name: str, args: tuple[str, ...], ready, env: dic
                      ) -> tuple[str, dict[int, dict], int]:
     """Run the job; once `ready(run_dir)`, SIGKILL job rank 3 (group 1's second rank); let it finish. Returns
     its output, the rank files then, and how many metrics lines there were at the kill."""
+    return signal_rank_when(run_root, name, args, ready, 3, signal.SIGKILL, env)
+
+
+def signal_rank_when(run_root, name: str, args: tuple[str, ...], ready, rank: int, sig: int,
+                     env: dict[str, str] | None = None) -> tuple[str, dict[int, dict], int]:
+    """Run the job; once `ready(run_dir)`, send `sig` to job rank `rank`; let the job finish (the signalled
+    process is killed at the end if it is still there). Returns what kill_rank_3_when does."""
     run_dir = run_root / name
     job = subprocess.Popen([sys.executable, "-m", "fsdp_jobs", f"run_root={run_root}", f"name={name}", *args], cwd=REPO,
                            text=True, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -77,11 +84,16 @@ def kill_rank_3_when(run_root, name: str, args: tuple[str, ...], ready, env: dic
             time.sleep(0.1)
         ranks = {json.loads(p.read_text())["rank"]: json.loads(p.read_text()) for p in (run_dir / "ranks").iterdir()}
         killed_at = len(metrics(run_dir))
-        os.kill(ranks[3]["pid"], signal.SIGKILL)
+        os.kill(ranks[rank]["pid"], sig)
         out, _ = job.communicate(timeout=600)
     finally:
         if job.poll() is None:
             job.kill()
+        if sig == signal.SIGSTOP and "ranks" in locals():
+            try:  # a stopped process the job left behind: never leave one
+                os.kill(ranks[rank]["pid"], signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
     assert job.returncode == 0, out[-4000:]
     return out, ranks, killed_at
 
@@ -111,6 +123,38 @@ def test_a_killed_group_recovers_live_while_the_other_keeps_training(run_root):
     assert status["replicas"]["stalls"] >= 1 and status["replicas"]["stalled_s"] >= 0.5, status  # heartbeat 1 s
     total = json.loads(cli("goodput", "kill", "--json", "--run-root", str(run_root)).stdout)["total"]
     assert total["lost_steps"] == 0 and total["parts_s"]["lost"] >= 0.5, total
+
+
+@pytest.mark.expects_hang  # the silent group's own watchdog restarts it
+def test_a_group_gone_silent_costs_the_other_one_timeout_not_a_restart(run_root):
+    """A group that stops answering without closing its connections (a host gone dead, a cut link: no TCP
+    reset reaches the others; here its rank is SIGSTOPped) leaves the other group's rank in a gloo all-reduce
+    that no abort frees: it fails its step when fault_tolerance.timeout_s expires, then trains on alone,
+    before its own hang watchdog (fault.hang_timeout_s, at least twice as long) takes the wait for a hang.
+    The silent group's watchdog restarts it, and it recovers live. (A Docker CI run had the survivor's
+    watchdog fire first: both timeouts were 60 s, and it restarted from the checkpoint; pitfall 20.)"""
+    run_dir = run_root / "silent"
+    timeout_s, hang_s, steps = 8, 20, 300
+    job = ("nodes=2", "gpus_per_node=1", "train.seed=3", "train.log_interval=1", *SHORT, *REPLICA, PACED,
+           f"fault_tolerance.timeout_s={timeout_s}", f"fault.hang_timeout_s={hang_s}", f"train.steps={steps}",
+           "checkpoint.interval=100")
+    out, _, stopped_at = signal_rank_when(run_root, "silent", job,
+                                          lambda d: (d / "metrics.jsonl").exists() and len(metrics(d)) >= 20,
+                                          1, signal.SIGSTOP)
+    node0, node1 = node_lines(out, "node0"), node_lines(out, "node1")
+    assert not any(" hang: " in ln for ln in node0), "\n".join(node0[-30:])  # the survivor was never restarted
+    assert any("not committed" in ln for ln in node0) and \
+        any("the quorum changed" in ln and "1 of 2 groups" in ln for ln in node0), "\n".join(node0[-30:])
+    assert any(" hang: " in ln for ln in node1), "\n".join(node1[-30:])  # the silent group's own watchdog
+    assert any("recovered live from a peer" in ln for ln in after_restart(node1)), "\n".join(node1[-30:])
+    m = metrics(run_dir)
+    assert [x["step"] for x in m] == list(range(1, steps + 1)) and {x["restart"] for x in m} == {0}
+    worlds = [x["world_size"] for x in m[stopped_at:]]
+    assert 1 in worlds and worlds[-1] == 2, worlds  # group 0 alone, then both again
+    gaps = [b["time"] - a["time"] for a, b in zip(m[stopped_at - 1:], m[stopped_at:])]
+    print(f"{MEASURED}survivor's longest step after the stop {max(gaps):.1f} s "
+          f"(fault_tolerance.timeout_s {timeout_s}, fault.hang_timeout_s {hang_s})")
+    assert max(gaps) < hang_s, max(gaps)  # one cross-group timeout, not a hang's restart
 
 
 def test_a_job_api_script_recovers_live_too(run_root):

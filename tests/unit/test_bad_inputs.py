@@ -109,6 +109,11 @@ JOB_CASES = [
      "TCP port"),
     (["fault_tolerance=replica", "fault_tolerance.quorum_tick_ms=0"], "fault_tolerance.quorum_tick_ms=0",
      "from 1 to 10000"),
+    # a survivor waiting on a silent group fails its step before its watchdog takes it for a hang (pitfall 20)
+    (["fault_tolerance=replica", "fault_tolerance.timeout_s=31"], "fault_tolerance.timeout_s=31",
+     "at most half the hang watchdog's timeout (at least 60 s)"),
+    (["fault_tolerance=replica", "fault.hang_timeout_s=20"], "fault_tolerance.timeout_s=30",
+     "at most half the hang watchdog's timeout (fault.hang_timeout_s=20)"),
     (["fault_tolerance=replica", "fsdp=full_shard"], "fault_tolerance='replica'", "use fsdp=hybrid_shard"),
     (["fault_tolerance=replica", "nodes=1"], "fault_tolerance='replica'", "at least 2 replica groups"),
     (["fault_tolerance=replica", "fsdp.shard_group_size=1"], "fsdp.shard_group_size=1", "a replica group is whole nodes"),
