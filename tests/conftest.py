@@ -170,6 +170,10 @@ def no_false_hang(tmp_path_factory: pytest.TempPathFactory):
 # a job a test keeps running while it waits on a clock (a scheduler's, a command's): stepping, but without the
 # CPU of stepping flat out, which the other test worker needs (fsdp_jobs/planning/faults.py)
 PACED = "+cluster.env.FSDP_JOBS_TEST_STEP_PAUSE_MS=100"
+# the model of the tests that are about orchestration, not training: the smallest transformer that still has a
+# layer to shard. A step of it is FSDP2's and gloo's fixed cost per shard unit (the arithmetic is nothing), so one
+# layer, not two: 2 units (the layer and the root) instead of 3
+SHORT = ("model.dim=64", "model.n_layers=1", "model.ffn_dim=128", "model.vocab_size=128", "data.seq_len=32")
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -15,11 +15,10 @@ from pathlib import Path
 import pytest
 
 from fsdp_jobs.rundir.layout import RunDir
-from tests.conftest import MEASURED, PACED, REPO, assert_same_state, cli, committed, losses, metrics
+from tests.conftest import MEASURED, PACED, REPO, SHORT, assert_same_state, cli, committed, losses, metrics
 
 pytestmark = [pytest.mark.docker, pytest.mark.integration, pytest.mark.usefixtures("docker_engine")]
 
-SHORT = ("model.dim=64", "model.n_layers=2", "model.ffn_dim=128", "model.vocab_size=128", "data.seq_len=32")
 # long enough that a node can be killed mid-run after the first checkpoint
 RUN_ARGS = ("cluster=docker", "nodes=3", "gpus_per_node=1", "train.steps=200", "checkpoint.interval=50",
             "checkpoint.keep_last=10", "train.seed=7", *SHORT)

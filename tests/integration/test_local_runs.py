@@ -13,11 +13,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.conftest import REPO, assert_same_state, cli, committed, manifest, metrics
+from tests.conftest import REPO, SHORT, assert_same_state, cli, committed, manifest, metrics
 
 pytestmark = pytest.mark.integration
 
-SHORT = ("model.dim=64", "model.n_layers=2", "model.ffn_dim=128", "model.vocab_size=128", "data.seq_len=32")
 
 
 def assert_ok(r: subprocess.CompletedProcess[str]) -> None:

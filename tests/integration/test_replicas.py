@@ -13,11 +13,10 @@ import time
 
 import pytest
 
-from tests.conftest import MEASURED, PACED, REPO, cli, committed, metrics
+from tests.conftest import MEASURED, PACED, REPO, SHORT, cli, committed, metrics
 
 pytestmark = pytest.mark.integration
 
-SHORT = ("model.dim=64", "model.n_layers=2", "model.ffn_dim=128", "model.vocab_size=128", "data.seq_len=32")
 JOB = ("nodes=2", "gpus_per_node=2", "train.seed=3", "train.log_interval=1", *SHORT)
 REPLICA = ("fault_tolerance=replica", "fault_tolerance.heartbeat_timeout_s=1")
 # a killed group's ranks are forked again within about 2 s, which a loaded machine's new quorum (heartbeat

@@ -6,11 +6,10 @@ import re
 
 import pytest
 
-from tests.conftest import cli, metrics
+from tests.conftest import SHORT, cli, metrics
 
 pytestmark = pytest.mark.integration
 
-SHORT = ("model.dim=64", "model.n_layers=2", "model.ffn_dim=128", "model.vocab_size=128", "data.seq_len=32")
 
 
 def test_local_sweep_runs_members_one_after_another_and_summarizes(run_root, tmp_path, monkeypatch):

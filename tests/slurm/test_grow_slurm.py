@@ -10,12 +10,11 @@ import re
 
 import pytest
 
-from tests.conftest import PACED, cli, metrics
+from tests.conftest import PACED, SHORT, cli, metrics
 from tests.slurm.conftest import job_log, job_state, submit, wait_for, wait_job
 
 pytestmark = [pytest.mark.slurm, pytest.mark.usefixtures("slurm_cluster")]
 
-SHORT = ("model.dim=64", "model.n_layers=2", "model.ffn_dim=128", "model.vocab_size=128", "data.seq_len=32")
 GLOBAL_BATCH = 6  # world 2: 3 micro batches of 1 per rank; world 3: 2
 
 

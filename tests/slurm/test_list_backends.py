@@ -8,12 +8,11 @@ import time
 
 import pytest
 
-from tests.conftest import PACED, cli, metrics
+from tests.conftest import PACED, SHORT, cli, metrics
 from tests.slurm.conftest import submit, wait_for, wait_job
 
 pytestmark = [pytest.mark.slurm, pytest.mark.docker, pytest.mark.usefixtures("slurm_cluster", "docker_engine")]
 
-SHORT = ("model.dim=64", "model.n_layers=2", "model.ffn_dim=128", "model.vocab_size=128", "data.seq_len=32")
 
 
 def row(listing: str, name: str) -> list[str]:

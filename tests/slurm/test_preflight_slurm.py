@@ -11,12 +11,11 @@ import subprocess
 import pytest
 
 from fsdp_jobs.rundir import runs
-from tests.conftest import REPO, cli, metrics
+from tests.conftest import REPO, SHORT, cli, metrics
 from tests.slurm.conftest import job_log, submit, wait_job
 
 pytestmark = [pytest.mark.slurm, pytest.mark.usefixtures("slurm_cluster")]
 
-SHORT = ("model.dim=64", "model.n_layers=2", "model.ffn_dim=128", "model.vocab_size=128", "data.seq_len=32")
 SLOW_LINK = REPO / "deploy" / "slurm" / "slow-link.sh"
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.conftest import PACED, cli, metrics
+from tests.conftest import PACED, SHORT, cli, metrics
 from tests.slurm.conftest import job_log, submit, wait_for, wait_job
 
 pytestmark = [pytest.mark.slurm, pytest.mark.usefixtures("slurm_cluster")]
@@ -20,7 +20,6 @@ STEPS = 400
 # quorum (heartbeat 1 s, then a tick) came after it, and no step ran without group 2: the restarted group
 # waits 5 s before it rejoins (FSDP_JOBS_TEST_REJOIN_DELAY_S), as a node slow to come back would
 REJOIN = "+cluster.env.FSDP_JOBS_TEST_REJOIN_DELAY_S=5"
-SHORT = ("model.dim=64", "model.n_layers=2", "model.ffn_dim=128", "model.vocab_size=128", "data.seq_len=32")
 
 
 def test_a_killed_rank_on_one_node_is_recovered_live_and_the_job_completes(run_root):

@@ -15,12 +15,11 @@ import pytest
 import yaml
 
 from fsdp_jobs.rundir import runs
-from tests.conftest import MEASURED, PACED, REPO, assert_same_state, cli, committed, losses, manifest, metrics
+from tests.conftest import MEASURED, PACED, REPO, SHORT, assert_same_state, cli, committed, losses, manifest, metrics
 from tests.slurm.conftest import job_log, sh, submit, wait_for, wait_job
 
 pytestmark = [pytest.mark.slurm, pytest.mark.usefixtures("slurm_cluster")]
 
-SHORT = ("model.dim=64", "model.n_layers=2", "model.ffn_dim=128", "model.vocab_size=128", "data.seq_len=32")
 
 
 def test_four_node_job_runs_on_every_node_and_dry_run_matches(run_root):
