@@ -22,6 +22,11 @@ def cli(*args: str, env: dict[str, str] | None = None, timeout: float = 600,
                           capture_output=True, timeout=timeout, stdin=subprocess.DEVNULL)
 
 
+def listed_row(listing: str, name: str) -> list[str]:
+    """The words of the `fsdp-jobs list` row of run `name`."""
+    return next(line.split() for line in listing.splitlines() if line.split() and line.split()[0] == name)
+
+
 def metrics(run_dir: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
 
@@ -124,7 +129,7 @@ def docker_engine_up() -> bool:
 def docker_engine():
     """A real Docker engine (Debian's docker.io) started by the project's deploy/docker/start.sh,
     unless one is already up (a developer's): only an engine this fixture started is stopped."""
-    own_the_clusters()
+    own_the_clusters("docker")
     started = False
     if not docker_engine_up():
         r = subprocess.run(["bash", str(REPO / "deploy" / "docker" / "start.sh")], capture_output=True, text=True,
@@ -199,50 +204,55 @@ def pytest_collection_modifyitems(config, items):
 
 
 # `python -m pytest` runs two pytest-xdist workers (pyproject.toml's addopts). The Docker engine and the
-# SLURM cluster are one machine-wide resource each, started and stopped by a session fixture, and a test of
-# one tier may use the other's (tests/slurm/test_list_backends.py needs both): every test of those two tiers
-# is one unit of work, run by one worker in file order, while the other worker takes the rest test by test.
-# Most of a cluster test is waiting (a scheduler's signal, a container's restart), so both cores stay busy.
+# SLURM cluster are one machine-wide resource each, started and stopped by a session fixture of the process
+# that drives it: every test of a tier is one unit of work, run by one worker in file order (no test needs
+# both). xdist hands out the largest units first, so the SLURM tier goes to one worker and the Docker tier to
+# the other, side by side, and both then take the rest test by test: with both tiers on one worker, that
+# worker was the run's long pole by 430 s (2,916 s busy against 2,487 s, the machine a quarter idle at the end).
 # (Not `--dist loadgroup` with xdist_group marks: with pytest 9.2 it silently stops grouping, because xdist
 # 3.8 marks a group by rewriting a test's node id, which pytest no longer reads back: pytest-xdist issue 1386.)
-CLUSTER_TIERS = ("tests/docker/", "tests/slurm/")
+CLUSTER_TIERS = {"tests/docker/": "docker", "tests/slurm/": "slurm"}
 # the real Kubernetes control plane (deploy/kubernetes/dev-apiserver) is machine-wide too, but needs neither
-# of the others: its tests are a unit of work of their own (the second largest: the other worker's first)
+# of the others: its tests are a unit of work of their own (the third largest)
 KUBE_TESTS = "tests/kubernetes/test_real_apiserver.py"
 
 
-CLUSTER_LOCK = Path("/tmp/fsdp-jobs-cluster-tests.lock")
-_cluster_lock: list[Any] = []  # the open, locked file, held until this process ends
+def cluster_lock(tier: str) -> Path:
+    return Path(f"/tmp/fsdp-jobs-{tier}-tests.lock")
 
 
-def own_the_clusters() -> None:
-    """Called by every Docker and SLURM test: this process alone drives the machine's engine and cluster.
-    A second worker (or a second pytest) doing so would stop an engine or a cluster under the other's
-    running job; this fails it in one line instead. The kernel drops the lock when the process ends."""
+_cluster_locks: dict[str, Any] = {}  # tier -> the open, locked file, held until this process ends
+
+
+def own_the_clusters(tier: str) -> None:
+    """Called by every Docker (tier "docker") and SLURM ("slurm") test: this process alone drives the
+    machine's engine or cluster. A second worker (or a second pytest) doing so would stop an engine or a
+    cluster under the other's running job; this fails it in one line instead. The kernel drops the lock
+    when the process ends."""
     import fcntl
 
-    if _cluster_lock:
+    if tier in _cluster_locks:
         return
-    f = open(CLUSTER_LOCK, "a")
+    f = open(cluster_lock(tier), "a")
     try:
         fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         f.close()
-        pytest.fail(f"another test process holds {CLUSTER_LOCK}: Docker and SLURM tests must run in one process "
+        pytest.fail(f"another test process holds {cluster_lock(tier)}: the {tier} tests must run in one process "
                     "(tests/conftest.py: pytest_xdist_make_scheduler)", pytrace=False)
-    _cluster_lock.append(f)
+    _cluster_locks[tier] = f
 
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config, log):
     from xdist.scheduler import LoadScopeScheduling
 
-    class ClustersOnOneWorker(LoadScopeScheduling):
+    class EachClusterOnOneWorker(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
-            return ("clusters" if nodeid.startswith(CLUSTER_TIERS) else "kube-apiserver" if nodeid.startswith(KUBE_TESTS)
-                    else nodeid)
+            tier = next((t for prefix, t in CLUSTER_TIERS.items() if nodeid.startswith(prefix)), None)
+            return tier or ("kube-apiserver" if nodeid.startswith(KUBE_TESTS) else nodeid)
 
-    return ClustersOnOneWorker(config, log)
+    return EachClusterOnOneWorker(config, log)
 
 
 # ------------------------------------------------------------------ secrets (README: Security)

@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 
 from fsdp_jobs.rundir.layout import RunDir
-from tests.conftest import MEASURED, PACED, REPO, SHORT, assert_same_state, cli, committed, losses, metrics
+from tests.conftest import (MEASURED, PACED, REPO, SHORT, assert_same_state, cli, committed, listed_row, losses,
+                            metrics)
 
 pytestmark = [pytest.mark.docker, pytest.mark.integration, pytest.mark.usefixtures("docker_engine")]
 
@@ -248,7 +249,10 @@ def test_a_rank_killed_for_memory_in_a_container_is_named_out_of_memory_and_the_
     assert all(c["restarts"] == 0 for c in result(run_root / "oom")["containers"].values())
 
 
-def test_detached_job_status_logs_follow_and_cancel(run_root):
+def test_detached_job_status_list_logs_follow_and_cancel(run_root):
+    """A detached job: `status`, `list` beside a local run (each backend's real state), `logs -f` until it
+    ends, `cancel`. (SLURM's twin: tests/slurm/test_list_backends.py.)"""
+    assert_ok(cli(f"run_root={run_root}", "name=on-local", "nodes=1", "train.steps=3", *SHORT))
     t0 = time.perf_counter()
     r = cli(f"run_root={run_root}", "name=bg", "cluster=docker", "nodes=2", "gpus_per_node=1",
             "cluster.detach=true", "train.steps=1000000", "checkpoint.interval=0", PACED, *SHORT)
@@ -261,6 +265,9 @@ def test_detached_job_status_logs_follow_and_cancel(run_root):
     status = json.loads(cli("status", "bg", "--run-root", str(run_root)).stdout)
     assert status["backend"] == "docker" and status["state"] == "RUNNING"
     assert set(status["containers"]) == {"node0", "node1"}
+    listing = cli("list", "--run-root", str(run_root)).stdout
+    assert listed_row(listing, "on-local")[1:2] == ["local"] and listed_row(listing, "on-local")[3] == "SUCCEEDED"
+    assert listed_row(listing, "bg")[1] == "docker" and listed_row(listing, "bg")[3] == "RUNNING", listing
     follow = subprocess.Popen([sys.executable, "-m", "fsdp_jobs", "logs", "bg", "-f", "--run-root", str(run_root)],
                               cwd=REPO, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     time.sleep(3)
@@ -273,6 +280,7 @@ def test_detached_job_status_logs_follow_and_cancel(run_root):
     assert "[node0] training steps" in out and "stop requested (SIGTERM)" in out
     status = json.loads(cli("status", "bg", "--run-root", str(run_root)).stdout)
     assert status["state"] == "CANCELLED", status
+    assert listed_row(cli("list", "--run-root", str(run_root)).stdout, "bg")[3] == "CANCELLED"
     stopped_at = status["train"]["step"]
     assert committed(run_dir) == [f"step-{stopped_at:06d}"]  # the ranks checkpointed on the way out
     assert labelled("container", run_dir) == [] and labelled("network", run_dir) == []

@@ -80,7 +80,7 @@ def slurm_cluster():
     """The cluster is up for this test: a developer's if one runs (never stopped by us), else one this
     session starts (deploy/slurm/start.sh) and stops when the session ends. Per test, not per session,
     so a test that needs the machine without a cluster (test_cluster_scripts) can run in any order."""
-    own_the_clusters()
+    own_the_clusters("slurm")
     if not cluster_is_up():
         start_cluster()
     if _Ours.started:

@@ -15,7 +15,7 @@ pytestmark = pytest.mark.slurm
 
 
 def test_cluster_scripts_start_run_jobs_and_leave_nothing_behind():
-    own_the_clusters()
+    own_the_clusters("slurm")
     stop_our_cluster()  # one this session started for earlier tests; later ones start it again
     if cluster_is_up():  # never on CI's fresh machine; a developer's own cluster is not ours to stop
         pytest.skip("a SLURM cluster not started by these tests is running; check.sh needs the machine without one")
