@@ -75,6 +75,7 @@ def signal_rank_when(run_root, name: str, args: tuple[str, ...], ready, rank: in
     job = subprocess.Popen([sys.executable, "-m", "fsdp_jobs", f"run_root={run_root}", f"name={name}", *args], cwd=REPO,
                            text=True, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                            env={**os.environ, **(env or {})})
+    signalled = None
     try:
         deadline = time.monotonic() + 300
         while not ready(run_dir):
@@ -83,14 +84,15 @@ def signal_rank_when(run_root, name: str, args: tuple[str, ...], ready, rank: in
             time.sleep(0.1)
         ranks = {json.loads(p.read_text())["rank"]: json.loads(p.read_text()) for p in (run_dir / "ranks").iterdir()}
         killed_at = len(metrics(run_dir))
-        os.kill(ranks[rank]["pid"], sig)
+        signalled = ranks[rank]["pid"]
+        os.kill(signalled, sig)
         out, _ = job.communicate(timeout=600)
     finally:
         if job.poll() is None:
             job.kill()
-        if sig == signal.SIGSTOP and "ranks" in locals():
+        if sig == signal.SIGSTOP and signalled is not None:
             try:  # a stopped process the job left behind: never leave one
-                os.kill(ranks[rank]["pid"], signal.SIGKILL)
+                os.kill(signalled, signal.SIGKILL)
             except (ProcessLookupError, PermissionError):
                 pass
     assert job.returncode == 0, out[-4000:]
