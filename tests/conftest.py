@@ -294,6 +294,34 @@ def assert_owner_only(run_dir: Path) -> None:
 
 
 MEASURED = "measured: "  # a test's printed line of numbers, for the run's summary
+CPU_PROPERTY = "cpu_s"  # a test's CPU seconds, in its report (and junit XML) and the run's summary
+
+
+def _cpu_s() -> float:
+    import resource
+
+    own, waited = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + waited.ru_utime + waited.ru_stime
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    item.stash[_CPU_AT_SETUP] = _cpu_s()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]):
+    """CPU seconds from a test's setup to its teardown: the worker's own and every process it started and
+    waited for (a job's CLI, its node wrappers, agents and ranks; a module fixture's reference run is charged
+    to the test that set it up). A Docker container's or a SLURM job's processes are not the worker's
+    children: the cluster tiers' numbers hold only what the test itself ran. On a 2-core machine the CI run is
+    CPU-bound, so this, not a test's wall time, says what a test costs the run."""
+    outcome = yield
+    if call.when == "teardown" and _CPU_AT_SETUP in item.stash:
+        outcome.get_result().user_properties.append((CPU_PROPERTY, round(_cpu_s() - item.stash[_CPU_AT_SETUP], 1)))
+
+
+_CPU_AT_SETUP = pytest.StashKey[float]()
 
 
 def pytest_terminal_summary(terminalreporter) -> None:
@@ -329,4 +357,19 @@ def _time_per_worker(terminalreporter) -> list[str]:
     if not busy:
         return []
     return [f"time per {what}: " + ", ".join(f"{k} {t:.0f} s in {n} tests" for k, (t, n) in sorted(table.items()))
-            for what, table in (("xdist worker", busy), ("tier", tiers))]
+            for what, table in (("xdist worker", busy), ("tier", tiers))] + _cpu_per_test(terminalreporter)
+
+
+def _cpu_per_test(terminalreporter, most: int = 25) -> list[str]:
+    """Each tier's CPU seconds and the tests that took the most (pytest_runtest_makereport says what counts)."""
+    cpu = {report.nodeid: dict(report.user_properties)[CPU_PROPERTY]
+           for reports in terminalreporter.stats.values() for report in reports
+           if getattr(report, "when", None) == "teardown" and CPU_PROPERTY in dict(getattr(report, "user_properties", []))}
+    tiers: dict[str, float] = {}
+    for nodeid, seconds in cpu.items():
+        tier = nodeid.split("/")[1] if "/" in nodeid else "-"
+        tiers[tier] = tiers.get(tier, 0.0) + seconds
+    top = sorted(cpu.items(), key=lambda kv: -kv[1])[:most]
+    return ([f"CPU per tier (the worker and the processes it waited for): "
+             + ", ".join(f"{t} {s:.0f} s" for t, s in sorted(tiers.items()))]
+            + [f"CPU {seconds:7.1f} s  {nodeid}" for nodeid, seconds in top]) if cpu else []
