@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import pytest
 
@@ -108,6 +109,26 @@ def journal_in_tmp(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest
     """Every submission is journalled (fsdp_jobs/rundir/journal.py): tests write theirs to a temporary state
     directory, never the user's ~/.local/state/fsdp-jobs/."""
     monkeypatch.setenv("FSDP_JOBS_STATE_DIR", str(tmp_path_factory.mktemp("state")))
+
+
+def shared_run(tmp_path_factory: pytest.TempPathFactory, name: str, run: Callable[[Path], Path]) -> Path:
+    """A reference run (one many tests compare against) made once per pytest session, not once per worker: a
+    module fixture is set up by every pytest-xdist worker that runs one of its tests, and the workers are
+    given tests one by one, so a reference of five tests was run on each worker. The first worker to need it
+    runs `run(root)` (which returns the run dir) under a lock in the session's shared temp dir; the others
+    wait for it and read the same run dir. A run that failed is tried again by the next worker."""
+    import fcntl
+
+    base = tmp_path_factory.getbasetemp()
+    shared = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base  # pytest-N/, above popen-gwK/
+    root, made = shared / f"shared-{name}", shared / f"shared-{name}.made"
+    with open(shared / f"shared-{name}.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not made.exists():
+            shutil.rmtree(root, ignore_errors=True)
+            root.mkdir()
+            made.write_text(str(run(root)))
+        return Path(made.read_text())
 
 
 @pytest.fixture

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.conftest import REPO, assert_same_state, cli, committed, manifest, metrics
+from tests.conftest import REPO, assert_same_state, cli, committed, manifest, metrics, shared_run
 from tests.integration.test_local_runs import kill_rank_and_finish, start, wait_for
 
 pytestmark = pytest.mark.integration
@@ -126,9 +126,10 @@ def test_hf_model_builds_on_meta_and_wraps_the_named_decoder_layer():
 
 @pytest.fixture(scope="module")
 def hf_reference(tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("hfref")
-    assert_ok(cli(f"run_root={root}", "name=ref", *TINY_HF, *KILL))
-    return root / "ref"
+    def run(root: Path) -> Path:
+        assert_ok(cli(f"run_root={root}", "name=ref", *TINY_HF, *KILL))
+        return root / "ref"
+    return shared_run(tmp_path_factory, "hf-reference", run)
 
 
 def test_hf_llama_trains_hybrid_shard_and_resumes_bitwise(run_root, hf_reference):

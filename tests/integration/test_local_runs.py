@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.conftest import REPO, SHORT, assert_same_state, cli, committed, manifest, metrics
+from tests.conftest import REPO, SHORT, assert_same_state, cli, committed, manifest, metrics, shared_run
 
 pytestmark = pytest.mark.integration
 
@@ -73,10 +73,10 @@ KILL_ARGS = ("train.steps=40", "checkpoint.interval=10", "checkpoint.keep_last=5
 @pytest.fixture(scope="module")
 def reference_run(tmp_path_factory) -> Path:
     """An uninterrupted run the interrupted ones must reproduce bit for bit."""
-    root = tmp_path_factory.mktemp("ref")
-    r = cli(f"run_root={root}", "name=ref", *KILL_ARGS)
-    assert_ok(r)
-    return root / "ref"
+    def run(root: Path) -> Path:
+        assert_ok(cli(f"run_root={root}", "name=ref", *KILL_ARGS))
+        return root / "ref"
+    return shared_run(tmp_path_factory, "local-reference", run)
 
 
 def start(args, env=None) -> subprocess.Popen[str]:
