@@ -47,7 +47,21 @@ def launch_forked(args: Any) -> None:
     quiet_about_replaced_ranks()
     args.start_method = "fork"
     config, _, _ = torchrun.config_from_args(args)
+    freeze_what_the_ranks_inherit()
     elastic_launch(config=config, entrypoint=forked)(args.training_script_args[0])
+
+
+def freeze_what_the_ranks_inherit() -> None:
+    """Every object the imports made (~300,000: torch, DTensor, DCP, sympy, the trainer) goes to the
+    collector's permanent generation before the first fork (Python's gc.freeze, for fork without exec). A
+    forked rank's full collection (its shutdown's gc.collect, and the automatic ones while it builds, saves
+    and loads) otherwise walks all of them, 0.20-0.25 s each on 2 cores, and writes each object's header,
+    so the pages the rank shares with its agent are copied: CPU and memory on every rank and every restart.
+    Frozen, that collection took 0.001 s. The agent's own objects made before it are never freed: they are
+    module-level and live as long as it does."""
+    import gc
+
+    gc.freeze()
 
 
 def quiet_about_replaced_ranks() -> None:

@@ -37,6 +37,31 @@ def test_the_trainer_can_be_spawned_again(monkeypatch):
     assert not forks_the_trainer(parse_args([*FLAGS, "-m", "fsdp_jobs.runtime", "/runs/a"]))
 
 
+def test_the_ranks_are_forked_with_the_imports_frozen_out_of_the_collector(monkeypatch):
+    """A forked rank's full collection then walks its own objects, not the ~300,000 of torch's and the
+    trainer's imports it shares with its agent (launchers/node/agent.py: freeze_what_the_ranks_inherit)."""
+    import gc
+
+    import torch.distributed.launcher.api as launcher_api
+
+    from launchers.node import agent
+
+    frozen_at_launch = []
+
+    def launch(config, entrypoint):
+        frozen_at_launch.append(gc.get_freeze_count())
+        return lambda run_dir: None
+
+    monkeypatch.setattr(launcher_api, "elastic_launch", launch)
+    monkeypatch.setattr(agent, "quiet_about_replaced_ranks", lambda: None)
+    monkeypatch.delenv(SPAWN_ENV, raising=False)
+    try:
+        agent.launch_forked(parse_args([*FLAGS, "-m", "fsdp_jobs.runtime", "/runs/a"]))
+    finally:
+        gc.unfreeze()
+    assert frozen_at_launch and frozen_at_launch[0] > 100_000, frozen_at_launch
+
+
 def test_small_worlds_notice_a_failed_rank_within_torchs_default_and_large_ones_keep_5_s():
     """--monitor-interval by torchrun world: 0.1 s up to 256 nodes (its store reads go through the
     rendezvous state's cache), 5 s above (launchers/common.py)."""
