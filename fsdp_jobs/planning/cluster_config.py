@@ -7,8 +7,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Dict, Optional
 
-from hydra.core.config_store import ConfigStore
-
 from fsdp_jobs.planning.errors import UserError
 
 
@@ -47,7 +45,10 @@ class ClusterConfig:
 
 
 def register_cluster_schema(backend: str, schema: type) -> None:
-    """What a backend's config.py `register()` calls: conf/cluster/<backend>.yaml extends <backend>_schema."""
+    """What a backend's config.py `register()` calls: conf/cluster/<backend>.yaml extends <backend>_schema.
+    Hydra imported here, not with the schema (fsdp_jobs/planning/config.py: register_schemas says why)."""
+    from hydra.core.config_store import ConfigStore
+
     ConfigStore.instance().store(group="cluster", name=f"{backend}_schema", node=schema)
 
 

@@ -11,8 +11,6 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Union
 
-from hydra.core.config_store import ConfigStore
-
 from fsdp_jobs.planning import backends
 from fsdp_jobs.planning.cluster_config import choice, positive
 from fsdp_jobs.planning.input_rules import MAX_NODES, check_env_names, check_name, check_sizes, check_target, finite
@@ -285,7 +283,11 @@ def register_schemas() -> None:
     group but `cluster`) and one per backend, which each cluster/*.yaml extends. The other groups need
     no schema of their own: merged under the typed root, their values are checked against it (a schema
     per group would be merged once more on every compose, about 12 ms of a dry run's 0.3 s). Each
-    backend registers its own (launchers/<name>/config.py), found through fsdp_jobs/planning/backends.py."""
+    backend registers its own (launchers/<name>/config.py), found through fsdp_jobs/planning/backends.py.
+    Hydra is imported here, not with the schema: a node wrapper and a torchrun agent read the job record
+    through the schema (rank_config) and never compose (hydra's import was 0.3 s of a wrapper's 0.57 s)."""
+    from hydra.core.config_store import ConfigStore
+
     ConfigStore.instance().store(name="job_schema", node=JobConfig)
     backends.register_schemas()
 

@@ -42,6 +42,7 @@ def launch_forked(args: Any) -> None:
     from torch.distributed.launcher.api import elastic_launch
 
     import fsdp_jobs.runtime.train  # noqa: F401  torch and the trainer, imported once, here
+    import omegaconf  # noqa: F401  the ranks' config (fsdp_jobs/planning/config.py: rank_config), once, here
     from fsdp_jobs.runtime.__main__ import forked
 
     quiet_about_replaced_ranks()
