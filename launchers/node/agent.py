@@ -53,7 +53,7 @@ def launch_forked(args: Any) -> None:
 
 
 def freeze_what_the_ranks_inherit() -> None:
-    """Every object the imports made (~300,000: torch, DTensor, DCP, sympy, the trainer) goes to the
+    """fsdp_jobs/ARCHITECTURE.md, pitfall 21. Every object the imports made (~300,000: torch, DTensor, DCP, sympy, the trainer) goes to the
     collector's permanent generation before the first fork (Python's gc.freeze, for fork without exec). A
     forked rank's full collection (its shutdown's gc.collect, and the automatic ones while it builds, saves
     and loads) otherwise walks all of them, 0.20-0.25 s each on 2 cores, and writes each object's header,
