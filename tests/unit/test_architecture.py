@@ -14,6 +14,7 @@ from __future__ import annotations
 import ast
 import re
 import subprocess
+import sys
 from pathlib import Path
 
 from tests.conftest import REPO
@@ -275,3 +276,18 @@ def test_each_folder_keeps_to_its_process_role():
              + role_violations("fsdp_jobs/runtime", ("launchers", "fsdp_jobs.cli")))
     assert not found, "\n".join(found)
     assert "torch" in external_imports(REPO / "fsdp_jobs" / "runtime" / "trainer.py")  # the check reads imports
+
+
+def test_a_node_wrapper_imports_neither_torch_nor_hydra(tmp_path):
+    """The node wrapper (launchers/node/wrapper.py) starts on every node before its agent, and again with every
+    container or SLURM task that restarts: what it imports is paid at each node start. Reading the job's
+    fault keys through the schema, as it does, needs omegaconf, not hydra (hydra's import was 0.3 s of a
+    wrapper's 0.57 s: fsdp_jobs/planning/config.py, register_schemas) and never torch."""
+    (tmp_path / "job.yaml").write_text("fault:\n  hang_timeout_s: 90\n")
+    probe = ("import sys, pathlib\n"
+             "from launchers.node import watchdog, wrapper\n"
+             "fault = wrapper.job_fault(pathlib.Path(sys.argv[1]))\n"
+             "print(fault.hang_timeout_s, sorted(m for m in ('torch', 'hydra') if m in sys.modules))\n")
+    r = subprocess.run([sys.executable, "-c", probe, str(tmp_path)], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout == "90.0 []\n", r.stdout  # the job's value, read; nothing heavy imported
