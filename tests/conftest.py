@@ -316,6 +316,7 @@ def assert_owner_only(run_dir: Path) -> None:
 
 MEASURED = "measured: "  # a test's printed line of numbers, for the run's summary
 CPU_PROPERTY = "cpu_s"  # a test's CPU seconds, in its report (and junit XML) and the run's summary
+_CPU_AT_SETUP = pytest.StashKey[float]()
 
 
 def _cpu_s() -> float:
@@ -342,8 +343,6 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]):
         outcome.get_result().user_properties.append((CPU_PROPERTY, round(_cpu_s() - item.stash[_CPU_AT_SETUP], 1)))
 
 
-_CPU_AT_SETUP = pytest.StashKey[float]()
-
 
 def pytest_terminal_summary(terminalreporter) -> None:
     """The lines tests printed with MEASURED in front (the time a failure cost, ...): a passed test's
@@ -354,7 +353,7 @@ def pytest_terminal_summary(terminalreporter) -> None:
         for name, text in getattr(report, "sections", []):
             if report.when == "call" and "stdout" in name:
                 lines += [f"{report.nodeid}: {ln[len(MEASURED):]}" for ln in text.splitlines() if ln.startswith(MEASURED)]
-    lines += _time_per_worker(terminalreporter)
+    lines += _time_per_worker(terminalreporter) + _cpu_per_test(terminalreporter)
     if lines:
         terminalreporter.section("measured")
         for line in lines:
@@ -378,7 +377,7 @@ def _time_per_worker(terminalreporter) -> list[str]:
     if not busy:
         return []
     return [f"time per {what}: " + ", ".join(f"{k} {t:.0f} s in {n} tests" for k, (t, n) in sorted(table.items()))
-            for what, table in (("xdist worker", busy), ("tier", tiers))] + _cpu_per_test(terminalreporter)
+            for what, table in (("xdist worker", busy), ("tier", tiers))]
 
 
 def _cpu_per_test(terminalreporter, most: int = 25) -> list[str]:
