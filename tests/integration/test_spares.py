@@ -124,11 +124,14 @@ def test_a_node_the_preflight_names_is_replaced_by_the_spare_before_any_step(run
     run_dir = run_root / "vetted"
     [entry] = [json.loads(line) for line in (run_dir / "replaced-nodes.jsonl").read_text().splitlines()]
     [named] = entry["nodes"]
-    assert named != "node0" and entry["restart"] == 0, entry  # node0 hosts the store: never the one named here
+    assert entry["restart"] == 0, entry
     assert f"{named}: the preflight named this node and a hot spare takes its place" in r.stdout, r.stdout[-3000:]
     assert "torchrun exited" not in r.stdout and "the job failed" not in r.stdout, r.stdout[-3000:]
     final = json.loads((run_dir / "preflight.json").read_text())  # the second attempt's preflight, with the spare
     assert final["ok"] and named not in final["nodes"] and len(final["nodes"]) == 3, final
+    # which agent serves the store is a race (not always node0's); the fault never slows it, and no spare replaces it
+    store_hosts = {r["node"] for r in final["ranks"] if r["store_host"]}
+    assert len(store_hosts) == 1 and named not in store_hosts, (named, store_hosts)
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [x["step"] for x in rows] == list(range(1, 21)) and {x["world_size"] for x in rows} == {3}, rows[:3]
     assert {x["restart"] for x in rows} == {1}  # every step after the one restart that swapped the node
