@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import PACED, REPO, cli, committed, metrics
-from tests.slurm.conftest import job_state, sh, wait_for, wait_job
+from tests.slurm.conftest import job_log, job_state, sh, wait_for, wait_job
 from tests.slurm.test_slurm_jobs import SHORT, steps_by_attempt
 from tests.unit.test_sweeps import assert_png_with_one_curve_per_run
 
@@ -199,14 +199,26 @@ def test_usr2_requeues_one_element_only_and_cancel_one_member_leaves_the_other_r
 
 
 def test_failing_member_shows_failed_with_its_reason_and_a_rerun_submits_only_it(run_root, state_dir):
-    args = ("train.steps=10", "cluster.max_restarts=0", "+cluster.env.FSDP_JOBS_TEST_FAIL_AT_STEP=3,1000000")
+    """The failing member is a job that always crashes (step 3 raises in every attempt, torchrun's restart
+    included): it fails the same way twice in a row and is not requeued forever, in one SLURM allocation,
+    naming the real error; its sweep shows it FAILED with that reason and the same command submits it alone."""
+    args = ("train.steps=10", "cluster.max_restarts=1", "+cluster.env.FSDP_JOBS_TEST_FAIL_AT_STEP=3,1000000")
     s = sweep(run_root, *args)
     assert s.returncode == 0, s.stdout + s.stderr
     bad, good = s.submitted
     assert bad.member == "FSDP_JOBS_TEST_FAIL_AT_STEP=3"
     assert bad.job_id.endswith("_0") and good.job_id.endswith("_1")  # their own environments, one array
-    assert wait_job(bad.job_id, 600) == "FAILED"
+    assert wait_job(bad.job_id, 600) == "FAILED", job_log(bad.run_dir.parent, bad.job_id)
     assert wait_job(good.job_id, 600) == "COMPLETED"
+    state = json.loads((bad.run_dir / "state.json").read_text())
+    assert state["status"] == "failed" and "not requeued" in state["reason"]
+    # the real cause (stated by fsdp_jobs/rundir/failures.py: the same failure twice in a row is not retried)
+    assert "first error: " in state["reason"] and "RuntimeError: test fault injection: step 3 raises" in state["reason"]
+    log = job_log(bad.run_dir.parent, bad.job_id)  # an array element's folder is in its sweep's dir
+    assert log and "not requeued" in log and "attempt 1" not in log
+    # one allocation only: sacct -D lists every requeued attempt of a job as a row of its own
+    rows = [r for r in sh("sacct", "-D", "-X", "-n", "-P", "-j", bad.job_id, "-o", "JobID,State").splitlines() if r]
+    assert rows == [f"{bad.job_id}|FAILED"], rows
 
     table = ctl("status", s.sweep).stdout
     print(table)
