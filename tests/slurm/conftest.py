@@ -75,6 +75,22 @@ def resume_unusable_nodes(timeout: float = 60.0) -> None:
     raise AssertionError(f"nodes still unusable after resume: {states}")
 
 
+FIRST = "tests/slurm/test_cluster_scripts.py::"  # needs the machine without a cluster
+
+
+def pytest_collection_modifyitems(config, items):
+    """test_cluster_scripts first of the SLURM tests (which one worker runs in this order: tests/conftest.py,
+    pytest_xdist_make_scheduler): on CI's fresh machine no cluster is up yet, so its check.sh needs none
+    stopped, and the cluster the next test starts serves every later one. Run after the first test, it
+    stopped that test's cluster and the test after it started another (a start.sh and a stop.sh, ~10 s)."""
+    slurm = [i for i, item in enumerate(items) if item.nodeid.startswith("tests/slurm/")]
+    if not slurm:
+        return
+    ordered = sorted((items[i] for i in slurm), key=lambda item: not item.nodeid.startswith(FIRST))  # stable
+    for i, item in zip(slurm, ordered):
+        items[i] = item
+
+
 @pytest.fixture
 def slurm_cluster():
     """The cluster is up for this test: a developer's if one runs (never stopped by us), else one this
