@@ -149,33 +149,43 @@ def test_a_hot_spare_takes_a_killed_containers_place_at_world_three_and_the_same
 
 
 @pytest.mark.expects_hang  # the cut node's peers' collectives stop: a hang, declared by design
-def test_a_node_cut_off_is_named_then_a_stopped_node_is_gone_and_the_last_finishes_from_the_newest_checkpoint(
-        run_root):
-    """Two nodes leave one job of three (cluster.min_nodes=1), one after the other (each used to have its own job).
-    `chaos cut-node 2`: every packet of node2's container dropped (iptables in its network namespace), no
-    reset, no error. The others' collectives stop: their watchdogs declare the hang after fault.hang_timeout_s,
-    their next rendezvous goes on without node2 from the newest checkpoint, and rank 0 names node2 as gone.
-    Once the two have committed a checkpoint of their own, `chaos stop-node 1` kills node1's container for
-    good (docker kill: not restarted): node0 goes on alone from the newest checkpoint. The job completes on
-    one; node2's agent, left waiting for a rendezvous that is gone, is stopped by its wrapper and the container
-    exits 0, so the command ends instead of waiting out torchrun."""
+def test_a_rank_out_of_memory_a_node_cut_off_and_a_stopped_node_are_each_named_and_the_job_completes(run_root):
+    """Three faults in one job of three containers, one after the other (each used to have its own job).
+    cluster.mem=3g: each container's memory cgroup has a limit, and the last rank allocates until the kernel's
+    OOM killer takes it at step 60 (FSDP_JOBS_TEST_OOM_AT_STEP). Its node's wrapper reads the container's own
+    memory.events and says out of memory, not only torchrun's "Signal 9"; torchrun restarts the ranks from
+    checkpoint 50, no container restarts. Then `chaos cut-node 2`: every packet of node2's container dropped
+    (iptables in its network namespace), no reset, no error. The others' collectives stop: their watchdogs
+    declare the hang after fault.hang_timeout_s, their next rendezvous goes on without node2
+    (cluster.min_nodes=1) from the newest checkpoint, and rank 0 names node2 as gone. Once the two have
+    committed a checkpoint of their own, `chaos stop-node 1` kills node1's container for good (docker kill: not
+    restarted): node0 goes on alone from the newest checkpoint. The job completes every step on one; node2's
+    agent, left waiting for a rendezvous that is gone, is stopped by its wrapper and the container exits 0, so
+    the command ends instead of waiting out torchrun."""
     proc = start(f"run_root={run_root}", "name=cut", *RUN_ARGS, "train.steps=250", "cluster.min_nodes=1",
-                 "fault.hang_timeout_s=10", "train.log_interval=1")
+                 "fault.hang_timeout_s=10", "train.log_interval=1", "cluster.mem=3g",
+                 "+cluster.env.FSDP_JOBS_TEST_OOM_AT_STEP=60")
     output = drain(proc)
     run_dir = run_root / "cut"
-    wait_for_file(run_dir / "checkpoints" / "step-000050" / "manifest.json", proc)
+
+    def wait_until(what: str, done: Callable[[], bool]) -> None:
+        deadline = time.monotonic() + 300
+        while not done():
+            assert proc.poll() is None, output()[-4000:]
+            assert time.monotonic() < deadline, f"timed out waiting for {what}"
+            time.sleep(0.1)
+
+    wait_until("the first step after the OOM kill", lambda: (run_dir / "metrics.jsonl").exists()
+               and any(x["restart"] >= 1 for x in metrics(run_dir)))
     cut_at = time.time()
     try:
         assert_ok(cli("chaos", "cut", "cut-node", "2", "--run-root", str(run_root)))
         netns = json.loads(RunDir(run_dir).chaos_cut_file.read_text())["netns"]  # this run's (SLURM's tests cut too)
-        deadline = time.monotonic() + 300
-        while True:  # a checkpoint committed by the two that are left, then the second fault
+
+        def on_two_committed() -> bool:  # a checkpoint committed by the two that are left, then the third fault
             on_two = [x["step"] for x in metrics(run_dir) if x["world_size"] == 2]
-            if on_two and any(int(c[5:]) >= on_two[0] for c in committed(run_dir)):
-                break
-            assert proc.poll() is None, output()[-4000:]
-            assert time.monotonic() < deadline, "timed out waiting for a checkpoint on two nodes"
-            time.sleep(0.1)
+            return bool(on_two) and any(int(c[5:]) >= on_two[0] for c in committed(run_dir))
+        wait_until("a checkpoint on two nodes", on_two_committed)
         stop = cli("chaos", "cut", "stop-node", "1", "--run-root", str(run_root))
         assert_ok(stop)
         assert "node1 is gone for good" in stop.stdout, stop.stdout
@@ -185,26 +195,34 @@ def test_a_node_cut_off_is_named_then_a_stopped_node_is_gone_and_the_last_finish
         if proc.poll() is None:
             proc.kill()
     assert proc.returncode == 0, out[-4000:]
+    m = metrics(run_dir)
+    # the OOM kill: named, and the ranks restarted from checkpoint 50 on the same three containers
+    said = [ln for ln in out.splitlines() if "out of memory" in ln]
+    assert said and "node2: out of memory: the kernel's OOM killer killed" in said[0], out[-4000:]
+    after_oom = next(x for x in m if x["restart"] >= 1)
+    assert after_oom["step"] == 51 and after_oom["world_size"] == 3 and "resumed from step-000050" in out, after_oom
+    # the cut
     assert "node2 on the network again" in undo.stdout, undo.stdout + undo.stderr
     assert netns not in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.split(), \
         "the cut's netns name left"
     assert "nodes: node2 left the job" in out, out[-4000:]
-    assert "nodes: node1 left the job" in out, out[-4000:]
     assert "node2: the job completed without this node" in out, out[-4000:]
-    m = metrics(run_dir)
     on_two = [x for x in m if x["world_size"] == 2]
     on_one = [x for x in m if x["world_size"] == 1]
-    # the cut: node0 and node1 went on from a step done by three
+    # node0 and node1 went on from a step done by three
     assert on_two and f"resumed from step-{on_two[0]['step'] - 1:06d}" in out
     assert on_two[0]["step"] - 1 in {x["step"] for x in m if x["world_size"] == 3}
-    # the stop: node0 went on alone from a step done by two (resumed, not restarted), and finished
+    # the stop: node0 went on alone from a step done by two (resumed, not restarted), and finished every step
+    assert "nodes: node1 left the job" in out, out[-4000:]
     assert on_one and on_one[-1]["step"] == 250 and m[-1]["step"] == 250
     first_on_one = on_one[0]["step"]
     assert first_on_one - 1 in {x["step"] for x in on_two}
     assert f"resumed from step-{first_on_one - 1:06d}" in out
+    assert {x["step"] for x in m} == set(range(1, 251)) and committed(run_dir)[-1] == "step-000250"
     c = result(run_dir)["containers"]
-    assert c["node1"]["exit_code"] == 137 and c["node1"]["restarts"] == 0, c  # gone for good
+    assert c["node1"]["exit_code"] == 137, c  # gone for good
     assert {n: c[n]["exit_code"] for n in c if n != "node1"} == {"node0": 0, "node2": 0}, c
+    assert all(c[n]["restarts"] == 0 for n in c), c  # neither the OOM kill nor the stop restarted a container
     assert json.loads(cli("status", "cut", "--run-root", str(run_root)).stdout)["state"] == "SUCCEEDED"
     hang = min(float(json.loads(ln)["time"]) for ln in (run_dir / "hangs.jsonl").read_text().splitlines())
     back = next(x["time"] for x in m if x["world_size"] == 2)
@@ -217,7 +235,7 @@ def test_the_attached_command_killed_stops_its_containers_and_the_same_command_r
     shell): its guardian (launchers/docker/supervisor.py) sees the pipe close with no word, stops the
     containers as Ctrl-C would (the ranks checkpoint) and removes them; the same command again resumes the run
     from that checkpoint and completes it, every step once."""
-    args = [f"run_root={run_root}", "name=orphan", *RUN_ARGS, "train.steps=250", "checkpoint.interval=50"]
+    args = [f"run_root={run_root}", "name=orphan", *RUN_ARGS, "train.steps=150", "checkpoint.interval=50"]
     run_dir = run_root / "orphan"
     proc = start(*args)
     wait_for_file(run_dir / "checkpoints" / "step-000050" / "manifest.json", proc)
@@ -231,28 +249,14 @@ def test_the_attached_command_killed_stops_its_containers_and_the_same_command_r
     assert not labelled("container", run_dir), "containers outlived their command"
     assert result(run_dir)["exit_status"] == 130 and removed(), result(run_dir)
     stopped_at = json.loads((run_dir / "state.json").read_text())["step"]
-    assert 50 <= stopped_at < 250  # they stopped (with a checkpoint), not trained on to the end
+    # 150 steps, not 250: the stop lands a few steps after 50 (the kill follows checkpoint 50 at once), and the
+    # same command's 100 more steps on three containers only made the test longer
+    assert 50 <= stopped_at < 150  # they stopped (with a checkpoint), not trained on to the end
     r = cli(*args)
     assert_ok(r)
     assert f"resumed from step-{stopped_at:06d}" in r.stdout, r.stdout[-3000:]
-    assert committed(run_dir)[-1] == "step-000250"
-    assert {x["step"] for x in metrics(run_dir)} == set(range(1, 251))
-
-
-def test_a_rank_killed_for_memory_in_a_container_is_named_out_of_memory_and_the_job_completes(run_root):
-    """cluster.mem=3g: each container's memory cgroup has a limit, and the last rank allocates until the
-    kernel's OOM killer takes it (FSDP_JOBS_TEST_OOM_AT_STEP). Its node's wrapper reads the container's own
-    memory.events and says out of memory, not only torchrun's "Signal 9"; torchrun restarts the ranks from
-    checkpoint 10, no container restarts, and the job completes every step."""
-    r = cli(f"run_root={run_root}", "name=oom", *RUN_ARGS, "train.steps=40", "checkpoint.interval=10",
-            "cluster.mem=3g", "+cluster.env.FSDP_JOBS_TEST_OOM_AT_STEP=15")
-    assert_ok(r)
-    said = [ln for ln in r.stdout.splitlines() if "out of memory" in ln]
-    assert said and "node2: out of memory: the kernel's OOM killer killed" in said[0], r.stdout[-4000:]
-    assert "resumed from step-000010" in r.stdout
-    assert {x["step"] for x in metrics(run_root / "oom")} == set(range(1, 41))
-    assert committed(run_root / "oom")[-1] == "step-000040"
-    assert all(c["restarts"] == 0 for c in result(run_root / "oom")["containers"].values())
+    assert committed(run_dir)[-1] == "step-000150"
+    assert {x["step"] for x in metrics(run_dir)} == set(range(1, 151))
 
 
 def test_detached_job_status_list_logs_follow_and_cancel(run_root):
