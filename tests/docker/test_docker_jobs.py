@@ -162,8 +162,10 @@ def test_a_rank_out_of_memory_a_node_cut_off_and_a_stopped_node_are_each_named_a
     restarted): node0 goes on alone from the newest checkpoint. The job completes every step on one; node2's
     agent, left waiting for a rendezvous that is gone, is stopped by its wrapper and the container exits 0, so
     the command ends instead of waiting out torchrun."""
+    # three faults, three torchrun restarts of node0 (the default cluster.max_restarts=3 would leave none to
+    # spare; each single-fault job had two): 5
     proc = start(f"run_root={run_root}", "name=cut", *RUN_ARGS, "train.steps=250", "cluster.min_nodes=1",
-                 "fault.hang_timeout_s=10", "train.log_interval=1", "cluster.mem=3g",
+                 "fault.hang_timeout_s=10", "train.log_interval=1", "cluster.mem=3g", "cluster.max_restarts=5",
                  "+cluster.env.FSDP_JOBS_TEST_OOM_AT_STEP=60")
     output = drain(proc)
     run_dir = run_root / "cut"
