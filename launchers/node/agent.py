@@ -6,7 +6,7 @@ torch and the trainer once, before its rendezvous: a rank, and every restart of 
 importing torch again. Spawned ranks spent 4.2 s each on imports in CI (four ranks on two cores, 171
 starts) and most of a restart's 9.9 s (`fsdp-jobs bench recovery`); on a shared filesystem far more.
 This is torchrun's own `--start-method=fork` with the trainer as a function (torch.distributed.launcher);
-the agent never touches CUDA, so the ranks may. Any other entry (script=, module=) is spawned by torchrun
+the agent never initializes CUDA (pitfall 22), so the ranks may. Any other entry (script=, module=) is spawned by torchrun
 unchanged. FSDP_JOBS_SPAWN_RANKS=1 spawns the trainer's ranks too. What a forked rank must undo:
 fsdp_jobs/ARCHITECTURE.md, pitfall 11."""
 
@@ -38,6 +38,7 @@ def forks_the_trainer(args: Any) -> bool:
 
 def launch_forked(args: Any) -> None:
     """torch.distributed.run.run for the trainer, with the function entry and the fork start method."""
+    never_poison_the_fork()
     from torch.distributed import run as torchrun
     from torch.distributed.launcher.api import elastic_launch
 
@@ -50,6 +51,19 @@ def launch_forked(args: Any) -> None:
     config, _, _ = torchrun.config_from_args(args)
     freeze_what_the_ranks_inherit()
     elastic_launch(config=config, entrypoint=forked)(args.training_script_args[0])
+
+
+NVML_CHECK_ENV = "PYTORCH_NVML_BASED_CUDA_CHECK"
+
+
+def never_poison_the_fork() -> None:
+    """fsdp_jobs/ARCHITECTURE.md, pitfall 22. torchrun's LaunchConfig asks torch.cuda.is_available() (for its
+    default NUMA binding), which by default calls cudaGetDeviceCount: the driver is then initialized in the
+    agent, and every rank forked from it fails at torch.cuda.set_device with "Cannot re-initialize CUDA in
+    forked subprocess" (seen on an H100: a GPU job failed at start-up twice and stopped). With this variable
+    torch answers from NVML, which leaves the fork usable; the ranks inherit it, and their own first CUDA call
+    initializes CUDA in the rank, as a spawned one's does."""
+    os.environ[NVML_CHECK_ENV] = "1"
 
 
 def freeze_what_the_ranks_inherit() -> None:

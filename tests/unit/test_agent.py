@@ -353,3 +353,26 @@ def test_rendezvous_events_are_named_as_torch_names_them_without_reading_source(
     named, too_deep = _keep_alive(), dynamic_rendezvous.get_method_name(10_000)
     monkeypatch.setattr(linecache, "getlines", getlines)
     assert (named, too_deep, read) == (torchs, "no_method_name", [])
+
+
+def test_the_agent_asks_nvml_not_cuda_before_it_forks_the_ranks(monkeypatch):
+    """torchrun's LaunchConfig asks torch.cuda.is_available(); answered by cudaGetDeviceCount, that initializes
+    the driver in the agent and every forked rank then fails at its first CUDA call (pitfall 22). Here torch
+    is made to look like a CUDA build with one GPU, and the CUDA runtime's count records being asked."""
+    import torch
+    import torch.distributed.launcher.api as launcher_api
+
+    from launchers.node import agent
+
+    runtime_asked = []
+    monkeypatch.setattr(torch.cuda, "_is_compiled", lambda: True)
+    monkeypatch.setattr(torch.cuda, "_device_count_nvml", lambda: 2)  # NVML answers: nothing initialized
+    monkeypatch.setattr(torch._C, "_cuda_getDeviceCount", lambda: runtime_asked.append(1) or 2, raising=False)
+    monkeypatch.setattr(launcher_api, "elastic_launch", lambda config, entrypoint: lambda run_dir: None)
+    monkeypatch.setattr(agent, "quiet_about_replaced_ranks", lambda: None)
+    monkeypatch.setattr(agent, "freeze_what_the_ranks_inherit", lambda: None)
+    monkeypatch.delenv(SPAWN_ENV, raising=False)
+    monkeypatch.setenv(agent.NVML_CHECK_ENV, "0")  # as a user may have it; restored after the test
+    agent.launch_forked(parse_args([*FLAGS, "-m", "fsdp_jobs.runtime", "/runs/a"]))
+    assert runtime_asked == [], "the agent initialized CUDA before forking its ranks"
+    assert agent.os.environ[agent.NVML_CHECK_ENV] == "1"  # the ranks inherit it
