@@ -91,6 +91,8 @@ def hand_loop_cuda(args: dict[str, Any]) -> dict[str, Any]:
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import MixedPrecisionPolicy
 
+    from fsdp_jobs.runtime.shard import adamw_implementation
+
     world, rank = dist.get_world_size(), dist.get_rank()
     device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
     torch.backends.cuda.matmul.fp32_precision = "tf32"  # as the trainer sets it (trainer.py tune_for_training)
@@ -106,7 +108,7 @@ def hand_loop_cuda(args: dict[str, Any]) -> dict[str, Any]:
         model.init_buffers(device)
     t = args["train"]
     optimizer = torch.optim.AdamW(model.parameters(), lr=t["lr"], betas=tuple(t["betas"]),
-                                  weight_decay=t["weight_decay"], foreach=True)
+                                  weight_decay=t["weight_decay"], **adamw_implementation(torch.device(device)))
     gen = torch.Generator(device=device).manual_seed(rank)
     rows = torch.randint(0, args["model"]["vocab_size"], (t["batch_per_rank"], args["seq_len"] + 1),
                          generator=gen, device=device)

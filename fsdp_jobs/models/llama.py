@@ -55,11 +55,21 @@ class Attention(nn.Module):
         q = apply_rope(self.wq(x).view(b, s, self.n_heads, self.head_dim), rotations)
         k = apply_rope(self.wk(x).view(b, s, self.n_kv_heads, self.head_dim), rotations)
         v = self.wv(x).view(b, s, self.n_kv_heads, self.head_dim)
-        if self.n_kv_heads != self.n_heads:
-            rep = self.n_heads // self.n_kv_heads
-            k, v = k.repeat_interleave(rep, dim=2), v.repeat_interleave(rep, dim=2)
-        out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True)
+        out = causal_attention(q, k, v, native_gqa=q.is_cuda)
         return self.wo(out.transpose(1, 2).reshape(b, s, -1))
+
+
+def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, native_gqa: bool) -> torch.Tensor:
+    """q: (batch, seq, heads, head_dim); k, v: (batch, seq, kv_heads, head_dim); returns (batch, heads, seq,
+    head_dim). On a GPU the attention kernel reads each kv head for its group of query heads itself
+    (enable_gqa): no copies of k and v (README "Measured": the GPU side by side). Elsewhere k and v are
+    repeated per query head exactly as before, so the CPU runs and their bitwise references are unchanged."""
+    grouped = k.shape[2] != q.shape[2]
+    if grouped and not native_gqa:
+        rep = q.shape[2] // k.shape[2]
+        k, v = k.repeat_interleave(rep, dim=2), v.repeat_interleave(rep, dim=2)
+    return F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True,
+                                          enable_gqa=grouped and native_gqa)
 
 
 class FeedForward(nn.Module):

@@ -35,6 +35,13 @@ def dtype_of(name: str | None) -> torch.dtype | None:
     return None if name is None else getattr(torch, name)
 
 
+def adamw_implementation(param_device: torch.device) -> dict[str, bool]:
+    """AdamW's kernel for parameters on `param_device`: fused on a GPU (one kernel for all parameters; on an H100
+    torchtitan's llama3 1B stepped 10% faster fused than foreach: 46,237 vs 42,053 tokens/s, README "Measured"),
+    foreach elsewhere (the CPU runs and their bitwise-equal references are unchanged)."""
+    return {"fused": True} if param_device.type == "cuda" else {"foreach": True}
+
+
 def build_meta_model(model_cfg: ModelConfig) -> nn.Module:
     """Construct the model class from `_target_` under the meta device (no memory, no init)."""
     cls = import_object(model_cfg._target_)

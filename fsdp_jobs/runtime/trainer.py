@@ -36,7 +36,8 @@ from fsdp_jobs.runtime.metrics import MetricsWriter, flops_per_token, log, peak_
 from fsdp_jobs.runtime.outputs import load_pretrained_weights, logits_of
 from fsdp_jobs.runtime.prefetch import BatchPrefetcher
 from fsdp_jobs.runtime.replicas import JOINING, NoReplicas, open_replicas
-from fsdp_jobs.runtime.shard import build_meta_model, dtype_of, init_devices, materialize, shard_model
+from fsdp_jobs.runtime.shard import (adamw_implementation, build_meta_model, dtype_of, init_devices, materialize,
+                                     shard_model)
 from fsdp_jobs.runtime.signals import StopFlag
 from fsdp_jobs.runtime.stopping import NONFINITE, STOP_FILE, StopFileWatcher, StopVote, stop_reason
 from fsdp_jobs.runtime.timeline import MAIN_STARTED, Timeline
@@ -324,7 +325,7 @@ class Trainer:
             load_pretrained_weights(model, cfg.model.pretrained, rank)
         self.model, self.n_params = model, sum(p.numel() for p in model.parameters())
         optimizer = torch.optim.AdamW(model.parameters(), lr=tcfg.lr, betas=tuple(tcfg.betas),
-                                      weight_decay=tcfg.weight_decay, foreach=True)
+                                      weight_decay=tcfg.weight_decay, **adamw_implementation(param_device))
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(tcfg))
         self.state = TrainState(model, optimizer, scheduler)
 
