@@ -130,8 +130,9 @@ def test_a_killed_group_recovers_live_while_the_other_keeps_training(run_root):
 def test_a_group_gone_silent_costs_the_other_one_timeout_not_a_restart(run_root):
     """A group that stops answering without closing its connections (a host gone dead, a cut link: no TCP
     reset reaches the others; here its rank is SIGSTOPped) leaves the other group's rank in a gloo all-reduce
-    that no abort frees: it fails its step when fault_tolerance.timeout_s expires, then trains on alone,
-    before its own hang watchdog (fault.hang_timeout_s, at least twice as long) takes the wait for a hang.
+    that no abort frees: it fails its step when fault_tolerance.timeout_s expires (stopped between two steps,
+    the silent group is simply left out of the next quorum: cheaper still), then trains on alone, before its
+    own hang watchdog (fault.hang_timeout_s, at least twice as long) takes the wait for a hang.
     The silent group's watchdog restarts it, and it recovers live. (A Docker CI run had the survivor's
     watchdog fire first: both timeouts were 60 s, and it restarted from the checkpoint; pitfall 20.)"""
     run_dir = run_root / "silent"
@@ -144,8 +145,12 @@ def test_a_group_gone_silent_costs_the_other_one_timeout_not_a_restart(run_root)
                                           1, signal.SIGSTOP)
     node0, node1 = node_lines(out, "node0"), node_lines(out, "node1")
     assert not any(" hang: " in ln for ln in node0), "\n".join(node0[-30:])  # the survivor was never restarted
-    assert any("not committed" in ln for ln in node0) and \
-        any("the quorum changed" in ln and "1 of 2 groups" in ln for ln in node0), "\n".join(node0[-30:])
+    # the survivor goes on in a quorum of its own; whether it first failed a step is a race: a stop inside the
+    # step's all-reduce costs it the cross-group timeout ("not committed"), a stop between two steps costs less
+    # (the lighthouse drops the silent group after its heartbeat timeout, before the survivor's next all-reduce:
+    # seen in CI, the rank stopped at its step 15, the survivor's next step took 2.3 s)
+    assert any("the quorum changed" in ln and "1 of 2 groups" in ln for ln in node0), "\n".join(node0[-30:])
+    failed_a_step = any("not committed" in ln for ln in node0)
     assert any(" hang: " in ln for ln in node1), "\n".join(node1[-30:])  # the silent group's own watchdog
     assert any("recovered live from a peer" in ln for ln in after_restart(node1)), "\n".join(node1[-30:])
     m = metrics(run_dir)
@@ -154,7 +159,8 @@ def test_a_group_gone_silent_costs_the_other_one_timeout_not_a_restart(run_root)
     assert 1 in worlds and worlds[-1] == 2, worlds  # group 0 alone, then both again
     gaps = [b["time"] - a["time"] for a, b in zip(m[stopped_at - 1:], m[stopped_at:])]
     print(f"{MEASURED}survivor's longest step after the stop {max(gaps):.1f} s "
-          f"(fault_tolerance.timeout_s {timeout_s}, fault.hang_timeout_s {hang_s})")
+          f"(fault_tolerance.timeout_s {timeout_s}, fault.hang_timeout_s {hang_s}; "
+          f"{'a step failed at the timeout first' if failed_a_step else 'stopped between steps: no step failed'})")
     assert max(gaps) < hang_s, max(gaps)  # one cross-group timeout, not a hang's restart
 
 
