@@ -108,7 +108,7 @@ def hand_loop_cuda(args: dict[str, Any]) -> dict[str, Any]:
         model.init_buffers(device)
     t = args["train"]
     optimizer = torch.optim.AdamW(model.parameters(), lr=t["lr"], betas=tuple(t["betas"]),
-                                  weight_decay=t["weight_decay"], **adamw_implementation(torch.device(device)))
+                                  weight_decay=t["weight_decay"], **adamw_implementation(device))
     gen = torch.Generator(device=device).manual_seed(rank)
     rows = torch.randint(0, args["model"]["vocab_size"], (t["batch_per_rank"], args["seq_len"] + 1),
                          generator=gen, device=device)

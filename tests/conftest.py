@@ -343,7 +343,6 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]):
         outcome.get_result().user_properties.append((CPU_PROPERTY, round(_cpu_s() - item.stash[_CPU_AT_SETUP], 1)))
 
 
-
 def pytest_terminal_summary(terminalreporter) -> None:
     """The lines tests printed with MEASURED in front (the time a failure cost, ...): a passed test's
     output is not shown otherwise, least of all from a pytest-xdist worker, and CI's log is where these

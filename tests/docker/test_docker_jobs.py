@@ -48,13 +48,22 @@ def start(*args: str, env: dict[str, str] | None = None) -> subprocess.Popen[str
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})})
 
 
-def wait_for_file(path: Path, proc: subprocess.Popen[str] | None, timeout: float = 300) -> None:
+def wait_until(what: str, done: Callable[[], bool], proc: subprocess.Popen[str] | None,
+               output: Callable[[], str] | None = None, timeout: float = 300) -> None:
+    """Poll `done` until it holds; fail if the job ends first, with its output (`output` when drain() reads
+    the job's pipe, else the pipe itself), or after `timeout` seconds."""
     deadline = time.monotonic() + timeout
-    while not path.exists():
+    while not done():
         if proc is not None and proc.poll() is not None:
-            raise AssertionError(f"job ended early ({proc.returncode}):\n{proc.stdout.read()[-4000:]}")
-        assert time.monotonic() < deadline, f"timed out waiting for {path}"
+            said = output() if output is not None else proc.stdout.read()
+            raise AssertionError(f"job ended early ({proc.returncode}):\n{said[-4000:]}")
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
         time.sleep(0.1)
+
+
+def wait_for_file(path: Path, proc: subprocess.Popen[str] | None, timeout: float = 300,
+                  output: Callable[[], str] | None = None) -> None:
+    wait_until(str(path), path.exists, proc, output, timeout)
 
 
 def result(run_dir: Path) -> dict:
@@ -169,16 +178,8 @@ def test_a_rank_out_of_memory_a_node_cut_off_and_a_stopped_node_are_each_named_a
                  "+cluster.env.FSDP_JOBS_TEST_OOM_AT_STEP=60")
     output = drain(proc)
     run_dir = run_root / "cut"
-
-    def wait_until(what: str, done: Callable[[], bool]) -> None:
-        deadline = time.monotonic() + 300
-        while not done():
-            assert proc.poll() is None, output()[-4000:]
-            assert time.monotonic() < deadline, f"timed out waiting for {what}"
-            time.sleep(0.1)
-
     wait_until("the first step after the OOM kill", lambda: (run_dir / "metrics.jsonl").exists()
-               and any(x["restart"] >= 1 for x in metrics(run_dir)))
+               and any(x["restart"] >= 1 for x in metrics(run_dir)), proc, output)
     cut_at = time.time()
     try:
         assert_ok(cli("chaos", "cut", "cut-node", "2", "--run-root", str(run_root)))
@@ -187,7 +188,7 @@ def test_a_rank_out_of_memory_a_node_cut_off_and_a_stopped_node_are_each_named_a
         def on_two_committed() -> bool:  # a checkpoint committed by the two that are left, then the third fault
             on_two = [x["step"] for x in metrics(run_dir) if x["world_size"] == 2]
             return bool(on_two) and any(int(c[5:]) >= on_two[0] for c in committed(run_dir))
-        wait_until("a checkpoint on two nodes", on_two_committed)
+        wait_until("a checkpoint on two nodes", on_two_committed, proc, output)
         stop = cli("chaos", "cut", "stop-node", "1", "--run-root", str(run_root))
         assert_ok(stop)
         assert "node1 is gone for good" in stop.stdout, stop.stdout
@@ -340,16 +341,13 @@ def test_a_stopped_rank_then_a_killed_node_in_containers_are_recovered_and_the_j
     output = drain(proc)
     run_dir = run_root / "hung"
     try:
-        wait_for_file(run_dir / "checkpoints" / "step-000050" / "manifest.json", proc)
+        wait_for_file(run_dir / "checkpoints" / "step-000050" / "manifest.json", proc, output=output)
         chaos = cli("chaos", "hung", "hang-rank", "1", "--run-root", str(run_root))
         stopped_at = time.time()
         assert_ok(chaos)
         node = re.search(r"on (node\d)\)", chaos.stdout).group(1)
-        deadline = time.monotonic() + 300
-        while not [m for m in metrics(run_dir) if m["restart"] >= 1]:  # the workers step again after the hang
-            assert proc.poll() is None, output()[-4000:]
-            assert time.monotonic() < deadline, "timed out waiting for the first step after the hang"
-            time.sleep(0.1)
+        wait_until("the first step after the hang",  # the workers step again after the hang
+                   lambda: any(m["restart"] >= 1 for m in metrics(run_dir)), proc, output)
         # the hang, checked before the second fault
         records = [json.loads(line) for line in (run_dir / "hangs.jsonl").read_text().splitlines()]
         mine = next(r for r in records if r["node"] == node)
