@@ -88,10 +88,17 @@ def replica_layout(run_dir: Path) -> Optional[dict[str, Any]]:
     return layout if isinstance(layout, dict) else None
 
 
+# libyaml's safe loader where PyYAML was built with it (its wheels are): the same data from the same text as
+# yaml.safe_load, 2.4 ms instead of 20 ms for a job record (2.2 KB) here. Every rank reads it two or three times
+# as it starts, every node wrapper and every `status` once.
+JOB_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
 def load_job(run_dir: Path) -> dict[str, Any]:
     """The job record as plain data: for what hashes or shows it as written (job_hash, W&B's config). What
     reads its keys takes it through the schema: fsdp_jobs.planning.config.job_config(load_job(run_dir))."""
-    return yaml.safe_load(RunDir(run_dir).job_file.read_text())
+    return yaml.load(RunDir(run_dir).job_file.read_text(), Loader=JOB_LOADER)
+
 
 
 def load_plan(run_dir: Path) -> Plan:

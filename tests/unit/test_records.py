@@ -140,3 +140,24 @@ def test_a_record_reads_like_the_dict_it_was():
     assert r["user"] == "65534:65534" and r["nodes"] == 2 and r.get("folder") is None and r.get("job_id") == "p"
     with pytest.raises(KeyError):
         r["folder"]
+
+
+def test_the_job_record_reads_back_as_the_data_submit_wrote(tmp_path):
+    """load_job reads job.yaml with libyaml's loader where PyYAML has it (runs.JOB_LOADER: every rank reads
+    it as it starts): the same data, and so the same job hash, as yaml.safe_load of the text gives, for a
+    record written as a submission writes it (a sweep's and a script's keys, lists and nulls included)."""
+    import yaml
+
+    from fsdp_jobs.planning.compose import compose
+    from fsdp_jobs.planning.plan import make_plan
+
+    script = tmp_path / "train.py"
+    script.write_text("print('hi')\n")
+    cfg, job = compose([f"run_root={tmp_path}", "name=j", f"script={script}", "script_args=[--lr, '1e-3', 'a b']",
+                        "+cluster.env.FLAG=on", "fsdp.wrap.min_params=1000", "train.steps=12"])
+    plan = make_plan(cfg)
+    runs.prepare(tmp_path / "j", job, plan.to_dict())
+    loaded = runs.load_job(tmp_path / "j")
+    assert loaded == yaml.safe_load(RunDir(tmp_path / "j").job_file.read_text()) == job
+    assert runs.job_hash(loaded) == runs.job_hash(job)
+    assert runs.JOB_LOADER is getattr(yaml, "CSafeLoader", yaml.SafeLoader)
