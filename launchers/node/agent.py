@@ -12,12 +12,16 @@ fsdp_jobs/ARCHITECTURE.md, pitfall 11."""
 
 from __future__ import annotations
 
+import gc
 import os
 import sys
 from typing import Any
 
-from fsdp_jobs.planning.plan import REPLICA_GROUP_ENV
-from fsdp_jobs.runtime.loopback_store import STORE_HOST_ENV, install
+if __name__ == "__main__":  # fsdp_jobs/ARCHITECTURE.md, pitfall 23: no collection while torch is imported
+    gc.disable()
+
+from fsdp_jobs.planning.plan import REPLICA_GROUP_ENV  # noqa: E402  (after the collector is off: pitfall 23)
+from fsdp_jobs.runtime.loopback_store import STORE_HOST_ENV, install  # noqa: E402
 
 TRAINER = "fsdp_jobs.runtime"
 SPAWN_ENV = "FSDP_JOBS_SPAWN_RANKS"
@@ -74,10 +78,10 @@ def freeze_what_the_ranks_inherit() -> None:
     and writes each object's header, so the pages the rank shares with its agent are copied: CPU and memory
     on every rank and every restart. Frozen, that collection took 0.001 s, and a 2x2 job of 40 steps 17.8
     CPU-s instead of 21.2 (medians of 5 alternated pairs). The agent's objects made before the freeze are
-    never freed: they are module-level and live as long as it does."""
-    import gc
-
+    never freed: they are module-level and live as long as it does. The collector, off while the agent
+    imported them (pitfall 23), is on again from here, in the agent and in every rank it forks."""
     gc.freeze()
+    gc.enable()
 
 
 def quiet_about_replaced_ranks() -> None:
@@ -434,7 +438,11 @@ def main() -> None:
 
     args = torchrun.parse_args(sys.argv[1:])
     shorten_rendezvous_poll(max_nodes(args.nnodes))
-    record(launch_forked if forks_the_trainer(args) else torchrun.run)(args)
+    if forks_the_trainer(args):
+        record(launch_forked)(args)  # turns the collector on again once the ranks' imports are frozen
+    else:
+        gc.enable()  # off while torch was imported (pitfall 23); the spawned ranks start with their own on
+        record(torchrun.run)(args)
 
 
 if __name__ == "__main__":
