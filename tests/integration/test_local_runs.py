@@ -404,8 +404,11 @@ def test_ctrl_c_checkpoints_and_stops_everything_it_started(run_root):
 
 
 def test_repeated_runs_never_fail_at_rendezvous_or_exit(run_root):
-    """The default layout five times in a row (torch 2.13 aborts at exit ~30% of runs unguarded)."""
-    for i in range(5):
+    """The default layout three times in a row (FSDP2 + gloo ranks abort at exit in a fifth to two fifths of
+    runs unguarded: fsdp_jobs/ARCHITECTURE.md, pitfall 2). Three, not five: an unguarded exit passes all three
+    at most half the time here, and the ~80 other local jobs of the integration tier, each of which must exit
+    0, together never would; five cost two more 2x2 jobs, ~26 CPU-s of CI's 2 cores."""
+    for i in range(3):
         r = cli(f"run_root={run_root}", f"name=rep{i}", "train.steps=5", *SHORT)
         assert_ok(r)
         assert "finished: rep" in r.stdout
