@@ -171,8 +171,6 @@ def bench_step_cuda(repeats: int, steps: int, ranks: int, model_name: str, seq_l
     allocator filling) are left out.
     peak_tflops goes to the job as cluster.peak_tflops: the default cluster's default is a CPU core's
     (launchers/local/config.py), which would make the job's own MFU meaningless on a GPU."""
-    import yaml
-
     from fsdp_jobs.runtime.metrics import flops_per_token
 
     assert warmup % window == 0, "warmup must end at a window boundary"
@@ -194,7 +192,7 @@ def bench_step_cuda(repeats: int, steps: int, ranks: int, model_name: str, seq_l
                 raise SystemExit(f"orchestrated job failed:\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}")
             run_dir = Path(tmp) / f"job{i}"
             lines = [json.loads(x) for x in RunDir(run_dir).metrics_file.read_text().splitlines()]
-            job_cfg = yaml.safe_load(RunDir(run_dir).job_file.read_text())
+            job_cfg = runs.load_job(run_dir)
             hand = _torchrun("loop", ranks, {"model": model, "train": train, "seq_len": seq_len, "steps": steps,
                                              "device": "cuda", "window": window})
             runs.append({"job_lines": [x for x in lines if x["step"] > warmup], "job_peak_tflops":

@@ -25,8 +25,10 @@ def check_same_model(run_dir: Path, model: Any) -> None:
     """Resuming loads the run's checkpoints: refuse a model they cannot hold, before anything runs."""
     import yaml
 
+    from fsdp_jobs.rundir import runs
+
     try:
-        saved = (yaml.safe_load(RunDir(run_dir).job_file.read_text()) or {}).get("model", {})
+        saved = (runs.load_job(run_dir) or {}).get("model", {})
     except (OSError, yaml.YAMLError):
         return
     for key in MODEL_IDENTITY_KEYS:

@@ -100,7 +100,6 @@ def load_job(run_dir: Path) -> dict[str, Any]:
     return yaml.load(RunDir(run_dir).job_file.read_text(), Loader=JOB_LOADER)
 
 
-
 def load_plan(run_dir: Path) -> Plan:
     """plan.json: the Plan the CLI launched the job with (fsdp_jobs/planning/plan.py)."""
     from fsdp_jobs.planning.plan import Plan

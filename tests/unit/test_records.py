@@ -145,7 +145,7 @@ def test_a_record_reads_like_the_dict_it_was():
 def test_the_job_record_reads_back_as_the_data_submit_wrote(tmp_path):
     """load_job reads job.yaml with libyaml's loader where PyYAML has it (runs.JOB_LOADER: every rank reads
     it as it starts): the same data, and so the same job hash, as yaml.safe_load of the text gives, for a
-    record written as a submission writes it (a sweep's and a script's keys, lists and nulls included)."""
+    record written as a submission writes it (a script's keys and arguments, lists and nulls included)."""
     import yaml
 
     from fsdp_jobs.planning.compose import compose
