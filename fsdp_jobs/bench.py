@@ -183,7 +183,7 @@ def bench_step_cuda(repeats: int, steps: int, ranks: int, model_name: str, seq_l
                  f"cluster.peak_tflops={peak_tflops}"]
     tokens_per_step = batch * seq_len * ranks
     fpt = flops_per_token(0, model["n_layers"], model["dim"], seq_len)  # + 6 N below, N from the hand loop
-    runs: list[dict[str, Any]] = []
+    measured: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="bench-step-cuda-") as tmp:
         for i in range(repeats):  # alternated, so drift (clocks, temperature) hits both alike
             r = subprocess.run([sys.executable, "-m", "fsdp_jobs", f"run_root={tmp}", f"name=job{i}", *overrides],
@@ -195,13 +195,13 @@ def bench_step_cuda(repeats: int, steps: int, ranks: int, model_name: str, seq_l
             job_cfg = runs.load_job(run_dir)
             hand = _torchrun("loop", ranks, {"model": model, "train": train, "seq_len": seq_len, "steps": steps,
                                              "device": "cuda", "window": window})
-            runs.append({"job_lines": [x for x in lines if x["step"] > warmup], "job_peak_tflops":
-                         float(job_cfg["cluster"]["peak_tflops"]), "hand": hand})
-    n_params, world = runs[0]["hand"]["n_params"], runs[0]["hand"]["world_size"]
+            measured.append({"job_lines": [x for x in lines if x["step"] > warmup], "job_peak_tflops":
+                             float(job_cfg["cluster"]["peak_tflops"]), "hand": hand})
+    n_params, world = measured[0]["hand"]["n_params"], measured[0]["hand"]["world_size"]
     fpt += 6 * n_params
-    peak_flops = runs[0]["job_peak_tflops"] * 1e12  # bf16 compute: the job's MFU peak (trainer.py mfu_peak_flops)
+    peak_flops = measured[0]["job_peak_tflops"] * 1e12  # bf16 compute: the job's MFU peak (trainer.py mfu_peak_flops)
     per_run = []
-    for run in runs:
+    for run in measured:
         job_steps = [x["step_time_s"] for x in run["job_lines"]]
         job = _side(job_steps, tokens_per_step, fpt, peak_flops, world, max(x["peak_mem_gb"] for x in run["job_lines"]))
         # the job's own figures beside ours, to show both count the same (medians over its windows)
@@ -217,7 +217,8 @@ def bench_step_cuda(repeats: int, steps: int, ranks: int, model_name: str, seq_l
     # the repeat whose mean step time is the median of the repeats' stands for each side
     mid = sorted(range(len(per_run)), key=lambda k: job_means[k])[len(per_run) // 2]
     hmid = sorted(range(len(per_run)), key=lambda k: hand_means[k])[len(per_run) // 2]
-    return {"benchmark": "step", "device": "cuda", "gpu": runs[0]["hand"]["gpu"], "torch": runs[0]["hand"]["torch"],
+    first = measured[0]["hand"]
+    return {"benchmark": "step", "device": "cuda", "gpu": first["gpu"], "torch": first["torch"],
             "ranks": ranks, "model": model_name, "n_params": n_params, "batch_per_rank": batch, "seq_len": seq_len,
             "tokens_per_step": tokens_per_step, "steps": steps, "warmup_steps": warmup, "window_steps": window,
             "repeats": repeats, "precision": "bf16 params/compute, fp32 reduce, fp32 sharded params + AdamW",
