@@ -251,6 +251,32 @@ def test_the_length_check_sees_a_long_function(tmp_path, monkeypatch):
     assert long_functions(f) == []
 
 
+def imports_rebound_in_functions(path: Path) -> list[str]:
+    """Names the module imports at its top level that a function assigns to (a loop or `with` target too): the
+    function's later uses of the name then get the local, as bench.py's `runs` list once hid the `runs` module
+    from the `runs.load_job` beside it, an AttributeError on a GPU path no CPU test runs."""
+    tree = ast.parse(path.read_text())
+    imported = {(a.asname or a.name).split(".")[0] for n in ast.walk(tree) if isinstance(n, (ast.Import, ast.ImportFrom))
+                and n.col_offset == 0 for a in n.names}
+    return [f"{path.relative_to(REPO)}:{n.lineno}: {f.name} assigns {n.id}"
+            for f in ast.walk(tree) if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))
+            for n in ast.walk(f) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store) and n.id in imported]
+
+
+def test_no_function_rebinds_a_name_its_module_imports():
+    found = [f for pkg in PACKAGES for p in sorted((REPO / pkg).rglob("*.py")) for f in imports_rebound_in_functions(p)]
+    assert not found, "imported names assigned in functions (name the local otherwise):\n" + "\n".join(found)
+
+
+def test_the_rebinding_check_sees_a_local_that_hides_an_import(tmp_path, monkeypatch):
+    monkeypatch.setattr("tests.unit.test_architecture.REPO", tmp_path)
+    f = tmp_path / "m.py"
+    f.write_text("from pkg import runs\n\ndef f():\n    runs = []\n    return runs.load_job()\n")
+    assert imports_rebound_in_functions(f) == ["m.py:4: f assigns runs"]
+    f.write_text("from pkg import runs\n\ndef f(path):\n    measured = []\n    return runs.load_job(path)\n")
+    assert imports_rebound_in_functions(f) == []
+
+
 def external_imports(path: Path) -> set[str]:
     """Top-level names of every module the file imports (in functions too; not under TYPE_CHECKING)."""
     found: set[str] = set()
