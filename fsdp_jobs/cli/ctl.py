@@ -24,7 +24,7 @@ from typing import Any, Optional
 
 import yaml
 
-from fsdp_jobs.cli import goodput, report, stragglers
+from fsdp_jobs.cli import goodput, report, script_report, stragglers
 from fsdp_jobs.rundir import logs
 from fsdp_jobs.rundir.logs import LogFilter
 from fsdp_jobs.planning import input_rules
@@ -52,6 +52,21 @@ def _backend(run: Any) -> Any:
 
 def run_dirs(run_root: Path) -> list[Path]:
     return sorted(p for p in run_root.glob("*") if RunDir(p).job_file.is_file()) if run_root.is_dir() else []
+
+
+def is_run(ref: str, run_root: Path) -> bool:
+    """Does `ref` name a run dir, as a path or under the run root?"""
+    return any(RunDir(d).job_file.is_file() for d in (Path(ref), run_root / ref))
+
+
+def check_name(ref: str, run_root: Path, key: str = "RUN") -> None:
+    """Refuse, before anything is read or done, a name that names no run, or every run: `fsdp-jobs cancel
+    "$RUN"` with RUN unset found the run root itself, as a sweep of every run under it, and cancelled them all."""
+    asked = "name one run (its name, run dir or job id), a SWEEP or SWEEP/MEMBER: `fsdp-jobs list` shows them"
+    if report.names_nothing(ref):
+        raise UserError(key, ref, f"names no run; {asked}")
+    if not is_run(ref, run_root) and any(report.holds_run_root(d, run_root) for d in (Path(ref), run_root / ref)):
+        raise UserError(key, ref, f"is the run root {run_root} or a folder above it, which holds every run; {asked}")
 
 
 def find_run(ref: str, run_root: Path) -> Path:
@@ -109,6 +124,11 @@ def run_status(run_dir: Path, accounted: bool = True) -> dict[str, Any]:
         out["last_step"] = {k: metrics[-1].get(k) for k in ("step", "loss", "tokens_per_s", "world_size")}
     ckpt = newest_checkpoint(run_dir)
     out["checkpoint"] = str(ckpt) if ckpt else None
+    # a script's own step and checkpoints (or "not tracked"); a failed run's first failing rank
+    extra, said = script_report.status_fields(run_dir, status.state == JobState.FAILED,
+                                              float(run.launch.get("unix") or 0))
+    out.update(extra)
+    out["detail"] += "".join(f"; {s}" for s in said)
     try:
         spares = ((runs.load_job(run_dir) or {}).get("cluster") or {}).get("spare_nodes")
     except (OSError, ValueError, AttributeError, yaml.YAMLError):  # a damaged job record: status still answers
@@ -184,15 +204,16 @@ def goodput_of(run_dir: Path) -> dict[str, Any]:
     """A run's goodput accounting, or one line naming the file that holds none."""
     gp = goodput.of_run(run_dir)
     if gp is None:
-        path = RunDir(run_dir).goodput_file
+        path, why = RunDir(run_dir).goodput_file, script_report.no_goodput(run_dir)
+        if why:  # a plain script's run: nothing is missing or damaged
+            raise UserError("RUN", run_dir.name, why)
         raise UserError("RUN", run_dir.name, f"{path} holds no attempt (missing or damaged; runs started before "
                                              "goodput was recorded have none)")
     return gp
 
 
 def goodput_command(ref: str, root: Path, as_json: bool) -> None:
-    is_run = any(RunDir(d).job_file.is_file() for d in (Path(ref), root / ref))
-    members = None if is_run else report.find_sweep(ref, root)
+    members = None if is_run(ref, root) else report.find_sweep(ref, root)
     if members is None:
         gp = goodput_of(find_run(ref, root))
         lines = [*report.goodput_lines(gp), "", *report.goodput_bar_lines(gp)]
@@ -212,8 +233,7 @@ def report_command(ref: str, root: Path, output: Optional[Path]) -> None:
     RUN_DIR/report.html (a sweep: report.html in the current directory), its path printed."""
     from fsdp_jobs.cli import html_report
 
-    is_run = any(RunDir(d).job_file.is_file() for d in (Path(ref), root / ref))
-    members = None if is_run else report.find_sweep(ref, root)
+    members = None if is_run(ref, root) else report.find_sweep(ref, root)
     if members is None:
         run_dir = find_run(ref, root)
         text, path = html_report.render_run(run_dir), output or RunDir(run_dir).report_file
@@ -377,6 +397,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     args = parser().parse_args(argv)
     root = Path(args.run_root)
     try:
+        for ref in [getattr(args, "run", None), getattr(args, "sweep", None), *getattr(args, "refs", [])]:
+            if ref is not None:  # `top` alone: every running run
+                check_name(ref, root, "SWEEP" if args.cmd == "compare" else "RUN")
         if args.cmd == "chaos" and not input_rules.TC_RATE.fullmatch(args.rate):
             raise UserError("--rate", args.rate, "need a number and kbit, mbit or gbit (e.g. 100mbit)")
         if args.cmd == "chaos" and not 1 <= args.faults <= MAX_MARATHON_FAULTS:
@@ -398,8 +421,8 @@ def main(argv: Optional[list[str]] = None) -> int:
             top_command(args.run, root)
             return 0
         # a run is found without the journal (a damaged journal must not stop `status RUN`)
-        is_run = any(RunDir(d).job_file.is_file() for d in (Path(args.run), root / args.run))
-        members = report.find_sweep(args.run, root) if args.cmd in ("status", "cancel") and not is_run else None
+        of_sweep = args.cmd in ("status", "cancel") and not is_run(args.run, root)
+        members = report.find_sweep(args.run, root) if of_sweep else None
         if members is not None:
             if args.cmd == "cancel":
                 print("\n".join(cancel_sweep(members)))

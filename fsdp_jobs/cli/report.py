@@ -7,6 +7,8 @@ import itertools
 from pathlib import Path
 from typing import Any, Iterable, Optional
 
+import yaml
+
 from fsdp_jobs.cli import goodput
 from fsdp_jobs.rundir import journal, runs
 from fsdp_jobs.rundir.layout import RunDir
@@ -18,16 +20,43 @@ TAIL_ROWS = 4 * WINDOW + 1  # the metrics rows summarize_run reads, from the end
 
 def find_sweep(ref: str, run_root: Path) -> Optional[list[dict[str, Any]]]:
     """A sweep id (or sweep dir) -> its members [{member, run_dir, params}], or None if it is no sweep.
-    The journal knows every sweep from anywhere; a sweep dir under the run root is found without it."""
+    The journal knows every sweep from anywhere; a sweep dir under the run root is found without it. A
+    folder is a sweep only by its members' word: never the run root or a folder above it, nor a folder of
+    runs that are no member of a sweep of its name (another run root), which hold more than one sweep."""
+    if names_nothing(ref):
+        return None
     rows = journal.members(ref)
     if rows:
         return [{"member": r["member"], "run_dir": Path(r["run_dir"]), "params": r["params"]} for r in rows]
     for d in (Path(ref), run_root / ref):
-        if d.is_dir() and not RunDir(d).job_file.is_file():
-            found = sorted(p for p in d.iterdir() if RunDir(p).job_file.is_file())
+        if d.is_dir() and not RunDir(d).job_file.is_file() and not holds_run_root(d, run_root):
+            found = sorted(p for p in d.iterdir() if member_of(p, d.resolve().name))
             if found:
                 return [{"member": p.name, "run_dir": p.resolve(), "params": {}} for p in found]
     return None
+
+
+def names_nothing(ref: str) -> bool:
+    """An empty name, or one of only dots, slashes and blanks (`""`, `.`, `./`, `/`, `..`): as a path it is
+    the current folder, the root or a parent, never one run (`cancel "$RUN"` with RUN unset)."""
+    return not ref.strip().strip("./ ")
+
+
+def holds_run_root(d: Path, run_root: Path) -> bool:
+    """Is `d` the run root or a folder above it (so holding every run under it)?"""
+    return run_root.resolve().is_relative_to(d.resolve())
+
+
+def member_of(run_dir: Path, sweep: str) -> bool:
+    """A run dir of sweep `sweep`: its job record says so (one written before records named their sweep,
+    or one that cannot be read, says nothing against it)."""
+    if not RunDir(run_dir).job_file.is_file():
+        return False
+    try:
+        job = runs.load_job(run_dir)
+    except (OSError, ValueError, yaml.YAMLError):
+        return True
+    return not isinstance(job, dict) or job.get("sweep", sweep) == sweep
 
 
 def summarize_run(run_dir: Path) -> dict[str, Any]:

@@ -3,9 +3,16 @@ gets one line, never a traceback."""
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
+import signal
+import subprocess
+import sys
 from pathlib import Path
+from typing import Iterator
+
+import pytest
 
 from tests.conftest import cli
 
@@ -204,3 +211,71 @@ def test_list_rows_skip_the_goodput_accounting_that_status_shows(run_root, monke
     assert "done" in capsys.readouterr().out and accounted == []
     assert ctl.main(["status", "done", "--run-root", str(run_root)]) == 0
     assert json.loads(capsys.readouterr().out)["goodput"] is None and len(accounted) == 1
+
+
+HOLD_LOCK = "import fcntl, sys, time\nf = open(sys.argv[1], 'a')\nfcntl.flock(f, fcntl.LOCK_EX)\nprint(1, flush=True)\ntime.sleep(300)\n"
+
+
+@contextlib.contextmanager
+def launchers(*run_dirs: Path) -> Iterator[list[subprocess.Popen[str]]]:
+    """Each run running as `cancel` tells it: its launch record names a live process that holds the run's
+    lock (launchers/local/backend.py: a pid that does not hold it is never signalled)."""
+    procs = []
+    try:
+        for run_dir in run_dirs:
+            p = subprocess.Popen([sys.executable, "-c", HOLD_LOCK, str(run_dir / ".lock")], stdout=subprocess.PIPE,
+                                 text=True)
+            procs.append(p)
+            assert p.stdout is not None and p.stdout.readline() == "1\n"
+            (run_dir / "launches.jsonl").write_text(json.dumps({"backend": "local", "job_id": str(p.pid),
+                                                                "pid": p.pid}) + "\n")
+        yield procs
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+
+
+def ctl_refusal(capsys: pytest.CaptureFixture[str], *argv: str) -> str:
+    from fsdp_jobs.cli import ctl
+
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exit_:
+        ctl.main(list(argv))
+    out = capsys.readouterr()
+    lines = out.err.strip().splitlines()
+    assert exit_.value.code == 2 and len(lines) == 1 and out.out == "", (argv, out)
+    return lines[0]
+
+
+def test_a_name_that_names_no_run_or_every_run_is_refused_and_nothing_is_stopped(run_root, tmp_path, capsys,
+                                                                                 monkeypatch):
+    """`fsdp-jobs cancel "$RUN"` with RUN empty took the run root for a sweep of every run under it and cancelled
+    them all. An empty or dotted name, the run root, a folder above it or another run root is one line, exit 2,
+    for every command; a sweep is its name (SWEEP, SWEEP/MEMBER), and those still reach exactly what they name."""
+    monkeypatch.chdir(run_root / "..")
+    solo = make_run(run_root, "solo", None, {"status": "running", "step": 3})
+    member = make_run(run_root / "sw", "lr=1", None, {"status": "running", "step": 3})
+    (member / "job.yaml").write_text("name: lr=1\nnodes: 1\nsweep: sw\n")
+    theirs = make_run(tmp_path / "other", "theirs", None, {"status": "running", "step": 3})
+    (theirs / "job.yaml").write_text("name: theirs\nnodes: 1\nsweep: null\n")  # a single run's record
+    with launchers(solo, member, theirs) as procs:
+        before = tree(tmp_path)
+        everything = [str(run_root), f"{run_root}/", f"{run_root}/sw/..", str(tmp_path), "runs", "runs/.", "."]
+        for root in (run_root, run_root / "sw"):  # a run root that is itself a sweep's dir, too
+            for name in ["", " ", ".", "./", "/", "..", "../..", "./.", *everything, str(root)]:
+                line = ctl_refusal(capsys, "cancel", name, "--run-root", str(root))
+                assert "names no run" in line or "or a folder above it" in line, (name, root, line)
+        line = ctl_refusal(capsys, "cancel", str(tmp_path / "other"), "--run-root", str(run_root))
+        assert "no such run" in line, line  # a folder of single runs is no sweep
+        for cmd in (["status"], ["logs"], ["stacks"], ["scale", "", "nodes=2"], ["chaos", "", "kill-node"],
+                    ["goodput"], ["report"], ["top"], ["compare"], ["plot", "solo", "", "-o", "x.png"]):
+            argv = [*cmd, ""] if len(cmd) == 1 else cmd
+            assert "names no run" in ctl_refusal(capsys, *argv, "--run-root", str(run_root)), cmd
+        assert [p.poll() for p in procs] == [None, None, None] and tree(tmp_path) == before
+        from fsdp_jobs.cli import ctl
+
+        assert ctl.main(["cancel", "sw/lr=1", "--run-root", str(run_root)]) == 0  # one member, by its sweep's name
+        assert procs[1].wait(timeout=30) == -signal.SIGTERM and [procs[0].poll(), procs[2].poll()] == [None, None]
+        assert ctl.main(["cancel", "solo", "--run-root", str(run_root)]) == 0
+        assert procs[0].wait(timeout=30) == -signal.SIGTERM and procs[2].poll() is None
