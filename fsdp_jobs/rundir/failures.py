@@ -26,13 +26,23 @@ def attempt_id() -> str:
     return f"{os.environ.get(ATTEMPT_ENV, '')}:{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"
 
 
+def exit_code(exc: BaseException) -> int:
+    """The status the process exits with when `exc` ends it, as the interpreter decides it: sys.exit(N)'s N
+    (a message or True: 1), 1 for any exception."""
+    if isinstance(exc, SystemExit):
+        code = exc.code
+        return 0 if code is None else code if isinstance(code, int) and not isinstance(code, bool) else 1
+    return 1
+
+
 def record(run_dir: Path, exc: BaseException, step: Optional[int]) -> None:
     """Append this rank's failure (best effort: recording must never hide the exception itself)."""
     frames = traceback.extract_tb(exc.__traceback__)
     where = f"{Path(frames[-1].filename).name}:{frames[-1].lineno}" if frames else ""
     entry = FailureRecord(
         time=time.time(), rank=int(os.environ.get("RANK", 0)), attempt=attempt_id(), step=step, where=where,
-        error=f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"[:300])
+        error=f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"[:300],
+        exit_code=exit_code(exc))
     try:
         with open(RunDir(run_dir).failures_file, "a") as f:
             f.write(json.dumps(entry.to_json()) + "\n")
@@ -58,6 +68,30 @@ def repeating(entries: list[FailureRecord]) -> Optional[str]:
         return None
     at = f"step {b.step}" if b.step is not None else "start-up"
     return f"the same failure twice in a row, at {at}: {b.error} ({b.where}); not retried again"
+
+
+def first_of_last_attempt(entries: list[FailureRecord], since: float = 0.0) -> Optional[FailureRecord]:
+    """The failure that ended the newest attempt that failed since `since`: its first record (the other
+    ranks' follow from it: a peer gone mid-collective), or None."""
+    recent = [e for e in entries if e.time >= since]
+    if not recent:
+        return None
+    last = max(recent, key=lambda e: e.time).attempt
+    return min((e for e in recent if e.attempt == last), key=lambda e: e.time)
+
+
+def describe(entry: FailureRecord) -> str:
+    """One line: `rank 1 exited 3: SystemExit: 3 (train.py:40)`, with the step where the rank had one."""
+    who = f"rank {entry.rank}" if entry.rank is not None else "a rank"
+    code = f" exited {entry.exit_code}" if entry.exit_code is not None else " failed"
+    step = f" at step {entry.step}" if entry.step is not None else ""
+    return f"{who}{code}{step}: {entry.error}" + (f" ({entry.where})" if entry.where else "")
+
+
+def cause(run_dir: Path, since: float = 0.0) -> Optional[str]:
+    """describe() of the failure that ended the newest failed attempt since `since`, or None."""
+    entry = first_of_last_attempt(read(run_dir), since)
+    return describe(entry) if entry else None
 
 
 class Changes:

@@ -276,6 +276,7 @@ class FailureRecord(Record):
     rank: Optional[int] = None
     step: Optional[int] = None
     where: str = ""
+    exit_code: Optional[int] = None  # the rank's exit status (sys.exit's code; 1 for an exception); older: none
     v: int = SCHEMA
     extra: dict[str, Any] = field(default_factory=dict)
 
