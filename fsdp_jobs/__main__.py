@@ -13,12 +13,14 @@ from pathlib import Path
 from typing import Optional
 
 from fsdp_jobs.cli import submit
-from fsdp_jobs.rundir import runs
+from fsdp_jobs.rundir import runs, streams
 from fsdp_jobs.planning.compose import compose_many
 from fsdp_jobs.planning.errors import UserError, die
 from fsdp_jobs.rundir.checkpoints import newest_checkpoint
 from fsdp_jobs.planning.plan import Plan
 from fsdp_jobs.rundir.layout import RunDir
+
+ACTING_COMMANDS = ("cancel", "scale", "chaos")  # the control commands that change a job, not only read it
 
 USAGE = """usage: python -m fsdp_jobs [key=value ...]      (fsdp-jobs [key=value ...])
 
@@ -67,7 +69,10 @@ def main(argv: Optional[list[str]] = None) -> int:
     from fsdp_jobs.cli import ctl
 
     if argv and argv[0] in ctl.COMMANDS:
+        # `logs | head` ends quietly when head has read enough; a cancel, scale or chaos goes on to its end
+        streams.follow_readers(end_when_gone=argv[0] not in ACTING_COMMANDS)
         return ctl.main(argv)
+    streams.follow_readers()  # an attached job outlives its terminal, its `tee` and a full disk under `> out`
     if argv and argv[0] == "preflight":  # `fsdp-jobs preflight OVERRIDES`: the job's checks alone, submitted
         argv = [*argv[1:], "preflight=only"]  # as the job would be (README: Preflight); the last word wins
     if any(a in ("-h", "--help") for a in argv):

@@ -4,7 +4,7 @@ node containers (each backend says how to follow, poll and stop one node: a `Nod
 Written once, for both:
   * the log pump: every node's lines, prefixed `[nodeN]`, into RunDir.launcher_log (and the
     terminal when attached), one line at a time whichever node writes;
-  * signals: SIGINT/SIGTERM stop the job: every node is asked to stop (torchrun gives its ranks
+  * signals: SIGINT/SIGTERM/SIGHUP stop the job: every node is asked to stop (torchrun gives its ranks
     cluster.stop_grace_s to checkpoint), and whatever is still alive `STOP_EXTRA_S` after that is killed;
   * peer death: a node that ended for good with a failure, leaving fewer than min_nodes alive, leaves
     the others waiting in the rendezvous for a node that never comes: after PEER_GONE_GRACE_S they are
@@ -35,10 +35,15 @@ STOP_EXTRA_S = 15.0  # after torchrun's own grace for the ranks, before we kill
 INTERRUPTED = 130  # the shell's status for Ctrl-C
 STOPPED_FROM_OUTSIDE = 143  # the ranks recorded a stop (cancel, docker stop) and checkpointed
 PREFLIGHT_FAILED = 3  # the preflight named a node (launchers/node/wrapper.py's NO_RESTART_RC)
+# each stops the job with its checkpoint; SIGHUP is the terminal closing, which would otherwise end the launcher
+# at once, and its nodes (launchers/local/backend.py stop_with_launcher) with nobody reading their output
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
 class LogSink:
-    """Node-prefixed lines into the job's launcher log, and the terminal when attached."""
+    """Node-prefixed lines into the job's launcher log, then the terminal when attached. The log is written
+    first, and neither may stop the pumps: a node whose pipe nobody reads blocks on its next line, and its
+    ranks with it (a terminal gone or full: fsdp_jobs/rundir/streams.py)."""
 
     def __init__(self, path: Path, echo: bool) -> None:
         self.path, self.echo, self.lock = path, echo, threading.Lock()
@@ -47,17 +52,23 @@ class LogSink:
 
     def write(self, line: str) -> None:
         with self.lock:
-            if self.echo:
-                print(line, flush=True)
             try:
                 self.file.write(line + "\n")
                 self.file.flush()
                 self.failing = False
             except OSError as e:  # a full disk must not stop following the nodes (their pipes would fill)
-                if not self.failing and self.echo:
-                    print(f"fsdp-jobs: cannot write {self.path} ({e.strerror}); lines are lost there until it can",
-                          flush=True)
+                if not self.failing:
+                    self._echo(f"fsdp-jobs: cannot write {self.path} ({e.strerror}); lines are lost there until it can")
                 self.failing = True
+            self._echo(line)
+
+    def _echo(self, line: str) -> None:
+        if not self.echo:
+            return
+        try:
+            print(line, flush=True)
+        except (OSError, ValueError):  # a stdout that is not a LineStream: its reader is gone for good
+            self.echo = False
 
     def close(self) -> None:
         with self.lock:
@@ -95,7 +106,7 @@ class Node(abc.ABC):
 @dataclass
 class Outcome:
     codes: dict[str, int] = field(default_factory=dict)  # node -> exit code (what each ended with)
-    interrupted: bool = False  # SIGINT/SIGTERM reached the supervisor
+    interrupted: bool = False  # SIGINT/SIGTERM/SIGHUP reached the supervisor
     began: Optional[float] = field(default=None, compare=False)  # time.time() when supervision began: the outcome is a record written since
 
 
@@ -111,7 +122,7 @@ def supervise(nodes: list[Node], sink: LogSink, min_nodes: int, stop_grace_s: fl
     began = time.time() if began is None else began
     done = threading.Event()
     signals: list[int] = []
-    old = {s: signal.signal(s, lambda signum, _frame: signals.append(signum)) for s in (signal.SIGINT, signal.SIGTERM)}
+    old = {s: signal.signal(s, lambda signum, _frame: signals.append(signum)) for s in STOP_SIGNALS}
     for n in nodes:
         n.follow(sink, done)
     stopping_until: Optional[float] = None

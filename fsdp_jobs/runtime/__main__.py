@@ -7,46 +7,18 @@ the script (fsdp_jobs/ARCHITECTURE.md, pitfall 5)."""
 import signal
 import sys
 import time
-from typing import Any
 from pathlib import Path
 
 from fsdp_jobs.runtime import timeline  # first: its MAIN_STARTED is when this rank's own code began
+from fsdp_jobs.rundir import streams
 
 AGENT_HANDLED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)  # torchrun's handlers
-
-
-class ReaderMayGo:
-    """A rank's stdout or stderr, whose reader (the launcher, through the node's pipe) may die first: a write
-    then is dropped, not a BrokenPipeError in the middle of the checkpoint the rank is saving because its
-    launcher died (launchers/local/backend.py stop_with_launcher)."""
-
-    def __init__(self, stream: Any) -> None:
-        self.stream, self.gone = stream, False
-
-    def write(self, text: str) -> int:
-        if not self.gone:
-            try:
-                return self.stream.write(text)
-            except BrokenPipeError:
-                self.gone = True
-        return len(text)
-
-    def flush(self) -> None:
-        if not self.gone:
-            try:
-                self.stream.flush()
-            except BrokenPipeError:
-                self.gone = True
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.stream, name)
 
 
 def forked(run_dir: str) -> None:
     """A rank forked from launchers/node/agent.py: made what `python -u -m fsdp_jobs.runtime RUN_DIR` would be."""
     timeline.MAIN_STARTED = time.time()  # the agent imported timeline long before this rank existed
-    for stream in (sys.stdout, sys.stderr):  # -u: a line reaches the log now, not when a buffer fills
-        stream.reconfigure(line_buffering=True, write_through=True)
+    streams.follow_readers()  # as -u: a line reaches the log now (the agent's own streams already are)
     for sig in AGENT_HANDLED:  # exec would reset the agent's Python handlers (an ignored signal stays ignored)
         if callable(signal.getsignal(sig)):
             signal.signal(sig, signal.default_int_handler if sig == signal.SIGINT else signal.SIG_DFL)
@@ -61,7 +33,9 @@ def main(exit_process: bool = True) -> None:
     if len(sys.argv) != 2:
         print("usage: python -m fsdp_jobs.runtime RUN_DIR", file=sys.stderr)
         raise SystemExit(2)
-    sys.stdout, sys.stderr = ReaderMayGo(sys.stdout), ReaderMayGo(sys.stderr)
+    # the reader (the launcher, through the node's pipe) may die first: a write then is dropped, not a
+    # BrokenPipeError in the middle of the checkpoint the rank saves because its launcher died
+    streams.follow_readers()
     from fsdp_jobs.runtime.signals import StopFlag
 
     stop = StopFlag()  # first, before the slow torch import: a stop signal may come any moment

@@ -33,6 +33,9 @@ def run(argv: list[str]) -> None:
 
 
 def main() -> None:
+    from fsdp_jobs.rundir import streams
+
+    streams.follow_readers()  # a script's print() outlives its reader: no BrokenPipeError mid-checkpoint
     from torch.distributed.elastic.multiprocessing.errors import record
 
     from fsdp_jobs.runtime.loopback_store import install

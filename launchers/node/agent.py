@@ -13,9 +13,10 @@ fsdp_jobs/ARCHITECTURE.md, pitfall 11."""
 from __future__ import annotations
 
 import gc
+import logging
 import os
 import sys
-from typing import Any
+from typing import Any, Callable
 
 if __name__ == "__main__":  # fsdp_jobs/ARCHITECTURE.md, pitfall 23: no collection while torch is imported
     gc.disable()
@@ -423,6 +424,9 @@ def name_rendezvous_events_cheaply() -> None:
 
 
 def main() -> None:
+    from fsdp_jobs.rundir import streams
+
+    streams.follow_readers()  # torchrun's own lines, and the forked ranks', outlive their reader
     install()
     import_the_log_formatter()
     name_rendezvous_events_cheaply()
@@ -433,16 +437,53 @@ def main() -> None:
     end_a_waiting_node_when_the_job_completed()
     tell_the_ranks_who_hosts_the_store()
     let_the_store_host_leave_last()
+    quiet_planned_stops()
     from torch.distributed import run as torchrun
     from torch.distributed.elastic.multiprocessing.errors import record
 
     args = torchrun.parse_args(sys.argv[1:])
     shorten_rendezvous_poll(max_nodes(args.nnodes))
     if forks_the_trainer(args):
-        record(launch_forked)(args)  # turns the collector on again once the ranks' imports are frozen
+        record(quiet_on_a_stop(launch_forked))(args)  # turns the collector on again once the ranks' imports are frozen
     else:
         gc.enable()  # off while torch was imported (pitfall 23); the spawned ranks start with their own on
-        record(torchrun.run)(args)
+        record(quiet_on_a_stop(torchrun.run))(args)
+
+
+class PlannedStopLines:
+    """A logging filter for torch's agent: on a stop signal it logs that it received it, then one line per
+    rank it signals (at 8 ranks a node, 9 lines a node on every cancel), which the node wrapper's one line says
+    already. Dropped from the death signal on; a rank's failure and its restart keep their lines."""
+
+    def __init__(self) -> None:
+        self.stopping = False
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.msg.startswith("Received %s death signal"):
+            self.stopping = True
+        return not (self.stopping and (record.msg.startswith("Received %s death signal")
+                                       or record.msg.startswith("Closing process %s via signal")))
+
+
+def quiet_planned_stops() -> None:
+    quiet = PlannedStopLines()
+    for name in ("torch.distributed.elastic.agent.server.api", "torch.distributed.elastic.multiprocessing.api"):
+        logging.getLogger(name).addFilter(quiet)
+
+
+def quiet_on_a_stop(launch: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    """A stop signal (a cancel, Ctrl-C, the scheduler's stop) ends torchrun's agent with a SignalException
+    once it has stopped its ranks: a traceback on every node of every planned stop, and, through `record`,
+    the node's error file naming the signal as if it were the job's first error. The node wrapper says in
+    one line that the node stopped (launchers/node/wrapper.py); the exit status stays torchrun's, 1."""
+    def run(args: Any) -> Any:
+        from torch.distributed.elastic.multiprocessing.api import SignalException
+
+        try:
+            return launch(args)
+        except SignalException:
+            raise SystemExit(1) from None
+    return run
 
 
 if __name__ == "__main__":

@@ -92,7 +92,9 @@ def run(argv: list[str], environ: Optional[dict[str, str]] = None) -> int:
     # what the agent and the ranks write (checkpoints, logs, bytecode) is the owner's alone, as the
     # launcher's is, whatever umask the node (a container, a batch step) starts with (README: Security)
     os.umask(OWNER_ONLY_UMASK)
-    from fsdp_jobs.rundir import events, liveness
+    from fsdp_jobs.rundir import events, liveness, streams
+
+    streams.follow_readers()  # the node's lines outlive their reader (a launcher gone, a full disk)
     from launchers.node.oom import OomWatch
 
     events.append_event(Path(run_dir), "node_start", node=node, time=started)
@@ -105,8 +107,11 @@ def run(argv: list[str], environ: Optional[dict[str, str]] = None) -> int:
     oom = OomWatch()  # before the agent: its kills from here on
     agent = subprocess.Popen([sys.executable, "-m", "launchers.node.agent", *argv], cwd=run_dir, env=env)
 
+    stopped_on: list[int] = []  # the stop signals this node was sent, and passed on to its agent
+
     def forward(signum: int, _frame: Any) -> None:
         if agent.poll() is None:
+            stopped_on.append(signum)
             agent.send_signal(signum)
 
     for s in FORWARDED:
@@ -119,7 +124,9 @@ def run(argv: list[str], environ: Optional[dict[str, str]] = None) -> int:
     finally:
         shutil.rmtree(beats, ignore_errors=True)  # node memory: nothing of the job may stay behind
     events.append_event(Path(run_dir), "node_end", node=node, rc=rc)
-    if rc and rc != NO_RESTART_RC:
+    if rc and stopped_on:  # a planned stop: one line, not a failure
+        print(f"fsdp-jobs: {node}: stopped on {signal.Signals(stopped_on[0]).name}", flush=True)
+    elif rc and rc != NO_RESTART_RC:
         cause = root_cause(env["TORCHELASTIC_ERROR_FILE"])
         oom.new_kills()
         memory = f"; out of memory: {oom.total()} OOM kills in {oom.where()}" if oom.total() else ""
