@@ -32,7 +32,7 @@ from typing import Any, Optional
 import yaml
 
 from fsdp_jobs.planning.config import rank_config
-from fsdp_jobs.rundir import runs
+from fsdp_jobs.rundir import runs, streams
 from fsdp_jobs.rundir.layout import RunDir
 from launchers.docker.engine import (COMPOSE_FILE, DOWN_TIMEOUT_S, RESULT_FILE, containers, docker_dir, give_to,
                                      read_result)
@@ -291,6 +291,7 @@ def guard(run_dir: Path, given: dict[str, Any], rest: str) -> int:
 
 if __name__ == "__main__":
     if sys.argv[2:3] == ["--guard"]:
+    streams.follow_readers()  # its log file's disk may fill: lines lost, never the job's supervision
         first = json.loads(sys.stdin.readline())
         sys.exit(guard(Path(sys.argv[1]), first, sys.stdin.read()))  # read() returns at EOF: the command is gone
     given = json.loads(sys.stdin.read())

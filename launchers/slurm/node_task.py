@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any, Optional
 import submitit
 
 from fsdp_jobs.planning.config import job_config
-from fsdp_jobs.rundir import replaced, runs
+from fsdp_jobs.rundir import replaced, runs, streams
 from fsdp_jobs.rundir.checkpoints import newest_checkpoint, step_of
 from fsdp_jobs.rundir.failures import ATTEMPT_ENV
 from fsdp_jobs.rundir.layout import RunDir
@@ -257,6 +257,7 @@ class NodeTask(submitit.helpers.Checkpointable):
         self.__init__(state["run_dir"])  # type: ignore[misc]
 
     def __call__(self) -> dict[str, Any]:
+        streams.follow_readers()  # SLURM's output file may be on a disk that fills: lines lost, never the task
         run_dir = Path(self.run_dir)
         self._began = time.time()  # this attempt's outcome is a state record written since (runs.read_outcome)
         job, plan = job_config(runs.load_job(run_dir)), runs.load_plan(run_dir)
