@@ -6,6 +6,7 @@ Written once, for both:
     terminal when attached), one line at a time whichever node writes;
   * signals: SIGINT/SIGTERM/SIGHUP stop the job: every node is asked to stop (torchrun gives its ranks
     cluster.stop_grace_s to checkpoint), and whatever is still alive `STOP_EXTRA_S` after that is killed;
+    a second SIGINT (Ctrl-C again) kills every node at once;
   * peer death: a node that ended for good with a failure, leaving fewer than min_nodes alive, leaves
     the others waiting in the rendezvous for a node that never comes: after PEER_GONE_GRACE_S they are
     stopped too (a Docker restart or a torchrun restart takes seconds, so one that comes back in time counts);
@@ -126,7 +127,7 @@ def supervise(nodes: list[Node], sink: LogSink, min_nodes: int, stop_grace_s: fl
     for n in nodes:
         n.follow(sink, done)
     stopping_until: Optional[float] = None
-    stopped_for_request = False
+    stopped_for_request = forced = False
     peers_gone_since: Optional[float] = None
     codes: dict[str, Optional[int]] = {}
     try:
@@ -148,6 +149,10 @@ def supervise(nodes: list[Node], sink: LogSink, min_nodes: int, stop_grace_s: fl
                 for n in live:
                     n.stop(stop_grace_s)
                 stopping_until = time.monotonic() + stop_grace_s + STOP_EXTRA_S
+            if stopping_until is not None and signals.count(signal.SIGINT) > 1 and not forced:
+                forced = True  # Ctrl-C again: the user asks for the kill, as docker compose takes it
+                sink.write("fsdp-jobs: got SIGINT again; killing every node now, without a checkpoint")
+                stopping_until = 0.0
             if stopping_until is not None and time.monotonic() > stopping_until:
                 for n in live:
                     n.kill()
@@ -181,8 +186,9 @@ def why_not_grow(nodes: list[Node], run_dir: Path) -> Optional[str]:
 def _why_stop(signals: list[int], gone: list[str], live: list[Node], min_nodes: int,
               peers_gone_since: Optional[float]) -> Optional[str]:
     if signals:
+        again = "; Ctrl-C again kills it at once" if signals[0] == signal.SIGINT else ""
         return (f"got {signal.Signals(signals[0]).name}; stopping the job (the ranks checkpoint at the next "
-                "step boundary)")
+                f"step boundary{again})")
     if peers_gone_since is not None and time.monotonic() - peers_gone_since > PEER_GONE_GRACE_S:
         return (f"{', '.join(gone)} ended for good and {len(live)} nodes remain (min_nodes {min_nodes}); "
                 "stopping them")

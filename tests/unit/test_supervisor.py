@@ -87,6 +87,21 @@ def test_a_signal_stops_every_node_and_what_does_not_stop_is_killed(sink, monkey
     assert signal.getsignal(signal.SIGINT) is before  # restored
 
 
+def test_ctrl_c_again_kills_every_node_at_once_and_sighup_stops_as_ctrl_c_does(sink, tmp_path):
+    """The first Ctrl-C is a checkpointing stop however long the ranks' grace; a second one is the user asking
+    for the kill (as docker compose takes it). The terminal closing (SIGHUP) stops the job as Ctrl-C does."""
+    slow = ScriptedNode("node0", obeys_stop=False)  # its checkpoint would take the whole grace
+    for delay in (0.2, 0.4):
+        threading.Timer(delay, os.kill, (os.getpid(), signal.SIGINT)).start()
+    out = supervise([slow], sink, min_nodes=1, stop_grace_s=600)  # killed: not after the 600 s grace
+    assert out.interrupted and slow.stopped and slow.killed
+    assert "got SIGINT again; killing every node now" in (tmp_path / "launcher.log").read_text()
+    hup = ScriptedNode("node0")
+    threading.Timer(0.2, os.kill, (os.getpid(), signal.SIGHUP)).start()
+    out = supervise([hup], sink, min_nodes=1, stop_grace_s=600)
+    assert out.interrupted and hup.stopped and not hup.killed
+
+
 @pytest.mark.parametrize("codes, interrupted, state, status", [
     ({"node0": 0, "node1": 0}, False, "completed", 0),
     ({"node0": 0, "node1": 137}, False, "completed", 0),  # a node stopped for good while the others finished
