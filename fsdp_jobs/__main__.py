@@ -15,6 +15,7 @@ from typing import Optional
 from fsdp_jobs.cli import submit
 from fsdp_jobs.rundir import runs, streams
 from fsdp_jobs.planning.compose import compose_many
+from fsdp_jobs.planning import command_line
 from fsdp_jobs.planning.errors import UserError, die
 from fsdp_jobs.rundir.checkpoints import newest_checkpoint
 from fsdp_jobs.planning.plan import Plan
@@ -83,13 +84,15 @@ def main(argv: Optional[list[str]] = None) -> int:
 
         print(USAGE.replace("{backends}", "|".join(backends.names())))
         return 0
-    if any(a in ("-m", "--multirun") for a in argv):
+    try:  # Hydra's flags and hydra.* overrides: honoured where they mean the same here, else one line
+        command = command_line.parse(argv)
+    except UserError as e:
+        die(e)
+    argv = command.overrides
+    if command.multirun or command.show_job:
         from fsdp_jobs.cli import sweep
 
-        return sweep.main(argv)
-    flags = [a for a in argv if a.startswith("-")]
-    if flags:
-        die(UserError("", flags[0], f"unknown option {flags[0]!r}; overrides are key=value (try --help)"))
+        return sweep.show_jobs(argv, command.multirun) if command.show_job else sweep.main(argv)
     # Planning only allocates what lives until exit (the config, the plan, imported modules): the cyclic
     # collector finds nothing to free here, and pausing it saves about 10 ms. It runs again before
     # anything long-lived (an attached job is supervised from this process for hours).

@@ -70,12 +70,9 @@ def refusal_text(m: Member, e: UserError) -> str:
     return secret_env.mask(text, {**passed, **m.secrets}).replace("\n", " ").strip()
 
 
-def plan_member(m: Member, composed: Any, sweep: Optional[str] = None, skip_existing: Any = None) -> None:
-    """Plan a composed member and ask its backend for the dry run (and, unless dry_run=true, its checks).
-    `sweep` places it under <run_root>/<sweep>/<name>; `skip_existing(m)` says why not to submit it."""
-    from fsdp_jobs.cli import launcher
-    from fsdp_jobs.cli.rundir_checks import plan_run
-
+def take_composed(m: Member, composed: Any, sweep: Optional[str] = None) -> list[str]:
+    """A composed member's config and job record (`sweep` places it under <run_root>/<sweep>/<name>), its
+    secrets taken out: the record as its run dir keeps it (--cfg job prints it). Returns the notes about secrets."""
     if isinstance(composed, UserError):
         raise composed
     m.cfg, m.job = composed
@@ -84,6 +81,16 @@ def plan_member(m: Member, composed: Any, sweep: Optional[str] = None, skip_exis
         m.cfg.run_root = m.job["run_root"] = str(Path(m.cfg.run_root).expanduser() / sweep)
         m.cfg.sweep = m.job["sweep"] = sweep  # backends whose storage is elsewhere (a PVC) keep members apart by it
     m.secrets, secret_notes = secret_env.take(m.cfg, m.job, backends.secret_store(m.cfg.cluster.backend))
+    return secret_notes
+
+
+def plan_member(m: Member, composed: Any, sweep: Optional[str] = None, skip_existing: Any = None) -> None:
+    """Plan a composed member and ask its backend for the dry run (and, unless dry_run=true, its checks).
+    `sweep` places it under <run_root>/<sweep>/<name>; `skip_existing(m)` says why not to submit it."""
+    from fsdp_jobs.cli import launcher
+    from fsdp_jobs.cli.rundir_checks import plan_run
+
+    secret_notes = take_composed(m, composed, sweep)
     m.plan = plan_run(m.cfg)  # pure planning, then what the run dir and input files allow
     m.plan.notes.extend(secret_notes)
     m.name = m.plan.name

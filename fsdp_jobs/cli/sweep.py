@@ -24,10 +24,10 @@ from typing import Any, Optional
 from fsdp_jobs.rundir import runs
 from fsdp_jobs.planning.errors import UserError, die
 from fsdp_jobs.planning.input_rules import check_name
-from fsdp_jobs.cli.submit import Member, plan_member, print_notes, render_dry_run, submit_group
+from fsdp_jobs.cli.submit import Member, plan_member, print_notes, render_dry_run, submit_group, take_composed
+from fsdp_jobs.planning.command_line import job_record_text
 from fsdp_jobs.rundir.layout import RunDir
 
-SWEEP_FLAGS = ("-m", "--multirun")
 # they name or place the sweep itself, the same for every member
 UNSWEEPABLE = ("name", "run_root", "dry_run", "sweep")
 NAME_MAX = 100
@@ -153,8 +153,9 @@ def _existing(member: Member) -> str:
     return ""
 
 
-def prepare_members(overrides: list[str]) -> tuple[str, list[Member]]:
-    """Steps 1 and 2: every member composed, planned and dry-run, or a UserError naming the bad one."""
+def compose_members(overrides: list[str]) -> tuple[str, list[Member], list[Any]]:
+    """Step 1 and the members' configs: (sweep id, members, each one's composed config), or a UserError
+    naming the bad member."""
     from fsdp_jobs.planning.compose import compose_many
 
     combos = expand(overrides)
@@ -168,12 +169,35 @@ def prepare_members(overrides: list[str]) -> tuple[str, list[Member]]:
     for i, (m, composed) in enumerate(zip(members, composed_all)):  # every member's config before any backend
         if isinstance(composed, UserError):
             raise UserError("", None, f"sweep {sid}, member {i + 1} of {len(combos)} ({m.name}): {composed}")
+    return sid, members, composed_all
+
+
+def prepare_members(overrides: list[str]) -> tuple[str, list[Member]]:
+    """Steps 1 and 2: every member composed, planned and dry-run, or a UserError naming the bad one."""
+    sid, members, composed_all = compose_members(overrides)
     for i, (m, composed) in enumerate(zip(members, composed_all)):
         try:
             plan_member(m, composed, sweep=sid, skip_existing=_existing)
         except UserError as e:
-            raise UserError("", None, f"sweep {sid}, member {i + 1} of {len(combos)} ({m.name}): {e}") from None
+            raise UserError("", None, f"sweep {sid}, member {i + 1} of {len(members)} ({m.name}): {e}") from None
     return sid, members
+
+
+def show_jobs(overrides: list[str], multirun: bool) -> int:
+    """--cfg job (Hydra's): the composed job record of the run, or of every member with -m, as its run dir
+    will keep it; nothing is planned, written or submitted."""
+    from fsdp_jobs.planning.compose import compose_many
+
+    try:
+        sid, members, composed_all = (compose_members(overrides) if multirun else
+                                      (None, [Member(None, overrides)], compose_many([overrides])))
+        for m, composed in zip(members, composed_all):
+            take_composed(m, composed, sid)
+    except UserError as e:
+        die(e)
+    for m in members:
+        sys.stdout.write((f"# ---- sweep {sid}, member {m.name}\n" if sid else "") + job_record_text(m.job))
+    return 0
 
 
 def _groups(members: list[Member]) -> list[list[Member]]:
@@ -203,13 +227,10 @@ def dry_run(sid: str, members: list[Member]) -> int:
     return 0
 
 
-def main(argv: list[str]) -> int:
-    """python -m fsdp_jobs -m OVERRIDES: returns the exit status."""
-    overrides = [a for a in argv if a not in SWEEP_FLAGS]
-    flags = [a for a in overrides if a.startswith("-")]
+def main(overrides: list[str]) -> int:
+    """python -m fsdp_jobs -m OVERRIDES (the command line read by fsdp_jobs/planning/command_line.py): returns
+    the exit status."""
     try:
-        if flags:
-            raise UserError("", flags[0], f"unknown option {flags[0]!r}; overrides are key=value (try --help)")
         sid, members = prepare_members(overrides)
     except UserError as e:
         die(e)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -169,6 +171,23 @@ def test_with_no_usable_checkpoint_the_job_fails_and_says_so_never_succeeded(run
     assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["step-000010.unusable", "step-000020.unusable"]
     r = cli(f"run_root={run_root}", "name=allbad", *KILL_ARGS, "train.steps=30")  # the same command again
     assert r.returncode == 2 and "no usable checkpoint" in r.stderr, r.stderr[-2000:]
+
+
+def test_a_finished_run_whose_checkpoints_were_removed_is_refused_then_starts_over_on_request(run_root):
+    """rm -r RUN_DIR/checkpoints, then the same name with more steps: it would train from step 0 into the same
+    metrics, so it is refused in one line, nothing changed; checkpoint.resume=false, as the line says, then
+    starts over with a curve of its own, the earlier one set aside whole (issue #44)."""
+    run_dir, args = run_root / "gone", (f"run_root={run_root}", "name=gone", "nodes=1", "gpus_per_node=1", *SHORT)
+    assert_ok(cli(*args, "train.steps=3"))
+    shutil.rmtree(run_dir / "checkpoints")
+    r = cli(*args, "train.steps=6")
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and r.stdout == "", r.stderr
+    assert f"trained to step 3 (metrics.jsonl) but no checkpoint is left in {run_dir / 'checkpoints'}" in r.stderr
+    assert "checkpoint.resume=false" in r.stderr and [x["step"] for x in metrics(run_dir)] == [1, 2, 3]
+    assert_ok(cli(*args, "train.steps=6", "checkpoint.resume=false"))
+    assert [x["step"] for x in metrics(run_dir)] == [1, 2, 3, 4, 5, 6]
+    [before] = run_dir.glob("metrics-before-*.jsonl")
+    assert [json.loads(line)["step"] for line in before.read_text().splitlines()] == [1, 2, 3]
 
 
 NAN_AT_15 = {"FSDP_JOBS_TEST_NONFINITE_AT_STEP": "15"}  # the batch of step 15 makes the loss NaN
@@ -387,12 +406,16 @@ def test_ctrl_c_checkpoints_and_stops_everything_it_started(run_root):
     run_dir = run_root / "ctrlc"
     bystander = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
     try:
-        proc = start([f"run_root={run_root}", "name=ctrlc", "train.steps=100000", "checkpoint.interval=0", *SHORT])
+        proc = start([f"run_root={run_root}", "name=ctrlc", "train.steps=100000", "checkpoint.interval=0", "nodes=4",
+                      "gpus_per_node=1", *SHORT])
         wait_for(lambda: (run_dir / "metrics.jsonl").exists() and len(metrics(run_dir)) >= 5, 300, proc)
         workers = [json.loads(p.read_text())["pid"] for p in (run_dir / "ranks").iterdir()]
         proc.send_signal(signal.SIGINT)  # what Ctrl-C delivers to the launcher
         out, _ = proc.communicate(timeout=120)
         assert proc.returncode == 130, out[-3000:]
+        after = out.split("got SIGINT", 1)[1]  # what the terminal shows of the stop: one line a node, no traceback
+        assert "Traceback" not in after and "SignalException" not in after and "Closing process" not in after, after
+        assert sorted(re.findall(r"fsdp-jobs: (node\d): stopped on SIGTERM", after)) == [f"node{i}" for i in range(4)]
         assert not any(_alive(pid) for pid in workers)
         assert _alive(bystander.pid)  # nothing it did not start
         stopped_at = metrics(run_dir)[-1]["step"]
