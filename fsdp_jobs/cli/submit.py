@@ -170,19 +170,25 @@ def pass_secrets(group: list[Member]) -> None:
         os.environ.update(m.secrets)
 
 
+def write_run_dirs(sweep: Optional[str], group: list[Member], locks: list[runs.RunLock]) -> None:
+    """Take each member's lock and write its run dir as every submission does; the caller releases the locks.
+    Also TorchX's component's (launchers/torchx/submission.py)."""
+    try:
+        for m, lock in zip(group, locks):
+            if not lock.acquire():
+                raise _busy(sweep, m, lock.holder())
+            start_over(m)
+            runs.prepare(Path(m.plan.run_dir), m.job, m.plan.to_dict())
+    except OSError as e:  # an unwritable run_root
+        raise _unwritable(sweep, group, e) from None
+
+
 def submit_group(sweep: Optional[str], group: list[Member]) -> list[tuple[Member, Any]]:
     """Lock, write and submit members that go out together (one backend, one group_key), then record them.
     The locks keep a second launcher off these run dirs; an attached backend holds them while it runs."""
     locks = [runs.RunLock(Path(m.plan.run_dir)) for m in group]
     try:
-        try:
-            for m, lock in zip(group, locks):
-                if not lock.acquire():
-                    raise _busy(sweep, m, lock.holder())
-                start_over(m)
-                runs.prepare(Path(m.plan.run_dir), m.job, m.plan.to_dict())
-        except OSError as e:  # an unwritable run_root
-            raise _unwritable(sweep, group, e) from None
+        write_run_dirs(sweep, group, locks)
         pass_secrets(group)
         if sweep is None:  # a single run: the backend reports its submission itself
             announce(group[0])

@@ -25,6 +25,7 @@ BACKENDS: dict[str, str] = {
     "slurm": "launchers.slurm",
     "docker": "launchers.docker",
     "kubernetes": "launchers.kubernetes",
+    "torchx": "launchers.torchx",  # submitted by `torchx run` (its component), read by status, list and cancel
 }
 DEFAULT = "local"  # conf/config.yaml's cluster= default
 # `python -m fsdp_jobs.bench dry-run` times our dry run on this backend against TorchX's scheduler of the same name
