@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 from typing import Optional
 
-from fsdp_jobs.cli import submit
+from fsdp_jobs.cli import script_report, submit
 from fsdp_jobs.rundir import runs, streams
 from fsdp_jobs.planning.compose import compose_many
 from fsdp_jobs.planning import command_line
@@ -43,13 +43,15 @@ def summarize(plan: Plan, status: int) -> str:
     run_dir = Path(plan.run_dir)
     first, last = runs.first_metrics_row(run_dir), (runs.read_metrics_tail(run_dir, 1) or [None])[0]
     ckpt = newest_checkpoint(run_dir)
+    own = script_report.summary_lines(run_dir)  # a script='s own step and checkpoints, or "not tracked"
     lines = [f"{'finished' if status == 0 else f'exited with status {status}'}: {plan.name}",
              f"  run dir:      {run_dir}",
-             f"  checkpoint:   {ckpt or 'none yet'}",
-             f"  metrics:      {RunDir(run_dir).metrics_file}"]
+             *(own if own is not None else [f"  checkpoint:   {ckpt or 'none yet'}",
+                                            f"  metrics:      {RunDir(run_dir).metrics_file}"])]
     if first and last and "loss" in first and "loss" in last:  # a user's script may log no loss
         lines.append(f"  loss:         {first['loss']:.4f} (step {first['step']}) -> "
                      f"{last['loss']:.4f} (step {last['step']})")
+    lines += script_report.failure_lines(run_dir, status)  # the first failing rank: its exit code and exception
     lines.append(f"  logs:         {RunDir(run_dir).launcher_log}")
     return "\n".join(lines)
 

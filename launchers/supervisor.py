@@ -210,7 +210,14 @@ def exit_status(outcome: Outcome, job: JobConfig, run_dir: Path) -> int:
         return 0  # nodes stopped for good (exit 137) while the others finished do not fail the job
     if state == "failed":
         # the ranks decided it (a non-finite loss) and exited 0, their nodes NO_RESTART_RC: none restarts
-        return 1 if failure in (0, PREFLIGHT_FAILED) else failure
+        return documented(failure) or 1
     if state == "preempted":
         return STOPPED_FROM_OUTSIDE
-    return failure if outcome.codes else 1
+    return documented(failure) if outcome.codes else 1
+
+
+def documented(node_code: int) -> int:
+    """A node's exit code as the job's status: one the README lists (0, 1, 130, 143 pass), anything else is 1,
+    the job failed. A node's code is the agent's, a container's or a signal's: -15 would reach the shell as
+    241, 137 as a kill the user never sent, 2 as a refusal, 3 as a preflight that named a node."""
+    return node_code if node_code in (0, 1, INTERRUPTED, STOPPED_FROM_OUTSIDE) else 1

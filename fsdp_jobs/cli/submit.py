@@ -22,6 +22,7 @@ import yaml
 
 from fsdp_jobs.planning import backends, secret_env
 from fsdp_jobs.rundir import checkpoints, journal, runs
+from fsdp_jobs.rundir import script_progress
 from fsdp_jobs.rundir.layout import RunDir
 from fsdp_jobs.planning.errors import UserError
 
@@ -129,6 +130,13 @@ def announce(m: Member) -> None:
     """The line a single run prints once its run dir is written, before the backend takes over."""
     plan = m.plan
     verb = f"resuming from {plan.resume_from}" if plan.resume_from else "starting"
+    code = script_progress.user_code(m.job)
+    if code is not None:  # the script shards and checkpoints its own way: the built-in plan is not what runs
+        newest = None if plan.resume_from else script_progress.progress(Path(plan.run_dir), m.job).newest
+        found = f", its newest checkpoint {newest.path} ({newest.layout})" if newest else ""
+        print(f"fsdp-jobs: {verb} run {plan.name}: {code} on {plan.nodes} nodes x {plan.gpus_per_node} ranks, "
+              f"run dir {plan.run_dir}{found}", flush=True)
+        return
     mesh = " x ".join(f"{k} {v}" for k, v in plan.mesh.items())
     print(f"fsdp-jobs: {verb} run {plan.name}: {plan.nodes} nodes x {plan.gpus_per_node} ranks, "
           f"{plan.strategy} (mesh {mesh}), run dir {plan.run_dir}", flush=True)

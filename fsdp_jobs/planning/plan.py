@@ -350,7 +350,17 @@ def check_elastic_range(cfg: JobConfig) -> None:
 
 
 def generated_name(cfg: JobConfig) -> str:
-    return f"{cfg.model.name}-{cfg.fsdp.strategy}-{time.strftime('%Y%m%d-%H%M%S')}"
+    return f"{name_prefix(cfg)}-{time.strftime('%Y%m%d-%H%M%S')}"
+
+
+def name_prefix(cfg: JobConfig) -> str:
+    """What a run is named after: the built-in trainer's model and strategy, or a script= / module='s own name
+    (the script trains its own model its own way: `train` for train.py), in the characters a name allows."""
+    code = Path(str(cfg.script)).stem if cfg.get("script") else str(cfg.module).rsplit(".", 1)[-1] \
+        if cfg.get("module") else None
+    if code is None:
+        return f"{cfg.model.name}-{cfg.fsdp.strategy}"
+    return re.sub(r"[^A-Za-z0-9._+=,@-]", "-", code).lstrip(".+=,@-") or "script"
 
 
 def run_name(cfg: JobConfig, name: Optional[str] = None) -> str:

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any, Iterator, Mapping, Optional
 
 from fsdp_jobs.rundir import runs
-from fsdp_jobs.rundir.checkpoints import committed_checkpoints
+from fsdp_jobs.rundir.checkpoints import DCP_METADATA_FILE, committed_checkpoints
 from fsdp_jobs.rundir.layout import RunDir
 
 MAX_DEPTH = 4  # run dir / output dir / checkpoint_N / pytorch_model_fsdp_0 / .metadata: Accelerate's deepest
@@ -34,7 +34,6 @@ MAX_ENTRIES = 20_000
 HF_TRAINER, ACCELERATE, DCP, JOB_API = "HF Trainer", "Accelerate", "DCP", "fsdp_jobs.job"
 HF_STATE_FILE = "trainer_state.json"  # written last into an HF Trainer's checkpoint-N
 ACCELERATE_MARK = "random_states_0.pkl"  # written by every accelerator.save_state, after the model and optimizer
-DCP_MARK = ".metadata"  # written last by torch.distributed.checkpoint
 _HF_DIR = re.compile(r"checkpoint-(\d+)")
 _TRAILING_NUMBER = re.compile(r"(\d+)$")
 _OUTPUT_FLAG = re.compile(r"--?(output|project|checkpoints?|ckpt|save)[-_]?dir")
@@ -183,7 +182,7 @@ def _classify(root: Path, folder: Path, names: list[str]) -> Optional[Found]:
         return Found(folder, _global_step(folder / HF_STATE_FILE, int(m.group(1))), HF_TRAINER)
     if ACCELERATE_MARK in names:
         return Found(folder, _trailing_number(folder.name), ACCELERATE)
-    if DCP_MARK in names:
+    if DCP_METADATA_FILE in names:  # written last by torch.distributed.checkpoint
         # a model's and an optimizer's DCP folder side by side in step_N/: step_N is the checkpoint
         parent = folder.parent
         if parent != root and _trailing_number(folder.name) is None and _trailing_number(parent.name) is not None:

@@ -46,18 +46,30 @@ def main() -> None:
         record(run)(sys.argv[1:])
     except SystemExit as e:
         if e.code not in (None, 0):
+            # @record writes no error file for sys.exit(N): without one the job's failure line could only
+            # say "torchrun exited 1", never which rank exited with what
+            from torch.distributed.elastic.multiprocessing.errors import get_error_handler
+
+            get_error_handler().record_exception(e)
+            failed(e)
             raise
         finished()
-    except Exception as e:  # also into the failure records: a failure that repeats is not retried (fsdp_jobs/rundir/failures.py)
-        import os
-
-        from fsdp_jobs.rundir import failures
-        from fsdp_jobs.runtime.heartbeat import current_step
-
-        if os.environ.get("FSDP_JOBS_RUN_DIR"):
-            failures.record(Path(os.environ["FSDP_JOBS_RUN_DIR"]), e, current_step())
+    except Exception as e:
+        failed(e)
         raise
     finished()
+
+
+def failed(e: BaseException) -> None:
+    """Into the failure records: the job's failure line and `status` name the first failing rank's exit code
+    and exception, and a failure that repeats is not retried (fsdp_jobs/rundir/failures.py)."""
+    import os
+
+    from fsdp_jobs.rundir import failures
+    from fsdp_jobs.runtime.heartbeat import current_step
+
+    if os.environ.get("FSDP_JOBS_RUN_DIR"):
+        failures.record(Path(os.environ["FSDP_JOBS_RUN_DIR"]), e, current_step())
 
 
 def finished() -> None:

@@ -80,6 +80,15 @@ def root_cause(error_file: str) -> Optional[str]:
     return str(text).strip().splitlines()[-1][:300] if text else None
 
 
+def first_error(run_dir: Path, error_file: str, since: float, stopped_here: bool) -> Optional[str]:
+    """What the node's failure line names: the first failing rank of the job's last attempt, with its exit code
+    and exception (its failure record: `rank 1 exited 3: SystemExit: 3 (train.py:9)`), else torchrun's error
+    file; the wrapper's own reason where it stopped the agent (a repeat, hangs: its error file)."""
+    from fsdp_jobs.rundir import failures
+
+    return (None if stopped_here else failures.cause(run_dir, since)) or root_cause(error_file)
+
+
 def run(argv: list[str], environ: Optional[dict[str, str]] = None) -> int:
     """Run the torchrun agent with `argv` (its flags, then the ranks' entry) until it exits; its status."""
     started = time.time()  # goodput's queued time ends and start-up begins here (fsdp_jobs/cli/goodput.py)
@@ -118,8 +127,8 @@ def run(argv: list[str], environ: Optional[dict[str, str]] = None) -> int:
         if signal.getsignal(s) is not signal.SIG_IGN:
             signal.signal(s, forward)
     try:
-        rc = decided_status(supervise_agent(agent, Path(run_dir), node, beats, oom, began=started), Path(run_dir), node,
-                            engine_restarts=environ.get(ENGINE_RESTARTS_ENV) == "1",
+        ended = supervise_agent(agent, Path(run_dir), node, beats, oom, began=started)
+        rc = decided_status(ended, Path(run_dir), node, engine_restarts=environ.get(ENGINE_RESTARTS_ENV) == "1",
                             termination_log=environ.get(TERMINATION_LOG_ENV), began=started)
     finally:
         shutil.rmtree(beats, ignore_errors=True)  # node memory: nothing of the job may stay behind
@@ -127,7 +136,7 @@ def run(argv: list[str], environ: Optional[dict[str, str]] = None) -> int:
     if rc and stopped_on:  # a planned stop: one line, not a failure
         print(f"fsdp-jobs: {node}: stopped on {signal.Signals(stopped_on[0]).name}", flush=True)
     elif rc and rc != NO_RESTART_RC:
-        cause = root_cause(env["TORCHELASTIC_ERROR_FILE"])
+        cause = first_error(Path(run_dir), env["TORCHELASTIC_ERROR_FILE"], started, ended == STOPPED_BY_WRAPPER)
         oom.new_kills()
         memory = f"; out of memory: {oom.total()} OOM kills in {oom.where()}" if oom.total() else ""
         print(f"fsdp-jobs: {node}: torchrun exited {rc}" + (f"; first error: {cause}" if cause else "") + memory,

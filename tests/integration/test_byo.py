@@ -65,12 +65,16 @@ def test_plain_fsdp1_script_runs_unmodified_on_two_nodes_of_two(run_root):
     assert state(run_root / "fsdp1")["status"] == "completed"
 
 
-def test_a_failing_plain_script_fails(run_root, tmp_path):
+def test_a_failing_plain_script_fails_naming_the_ranks_exit_code_and_exception(run_root, tmp_path):
     bad = tmp_path / "bad.py"
     bad.write_text("import os\nraise SystemExit(3 if os.environ['RANK'] == '1' else 0)\n")
     r = cli(f"run_root={run_root}", "name=bad", f"script={bad}", "cluster.max_restarts=0")
-    assert r.returncode != 0
+    assert r.returncode == 1, r.stdout[-3000:]  # a documented status: the job failed (3 would say a preflight did)
     assert state(run_root / "bad")["status"] == "running"  # never taken for completed
+    said = "rank 1 exited 3: SystemExit: 3 (bad.py:2)"  # not only "torchrun exited 1"
+    assert f"torchrun exited 1; first error: {said}" in r.stdout and f"  failed:       {said}" in r.stdout, r.stdout[-3000:]
+    status = json.loads(cli("status", "bad", "--run-root", str(run_root)).stdout)
+    assert status["state"] == "FAILED" and status["failure"] == said and f"first failure: {said}" in status["detail"]
 
 
 @pytest.fixture(scope="module")
