@@ -8,7 +8,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Optional, TYPE_CHECKING
 
-from fsdp_jobs.rundir.checkpoints import newest_checkpoint, none_usable, set_aside_checkpoints
+from fsdp_jobs.rundir import runs
+from fsdp_jobs.rundir.checkpoints import is_committed, newest_checkpoint, none_usable, set_aside_checkpoints
 from fsdp_jobs.planning.errors import UserError
 from fsdp_jobs.planning.inputs import check_inputs
 from fsdp_jobs.planning.plan import ExistingRun, Plan, make_plan
@@ -25,8 +26,6 @@ def check_same_model(run_dir: Path, model: Any) -> None:
     """Resuming loads the run's checkpoints: refuse a model they cannot hold, before anything runs."""
     import yaml
 
-    from fsdp_jobs.rundir import runs
-
     try:
         saved = (runs.load_job(run_dir) or {}).get("model", {})
     except (OSError, yaml.YAMLError):
@@ -37,6 +36,29 @@ def check_same_model(run_dir: Path, model: Any) -> None:
                             f"run {run_dir.name} has checkpoints of a model with model.{key}={saved[key]!r}; "
                             f"keep model.{key}={saved[key]!r} to resume it, or start anew: another name=, or "
                             "checkpoint.resume=false (its checkpoints are then moved aside, not deleted)")
+
+
+def check_progress_kept(cfg: JobConfig, run_dir: Path, run_name: str) -> None:
+    """A run that recorded training but has no checkpoint left (checkpoints/ removed, or never saved) would
+    start again from step 0 and append a second curve to its records: refuse, saying how to go on."""
+    if cfg.script or cfg.module:  # a user's script keeps its checkpoints where it likes (not necessarily here)
+        return
+    trained = runs.trained_to(run_dir)
+    # a sweep skips a member that completed (cli/sweep.py _existing); a lock held: the run is running now,
+    # which the launch refuses in its own words
+    if trained is None or runs.RunLock(run_dir).held() or (cfg.sweep and runs.completed_at(run_dir, cfg.train.steps)):
+        return
+    rd = RunDir(run_dir)
+    earlier = [p.name for p in sorted(run_dir.glob(rd.checkpoints_before_dir("*").name))
+               if p.is_dir() and any(map(is_committed, p.iterdir()))]
+    back = f" (this run's earlier ones: rename {earlier[-1]} back to {rd.checkpoints_dir.name})" if earlier else ""
+    weights = "; model.pretrained=DIR loads other weights on a fresh start" if cfg.model.name == "hf" else ""
+    raise UserError("checkpoint.resume", True,
+                    f"run {run_name} trained to step {trained[0]} ({trained[1].name}) but no checkpoint is left in "
+                    f"{rd.checkpoints_dir}, so it would start again from step 0 into the same records; start over "
+                    "with checkpoint.resume=false (its records of that training are first renamed NAME-before-<time>, "
+                    f"never deleted), or resume from elsewhere: put a committed step-N/ in {rd.checkpoints_dir}"
+                    f"{back}{weights}")
 
 
 def read_existing_run(cfg: JobConfig, run_name: str) -> ExistingRun:
@@ -55,6 +77,11 @@ def read_existing_run(cfg: JobConfig, run_name: str) -> ExistingRun:
     aside = set_aside_checkpoints(run_dir)
     if resume is None and aside and cfg.checkpoint.resume:  # the ranks would stop on them (NoUsableCheckpoint)
         raise UserError("checkpoint.resume", True, f"run {run_name} has {none_usable(aside)}")
+    if resume is None and cfg.checkpoint.resume:
+        check_progress_kept(cfg, run_dir, run_name)
+    elif not cfg.checkpoint.resume and runs.trained_to(run_dir):
+        notes.append(f"checkpoint.resume=false: run {run_name}'s records of its earlier training are moved aside "
+                     f"too ({RunDir.before(RunDir(run_dir).metrics_file, '<time>').name}, ...): the new curve is its own")
     return ExistingRun(run_dir=str(run_dir), resume_from=str(resume) if resume else None, notes=notes)
 
 

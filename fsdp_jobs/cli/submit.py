@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional, TYPE_CHECKING
@@ -117,13 +118,19 @@ def render_dry_run(plan: Plan, launch_text: str) -> str:
 
 def start_over(m: Member) -> None:
     """checkpoint.resume=false on a run with checkpoints: they are moved aside (under the run's lock, before
-    anything is written), so the new attempt neither loads nor prunes them, and nothing is deleted."""
+    anything is written), so the new attempt neither loads nor prunes them, and nothing is deleted; so are
+    the records of its earlier progress (metrics, goodput timeline, W&B run, state), so the new curve is its own."""
     if m.cfg is None or m.cfg.checkpoint.resume:
         return
-    moved = checkpoints.move_all_aside(Path(m.plan.run_dir))
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    moved = checkpoints.move_all_aside(Path(m.plan.run_dir), stamp)
     if moved is not None:
         print(f"fsdp-jobs: {m.plan.name}: checkpoint.resume=false: its earlier checkpoints moved to {moved}",
               flush=True)
+    records = runs.move_progress_aside(Path(m.plan.run_dir), stamp)
+    if records:
+        print(f"fsdp-jobs: {m.plan.name}: checkpoint.resume=false: its earlier records moved to "
+              f"{', '.join(p.name for p in records)}", flush=True)
 
 
 def announce(m: Member) -> None:

@@ -142,9 +142,9 @@ def _existing(member: Member) -> str:
     run_dir = Path(member.plan.run_dir)
     if not RunDir(run_dir).job_file.is_file():
         return ""
-    state = runs.read_state(run_dir)
-    if state.status == "completed" and (state.step or 0) >= member.cfg.train.steps:
-        return f"completed at step {state.step}"
+    step = runs.completed_at(run_dir, member.cfg.train.steps)
+    if step is not None:
+        return f"completed at step {step}"
     run = Run.load(run_dir)
     if run.launch.get("backend"):
         status = launcher.get(str(run.launch["backend"])).describe(run)

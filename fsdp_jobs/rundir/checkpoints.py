@@ -100,14 +100,14 @@ def set_aside_checkpoints(run_dir: Path) -> list[Path]:
     return sorted(root.glob(f"step-*{UNUSABLE_SUFFIX}")) if root.is_dir() else []
 
 
-def move_all_aside(run_dir: Path) -> Optional[Path]:
+def move_all_aside(run_dir: Path, stamp: str) -> Optional[Path]:
     """checkpoint.resume=false on a run that has checkpoints: the whole checkpoints folder is renamed out of
     the way (a new attempt must neither load nor prune them; a user who wants them back renames it back).
     None when there was nothing to move."""
     root = root_of(run_dir)
     if not root.is_dir() or not any(root.iterdir()):
         return None
-    dest = RunDir(run_dir).checkpoints_before_dir(time.strftime("%Y%m%d-%H%M%S"))
+    dest = RunDir(run_dir).checkpoints_before_dir(stamp)
     if dest.exists():
         dest = dest.with_name(f"{dest.name}-{os.getpid()}")
     os.rename(root, dest)

@@ -190,6 +190,17 @@ class RunDir:
         here (never deleted; rundir/checkpoints.py move_all_aside)."""
         return self.root / f"{self.checkpoints_dir.name}-before-{stamp}"
 
+    @property
+    def progress_files(self) -> tuple[Path, ...]:
+        """The records of how far the run trained (its curve: metrics, the goodput timeline, its one W&B run; the
+        state record): a start over sets them aside with its checkpoints, so the new attempt's never mix in."""
+        return (self.metrics_file, self.goodput_file, self.wandb_id_file, self.wandb_ledger_file, self.state_file)
+
+    @staticmethod
+    def before(path: Path, stamp: str) -> Path:
+        """Where a start over sets a progress record aside, beside checkpoints_before_dir(stamp): NAME-before-STAMP.EXT."""
+        return path.with_name(f"{path.stem}-before-{stamp}{path.suffix}")
+
     # -------------------------------------------------------------- trackers (rank 0)
     @property
     def tensorboard_dir(self) -> Path:

@@ -222,6 +222,12 @@ def read_state(run_dir: Path) -> StateRecord:
     return read_state_record(run_dir) or no_state()
 
 
+def completed_at(run_dir: Path, steps: int) -> Optional[int]:
+    """The step the run completed at when it completed `steps` or more (nothing left to train), else None."""
+    state = read_state(run_dir)
+    return state.step if state.status == "completed" and (state.step or 0) >= steps else None
+
+
 def read_outcome(run_dir: Path, since: Optional[float]) -> StateRecord:
     """The state record if it was written at or after `since` (when the launch or attempt being judged
     began), else the empty one: a record an earlier launch left (completed, at an older step) is never
@@ -445,6 +451,36 @@ def _rows_until(f: IO[bytes], after: float, until: Optional[float]) -> list[dict
         if t > after and (until is None or t < until):
             out.append(record)  # type: ignore[arg-type]
     return out
+
+
+def trained_to(run_dir: Path) -> Optional[tuple[int, Path]]:
+    """(the furthest step the run recorded, the record that says so): the newest metrics row, the state
+    record's step, the goodput timeline's newest step window. None when none records a step past 0. Each
+    read from its end only as far as its newest row: the cost does not grow with the run."""
+    rd = RunDir(run_dir)
+    row = next(metrics_newest_first(run_dir), None)
+    window = next(newest_first(rd.goodput_file, lambda d: d.get("event") == "steps"), None)
+    found = [(row.get("step") if row else None, rd.metrics_file), (read_state(run_dir).step, rd.state_file),
+             (window.get("last") if window else None, rd.goodput_file)]
+    steps = [(step, path) for step, path in found if isinstance(step, int) and not isinstance(step, bool) and step > 0]
+    return max(steps, key=lambda s: s[0]) if steps else None
+
+
+def move_progress_aside(run_dir: Path, stamp: str) -> list[Path]:
+    """A start over (checkpoint.resume=false): each record of the earlier progress (RunDir.progress_files)
+    renamed to RunDir.before(path, stamp), never deleted, so the new attempt's rows start records of their
+    own. The paths moved to."""
+    moved = []
+    for path in RunDir(run_dir).progress_files:
+        dest = RunDir.before(path, stamp)
+        if dest.exists():  # a start over in the same second: never renamed onto an earlier one
+            dest = RunDir.before(path, f"{stamp}-{os.getpid()}")
+        try:
+            os.rename(path, dest)
+        except FileNotFoundError:
+            continue
+        moved.append(dest)
+    return moved
 
 
 def first_metrics_row(run_dir: Path) -> Optional[dict[str, Any]]:
