@@ -1,0 +1,77 @@
+"""`torchx run -s local_cwd fsdp_jobs.job ...`: TorchX's own CLI runs the job as a TorchX user would, 2 nodes
+x 1 rank on this machine, and gets the node wrapper's behaviour with it: a rank killed mid-run is restarted
+from the newest checkpoint, a second submission of the same name resumes the run, and `fsdp-jobs status` and
+`list` read a run that TorchX started (launchers/torchx/)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import SHORT, cli, listed_row, metrics
+
+pytestmark = pytest.mark.integration
+
+TORCHX = str(Path(sys.executable).parent / "torchx")  # the CLI that `pip install torchx` puts beside python
+ARGS = ("name=tx", "nodes=2", "gpus_per_node=1", "cluster.device=cpu", "checkpoint.interval=10",
+        "checkpoint.keep_last=5", "train.log_interval=1", *SHORT)
+
+
+def torchx_run(run_root: Path, *overrides: str) -> subprocess.Popen[str]:
+    return subprocess.Popen([TORCHX, "run", "-s", "local_cwd", "fsdp_jobs.job", f"run_root={run_root}", *ARGS, *overrides],
+                            cwd=run_root.parent, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            stdin=subprocess.DEVNULL)
+
+
+def finished(proc: subprocess.Popen[str]) -> str:
+    out, _ = proc.communicate(timeout=600)
+    assert proc.returncode == 0, out[-4000:]
+    return out
+
+
+def kill_a_rank_after(run_dir: Path, step: int, proc: subprocess.Popen[str]) -> None:
+    """SIGKILL the rank of the node that does not hold rank 0 (by its pid in ranks/rank-R.json) once checkpoint
+    `step` is committed: its agent restarts the ranks, which resume from that checkpoint."""
+    done = run_dir / "checkpoints" / f"step-{step:06d}" / "manifest.json"
+    deadline = time.monotonic() + 300
+    while not done.exists():
+        assert proc.poll() is None, f"torchx run ended early ({proc.returncode}):\n{proc.stdout.read()[-4000:]}"
+        assert time.monotonic() < deadline, "no checkpoint in 300 s"
+        time.sleep(0.05)
+    ranks = [json.loads(p.read_text()) for p in (run_dir / "ranks").glob("rank-*.json")]
+    node_of_0 = next(r["node"] for r in ranks if r["rank"] == 0)
+    os.kill(next(r["pid"] for r in ranks if r["node"] != node_of_0), signal.SIGKILL)
+
+
+def status(run_root: Path) -> dict:
+    r = cli("status", "tx", "--run-root", str(run_root))
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)
+
+
+def test_torchx_runs_the_job_which_restarts_a_killed_rank_resumes_by_name_and_status_reads_it(run_root):
+    run_dir = run_root / "tx"
+    proc = torchx_run(run_root, "train.steps=30")
+    kill_a_rank_after(run_dir, 10, proc)
+    out = finished(proc)
+    handle = next(line for line in out.splitlines() if line.startswith("local_cwd://"))
+    assert "resumed from step-000010" in out
+    m = metrics(run_dir)
+    assert max(x["restart"] for x in m) >= 1 and {x["step"] for x in m} == set(range(1, 31))
+    assert {json.loads(p.read_text())["node"] for p in (run_dir / "ranks").iterdir()} == {"node0", "node1"}
+    info = status(run_root)
+    assert info["backend"] == "torchx" and info["app_handle"] == handle and info["job_id"] == handle.rsplit("/", 1)[1]
+    assert info["state"] == "SUCCEEDED" and info["last_step"]["step"] == 30, info
+
+    out = finished(torchx_run(run_root, "train.steps=40"))  # the same name again: it resumes
+    assert "resuming from" in out and "resumed from step-000030" in out
+    assert [x["step"] for x in metrics(run_dir)][-10:] == list(range(31, 41))
+    row = listed_row(cli("list", "--run-root", str(run_root)).stdout, "tx")
+    assert row[1] == "torchx" and row[3:5] == ["SUCCEEDED", "40"] and row[2] not in ("-", info["job_id"]), row
