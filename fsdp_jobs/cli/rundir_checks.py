@@ -8,12 +8,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Optional, TYPE_CHECKING
 
-from fsdp_jobs.rundir import runs
+from fsdp_jobs.rundir import data_identity, runs
 from fsdp_jobs.rundir.checkpoints import is_committed, newest_checkpoint, none_usable, set_aside_checkpoints
 from fsdp_jobs.planning.errors import UserError
-from fsdp_jobs.planning.inputs import check_inputs
+from fsdp_jobs.planning.inputs import check_inputs, host_token_file
 from fsdp_jobs.planning.plan import ExistingRun, Plan, make_plan
 from fsdp_jobs.rundir.layout import RunDir
+from fsdp_jobs.rundir.records import DataIdentity
 
 if TYPE_CHECKING:  # types only, never imported at run time: no hydra on the node side, no import cycle
     from fsdp_jobs.planning.config import JobConfig
@@ -36,6 +37,33 @@ def check_same_model(run_dir: Path, model: Any) -> None:
                             f"run {run_dir.name} has checkpoints of a model with model.{key}={saved[key]!r}; "
                             f"keep model.{key}={saved[key]!r} to resume it, or start anew: another name=, or "
                             "checkpoint.resume=false (its checkpoints are then moved aside, not deleted)")
+
+
+def data_now(cfg: JobConfig) -> Optional[DataIdentity]:
+    """The identity of the token file the job will read (data_identity.take), where this machine sees it."""
+    path = host_token_file(cfg)
+    if path is None:
+        return None
+    try:
+        return data_identity.take(path)
+    except OSError as e:
+        raise UserError("data.path", cfg.data.path, f"cannot be read: {e.strerror or e}") from None
+
+
+def check_same_data(cfg: JobConfig, run_dir: Path, run_name: str, resume: Path) -> list[str]:
+    """A resume continues at its checkpoint's data position: refuse one whose token file changed since the run
+    was submitted (path, size, sampled content, mtime), unless data.allow_changed=true (then a note)."""
+    before = data_identity.read(run_dir)
+    now = data_now(cfg) if before is not None else None
+    changed = "; ".join(data_identity.changes(before, now)) if before is not None and now is not None else ""
+    if not changed:
+        return []
+    where = f"run {run_name} resumes from {resume.name} at its data position, but its data changed since it was submitted"
+    if not cfg.data.allow_changed:
+        raise UserError("data.path", cfg.data.path, f"{where} ({changed}); data.allow_changed=true goes on in the "
+                        "new data from that position, checkpoint.resume=false starts over, or another name= starts "
+                        "another run")
+    return [f"data.allow_changed=true: {where} ({changed}); the new data's identity is recorded at submission"]
 
 
 def check_progress_kept(cfg: JobConfig, run_dir: Path, run_name: str) -> None:
@@ -74,6 +102,7 @@ def read_existing_run(cfg: JobConfig, run_name: str) -> ExistingRun:
         resume = None
     elif resume is not None:
         check_same_model(run_dir, cfg.model)
+        notes += check_same_data(cfg, run_dir, run_name, resume)
     aside = set_aside_checkpoints(run_dir)
     if resume is None and aside and cfg.checkpoint.resume:  # the ranks would stop on them (NoUsableCheckpoint)
         raise UserError("checkpoint.resume", True, f"run {run_name} has {none_usable(aside)}")

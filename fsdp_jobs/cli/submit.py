@@ -22,7 +22,7 @@ from typing import Any, Optional, TYPE_CHECKING
 import yaml
 
 from fsdp_jobs.planning import backends, secret_env
-from fsdp_jobs.rundir import checkpoints, journal, runs
+from fsdp_jobs.rundir import checkpoints, data_identity, journal, runs
 from fsdp_jobs.rundir import script_progress
 from fsdp_jobs.rundir.layout import RunDir
 from fsdp_jobs.planning.errors import UserError
@@ -133,6 +133,19 @@ def start_over(m: Member) -> None:
               f"{', '.join(p.name for p in records)}", flush=True)
 
 
+def record_data(m: Member) -> None:
+    """The token file's identity, which the run's next resume compares (fsdp_jobs/cli/rundir_checks.py
+    check_same_data). A file gone since planning is left to the job to report."""
+    from fsdp_jobs.cli.rundir_checks import data_now
+
+    try:
+        now = data_now(m.cfg)
+    except UserError:
+        return
+    if now is not None:
+        data_identity.record(Path(m.plan.run_dir), now)
+
+
 def announce(m: Member) -> None:
     """The line a single run prints once its run dir is written, before the backend takes over."""
     plan = m.plan
@@ -194,6 +207,7 @@ def write_run_dirs(sweep: Optional[str], group: list[Member], locks: list[runs.R
                 raise _busy(sweep, m, lock.holder())
             start_over(m)
             runs.prepare(Path(m.plan.run_dir), m.job, m.plan.to_dict())
+            record_data(m)
     except OSError as e:  # an unwritable run_root
         raise _unwritable(sweep, group, e) from None
 

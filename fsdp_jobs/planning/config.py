@@ -227,6 +227,9 @@ class DataConfig(Keys):
     path: Optional[str] = None  # token file for fsdp_jobs.runtime.data.TokenFile
     token_dtype: str = "uint16"  # element type of the token file
     kwargs: Dict[str, Any] = field(default_factory=dict)
+    # a resume continues at its checkpoint's data position: true lets it go on in a data.path that changed
+    # since the run was submitted (another file, or the same one rewritten), which is refused otherwise
+    allow_changed: bool = False
 
 
 @dataclass

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Optional, TYPE_CHECKING
 
 from fsdp_jobs.planning import backends, faults
 from fsdp_jobs.planning.byo import travel_note
@@ -17,14 +17,21 @@ if TYPE_CHECKING:  # types only, never imported at run time: no hydra on the nod
 DTYPE_SIZES = {"uint8": 1, "uint16": 2, "int16": 2, "uint32": 4, "int32": 4, "int64": 8}
 
 
-def check_token_file(cfg: JobConfig) -> None:
-    """data.path must be a readable file holding at least one window. Only backends whose processes see
-    this machine's files check it here (HOST_FILES in launchers/<name>/config.py); the others read it
-    where the job runs (a pod reads a path on its volume)."""
+def host_token_file(cfg: JobConfig) -> Optional[Path]:
+    """data.path where the job reads this machine's file; None without one, or where the job's processes see
+    other files (HOST_FILES in launchers/<name>/config.py: a pod reads a path on its volume)."""
     path = cfg.data.path
     if not path or not backends.config_module(cfg.cluster.backend).HOST_FILES:
+        return None
+    return Path(path).expanduser()
+
+
+def check_token_file(cfg: JobConfig) -> None:
+    """data.path must be a readable file holding at least one window. Only backends whose processes see
+    this machine's files check it here; the others read it where the job runs."""
+    path, p = cfg.data.path, host_token_file(cfg)
+    if p is None:
         return
-    p = Path(path).expanduser()
     if not p.is_file():
         raise UserError("data.path", path, "no such file" + ("" if p.parent.is_dir() else f" (no directory {p.parent})"))
     size = DTYPE_SIZES.get(str(cfg.data.token_dtype))

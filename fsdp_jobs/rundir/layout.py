@@ -60,6 +60,12 @@ class RunDir:
         """script/NNN/: the copy of a script=/module= the ranks run."""
         return self.root / "script"
 
+    @property
+    def data_identity_file(self) -> Path:
+        """data-identity.json: the token file the run was submitted with (DataIdentity, records.py), which a
+        resume at a checkpoint's data position must still read (fsdp_jobs/rundir/data_identity.py)."""
+        return self.root / "data-identity.json"
+
     def backend_dir(self, backend: str) -> Path:
         """A backend's own folder (its scheduler's files, its private records)."""
         return self.root / backend

@@ -285,6 +285,19 @@ class FailureRecord(Record):
 
 
 @dataclass
+class DataIdentity(Record):
+    """RunDir.data_identity_file: the token file a run was last submitted with (the CLI), which a resume at a
+    checkpoint's data position compares with the file it would now read (fsdp_jobs/rundir/data_identity.py)."""
+
+    path: str
+    size: int
+    mtime_ns: int
+    blocks_sha256: str  # SHA-256 of its first, middle and last MiB (data_identity.py take: why these)
+    time: float = field(default_factory=time.time)
+    v: int = SCHEMA
+
+
+@dataclass
 class ScaleRequest(Record):
     """RunDir.scale_request_file: `fsdp-jobs scale RUN nodes=N` for a launcher that starts nodes itself."""
 

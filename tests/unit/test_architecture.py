@@ -206,7 +206,7 @@ RUN_DIR_NAMES = ("state.json", "job.yaml", "plan.json", "launches.jsonl", "metri
                  "hangs.jsonl", "failures.jsonl", "preflight.json", "stop-request", "scale-request",
                  "cancel-requested", "wandb-id", "wandb-ledger.json", "launcher.log", "supervisor.log",
                  "torchrun-error", "probe.pt", "preflight-rank", "job.json", "chaos-throttle", "chaos-link",
-                 "chaos-cut", "world.json", "replaced-nodes")
+                 "chaos-cut", "world.json", "replaced-nodes", "data-identity.json")
 RETIRED_NAMES = ("heartbeats/", "RUN_DIR/heartbeats")  # every rank's file in the shared run dir: gone for good
 
 

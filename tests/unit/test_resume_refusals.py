@@ -9,13 +9,16 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from fsdp_jobs.cli.rundir_checks import plan_run
 from fsdp_jobs.planning.compose import compose
 from fsdp_jobs.planning.errors import UserError
+from fsdp_jobs.rundir import data_identity
 from fsdp_jobs.rundir.layout import RunDir
 from fsdp_jobs.rundir.records import GoodputEvent, LaunchRecord, MetricsRow, StateRecord
 
@@ -156,3 +159,102 @@ def test_starting_over_sets_the_earlier_records_aside_so_the_new_curve_is_its_ow
     assert "records of its earlier training are moved aside" in err and "earlier records moved to" in out
     cfg, _ = compose([f"run_root={tmp_path}", "name=r", *SMALL, "train.steps=6"])
     assert plan_run(cfg).resume_from is None  # nothing of the earlier training counts any more
+
+
+# ------------------------------------------------------------------ the token file changed
+def token_file(path: Path, size_mib: float = 4, seed: int = 0) -> Path:
+    np.random.default_rng(seed).integers(0, 512, int(size_mib * (1 << 19)), dtype=np.uint16).tofile(path)
+    return path
+
+
+@pytest.fixture
+def resumable(tmp_path: Path) -> tuple[Path, Path, list[str]]:
+    """A run with a checkpoint, submitted with a 4 MiB token file whose identity it recorded; its overrides."""
+    data = token_file(tmp_path / "tokens.bin")
+    run_dir = trained(tmp_path / "runs" / "r")
+    commit(run_dir / "checkpoints" / "step-000003")
+    data_identity.record(run_dir, data_identity.take(data))
+    return run_dir, data, [f"run_root={tmp_path / 'runs'}", "name=r", *SMALL, "train.steps=6", "data=token_file",
+                           f"data.path={data}", "model.vocab_size=512"]
+
+
+def rewrite_same_size(data: Path) -> None:
+    token_file(data, seed=1)
+
+
+def rewrite_other_size(data: Path) -> None:
+    token_file(data, size_mib=5)
+
+
+def another_file(data: Path) -> None:
+    shutil.copy(data, data.with_name("other.bin"))
+
+
+def rewrite_the_last_mib_keeping_the_mtime(data: Path) -> None:
+    """Only the sampled blocks can tell (the mtime put back as it was)."""
+    st = data.stat()
+    with open(data, "r+b") as f:
+        f.seek(st.st_size - 10)
+        f.write(b"\xff")
+    os.utime(data, ns=(st.st_atime_ns, st.st_mtime_ns))
+
+
+def rewrite_between_the_sampled_blocks(data: Path) -> None:
+    """A byte past the first MiB and before the middle one: only the mtime can tell."""
+    st = data.stat()
+    with open(data, "r+b") as f:
+        f.seek(1200 * 1024)
+        f.write(b"\xff")
+    os.utime(data, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
+
+
+@pytest.mark.parametrize("change, named", [
+    (another_file, "path "),
+    (rewrite_same_size, "content: its first, middle or last MiB differs"),
+    (rewrite_the_last_mib_keeping_the_mtime, "content: its first, middle or last MiB differs"),
+    (rewrite_other_size, "size 4,194,304 -> 5,242,880 bytes"),
+    (rewrite_between_the_sampled_blocks, "modified at "),
+])
+def test_a_resume_whose_data_changed_is_refused_in_one_line_nothing_changed(resumable, cli, change, named):
+    run_dir, data, args = resumable
+    change(data)
+    if change is another_file:
+        args = [*args, f"data.path={data.with_name('other.bin')}"]
+    before = tree(run_dir)
+    line = one_line_refusal(*cli(*args))
+    assert "run r resumes from step-000003 at its data position, but its data changed since it was submitted" in line
+    assert named in line and "data.allow_changed=true" in line, line
+    assert tree(run_dir) == before and not cli.launched, "a refusal wrote or changed something"
+
+
+def test_changed_data_goes_on_with_the_confirm_key_and_its_new_identity_is_recorded(resumable, cli):
+    run_dir, data, args = resumable
+    rewrite_same_size(data)
+    code, out, err = cli(*args, "data.allow_changed=true")
+    assert code == 0 and cli.launched == ["r"], err
+    assert "note: data.allow_changed=true: run r resumes from step-000003" in err and "is recorded" in err
+    assert not data_identity.changes(data_identity.read(run_dir), data_identity.take(data))
+    code, out, err = cli(*args)  # the new data is now the run's: the next resume goes on without the key
+    assert code == 0 and cli.launched == ["r", "r"] and "data.allow_changed" not in err, err
+
+
+def test_unchanged_data_resumes_without_a_word(resumable, cli):
+    run_dir, data, args = resumable
+    recorded = RunDir(run_dir).data_identity_file.read_bytes()
+    code, out, err = cli(*args)
+    assert code == 0 and cli.launched == ["r"] and "data" not in err, err
+    assert RunDir(run_dir).data_identity_file.read_bytes() == recorded
+
+
+def test_the_first_submission_records_the_data_and_a_damaged_record_refuses_nothing(tmp_path, cli):
+    data = token_file(tmp_path / "tokens.bin", size_mib=0.5)
+    args = [f"run_root={tmp_path / 'runs'}", "name=n", *SMALL, "data=token_file", f"data.path={data}",
+            "model.vocab_size=512"]
+    assert cli(*args)[0] == 0
+    rd = RunDir(tmp_path / "runs" / "n")
+    assert not data_identity.changes(data_identity.read(rd.root), data_identity.take(data))
+    commit(rd.checkpoints_dir / "step-000001")
+    rd.data_identity_file.write_text('{"path": "/x", "size": "not a number"')
+    rewrite_same_size(data)
+    cfg, _ = compose(args)
+    assert plan_run(cfg).resume_from is not None  # unknown before: nothing to compare, nothing refused
