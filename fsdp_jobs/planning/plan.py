@@ -350,7 +350,7 @@ def check_elastic_range(cfg: JobConfig) -> None:
 
 
 def generated_name(cfg: JobConfig) -> str:
-    return f"{name_prefix(cfg)}-{time.strftime('%Y%m%d-%H%M%S')}"
+    return f"{name_prefix(cfg)}-{time.strftime('%Y%m%d-%H%M%S')}-{unique_tag()}"
 
 
 def name_prefix(cfg: JobConfig) -> str:
@@ -361,6 +361,22 @@ def name_prefix(cfg: JobConfig) -> str:
     if code is None:
         return f"{cfg.model.name}-{cfg.fsdp.strategy}"
     return re.sub(r"[^A-Za-z0-9._+=,@-]", "-", code).lstrip(".+=,@-") or "script"
+
+
+BASE36 = "0123456789abcdefghijklmnopqrstuvwxyz"
+
+
+def unique_tag() -> str:
+    """What keeps apart two runs named in the same second (without it the second finds the first's run dir, busy
+    or done, under a name its user never gave): this process's pid in base 36, which no other launcher alive on
+    this machine has, then two random characters for other machines and containers (whose pids repeat) sharing
+    the run root; pid 12345 gives 9ix and two more."""
+    pid, tag = os.getpid(), ""
+    while pid:
+        pid, digit = divmod(pid, 36)
+        tag = BASE36[digit] + tag
+    drawn = int.from_bytes(os.urandom(2), "big") % 36 ** 2
+    return tag + BASE36[drawn // 36] + BASE36[drawn % 36]
 
 
 def run_name(cfg: JobConfig, name: Optional[str] = None) -> str:

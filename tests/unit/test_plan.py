@@ -253,3 +253,28 @@ def test_a_job_that_may_grow_waits_2s_not_30s_for_more_nodes(extra, short_last_c
 def test_every_world_a_job_may_grow_to_is_checked_at_plan_time():
     with pytest.raises(UserError, match=r"at 3 nodes \(world 3\), which cluster.max_nodes=3 allows"):
         make_plan(compose(["nodes=2", "gpus_per_node=1", "cluster.max_nodes=3", "train.global_batch_size=4"])[0])
+
+
+def test_generated_names_differ_within_a_second_and_stay_names(monkeypatch):
+    """Two unnamed runs started in the same second got the same generated name, and the second found the first's
+    run dir (busy: refused, for a name its user never gave). Apart by construction now: by the pid, which no
+    other launcher alive on the machine has, and two random characters for machines and containers whose pids
+    repeat; still readable, and a name as input_rules allows one."""
+    import os
+    import time
+
+    from fsdp_jobs.planning import input_rules, plan
+
+    cfg, _ = compose([])
+    monkeypatch.setattr(time, "strftime", lambda fmt: "20261125-054153")  # every name below in the same second
+
+    def name(pid: int, draw: bytes) -> str:
+        monkeypatch.setattr(plan.os, "getpid", lambda: pid)
+        monkeypatch.setattr(plan.os, "urandom", lambda n: draw)
+        return plan.generated_name(cfg)
+
+    assert name(12345, b"\0\0") == "tiny-hybrid_shard-20261125-054153-9ix00"
+    names = [name(pid, draw) for pid in (12345, 12346, 1, 4194304) for draw in (b"\0\0", b"\0\1")]
+    assert len(set(names)) == len(names), names
+    for n in names:
+        input_rules.check_name("name", n)
