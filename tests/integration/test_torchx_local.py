@@ -1,7 +1,7 @@
 """`torchx run -s local_cwd fsdp_jobs.job ...`: TorchX's own CLI runs the job as a TorchX user would, 2 nodes
 x 1 rank on this machine, and gets the node wrapper's behaviour with it: a rank killed mid-run is restarted
 from the newest checkpoint, a second submission of the same name resumes the run, and `fsdp-jobs status` and
-`list` read a run that TorchX started (launchers/torchx/)."""
+`list` read a run that TorchX started, and `fsdp-jobs cancel` stops it with a checkpoint (launchers/torchx/)."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Iterator
 
 import pytest
 
@@ -24,10 +25,22 @@ ARGS = ("name=tx", "nodes=2", "gpus_per_node=1", "cluster.device=cpu", "checkpoi
         "checkpoint.keep_last=5", "train.log_interval=1", *SHORT)
 
 
-def torchx_run(run_root: Path, *overrides: str) -> subprocess.Popen[str]:
-    return subprocess.Popen([TORCHX, "run", "-s", "local_cwd", "fsdp_jobs.job", f"run_root={run_root}", *ARGS, *overrides],
-                            cwd=run_root.parent, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            stdin=subprocess.DEVNULL)
+@pytest.fixture
+def started() -> Iterator[list[subprocess.Popen[str]]]:
+    """Every `torchx run` a test starts; one still running at the end (a failed test) is stopped, with its nodes."""
+    procs: list[subprocess.Popen[str]] = []
+    yield procs
+    for p in procs:
+        if p.poll() is None:
+            p.terminate()  # TorchX's local scheduler stops the replicas it started
+            p.wait(60)
+
+
+def torchx_run(run_root: Path, started: list[subprocess.Popen[str]], *overrides: str) -> subprocess.Popen[str]:
+    started.append(subprocess.Popen(
+        [TORCHX, "run", "-s", "local_cwd", "fsdp_jobs.job", f"run_root={run_root}", *ARGS, *overrides],
+        cwd=run_root.parent, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL))
+    return started[-1]
 
 
 def finished(proc: subprocess.Popen[str]) -> str:
@@ -56,9 +69,9 @@ def status(run_root: Path) -> dict:
     return json.loads(r.stdout)
 
 
-def test_torchx_runs_the_job_which_restarts_a_killed_rank_resumes_by_name_and_status_reads_it(run_root):
+def test_torchx_runs_the_job_which_restarts_a_killed_rank_resumes_by_name_is_cancelled_and_status_reads_it(run_root, started):
     run_dir = run_root / "tx"
-    proc = torchx_run(run_root, "train.steps=30")
+    proc = torchx_run(run_root, started, "train.steps=30")
     kill_a_rank_after(run_dir, 10, proc)
     out = finished(proc)
     handle = next(line for line in out.splitlines() if line.startswith("local_cwd://"))
@@ -70,8 +83,15 @@ def test_torchx_runs_the_job_which_restarts_a_killed_rank_resumes_by_name_and_st
     assert info["backend"] == "torchx" and info["app_handle"] == handle and info["job_id"] == handle.rsplit("/", 1)[1]
     assert info["state"] == "SUCCEEDED" and info["last_step"]["step"] == 30, info
 
-    out = finished(torchx_run(run_root, "train.steps=40"))  # the same name again: it resumes
+    proc = torchx_run(run_root, started, "train.steps=400")  # the same name again resumes; then cancelled mid-run
+    while not (m := metrics(run_dir)) or m[-1]["step"] < 35:
+        assert proc.poll() is None, proc.stdout.read()[-4000:]
+        time.sleep(0.1)
+    r = cli("cancel", "tx", "--run-root", str(run_root))
+    assert r.returncode == 0 and "asked `torchx run` pid" in r.stdout, r.stderr
+    out, _ = proc.communicate(timeout=120)
     assert "resuming from" in out and "resumed from step-000030" in out
-    assert [x["step"] for x in metrics(run_dir)][-10:] == list(range(31, 41))
+    stopped = metrics(run_dir)[-1]["step"]
+    assert 35 <= stopped < 400 and (run_dir / "checkpoints" / f"step-{stopped:06d}").is_dir()  # saved at the stop
     row = listed_row(cli("list", "--run-root", str(run_root)).stdout, "tx")
-    assert row[1] == "torchx" and row[3:5] == ["SUCCEEDED", "40"] and row[2] not in ("-", info["job_id"]), row
+    assert row[1] == "torchx" and row[3:5] == ["CANCELLED", str(stopped)] and row[2] not in ("-", info["job_id"]), row

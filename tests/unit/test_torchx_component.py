@@ -56,6 +56,13 @@ def test_the_component_writes_the_run_as_the_cli_does_and_returns_one_role_of_no
     assert status["state"] == "UNKNOWN" and "no node has started" in status["detail"]
 
 
+def test_a_script_travels_in_the_run_dir_and_every_node_is_told_where(run_root, component, capsys):
+    """script= (and module=): copied at submission as on every backend, its copy the ranks' (node.py's 5th argument)."""
+    app = component(*ARGS, f"run_root={run_root}", "name=scr", f"script={REPO / 'tests' / 'scripts' / 'job_train.py'}")
+    copy = run_root / "scr" / "script" / "001"
+    assert app.roles[0].args[-1] == str(copy) and (copy / "job_train.py").is_file()
+
+
 def test_the_component_refuses_what_it_cannot_run_in_one_line(run_root):
     for bad, words in ((["cluster=slurm"], "the torchx component plans cluster=torchx"),
                        (["-m", "train.lr=1e-3,1e-4"], "one run per `torchx run`"),
