@@ -192,3 +192,21 @@ def test_cancel_of_a_local_app_stops_its_torchx_run_and_nothing_else(run_root):
         for p in (parent, node0):
             p.kill()
             p.wait()
+
+
+def test_a_run_that_still_runs_is_not_submitted_again(run_root, component, capsys):
+    """Two apps must not share a run: the newest launch's backend says it runs (here node0's live process)."""
+    component(*ARGS, f"run_root={run_root}", "name=busy")
+    run_dir = run_root / "busy"
+    node0 = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "launchers.torchx.node", str(run_dir)])
+    try:
+        launch(run_dir, pid=node0.pid, **here())
+        before = (run_dir / "launches.jsonl").read_text()
+        with pytest.raises(SystemExit) as refused:
+            component(*ARGS, f"run_root={run_root}", "name=busy")
+    finally:
+        node0.kill()
+        node0.wait()
+    err = capsys.readouterr().err.strip().splitlines()
+    assert refused.value.code == 2 and "run already has torchx job a-1 RUNNING" in err[-1], err
+    assert (run_dir / "launches.jsonl").read_text() == before  # nothing written
