@@ -16,7 +16,8 @@ from tests.integration.test_local_runs import start, wait_for
 
 pytestmark = pytest.mark.integration
 
-SCRIPTS = REPO / "tests" / "scripts"
+# not tests/scripts/, whose whole folder travels with every script= there (and into the golden dry runs)
+SCRIPTS = REPO / "tests" / "hf_scripts"
 STEPS = 12  # a checkpoint every 3 steps; 0.5 s a step leaves the kill seconds before the last one
 
 

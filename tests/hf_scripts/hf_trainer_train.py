@@ -3,7 +3,7 @@ from a config (nothing is downloaded), `fsdp="full_shard auto_wrap"`, a checkpoi
 (the Trainer's checkpoint-N folders in --output-dir), and a resume from the newest of them when there is one.
 It runs as `torchrun --nproc-per-node=2 hf_trainer_train.py --max-steps 12`, or through fsdp-jobs:
 
-    python -m fsdp_jobs script=tests/scripts/hf_trainer_train.py 'script_args=[--max-steps,12]' nodes=2 gpus_per_node=1
+    python -m fsdp_jobs script=tests/hf_scripts/hf_trainer_train.py 'script_args=[--max-steps,12]' nodes=2
 """
 
 import argparse

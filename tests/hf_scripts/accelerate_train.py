@@ -4,7 +4,7 @@
 `accelerator.load_state` of the newest of them on start. It runs as `accelerate launch accelerate_train.py`
 or `torchrun --nproc-per-node=2 accelerate_train.py`, or through fsdp-jobs:
 
-    python -m fsdp_jobs script=tests/scripts/accelerate_train.py 'script_args=[--max-steps,12]' nodes=2 gpus_per_node=1
+    python -m fsdp_jobs script=tests/hf_scripts/accelerate_train.py 'script_args=[--max-steps,12]' nodes=2
 """
 
 import argparse
