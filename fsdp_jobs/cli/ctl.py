@@ -277,8 +277,10 @@ def list_lines(run_root: Path) -> list[str]:
     lines = [f"{'RUN':<36} {'BACKEND':<10} {'JOB':<28} {'STATE':<10} {'STEP':>7}  DETAIL"]
     for run_dir in run_dirs(run_root):
         s = run_status(run_dir, accounted=False)
+        script = s.get("script")  # a script='s own step where it reports or writes one, else "-", as status says
+        step = s.get("last_step", {}).get("step", script.get("step") if script else 0)
         lines.append(f"{s['run']:<36} {s.get('backend') or '-':<10} {str(s.get('job_id') or '-'):<28} "
-                     f"{s['state']:<10} {s.get('last_step', {}).get('step', 0):>7}  {s['detail']}")
+                     f"{s['state']:<10} {'-' if step is None else step:>7}  {s['detail']}")
     sweeps = journal.sweeps()
     if sweeps:  # every sweep in the journal, wherever its run dirs are
         rows = []

@@ -200,3 +200,10 @@ def test_the_banner_of_a_script_job_names_the_script_not_the_built_in_plan(tmp_p
     assert line == (f"fsdp-jobs: starting run r: script ddp_train.py on 2 nodes x 1 ranks, run dir {plan.run_dir}, "
                     f"its newest checkpoint {(Path(plan.run_dir) / 'hf-out' / 'checkpoint-6').resolve()} (HF Trainer)")
     assert "hybrid_shard" not in line and "mesh" not in line
+
+
+def test_list_shows_a_scripts_own_step_and_a_dash_where_it_is_not_tracked(tmp_path):
+    hf_checkpoint(script_run(tmp_path, "hf") / "out", 12)
+    script_run(tmp_path, "plain")
+    rows = {line.split()[0]: line.split() for line in ctl.list_lines(tmp_path)[1:] if line.strip()}
+    assert rows["hf"][4] == "12" and rows["plain"][4] == "-"  # STEP: what status says, never a 0 it did not train
