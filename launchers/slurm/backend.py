@@ -24,13 +24,14 @@ from fsdp_jobs.rundir.records import LaunchRecord
 from fsdp_jobs.planning.errors import UserError
 from fsdp_jobs.rundir.layout import RunDir
 from launchers.base import Backend, DryRun, JobState, JobStatus, Run, Submitted
-from launchers.common import (lighthouse_command, python_path, rank_entry, rank_env, runtime_env, torchrun_args,
+from launchers.common import (lighthouse_command, python_path, rank_env, runtime_env, torchrun_args,
                               user_code_dir)
 from launchers.snapshot import PROJECT_ROOT, next_snapshot_dir, take_snapshot, take_user_code
 from launchers.slurm import arrays
 from launchers.slurm.arrays import max_array_size
 from launchers.slurm.config import LIGHTHOUSE_PORT_BASE, slurm_dir
 from launchers.slurm.grow import grow_jobs, save_parameters, submit_grow
+from launchers.slurm.node_task import shown_command
 
 if TYPE_CHECKING:  # types only, never imported at run time: no hydra on the node side, no import cycle
     from fsdp_jobs.planning.config import JobConfig
@@ -90,7 +91,7 @@ def sbatch_parameters(plan: Plan, cfg: JobConfig, code_dir: Path, user_dir: Opti
     setup += [f"export {k}={shlex.quote(v)}" for k, v in sorted(runtime_env(cfg).items())]
     # the node task (launchers/slurm/node_task.py) starts rank_entry(): the user's script from this copy, or the trainer
     setup += [f"export {k}={shlex.quote(v)}" for k, v in sorted(rank_env(cfg, plan.run_dir, user).items())]
-    setup.append(f"# every node: torchrun <flags> {shlex.join(rank_entry(cfg, plan.run_dir, user))}")
+    setup += shown_command(plan, cfg, user)  # the exact command every node starts, as comment lines
     if plan.replicas is not None:
         setup += lighthouse_setup(plan)
     if plan.spare_nodes:

@@ -20,6 +20,7 @@ import json
 import os
 import re
 import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -27,7 +28,6 @@ from typing import Any
 from fsdp_jobs.rundir import runs
 from fsdp_jobs.planning.config import JobConfig, job_config
 from fsdp_jobs.planning.errors import UserError
-from fsdp_jobs.rundir.layout import RunDir
 from launchers.base import Run
 from launchers.slurm.config import slurm_dir
 from launchers.slurm.hostlist import is_hostlist
@@ -137,7 +137,8 @@ class GrowTask:
     def __call__(self) -> dict[str, Any]:
         import submitit
 
-        from launchers.slurm.node_task import agent_args, read_rendezvous, start_agent
+        from launchers.common import USER_CODE_ENV
+        from launchers.slurm.node_task import NodeFacts, hostname, node_launch, read_rendezvous, start_agent
 
         run_dir, env = Path(self.run_dir), submitit.JobEnvironment()
 
@@ -148,9 +149,10 @@ class GrowTask:
             return {"status": "not joined"}
         print(f"fsdp-jobs: grow node {env.node}/{env.num_nodes} (slurm node {os.environ.get('SLURMD_NODENAME')}) "
               f"joins rendezvous {rdzv['endpoint']} of job {rdzv['job_id']}", flush=True)
-        error_file = RunDir(run_dir).torchrun_error_file(f"{env.job_id}-node{env.node}")
-        args = agent_args(plan, job, self.run_id, str(rdzv["endpoint"]))
-        rc = start_agent(job, run_dir, args, {}, str(rdzv["attempt"]), error_file).wait()
+        facts = NodeFacts(job_id=env.job_id, node=str(env.node), host=hostname(), run_id=self.run_id,
+                          endpoint=str(rdzv["endpoint"]), attempt_id=str(rdzv["attempt"]))
+        cmd, extra = node_launch(plan, job, str(run_dir), sys.executable, os.environ.get(USER_CODE_ENV), facts)
+        rc = start_agent(job, cmd, extra).wait()
         print(f"fsdp-jobs: grow node {env.node}: torchrun exited with {rc}", flush=True)
         if rc:
             raise RuntimeError(f"torchrun exited with {rc} on grow node {env.node}")

@@ -15,11 +15,14 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
+import shlex
 import signal
 import socket
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
 
@@ -171,20 +174,124 @@ def agent_args(plan: Plan, cfg: JobConfig, run_id: str, endpoint: str, group: Op
     return torchrun_args(attempt, endpoint, cfg.cluster.stop_grace_s, group)
 
 
-def replica_agent(plan: Plan, cfg: JobConfig, node: int, hostnames: list[str], run_id: str, port: int,
-                  raw_id: int) -> tuple[list[str], dict[str, str]]:
-    """With fault_tolerance=replica, node `node`'s torchrun flags (its group's rendezvous at the group's first
-    node, this node's name as its address) and environment (its group, the lighthouse the batch script
-    started on the first node: launchers/slurm/backend.py lighthouse_setup)."""
+@dataclass(frozen=True)
+class NodeFacts:
+    """What a node task learns only inside the allocation, as text: on a node the values themselves
+    (`allocation_facts`; a grow node's from the running attempt's rendezvous record), in the dry run the shell
+    variables that stand for them (`shown_facts`)."""
+
+    job_id: str  # submitit's: the SLURM job id, <array id>_<index> for an array element
+    node: str  # SLURM_NODEID
+    host: str  # how the node's ranks and the run dir's records name it (hostname())
+    run_id: str  # the attempt's rendezvous id: <SLURM_JOB_ID>-<SLURM_RESTART_COUNT>
+    endpoint: str  # the rendezvous: the allocation's first node (replica: the group's first node) and the port
+    attempt_id: str  # <job id>.<SLURM_RESTART_COUNT>: which attempt the ranks belong to (fsdp_jobs/rundir/failures.py)
+    group: Optional[str] = None  # fault_tolerance=replica: the node's replica group,
+    node_host: Optional[str] = None  # ... its name in the allocation's order (its --local-addr),
+    lighthouse: Optional[str] = None  # ... and the job's lighthouse (launchers/slurm/backend.py lighthouse_setup)
+
+
+def node_launch(plan: Plan, job: JobConfig, run_dir: str, python: str, user_dir: Optional[str],
+                facts: NodeFacts) -> tuple[list[str], dict[str, str]]:
+    """THE command a node task starts (the node wrapper around this node's torchrun agent, then what torchrun
+    starts on every rank) and what it adds to the environment the task inherits (the batch script's exports):
+    the node task runs exactly this, and the dry run prints it with shown_facts (launchers/slurm/backend.py)."""
+    args = agent_args(plan, job, facts.run_id, facts.endpoint, facts.group)  # type: ignore[arg-type]
+    # the agent writes its failing rank's exception to the error file, so the job's reason can name it
+    env = {"TORCHELASTIC_ERROR_FILE": str(RunDir(run_dir).torchrun_error_file(f"{facts.job_id}-node{facts.node}")),
+           "FSDP_JOBS_NODE": facts.host, ATTEMPT_ENV: facts.attempt_id}
+    if facts.group is not None:  # fault_tolerance=replica: this node's replica group is a torchrun world of its own
+        args.append(f"--local-addr={facts.node_host}")
+        env.update({REPLICA_GROUP_ENV: facts.group, LIGHTHOUSE_ENV: str(facts.lighthouse)})
+    return [python, "-m", NODE_WRAPPER, *args, *rank_entry(job, run_dir, user_dir)], env
+
+
+def rdzv_port(job: JobConfig, raw_id: int) -> int:
+    """The rendezvous port: cluster.rdzv_port, else one of the job's own (elements sharing a node, or a requeue
+    meeting a stale agent, must not meet at one port)."""
+    return job.cluster.get("rdzv_port") or 20000 + raw_id % 20000
+
+
+def allocation_facts(plan: Plan, job: JobConfig, job_id: str, node: int, hostnames: list[str], raw_id: int,
+                     attempt: int) -> NodeFacts:
+    """This node's facts, from SLURM's environment as the node task reads it."""
     from launchers.slurm.config import lighthouse_port_of
 
-    layout = plan.replicas
-    assert layout is not None
-    group = node // layout.nodes_per_group
-    first = hostnames[group * layout.nodes_per_group]
-    lighthouse = f"http://{hostnames[0]}:{lighthouse_port_of(raw_id, layout.lighthouse_port)}"
-    args = agent_args(plan, cfg, run_id, f"{first}:{port}", group) + [f"--local-addr={hostnames[node]}"]
-    return args, {REPLICA_GROUP_ENV: str(group), LIGHTHOUSE_ENV: lighthouse}
+    port = rdzv_port(job, raw_id)
+    facts = NodeFacts(job_id=job_id, node=str(node), host=hostname(), run_id=f"{raw_id}-{attempt}",
+                      endpoint=f"{hostnames[0]}:{port}", attempt_id=f"{job_id}.{attempt}")
+    if plan.replicas is None:
+        return facts
+    group = node // plan.replicas.nodes_per_group  # consecutive nodes form a group (launchers/common.py replica_group)
+    lighthouse = f"http://{hostnames[0]}:{lighthouse_port_of(raw_id, plan.replicas.lighthouse_port)}"
+    return dataclasses.replace(facts, endpoint=f"{hostnames[group * plan.replicas.nodes_per_group]}:{port}",
+                               group=str(group), node_host=hostnames[node], lighthouse=lighthouse)
+
+
+def this_node(plan: Plan, job: JobConfig) -> tuple[Any, NodeFacts]:
+    """submitit's view of this task's allocation, and this node's facts from SLURM's environment."""
+    env = submitit.JobEnvironment()
+    # every job, array elements too, has its own numeric SLURM_JOB_ID: elements sharing a node
+    # (or a requeue meeting a stale agent) must not meet at one rendezvous port
+    raw_id = os.environ.get("SLURM_JOB_ID", env.job_id.split("_")[0])
+    attempt = int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0)
+    hostnames = job_hostnames(os.environ.get("SLURM_JOB_NODELIST", ""), env.num_nodes)
+    return env, allocation_facts(plan, job, env.job_id, env.node, hostnames, int(raw_id), attempt)
+
+
+HOSTNAMES = 'scontrol show hostnames "$SLURM_JOB_NODELIST"'  # job_hostnames: SLURM's own expansion, in its order
+
+
+def shown_facts(plan: Plan, job: JobConfig) -> tuple[NodeFacts, list[str]]:
+    """allocation_facts as shell on a node of the job: the facts as variables, and the lines that set each
+    of them exactly as allocation_facts computes it from SLURM's variables (tests/unit/test_sbatch.py runs
+    them in bash against allocation_facts)."""
+    from launchers.slurm.config import LIGHTHOUSE_PORT_BASE
+
+    port = job.cluster.get("rdzv_port")
+    lines = ["JOB_ID=${SLURM_ARRAY_JOB_ID:+${SLURM_ARRAY_JOB_ID}_$SLURM_ARRAY_TASK_ID}; JOB_ID=${JOB_ID:-$SLURM_JOB_ID}",
+             "ATTEMPT=${SLURM_RESTART_COUNT:-0}", "HOST=${SLURMD_NODENAME:-$(hostname)}",
+             f"FIRST_NODE=$({HOSTNAMES} | head -n 1)", f"PORT={port or '$((20000 + SLURM_JOB_ID % 20000))'}"]
+    job_id, attempt = shell_var("JOB_ID"), shell_var("ATTEMPT")
+    facts = NodeFacts(job_id=job_id, node=shell_var("SLURM_NODEID"), host=shell_var("HOST"),
+                      run_id=f"{shell_var('SLURM_JOB_ID')}-{attempt}", attempt_id=f"{job_id}.{attempt}",
+                      endpoint=f"{shell_var('FIRST_NODE')}:{shell_var('PORT')}")
+    if plan.replicas is None:
+        return facts, lines
+    k, configured = plan.replicas.nodes_per_group, plan.replicas.lighthouse_port
+    lines += [f"GROUP=$((SLURM_NODEID / {k}))",
+              f'GROUP_FIRST_NODE=$({HOSTNAMES} | sed -n "$((GROUP * {k} + 1))p")',
+              f'NODE_HOST=$({HOSTNAMES} | sed -n "$((SLURM_NODEID + 1))p")',
+              f"LIGHTHOUSE_PORT={configured or f'$(({LIGHTHOUSE_PORT_BASE} + SLURM_JOB_ID % 20000))'}"]
+    return dataclasses.replace(facts, endpoint=f"{shell_var('GROUP_FIRST_NODE')}:{shell_var('PORT')}",
+                               group=shell_var("GROUP"), node_host=shell_var("NODE_HOST"),
+                               lighthouse=f"http://{shell_var('FIRST_NODE')}:{shell_var('LIGHTHOUSE_PORT')}"), lines
+
+
+def shell_var(name: str) -> str:
+    """A shell variable inside a shown fact, marked apart from the literal text around it (shell_word)."""
+    return f"\0{name}\0"
+
+
+def shell_word(word: str) -> str:
+    """One word of the shown command as bash reads it: quoted as shlex quotes it, or, holding shell_var
+    variables, in double quotes with the variables expanded and everything else literal."""
+    if "\0" not in word:
+        return shlex.quote(word)
+    parts = word.split("\0")  # literal, variable, literal, ...
+    return '"' + "".join(re.sub(r'([\\"`$])', r"\\\1", p) if i % 2 == 0 else "${" + p + "}"
+                         for i, p in enumerate(parts)) + '"'
+
+
+def shown_command(plan: Plan, job: JobConfig, user_dir: Optional[str]) -> list[str]:
+    """The batch script's comment lines that show what every node task starts: node_launch's command and
+    environment, the values only the allocation knows as shell variables, set (above it) as the node computes them."""
+    facts, lines = shown_facts(plan, job)
+    cmd, env = node_launch(plan, job, str(Path(plan.run_dir)), sys.executable, user_dir, facts)
+    words = [f"{k}={shell_word(v)}" for k, v in env.items()] + [shell_word(w) for w in cmd]
+    return ["# every node's task starts the command below (launchers/slurm/node_task.py node_launch, which printed it",
+            "# here); what only the allocation knows, the task computes from SLURM's variables as these lines do:",
+            *(f"#   {line}" for line in lines), "#   " + " ".join(words)]
 
 
 def job_hostnames(nodelist: str, nodes: int) -> list[str]:
@@ -225,17 +332,13 @@ def read_rendezvous(run_dir: Path) -> dict[str, Any]:
     return record if isinstance(record, dict) else {}
 
 
-def start_agent(job: JobConfig, run_dir: Path, args: list[str], extra_env: dict[str, str], attempt_id: str,
-                error_file: Path) -> subprocess.Popen[bytes]:
-    """This node's torchrun agent (in the node wrapper, launchers/node/wrapper.py) with torchrun flags `args`, in a
-    process group of its own that ignores the job's stop signal (the ranks handle it). attempt_id: which
-    attempt the ranks belong to (fsdp_jobs/rundir/failures.py tells attempts apart by it)."""
-    cmd = [sys.executable, "-m", NODE_WRAPPER, *args, *rank_entry(job, str(run_dir), os.environ.get(USER_CODE_ENV))]
+def start_agent(job: JobConfig, cmd: list[str], extra_env: dict[str, str]) -> subprocess.Popen[bytes]:
+    """This node's agent (node_launch: the node wrapper, launchers/node/wrapper.py, around torchrun) in a process
+    group of its own that ignores the job's stop signal (the ranks handle it)."""
+    error_file = Path(extra_env["TORCHELASTIC_ERROR_FILE"])
     error_file.parent.mkdir(exist_ok=True)
     error_file.unlink(missing_ok=True)
-    return subprocess.Popen(cmd, preexec_fn=_ignore_stop_signal(job.cluster.signal),
-                            env={**os.environ, "TORCHELASTIC_ERROR_FILE": str(error_file),
-                                 "FSDP_JOBS_NODE": hostname(), ATTEMPT_ENV: attempt_id, **extra_env})
+    return subprocess.Popen(cmd, preexec_fn=_ignore_stop_signal(job.cluster.signal), env={**os.environ, **extra_env})
 
 
 def hostname() -> str:
@@ -261,34 +364,23 @@ class NodeTask(submitit.helpers.Checkpointable):
         run_dir = Path(self.run_dir)
         self._began = time.time()  # this attempt's outcome is a state record written since (runs.read_outcome)
         job, plan = job_config(runs.load_job(run_dir)), runs.load_plan(run_dir)
-        env = submitit.JobEnvironment()
+        env, facts = this_node(plan, job)
         job_id = env.job_id  # <array id>_<i> for an array element: what scontrol/scancel/sacct name it by
-        # every job, array elements too, has its own numeric SLURM_JOB_ID: elements sharing a node
-        # (or a requeue meeting a stale agent) must not meet at one rendezvous port
-        raw_id = os.environ.get("SLURM_JOB_ID", job_id.split("_")[0])
         attempt = int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0)
-        hostnames = job_hostnames(os.environ.get("SLURM_JOB_NODELIST", ""), env.num_nodes)
-        master = hostnames[0]
-        port = job.cluster.get("rdzv_port") or 20000 + int(raw_id) % 20000
         start_ckpt = newest_checkpoint(run_dir)
         if env.global_rank == 0:
             clear_stop_request(run_dir)  # before torchrun starts: only rank 0 (on this node) reads it
             begin_user_attempt(job, run_dir)
         print(f"fsdp-jobs: node {env.node}/{env.num_nodes} host {socket.gethostname()} "
               f"(slurm node {os.environ.get('SLURMD_NODENAME')}) job {job_id} attempt {attempt} "
-              f"rendezvous {master}:{port} code {Path(__file__).resolve().parent.parent}", flush=True)
+              f"rendezvous {facts.endpoint} code {Path(__file__).resolve().parent.parent}", flush=True)
 
-        run_id, endpoint = f"{raw_id}-{attempt}", f"{master}:{port}"
         if env.global_rank == 0 and plan.rendezvous.max_nodes > plan.nodes:
-            write_rendezvous(run_dir, job_id, f"{job_id}.{attempt}", run_id, endpoint)
+            write_rendezvous(run_dir, job_id, facts.attempt_id, facts.run_id, facts.endpoint)
         signal.signal(signal.SIGTERM, self._on_sigterm)
-        # the agent writes its failing rank's exception here, so the job's reason can name it
-        error_file = RunDir(run_dir).torchrun_error_file(f"{job_id}-node{env.node}")
-        if plan.replicas is None:
-            args, extra = agent_args(plan, job, run_id, endpoint), {}
-        else:  # fault_tolerance=replica: this node's replica group is a torchrun world of its own
-            args, extra = replica_agent(plan, job, env.node, hostnames, run_id, port, int(raw_id))
-        self._proc = start_agent(job, run_dir, args, extra, f"{job_id}.{attempt}", error_file)
+        cmd, extra = node_launch(plan, job, str(run_dir), sys.executable, os.environ.get(USER_CODE_ENV), facts)
+        error_file = Path(extra["TORCHELASTIC_ERROR_FILE"])
+        self._proc = start_agent(job, cmd, extra)
         rc = self._proc.wait()
         if rc == 0 and plan.spare_nodes and replaced.is_replaced(run_dir, hostname(), self._began):
             return {"status": "replaced", "node": env.node, "step": None}  # its agent left for a spare, and said so

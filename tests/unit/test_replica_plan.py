@@ -78,7 +78,7 @@ def test_docker_adds_the_lighthouse_service_and_each_group_meets_at_its_first_no
 
 def test_slurm_starts_the_lighthouse_with_the_job_and_each_node_task_joins_its_group(run_root):
     from fsdp_jobs.planning.compose import compose
-    from launchers.slurm.node_task import replica_agent
+    from launchers.slurm.node_task import allocation_facts, node_launch
 
     out = dry_run(run_root, "cluster=slurm", "cluster.gpus=false", *REPLICA, "nodes=4", "gpus_per_node=2",
                   "fsdp.shard_group_size=4")
@@ -87,10 +87,12 @@ def test_slurm_starts_the_lighthouse_with_the_job_and_each_node_task_joins_its_g
 
     cfg, _ = compose([*REPLICA, "nodes=4", "gpus_per_node=2", "fsdp.shard_group_size=4", "cluster=slurm"])
     hosts = ["n1", "n2", "n3", "n4"]
-    args, env = replica_agent(make_plan(cfg), cfg, 3, hosts, "123-0", 20123, 123)
+    plan = make_plan(cfg)
+    args, env = node_launch(plan, cfg, plan.run_dir, "python", None, allocation_facts(plan, cfg, "123", 3, hosts, 123, 0))
     assert "--rdzv-endpoint=n3:20123" in args and "--rdzv-id=123-0-rg1" in args and "--nnodes=2" in args
     assert "--local-addr=n4" in args
-    assert env == {"FSDP_JOBS_REPLICA_GROUP": "1", "TORCHFT_LIGHTHOUSE": "http://n1:40123"}
+    assert {k: env[k] for k in ("FSDP_JOBS_REPLICA_GROUP", "TORCHFT_LIGHTHOUSE")} == {
+        "FSDP_JOBS_REPLICA_GROUP": "1", "TORCHFT_LIGHTHOUSE": "http://n1:40123"}
 
 
 def test_the_lighthouse_waits_for_a_straggler_no_longer_than_it_takes_to_drop_a_dead_group():

@@ -3,13 +3,17 @@ submitit hands to sbatch): every cluster.* knob lands on its #SBATCH line or in 
 
 from __future__ import annotations
 
+import itertools
 import json
-
+import os
 import re
+import shlex
+import subprocess
+import sys
 
 import pytest
 
-from tests.conftest import cli
+from tests.conftest import REPO, cli
 
 
 def script(run_root, *args: str) -> str:
@@ -86,6 +90,63 @@ def test_each_node_task_starts_torchrun_with_the_flags_the_plan_gives(extra):
     expected = [a.replace(f"--rdzv-id={plan.rendezvous.run_id}", "--rdzv-id=7-0")
                 for a in torchrun_args(plan, "n1:20007", cfg.cluster.stop_grace_s)]
     assert agent_args(on_node, job, "7-0", "n1:20007") == expected
+
+
+DUMP = "import json, os, sys; print(json.dumps({'argv': sys.argv[1:], 'env': dict(os.environ)}))"
+HOSTS = ["n1", "n2", "n3", "n4"]
+
+
+@pytest.mark.parametrize("extra, slurm", [
+    ((), {"SLURM_JOB_ID": "4123456", "SLURM_NODEID": "1"}),  # a first attempt: no SLURM_RESTART_COUNT yet
+    (("cluster.rdzv_port=29600", "script=tests/scripts/ddp_train.py", "script_args=[--log,x]"),
+     {"SLURM_JOB_ID": "4123461", "SLURM_NODEID": "3", "SLURM_RESTART_COUNT": "2",  # an array element, requeued
+      "SLURM_ARRAY_JOB_ID": "4123457", "SLURM_ARRAY_TASK_ID": "4"}),
+    (("fault_tolerance=replica", "gpus_per_node=1", "fsdp.shard_group_size=2"),  # two groups of two nodes
+     {"SLURM_JOB_ID": "4123477", "SLURM_NODEID": "3"}),
+], ids=["first-attempt", "array-requeued-script", "replica"])
+def test_the_dry_run_shows_the_exact_command_each_node_task_starts(tmp_path, monkeypatch, extra, slurm):
+    """The batch script (what dry_run=true prints and sbatch gets) shows each node's command with what only
+    the allocation knows as shell variables: run in bash on a node of the job (scontrol answering from the
+    job's nodes), it gives the argv and environment the node task builds there from SLURM's variables and the
+    job's records, word for word (launchers/slurm/node_task.py: node_launch builds both)."""
+    from omegaconf import OmegaConf
+
+    from fsdp_jobs.planning.compose import compose
+    from fsdp_jobs.planning.config import job_config
+    from fsdp_jobs.planning.plan import Plan, make_plan
+    from launchers.common import USER_CODE_ENV
+    from launchers.slurm.backend import BACKEND
+    from launchers.slurm.node_task import node_launch, this_node
+
+    monkeypatch.chdir(REPO)
+    cfg, _ = compose(["cluster=slurm", "cluster.gpus=false", "nodes=4", f"run_root={tmp_path}/runs", "name=s", *extra])
+    plan = make_plan(cfg)
+    text = BACKEND.dryrun(plan, cfg).request.sbatch
+    lines = text.splitlines()
+    head = next(i for i, line in enumerate(lines) if line.startswith("# every node's task starts the command below"))
+    shown = list(itertools.takewhile(lambda line: line.startswith("#   "), lines[head + 2:]))
+    assert len(shown) > 3, text
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "bin" / "scontrol").write_text("#!/bin/sh\nprintf '%s\\n' " + " ".join(HOSTS) + "\n")
+    (tmp_path / "bin" / "scontrol").chmod(0o755)
+    (tmp_path / "dump.py").write_text(DUMP)
+    environ = {**slurm, "SLURM_JOB_NODELIST": "n[1-4]", "SLURM_JOB_NUM_NODES": "4", "SUBMITIT_EXECUTOR": "slurm",
+               "SLURMD_NODENAME": HOSTS[int(slurm["SLURM_NODEID"])], "PATH": f"{tmp_path}/bin:{os.environ['PATH']}"}
+    command = shown[-1][4:].replace(shlex.quote(sys.executable), f"{shlex.quote(sys.executable)} {tmp_path}/dump.py", 1)
+    exports = [line for line in lines if line.startswith("export ")]  # what the node task inherits
+    script = "\n".join([*exports, *(line[4:] for line in shown[:-1]), command])
+    ran = json.loads(subprocess.run(["bash", "-c", script], env={**os.environ, **environ}, capture_output=True,
+                                    text=True, check=True, timeout=60).stdout)
+
+    for k, v in environ.items():
+        monkeypatch.setenv(k, v)
+    on_node = Plan.from_dict(json.loads(json.dumps(plan.to_dict())))  # as the node reads plan.json and job.yaml
+    job = job_config(OmegaConf.to_container(cfg, resolve=True))
+    user = ran["env"].get(USER_CODE_ENV)  # the node task reads it from the batch script's exports
+    cmd, env = node_launch(on_node, job, plan.run_dir, sys.executable, user, this_node(on_node, job)[1])
+    assert [sys.executable, *ran["argv"]] == cmd
+    assert {k: ran["env"][k] for k in env} == env
+    assert "$" not in " ".join(cmd) + " ".join(env.values())  # every variable was filled
 
 
 def test_a_slurm_job_may_be_given_room_to_grow(run_root):
