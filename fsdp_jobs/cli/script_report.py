@@ -78,6 +78,6 @@ def no_goodput(run_dir: Path) -> Optional[str]:
     code = script_progress.user_code(job_record(run_dir))
     if code is None:
         return None
-    return (f"runs its own {code} and reports no steps (it does not use fsdp_jobs.job), so there is no goodput "
-            f"accounting; {RunDir(run_dir).goodput_file.name} holds its nodes' starts and ends, and `fsdp-jobs status` "
-            "its step and checkpoints where fsdp-jobs recognises them")
+    return (f"runs its own {code}, which has reported no steps through fsdp_jobs.job, and the goodput accounting "
+            f"counts those: its {RunDir(run_dir).goodput_file.name} holds only its nodes' starts and ends; "
+            "`fsdp-jobs status` shows its step and checkpoints where fsdp-jobs recognises them")

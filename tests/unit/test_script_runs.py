@@ -126,7 +126,7 @@ def test_a_script_that_reports_nothing_is_not_tracked_never_damaged(tmp_path):
     assert "step and checkpoints not tracked" in info["detail"] and "damaged" not in json.dumps(info)
     with pytest.raises(UserError) as e:
         ctl.goodput_of(run_dir)
-    assert "reports no steps (it does not use fsdp_jobs.job)" in str(e.value) and "damaged" not in str(e.value)
+    assert "has reported no steps through fsdp_jobs.job" in str(e.value) and "damaged" not in str(e.value)
     assert script_report.summary_lines(run_dir) == [f"  progress:     {script_progress.NOT_TRACKED}"]
 
 
