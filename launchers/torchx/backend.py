@@ -20,6 +20,7 @@ from typing import Any, Callable, Iterator, Optional, TYPE_CHECKING
 
 from fsdp_jobs.planning.errors import UserError
 from fsdp_jobs.rundir import runs
+from fsdp_jobs.rundir.layout import RunDir
 from launchers.base import Backend, DryRun, JobState, JobStatus, LogFilter, Run, Submitted, state_from_training
 from launchers.common import NODE_WRAPPER, rank_entry, runtime_env, user_code_dir
 from launchers.torchx import node
@@ -130,15 +131,20 @@ class TorchXBackend(Backend[TorchXRequest]):
         info = {"app_handle": handle}
         if said is not None and said.state.name in STATES:
             state = STATES[said.state.name]
+            if state.terminal and state_from_training(run) == JobState.UNKNOWN and cancelled(run):
+                state = JobState.CANCELLED  # stopped before a rank could record the stop
             return JobStatus(state, f"{state.value} (TorchX {handle}: {said.state.name}; training state: {training})", info)
         where = f"pid {run.launch.get('pid')} on {run.launch.get('host')}"
         alive = node0_alive(run)
         if alive:
             return JobStatus(JobState.RUNNING, f"RUNNING (node0 runs as {where}; training state: {training})", info)
         state = state_from_training(run)
-        if alive is False and state == JobState.UNKNOWN:  # its nodes ended without an outcome: they failed
+        if state == JobState.UNKNOWN and cancelled(run):  # stopped before a rank could record the stop
+            state = JobState.CANCELLED
+        elif state == JobState.UNKNOWN and alive is False:  # its nodes ended without an outcome: they failed
             state = JobState.FAILED
         seen = f"node0 ({where}) has exited" if alive is False else f"{why}, and node0 ran on another machine"
+        seen += "; fsdp-jobs cancel was asked" if cancelled(run) else ""
         return JobStatus(state, f"{state.value} ({seen}; training state: {training})", info)
 
     def cancel(self, run: Run) -> str:
@@ -150,8 +156,12 @@ class TorchXBackend(Backend[TorchXRequest]):
             return stop_torchx_run(run, handle)
         from torchx.runner import get_runner
 
-        with get_runner() as runner:
-            runner.cancel(handle)
+        try:
+            with get_runner() as runner:
+                runner.cancel(handle)
+        except Exception as e:  # noqa: BLE001  the scheduler's client missing or refusing: one line, nothing recorded
+            raise UserError("RUN", run.run_dir.name, f"TorchX could not cancel {handle}: {type(e).__name__}: {e}") from None
+        runs.record_cancel(run.run_dir)  # a job stopped before its first step then reads CANCELLED, not FAILED
         return f"asked TorchX to cancel {handle} ({run.run_dir.name}): its scheduler stops the nodes, the ranks checkpoint"
 
     def log_iter(self, run: Run, follow: bool = False, poll_s: float = 1.0, *,
@@ -184,6 +194,14 @@ def scheduler_status(handle: str) -> tuple[Any, str]:
     except Exception as e:  # noqa: BLE001  a scheduler's client missing or failing: the run dir still answers
         return None, f"TorchX could not ask its scheduler about {handle}: {type(e).__name__}: {e}"
     return said, "" if said is not None else f"TorchX's scheduler does not know {handle}"
+
+
+def cancelled(run: Run) -> bool:
+    """`fsdp-jobs cancel` was asked since this launch began (its record's time)."""
+    try:
+        return RunDir(run.run_dir).cancel_file.stat().st_mtime >= float(run.launch.get("unix") or 0)
+    except OSError:
+        return False
 
 
 def same_machine(launch: dict[str, Any]) -> bool:
@@ -219,6 +237,7 @@ def stop_torchx_run(run: Run, handle: str) -> str:
     if "run" not in argv or not any(os.path.basename(a) == "torchx" or a == "torchx.cli.main" for a in argv):
         raise UserError("RUN", run.run_dir.name, f"its recorded `torchx run` pid {parent} is no longer TorchX's; "
                                                  "nothing was signalled")
+    runs.record_cancel(run.run_dir)
     os.kill(parent, signal.SIGTERM)
     return f"asked `torchx run` pid {parent} to stop {handle} ({run.run_dir.name}): the ranks checkpoint first"
 

@@ -1,6 +1,7 @@
 """`torchx run -s slurm fsdp_jobs.job ...` on the real SLURM cluster: TorchX's own SLURM scheduler (one sbatch
 heterogeneous job, a group a node, srun) runs the job's node wrapper on two nodes; a second submission of the
-same name resumes from the first's checkpoint; `fsdp-jobs status` reads the run through TorchX (sacct)."""
+same name resumes from the first's checkpoint; `fsdp-jobs status` reads the run through TorchX (sacct), and
+`fsdp-jobs cancel` cancels it through TorchX (scancel)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import SHORT, cli, listed_row, metrics
-from tests.slurm.conftest import wait_job
+from tests.slurm.conftest import wait_for, wait_job
 
 pytestmark = [pytest.mark.slurm, pytest.mark.usefixtures("slurm_cluster")]
 
@@ -40,7 +41,7 @@ def status(run_root: Path) -> dict:
     return json.loads(r.stdout)
 
 
-def test_torchx_submits_two_nodes_to_slurm_a_second_submission_resumes_and_status_reads_it(run_root):
+def test_torchx_submits_two_nodes_to_slurm_a_second_submission_resumes_status_reads_and_cancel_stops_it(run_root):
     run_dir = run_root / "txs"
     first = torchx_submit(run_root, "train.steps=20")
     assert status(run_root)["state"] in ("UNKNOWN", "PENDING", "RUNNING")  # not an outcome before it has one
@@ -60,3 +61,12 @@ def test_torchx_submits_two_nodes_to_slurm_a_second_submission_resumes_and_statu
     assert info["job_id"] == second and info["state"] == "SUCCEEDED" and info["last_step"]["step"] == 30, info
     row = listed_row(cli("list", "--run-root", str(run_root)).stdout, "txs")
     assert row[1:5] == ["torchx", second, "SUCCEEDED", "30"], row
+
+    third = torchx_submit(run_root, "train.steps=3000")  # cancelled as soon as its first node has started
+    launches = run_dir / "launches.jsonl"
+    wait_for(lambda: f'"app_handle": "slurm://torchx/{third}"' in launches.read_text(), 120, "the first node")
+    r = cli("cancel", "txs", "--run-root", str(run_root))
+    assert r.returncode == 0 and f"asked TorchX to cancel slurm://torchx/{third}" in r.stdout, r.stderr
+    assert wait_job(third) == "CANCELLED"
+    info = status(run_root)
+    assert info["job_id"] == third and info["state"] == "CANCELLED", info

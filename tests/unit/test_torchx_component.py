@@ -144,9 +144,13 @@ def test_status_of_a_local_app_is_node0_s_process_then_the_training_outcome(run_
     assert status_of(run_root, "loc")["state"] == "FAILED"  # gone, and its ranks recorded no outcome
     (run_dir / "state.json").write_text(json.dumps({"status": "completed", "step": 3, "time": time.time()}))
     assert status_of(run_root, "loc")["state"] == "SUCCEEDED"
+    (run_dir / "state.json").unlink()
+    (run_dir / "cancel-requested").write_text("t\n")  # fsdp-jobs cancel, before any rank could record the stop
+    assert status_of(run_root, "loc")["state"] == "CANCELLED"
+    os.utime(run_dir / "cancel-requested", (1, 1))  # an earlier launch's cancel is not this one's
+    assert status_of(run_root, "loc")["state"] == "FAILED"
     stranger = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])  # the pid reused
     try:
-        (run_dir / "state.json").unlink()
         launch(run_dir, pid=stranger.pid, **here())
         assert status_of(run_root, "loc")["state"] == "FAILED"
     finally:
