@@ -540,4 +540,8 @@ _Dumper.add_representer(str, lambda d, s: d.represent_scalar("tag:yaml.org,2002:
 def to_text(request: Request) -> str:
     head = (f"# kubernetes: {KINDS[request.kind].kind} {request.namespace}/{request.name} "
             f"(context: {request.context or 'current'}); pods' run dir {request.run_dir}\n")
+    if GROUP_HOST in json.dumps(request.job):  # the one part of a pod's command that is not shown as it runs
+        head += (f"# fault_tolerance=replica: each pod's boot.py (the ConfigMap's, replica_command) fills in its command "
+                 f"{GROUP} (the pod's index // nodes per group), {GROUP_HOST} (that group's first pod's DNS name) and "
+                 f"{NODE_HOST} (its own) before starting it\n")
     return head + yaml.dump_all(copy.deepcopy(request.objects), Dumper=_Dumper, sort_keys=False)
