@@ -44,7 +44,7 @@ def summarize(plan: Plan, status: int) -> str:
     first, last = runs.first_metrics_row(run_dir), (runs.read_metrics_tail(run_dir, 1) or [None])[0]
     ckpt = newest_checkpoint(run_dir)
     own = script_report.summary_lines(run_dir)  # a script='s own step and checkpoints, or "not tracked"
-    lines = [f"{'finished' if status == 0 else f'exited with status {status}'}: {plan.name}",
+    lines = [f"{ending(run_dir, status)}: {plan.name}",
              f"  run dir:      {run_dir}",
              *(own if own is not None else [f"  checkpoint:   {ckpt or 'none yet'}",
                                             f"  metrics:      {RunDir(run_dir).metrics_file}"])]
@@ -54,6 +54,15 @@ def summarize(plan: Plan, status: int) -> str:
     lines += script_report.failure_lines(run_dir, status)  # the first failing rank: its exit code and exception
     lines.append(f"  logs:         {RunDir(run_dir).launcher_log}")
     return "\n".join(lines)
+
+
+def ending(run_dir: Path, status: int) -> str:
+    """How the launch ended, in `status`'s word: a job stopped from outside (Ctrl-C, `fsdp-jobs cancel`) is
+    cancelled, whether its ranks checkpointed or had not begun to step."""
+    if status == 0:
+        return "finished"
+    stopped = runs.read_outcome(run_dir, runs.last_launch(run_dir).get("unix")).status in ("preempted", "cancelled")
+    return f"cancelled (exit status {status})" if stopped else f"exited with status {status}"
 
 
 def cli() -> int:

@@ -16,12 +16,13 @@ Written once, for both:
 from __future__ import annotations
 
 import abc
+import contextlib
 import signal
 import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Optional, TYPE_CHECKING
+from typing import Any, Callable, Iterator, Optional, TYPE_CHECKING
 
 from fsdp_jobs.rundir import runs
 from fsdp_jobs.rundir.layout import RunDir
@@ -113,17 +114,18 @@ class Outcome:
 
 def supervise(nodes: list[Node], sink: LogSink, min_nodes: int, stop_grace_s: float,
               grow: Optional[Callable[[], list[Node]]] = None, began: Optional[float] = None,
-              stop_now: Optional[str] = None) -> Outcome:
+              stop_now: Optional[str] = None, caught: Optional[list[int]] = None) -> Outcome:
     """Until every node has ended for good; returns how each ended. Always leaves none running.
     `grow`, asked every poll, returns the nodes `fsdp-jobs scale` added since (already started): they
     are followed and supervised like the first ones. `began`: when the launch began, before its nodes
     started (default: now), so that exit_status reads only the state this launch's ranks recorded.
     `stop_now`: why to stop the job at once, as a signal would (Docker's guardian of an attached command
-    that died: launchers/docker/supervisor.py)."""
+    that died: launchers/docker/supervisor.py). `caught`: the stop signals `stop_signals()` kept while the nodes
+    started, acted on as if they came now."""
     began = time.time() if began is None else began
     done = threading.Event()
-    signals: list[int] = []
-    old = {s: signal.signal(s, lambda signum, _frame: signals.append(signum)) for s in STOP_SIGNALS}
+    signals: list[int] = [] if caught is None else caught
+    old = record_stop_signals(signals)
     for n in nodes:
         n.follow(sink, done)
     stopping_until: Optional[float] = None
@@ -170,6 +172,26 @@ def supervise(nodes: list[Node], sink: LogSink, min_nodes: int, stop_grace_s: fl
     return Outcome({k: int(v) for k, v in codes.items() if v is not None}, bool(signals) or stopped_for_request, began)
 
 
+def record_stop_signals(into: list[int]) -> dict[int, Any]:
+    """Each stop signal that reaches this process appended to `into` (acted on by `supervise`); returns the
+    handlers it replaced."""
+    return {s: signal.signal(s, lambda signum, _frame: into.append(signum)) for s in STOP_SIGNALS}
+
+
+@contextlib.contextmanager
+def stop_signals() -> Iterator[list[int]]:
+    """The stop signals kept from before a launcher records its launch until it has done with its nodes: one
+    that comes while they start (Ctrl-C, `fsdp-jobs cancel`) would otherwise end the launcher (SIGTERM) or raise
+    past them (SIGINT), and the job, stopped before any rank could record it, read as failed."""
+    caught: list[int] = []
+    old = record_stop_signals(caught)
+    try:
+        yield caught
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+
+
 def why_not_grow(nodes: list[Node], run_dir: Path) -> Optional[str]:
     """Why a scale request cannot be acted on now, or None. New nodes join only a job whose nodes all run
     and whose ranks are training: torchrun's agents look for waiting nodes only while their workers are
@@ -200,6 +222,8 @@ def exit_status(outcome: Outcome, job: JobConfig, run_dir: Path) -> int:
     failure = next((c for c in outcome.codes.values() if c), 0)
     if outcome.codes and not outcome.interrupted:  # a plain script exiting 0 everywhere completed
         settle_user_state(job, run_dir, failure, since=outcome.began)
+    if outcome.interrupted or runs.cancel_recorded(run_dir):  # stopped from outside, maybe before any rank could say
+        runs.record_cancelled(run_dir, outcome.began)
     if outcome.interrupted:
         return INTERRUPTED
     recorded = runs.read_outcome(run_dir, outcome.began)  # never an earlier launch's "completed"
@@ -211,7 +235,7 @@ def exit_status(outcome: Outcome, job: JobConfig, run_dir: Path) -> int:
     if state == "failed":
         # the ranks decided it (a non-finite loss) and exited 0, their nodes NO_RESTART_RC: none restarts
         return documented(failure) or 1
-    if state == "preempted":
+    if state in ("preempted", "cancelled"):
         return STOPPED_FROM_OUTSIDE
     return documented(failure) if outcome.codes else 1
 

@@ -139,8 +139,9 @@ class Record:
 
 @dataclass
 class StateRecord(Record):
-    """RunDir.state_file: running / completed / preempted / failed / requeued-* (+ step, reason), written by
-    rank 0, the user-code launchers, the node wrappers, a scheduler's requeuing task and the preflight."""
+    """RunDir.state_file: running / completed / preempted / cancelled / failed / requeued-* (+ step, reason),
+    written by rank 0, the user-code launchers, the node wrappers, a scheduler's requeuing task, the preflight and
+    the launcher (cancelled: stopped from outside before any rank recorded an outcome)."""
 
     status: str
     step: Optional[int] = None

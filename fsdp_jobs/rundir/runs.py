@@ -338,6 +338,15 @@ def cancel_recorded(run_dir: Path) -> bool:
     return RunDir(run_dir).cancel_file.exists()
 
 
+def record_cancelled(run_dir: Path, since: Optional[float]) -> None:
+    """A job stopped from outside (Ctrl-C, `fsdp-jobs cancel`) whose ranks recorded no outcome since `since`
+    (stopped before its first step, no rank was there to record the stop) was cancelled, not failed: the state
+    record says so, at the run's step. An outcome the ranks recorded (completed, failed, preempted) stands."""
+    if read_outcome(run_dir, since).status not in ("completed", "failed", "preempted"):
+        write_state(run_dir, status="cancelled", step=read_state(run_dir).step,
+                    reason="stopped from outside before the ranks recorded an outcome")
+
+
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
     """The objects of a JSON-lines file, oldest first: a line cut short by a kill, or not an object, is
     skipped (these files are appended to by processes that may die mid-write)."""

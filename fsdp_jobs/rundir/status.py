@@ -56,4 +56,4 @@ def state_from_training(run: "Run") -> JobState:
     one written since the run's newest launch began (runs.read_outcome). UNKNOWN when it wrote none."""
     status = runs.read_outcome(run.run_dir, run.launch.get("unix")).status or None
     return {"completed": JobState.SUCCEEDED, "failed": JobState.FAILED,
-            "preempted": JobState.CANCELLED}.get(str(status), JobState.UNKNOWN)
+            "preempted": JobState.CANCELLED, "cancelled": JobState.CANCELLED}.get(str(status), JobState.UNKNOWN)

@@ -355,7 +355,8 @@ class DockerBackend(Backend[DockerRequest]):
                             *[c["Id"] for c in found.values()]], capture_output=True, text=True, timeout=600)
         if r.returncode:
             raise UserError("RUN", run.run_dir.name, f"docker stop failed: {r.stderr.strip()[:200]}")
-        return f"stopped {len(found)} containers of {run.run_dir.name} (project {project}); the ranks checkpointed"
+        return (f"stopped {len(found)} containers of {run.run_dir.name} (project {project}); ranks that had begun "
+                "to train checkpointed first")
 
     def scale(self, run: Run, nodes: int) -> str:
         """The job's supervisor starts the new containers (from the compose file it holds in memory, never

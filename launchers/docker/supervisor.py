@@ -159,6 +159,7 @@ def supervise(run_dir: Path, launch: dict[str, Any], job: dict[str, Any], compos
         outcome = supervise_nodes(nodes, sink, cfg.cluster.get("min_nodes") or cfg.nodes,
                                   cfg.cluster.stop_grace_s, grow, began=launch.get("unix"), stop_now=stop_now)
         status = exit_status(outcome, cfg, run_dir)
+        give_to(RunDir(run_dir).state_file, user)  # where exit_status wrote the outcome (a cancel, a script's end)
         result = {"project": project, "time": time.time(), "exit_status": status,
                   "cancelled": outcome.interrupted or runs.cancel_recorded(run_dir)
                                or runs.read_state(run_dir).status == "preempted",

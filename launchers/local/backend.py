@@ -31,7 +31,7 @@ from launchers.common import (NODE_WRAPPER, REPLICA_ADDR_ENV, begin_user_attempt
                               rank_entry, rank_env, replica_env, replica_group, runtime_env, torchrun_args,
                               user_code_dir)
 from launchers.snapshot import take_user_code
-from launchers.supervisor import LogSink, Node, exit_status, supervise, why_not_grow
+from launchers.supervisor import LogSink, Node, exit_status, stop_signals, supervise, why_not_grow
 
 if TYPE_CHECKING:  # types only, never imported at run time: no hydra on the node side, no import cycle
     from fsdp_jobs.planning.config import JobConfig
@@ -263,6 +263,11 @@ class LocalBackend(Backend[LocalRequest]):
 
 
 def run_agents(dryrun: DryRun[LocalRequest], echo: bool = True) -> int:
+    with stop_signals() as caught:  # a Ctrl-C or `fsdp-jobs cancel` from the launch record on stops the job
+        return _run_agents(dryrun, echo, caught)
+
+
+def _run_agents(dryrun: DryRun[LocalRequest], echo: bool, caught: list[int]) -> int:
     plan, cfg = dryrun.plan, dryrun.cfg
     run_dir = Path(plan.run_dir)
     began = time.time()  # the outcome of this launch is a state record written since (runs.read_outcome)
@@ -303,7 +308,8 @@ def run_agents(dryrun: DryRun[LocalRequest], echo: bool = True) -> int:
             lighthouse.follow(sink, done)
         for i, agent in enumerate(dryrun.request.agents):
             nodes.append(AgentNode(f"node{i}", agent))
-        outcome = supervise(nodes, sink, min_live_nodes(plan), cfg.cluster.stop_grace_s, grow, began=began)
+        outcome = supervise(nodes, sink, min_live_nodes(plan), cfg.cluster.stop_grace_s, grow, began=began,
+                            caught=caught)
     finally:
         for n in nodes:  # started before a failure to start the others
             if n.ended() is None:

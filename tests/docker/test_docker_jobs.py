@@ -300,6 +300,20 @@ def test_detached_job_status_list_logs_follow_and_cancel(run_root):
     # run as root without sudo: the containers still did not run as root
     assert {json.loads(p.read_text())["uid"] for p in (run_dir / "ranks").iterdir()} == {65534}
 
+    # cancelled before its first step (its container started, its rank not yet stepping, so none records the
+    # stop): CANCELLED, its state record says so, and the job's status is 143, not a node's SIGTERM (241)
+    assert_ok(cli(f"run_root={run_root}", "name=early", "cluster=docker", "nodes=1", "gpus_per_node=1",
+                  "cluster.detach=true", "train.steps=1000000", *SHORT))
+    assert_ok(cli("cancel", "early", "--run-root", str(run_root)))
+    early = run_root / "early"
+    wait_until("early's containers removed", lambda: (early / "docker" / "result.json").exists()
+               and result(early).get("removed"), None, timeout=120)
+    assert not (early / "metrics.jsonl").exists(), "its rank stepped before the cancel: no test of a cancel before"
+    status = json.loads(cli("status", "early", "--run-root", str(run_root)).stdout)
+    assert status["state"] == "CANCELLED" and status["train"].get("status") == "cancelled", status
+    assert listed_row(cli("list", "--run-root", str(run_root)).stdout, "early")[3] == "CANCELLED"
+    assert result(early)["exit_status"] == 143 and labelled("container", early) == []
+
 
 def test_ctrl_c_stops_exactly_its_own_containers_after_a_checkpoint(run_root):
     from launchers.docker.engine import ensure_skel_image

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import PACED, SHORT, cli, listed_row, metrics
-from tests.slurm.conftest import submit, wait_for, wait_job
+from tests.slurm.conftest import sh, submit, wait_for, wait_job
 
 pytestmark = [pytest.mark.slurm, pytest.mark.usefixtures("slurm_cluster")]
 
@@ -68,3 +68,12 @@ def test_status_list_logs_top_stacks_and_cancel_a_slurm_run_beside_a_local_one(r
     assert "CANCELLED" in json.loads(cli("status", job_id, *root).stdout)["slurm_state"]
     assert listed_row(cli("list", *root).stdout, "ctl")[3] == "CANCELLED"
     assert json.loads(cli("status", "on-local", *root).stdout)["state"] == "SUCCEEDED"
+
+    # cancelled before its first step (still queued: it never holds a node): CANCELLED, never FAILED
+    queued, _, _ = submit(f"run_root={run_root}", "name=queued", "nodes=2", "gpus_per_node=1",
+                          "+cluster.sbatch.begin=now+1hour", *SHORT)
+    assert listed_row(cli("list", *root).stdout, "queued")[3] == "PENDING"
+    sh("scancel", queued, check=True)  # SLURM's own command: the state is SLURM's, not a record of ours
+    assert wait_job(queued, 60) == "CANCELLED"
+    assert json.loads(cli("status", "queued", *root).stdout)["state"] == "CANCELLED"
+    assert listed_row(cli("list", *root).stdout, "queued")[3] == "CANCELLED"

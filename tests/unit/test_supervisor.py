@@ -181,3 +181,41 @@ def test_stop_now_stops_live_nodes_as_a_signal_would_and_is_no_interruption_when
     ended = [ScriptedNode("node0", ends_after=0.0), ScriptedNode("node1", ends_after=0.0)]
     out = supervise(ended, sink, min_nodes=2, stop_grace_s=1, stop_now="the command died")
     assert out.codes == {"node0": 0, "node1": 0} and not out.interrupted and not any(n.stopped for n in ended)
+
+
+def test_a_stop_signal_while_the_nodes_start_stops_them_once_they_are_supervised(sink):
+    """A Ctrl-C or `fsdp-jobs cancel` (SIGTERM) between the launch record and supervise(): SIGTERM's default
+    ended the launcher and a SIGINT could be lost, and the job, stopped before any rank could record it, read as
+    FAILED. stop_signals() keeps it, and supervise(caught=...) acts on it as on its own."""
+    before = signal.getsignal(signal.SIGTERM)
+    with supervisor.stop_signals() as caught:
+        os.kill(os.getpid(), signal.SIGTERM)  # before any node exists
+        node = ScriptedNode("node0", ends_after=1.0)  # would finish by itself, unstopped
+        out = supervise([node], sink, min_nodes=1, stop_grace_s=1, caught=caught)
+    assert caught == [signal.SIGTERM] and node.stopped and out.interrupted
+    assert signal.getsignal(signal.SIGTERM) is before  # restored
+
+
+def test_a_stop_from_outside_before_any_rank_recorded_is_cancelled_not_failed(tmp_path):
+    """Stopped before the first step no rank records the stop: the launcher records it (state cancelled, at the
+    run's step), so status reads CANCELLED, not FAILED, whether a signal reached the launcher (Ctrl-C: 130) or
+    Docker's cancel stopped the containers (cancel-requested: 143, not a node's SIGTERM); an outcome the ranks
+    recorded stands."""
+    from fsdp_jobs.rundir.status import JobState, Run, state_from_training
+
+    job = {"script": None, "module": None}
+    runs.write_state(tmp_path, status="completed", step=8)  # an earlier launch's
+    began = time.time() + 0.01
+    time.sleep(0.02)
+    assert exit_status(Outcome({"node0": 241}, True, began), job, tmp_path) == 130
+    state = runs.read_state(tmp_path)
+    assert (state.status, state.step) == ("cancelled", 8)
+    assert state_from_training(Run(tmp_path, {"backend": "local", "unix": began})) == JobState.CANCELLED
+    began = time.time() + 0.01
+    time.sleep(0.02)
+    runs.record_cancel(tmp_path)  # Docker's cancel, which signals no launcher
+    assert exit_status(Outcome({"node0": 241}, False, began), job, tmp_path) == 143
+    assert runs.read_outcome(tmp_path, began).status == "cancelled"
+    runs.write_state(tmp_path, status="preempted", step=9)  # the ranks checkpointed on the stop
+    assert exit_status(Outcome({"node0": 0}, True, began), job, tmp_path) == 130
+    assert runs.read_state(tmp_path).status == "preempted"
