@@ -213,7 +213,8 @@ def test_list_rows_skip_the_goodput_accounting_that_status_shows(run_root, monke
     assert json.loads(capsys.readouterr().out)["goodput"] is None and len(accounted) == 1
 
 
-HOLD_LOCK = "import fcntl, sys, time\nf = open(sys.argv[1], 'a')\nfcntl.flock(f, fcntl.LOCK_EX)\nprint(1, flush=True)\ntime.sleep(300)\n"
+HOLD_LOCK = ("import fcntl, sys, time\nf = open(sys.argv[1], 'a')\nfcntl.flock(f, fcntl.LOCK_EX)\nprint(1, flush=True)\n"
+             "time.sleep(300)\n")
 
 
 @contextlib.contextmanager
