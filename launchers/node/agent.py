@@ -444,10 +444,11 @@ def main() -> None:
     args = torchrun.parse_args(sys.argv[1:])
     shorten_rendezvous_poll(max_nodes(args.nnodes))
     if forks_the_trainer(args):
-        record(quiet_on_a_stop(launch_forked))(args)  # turns the collector on again once the ranks' imports are frozen
+        # turns the collector on again once the ranks' imports are frozen
+        record(quiet_on_a_stop(name_a_silent_failure(launch_forked)))(args)
     else:
         gc.enable()  # off while torch was imported (pitfall 23); the spawned ranks start with their own on
-        record(quiet_on_a_stop(torchrun.run))(args)
+        record(quiet_on_a_stop(name_a_silent_failure(torchrun.run)))(args)
 
 
 class PlannedStopLines:
@@ -483,6 +484,31 @@ def quiet_on_a_stop(launch: Callable[[Any], Any]) -> Callable[[Any], Any]:
             return launch(args)
         except SignalException:
             raise SystemExit(1) from None
+    return run
+
+
+def name_a_silent_failure(launch: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    """A rank that ends without a Python exception (os._exit(3), a signal: the OOM killer's, a segfault's) writes no
+    error file, and torchrun's `record` then leaves the node's empty: its failure line could only say "torchrun
+    exited 1". The first failure's rank and exit code, or signal, go there instead (launchers/node/wrapper.py
+    reads it where no failure record names the rank: fsdp_jobs/rundir/failures.py)."""
+    def run(args: Any) -> Any:
+        from pathlib import Path
+
+        from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+
+        from launchers.node.wrapper import write_error_file
+
+        try:
+            return launch(args)
+        except ChildFailedError as e:
+            rank, failure = e.get_first_failure()
+            path = os.environ.get("TORCHELASTIC_ERROR_FILE")
+            if path and not os.path.isfile(failure.error_file):
+                how = (f"was killed by {failure.signal_name()}" if failure.exitcode < 0 else
+                       f"exited {failure.exitcode} without a Python exception (os._exit, or a crash in native code)")
+                write_error_file(Path(path), f"rank {rank} {how}")
+            raise
     return run
 
 

@@ -207,3 +207,28 @@ def test_list_shows_a_scripts_own_step_and_a_dash_where_it_is_not_tracked(tmp_pa
     script_run(tmp_path, "plain")
     rows = {line.split()[0]: line.split() for line in ctl.list_lines(tmp_path)[1:] if line.strip()}
     assert rows["hf"][4] == "12" and rows["plain"][4] == "-"  # STEP: what status says, never a 0 it did not train
+
+
+@pytest.mark.parametrize("exitcode, said", [
+    (3, "rank 5 exited 3 without a Python exception (os._exit, or a crash in native code)"),
+    (-9, "rank 5 was killed by SIGKILL"),
+    (1, None),  # the rank wrote its own error file (an exception): torchrun's record copies that one
+])
+def test_a_rank_that_ends_without_an_exception_is_named_in_its_nodes_error_file(tmp_path, monkeypatch, exitcode, said):
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
+
+    from launchers.node.agent import name_a_silent_failure
+    from launchers.node.wrapper import root_cause
+
+    node_file, rank_file = tmp_path / "node0.json", tmp_path / "rank5.json"
+    if said is None:
+        rank_file.write_text(json.dumps({"message": {"message": "ValueError: x", "extraInfo": {"timestamp": "1"}}}))
+    monkeypatch.setenv("TORCHELASTIC_ERROR_FILE", str(node_file))
+
+    def launch(_args: object) -> None:
+        raise ChildFailedError("train.py", {5: ProcessFailure(local_rank=1, pid=1, exitcode=exitcode,
+                                                                error_file=str(rank_file))})
+
+    with pytest.raises(ChildFailedError):
+        name_a_silent_failure(launch)(None)
+    assert root_cause(str(node_file)) == said  # what the node's failure line names when no failure record does
