@@ -69,12 +69,12 @@ def cli() -> int:
     """The command itself (python -m fsdp_jobs, fsdp-jobs)."""
     try:
         return main()
-    finally:
-        # Everything the command built (Hydra's and OmegaConf's nodes, the modules) lives until exit;
-        # frozen, the interpreter's final collection does not walk it again: 45 ms of a 0.35 s dry run.
     except KeyboardInterrupt:  # Ctrl-C before a job started (while planning, submitting): nothing to stop
         print("fsdp-jobs: interrupted", file=sys.stderr)
         return 130
+    finally:
+        # Everything the command built (Hydra's and OmegaConf's nodes, the modules) lives until exit;
+        # frozen, the interpreter's final collection does not walk it again: 45 ms of a 0.35 s dry run.
         gc.freeze()
 
 
