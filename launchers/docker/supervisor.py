@@ -291,8 +291,8 @@ def guard(run_dir: Path, given: dict[str, Any], rest: str) -> int:
 
 
 if __name__ == "__main__":
-    if sys.argv[2:3] == ["--guard"]:
     streams.follow_readers()  # its log file's disk may fill: lines lost, never the job's supervision
+    if sys.argv[2:3] == ["--guard"]:
         first = json.loads(sys.stdin.readline())
         sys.exit(guard(Path(sys.argv[1]), first, sys.stdin.read()))  # read() returns at EOF: the command is gone
     given = json.loads(sys.stdin.read())
