@@ -13,7 +13,7 @@ from omegaconf import DictConfig, OmegaConf
 from fsdp_jobs.planning import backends
 from fsdp_jobs.planning.config import JobConfig, register_schemas, validate
 from fsdp_jobs.planning.errors import UserError
-from fsdp_jobs.planning.input_rules import check_text
+from fsdp_jobs.planning.input_rules import check_numbers, check_text
 
 CONF_DIR = Path(os.environ.get("FSDP_JOBS_CONF", Path(__file__).resolve().parents[2] / "conf"))
 
@@ -139,4 +139,5 @@ def _compose_one(hydra_compose: Any, overrides: list[str]) -> tuple[JobConfig, d
     assert isinstance(job, dict)
     job.pop("hydra", None)
     check_text(job)
+    check_numbers(job)
     return cfg, job

@@ -11,9 +11,10 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Union
 
-from fsdp_jobs.planning import backends
+from fsdp_jobs.planning import backends, targets
 from fsdp_jobs.planning.cluster_config import choice, positive
-from fsdp_jobs.planning.input_rules import MAX_NODES, check_env_names, check_name, check_sizes, check_target, finite
+from fsdp_jobs.planning.input_rules import (FLOAT32_MAX, MAX_NODES, TIMEDELTA_MAX_S, check_env_names, check_name,
+                                            check_sizes, check_target, finite)
 from fsdp_jobs.planning.byo import validate as validate_byo
 from fsdp_jobs.planning.errors import UserError
 
@@ -390,11 +391,15 @@ def _validate_model(cfg: JobConfig) -> None:
         raise UserError("model.dim", m.dim, f"must be divisible by model.n_heads={m.n_heads}")
     if m.n_kv_heads is not None and (m.n_kv_heads < 1 or m.n_heads % m.n_kv_heads):
         raise UserError("model.n_kv_heads", m.n_kv_heads, f"must divide model.n_heads={m.n_heads}")
+    if m._target_ == ModelConfig._target_ and (m.dim // m.n_heads) % 2:  # the built-in model's rotary embedding
+        raise UserError("model.dim", m.dim, f"gives {m.dim // m.n_heads} channels per head (model.dim / model.n_heads="
+                                            f"{m.n_heads}), which must be even: the rotary embedding turns pairs of them")
 
 
 def _validate_train(cfg: JobConfig) -> None:
     t = cfg.train
     positive("train.steps", t.steps)
+    positive("train.seed", t.seed, minimum=0)  # numpy's generators take no negative seed
     positive("train.batch_per_rank", t.batch_per_rank)
     if t.global_batch_size is not None:
         positive("train.global_batch_size", t.global_batch_size)
@@ -415,7 +420,11 @@ def _validate_train(cfg: JobConfig) -> None:
         raise UserError("train.betas", list(t.betas), "must be two numbers, e.g. [0.9,0.95]")
     for i, beta in enumerate(t.betas):
         finite(f"train.betas[{i}]", beta, 0, 1, high_open=True)
-    finite("train.collective_timeout_s", t.collective_timeout_s, 10)
+    top = FLOAT32_MAX * (1 - t.betas[0])  # AdamW's first step: lr / (1 - beta1), a float32
+    if t.lr > top:
+        raise UserError("train.lr", t.lr, f"is more than AdamW's float32 step can hold with train.betas[0]={t.betas[0]}"
+                                          f" (lr / (1 - beta1) overflows): at most {top:.3g}")
+    finite("train.collective_timeout_s", t.collective_timeout_s, 10, TIMEDELTA_MAX_S)
     validate_trackers(t)
 
 
@@ -470,6 +479,11 @@ def _validate_data(cfg: JobConfig) -> None:
                         *(("fsdp.wrap.transformer_blocks", b) for b in f.wrap.transformer_blocks)):
         check_target(key, target)
         _importable(key, target)
+    # as the ranks call them (fsdp_jobs/runtime/shard.py, data.py), read from their source, not imported
+    targets.check_callable("model._target_", m._target_, targets.MODEL_SHAPE_KEYS, m.kwargs, "model.kwargs")
+    targets.check_callable("data._target_", d._target_, targets.DATA_KEYS, d.kwargs, "data.kwargs")
+    for block in f.wrap.transformer_blocks:
+        targets.check_class("fsdp.wrap.transformer_blocks", block)
 
 
 def validate_interval(cfg: JobConfig) -> None:

@@ -32,6 +32,10 @@ TC_RATE = re.compile(r"[1-9][0-9]{0,5}(kbit|mbit|gbit)")  # chaos slow-link --ra
 # sizes that would take minutes to plan or allocate are refused before planning starts
 MAX_NODES = 10_000
 MAX_GPUS_PER_NODE = 64
+# what the ranks hand every integer and timeout to: a tensor's int64, a C long, a datetime.timedelta
+INT64_MIN, INT64_MAX = -2**63, 2**63 - 1
+FLOAT32_MAX = 3.4028234663852886e38
+TIMEDELTA_MAX_S = 999_999_999 * 86_400  # torch.distributed takes its timeouts as a timedelta
 
 
 def walk(value: Any, key: str = "") -> Iterator[tuple[str, Any]]:
@@ -57,6 +61,14 @@ def check_text(job: dict[str, Any]) -> None:
         if CONTROL.search(value):
             raise UserError(key, value, "control characters (newline, tab, escape ...) are not allowed in any "
                                         "value; only cluster.setup holds shell lines")
+
+
+def check_numbers(job: dict[str, Any]) -> None:
+    """Every integer of the resolved job fits the 64-bit integer a rank converts it to (a seed, a step, a
+    size, a timeout): a larger one passed every other check and failed on every rank."""
+    for key, value in walk(job):
+        if isinstance(value, int) and not isinstance(value, bool) and not INT64_MIN <= value <= INT64_MAX:
+            raise UserError(key, value, f"must fit a 64-bit integer (from {INT64_MIN} to {INT64_MAX})")
 
 
 def check_name(key: str, value: Any) -> None:

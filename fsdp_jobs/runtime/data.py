@@ -11,6 +11,8 @@ from typing import Protocol, TYPE_CHECKING
 import numpy as np
 import torch
 
+from fsdp_jobs.planning.targets import DATA_KEYS
+
 if TYPE_CHECKING:  # types only, never imported at run time: no hydra on the node side, no import cycle
     from fsdp_jobs.planning.config import DataConfig
 
@@ -83,8 +85,8 @@ def build_dataset(data_cfg: DataConfig, seed: int, vocab_size: int) -> TokenData
     from fsdp_jobs.runtime.imports import import_object
 
     cls = import_object(data_cfg._target_)
-    offered = {"seed": seed, "seq_len": data_cfg.seq_len, "vocab_size": vocab_size,
-               "path": data_cfg.path, "token_dtype": data_cfg.token_dtype}
+    # planning checks the class's signature against these names (fsdp_jobs/planning/targets.py)
+    offered = dict(zip(DATA_KEYS, (seed, data_cfg.seq_len, vocab_size, data_cfg.path, data_cfg.token_dtype)))
     params = inspect.signature(cls).parameters
     kwargs = {k: v for k, v in offered.items() if k in params}
     kwargs.update(data_cfg.kwargs or {})

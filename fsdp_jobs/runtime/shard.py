@@ -22,13 +22,11 @@ from torch.distributed.tensor import DTensor
 from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
 from fsdp_jobs.models.names import plain_name
+from fsdp_jobs.planning.targets import MODEL_SHAPE_KEYS
 from fsdp_jobs.runtime.imports import import_object
 
 if TYPE_CHECKING:  # types only: the ranks get them from fsdp_jobs/planning/config.py rank_config
     from fsdp_jobs.planning.config import FSDPConfig, ModelConfig, WrapConfig
-
-MODEL_SHAPE_KEYS = ("dim", "n_layers", "n_heads", "n_kv_heads", "ffn_dim", "vocab_size", "max_seq_len",
-                    "norm_eps", "rope_theta", "tie_embeddings")
 
 
 def dtype_of(name: str | None) -> torch.dtype | None:
