@@ -15,6 +15,9 @@ if TYPE_CHECKING:  # types only, never imported at run time: no hydra on the nod
     from fsdp_jobs.planning.config import JobConfig
 
 DTYPE_SIZES = {"uint8": 1, "uint16": 2, "int16": 2, "uint32": 4, "int32": 4, "int64": 8}
+TOKEN_FILE = "fsdp_jobs.runtime.data.TokenFile"  # conf/data/token_file.yaml: the reader whose format this is
+SCAN_WHOLE_BYTES = 64 * 1024 * 1024  # token ids read at planning: the whole file up to this, else as many in blocks
+SCAN_BLOCKS = 64
 
 
 def host_token_file(cfg: JobConfig) -> Optional[Path]:
@@ -44,6 +47,31 @@ def check_token_file(cfg: JobConfig) -> None:
     if tokens < cfg.data.seq_len + 2:
         raise UserError("data.path", path, f"holds {tokens} {cfg.data.token_dtype} tokens, fewer than "
                                            f"data.seq_len+2={cfg.data.seq_len + 2}")
+    if cfg.data._target_ == TOKEN_FILE:
+        check_token_ids(cfg, p)
+
+
+def check_token_ids(cfg: JobConfig, p: Path) -> None:
+    """Every id the file holds must index the model's embedding (0 <= id < model.vocab_size): the ranks
+    failed at the first window holding one. A file up to SCAN_WHOLE_BYTES is read whole; a larger one in
+    SCAN_BLOCKS blocks spread over it, first and last included (a dry run stays quick on terabytes, and a
+    wrong data.token_dtype or tokenizer shows in every block)."""
+    import numpy as np  # here: only a token file pays for it
+
+    dtype, vocab = np.dtype(str(cfg.data.token_dtype)), cfg.model.vocab_size
+    tokens = np.memmap(p, dtype=dtype, mode="r")
+    block = SCAN_WHOLE_BYTES // SCAN_BLOCKS // dtype.itemsize
+    starts = [0] if len(tokens) * dtype.itemsize <= SCAN_WHOLE_BYTES else \
+        np.linspace(0, len(tokens) - block, SCAN_BLOCKS).astype(np.int64).tolist()
+    span = len(tokens) if starts == [0] else block
+    for start in starts:
+        window = tokens[start:start + span]
+        bad = np.flatnonzero((window >= vocab) | (window < 0))
+        if len(bad):
+            at = start + int(bad[0])
+            raise UserError("data.path", cfg.data.path, f"holds token id {int(tokens[at])} at position {at}, outside "
+                                                        f"model.vocab_size={vocab} (0 to {vocab - 1}): a wrong "
+                                                        "data.token_dtype, or a tokenizer of another vocabulary?")
 
 
 def looks_like_text(path: Path) -> bool:

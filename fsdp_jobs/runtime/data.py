@@ -65,10 +65,11 @@ class TokenFile:
         start = int(sample_generator(self.seed, index).integers(0, self.windows + 1))
         window = self.tokens[start:start + self.seq_len + 1].astype(np.int64)
         # an id past the embedding table would be an opaque index error deep in the model
-        if self.vocab_size is not None and window.max() >= self.vocab_size:
-            bad = int(np.argmax(window >= self.vocab_size))
-            raise ValueError(f"{self.path}: token id {int(window[bad])} at position {start + bad} is >= "
-                             f"model.vocab_size={self.vocab_size}; wrong data.token_dtype or tokenizer?")
+        if self.vocab_size is not None and (window.max() >= self.vocab_size or window.min() < 0):
+            bad = int(np.argmax((window >= self.vocab_size) | (window < 0)))
+            raise ValueError(f"{self.path}: token id {int(window[bad])} at position {start + bad} is outside "
+                             f"model.vocab_size={self.vocab_size} (0 to {self.vocab_size - 1}); wrong "
+                             "data.token_dtype or tokenizer?")
         return torch.from_numpy(window)
 
 

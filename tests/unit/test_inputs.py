@@ -56,6 +56,44 @@ def test_token_id_past_the_vocabulary_names_file_id_and_position(tmp_path):
     tokens[40:] = 700
     tokens.tofile(f)
     data = TokenFile(seed=0, seq_len=98, path=str(f), vocab_size=512)  # one window: positions 0..98
-    with pytest.raises(ValueError, match=rf"{f}: token id 700 at position (40|41) is >= model.vocab_size=512"):
+    with pytest.raises(ValueError, match=rf"{f}: token id 700 at position (40|41) is outside model.vocab_size=512"):
         data[0]
     assert TokenFile(seed=0, seq_len=30, path=str(f), vocab_size=1024)[0].max() <= 700
+
+
+def test_token_ids_outside_the_vocabulary_are_refused_at_planning(run_root, tmp_path):
+    """The ranks failed at the first window holding such an id, each after its start-up (175 lines); a dry
+    run passed. Ids in range plan; one past the end, or a negative one of a signed dtype, is refused."""
+    ok, high, negative = tmp_path / "ok.bin", tmp_path / "high.bin", tmp_path / "negative.bin"
+    (np.arange(4000) % 512).astype(np.uint16).tofile(ok)
+    tokens = (np.arange(4000) % 512).astype(np.uint16)
+    tokens[3990] = 512
+    tokens.tofile(high)
+    np.full(4000, -1, dtype=np.int32).tofile(negative)
+    assert cli(f"run_root={run_root}", "dry_run=true", "data=token_file", f"data.path={ok}").returncode == 0
+    line = refused(run_root, "data=token_file", f"data.path={high}")
+    assert "token id 512 at position 3990, outside model.vocab_size=512" in line
+    line = refused(run_root, "data=token_file", f"data.path={negative}", "data.token_dtype=int32")
+    assert "token id -1 at position 0" in line
+
+
+def test_a_large_token_file_is_read_in_blocks_that_include_its_last(tmp_path, monkeypatch):
+    """Above SCAN_WHOLE_BYTES the file is sampled (a dry run stays quick on terabytes), first and last
+    block included: a bad id in the last block is found, one between the blocks is not looked at."""
+    from types import SimpleNamespace
+
+    from fsdp_jobs.planning import inputs
+    from fsdp_jobs.planning.errors import UserError
+
+    monkeypatch.setattr(inputs, "SCAN_WHOLE_BYTES", 8 * 1024)
+    monkeypatch.setattr(inputs, "SCAN_BLOCKS", 4)  # 4 blocks of 1,024 uint16 over 100,000 tokens
+    f = tmp_path / "tokens.bin"
+    cfg = SimpleNamespace(data=SimpleNamespace(path=str(f), token_dtype="uint16"), model=SimpleNamespace(vocab_size=512))
+    tokens = np.zeros(100_000, dtype=np.uint16)
+    tokens[50_000] = 999  # between the second and third block
+    tokens.tofile(f)
+    inputs.check_token_ids(cfg, f)
+    tokens[99_999] = 600
+    tokens.tofile(f)
+    with pytest.raises(UserError, match="token id 600 at position 99999"):
+        inputs.check_token_ids(cfg, f)
