@@ -43,6 +43,7 @@ from launchers.common import (NODE_WRAPPER, begin_user_attempt, lighthouse_comma
 from launchers.docker.engine import (COMPOSE_FILE, DOWN_TIMEOUT_S, RESULT_FILE, SKEL_IMAGE, compose_command, container_user,
                                      containers, docker, docker_dir, engine_error, ensure_skel_image, give_to, read_result)
 from launchers.node.wrapper import ENGINE_RESTARTS_ENV
+from launchers.supervisor import stop_signals
 from launchers.snapshot import PROJECT_ROOT, next_snapshot_dir, take_snapshot, take_user_code
 
 if TYPE_CHECKING:  # types only, never imported at run time: no hydra on the node side, no import cycle
@@ -273,8 +274,6 @@ class DockerBackend(Backend[DockerRequest]):
                       agent_env={k: v for k, v in node0["environment"].items() if k in runtime_env(cfg)})
 
     def submit(self, dryrun: DryRun[DockerRequest]) -> Submitted:
-        from launchers.docker import supervisor as docker_supervisor
-
         plan, cfg, req = dryrun.plan, dryrun.cfg, dryrun.request
         run_dir = Path(plan.run_dir)
         if cfg.cluster.image == "auto":
@@ -291,17 +290,28 @@ class DockerBackend(Backend[DockerRequest]):
                               extra=dict(project=req.project, file=req.file, user=container_user(cfg),
                                          detach=bool(cfg.cluster.detach), down=req.commands[1],
                                          compose=compose_command(cfg), grace=cfg.cluster.stop_grace_s + 15, **code))
+        with stop_signals() as caught:  # from the launch record on, a Ctrl-C stops the containers once they run
+            return self.start_containers(dryrun, launch, caught)
+
+    def start_containers(self, dryrun: DryRun[DockerRequest], launch: LaunchRecord, caught: list[int]) -> Submitted:
+        """Record the launch, start the containers and supervise them (attached, or a stop signal `caught` while
+        they started: stopped at once, CANCELLED) or leave that to a detached supervisor."""
+        from launchers.docker import supervisor as docker_supervisor
+
+        plan, cfg, req = dryrun.plan, dryrun.cfg, dryrun.request
+        run_dir = Path(plan.run_dir)
         runs.record_launch(run_dir, launch)
         launch_fields = launch.to_json()  # what the supervisor reads back, as the launch record holds it
         job = runs.load_job(run_dir)  # as submit wrote it, before any container could touch the run dir
         (docker_dir(run_dir) / RESULT_FILE).unlink(missing_ok=True)
         give_to(run_dir, container_user(cfg))
-        up = subprocess.run(req.commands[0], capture_output=True, text=True, timeout=300)
+        # in a session of its own: the terminal's Ctrl-C stops the job (caught), never cuts compose up half way
+        up = subprocess.run(req.commands[0], capture_output=True, text=True, timeout=300, start_new_session=True)
         if up.returncode:
             subprocess.run(req.commands[1], capture_output=True, timeout=300)
             lines = [ln for ln in up.stderr.strip().splitlines() if ln.strip()] or ["(no output)"]
             raise UserError("cluster", "docker", f"docker compose up failed: {lines[-1][:300]}")
-        if cfg.cluster.detach:
+        if cfg.cluster.detach and not caught:
             pid = docker_supervisor.start_detached(run_dir, launch_fields, job, req.compose)
             print(f"started {plan.nodes + plan.spare_nodes} containers (compose project {req.project}): {plan.name}\n"
                   f"  run dir:  {run_dir}\n"
@@ -311,7 +321,7 @@ class DockerBackend(Backend[DockerRequest]):
             return Submitted(req.project)
         guardian = docker_supervisor.start_guardian(run_dir, launch_fields, job, req.compose)
         try:
-            status = docker_supervisor.supervise(run_dir, launch_fields, job, req.compose, echo=True)
+            status = docker_supervisor.supervise(run_dir, launch_fields, job, req.compose, echo=True, caught=caught)
         except BaseException:  # a second Ctrl-C in the clean-up, an error: the guardian finishes it
             docker_supervisor.release_guardian(guardian, done=False)
             raise

@@ -122,7 +122,7 @@ class ContainerNode(Node):
 
 
 def supervise(run_dir: Path, launch: dict[str, Any], job: dict[str, Any], compose: dict[str, Any],
-              echo: bool = False, stop_now: Optional[str] = None) -> int:
+              echo: bool = False, stop_now: Optional[str] = None, caught: Optional[list[int]] = None) -> int:
     """Until every container has ended for good; then record, clean up, and return the job's status.
     `launch` (project, user, the `down` command), `job` and the `compose` spec come from the submitting
     process, in memory: never read back from the run dir, which the containers' user can rewrite while
@@ -157,7 +157,8 @@ def supervise(run_dir: Path, launch: dict[str, Any], job: dict[str, Any], compos
     removed = False
     try:
         outcome = supervise_nodes(nodes, sink, cfg.cluster.get("min_nodes") or cfg.nodes,
-                                  cfg.cluster.stop_grace_s, grow, began=launch.get("unix"), stop_now=stop_now)
+                                  cfg.cluster.stop_grace_s, grow, began=launch.get("unix"), stop_now=stop_now,
+                                  caught=caught)
         status = exit_status(outcome, cfg, run_dir)
         give_to(RunDir(run_dir).state_file, user)  # where exit_status wrote the outcome (a cancel, a script's end)
         result = {"project": project, "time": time.time(), "exit_status": status,

@@ -319,6 +319,20 @@ def test_ctrl_c_stops_exactly_its_own_containers_after_a_checkpoint(run_root):
     from launchers.docker.engine import ensure_skel_image
 
     ensure_skel_image()
+    # Ctrl-C while the containers start (compose up, which the terminal's Ctrl-C reached too, was cut half way and
+    # the job read FAILED, "no containers left and no recorded result"): they start, stop, are removed: CANCELLED
+    early = subprocess.Popen([sys.executable, "-m", "fsdp_jobs", f"run_root={run_root}", "name=early", "cluster=docker",
+                              "nodes=1", "gpus_per_node=1", "train.steps=1000000", *SHORT], cwd=REPO, text=True,
+                             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                             start_new_session=True)  # a terminal's foreground group, of its own
+    wait_for_file(run_root / "early" / "launches.jsonl", early)
+    os.killpg(early.pid, signal.SIGINT)  # what Ctrl-C delivers: to the command and whatever it runs in the foreground
+    out, _ = early.communicate(timeout=300)
+    assert early.returncode == 130 and "cancelled (exit status 130): early" in out, out[-3000:]
+    assert not (run_root / "early" / "metrics.jsonl").exists() and labelled("container", run_root / "early") == []
+    status = json.loads(cli("status", "early", "--run-root", str(run_root)).stdout)
+    assert status["state"] == "CANCELLED" and status["train"].get("status") == "cancelled", status
+    assert listed_row(cli("list", "--run-root", str(run_root)).stdout, "early")[3] == "CANCELLED"
     bystander = subprocess.run(["docker", "run", "-d", "--rm", "-v", "/usr:/usr:ro", "fsdp-jobs-skel:1", "/bin/sleep",
                                 "600"], capture_output=True, text=True)
     assert bystander.returncode == 0, bystander.stderr
