@@ -13,7 +13,7 @@ from omegaconf import DictConfig, OmegaConf
 from fsdp_jobs.planning import backends
 from fsdp_jobs.planning.config import JobConfig, register_schemas, validate
 from fsdp_jobs.planning.errors import UserError
-from fsdp_jobs.planning.input_rules import check_numbers, check_text
+from fsdp_jobs.planning.input_rules import check_numbers, check_text, check_utf8
 
 CONF_DIR = Path(os.environ.get("FSDP_JOBS_CONF", Path(__file__).resolve().parents[2] / "conf"))
 
@@ -50,6 +50,11 @@ def _translate(exc: BaseException, overrides: list[str]) -> UserError:
     if m:
         return UserError(m.group(1), m.group(2), "a value with ',' is a sweep (run it with -m) or must be quoted: "
                                                  f"{m.group(1)}='{m.group(2)}'")
+    m = re.match(r"LexerNoViableAltException: ([^=\s]+)=(.*)", text)  # a non-ASCII letter, '#', '&', a quote
+    if m:
+        key, value = m.groups()
+        return UserError(key, value, "Hydra reads a value holding characters other than ASCII letters, digits and "
+                                     f"/ . - + _ only in quotes: {key}='{value}' (in a shell: \"{key}='{value}'\")")
     first = text.strip().splitlines()[0] if text.strip() else type(exc).__name__
     return UserError("", None, f"bad override: {first}")
 
@@ -122,6 +127,7 @@ def _compose_one(hydra_compose: Any, overrides: list[str]) -> tuple[JobConfig, d
     for o in overrides:
         if "=" not in o:
             raise UserError(o, None, "overrides are key=value (e.g. nodes=4, fsdp=full_shard)")
+        check_utf8(*o.split("=", 1))  # before Hydra's parser, which would only ask for quotes
     try:
         cfg = hydra_compose("config", overrides=overrides)
     except (HydraException, OmegaConfBaseException, ValueError) as e:
@@ -140,4 +146,5 @@ def _compose_one(hydra_compose: Any, overrides: list[str]) -> tuple[JobConfig, d
     job.pop("hydra", None)
     check_text(job)
     check_numbers(job)
+    check_utf8("run_root", str(Path(cfg.run_root).expanduser().absolute()))  # the working directory's path too
     return cfg, job

@@ -56,11 +56,30 @@ def walk(value: Any, key: str = "") -> Iterator[tuple[str, Any]]:
 def check_text(job: dict[str, Any]) -> None:
     """No control character in any key or value of the resolved job, except shell lines."""
     for key, value in walk(job):
-        if key.split("[")[0] in SHELL_KEYS or not isinstance(value, str):
+        if not isinstance(value, str):
             continue
-        if CONTROL.search(value):
+        check_utf8(key, value)
+        if key.split("[")[0] not in SHELL_KEYS and CONTROL.search(value):
             raise UserError(key, value, "control characters (newline, tab, escape ...) are not allowed in any "
                                         "value; only cluster.setup holds shell lines")
+
+
+def check_utf8(key: str, value: str) -> None:
+    """A value (or a path made absolute from the working directory) holding bytes that are not UTF-8: Python
+    keeps them as lone surrogates, which every record, log line and node command of the job (UTF-8 text)
+    failed to encode, the node wrappers first, in a traceback each."""
+    try:
+        value.encode("utf-8")
+        return
+    except UnicodeEncodeError:
+        raw = value.encode("utf-8", "surrogateescape")  # the bytes as they came
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise UserError(key, raw, "holds bytes that are not UTF-8 (a name in another encoding); the job's records "
+                                  "and commands are UTF-8 text: use a UTF-8 name or path") from None
+    raise UserError(key, text, f"is UTF-8, but this Python reads it as {sys.getfilesystemencoding()} (the locale "
+                               "is not UTF-8): run with LANG=C.UTF-8 or PYTHONUTF8=1, or use an ASCII name or path")
 
 
 def check_numbers(job: dict[str, Any]) -> None:

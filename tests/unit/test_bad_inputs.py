@@ -72,6 +72,10 @@ JOB_CASES = [
      "defines no Block"),
     (["fsdp.wrap.transformer_blocks=[fsdp_jobs.models.llama.rope_table]"], "fsdp.wrap.transformer_blocks=",
      "is a function; name a class"),
+    # bytes that are not UTF-8 (as Python keeps them: lone surrogates) failed in every node wrapper's traceback
+    (["data=token_file", "data.path=/tmp/caf\udce9/tokens.bin"], "data.path=b'/tmp/caf\\xe9/tokens.bin'",
+     "holds bytes that are not UTF-8"),
+    (["name=café"], "name='café'", "only in quotes: name='café'"),  # Hydra's parser: was 'LexerNoViableAltException'
     (["data=token_file", "data.path=/etc/services"], "data.path='/etc/services'", "is a text file"),
     (["data=token_file", "data.path=/nonexistent/tokens.bin"], "data.path=", "no such file"),
     (["checkpoint.interval=-1"], "checkpoint.interval=-1", ">= 0"),
