@@ -169,7 +169,7 @@ def record(sweep: Optional[str], m: Member, job_id: str) -> None:
                        params={k: secret_env.mask(v, m.secrets) for k, v in m.params.items()}, backend=m.backend.name,
                        job_id=job_id, run_dir=m.plan.run_dir, config_hash=runs.job_hash(m.job))
     except Exception as e:  # noqa: BLE001  a journal we cannot write must not hide that the job went out
-        print(f"fsdp-jobs: warning: could not record {m.name} in the journal {journal.path()}: {e}", file=sys.stderr)
+        print(f"fsdp-jobs: warning: could not record {m.name} in the journal {journal.where()}: {e}", file=sys.stderr)
 
 
 def _busy(sweep: Optional[str], m: Member, holder: Optional[int]) -> UserError:

@@ -46,15 +46,30 @@ CREATE INDEX IF NOT EXISTS refusals_run ON refusals (run_dir);
 
 
 def state_dir() -> Path:
+    """Raises UserError where the user has no home directory and none of the variables names a place."""
     explicit = os.environ.get("FSDP_JOBS_STATE_DIR")
     if explicit:
         return Path(explicit).expanduser()
-    base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
-    return Path(base).expanduser() / "fsdp-jobs"
+    xdg = os.environ.get("XDG_STATE_HOME")
+    if xdg and Path(xdg).is_absolute():  # a relative one is invalid (XDG Base Directory spec): ignored
+        return Path(xdg) / "fsdp-jobs"
+    try:
+        return Path.home() / ".local" / "state" / "fsdp-jobs"
+    except (RuntimeError, KeyError):  # HOME unset and no passwd entry: a container run as an unnamed uid
+        raise UserError("", None, f"no home directory to keep the journal in (HOME is unset and uid {os.getuid()} "
+                                  "has no passwd entry): set HOME, XDG_STATE_HOME or FSDP_JOBS_STATE_DIR") from None
 
 
 def path() -> Path:
     return state_dir() / "journal.sqlite"
+
+
+def where() -> str:
+    """The journal's path for a message, or why there is none; never raises."""
+    try:
+        return str(path())
+    except UserError as e:
+        return f"(none: {e.allowed})"
 
 
 def damaged(e: Exception) -> UserError:
@@ -65,7 +80,12 @@ def damaged(e: Exception) -> UserError:
 
 
 def _connect(create: bool) -> Optional[sqlite3.Connection]:
-    p = path()
+    try:
+        p = path()
+    except UserError:
+        if create:
+            raise
+        return None  # nowhere to keep one: there is none to read (runs are found under the run root)
     if not create and not p.is_file():
         return None  # reading never creates the state directory
     p.parent.mkdir(parents=True, exist_ok=True, mode=0o700)

@@ -46,3 +46,53 @@ def test_a_locale_that_is_not_utf8_names_the_locale(tmp_path):
     assert "is UTF-8, but this Python reads it as ascii (the locale is not UTF-8)" in line, line
     assert "LANG=C.UTF-8" in line
     assert dry_run(tmp_path, {"LC_ALL": "C.UTF-8"}, f"run_root='{tmp_path}/ünï'").returncode == 0
+
+
+@pytest.fixture
+def homeless(monkeypatch: pytest.MonkeyPatch) -> None:
+    """HOME unset and a uid with no passwd entry: a container run as `--user 12345`."""
+    import pwd
+
+    for name in ("HOME", "FSDP_JOBS_STATE_DIR", "XDG_STATE_HOME"):
+        monkeypatch.delenv(name, raising=False)
+
+    def no_entry(uid: int) -> None:
+        raise KeyError(f"getpwuid(): uid not found: {uid}")
+
+    monkeypatch.setattr(pwd, "getpwuid", no_entry)
+
+
+def test_without_a_home_directory_the_commands_work_and_a_submission_only_warns(homeless, run_root, capsys):
+    """`fsdp-jobs list` ended in 'RuntimeError: Could not determine home directory.'; a submission's journal
+    warning called for the journal's path again inside its own handler, a second traceback after the job."""
+    from types import SimpleNamespace
+
+    from fsdp_jobs.__main__ import main
+    from fsdp_jobs.cli import submit
+    from fsdp_jobs.planning.errors import UserError
+    from fsdp_jobs.rundir import journal
+
+    assert main(["list", "--run-root", str(run_root)]) == 0
+    assert journal.sweeps() == [] and journal.last_refusal(run_root / "x") is None  # no journal to read
+    with pytest.raises(UserError, match="no home directory to keep the journal in .* set HOME, XDG_STATE_HOME or "
+                                        "FSDP_JOBS_STATE_DIR"):
+        journal.path()
+    capsys.readouterr()
+    member = SimpleNamespace(name="m", overrides=[], secrets={}, params={}, backend=SimpleNamespace(name="local"),
+                             plan=SimpleNamespace(run_dir=str(run_root / "m")), job={"name": "m"})
+    submit.record(None, member, "1")  # type: ignore[arg-type]
+    err = capsys.readouterr().err
+    assert err.startswith("fsdp-jobs: warning: could not record m in the journal (none: no home directory")
+    assert len(err.strip().splitlines()) == 1
+
+
+def test_a_relative_xdg_state_home_is_ignored(tmp_path, monkeypatch):
+    """The XDG spec calls a relative path invalid: the journal went into whatever directory the command ran in."""
+    from fsdp_jobs.rundir import journal
+
+    monkeypatch.delenv("FSDP_JOBS_STATE_DIR", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("XDG_STATE_HOME", "state")
+    assert journal.path() == tmp_path / "home" / ".local" / "state" / "fsdp-jobs" / "journal.sqlite"
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "xdg"))
+    assert journal.path() == tmp_path / "xdg" / "fsdp-jobs" / "journal.sqlite"
