@@ -2,10 +2,18 @@
 
 from __future__ import annotations
 
+import ast
+import importlib.util
+import re
 from dataclasses import dataclass
-from typing import Optional
+from pathlib import Path
+from typing import TYPE_CHECKING, Optional
 
 from fsdp_jobs.planning.cluster_config import ClusterConfig, register_cluster_schema
+from fsdp_jobs.planning.errors import UserError
+
+if TYPE_CHECKING:  # types only: no import cycle
+    from fsdp_jobs.planning.config import JobConfig
 
 NAME = "local"
 SPARE_NODES = True  # cluster.spare_nodes: K more agents (launchers/local/backend.py agent_count)
@@ -33,3 +41,40 @@ def register() -> None:
 
 def validate(cl: LocalClusterConfig) -> None:
     """Nothing beyond the common keys (fsdp_jobs/planning/config.py ClusterConfig)."""
+
+
+def check_device(cfg: JobConfig) -> None:
+    """cluster.device=cuda: the simulated nodes are this machine, so its torch and its GPUs are the job's. A
+    CPU-only torch, or no NVIDIA GPU, failed every rank at torch.cuda.set_device after the job had started.
+    Asked by a submission (LocalBackend.check), not by a dry run, which may plan a GPU job anywhere."""
+    if cfg.cluster.device != "cuda":
+        return
+    build = torch_build()
+    if build.get("cuda") is None and build.get("hip") is None and "__version__" in build:
+        raise UserError("cluster.device", "cuda", f"this machine's torch {build['__version__']} is a CPU-only build; "
+                                                  "use cluster.device=cpu, or install a CUDA build of torch")
+    if build.get("cuda") is not None and not nvidia_gpus():
+        raise UserError("cluster.device", "cuda", "this machine shows no NVIDIA GPU (no /dev/nvidia0, /dev/nvidia1 "
+                                                  "...); use cluster.device=cpu")
+
+
+def torch_build() -> dict[str, Optional[str]]:
+    """__version__, cuda and hip of the installed torch, read from torch/version.py (importing torch would cost
+    the dry run seconds); {} where it cannot be read."""
+    spec = importlib.util.find_spec("torch")
+    where = list(spec.submodule_search_locations or []) if spec else []
+    try:
+        tree = ast.parse((Path(where[0]) / "version.py").read_text())
+    except (IndexError, OSError, SyntaxError, ValueError):
+        return {}
+    out: dict[str, Optional[str]] = {}
+    for node in tree.body:
+        target = node.targets[0] if isinstance(node, ast.Assign) else getattr(node, "target", None)
+        if isinstance(target, ast.Name) and isinstance(getattr(node, "value", None), ast.Constant):
+            out[target.id] = node.value.value  # type: ignore[union-attr]
+    return out
+
+
+def nvidia_gpus() -> int:
+    """The NVIDIA GPUs this machine (or container) exposes: its /dev/nvidiaN device files."""
+    return sum(1 for p in Path("/dev").glob("nvidia*") if re.fullmatch(r"nvidia[0-9]+", p.name))

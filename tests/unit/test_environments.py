@@ -5,6 +5,7 @@ tests/integration/test_user_environment.py.)"""
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -96,3 +97,43 @@ def test_a_relative_xdg_state_home_is_ignored(tmp_path, monkeypatch):
     assert journal.path() == tmp_path / "home" / ".local" / "state" / "fsdp-jobs" / "journal.sqlite"
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "xdg"))
     assert journal.path() == tmp_path / "xdg" / "fsdp-jobs" / "journal.sqlite"
+
+
+# cluster=local, cluster.device=cuda on this machine: (its torch's version.py, its /dev/nvidiaN count) -> refusal
+DEVICE_CASES = [
+    ({"__version__": "2.13.0+cpu", "cuda": None, "hip": None}, 0, "torch 2.13.0+cpu is a CPU-only build"),
+    ({"__version__": "2.13.0+cpu", "cuda": None, "hip": None}, 8, "torch 2.13.0+cpu is a CPU-only build"),
+    ({"__version__": "2.13.0+cu128", "cuda": "12.8", "hip": None}, 0, "shows no NVIDIA GPU"),
+    ({"__version__": "2.13.0+cu128", "cuda": "12.8", "hip": None}, 1, None),
+    ({"__version__": "2.13.0+rocm6.4", "cuda": None, "hip": "6.4"}, 0, None),  # ROCm's GPUs are no /dev/nvidiaN
+    ({}, 0, None),  # no readable torch/version.py: the ranks will say
+]
+
+
+@pytest.mark.parametrize("build, gpus, refused", DEVICE_CASES, ids=[f"{c[0].get('__version__')}-{c[1]}" for c in DEVICE_CASES])
+def test_a_local_cuda_job_needs_this_machines_torch_and_gpus(run_root, monkeypatch, build, gpus, refused):
+    """Every rank failed at torch.cuda.set_device (171 lines) on a machine with a CPU-only torch; now the
+    submission is refused in one line. A dry run still plans it (a GPU job may be planned on a laptop)."""
+    from fsdp_jobs.cli import launcher
+    from fsdp_jobs.planning.compose import compose
+    from fsdp_jobs.planning.errors import UserError
+    from launchers.local import config
+
+    monkeypatch.setattr(config, "torch_build", lambda: build)
+    monkeypatch.setattr(config, "nvidia_gpus", lambda: gpus)
+    cfg, _ = compose(["cluster=local", "cluster.device=cuda", f"run_root={run_root}"])
+    backend = launcher.get("local")
+    if refused is None:
+        backend.check(None, cfg)  # type: ignore[arg-type]
+    else:
+        with pytest.raises(UserError, match=re.escape(refused)):
+            backend.check(None, cfg)  # type: ignore[arg-type]
+    cfg.cluster.device = "cpu"
+    backend.check(None, cfg)  # type: ignore[arg-type]
+
+
+def test_this_machines_torch_build_is_read_without_importing_torch():
+    code = ("import sys; from launchers.local.config import torch_build; b = torch_build(); "
+            "print('torch' in sys.modules, isinstance(b['__version__'], str), 'cuda' in b)")
+    r = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert r.stdout.split() == ["False", "True", "True"], r
