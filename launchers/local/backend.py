@@ -168,6 +168,7 @@ class AgentNode(Node):
             assert self.proc.stdout is not None
             for raw in iter(self.proc.stdout.readline, b""):
                 sink.write(f"[{self.name}] {raw.decode(errors='replace').rstrip()}")
+            self.proc.stdout.close()  # else the launcher warns of an unclosed file at exit (a traceback under -W error)
         self.pump = threading.Thread(target=pump, daemon=True)
         self.pump.start()
 
@@ -307,11 +308,15 @@ def _run_agents(dryrun: DryRun[LocalRequest], echo: bool, caught: list[int]) -> 
     lighthouse: Optional[AgentNode] = None
     done = threading.Event()
     try:
-        if dryrun.request.lighthouse is not None:  # first: every group's first quorum asks it
-            lighthouse = AgentNode("lighthouse", dryrun.request.lighthouse)
-            lighthouse.follow(sink, done)
-        for i, agent in enumerate(dryrun.request.agents):
-            nodes.append(AgentNode(f"node{i}", agent))
+        try:
+            if dryrun.request.lighthouse is not None:  # first: every group's first quorum asks it
+                lighthouse = AgentNode("lighthouse", dryrun.request.lighthouse)
+                lighthouse.follow(sink, done)
+            for i, agent in enumerate(dryrun.request.agents):
+                nodes.append(AgentNode(f"node{i}", agent))
+        except OSError as e:  # this machine would not start a process (no such interpreter, no pids left)
+            sink.write(f"fsdp-jobs: could not start the job's node{len(nodes)} on this machine: {e}; nothing ran")
+            return 1
         outcome = supervise(nodes, sink, min_live_nodes(plan), cfg.cluster.stop_grace_s, grow, began=began,
                             caught=caught)
     finally:

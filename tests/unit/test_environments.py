@@ -137,3 +137,31 @@ def test_this_machines_torch_build_is_read_without_importing_torch():
             "print('torch' in sys.modules, isinstance(b['__version__'], str), 'cuda' in b)")
     r = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)
     assert r.stdout.split() == ["False", "True", "True"], r
+
+
+def test_a_machine_that_will_not_start_the_nodes_is_one_line_not_a_traceback(run_root, monkeypatch, capsys):
+    """The node processes' start failing (the interpreter not executable for this user, no pids left) ended
+    the launcher in a traceback out of subprocess; now one line, in the run's log too, exit status 1."""
+    import subprocess as sp
+
+    from fsdp_jobs.__main__ import main
+
+    real = sp.Popen
+
+    def refuse_nodes(argv, *a, **k):  # type: ignore[no-untyped-def]
+        if "launchers.node" in argv:
+            raise PermissionError(13, "Permission denied", argv[0])
+        return real(argv, *a, **k)
+
+    monkeypatch.setattr(sp, "Popen", refuse_nodes)
+    umask = os.umask(0o022)
+    try:
+        assert main(["cluster=local", "nodes=2", "gpus_per_node=1", "name=nostart", f"run_root={run_root}"]) == 1
+    finally:
+        os.umask(umask)  # the CLI makes everything owner-only; later tests in this process must not inherit it
+    out = capsys.readouterr()
+    said = [line for line in (out.out + out.err).splitlines() if "could not start" in line]
+    assert said == [f"fsdp-jobs: could not start the job's node0 on this machine: [Errno 13] Permission denied: "
+                    f"'{sys.executable}'; nothing ran"], out
+    assert "Traceback" not in out.out + out.err
+    assert said[0] in (run_root / "nostart" / "logs" / "launcher.log").read_text()
