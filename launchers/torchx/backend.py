@@ -82,12 +82,13 @@ class TorchXRequest:
         """The role TorchX submits, then the command each replica builds from it (launchers/torchx/node.py)."""
         r = self.resources
         env = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(self.node_env.items()))
+        at_least = f", at least {self.min_nodes}" if self.min_nodes < self.nodes else ""
         return "\n".join([
             f"# TorchX app {self.name}: `torchx run -s SCHEDULER {COMPONENT} OVERRIDES...` submits one role of "
-            f"{self.nodes} replicas (cpu {r.cpu}, gpu {self.gpus}, memMB {r.memMB or 'default'}), each:",
+            f"{self.nodes} replicas{at_least} (cpu {r.cpu}, gpu {self.gpus}, memMB {r.memMB or 'default'}), each:",
             shlex.join([r.python or sys.executable, *self.role_args()]),
-            "# which, TorchX's macros filled in, runs on node <replica_id> (rank 0's host: $<rank0_env>; the port: "
-            "cluster.rdzv_port, or 20000 + a hash of the app id % 20000):",
+            "# which, TorchX's macros filled in, runs on node <replica_id> (rank 0 host: $<rank0_env>; the port: "
+            "cluster.rdzv_port, else 20000 + a hash of the app id % 20000):",
             f"{env} {shlex.join([sys.executable, '-m', NODE_WRAPPER, *self.node_argv])}"])
 
 
@@ -110,7 +111,7 @@ class TorchXBackend(Backend[TorchXRequest]):
         user = user_code_dir(cfg, Path(plan.run_dir))
         user_dir = str(user) if user else None
         attempt = dataclasses.replace(plan, rendezvous=dataclasses.replace(plan.rendezvous, run_id="<app id>"))
-        argv = node.agent_argv(attempt, cfg, "<rank 0's host>", "<port>", user_dir)
+        argv = node.agent_argv(attempt, cfg, "<rank 0 host>", cfg.cluster.rdzv_port or "<port>", user_dir)
         flags = argv[:-len(rank_entry(cfg, plan.run_dir, user_dir))]
         env = node.node_env(cfg, plan.run_dir, "node<replica_id>", user_dir)
         gpus = 0 if cfg.cluster.device == "cpu" else plan.gpus_per_node

@@ -74,6 +74,9 @@ COMMANDS: dict[str, list[str]] = {
     # cluster.spare_nodes: nodes + K agents with a rendezvous of `nodes` (SLURM: an allocation of nodes + K, --no-kill)
     "slurm-spares": ["cluster=slurm", "cluster.gpus=true", "nodes=3", "cluster.spare_nodes=1"],
     "docker-spares": ["cluster=docker", "cluster.image=fsdp-jobs:test", "nodes=3", "cluster.spare_nodes=1"],
+    # a TorchX app (what `torchx run ... fsdp_jobs.job` submits): the role, then what each replica runs
+    "torchx": ["cluster=torchx", "cluster.device=cpu"],
+    "torchx-script": ["cluster=torchx", "nodes=3", "cluster.min_nodes=2", "cluster.rdzv_port=29400", *SCRIPT],
     "sweep-local": ["-m", "cluster=local", "cluster.rdzv_port=29511", "train.lr=1e-3,3e-3"],
     "sweep-slurm": ["-m", "cluster=slurm", "cluster.gpus=true", "nodes=2,4", "fsdp=full_shard,hybrid_shard", "name=scan"],
     "sweep-slurm-script": ["-m", "cluster=slurm", "cluster.gpus=true", *SCRIPT, "train.seed=1,2"],
