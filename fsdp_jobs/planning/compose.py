@@ -32,7 +32,7 @@ def _translate(exc: BaseException, overrides: list[str]) -> UserError:
     m = re.search(r"Could not (?:override|append to) '([^']+)'", text) or re.search(r"Key '([^']+)' is not in struct", text)
     if m:
         key = m.group(1)
-        value = next((o.split("=", 1)[1] for o in overrides if o.lstrip("+~").split("=", 1)[0] == key), None)
+        value = _given(key, overrides)
         parent = key.rsplit(".", 1)[0] if "." in key else ""
         if _is_map(key, overrides):  # cluster.env={A:1}: a map set whole
             return UserError(key, value, f"is a map; set its entries one by one: +{key}.NAME=value")
@@ -44,8 +44,11 @@ def _translate(exc: BaseException, overrides: list[str]) -> UserError:
     full_key = getattr(cause, "full_key", None)
     if full_key:
         msg = str(cause).splitlines()[0]
-        value = next((o.split("=", 1)[1] for o in overrides if o.split("=", 1)[0] == full_key), None)
-        return UserError(full_key, value, msg)
+        if "could not be converted to Integer" in msg:
+            msg = f"must be a whole number, written as one ({msg})"
+        elif "is not a valid bool" in msg:
+            msg = "must be true or false"
+        return UserError(full_key, _given(full_key, overrides), msg)
     m = re.search(r"Ambiguous value for argument '([^'=]+)=(.*)'", text)
     if m:
         return UserError(m.group(1), m.group(2), "a value with ',' is a sweep (run it with -m) or must be quoted: "
@@ -57,6 +60,11 @@ def _translate(exc: BaseException, overrides: list[str]) -> UserError:
                                      f"/ . - + _ only in quotes: {key}='{value}' (in a shell: \"{key}='{value}'\")")
     first = text.strip().splitlines()[0] if text.strip() else type(exc).__name__
     return UserError("", None, f"bad override: {first}")
+
+
+def _given(key: str, overrides: list[str]) -> Any:
+    """The value the user gave `key`: the last one, as Hydra applies them in order."""
+    return next((o.split("=", 1)[1] for o in reversed(overrides) if o.lstrip("+~").split("=", 1)[0] == key), None)
 
 
 def _schema_node(path: str, overrides: list[str]) -> Any:

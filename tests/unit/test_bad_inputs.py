@@ -76,6 +76,10 @@ JOB_CASES = [
     (["data=token_file", "data.path=/tmp/caf\udce9/tokens.bin"], "data.path=b'/tmp/caf\\xe9/tokens.bin'",
      "holds bytes that are not UTF-8"),
     (["name=café"], "name='café'", "only in quotes: name='café'"),  # Hydra's parser: was 'LexerNoViableAltException'
+    # a float or word where an integer or bool goes: OmegaConf's words, and the value the user gave last (Hydra's)
+    (["nodes=2", "nodes=2.5"], "nodes='2.5'", "must be a whole number"),
+    (["train.steps=1e3"], "train.steps='1e3'", "must be a whole number"),
+    (["model.tie_embeddings=maybe"], "model.tie_embeddings='maybe'", "must be true or false"),
     (["data=token_file", "data.path=/etc/services"], "data.path='/etc/services'", "is a text file"),
     (["data=token_file", "data.path=/nonexistent/tokens.bin"], "data.path=", "no such file"),
     (["checkpoint.interval=-1"], "checkpoint.interval=-1", ">= 0"),
