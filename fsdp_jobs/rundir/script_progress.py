@@ -18,6 +18,7 @@ script owns its checkpoints and its resume. No torch: `status` reads this.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import re
@@ -155,8 +156,8 @@ def _walk(root: Path, skipped: set[Path]) -> Iterator[tuple[Path, list[str]]]:
         below: list[Path] = []
         for folder in level:
             try:
-                with os.scandir(folder) as it:
-                    entries = list(it)
+                with os.scandir(folder) as it:  # a folder of a million files is read no further than the budget
+                    entries = list(itertools.islice(it, budget))
             except OSError:
                 continue
             budget -= len(entries)

@@ -232,3 +232,24 @@ def test_a_rank_that_ends_without_an_exception_is_named_in_its_nodes_error_file(
     with pytest.raises(ChildFailedError):
         name_a_silent_failure(launch)(None)
     assert root_cause(str(node_file)) == said  # what the node's failure line names when no failure record does
+
+
+def test_the_search_reads_no_more_than_its_budget_of_entries(tmp_path, monkeypatch):
+    run_dir = script_run(tmp_path)
+    data = run_dir / "data"
+    data.mkdir()
+    for i in range(300):  # a script's many small files, beside its checkpoints
+        (data / f"shard-{i:04d}.bin").write_bytes(b"")
+    hf_checkpoint(run_dir / "out", 3)
+    seen: list[int] = []
+    real = script_progress._walk
+
+    def counting(root: Path, skipped: set[Path]):
+        for folder, names in real(root, skipped):
+            seen.append(len(names))
+            yield folder, names
+
+    monkeypatch.setattr(script_progress, "MAX_ENTRIES", 100)
+    monkeypatch.setattr(script_progress, "_walk", counting)
+    script_progress.progress(run_dir, runs.load_job(run_dir))
+    assert sum(seen) <= 100  # entries listed, whatever one folder holds
