@@ -30,7 +30,7 @@ from launchers.base import (Backend, DryRun, JobState, JobStatus, Run, Submitted
 from launchers.common import (NODE_WRAPPER, REPLICA_ADDR_ENV, begin_user_attempt, lighthouse_command, python_path,
                               rank_entry, rank_env, replica_env, replica_group, runtime_env, torchrun_args,
                               user_code_dir)
-from launchers.local.config import check_device
+from launchers.local.config import check_machine
 from launchers.snapshot import take_user_code
 from launchers.supervisor import LogSink, Node, exit_status, stop_signals, supervise, why_not_grow
 
@@ -196,7 +196,7 @@ class LocalBackend(Backend[LocalRequest]):
     name = "local"
 
     def check(self, plan: Plan, cfg: JobConfig) -> None:
-        check_device(cfg)  # the nodes are this machine: its torch and GPUs must run cluster.device
+        check_machine(cfg)  # the nodes are this machine: its torch, GPUs and compiler must run the job
 
     def dryrun(self, plan: Plan, cfg: JobConfig) -> DryRun[LocalRequest]:
         ports = rendezvous_ports(plan, cfg)

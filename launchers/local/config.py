@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import ast
 import importlib.util
+import os
 import re
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Optional
@@ -43,10 +45,16 @@ def validate(cl: LocalClusterConfig) -> None:
     """Nothing beyond the common keys (fsdp_jobs/planning/config.py ClusterConfig)."""
 
 
+def check_machine(cfg: JobConfig) -> None:
+    """The simulated nodes are this machine, so its torch, its GPUs and its compiler are the job's: what it
+    lacks failed every rank after the job had started. Asked by a submission (LocalBackend.check), not by a
+    dry run, which may plan a GPU job anywhere."""
+    check_device(cfg)
+    check_compiler(cfg)
+
+
 def check_device(cfg: JobConfig) -> None:
-    """cluster.device=cuda: the simulated nodes are this machine, so its torch and its GPUs are the job's. A
-    CPU-only torch, or no NVIDIA GPU, failed every rank at torch.cuda.set_device after the job had started.
-    Asked by a submission (LocalBackend.check), not by a dry run, which may plan a GPU job anywhere."""
+    """cluster.device=cuda: a CPU-only torch, or no NVIDIA GPU, failed every rank at torch.cuda.set_device."""
     if cfg.cluster.device != "cuda":
         return
     build = torch_build()
@@ -56,6 +64,21 @@ def check_device(cfg: JobConfig) -> None:
     if build.get("cuda") is not None and not nvidia_gpus():
         raise UserError("cluster.device", "cuda", "this machine shows no NVIDIA GPU (no /dev/nvidia0, /dev/nvidia1 "
                                                   "...); use cluster.device=cpu")
+
+
+def check_compiler(cfg: JobConfig) -> None:
+    """train.compile=true on CPU: inductor compiles each block with $CXX or g++ found on the ranks' PATH; without
+    one every rank failed at its first step (BackendCompilerFailed: InvalidCxxCompiler)."""
+    build = torch_build()
+    on_cpu = cfg.cluster.device == "cpu" or (cfg.cluster.device == "auto" and not (build.get("cuda") and nvidia_gpus()))
+    env = {**os.environ, **{str(k): str(v) for k, v in cfg.cluster.env.items()}}
+    if not cfg.train.compile or not on_cpu or env.get("TORCH_INDUCTOR_INSTALL_GXX"):
+        return
+    cxx = env.get("CXX") or "g++"
+    if shutil.which(cxx, path=env.get("PATH")) is None:
+        raise UserError("train.compile", True, f"on CPU needs a C++ compiler, and the ranks' PATH has no {cxx} "
+                                               "(inductor's; $CXX names another): install one (apt-get install g++), "
+                                               "or train.compile=false")
 
 
 def torch_build() -> dict[str, Optional[str]]:

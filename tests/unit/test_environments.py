@@ -165,3 +165,37 @@ def test_a_machine_that_will_not_start_the_nodes_is_one_line_not_a_traceback(run
                     f"'{sys.executable}'; nothing ran"], out
     assert "Traceback" not in out.out + out.err
     assert said[0] in (run_root / "nostart" / "logs" / "launcher.log").read_text()
+
+
+# train.compile=true on CPU under cluster=local: (PATH holds g++, $CXX, TORCH_INDUCTOR_INSTALL_GXX) -> refused?
+COMPILER_CASES = [
+    ("with-g++", {}, False),
+    ("no-g++", {"PATH": "EMPTY"}, True),
+    ("no-g++-but-CXX", {"PATH": "EMPTY", "CXX": sys.executable}, False),  # an absolute $CXX needs no PATH
+    ("no-g++-conda-gxx", {"PATH": "EMPTY", "TORCH_INDUCTOR_INSTALL_GXX": "1"}, False),
+]
+
+
+@pytest.mark.parametrize("name, env, refused", COMPILER_CASES, ids=[c[0] for c in COMPILER_CASES])
+def test_a_local_compiled_cpu_job_needs_a_cxx_compiler(run_root, tmp_path, monkeypatch, name, env, refused):
+    """Without g++ on PATH every rank failed at its first step (BackendCompilerFailed, 381 lines)."""
+    from fsdp_jobs.cli import launcher
+    from fsdp_jobs.planning.compose import compose
+    from fsdp_jobs.planning.errors import UserError
+
+    gxx = tmp_path / "bin" / "g++"
+    gxx.parent.mkdir()
+    gxx.write_text("#!/bin/sh\n")
+    gxx.chmod(0o755)
+    monkeypatch.setenv("PATH", str(gxx.parent))
+    monkeypatch.delenv("CXX", raising=False)
+    monkeypatch.delenv("TORCH_INDUCTOR_INSTALL_GXX", raising=False)
+    for k, v in env.items():
+        monkeypatch.setenv(k, str(tmp_path / "empty") if v == "EMPTY" else v)
+    cfg, _ = compose(["cluster=local", "cluster.device=cpu", "train.compile=true", f"run_root={run_root}"])
+    backend = launcher.get("local")
+    if refused:
+        with pytest.raises(UserError, match="on CPU needs a C\\+\\+ compiler, and the ranks' PATH has no g\\+\\+"):
+            backend.check(None, cfg)  # type: ignore[arg-type]
+        cfg.train.compile = False
+    backend.check(None, cfg)  # type: ignore[arg-type]
