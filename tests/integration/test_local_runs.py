@@ -6,7 +6,6 @@ import json
 import os
 import re
 import shutil
-import shutil
 import signal
 import subprocess
 import sys
@@ -172,23 +171,6 @@ def test_with_no_usable_checkpoint_the_job_fails_and_says_so_never_succeeded(run
     assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["step-000010.unusable", "step-000020.unusable"]
     r = cli(f"run_root={run_root}", "name=allbad", *KILL_ARGS, "train.steps=30")  # the same command again
     assert r.returncode == 2 and "no usable checkpoint" in r.stderr, r.stderr[-2000:]
-
-
-def test_a_finished_run_whose_checkpoints_were_removed_is_refused_then_starts_over_on_request(run_root):
-    """rm -r RUN_DIR/checkpoints, then the same name with more steps: it would train from step 0 into the same
-    metrics, so it is refused in one line, nothing changed; checkpoint.resume=false, as the line says, then
-    starts over with a curve of its own, the earlier one set aside whole (issue #44)."""
-    run_dir, args = run_root / "gone", (f"run_root={run_root}", "name=gone", "nodes=1", "gpus_per_node=1", *SHORT)
-    assert_ok(cli(*args, "train.steps=3"))
-    shutil.rmtree(run_dir / "checkpoints")
-    r = cli(*args, "train.steps=6")
-    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and r.stdout == "", r.stderr
-    assert f"trained to step 3 (metrics.jsonl) but no checkpoint is left in {run_dir / 'checkpoints'}" in r.stderr
-    assert "checkpoint.resume=false" in r.stderr and [x["step"] for x in metrics(run_dir)] == [1, 2, 3]
-    assert_ok(cli(*args, "train.steps=6", "checkpoint.resume=false"))
-    assert [x["step"] for x in metrics(run_dir)] == [1, 2, 3, 4, 5, 6]
-    [before] = run_dir.glob("metrics-before-*.jsonl")
-    assert [json.loads(line)["step"] for line in before.read_text().splitlines()] == [1, 2, 3]
 
 
 def test_a_finished_run_whose_checkpoints_were_removed_is_refused_then_starts_over_on_request(run_root):
