@@ -200,7 +200,7 @@ def pass_secrets(group: list[Member]) -> None:
 
 def write_run_dirs(sweep: Optional[str], group: list[Member], locks: list[runs.RunLock]) -> None:
     """Take each member's lock and write its run dir as every submission does; the caller releases the locks.
-    Also TorchX's component's (launchers/torchx/submission.py)."""
+    Also a backend whose own submission path writes the run dir first (it says so in its module)."""
     try:
         for m, lock in zip(group, locks):
             if not lock.acquire():
