@@ -43,6 +43,9 @@ def check_token_file(cfg: JobConfig) -> None:
     if looks_like_text(p):
         raise UserError("data.path", path, "is a text file; a token file holds binary token ids "
                                            f"({cfg.data.token_dtype}, e.g. numpy's tofile of the tokenized corpus)")
+    if p.stat().st_size % size:
+        raise UserError("data.path", path, f"holds {p.stat().st_size} bytes, not a whole number of "
+                                           f"{cfg.data.token_dtype} tokens ({size} bytes each): a wrong data.token_dtype?")
     tokens = p.stat().st_size // size
     if tokens < cfg.data.seq_len + 2:
         raise UserError("data.path", path, f"holds {tokens} {cfg.data.token_dtype} tokens, fewer than "
@@ -59,7 +62,10 @@ def check_token_ids(cfg: JobConfig, p: Path) -> None:
     import numpy as np  # here: only a token file pays for it
 
     dtype, vocab = np.dtype(str(cfg.data.token_dtype)), cfg.model.vocab_size
-    tokens = np.memmap(p, dtype=dtype, mode="r")
+    try:
+        tokens = np.memmap(p, dtype=dtype, mode="r")
+    except OSError as e:
+        raise UserError("data.path", cfg.data.path, f"cannot be read: {e.strerror or e}") from None
     block = SCAN_WHOLE_BYTES // SCAN_BLOCKS // dtype.itemsize
     starts = [0] if len(tokens) * dtype.itemsize <= SCAN_WHOLE_BYTES else \
         np.linspace(0, len(tokens) - block, SCAN_BLOCKS).astype(np.int64).tolist()

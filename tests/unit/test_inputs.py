@@ -97,3 +97,12 @@ def test_a_large_token_file_is_read_in_blocks_that_include_its_last(tmp_path, mo
     tokens.tofile(f)
     with pytest.raises(UserError, match="token id 600 at position 99999"):
         inputs.check_token_ids(cfg, f)
+
+
+def test_a_token_file_of_a_partial_token_is_refused_in_one_line(run_root, tmp_path):
+    """A size that is no whole number of tokens (an odd byte count for uint16: another dtype, a cut copy)
+    ended the dry run in numpy's traceback when the ids were checked; now one line naming the size."""
+    odd = tmp_path / "odd.bin"
+    odd.write_bytes((np.arange(4000) % 512).astype(np.uint16).tobytes() + b"\x01")
+    line = refused(run_root, "data=token_file", f"data.path={odd}")
+    assert "holds 8001 bytes, not a whole number of uint16 tokens (2 bytes each)" in line
