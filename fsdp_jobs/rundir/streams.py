@@ -23,6 +23,7 @@ import errno
 import io
 import os
 import sys
+import threading
 from typing import Any, Optional
 
 DISK_FULL = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG})
@@ -37,6 +38,10 @@ class LineStream(io.TextIOBase):
         self.fd, self.end_when_gone = fd, end_when_gone
         self._encoding = encoding or "utf-8"
         self.pending = ""
+        # a rank's threads print too: one line's halves must not be split between two writers; reentrant, as a
+        # signal handler may print while its thread holds it
+        self.lock = threading.RLock()
+        os.register_at_fork(after_in_child=self._forked)  # the agent forks its ranks (launchers/node/agent.py)
         self.gone = False  # the reader went away: every later write is dropped
         self.lost_lines = 0  # writes dropped on a full disk
 
@@ -47,6 +52,11 @@ class LineStream(io.TextIOBase):
     @property
     def errors(self) -> str:  # type: ignore[override]
         return "backslashreplace"
+
+    def _forked(self) -> None:
+        """In a forked child: another thread of the parent may have held the lock at the fork, for good in the
+        child; and the parent's half line is the parent's to finish."""
+        self.lock, self.pending = threading.RLock(), ""
 
     def writable(self) -> bool:
         return True
@@ -61,19 +71,21 @@ class LineStream(io.TextIOBase):
             return False
 
     def write(self, text: str) -> int:
-        if self.gone:
-            return len(text)
-        self.pending += text
-        cut = self.pending.rfind("\n") + 1 or (len(self.pending) if len(self.pending) >= LONGEST_PENDING else 0)
-        if cut:
-            whole, self.pending = self.pending[:cut], self.pending[cut:]
-            self._emit(whole.encode(self._encoding, "backslashreplace"))
+        with self.lock:
+            if self.gone:
+                return len(text)
+            self.pending += text
+            cut = self.pending.rfind("\n") + 1 or (len(self.pending) if len(self.pending) >= LONGEST_PENDING else 0)
+            if cut:
+                whole, self.pending = self.pending[:cut], self.pending[cut:]
+                self._emit(whole.encode(self._encoding, "backslashreplace"))
         return len(text)
 
     def flush(self) -> None:
-        if self.pending and not self.gone:
-            whole, self.pending = self.pending, ""
-            self._emit(whole.encode(self._encoding, "backslashreplace"))
+        with self.lock:
+            if self.pending and not self.gone:
+                whole, self.pending = self.pending, ""
+                self._emit(whole.encode(self._encoding, "backslashreplace"))
 
     def _emit(self, data: bytes) -> None:
         try:

@@ -72,3 +72,35 @@ def test_logs_piped_into_head_ends_with_exit_0_and_no_traceback(tmp_path):
     assert r.stdout == "[node0] step      1/100000\n"
     assert r.returncode == 0, (tmp_path / "err").read_text()
     assert (tmp_path / "err").read_text() == ""
+
+
+def test_a_forked_child_writes_though_a_thread_of_its_parent_held_the_lock_at_the_fork():
+    """The agent forks its ranks while its own threads may be printing: the child's copy of the lock is fresh,
+    and the parent's half line is not the child's to write."""
+    import signal
+    import threading
+
+    read, write = os.pipe()
+    stream = LineStream(write)
+    stream.write("the parent's half line")
+    held, release = threading.Event(), threading.Event()
+
+    def hold() -> None:  # another thread of the parent, mid-write at the fork
+        with stream.lock:
+            held.set()
+            release.wait()
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    held.wait()
+    pid = os.fork()
+    if pid == 0:
+        signal.alarm(10)  # a child stuck on the lock dies of SIGALRM: the test fails instead of hanging
+        stream.write("from the child\n")
+        os._exit(0)
+    release.set()
+    holder.join()
+    assert os.waitpid(pid, 0)[1] == 0
+    assert os.read(read, 100) == b"from the child\n"
+    os.close(read)
+    os.close(write)
