@@ -21,7 +21,7 @@ from fsdp_jobs.rundir.checkpoints import newest_checkpoint
 from fsdp_jobs.planning.plan import Plan
 from fsdp_jobs.rundir.layout import RunDir
 
-ACTING_COMMANDS = ("cancel", "scale", "chaos")  # the control commands that change a job, not only read it
+ACTING_COMMANDS = ("cancel", "scale", "chaos", "stacks")  # the control commands that act on a job, not only read it
 
 USAGE = """usage: python -m fsdp_jobs [key=value ...]      (fsdp-jobs [key=value ...])
 
@@ -44,14 +44,16 @@ def summarize(plan: Plan, status: int) -> str:
     first, last = runs.first_metrics_row(run_dir), (runs.read_metrics_tail(run_dir, 1) or [None])[0]
     ckpt = newest_checkpoint(run_dir)
     own = script_report.summary_lines(run_dir)  # a script='s own step and checkpoints, or "not tracked"
-    lines = [f"{ending(run_dir, status)}: {plan.name}",
+    head = ending(run_dir, status)
+    lines = [f"{head}: {plan.name}",
              f"  run dir:      {run_dir}",
              *(own if own is not None else [f"  checkpoint:   {ckpt or 'none yet'}",
                                             f"  metrics:      {RunDir(run_dir).metrics_file}"])]
     if first and last and "loss" in first and "loss" in last:  # a user's script may log no loss
         lines.append(f"  loss:         {first['loss']:.4f} (step {first['step']}) -> "
                      f"{last['loss']:.4f} (step {last['step']})")
-    lines += script_report.failure_lines(run_dir, status)  # the first failing rank: its exit code and exception
+    if not head.startswith("cancelled"):  # a rank that died of its peers' stop is no failure of the job
+        lines += script_report.failure_lines(run_dir, status)  # the first failing rank: its exit code and exception
     lines.append(f"  logs:         {RunDir(run_dir).launcher_log}")
     return "\n".join(lines)
 

@@ -253,3 +253,20 @@ def test_the_search_reads_no_more_than_its_budget_of_entries(tmp_path, monkeypat
     monkeypatch.setattr(script_progress, "_walk", counting)
     script_progress.progress(run_dir, runs.load_job(run_dir))
     assert sum(seen) <= 100  # entries listed, whatever one folder holds
+
+
+def test_a_cancelled_runs_summary_names_no_failure_of_a_rank_its_stop_ended(tmp_path):
+    """Ctrl-C of a job whose rank died of its peers' stop: the last lines say cancelled, and no `failed:` line
+    contradicts what status says (a cancelled run shows no failure)."""
+    from types import SimpleNamespace
+
+    from fsdp_jobs.__main__ import summarize
+    from fsdp_jobs.rundir import runs
+
+    run_dir = script_run(tmp_path)
+    with open(run_dir / "failures.jsonl", "w") as f:
+        f.write(json.dumps(FailureRecord(time=5, attempt=":0", rank=1, error="RuntimeError: Connection closed by peer",
+                                         exit_code=1, where="train.py:9").to_json()) + "\n")
+    runs.record_cancelled(run_dir, None)
+    text = summarize(SimpleNamespace(run_dir=str(run_dir), name="r"), 130)
+    assert text.startswith("cancelled (exit status 130): r") and "failed:" not in text, text
