@@ -31,7 +31,6 @@ from launchers.slurm import arrays
 from launchers.slurm.arrays import max_array_size
 from launchers.slurm.config import LIGHTHOUSE_PORT_BASE, slurm_dir
 from launchers.slurm.grow import grow_jobs, save_parameters, submit_grow
-from launchers.slurm.node_task import shown_command
 
 if TYPE_CHECKING:  # types only, never imported at run time: no hydra on the node side, no import cycle
     from fsdp_jobs.planning.config import JobConfig
@@ -91,6 +90,8 @@ def sbatch_parameters(plan: Plan, cfg: JobConfig, code_dir: Path, user_dir: Opti
     setup += [f"export {k}={shlex.quote(v)}" for k, v in sorted(runtime_env(cfg).items())]
     # the node task (launchers/slurm/node_task.py) starts rank_entry(): the user's script from this copy, or the trainer
     setup += [f"export {k}={shlex.quote(v)}" for k, v in sorted(rank_env(cfg, plan.run_dir, user).items())]
+    from launchers.slurm.node_task import shown_command  # here: status and list need none of the in-job side
+
     setup += shown_command(plan, cfg, user)  # the exact command every node starts, as comment lines
     if plan.replicas is not None:
         setup += lighthouse_setup(plan)

@@ -103,6 +103,7 @@ def main(argv: list[str]) -> int:
     first = replica == "0"
     if first:
         record_launch(Path(run_dir), plan, app_id, os.environ.get(APP_HANDLE_ENV) or app_id)
+        runs.clear_stop_request(Path(run_dir))  # an earlier run's request must not stop this one at its first step
         begin_user_attempt(job, Path(run_dir))
     began = runs.last_launch(Path(run_dir)).get("unix")
     attempt = dataclasses.replace(plan, rendezvous=dataclasses.replace(plan.rendezvous, run_id=app_id))
