@@ -14,6 +14,7 @@ from __future__ import annotations
 import ast
 import importlib.machinery
 import importlib.util
+from pathlib import Path
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Iterator, Optional
 
@@ -49,10 +50,28 @@ def _module_spec(module: str) -> Optional[importlib.machinery.ModuleSpec]:
     for i in range(1, len(parts)):
         if spec is None or spec.submodule_search_locations is None:
             raise LookupError(".".join(parts[:i]) + (" is a module, not a package" if spec else " is not installed"))
-        spec = importlib.machinery.PathFinder.find_spec(".".join(parts[:i + 1]), list(spec.submodule_search_locations))
+        spec = _find_in(".".join(parts[:i + 1]), list(spec.submodule_search_locations))
     if spec is None:
         raise LookupError(f"no module {module}")
     return spec
+
+
+def _find_in(name: str, locations: list[str]) -> Optional[importlib.machinery.ModuleSpec]:
+    """PathFinder's spec of `name` in a package's `locations`, else the file system's own answer. PathFinder
+    answers through the finders this process cached for each location (sys.path_importer_cache, each with its
+    directory listing), which a long-lived process can hold stale (a listing taken while the directory could
+    not be read stays empty until the directory changes): a package that is there is never called missing."""
+    spec = importlib.machinery.PathFinder.find_spec(name, locations)
+    if spec is not None:
+        return spec
+    leaf = name.rpartition(".")[2]
+    for location in locations:
+        package, module = Path(location, leaf, "__init__.py"), Path(location, f"{leaf}.py")
+        if package.is_file():
+            return importlib.util.spec_from_file_location(name, package, submodule_search_locations=[str(package.parent)])
+        if module.is_file():
+            return importlib.util.spec_from_file_location(name, module)
+    return None
 
 
 BLOCKS = (ast.If, ast.Try, ast.With, ast.For, ast.While)  # a module's statements inside these run at import too

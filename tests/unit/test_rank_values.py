@@ -186,3 +186,21 @@ def test_each_refused_value_fails_where_a_rank_uses_it():
     with pytest.raises(OverflowError):
         datetime.timedelta(seconds=1e300)
     assert importlib.util.find_spec("fsdp_jobs.models.nope") is None
+
+
+def test_a_package_behind_a_stale_finder_cache_is_still_found(tmp_path, monkeypatch):
+    """The import system's cached directory listing of a package (sys.path_importer_cache) may be stale in a
+    long-lived process; the check reads the file system then, and never calls an installed package missing."""
+    import importlib.machinery
+
+    sub = tmp_path / "stalepkg" / "models"
+    sub.mkdir(parents=True)
+    (tmp_path / "stalepkg" / "__init__.py").write_text("raise RuntimeError('planning imported the package')\n")
+    (sub / "__init__.py").write_text("class Model:\n    def __init__(self, dim: int = 1):\n        pass\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    stale = importlib.machinery.FileFinder(str(tmp_path / "stalepkg"),
+                                           (importlib.machinery.SourceFileLoader, importlib.machinery.SOURCE_SUFFIXES))
+    stale._path_cache, stale._path_mtime = set(), (tmp_path / "stalepkg").stat().st_mtime  # listed empty
+    monkeypatch.setitem(sys.path_importer_cache, str(tmp_path / "stalepkg"), stale)
+    found = targets.definition("stalepkg.models.Model")
+    assert found is not None and found.kind == "class"
