@@ -144,6 +144,17 @@ def test_a_sweep_member_that_completed_is_left_to_the_sweep_to_skip(tmp_path):
     assert plan_run(cfg).resume_from is None
 
 
+def test_a_sweep_member_still_running_elsewhere_is_left_to_the_sweep_to_skip(tmp_path):
+    """The same sweep command again while its members train on SLURM before their first checkpoint: their ranks
+    say running and no lock is held on this machine; the sweep asks the backend and skips them (nothing is
+    submitted twice), so planning must not refuse them as runs that lost their checkpoints."""
+    run_dir = trained(tmp_path / "s" / "m", steps=10, records=("metrics",))
+    RunDir(run_dir).state_file.write_text(json.dumps(StateRecord(status="running", step=10).to_json()))
+    cfg, _ = compose([f"run_root={tmp_path / 's'}", "name=m", *SMALL, "train.steps=100"])
+    cfg.sweep = "s"
+    assert plan_run(cfg).resume_from is None
+
+
 def test_starting_over_sets_the_earlier_records_aside_so_the_new_curve_is_its_own(tmp_path, cli):
     run_dir = trained(tmp_path / "r")
     rd = RunDir(run_dir)
