@@ -393,6 +393,8 @@ class NodeTask(submitit.helpers.Checkpointable):
                                                                _step_of(start_ckpt), _step_of(newest_checkpoint(run_dir)))
         done = {"status": decision.action, "node": env.node, "step": state.step}
         if decision.action == COMPLETED:
+            if rc:
+                print(f"fsdp-jobs: {decision.reason}", flush=True)
             return done
         if decision.action == TERMINATED:
             print(f"fsdp-jobs: {decision.reason}", flush=True)

@@ -38,6 +38,10 @@ def decide(rc: int, status: str | None, terminated: bool, start_step: int, now_s
     start_step / now_step: the newest committed checkpoint when the attempt began / now (0 = none)."""
     if rc == 0 and status == "completed":
         return Decision(COMPLETED, "training completed")
+    if status == "completed" and not terminated:  # as on every backend (launchers/supervisor.py exit_status)
+        # the others finished without this node (cut off, or too late for their last rendezvous): its agent then
+        # exits 1 when their store goes away, which is no failure of the job
+        return Decision(COMPLETED, f"training completed without this node (its torchrun exited {rc})")
     if rc == 0 and status == "failed":  # the ranks decided it and exited 0 (a non-finite loss): a requeue repeats it
         return Decision(FAILED, "the ranks stopped the job as failed (the reason: fsdp-jobs status); not requeued")
     if terminated:

@@ -10,6 +10,7 @@ from launchers.slurm.requeue import COMPLETED, EXCLUDE, FAILED, PREEMPTED, REQUE
 @pytest.mark.parametrize("rc, status, terminated, start, now, action", [
     (0, "completed", False, 100, 300, COMPLETED),      # finished
     (0, "completed", True, 100, 300, COMPLETED),       # finished just as SLURM ended the job
+    (1, "completed", False, 100, 300, COMPLETED),      # finished without this node: its agent lost their store
     (1, "preempted", True, 100, 150, TERMINATED),      # scancel: never our requeue, even with progress
     (0, "preempted", True, 100, 150, TERMINATED),      # SLURM's own requeue/preemption in REQUEUE mode
     (0, "preempted", False, 100, 150, PREEMPTED),      # stop signal (preemption or time limit): handler requeues
