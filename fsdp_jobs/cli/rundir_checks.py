@@ -72,9 +72,9 @@ def check_progress_kept(cfg: JobConfig, run_dir: Path, run_name: str) -> None:
     if cfg.script or cfg.module:  # a user's script keeps its checkpoints where it likes (not necessarily here)
         return
     trained = runs.trained_to(run_dir)
-    # a sweep skips a member that completed or still runs (cli/sweep.py _existing asks its backend: a SLURM
-    # member's ranks say running, its lock is on no machine here); a lock held: the run is running now, which
-    # the launch refuses in its own words
+    # a sweep skips a member that completed or still runs (cli/sweep.py _existing asks its backend: a member
+    # whose ranks run on a cluster's nodes says running, its lock on no machine here); a lock held: the run is
+    # running now, which the launch refuses in its own words
     if trained is None or runs.RunLock(run_dir).held() or (cfg.sweep and (
             runs.completed_at(run_dir, cfg.train.steps) or runs.read_state(run_dir).status == "running")):
         return
