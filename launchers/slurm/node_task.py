@@ -393,8 +393,9 @@ class NodeTask(submitit.helpers.Checkpointable):
                                                                _step_of(start_ckpt), _step_of(newest_checkpoint(run_dir)))
         done = {"status": decision.action, "node": env.node, "step": state.step}
         if decision.action == COMPLETED:
-            if rc:
-                print(f"fsdp-jobs: {decision.reason}", flush=True)
+            if rc:  # the others went on without it (the wrapper's LeftBehind says the same, had it stopped first)
+                print(f"fsdp-jobs: {hostname()}: the job completed without this node (its torchrun exited {rc})",
+                      flush=True)
             return done
         if decision.action == TERMINATED:
             print(f"fsdp-jobs: {decision.reason}", flush=True)
