@@ -127,7 +127,7 @@ class Backend(abc.ABC, Generic[R]):
         """Failure injection for testing resilience. kill-rank R, hang-rank R, slow-node N and resume act on the rank
         processes this machine can see (launchers/chaos.py); kill-node (it comes back) and stop-node (gone
         for good) are a backend's own (cluster=docker has them)."""
-        from launchers import chaos
+        from fsdp_jobs.launchers import chaos
 
         try:
             if action == "kill-rank":
@@ -149,7 +149,7 @@ class Backend(abc.ABC, Generic[R]):
     def marathon(self, run: Run, faults: int, seed: int, kinds: tuple[str, ...] = (),
                  margin: Optional[int] = None) -> int:
         """`chaos RUN marathon`: a seeded schedule of mixed faults into the running job (launchers/marathon.py)."""
-        from launchers import marathon
+        from fsdp_jobs.launchers import marathon
 
         return marathon.run_marathon(self, run, faults, seed, only=kinds, margin=margin)
 
@@ -158,8 +158,8 @@ class Backend(abc.ABC, Generic[R]):
         file of the run dir (launchers/stacks.py); its path and one header line a rank ([] when none ran)."""
         import time
 
-        from launchers.chaos import node_name
-        from launchers import stacks
+        from fsdp_jobs.launchers.chaos import node_name
+        from fsdp_jobs.launchers import stacks
 
         where = (node_name(run.run_dir, int(node)) if node.isdigit() else node) if node is not None else None
         when = time.time()
@@ -174,7 +174,7 @@ class Backend(abc.ABC, Generic[R]):
         """Each rank's stacks into `parts`, a file a rank. Here: the ranks this machine's /proc shows
         (cluster=local; Docker's containers are this machine's processes); a backend whose ranks run elsewhere
         runs launchers/stacks.py there."""
-        from launchers import stacks
+        from fsdp_jobs.launchers import stacks
 
         stacks.dump_here(run.run_dir, parts, ranks, node)
 

@@ -126,10 +126,10 @@ def lighthouse_port(plan: Plan) -> int:
 
 def lighthouse_command(plan: Plan, python: str, bind: str) -> list[str]:
     """The lighthouse process (launchers/lighthouse.py) listening on `bind` (HOST:PORT)."""
-    from launchers.lighthouse import args_for
+    from fsdp_jobs.launchers.lighthouse import args_for
 
     r = plan.replicas
-    return [python, "-m", "launchers.lighthouse",
+    return [python, "-m", "fsdp_jobs.launchers.lighthouse",
             *args_for(bind, r.min_replicas, r.heartbeat_timeout_s, r.quorum_tick_ms)]
 
 
@@ -171,7 +171,7 @@ def runtime_env(cfg: JobConfig) -> dict[str, str]:
 # the run dir of the job, for every rank (fsdp_jobs.job.init() reads the job config from it) and the copy of the
 # user's code (script=/module=) that the ranks run, decided by the dry run and taken by submit
 RUN_DIR_ENV = "FSDP_JOBS_RUN_DIR"
-NODE_WRAPPER = "launchers.node"  # what every backend starts on each node, around torchrun (launchers/node/wrapper.py)
+NODE_WRAPPER = "fsdp_jobs.launchers.node"  # what every backend starts on each node, around torchrun (launchers/node/wrapper.py)
 USER_CODE_SHIM = "fsdp_jobs.runtime.user_code"  # runs script=/module= under torchrun's @record
 USER_CODE_ENV = "FSDP_JOBS_USER_CODE"
 
@@ -185,7 +185,7 @@ def user_code_dir(cfg: JobConfig, run_dir: Path) -> Optional[Path]:
     """Where submit copies the user's code (RunDir.script_dir/NNN), or None: the built-in trainer, or a
     module installed in the environment."""
     from fsdp_jobs.planning.byo import user_code_source
-    from launchers.snapshot import next_user_code_dir
+    from fsdp_jobs.launchers.snapshot import next_user_code_dir
 
     if not user_mode(cfg) or user_code_source(cfg) is None:
         return None

@@ -4,7 +4,7 @@ belongs: cluster=local beside the agents (launchers/local/backend.py), cluster=d
 `lighthouse` service, SLURM as a step of its own on the first node, Kubernetes as a sidecar of the first
 node's pod.
 
-    python -m launchers.lighthouse --bind HOST:PORT --min-replicas N --heartbeat-timeout-ms MS
+    python -m fsdp_jobs.launchers.lighthouse --bind HOST:PORT --min-replicas N --heartbeat-timeout-ms MS
                                    [--join-timeout-ms MS] [--quorum-tick-ms MS]
 
 It runs until SIGTERM or SIGINT. It keeps no state worth saving: a restarted lighthouse forms the next
@@ -23,7 +23,7 @@ JOIN_TIMEOUT_MIN_MS = 5000
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m launchers.lighthouse")
+    p = argparse.ArgumentParser(prog="python -m fsdp_jobs.launchers.lighthouse")
     p.add_argument("--bind", required=True, help="HOST:PORT to listen on")
     p.add_argument("--min-replicas", type=int, default=1)
     p.add_argument("--heartbeat-timeout-ms", type=int, default=5000)
@@ -33,7 +33,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
 
 
 def args_for(bind: str, min_replicas: int, heartbeat_timeout_s: float, quorum_tick_ms: int) -> list[str]:
-    """The command line every backend starts it with (after `python -m launchers.lighthouse`)."""
+    """The command line every backend starts it with (after `python -m fsdp_jobs.launchers.lighthouse`)."""
     return ["--bind", bind, "--min-replicas", str(min_replicas),
             "--heartbeat-timeout-ms", str(int(round(heartbeat_timeout_s * 1000))),
             "--quorum-tick-ms", str(quorum_tick_ms)]

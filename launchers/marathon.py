@@ -221,14 +221,14 @@ class Marathon:
         if fault.kind == "corrupt-checkpoint":
             return corrupt_newest_and_kill(self.run_dir, fault.target, random.Random(fault.at_step))
         if fault.kind == "slow-node":  # a fifth of a core hides among 4 ranks sharing 2 cores; a twentieth shows
-            from launchers import chaos
+            from fsdp_jobs.launchers import chaos
 
             node = chaos.node_name(self.run_dir, fault.target)
             chaos.slow_node(self.run_dir, node, SLOW_SHARE)
             return node
         self.backend.chaos(self.run, fault.kind, fault.target)
         if fault.kind == "cut-node":
-            from launchers import chaos
+            from fsdp_jobs.launchers import chaos
 
             return chaos.node_name(self.run_dir, fault.target)
         return f"node{fault.target}" if fault.kind == "kill-node" else f"rank {fault.target}"
@@ -316,7 +316,7 @@ def corrupt_newest_and_kill(run_dir: Path, rank: int, rng: random.Random) -> str
     """Damage the newest committed checkpoint and SIGKILL `rank`, with every rank stopped meanwhile and no save
     under way (no save may commit a newer one between the two: the restart must meet the damaged one; a CI run
     dealt this fault at step 300 of an interval of 20 and the save of step 300 committed after the kill)."""
-    from launchers import chaos
+    from fsdp_jobs.launchers import chaos
 
     procs = chaos.rank_processes(run_dir)
     if rank not in procs:

@@ -16,7 +16,9 @@ if TYPE_CHECKING:  # types only, never imported at run time: no hydra on the nod
     from fsdp_jobs.planning.config import JobConfig
 
 PROJECT_ROOT = Path(fsdp_jobs.__file__).resolve().parent.parent
-CODE_DIRS = ("fsdp_jobs", "launchers", "conf")
+CODE_DIRS = ("fsdp_jobs", "launchers", "conf")  # as a checkout holds them (the uncommitted diff is of these)
+# where the launchers package sits in a checkout (pyproject's package-dir installs it as fsdp_jobs.launchers)
+LAUNCHERS_DIR = Path(__file__).resolve().parent
 
 
 def owner_only(tree: Path) -> None:
@@ -45,13 +47,24 @@ def _git(*args: str) -> str:
     return r.stdout if r.returncode == 0 else ""
 
 
+def copy_code(dest: Path) -> None:
+    """The packages laid out as installed (fsdp_jobs/launchers inside fsdp_jobs/), and conf/: with `dest`
+    first on PYTHONPATH every module of the project comes from the copy, never from the checkout that
+    an editable install maps fsdp_jobs.launchers to."""
+    skip = shutil.ignore_patterns("__pycache__", "*.pyc")
+    shutil.copytree(Path(fsdp_jobs.__file__).resolve().parent, dest / "fsdp_jobs", ignore=skip)
+    if not (dest / "fsdp_jobs" / "launchers").exists():
+        shutil.copytree(LAUNCHERS_DIR, dest / "fsdp_jobs" / "launchers", ignore=skip)
+    if (PROJECT_ROOT / "conf").is_dir():
+        shutil.copytree(PROJECT_ROOT / "conf", dest / "conf", ignore=skip)
+
+
 def take_snapshot(dest: Path) -> dict[str, str]:
-    """Copy the packages and conf/, and record the git commit and any uncommitted diff beside them."""
+    """Copy the packages and conf/ (`copy_code`), and record the git commit and any uncommitted diff beside them."""
     tmp = dest.with_name(f".{dest.name}.tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    for name in CODE_DIRS:
-        shutil.copytree(PROJECT_ROOT / name, tmp / name, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    copy_code(tmp)
     commit = _git("rev-parse", "HEAD").strip()
     (tmp / "GIT_COMMIT").write_text((commit or "not a git checkout") + "\n")
     (tmp / "uncommitted.diff").write_text(_git("diff", "HEAD", "--", *CODE_DIRS))

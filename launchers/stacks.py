@@ -11,7 +11,7 @@ them in its own process; on SLURM it runs this module on every node of the alloc
 `srun --overlap --jobid` (launchers/slurm/backend.py), one task a node, each writing only its own ranks'
 parts: a request on 1,024 nodes is one srun and 8,192 part files, read back once.
 
-    python -m launchers.stacks RUN_DIR PARTS_DIR [--rank R ...] [--node NAME]     (what srun runs)"""
+    python -m fsdp_jobs.launchers.stacks RUN_DIR PARTS_DIR [--rank R ...] [--node NAME]     (what srun runs)"""
 
 from __future__ import annotations
 
@@ -22,8 +22,8 @@ from pathlib import Path
 from typing import Optional
 
 from fsdp_jobs.rundir.layout import RunDir
-from launchers.chaos import rank_processes
-from launchers.node.watchdog import dump_stack, innermost_frame, process_state
+from fsdp_jobs.launchers.chaos import rank_processes
+from fsdp_jobs.launchers.node.watchdog import dump_stack, innermost_frame, process_state
 
 
 def dump_here(run_dir: Path, parts: Path, ranks: Optional[set[int]] = None, node: Optional[str] = None) -> int:
@@ -54,7 +54,7 @@ def gather(run_dir: Path, parts: Path, when: float) -> tuple[Path, list[str]]:
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m launchers.stacks")
+    p = argparse.ArgumentParser(prog="python -m fsdp_jobs.launchers.stacks")
     p.add_argument("run_dir", type=Path)
     p.add_argument("parts", type=Path)
     p.add_argument("--rank", type=int, action="append")

@@ -26,7 +26,7 @@ from typing import Any, Callable, Iterator, Optional, TYPE_CHECKING
 
 from fsdp_jobs.rundir import runs
 from fsdp_jobs.rundir.layout import RunDir
-from launchers.common import settle_user_state
+from fsdp_jobs.launchers.common import settle_user_state
 
 if TYPE_CHECKING:  # types only, never imported at run time: no hydra on the node side, no import cycle
     from fsdp_jobs.planning.config import JobConfig

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 from fsdp_jobs.planning import backends
 
 if TYPE_CHECKING:
-    from launchers.base import Backend
+    from fsdp_jobs.launchers.base import Backend
 
 
 def get(name: str) -> "Backend":

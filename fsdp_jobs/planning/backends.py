@@ -5,7 +5,7 @@ A backend is a package `launchers/<name>/` (fsdp_jobs/ARCHITECTURE.md, "Adding a
     config.py   its `cluster.*` schema (a dataclass registered with Hydra's ConfigStore by `register()`),
                 `validate(cluster)` for what the types cannot say, and `HOST_FILES` (do the job's
                 processes see this machine's files? False for Kubernetes: they read the PVC)
-    backend.py  `BACKEND`, an instance of launchers.base.Backend: dryrun, submit, describe, cancel, ...
+    backend.py  `BACKEND`, an instance of fsdp_jobs.launchers.base.Backend: dryrun, submit, describe, cancel, ...
 
 Adding one is that folder, its `conf/cluster/<name>.yaml`, and one line below. Modules are imported by
 name when asked for: this module loads config modules only (planning never pays for a backend's
@@ -21,11 +21,11 @@ from types import ModuleType
 from typing import Any, Optional
 
 BACKENDS: dict[str, str] = {
-    "local": "launchers.local",
-    "slurm": "launchers.slurm",
-    "docker": "launchers.docker",
-    "kubernetes": "launchers.kubernetes",
-    "torchx": "launchers.torchx",  # submitted by `torchx run` (its component), read by status, list and cancel
+    "local": "fsdp_jobs.launchers.local",
+    "slurm": "fsdp_jobs.launchers.slurm",
+    "docker": "fsdp_jobs.launchers.docker",
+    "kubernetes": "fsdp_jobs.launchers.kubernetes",
+    "torchx": "fsdp_jobs.launchers.torchx",  # submitted by `torchx run` (its component), read by status, list and cancel
 }
 DEFAULT = "local"  # conf/config.yaml's cluster= default
 # `python -m fsdp_jobs.bench dry-run` times our dry run on this backend against TorchX's scheduler of the same name

@@ -35,21 +35,21 @@ from fsdp_jobs.rundir.records import LaunchRecord
 from fsdp_jobs.planning.secret_env import passed_names
 from fsdp_jobs.planning.errors import UserError
 from fsdp_jobs.rundir.layout import RunDir
-from launchers.base import (Backend, DryRun, JobState, JobStatus, Run, Submitted, request_scale,
+from fsdp_jobs.launchers.base import (Backend, DryRun, JobState, JobStatus, Run, Submitted, request_scale,
                             state_from_training)
-from launchers.common import (NODE_WRAPPER, begin_user_attempt, lighthouse_command, lighthouse_port, python_path,
+from fsdp_jobs.launchers.common import (NODE_WRAPPER, begin_user_attempt, lighthouse_command, lighthouse_port, python_path,
                               rank_entry, rank_env, replica_env, replica_group, runtime_env, torchrun_args,
                               user_code_dir)
-from launchers.docker.engine import (COMPOSE_FILE, DOWN_TIMEOUT_S, RESULT_FILE, SKEL_IMAGE, compose_command, container_user,
+from fsdp_jobs.launchers.docker.engine import (COMPOSE_FILE, DOWN_TIMEOUT_S, RESULT_FILE, SKEL_IMAGE, compose_command, container_user,
                                      containers, docker, docker_dir, engine_error, ensure_skel_image, give_to, read_result)
-from launchers.node.wrapper import ENGINE_RESTARTS_ENV
-from launchers.supervisor import stop_signals
-from launchers.snapshot import PROJECT_ROOT, next_snapshot_dir, take_snapshot, take_user_code
+from fsdp_jobs.launchers.node.wrapper import ENGINE_RESTARTS_ENV
+from fsdp_jobs.launchers.supervisor import stop_signals
+from fsdp_jobs.launchers.snapshot import PROJECT_ROOT, next_snapshot_dir, take_snapshot, take_user_code
 
 if TYPE_CHECKING:  # types only, never imported at run time: no hydra on the node side, no import cycle
     from fsdp_jobs.planning.config import JobConfig
     from fsdp_jobs.planning.plan import Plan
-    from launchers.docker.config import DockerClusterConfig
+    from fsdp_jobs.launchers.docker.config import DockerClusterConfig
 
 DEFAULT_RDZV_PORT = 29400
 SCALE_WAIT_S = 120  # for the supervisor to start the containers a scale asked for
@@ -296,7 +296,7 @@ class DockerBackend(Backend[DockerRequest]):
     def start_containers(self, dryrun: DryRun[DockerRequest], launch: LaunchRecord, caught: list[int]) -> Submitted:
         """Record the launch, start the containers and supervise them (attached, or a stop signal `caught` while
         they started: stopped at once, CANCELLED) or leave that to a detached supervisor."""
-        from launchers.docker import supervisor as docker_supervisor
+        from fsdp_jobs.launchers.docker import supervisor as docker_supervisor
 
         plan, cfg, req = dryrun.plan, dryrun.cfg, dryrun.request
         run_dir = Path(plan.run_dir)

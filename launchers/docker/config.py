@@ -8,7 +8,7 @@ from typing import List, Optional
 
 from fsdp_jobs.planning.cluster_config import ClusterConfig, choice, positive, register_cluster_schema
 from fsdp_jobs.planning.errors import UserError
-from launchers.common import system_path
+from fsdp_jobs.launchers.common import system_path
 
 NAME = "docker"
 SPARE_NODES = True  # cluster.spare_nodes: K more containers, started with the job (launchers/docker/backend.py compose_spec)

@@ -5,9 +5,9 @@ its result (docker/result.json) and removes the containers and the network.
 
 It runs in the CLI's foreground for an attached job (Ctrl-C stops exactly these containers: SIGTERM
 to each agent, whose ranks checkpoint, then SIGKILL after the grace), or detached
-(`python -m launchers.docker.supervisor RUN_DIR`, started by `submit` with cluster.detach=true).
+(`python -m fsdp_jobs.launchers.docker.supervisor RUN_DIR`, started by `submit` with cluster.detach=true).
 
-An attached job also has a guardian (`python -m launchers.docker.supervisor RUN_DIR --guard`, its own
+An attached job also has a guardian (`python -m fsdp_jobs.launchers.docker.supervisor RUN_DIR --guard`, its own
 session, `start_guardian`): it waits on a pipe from the CLI. The CLI writes "done" once its supervisor has
 ended; a CLI killed before (SIGKILL, a closed terminal, an OOM-killed login shell) closes the pipe with
 nothing written, and the guardian stops the containers as Ctrl-C would (the ranks checkpoint), records the
@@ -34,10 +34,10 @@ import yaml
 from fsdp_jobs.planning.config import rank_config
 from fsdp_jobs.rundir import runs, streams
 from fsdp_jobs.rundir.layout import RunDir
-from launchers.docker.engine import (COMPOSE_FILE, DOWN_TIMEOUT_S, RESULT_FILE, containers, docker_dir, give_to,
+from fsdp_jobs.launchers.docker.engine import (COMPOSE_FILE, DOWN_TIMEOUT_S, RESULT_FILE, containers, docker_dir, give_to,
                                      read_result)
-from launchers.supervisor import STOP_EXTRA_S, LogSink, Node, exit_status, why_not_grow
-from launchers.supervisor import supervise as supervise_nodes
+from fsdp_jobs.launchers.supervisor import STOP_EXTRA_S, LogSink, Node, exit_status, why_not_grow
+from fsdp_jobs.launchers.supervisor import supervise as supervise_nodes
 
 
 def ended_for_good(c: dict[str, Any]) -> bool:
@@ -224,7 +224,7 @@ def start_detached(run_dir: Path, launch: dict[str, Any], job: dict[str, Any], c
     acts on travels through its stdin, not through a file."""
     out = runs.open_append(RunDir(run_dir).supervisor_log)
     give_to(RunDir(run_dir).supervisor_log, launch["user"])
-    p = subprocess.Popen([sys.executable, "-m", "launchers.docker.supervisor", str(run_dir)], stdout=out,
+    p = subprocess.Popen([sys.executable, "-m", "fsdp_jobs.launchers.docker.supervisor", str(run_dir)], stdout=out,
                          stderr=subprocess.STDOUT, stdin=subprocess.PIPE, start_new_session=True, text=True)
     assert p.stdin is not None
     p.stdin.write(json.dumps({"launch": launch, "job": job, "compose": compose}))
@@ -245,7 +245,7 @@ def start_guardian(run_dir: Path, launch: dict[str, Any], job: dict[str, Any],
     try:
         out = runs.open_append(RunDir(run_dir).supervisor_log)
         give_to(RunDir(run_dir).supervisor_log, launch["user"])
-        p = subprocess.Popen([sys.executable, "-m", "launchers.docker.supervisor", str(run_dir), "--guard"],
+        p = subprocess.Popen([sys.executable, "-m", "fsdp_jobs.launchers.docker.supervisor", str(run_dir), "--guard"],
                              stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.PIPE, start_new_session=True,
                              text=True)
         out.close()

@@ -24,13 +24,13 @@ from typing import Any, Iterable, Iterator, Optional, TYPE_CHECKING
 from fsdp_jobs.rundir import runs
 from fsdp_jobs.rundir.records import LaunchRecord
 from fsdp_jobs.planning.errors import UserError
-from launchers.kubernetes import manifests
+from fsdp_jobs.launchers.kubernetes import manifests
 from fsdp_jobs.rundir import logs
 from fsdp_jobs.rundir.logs import LogFilter
-from launchers.base import Backend, DryRun, JobState, JobStatus, Run, Submitted
-from launchers.common import runtime_env, torchrun_args
-from launchers.kubernetes.api import api_client, explain, require_package
-from launchers.node.wrapper import FAILED_MESSAGE, PREFLIGHT_MESSAGE
+from fsdp_jobs.launchers.base import Backend, DryRun, JobState, JobStatus, Run, Submitted
+from fsdp_jobs.launchers.common import runtime_env, torchrun_args
+from fsdp_jobs.launchers.kubernetes.api import api_client, explain, require_package
+from fsdp_jobs.launchers.node.wrapper import FAILED_MESSAGE, PREFLIGHT_MESSAGE
 
 if TYPE_CHECKING:  # types only, never imported at run time: no hydra on the node side, no import cycle
     from fsdp_jobs.planning.config import JobConfig

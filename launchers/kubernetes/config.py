@@ -8,7 +8,7 @@ from typing import Dict, Optional, TYPE_CHECKING
 
 from fsdp_jobs.planning.cluster_config import ClusterConfig, choice, positive, register_cluster_schema
 from fsdp_jobs.planning.errors import UserError
-from launchers.common import system_path
+from fsdp_jobs.launchers.common import system_path
 
 if TYPE_CHECKING:  # types only, never imported at run time: no hydra on the node side, no import cycle
     from fsdp_jobs.planning.config import JobConfig

@@ -33,8 +33,8 @@ from omegaconf import OmegaConf
 
 from fsdp_jobs.planning.errors import UserError
 from fsdp_jobs.rundir.layout import RunDir
-from launchers.common import NODE_WRAPPER, python_path, rank_entry, rank_env, runtime_env, torchrun_args
-from launchers.node.wrapper import ENGINE_RESTARTS_ENV, NO_RESTART_RC, TERMINATION_LOG_ENV
+from fsdp_jobs.launchers.common import NODE_WRAPPER, python_path, rank_entry, rank_env, runtime_env, torchrun_args
+from fsdp_jobs.launchers.node.wrapper import ENGINE_RESTARTS_ENV, NO_RESTART_RC, TERMINATION_LOG_ENV
 
 if TYPE_CHECKING:  # types only, never imported at run time: no hydra on the node side, no import cycle
     from fsdp_jobs.planning.config import JobConfig
@@ -173,8 +173,8 @@ def user_code(plan: Plan, cfg: JobConfig) -> tuple[Optional[str], Optional[bytes
     The directory is named by the content's hash: pods restarting or starting together unpack it once."""
     import hashlib
 
-    from launchers.common import user_mode
-    from launchers.snapshot import user_code_tar
+    from fsdp_jobs.launchers.common import user_mode
+    from fsdp_jobs.launchers.snapshot import user_code_tar
 
     tar = user_code_tar(cfg) if user_mode(cfg) else None
     if tar is None:
@@ -208,7 +208,7 @@ NODES_PER_GROUP_ENV = "FSDP_JOBS_NODES_PER_GROUP"
 
 def replica_pod_env(plan: Plan, kind: str, job: str) -> dict[str, str]:
     """A replica job's pod: its replica group comes from its index (boot.py), its lighthouse is the job's."""
-    from launchers.common import LIGHTHOUSE_ENV, lighthouse_port
+    from fsdp_jobs.launchers.common import LIGHTHOUSE_ENV, lighthouse_port
 
     if plan.replicas is None:
         return {}
@@ -474,7 +474,7 @@ def lighthouse_roles(plan: Plan, cfg: JobConfig) -> list[Any]:
     replica: its pod is <job>-lighthouse-0-0 (LIGHTHOUSE_POD). The image needs fsdp-jobs[ft]. None without."""
     from torchx import specs
 
-    from launchers.common import lighthouse_command, lighthouse_port
+    from fsdp_jobs.launchers.common import lighthouse_command, lighthouse_port
 
     if plan.replicas is None:
         return []

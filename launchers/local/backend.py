@@ -25,14 +25,14 @@ from fsdp_jobs.rundir import runs
 from fsdp_jobs.rundir.records import LaunchRecord
 from fsdp_jobs.planning.errors import UserError
 from fsdp_jobs.rundir.layout import RunDir
-from launchers.base import (Backend, DryRun, JobState, JobStatus, Run, Submitted, request_scale,
+from fsdp_jobs.launchers.base import (Backend, DryRun, JobState, JobStatus, Run, Submitted, request_scale,
                             state_from_training)
-from launchers.common import (NODE_WRAPPER, REPLICA_ADDR_ENV, begin_user_attempt, lighthouse_command, python_path,
+from fsdp_jobs.launchers.common import (NODE_WRAPPER, REPLICA_ADDR_ENV, begin_user_attempt, lighthouse_command, python_path,
                               rank_entry, rank_env, replica_env, replica_group, runtime_env, torchrun_args,
                               user_code_dir)
-from launchers.local.config import check_machine
-from launchers.snapshot import take_user_code
-from launchers.supervisor import LogSink, Node, exit_status, stop_signals, supervise, why_not_grow
+from fsdp_jobs.launchers.local.config import check_machine
+from fsdp_jobs.launchers.snapshot import take_user_code
+from fsdp_jobs.launchers.supervisor import LogSink, Node, exit_status, stop_signals, supervise, why_not_grow
 
 if TYPE_CHECKING:  # types only, never imported at run time: no hydra on the node side, no import cycle
     from fsdp_jobs.planning.config import JobConfig

@@ -1,6 +1,6 @@
-"""python -m launchers.node TORCHRUN_FLAGS... ENTRY... (launchers/node/wrapper.py)."""
+"""python -m fsdp_jobs.launchers.node TORCHRUN_FLAGS... ENTRY... (launchers/node/wrapper.py)."""
 
-from launchers.node.wrapper import main
+from fsdp_jobs.launchers.node.wrapper import main
 
 if __name__ == "__main__":
     main()

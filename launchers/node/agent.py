@@ -197,7 +197,7 @@ REPEAT_HOLD_S = 3.0
 
 
 def hold_restart_on_a_repeat(hold_s: float = REPEAT_HOLD_S) -> None:
-    from launchers.node.wrapper import RUN_DIR_ENV  # the node wrapper's, which the agent inherits
+    from fsdp_jobs.launchers.node.wrapper import RUN_DIR_ENV  # the node wrapper's, which the agent inherits
 
     run_dir = os.environ.get(RUN_DIR_ENV)
     if not run_dir:
@@ -284,7 +284,7 @@ def leave_the_rendezvous(handler: Any, store_is_up: bool, succeeded: bool) -> No
 
 
 def end_a_waiting_node_when_the_job_completed() -> None:
-    from launchers.node.wrapper import NODE_ENV, RUN_DIR_ENV  # the node wrapper's, which the agent inherits
+    from fsdp_jobs.launchers.node.wrapper import NODE_ENV, RUN_DIR_ENV  # the node wrapper's, which the agent inherits
 
     run_dir = os.environ.get(RUN_DIR_ENV)
     if not run_dir:
@@ -367,7 +367,7 @@ def tell_the_ranks_who_hosts_the_store() -> None:
 # room and takes a spare from the redundancy list. Nothing closes the rendezvous (`_fsdp_jobs_left`), and exit
 # 0 keeps Docker (on-failure) from starting the node again.
 def leave_when_replaced() -> None:
-    from launchers.node.wrapper import NODE_ENV, RUN_DIR_ENV  # the node wrapper's, which the agent inherits
+    from fsdp_jobs.launchers.node.wrapper import NODE_ENV, RUN_DIR_ENV  # the node wrapper's, which the agent inherits
 
     run_dir, node = os.environ.get(RUN_DIR_ENV), os.environ.get(NODE_ENV)
     if not run_dir or not node:
@@ -497,7 +497,7 @@ def name_a_silent_failure(launch: Callable[[Any], Any]) -> Callable[[Any], Any]:
 
         from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
-        from launchers.node.wrapper import write_error_file
+        from fsdp_jobs.launchers.node.wrapper import write_error_file
 
         try:
             return launch(args)

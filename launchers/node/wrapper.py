@@ -1,6 +1,6 @@
 """What every node of every backend runs: one small wrapper around its torchrun agent.
 
-    python -m launchers.node TORCHRUN_FLAGS... ENTRY...      (cluster=local's agents, each Docker container,
+    python -m fsdp_jobs.launchers.node TORCHRUN_FLAGS... ENTRY...      (cluster=local's agents, each Docker container,
                                                            each Kubernetes pod after boot.py, each SLURM node task)
 
 What must happen on every node is written here once:
@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any, Optional
 
 if TYPE_CHECKING:  # types only: this wrapper imports nothing of the project before it sets the umask
     from fsdp_jobs.planning.config import FaultConfig
-    from launchers.node.oom import OomWatch
+    from fsdp_jobs.launchers.node.oom import OomWatch
 
 RUN_DIR_ENV = "FSDP_JOBS_RUN_DIR"
 NODE_ENV = "FSDP_JOBS_NODE"
@@ -37,8 +37,11 @@ FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
 
 def code_root() -> str:
-    """The directory this code is imported from (a code snapshot, a checkout or site-packages)."""
-    return str(Path(__file__).resolve().parents[2])
+    """The directory this code is imported from (a code snapshot, a checkout or site-packages): the one
+    holding the fsdp_jobs package, wherever its launchers subpackage sits (pyproject's package-dir)."""
+    import fsdp_jobs  # already imported: this module is fsdp_jobs.launchers.node.wrapper
+
+    return str(Path(fsdp_jobs.__file__).resolve().parents[1])
 
 
 def agent_env(environ: dict[str, str], run_dir: str, node: str) -> dict[str, str]:
@@ -95,7 +98,7 @@ def run(argv: list[str], environ: Optional[dict[str, str]] = None) -> int:
     environ = dict(os.environ if environ is None else environ)
     run_dir = environ.get(RUN_DIR_ENV)
     if not run_dir or not argv:
-        print("usage: FSDP_JOBS_RUN_DIR=RUN_DIR python -m launchers.node TORCHRUN_FLAGS... ENTRY...", file=sys.stderr)
+        print("usage: FSDP_JOBS_RUN_DIR=RUN_DIR python -m fsdp_jobs.launchers.node TORCHRUN_FLAGS... ENTRY...", file=sys.stderr)
         return 2
     node = environ.get(NODE_ENV) or socket.gethostname()
     # what the agent and the ranks write (checkpoints, logs, bytecode) is the owner's alone, as the
@@ -104,7 +107,7 @@ def run(argv: list[str], environ: Optional[dict[str, str]] = None) -> int:
     from fsdp_jobs.rundir import events, liveness, streams
 
     streams.follow_readers()  # the node's lines outlive their reader (a launcher gone, a full disk)
-    from launchers.node.oom import OomWatch
+    from fsdp_jobs.launchers.node.oom import OomWatch
 
     events.append_event(Path(run_dir), "node_start", node=node, time=started)
     # the ranks' heartbeats: node-local memory, this node's watchdog reads them (fsdp_jobs/rundir/liveness.py)
@@ -114,7 +117,7 @@ def run(argv: list[str], environ: Optional[dict[str, str]] = None) -> int:
     Path(env["TORCHELASTIC_ERROR_FILE"]).unlink(missing_ok=True)  # an earlier attempt's is not this one's
     # torchrun itself, its stores kept on loopback when the rendezvous host is (launchers/node/agent.py)
     oom = OomWatch()  # before the agent: its kills from here on
-    agent = subprocess.Popen([sys.executable, "-m", "launchers.node.agent", *argv], cwd=run_dir, env=env)
+    agent = subprocess.Popen([sys.executable, "-m", "fsdp_jobs.launchers.node.agent", *argv], cwd=run_dir, env=env)
 
     stopped_on: list[int] = []  # the stop signals this node was sent, and passed on to its agent
 
@@ -219,7 +222,7 @@ def supervise_agent(agent: subprocess.Popen, run_dir: Path, node: str, beats: Pa
     """Wait for the agent, with the hang watchdog (launchers/node/watchdog.py) looking at its ranks every second,
     the node's OOM kills (launchers/node/oom.py) named as they happen, and the agent stopped once the job
     completed without this node (`LeftBehind`)."""
-    from launchers.node.watchdog import Watchdog
+    from fsdp_jobs.launchers.node.watchdog import Watchdog
 
     from fsdp_jobs.rundir import failures
 

@@ -23,14 +23,14 @@ from fsdp_jobs.rundir import runs
 from fsdp_jobs.rundir.records import LaunchRecord
 from fsdp_jobs.planning.errors import UserError
 from fsdp_jobs.rundir.layout import RunDir
-from launchers.base import Backend, DryRun, JobState, JobStatus, Run, Submitted
-from launchers.common import (lighthouse_command, python_path, rank_env, runtime_env, torchrun_args,
+from fsdp_jobs.launchers.base import Backend, DryRun, JobState, JobStatus, Run, Submitted
+from fsdp_jobs.launchers.common import (lighthouse_command, python_path, rank_env, runtime_env, torchrun_args,
                               user_code_dir)
-from launchers.snapshot import PROJECT_ROOT, next_snapshot_dir, take_snapshot, take_user_code
-from launchers.slurm import arrays
-from launchers.slurm.arrays import max_array_size
-from launchers.slurm.config import LIGHTHOUSE_PORT_BASE, slurm_dir
-from launchers.slurm.grow import grow_jobs, save_parameters, submit_grow
+from fsdp_jobs.launchers.snapshot import PROJECT_ROOT, next_snapshot_dir, take_snapshot, take_user_code
+from fsdp_jobs.launchers.slurm import arrays
+from fsdp_jobs.launchers.slurm.arrays import max_array_size
+from fsdp_jobs.launchers.slurm.config import LIGHTHOUSE_PORT_BASE, slurm_dir
+from fsdp_jobs.launchers.slurm.grow import grow_jobs, save_parameters, submit_grow
 
 if TYPE_CHECKING:  # types only, never imported at run time: no hydra on the node side, no import cycle
     from fsdp_jobs.planning.config import JobConfig
@@ -90,7 +90,7 @@ def sbatch_parameters(plan: Plan, cfg: JobConfig, code_dir: Path, user_dir: Opti
     setup += [f"export {k}={shlex.quote(v)}" for k, v in sorted(runtime_env(cfg).items())]
     # the node task (launchers/slurm/node_task.py) starts rank_entry(): the user's script from this copy, or the trainer
     setup += [f"export {k}={shlex.quote(v)}" for k, v in sorted(rank_env(cfg, plan.run_dir, user).items())]
-    from launchers.slurm.node_task import shown_command  # here: status and list need none of the in-job side
+    from fsdp_jobs.launchers.slurm.node_task import shown_command  # here: status and list need none of the in-job side
 
     setup += shown_command(plan, cfg, user)  # the exact command every node starts, as comment lines
     if plan.replicas is not None:
@@ -150,7 +150,7 @@ def spare_exit_setup() -> list[str]:
     node (launchers/slurm/batch_exit.py). bash's EXIT trap runs after srun, and its `exit` sets the status.
     bash keeps one EXIT trap: one the user's cluster.setup set (cleaning a scratch dir) is kept and run first,
     in a subshell, with the script's status in $? (its own `exit`, or `set -e`, cannot skip the check)."""
-    check = (f'{shlex.quote(sys.executable)} -m launchers.slurm.batch_exit "$FSDP_JOBS_RUN_DIR" "$fsdp_jobs_rc" '
+    check = (f'{shlex.quote(sys.executable)} -m fsdp_jobs.launchers.slurm.batch_exit "$FSDP_JOBS_RUN_DIR" "$fsdp_jobs_rc" '
              '"$fsdp_jobs_began"')
     # a function, not a quoted trap string: an interpreter path that shlex quotes would end the trap's quotes.
     # `trap -p EXIT` prints the user's trap shell-quoted (trap -- 'CMD' EXIT): eval of the middle gives CMD back
@@ -313,7 +313,7 @@ class SlurmBackend(Backend[SlurmRequest]):
         answered, count = _run("squeue", "-h", "-j", job_id, "-o", "%D", timeout=SQUEUE_TIMEOUT_S)
         where = ["-w", node, "-N", "1"] if node else ["-N", count] if answered and count.isdigit() else []
         cmd = ["srun", "--overlap", f"--jobid={job_id}", "--ntasks-per-node=1", *where, sys.executable, "-m",
-               "launchers.stacks", str(run.run_dir), str(parts),
+               "fsdp_jobs.launchers.stacks", str(run.run_dir), str(parts),
                *[a for r in sorted(ranks or ()) for a in ("--rank", str(r))]]
         env = {**os.environ, "PYTHONPATH": f"{PROJECT_ROOT}:{os.environ.get('PYTHONPATH', '')}".rstrip(":")}
         r = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env)
@@ -446,7 +446,7 @@ def submit_part(dryruns: list[DryRun[SlurmRequest]], codes: list[dict[str, str]]
     """One submission (a job, or one array) and its launch records."""
     import submitit
 
-    from launchers.slurm.node_task import NodeTask
+    from fsdp_jobs.launchers.slurm.node_task import NodeTask
 
     folder, params = submission(dryruns)
     executor = submitit.SlurmExecutor(folder=folder, max_num_timeout=dryruns[0].cfg.cluster.max_timeouts)

@@ -1,4 +1,4 @@
-"""`python -m launchers.slurm.batch_exit RUN_DIR RC BEGAN`: the exit status of a hot-spare job's batch script.
+"""`python -m fsdp_jobs.launchers.slurm.batch_exit RUN_DIR RC BEGAN`: the exit status of a hot-spare job's batch script.
 
 cluster.spare_nodes keeps a job training when a node fails (sbatch and srun --no-kill: pitfall 17), but srun
 still ends the step with the lost node's status once every task has ended ("srun: error: Node failure on

@@ -28,9 +28,9 @@ from typing import Any
 from fsdp_jobs.rundir import runs
 from fsdp_jobs.planning.config import JobConfig, job_config
 from fsdp_jobs.planning.errors import UserError
-from launchers.base import Run
-from launchers.slurm.config import slurm_dir
-from launchers.slurm.hostlist import is_hostlist
+from fsdp_jobs.launchers.base import Run
+from fsdp_jobs.launchers.slurm.config import slurm_dir
+from fsdp_jobs.launchers.slurm.hostlist import is_hostlist
 
 PARAMETERS_FILE = "parameters.json"  # in slurm_dir: the job's sbatch parameters, for its grow jobs
 GROW_FILE = "grow.jsonl"  # in slurm_dir: one line per grow job (its id, nodes, the rendezvous it joins)
@@ -95,7 +95,7 @@ def submit_grow(run: Run, nodes: int, job_id: str, active: Any) -> str:
     """Submit the grow job that brings the running job `job_id` (this run's, checked by the caller) to `nodes`."""
     import submitit
 
-    from launchers.slurm.node_task import read_rendezvous
+    from fsdp_jobs.launchers.slurm.node_task import read_rendezvous
 
     run_dir, job = run.run_dir, job_config(runs.load_job(run.run_dir))
     rdzv = read_rendezvous(run_dir)
@@ -137,8 +137,8 @@ class GrowTask:
     def __call__(self) -> dict[str, Any]:
         import submitit
 
-        from launchers.common import USER_CODE_ENV
-        from launchers.slurm.node_task import NodeFacts, hostname, node_launch, read_rendezvous, start_agent
+        from fsdp_jobs.launchers.common import USER_CODE_ENV
+        from fsdp_jobs.launchers.slurm.node_task import NodeFacts, hostname, node_launch, read_rendezvous, start_agent
 
         run_dir, env = Path(self.run_dir), submitit.JobEnvironment()
 

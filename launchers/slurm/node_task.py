@@ -35,12 +35,12 @@ from fsdp_jobs.rundir.failures import ATTEMPT_ENV
 from fsdp_jobs.rundir.layout import RunDir
 from fsdp_jobs.rundir.records import LaunchRecord, StateRecord
 from fsdp_jobs.rundir.runs import clear_stop_request, request_stop
-from launchers.common import (LIGHTHOUSE_ENV, NODE_WRAPPER, REPLICA_GROUP_ENV, USER_CODE_ENV, begin_user_attempt,
+from fsdp_jobs.launchers.common import (LIGHTHOUSE_ENV, NODE_WRAPPER, REPLICA_GROUP_ENV, USER_CODE_ENV, begin_user_attempt,
                               join_timeout_s, rank_entry, settle_user_state, torchrun_args)
-from launchers.node.wrapper import root_cause
-from launchers.slurm.config import slurm_dir
-from launchers.slurm.hostlist import expand
-from launchers.slurm.requeue import COMPLETED, EXCLUDE, PREEMPTED, REQUEUE, TERMINATED, Decision, after_preflight, decide
+from fsdp_jobs.launchers.node.wrapper import code_root, root_cause
+from fsdp_jobs.launchers.slurm.config import slurm_dir
+from fsdp_jobs.launchers.slurm.hostlist import expand
+from fsdp_jobs.launchers.slurm.requeue import COMPLETED, EXCLUDE, PREEMPTED, REQUEUE, TERMINATED, Decision, after_preflight, decide
 
 if TYPE_CHECKING:  # types only: the node reads both from the run dir (job_config, runs.load_plan)
     from fsdp_jobs.planning.config import JobConfig
@@ -215,7 +215,7 @@ def rdzv_port(job: JobConfig, raw_id: int) -> int:
 def allocation_facts(plan: Plan, job: JobConfig, job_id: str, node: int, hostnames: list[str], raw_id: int,
                      attempt: int) -> NodeFacts:
     """This node's facts, from SLURM's environment as the node task reads it."""
-    from launchers.slurm.config import lighthouse_port_of
+    from fsdp_jobs.launchers.slurm.config import lighthouse_port_of
 
     port = rdzv_port(job, raw_id)
     facts = NodeFacts(job_id=job_id, node=str(node), host=hostname(), run_id=f"{raw_id}-{attempt}",
@@ -246,7 +246,7 @@ def shown_facts(plan: Plan, job: JobConfig) -> tuple[NodeFacts, list[str]]:
     """allocation_facts as shell on a node of the job: the facts as variables, and the lines that set each
     of them exactly as allocation_facts computes it from SLURM's variables (tests/unit/test_sbatch.py runs
     them in bash against allocation_facts)."""
-    from launchers.slurm.config import LIGHTHOUSE_PORT_BASE
+    from fsdp_jobs.launchers.slurm.config import LIGHTHOUSE_PORT_BASE
 
     port = job.cluster.get("rdzv_port")
     lines = ["JOB_ID=${SLURM_ARRAY_JOB_ID:+${SLURM_ARRAY_JOB_ID}_$SLURM_ARRAY_TASK_ID}; JOB_ID=${JOB_ID:-$SLURM_JOB_ID}",
@@ -373,7 +373,7 @@ class NodeTask(submitit.helpers.Checkpointable):
             begin_user_attempt(job, run_dir)
         print(f"fsdp-jobs: node {env.node}/{env.num_nodes} host {socket.gethostname()} "
               f"(slurm node {os.environ.get('SLURMD_NODENAME')}) job {job_id} attempt {attempt} "
-              f"rendezvous {facts.endpoint} code {Path(__file__).resolve().parent.parent}", flush=True)
+              f"rendezvous {facts.endpoint} code {code_root()}", flush=True)
 
         if env.global_rank == 0 and plan.rendezvous.max_nodes > plan.nodes:
             write_rendezvous(run_dir, job_id, facts.attempt_id, facts.run_id, facts.endpoint)

@@ -21,10 +21,10 @@ from typing import Any, Callable, Iterator, Optional, TYPE_CHECKING
 from fsdp_jobs.planning.errors import UserError
 from fsdp_jobs.rundir import runs
 from fsdp_jobs.rundir.layout import RunDir
-from launchers.base import Backend, DryRun, JobState, JobStatus, LogFilter, Run, Submitted, state_from_training
-from launchers.common import NODE_WRAPPER, rank_entry, runtime_env, user_code_dir
-from launchers.torchx import node
-from launchers.torchx.config import NAME
+from fsdp_jobs.launchers.base import Backend, DryRun, JobState, JobStatus, LogFilter, Run, Submitted, state_from_training
+from fsdp_jobs.launchers.common import NODE_WRAPPER, rank_entry, runtime_env, user_code_dir
+from fsdp_jobs.launchers.torchx import node
+from fsdp_jobs.launchers.torchx.config import NAME
 
 if TYPE_CHECKING:  # types only, never imported at run time: no hydra on the node side, no import cycle
     from fsdp_jobs.planning.config import JobConfig

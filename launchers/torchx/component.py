@@ -31,7 +31,7 @@ def job(*overrides: str, image: str = "", python: str = "", cpu: int = 2, memMB:
         h: a TorchX named resource (takes precedence over cpu and memMB)
         max_retries: the scheduler's retries of the whole app (torchrun restarts the ranks within one)
     """
-    from launchers.torchx.backend import Resources
-    from launchers.torchx.submission import prepare
+    from fsdp_jobs.launchers.torchx.backend import Resources
+    from fsdp_jobs.launchers.torchx.submission import prepare
 
     return prepare(list(overrides), Resources(image, python, cpu, memMB, h, max_retries)).app()

@@ -1,6 +1,6 @@
 """Inside a TorchX app: what each replica of the component's role runs (launchers/torchx/component.py).
 
-    python -m launchers.torchx.node RUN_DIR REPLICA_ID RANK0_ENV APP_ID [USER_DIR]
+    python -m fsdp_jobs.launchers.torchx.node RUN_DIR REPLICA_ID RANK0_ENV APP_ID [USER_DIR]
 
 TorchX fills in the replica's index, the name of the variable that holds rank 0's host on its scheduler
 (TORCHX_RANK0_HOST on its local schedulers, SLURM_JOB_NODELIST_HET_GROUP_0 on SLURM) and the app's id. From
@@ -23,9 +23,9 @@ from typing import TYPE_CHECKING, Optional
 from fsdp_jobs.rundir import runs
 from fsdp_jobs.rundir.layout import RunDir
 from fsdp_jobs.rundir.records import LaunchRecord
-from launchers.common import (begin_user_attempt, python_path, rank_entry, rank_env, runtime_env,
+from fsdp_jobs.launchers.common import (begin_user_attempt, python_path, rank_entry, rank_env, runtime_env,
                               settle_user_state, torchrun_args)
-from launchers.torchx.config import NAME
+from fsdp_jobs.launchers.torchx.config import NAME
 
 if TYPE_CHECKING:  # types only: the node reads both from the run dir (job_config, runs.load_plan)
     from fsdp_jobs.planning.config import JobConfig
@@ -92,10 +92,10 @@ def record_launch(run_dir: Path, plan: Plan, app_id: str, handle: str) -> None:
 
 def main(argv: list[str]) -> int:
     from fsdp_jobs.planning.config import job_config
-    from launchers.node import wrapper
+    from fsdp_jobs.launchers.node import wrapper
 
     if len(argv) not in (4, 5):
-        print("usage: python -m launchers.torchx.node RUN_DIR REPLICA_ID RANK0_ENV APP_ID [USER_DIR]", file=sys.stderr)
+        print("usage: python -m fsdp_jobs.launchers.torchx.node RUN_DIR REPLICA_ID RANK0_ENV APP_ID [USER_DIR]", file=sys.stderr)
         return 2
     run_dir, replica, rank0_env, app_id = argv[:4]
     user_dir = argv[4] if len(argv) == 5 else None

@@ -17,9 +17,9 @@ from typing import TYPE_CHECKING
 from fsdp_jobs.planning.errors import UserError, die
 from fsdp_jobs.rundir import runs
 from fsdp_jobs.rundir.records import LaunchRecord
-from launchers.base import JobState, Run
-from launchers.torchx.backend import BACKEND, Resources, TorchXRequest
-from launchers.torchx.config import NAME
+from fsdp_jobs.launchers.base import JobState, Run
+from fsdp_jobs.launchers.torchx.backend import BACKEND, Resources, TorchXRequest
+from fsdp_jobs.launchers.torchx.config import NAME
 
 if TYPE_CHECKING:  # types only: the CLI's submission path is imported when the component runs
     from fsdp_jobs.cli.submit import Member
@@ -57,7 +57,7 @@ def write(m: Member) -> None:
     """The run dir, as a submission writes it (submit.write_run_dirs), the user's code (script=, module=), and
     a launch handed to TorchX, whose app id the first node records (launchers/torchx/node.py)."""
     from fsdp_jobs.cli import submit
-    from launchers.snapshot import take_user_code
+    from fsdp_jobs.launchers.snapshot import take_user_code
 
     run_dir = Path(m.plan.run_dir)
     locks = [runs.RunLock(run_dir)]

@@ -316,7 +316,7 @@ def test_detached_job_status_list_logs_follow_and_cancel(run_root):
 
 
 def test_ctrl_c_stops_exactly_its_own_containers_after_a_checkpoint(run_root):
-    from launchers.docker.engine import ensure_skel_image
+    from fsdp_jobs.launchers.docker.engine import ensure_skel_image
 
     ensure_skel_image()
     # Ctrl-C while the containers start (compose up, which the terminal's Ctrl-C reached too, was cut half way and

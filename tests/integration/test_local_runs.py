@@ -263,7 +263,7 @@ def test_a_full_disk_costs_a_checkpoint_not_the_job(tmp_path):
 def memory_cgroup(limit: int) -> Path | None:
     """A memory cgroup of the test's own, below this process's, holding at most `limit` bytes (cgroup v1,
     or v2 where the parent lets a child have the memory controller); None where the host does not allow it."""
-    from launchers.node import oom
+    from fsdp_jobs.launchers.node import oom
 
     counter = oom.counter_file(Path("/proc/self/cgroup").read_text())
     if counter is None or os.geteuid() != 0:

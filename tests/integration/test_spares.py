@@ -41,12 +41,12 @@ def _children(pid: int) -> list[int]:
 
 
 def node_wrappers(run_dir: Path) -> dict[str, int]:
-    """node name -> PID of its node wrapper (python -m launchers.node) for this run: the matching process whose
+    """node name -> PID of its node wrapper (python -m fsdp_jobs.launchers.node) for this run: the matching process whose
     parent does not match too (the wrapper's agent shares its environment)."""
     found: dict[int, str] = {}
     for p in filter(str.isdigit, os.listdir("/proc")):
         env = dict(e.split(b"=", 1) for e in _proc(int(p), "environ").split(b"\0") if b"=" in e)
-        if b"launchers.node" in _proc(int(p), "cmdline") and env.get(b"FSDP_JOBS_RUN_DIR") == str(run_dir).encode():
+        if b"fsdp_jobs.launchers.node" in _proc(int(p), "cmdline") and env.get(b"FSDP_JOBS_RUN_DIR") == str(run_dir).encode():
             found[int(p)] = env[b"FSDP_JOBS_NODE"].decode()
     parent = {p: int(_proc(p, "stat").rsplit(b")", 1)[1].split()[1]) for p in found}
     return {node: p for p, node in found.items() if parent[p] not in found}

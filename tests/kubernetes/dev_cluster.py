@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlparse
 
-from launchers.kubernetes import manifests
+from fsdp_jobs.launchers.kubernetes import manifests
 from tests.conftest import REPO
 
 SCRIPTS = REPO / "deploy" / "kubernetes" / "dev-apiserver"

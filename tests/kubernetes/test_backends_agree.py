@@ -12,7 +12,7 @@ from fsdp_jobs.planning.compose import compose
 from fsdp_jobs.planning.plan import make_plan
 from fsdp_jobs.cli import launcher
 from fsdp_jobs.planning import backends
-from launchers.kubernetes import manifests as k8s_manifests
+from fsdp_jobs.launchers.kubernetes import manifests as k8s_manifests
 
 pytestmark = pytest.mark.kubernetes
 

@@ -54,7 +54,7 @@ def node_exit(container: dict[str, Any], run_dir: Path, log: Path) -> tuple[int,
     preflight that named node1, with the environment the manifest gives its container (the message goes to
     `log` in place of the container's terminationMessagePath)."""
     from fsdp_jobs.rundir import runs
-    from launchers.node.wrapper import ENGINE_RESTARTS_ENV, TERMINATION_LOG_ENV, decided_status
+    from fsdp_jobs.launchers.node.wrapper import ENGINE_RESTARTS_ENV, TERMINATION_LOG_ENV, decided_status
 
     runs.write_state(run_dir, status="failed", stage="preflight", bad_nodes=["node1"],
                      reason="preflight named node1: matmul TFLOPS 0.026 is 3.01x worse than the median node's")

@@ -18,8 +18,8 @@ import yaml
 from fsdp_jobs.planning.compose import compose
 from fsdp_jobs.planning.errors import UserError
 from fsdp_jobs.planning.plan import make_plan
-from launchers.kubernetes import manifests as k8s_manifests
-from launchers.kubernetes.backend import BACKEND
+from fsdp_jobs.launchers.kubernetes import manifests as k8s_manifests
+from fsdp_jobs.launchers.kubernetes.backend import BACKEND
 from tests.conftest import REPO
 from tests.kubernetes import schemas
 
@@ -261,7 +261,7 @@ def test_pod_boot_puts_the_job_in_the_run_dir_then_execs_torchrun(tmp_path: Path
     kept = sorted((run_dir / "history").iterdir())
     assert [(p.name.split("-")[0], p.suffix, p.read_text()) for p in kept] == [
         ("job", ".yaml", "old: config\n"), ("plan", ".json", '{"nodes": 1}\n')]
-    assert (tmp_path / "exec.txt").read_text().split() == ["-m", "launchers.node", *[
+    assert (tmp_path / "exec.txt").read_text().split() == ["-m", "fsdp_jobs.launchers.node", *[
         a for a in command[7:]]]
 
 
@@ -284,7 +284,7 @@ def test_cluster_image_is_required_and_bad_keys_are_one_line(tmp_path: Path) -> 
 def test_each_kind_ends_the_job_on_a_failed_preflight_by_its_own_rule(tmp_path: Path, kind: str) -> None:
     """A node exits 3 after a preflight that named a node (launchers/node/wrapper.py): the kind must not restart
     the pods into the same checks (tests/kubernetes/test_e2e.py plays what each controller does with this)."""
-    from launchers.node.wrapper import ENGINE_RESTARTS_ENV, NO_RESTART_RC, TERMINATION_LOG_ENV
+    from fsdp_jobs.launchers.node.wrapper import ENGINE_RESTARTS_ENV, NO_RESTART_RC, TERMINATION_LOG_ENV
 
     d = dryrun(tmp_path, f"cluster.kind={kind}", "nodes=3", "preflight=only")
     job = d.request.job

@@ -12,8 +12,8 @@ import pytest
 
 from fsdp_jobs.planning.errors import UserError
 from fsdp_jobs.rundir.logs import LogFilter
-from launchers.base import Run
-from launchers.kubernetes.backend import BACKEND
+from fsdp_jobs.launchers.base import Run
+from fsdp_jobs.launchers.kubernetes.backend import BACKEND
 
 
 class NotFound(Exception):

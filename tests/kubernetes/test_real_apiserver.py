@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 import yaml
 
-from launchers.kubernetes import manifests
+from fsdp_jobs.launchers.kubernetes import manifests
 from tests.conftest import REPO, cli
 from tests.kubernetes.dev_cluster import NS, DevCluster
 from tests.kubernetes.test_e2e import DONE, RUNNING
@@ -233,7 +233,7 @@ def in_process_dryrun(run_root: Path, run: str, kind: str) -> Any:
     """The dry run `submit` hands the backend, made in this process (so a test can send it twice, or alter it)."""
     from fsdp_jobs.cli.rundir_checks import plan_run
     from fsdp_jobs.planning.compose import compose
-    from launchers.kubernetes.backend import BACKEND
+    from fsdp_jobs.launchers.kubernetes.backend import BACKEND
 
     cfg, _ = compose(["cluster=kubernetes", IMAGE, "nodes=2", "gpus_per_node=2", "cluster.device=cpu",
                       f"name={run}", f"run_root={run_root}", f"cluster.kind={kind}"])
@@ -255,7 +255,7 @@ def test_the_same_request_sent_twice_is_409_in_one_line_and_the_first_job_is_unt
     """A submission retried after it went through (a lost answer): the server's 409 AlreadyExists for the first
     object, one line, and nothing of the first submission deleted."""
     from fsdp_jobs.planning.errors import UserError
-    from launchers.kubernetes.backend import BACKEND
+    from fsdp_jobs.launchers.kubernetes.backend import BACKEND
 
     monkeypatch.setenv("KUBECONFIG", str(dev_cluster.kubeconfig))
     dry = in_process_dryrun(run_root, f"twice-{kind}", kind)
@@ -274,7 +274,7 @@ def test_an_object_the_server_finds_invalid_is_422_in_one_line_and_nothing_is_le
     """The CRD's schema refuses the job (here: a count sent as text): HTTP 422 with the server's message, and
     the ConfigMap and NetworkPolicy created just before it are deleted again."""
     from fsdp_jobs.planning.errors import UserError
-    from launchers.kubernetes.backend import BACKEND
+    from fsdp_jobs.launchers.kubernetes.backend import BACKEND
 
     monkeypatch.setenv("KUBECONFIG", str(dev_cluster.kubeconfig))
     dry = in_process_dryrun(run_root, "invalid", "pytorchjob")

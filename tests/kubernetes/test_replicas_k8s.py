@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from launchers.kubernetes import boot
-from launchers.kubernetes import manifests as k8s_manifests
+from fsdp_jobs.launchers.kubernetes import boot
+from fsdp_jobs.launchers.kubernetes import manifests as k8s_manifests
 from tests.kubernetes import schemas
 from tests.kubernetes.conftest import FakeCluster
 from tests.kubernetes.test_e2e import NS, ctl, submit
@@ -42,13 +42,13 @@ def test_the_lighthouse_runs_beside_the_nodes_and_the_job_is_done_when_they_are(
         schemas.validate(obj)
     name = job["metadata"]["name"]
     lighthouse = lighthouse_template(job)["spec"]["containers"][0]
-    assert lighthouse["command"][:4] == ["python", "-m", "launchers.lighthouse", "--bind"]
+    assert lighthouse["command"][:4] == ["python", "-m", "fsdp_jobs.launchers.lighthouse", "--bind"]
     assert lighthouse["securityContext"]["capabilities"] == {"drop": ["ALL"]}
     if kind == "jobset":
         assert job["spec"]["successPolicy"] == {"operator": "All", "targetReplicatedJobs": ["node"]}
     else:
         assert job["spec"]["minSuccess"] == 4
-    for node in [c for c in containers(job) if "launchers.node" in c["command"]]:
+    for node in [c for c in containers(job) if "fsdp_jobs.launchers.node" in c["command"]]:
         env = {e["name"]: e.get("value", e.get("valueFrom")) for e in node["env"]}
         assert env["TORCHFT_LIGHTHOUSE"] == f"http://{name}-lighthouse-0-0.{name}:29510"
         assert env["FSDP_JOBS_NODES_PER_GROUP"] == "2"
@@ -57,7 +57,7 @@ def test_the_lighthouse_runs_beside_the_nodes_and_the_job_is_done_when_they_are(
 
 def test_boot_gives_each_pod_its_replica_groups_rendezvous() -> None:
     """Node 3 of 4 in groups of 2 nodes: group 1, whose rendezvous is at node 2's pod."""
-    command = ["python", "-m", "launchers.node", "--rdzv-endpoint=@GROUP_HOST@:29500", "--rdzv-id=run-rg@GROUP@",
+    command = ["python", "-m", "fsdp_jobs.launchers.node", "--rdzv-endpoint=@GROUP_HOST@:29500", "--rdzv-id=run-rg@GROUP@",
                "--local-addr=@NODE_HOST@", "-m", "fsdp_jobs.runtime", "/runs/r"]
     env = {"FSDP_JOBS_NODES_PER_GROUP": "2", "FSDP_JOBS_NODE_INDEX": "3", "FSDP_JOBS_NODE_DNS": "j-node-0-{i}.j"}
     filled, extra = boot.replica_command(command, env)
@@ -94,6 +94,6 @@ def test_a_replica_job_submits_runs_and_ends_when_its_nodes_do(fake_cluster: Fak
 def test_only_the_kinds_with_a_place_for_the_lighthouse_take_a_replica_job() -> None:
     """A PyTorchJob is refused in one line before anything (tests/unit/test_bad_inputs.py): the refusal's
     list is the kinds manifests.py can place a lighthouse in and name each node's pod for."""
-    from launchers.kubernetes.config import K8S_KINDS, REPLICA_KINDS
+    from fsdp_jobs.launchers.kubernetes.config import K8S_KINDS, REPLICA_KINDS
 
     assert set(REPLICA_KINDS) == {k for k in K8S_KINDS if k8s_manifests.KINDS[k].node_pod}

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from fsdp_jobs.rundir.status import JobState
-from launchers.kubernetes.backend import _condition_state
+from fsdp_jobs.launchers.kubernetes.backend import _condition_state
 
 pytestmark = pytest.mark.kubernetes
 

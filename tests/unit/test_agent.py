@@ -11,7 +11,7 @@ pytest.importorskip("torch")
 
 from torch.distributed.run import parse_args  # noqa: E402
 
-from launchers.node.agent import SPAWN_ENV, forks_the_trainer  # noqa: E402
+from fsdp_jobs.launchers.node.agent import SPAWN_ENV, forks_the_trainer  # noqa: E402
 
 FLAGS = ["--nnodes=2", "--nproc-per-node=2", "--rdzv-backend=c10d", "--rdzv-endpoint=127.0.0.1:29500",
          "--rdzv-id=x", "--max-restarts=3", "--monitor-interval=1"]
@@ -44,7 +44,7 @@ def test_the_ranks_are_forked_with_the_imports_frozen_out_of_the_collector(monke
 
     import torch.distributed.launcher.api as launcher_api
 
-    from launchers.node import agent
+    from fsdp_jobs.launchers.node import agent
 
     frozen_at_launch = []
 
@@ -55,7 +55,7 @@ def test_the_ranks_are_forked_with_the_imports_frozen_out_of_the_collector(monke
     monkeypatch.setattr(launcher_api, "elastic_launch", launch)
     monkeypatch.setattr(agent, "quiet_about_replaced_ranks", lambda: None)
     monkeypatch.delenv(SPAWN_ENV, raising=False)
-    gc.disable()  # as `python -m launchers.node.agent` runs: the collector off while it imports (pitfall 23)
+    gc.disable()  # as `python -m fsdp_jobs.launchers.node.agent` runs: the collector off while it imports (pitfall 23)
     try:
         agent.launch_forked(parse_args([*FLAGS, "-m", "fsdp_jobs.runtime", "/runs/a"]))
         collecting_at_launch = gc.isenabled()
@@ -67,7 +67,7 @@ def test_the_ranks_are_forked_with_the_imports_frozen_out_of_the_collector(monke
 
 
 def test_the_agent_imports_torch_and_the_trainer_without_a_single_collection(tmp_path):
-    """`python -m launchers.node.agent` turns the collector off before its first import (pitfall 23): its
+    """`python -m fsdp_jobs.launchers.node.agent` turns the collector off before its first import (pitfall 23): its
     import of torch (~300,000 objects with the trainer's) then runs no collection, where it ran 640 of the
     youngest generation, 58 of the middle one and 5 full ones, 0.35-0.45 of 2.4 CPU-s on every node.
     Seen from the agent's own exit: torchrun refuses the missing entry (exit 2) before the agent turns the
@@ -88,7 +88,7 @@ def test_the_agent_imports_torch_and_the_trainer_without_a_single_collection(tmp
         r = subprocess.run([sys.executable, *argv], capture_output=True, text=True, env=env, timeout=120)
         return {"rc": r.returncode, **json.loads(r.stderr.split("GC ", 1)[1].splitlines()[0])}
 
-    bare, seen = collections("-c", "pass"), collections("-m", "launchers.node.agent")
+    bare, seen = collections("-c", "pass"), collections("-m", "fsdp_jobs.launchers.node.agent")
     assert seen["rc"] == 2 and seen["torch"] and not seen["enabled"], seen
     young, middle, full = seen["collections"]
     assert full == 0 and middle <= bare["collections"][1] + 1 and young <= bare["collections"][0] + 10, (seen, bare)
@@ -97,7 +97,7 @@ def test_the_agent_imports_torch_and_the_trainer_without_a_single_collection(tmp
 def test_small_worlds_notice_a_failed_rank_within_torchs_default_and_large_ones_keep_5_s():
     """--monitor-interval by torchrun world: 0.1 s up to 256 nodes (its store reads go through the
     rendezvous state's cache), 5 s above (launchers/common.py)."""
-    from launchers.common import monitor_interval_s
+    from fsdp_jobs.launchers.common import monitor_interval_s
 
     assert [monitor_interval_s(n) for n in (1, 2, 256, 257, 1024)] == [0.1, 0.1, 0.1, 5, 5]
 
@@ -105,7 +105,7 @@ def test_small_worlds_notice_a_failed_rank_within_torchs_default_and_large_ones_
 def test_the_rendezvous_poll_grows_with_the_square_of_the_nodes_up_to_torchs_1_s():
     """Where shorter than torch's 1 s, a round's store load (nodes x state size / period) never exceeds
     torch's own at 64 nodes."""
-    from launchers.node.agent import max_nodes, rendezvous_poll_s
+    from fsdp_jobs.launchers.node.agent import max_nodes, rendezvous_poll_s
 
     assert [rendezvous_poll_s(n) for n in (1, 2, 20, 32, 64, 1024)] == [0.1, 0.1, 0.1, 0.25, 1.0, 1.0]
     assert all(rendezvous_poll_s(n) == 1.0 or n * n / rendezvous_poll_s(n) <= 64 * 64 for n in range(1, 2049))
@@ -116,7 +116,7 @@ def _patched_rendezvous(monkeypatch, nodes: int) -> tuple[list, object]:
     """torch's rendezvous after shorten_rendezvous_poll(nodes): the sleeps it asked for, a state holder."""
     from torch.distributed.elastic.rendezvous import dynamic_rendezvous
 
-    from launchers.node.agent import shorten_rendezvous_poll
+    from fsdp_jobs.launchers.node.agent import shorten_rendezvous_poll
 
     slept: list = []
     monkeypatch.setattr(dynamic_rendezvous, "_delay", lambda seconds: slept.append(seconds))
@@ -147,7 +147,7 @@ def test_a_restart_after_a_repeating_failure_is_held_for_the_wrapper_to_stop(tmp
 
     from torch.distributed.elastic.agent.server.api import SimpleElasticAgent
 
-    from launchers.node import agent
+    from fsdp_jobs.launchers.node import agent
 
     restarts, slept = [], []
     monkeypatch.setattr(SimpleElasticAgent, "_restart_workers", lambda a, g: restarts.append(g))
@@ -173,7 +173,7 @@ def _joined_pair(monkeypatch):
     from torch.distributed.elastic.rendezvous.dynamic_rendezvous import create_handler
 
     from fsdp_jobs.runtime.loopback_store import LoopbackTCPStore
-    from launchers.node.agent import shorten_rendezvous_poll
+    from fsdp_jobs.launchers.node.agent import shorten_rendezvous_poll
 
     monkeypatch.setattr(c10d_rendezvous_backend, "TCPStore", LoopbackTCPStore)
     monkeypatch.setattr(dynamic_rendezvous, "_delay", dynamic_rendezvous._delay)  # both restored after the test
@@ -206,7 +206,7 @@ def test_the_store_hosts_agent_leaves_only_after_the_other_agents_last_call(monk
     from torch.distributed.elastic.agent.server.api import RunResult, SimpleElasticAgent, WorkerState
     from torch.distributed.elastic.rendezvous.dynamic_rendezvous import DynamicRendezvousHandler
 
-    from launchers.node import agent
+    from fsdp_jobs.launchers.node import agent
 
     monkeypatch.setattr(DynamicRendezvousHandler, "shutdown", DynamicRendezvousHandler.shutdown)  # undone after
     result = RunResult(state=WorkerState.SUCCEEDED if succeeded else WorkerState.FAILED)
@@ -245,7 +245,7 @@ def test_the_store_host_waits_for_exactly_its_nodes_and_no_longer_than_linger_s(
     import time
 
     from fsdp_jobs.runtime.loopback_store import LoopbackTCPStore
-    from launchers.node import agent
+    from fsdp_jobs.launchers.node import agent
 
     store = LoopbackTCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
     began = time.monotonic()
@@ -273,7 +273,7 @@ def test_a_node_spares_replace_leaves_its_round_and_the_next_takes_the_spare(tmp
 
     from fsdp_jobs.rundir import replaced
     from fsdp_jobs.rundir.records import ReplacedNodes
-    from launchers.node import agent
+    from fsdp_jobs.launchers.node import agent
 
     monkeypatch.setattr(DynamicRendezvousHandler, "shutdown", DynamicRendezvousHandler.shutdown)  # undone after
     monkeypatch.setenv("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")  # as every job's agents run (launchers/common.py)
@@ -335,7 +335,7 @@ def test_the_ranks_are_told_whether_their_agent_hosts_the_rendezvous_store(monke
     from torch.distributed.elastic.rendezvous.dynamic_rendezvous import DynamicRendezvousHandler
 
     from fsdp_jobs.runtime.loopback_store import STORE_HOST_ENV
-    from launchers.node import agent
+    from fsdp_jobs.launchers.node import agent
 
     monkeypatch.setattr(DynamicRendezvousHandler, "next_rendezvous", lambda handler: "round")
     monkeypatch.setenv(STORE_HOST_ENV, "")
@@ -350,7 +350,7 @@ def test_torchrun_logs_no_failure_for_ranks_that_ended_for_a_replaced_node(caplo
     per rank is dropped for that exit status only."""
     import logging
 
-    from launchers.node import agent
+    from fsdp_jobs.launchers.node import agent
 
     log = logging.getLogger("torch.distributed.elastic.multiprocessing.api")
     monkeypatch.setattr(log, "filters", list(log.filters))  # the filter goes with the test
@@ -368,7 +368,7 @@ def test_rendezvous_events_are_named_as_torch_names_them_without_reading_source(
 
     from torch.distributed.elastic.rendezvous import dynamic_rendezvous
 
-    from launchers.node.agent import name_rendezvous_events_cheaply
+    from fsdp_jobs.launchers.node.agent import name_rendezvous_events_cheaply
 
     def record() -> str:  # torch's _record: the name is of the function that called it
         return dynamic_rendezvous.get_method_name()
@@ -394,7 +394,7 @@ def test_the_agent_asks_nvml_not_cuda_before_it_forks_the_ranks(monkeypatch):
     import torch
     import torch.distributed.launcher.api as launcher_api
 
-    from launchers.node import agent
+    from fsdp_jobs.launchers.node import agent
 
     runtime_asked = []
     monkeypatch.setattr(torch.cuda, "_is_compiled", lambda: True)

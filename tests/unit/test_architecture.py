@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import ast
+import functools
 import re
 import subprocess
 import sys
@@ -19,14 +20,17 @@ from pathlib import Path
 
 from tests.conftest import REPO
 
-PACKAGES = ("fsdp_jobs", "launchers")
+PACKAGES = ("fsdp_jobs", "launchers")  # the folders; launchers/ installs as fsdp_jobs.launchers (pyproject)
+IMPORTED_AS = {"launchers": "fsdp_jobs.launchers"}
 
 
 def module_name(path: Path) -> str:
     parts = list(path.relative_to(REPO).with_suffix("").parts)
+    parts[:1] = IMPORTED_AS.get(parts[0], parts[0]).split(".")
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
+@functools.lru_cache(maxsize=None)
 def source_files() -> dict[str, Path]:
     return {module_name(p): p for pkg in PACKAGES for p in sorted((REPO / pkg).rglob("*.py"))}
 
@@ -115,21 +119,18 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 def package_of(module: str) -> str:
     """The folder a module lives in, which is the process its code runs in (fsdp_jobs/ARCHITECTURE.md):
     fsdp_jobs (the public entry points at its top), fsdp_jobs.<role> (planning, rundir, cli, runtime,
-    models), launchers (what backends share), launchers.node (the node side) or launchers.<backend>."""
-    parts = module.split(".")
-    if len(parts) > 2:
-        return ".".join(parts[:2])
-    if len(parts) == 2 and (REPO / parts[0] / parts[1]).is_dir():
-        return module
-    return parts[0]
+    models), fsdp_jobs.launchers (what backends share), fsdp_jobs.launchers.node (the node side) or
+    fsdp_jobs.launchers.<backend>."""
+    path = source_files()[module]
+    return module if path.name == "__init__.py" or path.is_dir() else module.rpartition(".")[0]
 
 
 def test_no_import_cycle_between_files():
     graph = import_graph()
     found = cycles(graph)
     assert not found, f"import cycles between files: {found}"
-    assert "launchers.slurm.node_task" in graph["launchers.slurm.backend"]  # imports in functions are seen
-    assert "fsdp_jobs.planning.errors" in graph["launchers.docker.engine"]
+    assert "fsdp_jobs.launchers.slurm.node_task" in graph["fsdp_jobs.launchers.slurm.backend"]  # imports in functions are seen
+    assert "fsdp_jobs.planning.errors" in graph["fsdp_jobs.launchers.docker.engine"]
 
 
 def test_no_import_cycle_between_packages():
@@ -148,7 +149,7 @@ def test_no_import_cycle_between_packages():
                 graph[a].add(b)
     found = cycles(graph)
     assert not found, f"import cycles between packages: {found}"
-    assert "launchers" in graph["launchers.slurm"] and "fsdp_jobs.rundir" in graph["launchers"]  # the graph is real
+    assert "fsdp_jobs.launchers" in graph["fsdp_jobs.launchers.slurm"] and "fsdp_jobs.rundir" in graph["fsdp_jobs.launchers"]
     assert "fsdp_jobs.runtime" in graph["fsdp_jobs"]  # fsdp_jobs.job, export, bench: the entry points at the top
 
 
@@ -304,8 +305,8 @@ def test_each_folder_keeps_to_its_process_role():
     it); the rank side imports no backend and nothing of the CLI; the run-dir contract imports nothing that
     runs above it."""
     found = (role_violations("fsdp_jobs/planning", ("torch",))
-             + role_violations("fsdp_jobs/rundir", ("torch", "launchers", "fsdp_jobs.cli", "fsdp_jobs.runtime"))
-             + role_violations("fsdp_jobs/runtime", ("launchers", "fsdp_jobs.cli")))
+             + role_violations("fsdp_jobs/rundir", ("torch", "fsdp_jobs.launchers", "fsdp_jobs.cli", "fsdp_jobs.runtime"))
+             + role_violations("fsdp_jobs/runtime", ("fsdp_jobs.launchers", "fsdp_jobs.cli")))
     assert not found, "\n".join(found)
     assert "torch" in external_imports(REPO / "fsdp_jobs" / "runtime" / "trainer.py")  # the check reads imports
 
@@ -317,7 +318,7 @@ def test_a_node_wrapper_imports_neither_torch_nor_hydra(tmp_path):
     wrapper's 0.57 s: fsdp_jobs/planning/config.py, register_schemas) and never torch."""
     (tmp_path / "job.yaml").write_text("fault:\n  hang_timeout_s: 90\n")
     probe = ("import sys, pathlib\n"
-             "from launchers.node import watchdog, wrapper\n"
+             "from fsdp_jobs.launchers.node import watchdog, wrapper\n"
              "fault = wrapper.job_fault(pathlib.Path(sys.argv[1]))\n"
              "print(fault.hang_timeout_s, sorted(m for m in ('torch', 'hydra') if m in sys.modules))\n")
     r = subprocess.run([sys.executable, "-c", probe, str(tmp_path)], cwd=REPO, capture_output=True, text=True, timeout=60)

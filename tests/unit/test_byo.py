@@ -116,7 +116,7 @@ def test_module_mode_runs_the_copied_package_first_on_the_path(tmp_path):
 def test_copy_of_the_user_code_skips_the_run_root_and_caches(tmp_path):
     from omegaconf import OmegaConf
 
-    from launchers.snapshot import take_user_code
+    from fsdp_jobs.launchers.snapshot import take_user_code
 
     src = tmp_path / "proj"
     (src / "runs" / "old").mkdir(parents=True)
@@ -132,7 +132,7 @@ def test_copy_of_the_user_code_skips_the_run_root_and_caches(tmp_path):
 
 def test_a_plain_script_that_exits_0_completed_and_a_stopped_one_stays_preempted(tmp_path):
     from fsdp_jobs.rundir import runs
-    from launchers.common import begin_user_attempt, settle_user_state
+    from fsdp_jobs.launchers.common import begin_user_attempt, settle_user_state
 
     script = {"script": "/x/train.py"}
     runs.write_state(tmp_path, status="preempted", step=7)  # left by an earlier attempt
@@ -167,7 +167,7 @@ def test_kubernetes_pods_get_the_script_through_the_configmap_and_unpack_it(tmp_
     from fsdp_jobs.planning.compose import compose
     from fsdp_jobs.planning.plan import make_plan
     from fsdp_jobs.cli import launcher
-    from launchers.kubernetes import boot as k8s_boot, manifests as k8s_manifests
+    from fsdp_jobs.launchers.kubernetes import boot as k8s_boot, manifests as k8s_manifests
 
     cfg, _ = compose(["cluster=kubernetes", "cluster.image=registry.example.com/fsdp-jobs:1", "cluster.device=cpu",
                       f"run_root={tmp_path / 'runs'}", "name=byo", f"script={SCRIPTS / 'ddp_train.py'}",
@@ -203,7 +203,7 @@ def test_dotfiles_keys_and_secret_looking_files_stay_behind_in_the_run_dir_and_t
     from omegaconf import OmegaConf
 
     from fsdp_jobs.planning.byo import travel_note
-    from launchers.snapshot import take_user_code, user_code_tar
+    from fsdp_jobs.launchers.snapshot import take_user_code, user_code_tar
 
     src = tmp_path / "proj"
     src.mkdir()

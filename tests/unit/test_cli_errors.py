@@ -47,7 +47,7 @@ def test_dry_run_prints_plan_and_commands_and_imports_no_torch(run_root):
     assert "TORCH_IMPORTED False" in r.stdout
     assert "world_size: 4" in r.stdout and "replicate: 2" in r.stdout and "shard: 2" in r.stdout
     assert "memory:" in r.stdout and "run_dir:" in r.stdout
-    assert r.stdout.count("launchers.node") == 2  # one node wrapper (launchers/node/wrapper.py) and torchrun agent per node
+    assert r.stdout.count("fsdp_jobs.launchers.node") == 2  # one node wrapper (launchers/node/wrapper.py) and torchrun agent per node
     assert list(run_root.iterdir()) == []  # a dry run writes nothing
     print(r.stdout.splitlines()[-1])  # the measured time, for the log (benchmarks report it as JSON)
 

@@ -30,7 +30,7 @@ def test_compose_file_has_one_node_per_service_on_a_private_network(run_root):
     for i, (name, s) in enumerate(sorted(spec["services"].items())):
         assert s["hostname"] == name and s["networks"] == ["job"]
         cmd = s["command"]
-        assert cmd[1:3] == ["-m", "launchers.node"] and cmd[-3:] == ["-m", "fsdp_jobs.runtime", run_dir]
+        assert cmd[1:3] == ["-m", "fsdp_jobs.launchers.node"] and cmd[-3:] == ["-m", "fsdp_jobs.runtime", run_dir]
         assert "--rdzv-endpoint=node0:29400" in cmd and "--nnodes=3" in cmd and "--nproc-per-node=2" in cmd
         assert s["environment"]["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] == "1"
         assert s["environment"]["PYTHONPATH"] == f"{run_dir}/code/001"  # the code snapshot, not the checkout
@@ -81,7 +81,7 @@ def test_the_supervisor_acts_on_nothing_it_reads_back_from_the_run_dir():
     import ast
     import inspect
 
-    from launchers.docker import supervisor
+    from fsdp_jobs.launchers.docker import supervisor
 
     calls = {f"{n.func.value.id}.{n.func.attr}" for n in ast.walk(ast.parse(inspect.getsource(supervisor)))
              if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and isinstance(n.func.value, ast.Name)}
@@ -96,8 +96,8 @@ def test_a_job_whose_containers_are_being_removed_is_ending_not_failed(tmp_path,
     import json
     import time
 
-    from launchers.docker import backend
-    from launchers.docker.engine import LEGACY_RESULT_FILE, RESULT_FILE, docker_dir
+    from fsdp_jobs.launchers.docker import backend
+    from fsdp_jobs.launchers.docker.engine import LEGACY_RESULT_FILE, RESULT_FILE, docker_dir
     from fsdp_jobs.rundir.status import JobState, Run
 
     monkeypatch.setattr(backend, "containers", lambda project: {})  # compose down took them already

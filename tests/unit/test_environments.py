@@ -117,7 +117,7 @@ def test_a_local_cuda_job_needs_this_machines_torch_and_gpus(run_root, monkeypat
     from fsdp_jobs.cli import launcher
     from fsdp_jobs.planning.compose import compose
     from fsdp_jobs.planning.errors import UserError
-    from launchers.local import config
+    from fsdp_jobs.launchers.local import config
 
     monkeypatch.setattr(config, "torch_build", lambda: build)
     monkeypatch.setattr(config, "nvidia_gpus", lambda: gpus)
@@ -133,7 +133,7 @@ def test_a_local_cuda_job_needs_this_machines_torch_and_gpus(run_root, monkeypat
 
 
 def test_this_machines_torch_build_is_read_without_importing_torch():
-    code = ("import sys; from launchers.local.config import torch_build; b = torch_build(); "
+    code = ("import sys; from fsdp_jobs.launchers.local.config import torch_build; b = torch_build(); "
             "print('torch' in sys.modules, isinstance(b['__version__'], str), 'cuda' in b)")
     r = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)
     assert r.stdout.split() == ["False", "True", "True"], r
@@ -149,7 +149,7 @@ def test_a_machine_that_will_not_start_the_nodes_is_one_line_not_a_traceback(run
     real = sp.Popen
 
     def refuse_nodes(argv, *a, **k):  # type: ignore[no-untyped-def]
-        if "launchers.node" in argv:
+        if "fsdp_jobs.launchers.node" in argv:
             raise PermissionError(13, "Permission denied", argv[0])
         return real(argv, *a, **k)
 

@@ -8,7 +8,7 @@ import subprocess
 
 import pytest
 
-from launchers.slurm.hostlist import count, expand, is_hostlist
+from fsdp_jobs.launchers.slurm.hostlist import count, expand, is_hostlist
 
 
 @pytest.mark.parametrize("text, names", [
@@ -53,7 +53,7 @@ def test_a_huge_or_hostile_hostlist_is_refused_without_being_built_and_without_b
 
 
 def test_a_grow_job_keeps_a_long_compressed_hostlist_compressed(monkeypatch):
-    from launchers.slurm import grow
+    from fsdp_jobs.launchers.slurm import grow
 
     out = "n[0001-1024]\ngpu-[01-03,07],cpu7\nrack[1-2]-n[01-64]\nn[5-3]\nn[0-99999999]\n\n"
     monkeypatch.setattr(grow.subprocess, "run", lambda cmd, **_: subprocess.CompletedProcess(cmd, 0, out, ""))
@@ -61,7 +61,7 @@ def test_a_grow_job_keeps_a_long_compressed_hostlist_compressed(monkeypatch):
 
 
 def test_the_node_task_takes_scontrols_names_else_expands_the_nodelist_itself(monkeypatch):
-    from launchers.slurm import node_task
+    from fsdp_jobs.launchers.slurm import node_task
 
     seen: list[list[str]] = []
 

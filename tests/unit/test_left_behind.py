@@ -15,8 +15,8 @@ import pytest
 
 from fsdp_jobs.rundir import runs
 from fsdp_jobs.rundir.records import WorldRecord
-from launchers.node import wrapper
-from launchers.node.wrapper import LeftBehind
+from fsdp_jobs.launchers.node import wrapper
+from fsdp_jobs.launchers.node.wrapper import LeftBehind
 
 
 def test_the_next_rendezvous_names_the_nodes_that_left_and_joined():
@@ -58,7 +58,7 @@ def agent(with_rank: bool) -> subprocess.Popen:
 
 def proc_has_run_its_child(proc: subprocess.Popen) -> bool:
     """The stand-in agent without a rank has started its child, which ended at once (a zombie now)."""
-    from launchers.node.watchdog import process_state
+    from fsdp_jobs.launchers.node.watchdog import process_state
 
     try:
         pids = Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()

@@ -122,7 +122,7 @@ def test_readers_see_a_fresh_records_ranks_as_alive_as_it_vouches_and_a_stale_on
 def test_the_watchdog_names_another_nodes_stopped_rank_from_its_published_record(tmp_path, monkeypatch):
     """node0's ranks wait in a collective (beating, no progress); node1's rank 2 stopped (silent): node0's
     watchdog names rank 2 on node1 from node1's record, and kills only its own ranks."""
-    import launchers.node.watchdog as wd
+    import fsdp_jobs.launchers.node.watchdog as wd
 
     memory = tmp_path / "node-memory"
     memory.mkdir()
@@ -179,7 +179,7 @@ def test_the_leader_writes_one_view_of_every_node_which_the_others_read_instead_
 def test_a_node_that_is_not_the_leader_reads_no_other_nodes_file_while_its_ranks_step(tmp_path, monkeypatch):
     """A minute of steady training, a tick a second: no node record is read, and the job view only for the
     straggler check (every STRAGGLER_CHECK_S)."""
-    import launchers.node.watchdog as wd
+    import fsdp_jobs.launchers.node.watchdog as wd
 
     memory = tmp_path / "node-memory"
     memory.mkdir()
@@ -235,7 +235,7 @@ def test_the_write_counter_counts_what_a_file_servers_metadata_sees_and_leaves_t
 def test_a_saving_node_reads_the_job_view_only_once_its_stall_outlasts_the_short_timeout(tmp_path, monkeypatch):
     """A save's start-up allowance depends on the job's furthest step (is this rank late, or is everyone
     saving?): read from the view only when the answer matters, not every second of every save."""
-    import launchers.node.watchdog as wd
+    import fsdp_jobs.launchers.node.watchdog as wd
 
     memory = tmp_path / "node-memory"
     memory.mkdir()

@@ -13,7 +13,7 @@ import pytest
 
 from fsdp_jobs.planning.errors import UserError
 from fsdp_jobs.rundir.records import ChaosIncident
-from launchers import marathon
+from fsdp_jobs.launchers import marathon
 
 KINDS = marathon.BASE_KINDS
 
@@ -104,7 +104,7 @@ def test_a_node_index_is_named_as_the_run_names_its_nodes(tmp_path):
     named (cluster=local, Docker), whatever rank the rendezvous gave it; on SLURM, whose nodes are its hosts,
     the N-th in natural order (found on the 4-node SLURM marathon: 'no running rank on node2')."""
     from fsdp_jobs.rundir.layout import RunDir
-    from launchers import chaos
+    from fsdp_jobs.launchers import chaos
 
     def ranks(run_dir, nodes):
         for rank, node in enumerate(nodes):

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from launchers.node import oom
+from fsdp_jobs.launchers.node import oom
 
 V2_EVENTS = "low 0\nhigh 0\nmax 12\noom 2\noom_kill {n}\noom_group_kill 0\n"
 V1_CONTROL = "oom_kill_disable 0\nunder_oom 0\noom_kill {n}\n"

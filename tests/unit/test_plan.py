@@ -241,7 +241,7 @@ def test_a_job_that_may_grow_waits_2s_not_30s_for_more_nodes(extra, short_last_c
     """torchrun's c10d rendezvous waits last_call_timeout (30 s) once min_nodes have joined, for more up to
     max_nodes: a job with room to grow would pay it at every start; with min_nodes below nodes the wait is
     what lets late nodes into the first round, so it stays (launchers/common.py)."""
-    from launchers.common import torchrun_args
+    from fsdp_jobs.launchers.common import torchrun_args
 
     cfg, _ = compose(["nodes=2", *extra])
     plan = make_plan(cfg)

@@ -120,7 +120,7 @@ def test_no_recheck_for_a_failed_check_or_a_full_disk():
 def test_preflight_only_runs_the_checks_instead_of_a_script():
     from omegaconf import OmegaConf
 
-    from launchers.common import rank_entry
+    from fsdp_jobs.launchers.common import rank_entry
 
     cfg = OmegaConf.create({"script": "/x/train.py", "module": None, "script_args": [], "preflight": "only"})
     assert rank_entry(cfg, "/runs/a", None) == ["-m", "fsdp_jobs.runtime", "/runs/a"]
@@ -130,7 +130,7 @@ def test_preflight_only_runs_the_checks_instead_of_a_script():
 
 def test_a_named_node_makes_the_node_wrapper_exit_non_zero(tmp_path, capsys):
     from fsdp_jobs.rundir import runs
-    from launchers.node.wrapper import NO_RESTART_RC, decided_status
+    from fsdp_jobs.launchers.node.wrapper import NO_RESTART_RC, decided_status
 
     assert decided_status(0, tmp_path, "node0") == 0
     runs.write_state(tmp_path, status="failed", stage="preflight", bad_nodes=["node1"], reason="preflight: node1")
@@ -173,8 +173,8 @@ def test_a_node_whose_wrapper_stopped_a_repeating_failure_is_not_restarted_by_it
 
     from fsdp_jobs.planning.compose import compose
     from fsdp_jobs.rundir import runs
-    from launchers.common import settle_user_state
-    from launchers.node.wrapper import STOPPED_BY_WRAPPER, decided_status
+    from fsdp_jobs.launchers.common import settle_user_state
+    from fsdp_jobs.launchers.node.wrapper import STOPPED_BY_WRAPPER, decided_status
 
     began = time.time() - 1
     why = "the same failure twice in a row, at step 2: RuntimeError: boom (x.py:1); not retried again"

@@ -54,7 +54,7 @@ def test_16_agents_form_one_world_and_15_form_the_next_after_a_loss():
 def test_a_large_torchrun_world_gets_rendezvous_settings_from_the_simulation() -> None:
     """Above 256 nodes in one torchrun world: a join timeout that grows with the nodes, heartbeats that
     survive an all-at-once round (fsdp_jobs/bench_rendezvous.py), one --rdzv-conf (torchrun keeps the last)."""
-    from launchers.common import rdzv_conf
+    from fsdp_jobs.launchers.common import rdzv_conf
 
     assert rdzv_conf(2, grow=False) == [] and rdzv_conf(256, grow=False) == []
     assert rdzv_conf(2, grow=True) == ["--rdzv-conf=last_call_timeout=2"]
@@ -65,7 +65,7 @@ def test_a_large_torchrun_world_gets_rendezvous_settings_from_the_simulation() -
 def test_the_1024_node_dry_run_passes_them_to_torchrun(tmp_path) -> None:
     from fsdp_jobs.planning.compose import compose
     from fsdp_jobs.planning.plan import make_plan
-    from launchers.common import torchrun_args
+    from fsdp_jobs.launchers.common import torchrun_args
 
     cfg, _ = compose(["cluster=slurm", "nodes=1024", "gpus_per_node=8", "model=llama3_70b", "dry_run=true",
                       f"run_root={tmp_path}"])

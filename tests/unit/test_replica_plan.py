@@ -64,7 +64,7 @@ def test_docker_adds_the_lighthouse_service_and_each_group_meets_at_its_first_no
     out = dry_run(run_root, "cluster=docker", *REPLICA, "nodes=4", "gpus_per_node=1", "fsdp.shard_group_size=2")
     spec = yaml.safe_load(out.split("# launch commands (docker)\n", 1)[1].split("\n", 1)[1].split("# then", 1)[0])
     lighthouse = spec["services"].pop("lighthouse")
-    assert lighthouse["command"][1:5] == ["-m", "launchers.lighthouse", "--bind", "0.0.0.0:29510"]
+    assert lighthouse["command"][1:5] == ["-m", "fsdp_jobs.launchers.lighthouse", "--bind", "0.0.0.0:29510"]
     assert "ports" not in lighthouse and lighthouse["networks"] == ["job"]  # never published on the host
     assert lighthouse["cap_drop"] == ["ALL"] and not lighthouse["user"].startswith("0:")
     assert "fsdp-jobs.node" not in lighthouse["labels"]  # not a node: the supervisor waits for nodes only
@@ -78,11 +78,11 @@ def test_docker_adds_the_lighthouse_service_and_each_group_meets_at_its_first_no
 
 def test_slurm_starts_the_lighthouse_with_the_job_and_each_node_task_joins_its_group(run_root):
     from fsdp_jobs.planning.compose import compose
-    from launchers.slurm.node_task import allocation_facts, node_launch
+    from fsdp_jobs.launchers.slurm.node_task import allocation_facts, node_launch
 
     out = dry_run(run_root, "cluster=slurm", "cluster.gpus=false", *REPLICA, "nodes=4", "gpus_per_node=2",
                   "fsdp.shard_group_size=4")
-    assert '-m launchers.lighthouse --bind "0.0.0.0:$(( 40000 + SLURM_JOB_ID % 20000 ))"' in out
+    assert '-m fsdp_jobs.launchers.lighthouse --bind "0.0.0.0:$(( 40000 + SLURM_JOB_ID % 20000 ))"' in out
     from fsdp_jobs.planning.plan import make_plan
 
     cfg, _ = compose([*REPLICA, "nodes=4", "gpus_per_node=2", "fsdp.shard_group_size=4", "cluster=slurm"])
@@ -96,7 +96,7 @@ def test_slurm_starts_the_lighthouse_with_the_job_and_each_node_task_joins_its_g
 
 
 def test_the_lighthouse_waits_for_a_straggler_no_longer_than_it_takes_to_drop_a_dead_group():
-    from launchers.lighthouse import args_for, parse
+    from fsdp_jobs.launchers.lighthouse import args_for, parse
 
     args = parse(args_for("127.0.0.1:1", 2, 1.5, 50))
     assert (args.bind, args.min_replicas, args.heartbeat_timeout_ms, args.quorum_tick_ms) == ("127.0.0.1:1", 2, 1500, 50)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from launchers.slurm.requeue import COMPLETED, EXCLUDE, FAILED, PREEMPTED, REQUEUE, TERMINATED, decide
+from fsdp_jobs.launchers.slurm.requeue import COMPLETED, EXCLUDE, FAILED, PREEMPTED, REQUEUE, TERMINATED, decide
 
 
 @pytest.mark.parametrize("rc, status, terminated, start, now, action", [
@@ -30,7 +30,7 @@ def test_decision(rc, status, terminated, start, now, action):
 
 
 def test_the_root_cause_comes_from_torchruns_error_file(tmp_path):
-    from launchers.node.wrapper import root_cause
+    from fsdp_jobs.launchers.node.wrapper import root_cause
 
     f = tmp_path / "error.json"
     f.write_text('{"message": {"message": "RuntimeError: test fault injection: step 3 raises", '
@@ -57,7 +57,7 @@ PREFLIGHT_FAILED = {"status": "failed", "stage": "preflight", "bad_nodes": ["c3"
 ])
 def test_preflight_decision(state, enabled, excluded, terminated, action, exclude):
     from fsdp_jobs.rundir.records import StateRecord
-    from launchers.slurm.requeue import after_preflight
+    from fsdp_jobs.launchers.slurm.requeue import after_preflight
 
     d = after_preflight(StateRecord.from_dict(state), enabled, excluded, terminated)
     assert (d.action if d else None) == action, d
@@ -72,7 +72,7 @@ def test_preflight_decision(state, enabled, excluded, terminated, action, exclud
 def test_the_excluded_nodes_grow_from_the_config_and_the_last_requeue(tmp_path):
     from fsdp_jobs.rundir import runs
     from fsdp_jobs.rundir.records import LaunchRecord
-    from launchers.slurm.node_task import excluded_nodes
+    from fsdp_jobs.launchers.slurm.node_task import excluded_nodes
 
     from omegaconf import OmegaConf
 

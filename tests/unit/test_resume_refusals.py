@@ -60,7 +60,7 @@ def commit(ckpt: Path) -> Path:
 def cli(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]):
     """The real CLI in this process: (exit status, stdout, stderr). Its launch starts no agent (the stub records
     that it was reached); what the CLI writes before it is real."""
-    import launchers.local.backend
+    import fsdp_jobs.launchers.local.backend
 
     launched: list[str] = []
 
@@ -68,7 +68,7 @@ def cli(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]):
         launched.append(dryrun.plan.name)
         return 0
 
-    monkeypatch.setattr(launchers.local.backend, "run_agents", no_agents)
+    monkeypatch.setattr(fsdp_jobs.launchers.local.backend, "run_agents", no_agents)
     monkeypatch.chdir(Path(__file__).resolve().parents[2])
 
     def run(*argv: str) -> tuple[int, str, str]:

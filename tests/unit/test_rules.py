@@ -77,7 +77,7 @@ def test_snapshot_records_the_real_git_commit_and_the_uncommitted_diff(tmp_path)
     subprocess.run([*git, "commit", "-qm", "x"], check=True)
     head = subprocess.run([*git, "rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
     (repo / "fsdp_jobs" / "planning" / "plan.py").write_text((repo / "fsdp_jobs" / "planning" / "plan.py").read_text() + "# EDITED\n")
-    code = ("import sys; from pathlib import Path; from launchers.snapshot import take_snapshot; "
+    code = ("import sys; from pathlib import Path; from fsdp_jobs.launchers.snapshot import take_snapshot; "
             "print(take_snapshot(Path(sys.argv[1]))['git_commit'])")
     r = subprocess.run([sys.executable, "-c", code, str(tmp_path / "snap")], cwd=repo, capture_output=True,
                        text=True, env={"PYTHONPATH": str(repo), "PATH": "/usr/bin:/bin"})

@@ -80,8 +80,8 @@ def test_each_node_task_starts_torchrun_with_the_flags_the_plan_gives(extra):
     from fsdp_jobs.planning.compose import compose
     from fsdp_jobs.planning.config import job_config
     from fsdp_jobs.planning.plan import Plan, make_plan
-    from launchers.common import torchrun_args
-    from launchers.slurm.node_task import agent_args
+    from fsdp_jobs.launchers.common import torchrun_args
+    from fsdp_jobs.launchers.slurm.node_task import agent_args
 
     cfg, _ = compose(["cluster=slurm", "cluster.device=cpu", "nodes=2", "gpus_per_node=2", *extra])
     plan = make_plan(cfg)
@@ -114,9 +114,9 @@ def test_the_dry_run_shows_the_exact_command_each_node_task_starts(tmp_path, mon
     from fsdp_jobs.planning.compose import compose
     from fsdp_jobs.planning.config import job_config
     from fsdp_jobs.planning.plan import Plan, make_plan
-    from launchers.common import USER_CODE_ENV
-    from launchers.slurm.backend import BACKEND
-    from launchers.slurm.node_task import node_launch, this_node
+    from fsdp_jobs.launchers.common import USER_CODE_ENV
+    from fsdp_jobs.launchers.slurm.backend import BACKEND
+    from fsdp_jobs.launchers.slurm.node_task import node_launch, this_node
 
     monkeypatch.chdir(REPO)
     cfg, _ = compose(["cluster=slurm", "cluster.gpus=false", "nodes=4", f"run_root={tmp_path}/runs", "name=s", *extra])
@@ -160,7 +160,7 @@ def test_a_grow_job_is_the_job_for_more_nodes_never_requeued_and_outlasting_the_
     """launchers/slurm/grow.py: the grow job keeps the job's partition, setup and stop signal; it must
     not be requeued on its own (its nodes belong to one attempt's rendezvous), and its time limit is the
     job's remaining time plus a margin, so the job's own stop signal comes first."""
-    from launchers.slurm.grow import GROW_TIME_MARGIN_MIN, grow_parameters
+    from fsdp_jobs.launchers.slurm.grow import GROW_TIME_MARGIN_MIN, grow_parameters
 
     job = {"job_name": "big", "nodes": 2, "time": 60, "partition": "gpu", "setup": ["export A=1"],
            "additional_parameters": {"requeue": True, "signal": "USR2@120", "exclude": "c3"}}
@@ -179,7 +179,7 @@ def test_a_grow_job_excludes_only_well_formed_hostlists_of_the_running_jobs(monk
     """What squeue prints reaches sbatch's --exclude: hostlists pass, anything else is dropped."""
     import subprocess
 
-    from launchers.slurm import grow
+    from fsdp_jobs.launchers.slurm import grow
 
     seen: list[list[str]] = []
 
@@ -197,7 +197,7 @@ def test_a_grow_job_excludes_only_well_formed_hostlists_of_the_running_jobs(monk
 def test_a_grow_job_gets_the_jobs_remaining_minutes(monkeypatch, left, minutes):
     import subprocess
 
-    from launchers.slurm import grow
+    from fsdp_jobs.launchers.slurm import grow
 
     monkeypatch.setattr(grow.subprocess, "run", lambda *a, **k: subprocess.CompletedProcess(a, 0, left + "\n", ""))
     assert grow.minutes_left("7", default=60) == minutes
@@ -209,8 +209,8 @@ def test_a_grow_is_refused_in_one_line_before_the_job_trains_or_when_it_would_no
     from fsdp_jobs.rundir import runs
     from fsdp_jobs.planning.errors import UserError
     from fsdp_jobs.rundir.status import Run
-    from launchers.slurm import grow
-    from launchers.slurm.node_task import write_rendezvous
+    from fsdp_jobs.launchers.slurm import grow
+    from fsdp_jobs.launchers.slurm.node_task import write_rendezvous
 
     run_dir = tmp_path / "big"
     (run_dir / "slurm").mkdir(parents=True)

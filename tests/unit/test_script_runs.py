@@ -21,7 +21,7 @@ from fsdp_jobs.planning.errors import UserError
 from fsdp_jobs.planning.plan import generated_name, make_plan
 from fsdp_jobs.rundir import failures, runs, script_progress
 from fsdp_jobs.rundir.records import FailureRecord
-from launchers.supervisor import Outcome, exit_status
+from fsdp_jobs.launchers.supervisor import Outcome, exit_status
 from tests.conftest import REPO
 
 SCRIPT = str(REPO / "tests" / "scripts" / "ddp_train.py")
@@ -217,8 +217,8 @@ def test_list_shows_a_scripts_own_step_and_a_dash_where_it_is_not_tracked(tmp_pa
 def test_a_rank_that_ends_without_an_exception_is_named_in_its_nodes_error_file(tmp_path, monkeypatch, exitcode, said):
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
 
-    from launchers.node.agent import name_a_silent_failure
-    from launchers.node.wrapper import root_cause
+    from fsdp_jobs.launchers.node.agent import name_a_silent_failure
+    from fsdp_jobs.launchers.node.wrapper import root_cause
 
     node_file, rank_file = tmp_path / "node0.json", tmp_path / "rank5.json"
     if said is None:

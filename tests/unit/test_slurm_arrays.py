@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from launchers.slurm import arrays
+from fsdp_jobs.launchers.slurm import arrays
 from tests.conftest import cli
 
 FAKE_SBATCH = """#!/bin/bash
@@ -62,7 +62,7 @@ def sbatch(tmp_path, monkeypatch):
 def _dryruns(tmp_path: Path, count: int, *extra: str):
     from fsdp_jobs.planning.compose import compose
     from fsdp_jobs.planning.plan import make_plan
-    from launchers.slurm.backend import BACKEND
+    from fsdp_jobs.launchers.slurm.backend import BACKEND
 
     out = []
     for i in range(count):
@@ -123,7 +123,7 @@ def test_the_throttle_reaches_the_array_line_of_the_sweeps_dry_run(run_root):
 
 def test_a_large_sweep_default_keeps_every_member_in_one_unthrottled_array(tmp_path, max_array_size):
     """300 members (above submitit's hidden default of 256) in one array whose throttle is their count."""
-    from launchers.slurm.backend import array_parameters, submissions, submission_script
+    from fsdp_jobs.launchers.slurm.backend import array_parameters, submissions, submission_script
 
     max_array_size(None)
     d = _dryruns(tmp_path, 1)[0]
@@ -139,7 +139,7 @@ def test_above_max_array_size_the_dry_run_shows_each_array_and_submit_sends_exac
     throttle; the scripts sbatch is handed are the dry run's, byte for byte, and every member records its
     own job id: <array id>_<i>, or the job's own id."""
     from fsdp_jobs.rundir import runs
-    from launchers.slurm.backend import BACKEND
+    from fsdp_jobs.launchers.slurm.backend import BACKEND
 
     asked = max_array_size(2)
     dryruns = _dryruns(tmp_path, 5, "cluster.array_parallelism=1")
@@ -171,7 +171,7 @@ def test_above_max_array_size_the_dry_run_shows_each_array_and_submit_sends_exac
 def test_a_refused_later_array_names_what_went_out_in_one_line(tmp_path, max_array_size, sbatch, monkeypatch):
     from fsdp_jobs.planning.errors import UserError
     from fsdp_jobs.rundir import runs
-    from launchers.slurm.backend import BACKEND
+    from fsdp_jobs.launchers.slurm.backend import BACKEND
 
     max_array_size(2)
     monkeypatch.setenv("FAIL_AT", "2")
@@ -185,7 +185,7 @@ def test_a_refused_later_array_names_what_went_out_in_one_line(tmp_path, max_arr
 
 
 def test_members_with_different_throttles_are_not_one_array(tmp_path):
-    from launchers.slurm.backend import BACKEND
+    from fsdp_jobs.launchers.slurm.backend import BACKEND
 
     a, b = _dryruns(tmp_path / "a", 1)[0], _dryruns(tmp_path / "b", 1, "cluster.array_parallelism=4")[0]
     assert BACKEND.group_key(a) != BACKEND.group_key(b)

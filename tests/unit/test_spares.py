@@ -17,7 +17,7 @@ from fsdp_jobs.planning.plan import Plan, make_plan
 
 
 def local_dryrun(*overrides: str):
-    from launchers.local.backend import BACKEND
+    from fsdp_jobs.launchers.local.backend import BACKEND
 
     cfg, _ = compose(["nodes=2", "gpus_per_node=1", "cluster.device=cpu", *overrides])
     return BACKEND.dryrun(make_plan(cfg), cfg)
@@ -65,8 +65,8 @@ def test_docker_starts_the_spares_with_the_job_and_slurm_allocates_them_with_no_
     """Docker: node3 is a service like the others, with no profile (`compose up` starts it), and the same
     rendezvous of 3. SLURM: 4 nodes, each task an agent of a 3-node rendezvous, and --no-kill, so that the
     node a spare replaces does not end the allocation."""
-    from launchers.docker.backend import compose_spec
-    from launchers.slurm.backend import sbatch_parameters
+    from fsdp_jobs.launchers.docker.backend import compose_spec
+    from fsdp_jobs.launchers.slurm.backend import sbatch_parameters
 
     cfg, _ = compose(["cluster=docker", "nodes=3", "gpus_per_node=1", "cluster.spare_nodes=1"])
     services = compose_spec(make_plan(cfg), cfg, Path("/code"))["services"]
@@ -108,7 +108,7 @@ def test_a_spare_jobs_batch_script_exits_as_training_ended_not_as_srun_did(tmp_p
     import sys
 
     from fsdp_jobs.rundir import runs
-    from launchers.slurm.backend import spare_exit_setup
+    from fsdp_jobs.launchers.slurm.backend import spare_exit_setup
 
     python = sys.executable
     odd = tmp_path / "a user's python" / "python3"
@@ -141,7 +141,7 @@ def test_a_node_waiting_in_the_rendezvous_exits_0_only_when_the_job_completed(tm
     from torch.distributed.elastic.rendezvous.dynamic_rendezvous import DynamicRendezvousHandler
 
     from fsdp_jobs.rundir import runs
-    from launchers.node import agent
+    from fsdp_jobs.launchers.node import agent
 
     def store_gone(handler):
         raise RendezvousConnectionError("The connection to the C10d store has failed.")
@@ -209,7 +209,7 @@ def test_a_lost_slurm_node_waits_for_the_outcome_while_the_job_goes_on_and_not_p
     """With --no-kill no one ends a spare job's allocation but its tasks: a lost node's task waits while the job
     view is written after its agent died (the job went on), ends with the job's outcome, and gives up once no
     such sign came for the patience (the store host lost with it: the allocation sat idle to its time limit)."""
-    from launchers.slurm.node_task import SPARE_WAIT_MAX_S, SPARE_WAIT_S, LostNodeWait
+    from fsdp_jobs.launchers.slurm.node_task import SPARE_WAIT_MAX_S, SPARE_WAIT_S, LostNodeWait
 
     wait = LostNodeWait(died=100.0, patience_s=50.0)
     assert wait.verdict("running", None, 149.0) is None  # a spare's round and start-up may take that long
@@ -233,7 +233,7 @@ def test_a_lost_slurm_nodes_task_reads_the_run_dir_and_ends_as_the_job_did(tmp_p
     from fsdp_jobs.rundir import runs
     from fsdp_jobs.rundir.layout import RunDir
     from fsdp_jobs.rundir.liveness import JobView, write_in_place
-    from launchers.slurm import node_task
+    from fsdp_jobs.launchers.slurm import node_task
 
     monkeypatch.setattr(node_task, "SPARE_WAIT_S", 0.05)
     monkeypatch.setattr(node_task, "SPARE_WAIT_MAX_S", 0.05)
@@ -266,7 +266,7 @@ def test_a_waiting_lost_nodes_task_ends_soon_after_sigterm():
     import signal
     import threading
 
-    from launchers.slurm import node_task
+    from fsdp_jobs.launchers.slurm import node_task
 
     task = node_task.NodeTask("/nonexistent")
     previous = signal.signal(signal.SIGTERM, task._on_sigterm)

@@ -83,7 +83,7 @@ def test_a_heartbeat_splits_each_step_into_compute_and_waiting(tmp_path, monkeyp
 
 
 def test_the_watchdog_warns_once_after_its_node_stayed_a_straggler(tmp_path):
-    from launchers.node.watchdog import STRAGGLER_CHECK_S, Watchdog
+    from fsdp_jobs.launchers.node.watchdog import STRAGGLER_CHECK_S, Watchdog
 
     write_beats(tmp_path, {"node0": 0.1, "node1": 0.3, "node2": 0.1})
     slow = Watchdog(tmp_path, "node1", 1, FaultConfig(straggler_ratio=1.5, straggler_checks=3))

@@ -13,8 +13,8 @@ from typing import Optional
 import pytest
 
 from fsdp_jobs.rundir import runs
-from launchers import supervisor
-from launchers.supervisor import LogSink, Node, Outcome, exit_status, supervise
+from fsdp_jobs.launchers import supervisor
+from fsdp_jobs.launchers.supervisor import LogSink, Node, Outcome, exit_status, supervise
 
 
 class ScriptedNode(Node):
@@ -132,7 +132,7 @@ def test_a_scale_is_acted_on_only_while_every_node_runs_and_the_ranks_train(tmp_
     are healthy; a newcomer after one node finished, or before the ranks train, would wait forever."""
     import json
 
-    from launchers.supervisor import why_not_grow
+    from fsdp_jobs.launchers.supervisor import why_not_grow
 
     class Fake:
         def __init__(self, name, code):

@@ -89,7 +89,7 @@ def test_sweep_id_is_derived_from_the_command_or_given():
 def _slurm_dryruns(tmp_path: Path, members: list[list[str]]):
     from fsdp_jobs.planning.compose import compose
     from fsdp_jobs.planning.plan import make_plan
-    from launchers.slurm.backend import BACKEND
+    from fsdp_jobs.launchers.slurm.backend import BACKEND
 
     out = []
     for i, extra in enumerate(members):
@@ -100,7 +100,7 @@ def _slurm_dryruns(tmp_path: Path, members: list[list[str]]):
 
 
 def test_members_of_one_shape_share_a_group_and_different_shapes_do_not(tmp_path):
-    from launchers.slurm.backend import BACKEND
+    from fsdp_jobs.launchers.slurm.backend import BACKEND
 
     same = _slurm_dryruns(tmp_path, [["train.lr=1e-3"], ["train.lr=2e-3", "+cluster.env.FOO=1"]])
     assert BACKEND.group_key(same[0]) == BACKEND.group_key(same[1])  # env and paths are per element
@@ -113,7 +113,7 @@ def test_the_array_script_runs_each_elements_own_setup(tmp_path):
     """The one sbatch script of an array: element i gets member i's code snapshot and environment."""
     from submitit.slurm.slurm import _make_sbatch_string
 
-    from launchers.slurm.backend import array_parameters
+    from fsdp_jobs.launchers.slurm.backend import array_parameters
 
     dryruns = _slurm_dryruns(tmp_path, [["train.lr=1e-3"], ["train.lr=2e-3", "+cluster.env.FOO=bar"]])
     folder, params = array_parameters(dryruns)

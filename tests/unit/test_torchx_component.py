@@ -25,7 +25,7 @@ def test_torchx_finds_the_component_and_keeps_its_own():
     from torchx.specs import finder
 
     component = finder.get_component("fsdp_jobs.job")
-    assert component.fn.__module__ == "launchers.torchx.component" and not component.validation_errors
+    assert component.fn.__module__ == "fsdp_jobs.launchers.torchx.component" and not component.validation_errors
     builtins = {c.name for c in finder.ModuleComponentsFinder("torchx.components", "").find() if not c.validation_errors}
     assert "dist.ddp" in builtins and builtins <= set(finder.get_components())
 
@@ -33,8 +33,8 @@ def test_torchx_finds_the_component_and_keeps_its_own():
 @pytest.fixture
 def component(monkeypatch):
     """The component as TorchX calls it, in this process (its flag set back afterwards)."""
-    from launchers.torchx import backend
-    from launchers.torchx.component import job
+    from fsdp_jobs.launchers.torchx import backend
+    from fsdp_jobs.launchers.torchx.component import job
 
     monkeypatch.setattr(backend.BACKEND, "component", False)
     return job
@@ -46,7 +46,7 @@ def test_the_component_writes_the_run_as_the_cli_does_and_returns_one_role_of_no
     [role] = app.roles
     assert role.num_replicas == 2 and role.resource.cpu == 3 and role.resource.gpu == 0  # a CPU job asks no GPU
     assert role.entrypoint == sys.executable
-    assert role.args == ["-m", "launchers.torchx.node", str(run_dir), "${replica_id}", "${rank0_env}", "${app_id}"]
+    assert role.args == ["-m", "fsdp_jobs.launchers.torchx.node", str(run_dir), "${replica_id}", "${rank0_env}", "${app_id}"]
     assert (run_dir / "job.yaml").is_file() and json.loads((run_dir / "plan.json").read_text())["nodes"] == 2
     [launch] = [json.loads(x) for x in (run_dir / "launches.jsonl").read_text().splitlines()]
     assert launch["backend"] == "torchx" and launch["job_id"] == ""  # handed to TorchX, no app id yet
@@ -67,7 +67,7 @@ def test_the_component_refuses_what_it_cannot_run_in_one_line(run_root):
     for bad, words in ((["cluster=slurm"], "the torchx component plans cluster=torchx"),
                        (["-m", "train.lr=1e-3,1e-4"], "one run per `torchx run`"),
                        (["fault_tolerance=replica", "nodes=2"], "needs a lighthouse")):
-        r = subprocess.run([sys.executable, "-c", "import sys; from launchers.torchx.component import job; "
+        r = subprocess.run([sys.executable, "-c", "import sys; from fsdp_jobs.launchers.torchx.component import job; "
                             "job(*sys.argv[1:])", *ARGS, f"run_root={run_root}", "name=bad", *bad],
                            cwd=REPO, capture_output=True, text=True, timeout=120)
         assert r.returncode == 2 and words in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
@@ -80,14 +80,14 @@ def test_the_cli_does_not_submit_cluster_torchx_but_shows_each_node_s_command(ru
     assert not (run_root / "viacli").exists()
     dry = cli("cluster=torchx", *ARGS, f"run_root={run_root}", "name=viacli", "dry_run=true")
     assert dry.returncode == 0, dry.stderr
-    assert "-m launchers.torchx.node" in dry.stdout and "-m launchers.node --nnodes=2 --nproc-per-node=1" in dry.stdout
+    assert "-m fsdp_jobs.launchers.torchx.node" in dry.stdout and "-m fsdp_jobs.launchers.node --nnodes=2 --nproc-per-node=1" in dry.stdout
     assert "--rdzv-id='<app id>'" in dry.stdout or "--rdzv-id=<app id>" in dry.stdout
 
 
 def test_each_node_finds_rank_0_where_its_scheduler_says():
     from fsdp_jobs.planning.compose import compose
     from fsdp_jobs.planning.plan import make_plan
-    from launchers.torchx import node
+    from fsdp_jobs.launchers.torchx import node
 
     cfg, _ = compose(["cluster=torchx", *ARGS, "name=n"])
     plan = make_plan(cfg)
@@ -117,7 +117,7 @@ def make_run(run_root: Path, name: str, state: str | None) -> Path:
 
 
 def here() -> dict:
-    from launchers.torchx.node import boot_id
+    from fsdp_jobs.launchers.torchx.node import boot_id
 
     return {"host": socket.gethostname(), "boot_id": boot_id()}
 
@@ -132,7 +132,7 @@ def test_status_of_a_local_app_is_node0_s_process_then_the_training_outcome(run_
     """TorchX's local schedulers keep their apps in the `torchx run` process: status asks /proc about node0's
     recorded pid, told apart from a recycled one by its command line."""
     run_dir = make_run(run_root, "loc", "running")
-    node0 = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "launchers.torchx.node", str(run_dir)])
+    node0 = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "fsdp_jobs.launchers.torchx.node", str(run_dir)])
     try:
         launch(run_dir, pid=node0.pid, **here())
         info = status_of(run_root, "loc")
@@ -164,8 +164,8 @@ def test_status_of_a_local_app_is_node0_s_process_then_the_training_outcome(run_
 def test_status_takes_the_scheduler_s_word_where_torchx_can_ask_it(run_root, monkeypatch):
     from torchx.specs import AppState, AppStatus
 
-    from launchers.base import Run
-    from launchers.torchx import backend
+    from fsdp_jobs.launchers.base import Run
+    from fsdp_jobs.launchers.torchx import backend
 
     run_dir = make_run(run_root, "remote", "running")
     launch(run_dir, app_handle="slurm://torchx/77", job_id="77", host="n1", boot_id="x", pid=1)
@@ -183,7 +183,7 @@ def test_status_takes_the_scheduler_s_word_where_torchx_can_ask_it(run_root, mon
 def test_cancel_of_a_local_app_stops_its_torchx_run_and_nothing_else(run_root):
     run_dir = make_run(run_root, "stop", "running")
     parent = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "torchx", "run"])
-    node0 = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "launchers.torchx.node", str(run_dir)])
+    node0 = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "fsdp_jobs.launchers.torchx.node", str(run_dir)])
     try:
         launch(run_dir, pid=node0.pid, parent_pid=node0.pid, **here())  # a parent that is not TorchX
         r = cli("cancel", "stop", "--run-root", str(run_root))
@@ -202,7 +202,7 @@ def test_a_run_that_still_runs_is_not_submitted_again(run_root, component, capsy
     """Two apps must not share a run: the newest launch's backend says it runs (here node0's live process)."""
     component(*ARGS, f"run_root={run_root}", "name=busy")
     run_dir = run_root / "busy"
-    node0 = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "launchers.torchx.node", str(run_dir)])
+    node0 = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "fsdp_jobs.launchers.torchx.node", str(run_dir)])
     try:
         launch(run_dir, pid=node0.pid, **here())
         before = (run_dir / "launches.jsonl").read_text()

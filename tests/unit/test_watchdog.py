@@ -11,7 +11,7 @@ from fsdp_jobs.planning.config import FaultConfig
 
 from fsdp_jobs.rundir import hangs
 from fsdp_jobs.rundir.layout import RunDir
-from launchers.node.watchdog import Beat, first_stopped, hang_timeout, innermost_frame, stalled_for
+from fsdp_jobs.launchers.node.watchdog import Beat, first_stopped, hang_timeout, innermost_frame, stalled_for
 
 pytestmark = pytest.mark.expects_hang  # hand-made heartbeats and hangs.jsonl files
 
@@ -134,7 +134,7 @@ def test_a_failure_repeats_only_as_the_same_first_exception_at_the_same_step_in_
 def test_a_rank_the_watchdog_killed_is_never_judged_again(tmp_path, monkeypatch):
     """Until torchrun reaps it, a killed rank is a zombie still parented by the agent, with its old heartbeat:
     judged again, it would be a second hang (a second restart used, its stack dump overwritten)."""
-    import launchers.node.watchdog as wd
+    import fsdp_jobs.launchers.node.watchdog as wd
 
     hb = tmp_path / "node-memory"  # the node-local heartbeat directory (fsdp_jobs/rundir/liveness.py)
     hb.mkdir()
@@ -156,7 +156,7 @@ def test_a_stopped_rank_whose_last_heartbeat_says_save_gets_the_hang_timeout(tmp
     """A rank stopped within a second of a save's end: its heartbeat thread stopped too, leaving phase "save"
     in the file. A stopped process saves nothing: fault.hang_timeout_s applies, not the start-up allowance
     (a running one in a save still gets the allowance)."""
-    import launchers.node.watchdog as wd
+    import fsdp_jobs.launchers.node.watchdog as wd
 
     hb = tmp_path / "node-memory"
     hb.mkdir()
@@ -178,7 +178,7 @@ def test_a_short_jobs_ranks_timed_and_gone_within_a_tick_still_give_their_node_a
     member trained 0.8 s; its `compare` row named no slowest node): at its agent's exit the watchdog publishes
     the final heartbeats once more, so node1's record carries their compute per step. Not a rank file of an
     earlier attempt (restart 0 of 1)."""
-    import launchers.node.watchdog as wd
+    import fsdp_jobs.launchers.node.watchdog as wd
     from fsdp_jobs.rundir import liveness
 
     hb = tmp_path / "node-memory"
@@ -219,7 +219,7 @@ def test_a_torn_py_spy_dump_is_taken_again_and_a_whole_one_is_kept(tmp_path, mon
     """A --nonblocking py-spy read of a running rank can catch its main thread without the frames under the
     innermost one: dump_stack (the hang watchdog's and `fsdp-jobs stacks`) takes it again, SPY_TRIES times
     at most, and keeps the last when every one is torn."""
-    import launchers.node.watchdog as wd
+    import fsdp_jobs.launchers.node.watchdog as wd
 
     assert wd.torn_main_thread(TORN) and not wd.torn_main_thread(WHOLE)
     assert not wd.torn_main_thread(FAULTHANDLER) and not wd.torn_main_thread("(the process is gone)\n")
