@@ -52,7 +52,7 @@ def torchrun_args(plan: Plan, endpoint: str, stop_grace_s: int, group: Optional[
 GROW_LAST_CALL_S = 2
 
 # torchrun's c10d rendezvous keeps the whole membership in one store key that every agent rewrites by
-# compare-and-set, so its cost grows with the nodes of one torchrun world (fsdp_jobs/bench_rendezvous.py,
+# compare-and-set, so its cost grows with the nodes of one torchrun world (fsdp_jobs/bench/rendezvous.py,
 # issue #28). Up to LARGE_WORLD_NODES torch's defaults hold; above, three of them do not:
 # - join_timeout (600 s, counted by each agent from its own start): the first agent up waits for the last
 #   one, and a large job's nodes come up over many minutes (image pulls share a registry, allocations and

@@ -28,7 +28,7 @@ def shapes(model: torch.nn.Module, rename: dict[str, str]) -> dict[str, tuple]:
 
 def main() -> int:
     run_tt._stub_datasets()
-    from fsdp_jobs.bench import model_config
+    from fsdp_jobs.bench.common import model_config
     from fsdp_jobs.models.llama import Transformer as ProjectTransformer
     from fsdp_jobs.runtime.metrics import flops_per_token
     from torchtitan.models.llama3.model.model import Transformer as TTTransformer

@@ -27,7 +27,7 @@ def main() -> int:
     a = p.parse_args()
     import torch
 
-    from fsdp_jobs.bench import model_config
+    from fsdp_jobs.bench.common import model_config
     from fsdp_jobs.planning.config import job_config
     from fsdp_jobs.runtime.metrics import flops_per_token
     from fsdp_jobs.runtime.shard import build_meta_model

@@ -148,7 +148,7 @@ def shorten_replica_restart_stop(seconds: int = REPLICA_RESTART_STOP_S) -> None:
 # failure they were 1.0-1.4 s of the rendezvous' 1.4 s. Each read fetches the whole state (it grows with the
 # nodes), so the store's load grows as nodes^2 / period. The period is world^2 / POLL_BUDGET_NODES^2 seconds,
 # between 0.1 s and torch's 1 s: never more load than torch's own 1 s at POLL_BUDGET_NODES nodes (0.1 s up to
-# 20 nodes, 1 s from 64 and unchanged above, where fsdp_jobs/bench_rendezvous.py measured what large worlds
+# 20 nodes, 1 s from 64 and unchanged above, where fsdp_jobs/bench/rendezvous.py measured what large worlds
 # need). All three scale together; the cache also bounds the monitor loop's reads (launchers/common.py).
 POLL_BUDGET_NODES = 64
 TORCH_POLL_S = 1.0

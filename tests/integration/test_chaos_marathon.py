@@ -11,7 +11,7 @@ import json
 
 import pytest
 
-from fsdp_jobs.bench_chaos import bench_chaos
+from fsdp_jobs.bench.chaos import bench_chaos
 from fsdp_jobs.rundir.layout import RunDir
 from tests import browser
 from tests.conftest import MEASURED, cli

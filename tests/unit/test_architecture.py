@@ -160,16 +160,16 @@ def test_the_cycle_check_finds_a_cycle():
 
 BACKEND_WORD = re.compile(r"\b(slurm\w*|sbatch|srun|docker\w*|kubernetes|k8s|volcano|jobset|pytorchjob|torchx\w*)\b",
                           re.I)
-# TorchX is a backend (cluster=torchx) and also the library whose own dry run bench.py times as a yardstick:
-# there, and only there, its name is the library's
-LIBRARY_NAMED = {"bench.py": re.compile(r"\btorchx\w*\b", re.I)}
+# TorchX is a backend (cluster=torchx) and also the library whose own dry run `bench dry-run` times as a
+# yardstick: there, and only there, its name is the library's
+LIBRARY_NAMED = {f"fsdp_jobs/bench/{name}": re.compile(r"\btorchx\w*\b", re.I) for name in ("dry_run.py", "__main__.py")}
 
 
 def backend_mentions(path: Path, names: tuple[str, ...]) -> list[str]:
     """Backend names anywhere in the file (code, strings, comments, docstrings), as `grep -i` finds them;
     `local`, an everyday word, only as a quoted string or a cluster= value."""
     found = []
-    library = LIBRARY_NAMED.get(path.name)
+    library = LIBRARY_NAMED.get(path.relative_to(REPO).as_posix())
     for lineno, line in enumerate(path.read_text().splitlines(), 1):
         line = library.sub("", line) if library else line
         if BACKEND_WORD.search(line) or any(re.search(rf"[\"'=|]{n}[\"'|]|cluster={n}\b", line) for n in names):

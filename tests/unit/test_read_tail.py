@@ -1,5 +1,5 @@
 """runs.read_tail: the newest rows of a JSON-lines record without reading the rest of it (status, compare
-and the job's last line read a 1 M-row metrics record: fsdp_jobs/bench_scale.py)."""
+and the job's last line read a 1 M-row metrics record: fsdp_jobs/bench/scale.py)."""
 
 from __future__ import annotations
 

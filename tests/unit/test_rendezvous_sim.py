@@ -1,4 +1,4 @@
-"""fsdp_jobs/bench_rendezvous.py drives torch's own c10d rendezvous (DynamicRendezvousHandler over
+"""fsdp_jobs/bench/rendezvous.py drives torch's own c10d rendezvous (DynamicRendezvousHandler over
 C10dRendezvousBackend, a TCPStore server on loopback) with simulated agents: 16 of them form one world with
 ranks 0..15, and after one is lost the 15 others form the next with ranks 0..14; every thread and store
 connection it opened is gone afterwards. About 12 s: torch polls the state once a second, and the lost
@@ -11,7 +11,7 @@ import threading
 
 import pytest
 
-from fsdp_jobs.bench_rendezvous import SimConf, simulate_round
+from fsdp_jobs.bench.rendezvous import SimConf, simulate_round
 
 # join_timeout bounds a broken round (the test then fails in about 20 s instead of torch's 600); keep-alive
 # 2 s x 3: at 1 s x 2 a healthy agent's heartbeat, late behind a loaded machine's other work, was taken for
@@ -53,7 +53,7 @@ def test_16_agents_form_one_world_and_15_form_the_next_after_a_loss():
 
 def test_a_large_torchrun_world_gets_rendezvous_settings_from_the_simulation() -> None:
     """Above 256 nodes in one torchrun world: a join timeout that grows with the nodes, heartbeats that
-    survive an all-at-once round (fsdp_jobs/bench_rendezvous.py), one --rdzv-conf (torchrun keeps the last)."""
+    survive an all-at-once round (fsdp_jobs/bench/rendezvous.py), one --rdzv-conf (torchrun keeps the last)."""
     from fsdp_jobs.launchers.common import rdzv_conf
 
     assert rdzv_conf(2, grow=False) == [] and rdzv_conf(256, grow=False) == []

@@ -20,7 +20,7 @@ from typing import Any, Optional
 from fsdp_jobs.rundir import checkpoints, runs
 from fsdp_jobs.rundir.layout import RunDir
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 SMALL = ["model.dim=64", "model.n_layers=2", "model.ffn_dim=128", "model.vocab_size=128", "data.seq_len=32"]
 STEPS_PER_FAULT = 100  # ~5 s of training at ~20 steps/s between faults, beyond the faults' own time
 

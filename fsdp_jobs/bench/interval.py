@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from fsdp_jobs.bench_chaos import SMALL, _cli, _ended
+from fsdp_jobs.bench.chaos import SMALL, _cli, _ended
 from fsdp_jobs.rundir.layout import RunDir
 
 MARGIN = 20  # steps free of faults at each end: the schedule is the same for every interval

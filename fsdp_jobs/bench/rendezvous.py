@@ -519,6 +519,6 @@ def run(args: argparse.Namespace) -> int:
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(prog="python -m fsdp_jobs.bench_rendezvous")
+    parser = argparse.ArgumentParser(prog="python -m fsdp_jobs.bench.rendezvous")
     _add_arguments(parser)
     sys.exit(run(parser.parse_args()))
