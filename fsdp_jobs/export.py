@@ -76,7 +76,7 @@ def export(ckpt: Path, out: Path, dtype: Optional[str] = None, hf_model: Optiona
 
     from torch.distributed.checkpoint.api import CheckpointException
 
-    from fsdp_jobs.cli.consolidate import read_model_state
+    from fsdp_jobs.runtime.consolidate import read_model_state
     from fsdp_jobs.runtime.checkpoint import first_error_line
 
     damaged = checkpoints.damage(ckpt)

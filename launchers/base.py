@@ -78,7 +78,7 @@ def request_scale(run: Run, nodes: int) -> None:
 
 class Backend(abc.ABC, Generic[R]):
     name = ""
-    # the faults `chaos RUN marathon` deals (launchers/marathon.py); a backend with nodes of its own adds kill-node
+    # the faults `chaos RUN marathon` deals (launchers/chaos/marathon.py); a backend with nodes of its own adds kill-node
     marathon_kinds: tuple[str, ...] = ("kill-rank", "hang-rank", "slow-node", "corrupt-checkpoint")
 
     def check(self, plan: Plan, cfg: JobConfig) -> None:
@@ -125,31 +125,31 @@ class Backend(abc.ABC, Generic[R]):
 
     def chaos(self, run: Run, action: str, node: int, rate: str = "100mbit") -> str:
         """Failure injection for testing resilience. kill-rank R, hang-rank R, slow-node N and resume act on the rank
-        processes this machine can see (launchers/chaos.py); kill-node (it comes back) and stop-node (gone
+        processes this machine can see (launchers/chaos/inject.py); kill-node (it comes back) and stop-node (gone
         for good) are a backend's own (cluster=docker has them)."""
-        from fsdp_jobs.launchers import chaos
+        from fsdp_jobs.launchers.chaos import inject
 
         try:
             if action == "kill-rank":
-                return chaos.kill_rank(run.run_dir, node)
+                return inject.kill_rank(run.run_dir, node)
             if action == "hang-rank":
-                return chaos.hang_rank(run.run_dir, node)
+                return inject.hang_rank(run.run_dir, node)
             if action == "slow-node":
-                return chaos.slow_node(run.run_dir, chaos.node_name(run.run_dir, node))
+                return inject.slow_node(run.run_dir, inject.node_name(run.run_dir, node))
             if action == "slow-link":
-                return chaos.slow_link(run.run_dir, chaos.node_name(run.run_dir, node), rate)
+                return inject.slow_link(run.run_dir, inject.node_name(run.run_dir, node), rate)
             if action == "cut-node":
-                return chaos.cut_node(run.run_dir, chaos.node_name(run.run_dir, node))
+                return inject.cut_node(run.run_dir, inject.node_name(run.run_dir, node))
             if action == "resume":
-                return chaos.resume(run.run_dir)
+                return inject.resume(run.run_dir)
         except LookupError as e:
             raise UserError("chaos", action, str(e)) from None
         raise UserError("chaos", action, f"not supported by the {self.name} backend (cluster=docker has it)")
 
     def marathon(self, run: Run, faults: int, seed: int, kinds: tuple[str, ...] = (),
                  margin: Optional[int] = None) -> int:
-        """`chaos RUN marathon`: a seeded schedule of mixed faults into the running job (launchers/marathon.py)."""
-        from fsdp_jobs.launchers import marathon
+        """`chaos RUN marathon`: a seeded schedule of mixed faults into the running job (launchers/chaos/marathon.py)."""
+        from fsdp_jobs.launchers.chaos import marathon
 
         return marathon.run_marathon(self, run, faults, seed, only=kinds, margin=margin)
 
@@ -158,7 +158,7 @@ class Backend(abc.ABC, Generic[R]):
         file of the run dir (launchers/stacks.py); its path and one header line a rank ([] when none ran)."""
         import time
 
-        from fsdp_jobs.launchers.chaos import node_name
+        from fsdp_jobs.launchers.chaos.inject import node_name
         from fsdp_jobs.launchers import stacks
 
         where = (node_name(run.run_dir, int(node)) if node.isdigit() else node) if node is not None else None

@@ -1,6 +1,6 @@
 """`fsdp-jobs stacks RUN [--node K] [--rank R]`: every running rank's Python stacks, now, into one file.
 
-A node dumps the ranks it runs (found by their environment in /proc, as `chaos` finds them: launchers/chaos.py)
+A node dumps the ranks it runs (found by their environment in /proc, as `chaos` finds them: launchers/chaos/inject.py)
 with the hang watchdog's reader (launchers/node/watchdog.py dump_stack: py-spy where installed, which also reads
 a stopped or wedged rank; else the rank's own faulthandler on SIGUSR1), one part file per rank into a request
 folder of the run dir; the CLI then joins the parts into RunDir.stacks_file(time) and removes them.
@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Optional
 
 from fsdp_jobs.rundir.layout import RunDir
-from fsdp_jobs.launchers.chaos import rank_processes
+from fsdp_jobs.launchers.chaos.inject import rank_processes
 from fsdp_jobs.launchers.node.watchdog import dump_stack, innermost_frame, process_state
 
 

@@ -1,6 +1,6 @@
 """`python -m fsdp_jobs.bench chaos [--faults 30] [--seed 0] [--steps N] [-- OVERRIDES...]`: the chaos marathon
 as a benchmark. An uninterrupted run first, then the same job again with `fsdp-jobs chaos RUN marathon` injecting
-a seeded schedule of mixed faults into it (launchers/marathon.py); prints JSON: every incident (kind, step,
+a seeded schedule of mixed faults into it (launchers/chaos/marathon.py); prints JSON: every incident (kind, step,
 detected and recovered after, steps lost), the job's goodput, both wall times, and whether the two final
 checkpoints are equal bit for bit (model, optimizer, scheduler, RNG and progress, consolidated in this process).
 
@@ -105,7 +105,7 @@ def _marathon(root: Path, args: list[str], faults: int, seed: int) -> tuple[int,
 
 
 def bench_chaos(faults: int, seed: int, steps: Optional[int], overrides: list[str], keep: Optional[Path]) -> dict[str, Any]:
-    from fsdp_jobs.cli import goodput
+    from fsdp_jobs.rundir import goodput
 
     args = job_args(faults, seed, steps, overrides)
     with tempfile.TemporaryDirectory(prefix="bench-chaos-") as tmp:

@@ -37,7 +37,7 @@ def job_args(faults: int, seed: int, steps: int, every: str, overrides: list[str
 
 def one_run(root: Path, name: str, args: list[str], faults: int, seed: int) -> dict[str, Any]:
     """The job under the marathon; its goodput and, for auto, its last choice."""
-    from fsdp_jobs.cli import goodput
+    from fsdp_jobs.rundir import goodput
 
     job = _cli(f"run_root={root}", f"name={name}", *args, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
     metrics = RunDir(root / name).metrics_file

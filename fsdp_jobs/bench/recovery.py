@@ -19,8 +19,8 @@ from fsdp_jobs.bench.common import REPO, spread
 
 def recovery_parts(run_dir: Path, killed_at: float) -> dict[str, float]:
     """SIGKILL of a rank -> the first step after it, cut at the restarted rank 0's timeline marks
-    (fsdp_jobs/cli/goodput.py): what torchrun and each start-up phase take."""
-    from fsdp_jobs.cli import goodput
+    (fsdp_jobs/rundir/goodput.py): what torchrun and each start-up phase take."""
+    from fsdp_jobs.rundir import goodput
 
     events, _ = goodput.read_events(RunDir(run_dir).goodput_file)
     start = next(e for e in events if e["event"] == "start" and e["time"] > killed_at)

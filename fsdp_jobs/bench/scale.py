@@ -243,7 +243,7 @@ def timed(fn: Callable[[], Any], repeats: int) -> float:
 
 def commands(root: Path, run_dir: Path, sweep: str, nodes: int, world: int) -> dict[str, Callable[[], Any]]:
     """What each user command runs, by its name in the result."""
-    from fsdp_jobs.cli import stragglers
+    from fsdp_jobs.rundir import stragglers
 
     run, root_arg = str(run_dir), f"--run-root={root}"
     return {

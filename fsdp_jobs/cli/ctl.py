@@ -24,8 +24,8 @@ from typing import Any, Optional
 
 import yaml
 
-from fsdp_jobs.cli import goodput, report, script_report, stragglers
-from fsdp_jobs.rundir import logs
+from fsdp_jobs.cli import report, script_report
+from fsdp_jobs.rundir import goodput, logs, stragglers
 from fsdp_jobs.rundir.logs import LogFilter
 from fsdp_jobs.planning import input_rules
 from fsdp_jobs.rundir import hangs, journal, liveness, replaced, runs
@@ -144,7 +144,7 @@ def run_status(run_dir: Path, accounted: bool = True) -> dict[str, Any]:
             out["spares_waiting"] = waiting
             out["detail"] += f"; hot spares waiting: {', '.join(waiting) if waiting else f'none of {spares}'}"
     slow = stragglers.of_run(run_dir, straggler_ratio(run_dir), thorough=True)
-    if slow:  # every node's compute per step next to the median node's (fsdp_jobs/cli/stragglers.py)
+    if slow:  # every node's compute per step next to the median node's (fsdp_jobs/rundir/stragglers.py)
         out["stragglers"] = slow
         if slow["stragglers"]:
             out["detail"] += "; " + stragglers.describe(slow)

@@ -2,7 +2,7 @@
 
 No network, no server, no script: inline CSS and SVG only, so the file opens anywhere (a laptop after `scp`,
 a CI artifact). A run's page: loss, lr, tokens/s and MFU over steps with the attempts' boundaries; the goodput
-timeline (fsdp_jobs/cli/goodput.py's accounting, drawn as `goodput`'s text bar is) with every incident at its
+timeline (fsdp_jobs/rundir/goodput.py's accounting, drawn as `goodput`'s text bar is) with every incident at its
 time; the incidents in a table (restarts and why, failures, hangs with the stopped rank and a link to its
 stacks, preflight verdicts, chaos faults with detection and recovery); per-node compute per step (the
 straggler view); the config and the plan. A sweep's page: its members side by side and their loss curves.
@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Optional
 
-from fsdp_jobs.cli import goodput
+from fsdp_jobs.rundir import goodput
 from fsdp_jobs.rundir import checkpoints, runs
 from fsdp_jobs.rundir.layout import RunDir
 from fsdp_jobs.rundir.records import ChaosIncident, FailureRecord, HangRecord, PreflightRecord
@@ -274,7 +274,7 @@ def attempts_table(gp: dict[str, Any]) -> str:
 
 def nodes_table(run_dir: Path) -> str:
     """Compute per step, node by node (the straggler view `status` shows: the job view, one file)."""
-    from fsdp_jobs.cli import stragglers
+    from fsdp_jobs.rundir import stragglers
 
     s = stragglers.of_run(run_dir, thorough=True)
     if not s:

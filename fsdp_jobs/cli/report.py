@@ -9,7 +9,7 @@ from typing import Any, Iterable, Optional
 
 import yaml
 
-from fsdp_jobs.cli import goodput
+from fsdp_jobs.rundir import goodput
 from fsdp_jobs.rundir import journal, runs
 from fsdp_jobs.rundir.layout import RunDir
 from fsdp_jobs.runtime import interval
@@ -114,7 +114,7 @@ def table(header: list[str], rows: Iterable[list[str]]) -> list[str]:
 def compare_lines(rows: list[dict[str, Any]], keys: Iterable[str] = (), extra: Iterable[str] = (),
                   with_goodput: bool = False) -> list[str]:
     """One line per member: its swept values (keys), extra columns, then step, final loss, tokens/s, MFU
-    (and, with_goodput, the effective training share of its wall time: fsdp_jobs/cli/goodput.py)."""
+    (and, with_goodput, the effective training share of its wall time: fsdp_jobs/rundir/goodput.py)."""
     keys, extra = list(keys), list(extra)
     header = ["MEMBER", *keys, *(e.upper() for e in extra), "STEP", "FINAL LOSS", "TOKENS/S", "MFU"]
     body = [[str(r["member"]), *(str(r.get("params", {}).get(k, "-")) for k in keys),
@@ -128,8 +128,8 @@ def compare_lines(rows: list[dict[str, Any]], keys: Iterable[str] = (), extra: I
 
 
 def slowest_node(run_dir: Path) -> Optional[str]:
-    """`node2 2.4x`: the node whose compute per step is furthest above the median node's (fsdp_jobs/cli/stragglers.py)."""
-    from fsdp_jobs.cli import stragglers
+    """`node2 2.4x`: the node whose compute per step is furthest above the median node's (fsdp_jobs/rundir/stragglers.py)."""
+    from fsdp_jobs.rundir import stragglers
 
     s = stragglers.of_run(run_dir, thorough=True)
     return f"{s['slowest']} {s['ratio']:g}x" if s else None
@@ -209,7 +209,7 @@ GOODPUT_COLOURS = {"queued": "#bdbdbd", "startup": "#fdae6b", "productive": "#31
 
 
 def goodput_bars(ax: Any, bars: list[tuple[str, dict[str, float]]]) -> None:
-    """One horizontal bar per attempt, its wall time stacked by part (fsdp_jobs/cli/goodput.py)."""
+    """One horizontal bar per attempt, its wall time stacked by part (fsdp_jobs/rundir/goodput.py)."""
     labels, left = [label for label, _ in bars], [0.0] * len(bars)
     for part in goodput.PARTS:
         widths = [parts.get(part, 0.0) for _, parts in bars]
@@ -248,7 +248,7 @@ def goodput_lines(result: dict[str, Any]) -> list[str]:
     return table(["ATTEMPT", *GOODPUT_HEADER], rows) + blocked + chosen
 
 
-# one letter per part for the text timeline (fsdp_jobs/cli/goodput.py's PARTS)
+# one letter per part for the text timeline (fsdp_jobs/rundir/goodput.py's PARTS)
 BAR_LETTERS = {"queued": "q", "startup": "s", "productive": "P", "checkpoint": "c", "lost": "x", "recovery": "r",
                "shutdown": "d", "other": "?"}
 # the order each attempt's parts are drawn in: about the order they happen (productive and checkpoint

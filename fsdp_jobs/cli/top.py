@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from fsdp_jobs.cli import goodput, stragglers
+from fsdp_jobs.rundir import goodput, stragglers
 from fsdp_jobs.rundir import liveness, runs
 
 REFRESH_S = 1.0

@@ -169,7 +169,7 @@ class FaultConfig(Keys):
     # a node whose compute per step (step time minus waiting in collectives) is this many times the median
     # node's is a straggler: `status` and `compare` name it, and its watchdog warns in the log ...
     straggler_ratio: float = 1.5
-    # ... once it has stayed one for this many checks in a row, 10 s apart (fsdp_jobs/cli/stragglers.py)
+    # ... once it has stayed one for this many checks in a row, 10 s apart (fsdp_jobs/rundir/stragglers.py)
     straggler_checks: int = 3
     # preflight=true|only (README: Preflight): a node this many times worse than the median node on any
     # measure (matmul TFLOPS, write MB/s, free memory) is named and the job stops before training

@@ -1,4 +1,4 @@
-"""The goodput timeline's events (goodput.jsonl; the accounting: fsdp_jobs/cli/goodput.py): appended by the
+"""The goodput timeline's events (goodput.jsonl; the accounting: fsdp_jobs/rundir/goodput.py): appended by the
 node wrappers (node_start, node_end) and rank 0 (fsdp_jobs/runtime/timeline.py), a handful per attempt and
 per checkpoint, never per step."""
 

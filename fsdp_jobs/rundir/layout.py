@@ -110,7 +110,7 @@ class RunDir:
 
     @property
     def goodput_file(self) -> Path:
-        """goodput.jsonl: the GoodputEvents every second of the job is accounted from (cli/goodput.py)."""
+        """goodput.jsonl: the GoodputEvents every second of the job is accounted from (rundir/goodput.py)."""
         return self.root / "goodput.jsonl"
 
     @property
@@ -269,7 +269,7 @@ class RunDir:
 
     @property
     def chaos_incidents_file(self) -> Path:
-        """`fsdp-jobs chaos RUN marathon`: one ChaosIncident per injected fault (launchers/marathon.py)."""
+        """`fsdp-jobs chaos RUN marathon`: one ChaosIncident per injected fault (launchers/chaos/marathon.py)."""
         return self.root / "chaos.jsonl"
 
     @property

@@ -65,7 +65,7 @@ class RankBeat:
     step_s: Optional[float] = None  # the slowest of its recent step gaps
     local_rank: int = 0
     restart: int = 0
-    compute_s: Optional[float] = None  # mean compute per step (fsdp_jobs/cli/stragglers.py)
+    compute_s: Optional[float] = None  # mean compute per step (fsdp_jobs/rundir/stragglers.py)
     wait_s: Optional[float] = None  # mean wait in collectives per step
     save_s: Optional[float] = None  # the slowest of this process's finished saves: the watchdog's budget for the next
     v: int = SCHEMA
@@ -289,7 +289,7 @@ class NodeSummary:
     restart: int
     phases: dict[str, int]  # its live ranks by phase
     step_max: Optional[int]  # the furthest step a live rank of it advanced to in the step loop
-    compute_s: Optional[float]  # its timed ranks' median compute per step (fsdp_jobs/cli/stragglers.py)
+    compute_s: Optional[float]  # its timed ranks' median compute per step (fsdp_jobs/rundir/stragglers.py)
     wait_s: Optional[float]
     silent: list[RankBeat]  # its ranks whose heartbeat thread went silent
     laggard: Optional[RankBeat]  # its live rank at the lowest (step, progress): a hang's suspect

@@ -184,7 +184,7 @@ class LaunchRecord(Record):
 
 @dataclass
 class GoodputEvent(Record):
-    """One line of RunDir.goodput_file: {event, time} + the event's own fields (fsdp_jobs/cli/goodput.py's
+    """One line of RunDir.goodput_file: {event, time} + the event's own fields (fsdp_jobs/rundir/goodput.py's
     docstring names them), in `extra`; `pid` for a rank's events."""
 
     event: str
@@ -308,7 +308,7 @@ class ScaleRequest(Record):
 
 @dataclass
 class RankRecord(Record):
-    """RunDir.rank_file(rank): who this rank is, for tools (launchers/chaos.py, bench) and tests that kill
+    """RunDir.rank_file(rank): who this rank is, for tools (launchers/chaos/inject.py, bench) and tests that kill
     ranks (fsdp_jobs/runtime/trainer.py write_rank_file)."""
 
     rank: int
@@ -353,7 +353,7 @@ class ReplacedNodes(Record):
 
 @dataclass
 class ChaosIncident(Record):
-    """One line of RunDir.chaos_incidents_file per fault a chaos marathon injected (launchers/marathon.py):
+    """One line of RunDir.chaos_incidents_file per fault a chaos marathon injected (launchers/chaos/marathon.py):
     when (wall clock and the job's step), when the job first recorded it and how, when it stepped past
     that step again, and the steps it redid. None = did not happen (not detected, not recovered)."""
 

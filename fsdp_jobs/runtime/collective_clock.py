@@ -3,7 +3,7 @@
 In synchronous training every rank's step takes the same wall time; what differs is how it is spent. The
 rank that is slow (a throttled node, a slower device, a noisy neighbour) arrives last at every collective
 and barely waits; the others wait for it. So a rank's compute is its step time minus its wait, and the node
-whose compute stands out is the straggler (fsdp_jobs/cli/stragglers.py compares them).
+whose compute stands out is the straggler (fsdp_jobs/rundir/stragglers.py compares them).
 
 The clock wraps the torch.distributed collectives FSDP2 and the trainer call (module attributes, looked up
 at each call) with two clock reads, counted only on the thread that installed it (the training thread: a

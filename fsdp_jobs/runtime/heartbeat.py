@@ -9,7 +9,7 @@ That difference is how the watchdog names the rank that stopped first.
 
 Each advance also splits the gap since the last one into compute and waiting in collectives (the wait from
 fsdp_jobs/runtime/collective_clock.py): the record's `compute_s` and `wait_s`, means over the recent steps,
-are what fsdp_jobs/cli/stragglers.py compares across nodes.
+are what fsdp_jobs/rundir/stragglers.py compares across nodes.
 
 The rank also asks the interpreter to write every thread's Python stack to its stack file (RunDir.stack_file) on
 SIGUSR1 (faulthandler, from C: it works while Python is blocked in a collective), which the watchdog

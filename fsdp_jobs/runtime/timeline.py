@@ -1,4 +1,4 @@
-"""Rank 0's side of the goodput timeline (RunDir.goodput_file; the format and its accounting: fsdp_jobs/cli/goodput.py).
+"""Rank 0's side of the goodput timeline (RunDir.goodput_file; the format and its accounting: fsdp_jobs/rundir/goodput.py).
 
 Torch-free, so fsdp_jobs/runtime/__main__.py imports it before torch: MAIN_STARTED is the moment the rank's
 own code began. Nothing here runs on every step: the step loop calls `steps` only where it already syncs

@@ -392,7 +392,7 @@ class DockerBackend(Backend[DockerRequest]):
     marathon_kinds = ("kill-rank", "hang-rank", "slow-node", "corrupt-checkpoint", "kill-node", "cut-node")
 
     def chaos(self, run: Run, action: str, node: int, rate: str = "100mbit") -> str:
-        if action not in ("kill-node", "stop-node"):  # the rank-level faults: launchers/chaos.py
+        if action not in ("kill-node", "stop-node"):  # the rank-level faults: launchers/chaos/inject.py
             return super().chaos(run, action, node, rate)
         found = containers(own_project(run))
         c = found.get(f"node{node}")

@@ -16,7 +16,7 @@ other nodes'. When none of this node's ranks has advanced for the hang timeout, 
      they resume from the newest checkpoint. After fault.max_hang_restarts hangs it stops the agent instead.
 
 It also watches for a straggler: every STRAGGLER_CHECK_S it compares every node's compute per step
-(fsdp_jobs/cli/stragglers.py); when its own node has been one for fault.straggler_checks checks in a row, it
+(fsdp_jobs/rundir/stragglers.py); when its own node has been one for fault.straggler_checks checks in a row, it
 says so in the log, once until the node recovers.
 
 The timeout: fault.hang_timeout_s, or derived from the ranks' recent step times (max(60 s, 10 x the
@@ -37,7 +37,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Optional
 
-from fsdp_jobs.cli import stragglers
+from fsdp_jobs.rundir import stragglers
 from fsdp_jobs.planning.config import HANG_TIMEOUT_FLOOR_S as DERIVED_FLOOR_S
 from fsdp_jobs.rundir import hangs, liveness
 

@@ -94,7 +94,7 @@ def first_error(run_dir: Path, error_file: str, since: float, stopped_here: bool
 
 def run(argv: list[str], environ: Optional[dict[str, str]] = None) -> int:
     """Run the torchrun agent with `argv` (its flags, then the ranks' entry) until it exits; its status."""
-    started = time.time()  # goodput's queued time ends and start-up begins here (fsdp_jobs/cli/goodput.py)
+    started = time.time()  # goodput's queued time ends and start-up begins here (fsdp_jobs/rundir/goodput.py)
     environ = dict(os.environ if environ is None else environ)
     run_dir = environ.get(RUN_DIR_ENV)
     if not run_dir or not argv:

@@ -1,4 +1,4 @@
-"""A slow node is named (fsdp_jobs/cli/stragglers.py), on a real local job of 3 nodes x 1 rank: `fsdp-jobs chaos
+"""A slow node is named (fsdp_jobs/rundir/stragglers.py), on a real local job of 3 nodes x 1 rank: `fsdp-jobs chaos
 RUN slow-node 1` throttles node1's rank (a CPU quota of a fifth of a core); `status` names node1 with a ratio of
 at least 1.5 and no other node, node1's own watchdog warns in the log, and no node is named while the job
 runs unthrottled."""

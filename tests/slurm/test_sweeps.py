@@ -135,7 +135,7 @@ def test_four_member_sweep_returns_at_once_goes_out_as_one_array_and_completes(r
     compare = ctl("compare", s.sweep).stdout.splitlines()
     print("\n".join(compare))
     assert compare[0].split() == ["MEMBER", "train.lr", "SLOWEST", "NODE", "STEP", "FINAL", "LOSS", "TOKENS/S", "MFU",
-                                  "GOODPUT"]  # 2-node members: each one's slowest node (fsdp_jobs/cli/stragglers.py)
+                                  "GOODPUT"]  # 2-node members: each one's slowest node (fsdp_jobs/rundir/stragglers.py)
     for line, m, lr in zip(compare[1:], s.submitted, ("0.001", "0.003", "0.01", "0.03")):
         member, lr_shown, slowest, ratio, step, loss, tok, mfu, good = line.split()
         assert (member, lr_shown, step) == (m.member, lr, "20")

@@ -324,3 +324,14 @@ def test_a_node_wrapper_imports_neither_torch_nor_hydra(tmp_path):
     r = subprocess.run([sys.executable, "-c", probe, str(tmp_path)], cwd=REPO, capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr[-2000:]
     assert r.stdout == "90.0 []\n", r.stdout  # the job's value, read; nothing heavy imported
+
+
+def test_pyproject_lists_every_package_under_the_name_it_is_imported_as():
+    """launchers/ installs as fsdp_jobs.launchers (package-dir), which packages.find cannot see, so pyproject
+    lists the packages: a folder of Python files left off the list would be missing from a wheel."""
+    import tomllib
+
+    listed = set(tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    folders = {module_name(p.parent / "__init__.py") for pkg in PACKAGES for p in (REPO / pkg).rglob("*.py")
+               if "__pycache__" not in p.parts}
+    assert listed == folders, f"only in pyproject: {sorted(listed - folders)}; only on disk: {sorted(folders - listed)}"

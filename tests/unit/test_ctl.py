@@ -202,7 +202,8 @@ def test_a_refusal_kept_in_the_journal_never_holds_a_secret(run_root):
 def test_list_rows_skip_the_goodput_accounting_that_status_shows(run_root, monkeypatch, capsys):
     """`list` shows no goodput, so its row of a run never reads the run's whole timeline (32,000 events for
     100 attempts of 1,024 nodes: bench scale); `status` of the same run does."""
-    from fsdp_jobs.cli import ctl, goodput
+    from fsdp_jobs.cli import ctl
+    from fsdp_jobs.rundir import goodput
 
     make_run(run_root, "done", LOCAL, {"status": "completed", "step": 5})
     accounted: list[Path] = []

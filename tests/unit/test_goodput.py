@@ -1,4 +1,4 @@
-"""fsdp_jobs/cli/goodput.py on hand-made timelines: every second of every attempt lands in one part, the parts add
+"""fsdp_jobs/rundir/goodput.py on hand-made timelines: every second of every attempt lands in one part, the parts add
 up to the wall time, lost steps are the ones a later attempt computed again, and a damaged timeline gets one
 line naming the file (README: Goodput)."""
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from fsdp_jobs.cli import goodput
+from fsdp_jobs.rundir import goodput
 from tests.conftest import cli
 from tests.unit.test_ctl import LOCAL, make_run
 from tests.unit.test_sweeps import count_colour

@@ -154,7 +154,7 @@ def test_the_node_memory_directory_is_the_owners_and_derived_alike_by_rank_and_w
 
 
 def test_the_leader_writes_one_view_of_every_node_which_the_others_read_instead_of_every_record(tmp_path):
-    from fsdp_jobs.cli import stragglers
+    from fsdp_jobs.rundir import stragglers
 
     for n, compute in (("node1", 0.1), ("node2", 0.35)):
         liveness.Publisher(tmp_path, n).tick([liveness.RankBeat(
@@ -259,7 +259,7 @@ def test_a_saving_node_reads_the_job_view_only_once_its_stall_outlasts_the_short
 def test_while_a_job_starts_status_hears_the_nodes_before_the_leader_has_read_them(tmp_path):
     """A starting job's view lags its node records by up to a leader's read: `status` (thorough) takes the
     newer records then; a watchdog's tick keeps to the one view."""
-    from fsdp_jobs.cli import stragglers
+    from fsdp_jobs.rundir import stragglers
 
     def timed(rank: int, node: str, compute: float) -> liveness.RankBeat:
         return liveness.RankBeat(rank=rank, node=node, pid=1, step=9, phase="step", progress=NOW, alive=NOW,
@@ -275,7 +275,7 @@ def test_while_a_job_starts_status_hears_the_nodes_before_the_leader_has_read_th
 def test_a_finished_runs_nodes_keep_their_last_timing_when_their_ranks_have_exited(tmp_path):
     """At the end every node's ranks exit and its watchdog publishes an empty record, before or after the
     leader's last view: `compare` of the finished sweep still shows each member's slowest node."""
-    from fsdp_jobs.cli import stragglers
+    from fsdp_jobs.rundir import stragglers
 
     def timed(rank: int, node: str, compute: float) -> liveness.RankBeat:
         return liveness.RankBeat(rank=rank, node=node, pid=1, step=20, phase="step", progress=NOW, alive=NOW,
@@ -296,7 +296,7 @@ def test_a_node_timed_and_gone_between_two_of_its_records_keeps_its_timing_in_it
     """CI's 20-step SLURM sweep: n2's ranks were loading at its last published record, then timed and
     exited within a second, and the leader's last view had n2 loading: `compare` showed no slowest node.
     The node's record of its exited ranks carries the timing they last had, seen at any tick."""
-    from fsdp_jobs.cli import stragglers
+    from fsdp_jobs.rundir import stragglers
 
     def ranked(rank: int, node: str, phase: str, compute: float | None) -> liveness.RankBeat:
         return liveness.RankBeat(rank=rank, node=node, pid=1, step=20 if compute else 0, phase=phase, progress=NOW,

@@ -1,4 +1,4 @@
-"""The chaos marathon's own parts (launchers/marathon.py), without a job: the seeded schedule, the
+"""The chaos marathon's own parts (launchers/chaos/marathon.py), without a job: the seeded schedule, the
 damage it does to a checkpoint, the metrics it reads by offset, and its table. The marathon against a
 real job: tests/integration/test_chaos_marathon.py."""
 
@@ -13,7 +13,7 @@ import pytest
 
 from fsdp_jobs.planning.errors import UserError
 from fsdp_jobs.rundir.records import ChaosIncident
-from fsdp_jobs.launchers import marathon
+from fsdp_jobs.launchers.chaos import marathon
 
 KINDS = marathon.BASE_KINDS
 
@@ -104,7 +104,7 @@ def test_a_node_index_is_named_as_the_run_names_its_nodes(tmp_path):
     named (cluster=local, Docker), whatever rank the rendezvous gave it; on SLURM, whose nodes are its hosts,
     the N-th in natural order (found on the 4-node SLURM marathon: 'no running rank on node2')."""
     from fsdp_jobs.rundir.layout import RunDir
-    from fsdp_jobs.launchers import chaos
+    from fsdp_jobs.launchers.chaos import inject
 
     def ranks(run_dir, nodes):
         for rank, node in enumerate(nodes):
@@ -114,9 +114,9 @@ def test_a_node_index_is_named_as_the_run_names_its_nodes(tmp_path):
                                         "node_rank": rank, "restart": 0, "world_size": 4, "time": 1.0, "v": 1}))
 
     ranks(tmp_path / "local", ["node1", "node0", "node2"])  # node1 took node_rank 0 at the rendezvous
-    assert [chaos.node_name(tmp_path / "local", i) for i in range(3)] == ["node0", "node1", "node2"]
+    assert [inject.node_name(tmp_path / "local", i) for i in range(3)] == ["node0", "node1", "node2"]
     ranks(tmp_path / "slurm", ["n10", "n2", "n9", "n1"])
-    assert [chaos.node_name(tmp_path / "slurm", i) for i in range(5)] == ["n1", "n2", "n9", "n10", "node4"]
+    assert [inject.node_name(tmp_path / "slurm", i) for i in range(5)] == ["n1", "n2", "n9", "n10", "node4"]
 
 
 def test_cut_node_is_dealt_only_to_a_job_that_cannot_go_on_without_the_node():
@@ -148,7 +148,7 @@ def committed_step(root, step: int, tmp: bool = False):
 
 
 def test_corrupt_checkpoint_waits_for_a_save_under_way_and_damages_the_checkpoint_the_restart_will_meet(tmp_path):
-    """A rank of the run (a stand-in process, by its environment, as launchers/chaos.py finds ranks) commits
+    """A rank of the run (a stand-in process, by its environment, as launchers/chaos/inject.py finds ranks) commits
     step 40 0.6 s after the fault is dealt: the fault waits for that commit and damages step 40, not step 20,
     which the restart would never load (a CI marathon's corrupt-checkpoint fault went undetected so)."""
     import os

@@ -1,4 +1,4 @@
-"""Stragglers (fsdp_jobs/cli/stragglers.py): a rank's compute per step is its step time minus its wait in
+"""Stragglers (fsdp_jobs/rundir/stragglers.py): a rank's compute per step is its step time minus its wait in
 collectives (fsdp_jobs/runtime/heartbeat.py); the node whose compute stands out from the median node's is
 named by `status`/`compare`, and its own watchdog warns once it has stayed one (launchers/node/watchdog.py)."""
 
@@ -7,7 +7,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from fsdp_jobs.planning.config import FaultConfig
-from fsdp_jobs.cli import ctl, report, stragglers
+from fsdp_jobs.cli import ctl, report
+from fsdp_jobs.rundir import stragglers
 from fsdp_jobs.rundir import liveness
 from fsdp_jobs.rundir.layout import RunDir
 from fsdp_jobs.runtime import heartbeat

@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Optional, Protocol
 
-from fsdp_jobs.cli import stragglers
+from fsdp_jobs.rundir import stragglers
 from fsdp_jobs.planning.errors import UserError
 from fsdp_jobs.rundir import checkpoints, events, failures, hangs, runs
 from fsdp_jobs.rundir.layout import RunDir
@@ -221,16 +221,16 @@ class Marathon:
         if fault.kind == "corrupt-checkpoint":
             return corrupt_newest_and_kill(self.run_dir, fault.target, random.Random(fault.at_step))
         if fault.kind == "slow-node":  # a fifth of a core hides among 4 ranks sharing 2 cores; a twentieth shows
-            from fsdp_jobs.launchers import chaos
+            from fsdp_jobs.launchers.chaos import inject
 
-            node = chaos.node_name(self.run_dir, fault.target)
-            chaos.slow_node(self.run_dir, node, SLOW_SHARE)
+            node = inject.node_name(self.run_dir, fault.target)
+            inject.slow_node(self.run_dir, node, SLOW_SHARE)
             return node
         self.backend.chaos(self.run, fault.kind, fault.target)
         if fault.kind == "cut-node":
-            from fsdp_jobs.launchers import chaos
+            from fsdp_jobs.launchers.chaos import inject
 
-            return chaos.node_name(self.run_dir, fault.target)
+            return inject.node_name(self.run_dir, fault.target)
         return f"node{fault.target}" if fault.kind == "kill-node" else f"rank {fault.target}"
 
     def measure_restart(self, incident: ChaosIncident, before: MetricsRow, seen: int,
@@ -316,9 +316,9 @@ def corrupt_newest_and_kill(run_dir: Path, rank: int, rng: random.Random) -> str
     """Damage the newest committed checkpoint and SIGKILL `rank`, with every rank stopped meanwhile and no save
     under way (no save may commit a newer one between the two: the restart must meet the damaged one; a CI run
     dealt this fault at step 300 of an interval of 20 and the save of step 300 committed after the kill)."""
-    from fsdp_jobs.launchers import chaos
+    from fsdp_jobs.launchers.chaos import inject
 
-    procs = chaos.rank_processes(run_dir)
+    procs = inject.rank_processes(run_dir)
     if rank not in procs:
         raise LookupError(f"no running rank {rank} of this run on this machine")
     deadline = time.monotonic() + SAVE_WAIT_S
@@ -439,7 +439,7 @@ def run_marathon(backend: Backend, run: Run, count: int, seed: int, say: Callabl
                  only: tuple[str, ...] = (), margin: Optional[int] = None) -> int:
     """Inject the schedule into the running job, wait for it to end, print the table and the goodput.
     0 when every fault was injected, detected and recovered from and the job succeeded; 1 otherwise."""
-    from fsdp_jobs.cli import goodput
+    from fsdp_jobs.rundir import goodput
 
     if backend.describe(run).state.terminal:
         raise UserError("RUN", run.run_dir.name, "is not running: a marathon needs a running job (start it, then "

@@ -18,7 +18,7 @@ have no link of their own. cut-node drops every packet on that device (iptables 
 Note that a CPU quota hides from a preflight's best-of-N timings of short
 kernels (one may fit inside a quota period), while a slow link slows every exchange. resume undoes all.
 
-    python -m fsdp_jobs.launchers.chaos throttle RUN_DIR NODE SHARE     (the throttler itself; started by slow-node)
+    python -m fsdp_jobs.launchers.chaos.inject throttle RUN_DIR NODE SHARE     (the throttler itself; started by slow-node)
 """
 
 from __future__ import annotations
@@ -144,7 +144,7 @@ def slow_node(run_dir: Path, node: str, share: float = SHARE) -> str:
     if not pids:
         raise LookupError(f"no running rank on {node} of this run on this machine")
     stop_throttle(run_dir)
-    p = subprocess.Popen([sys.executable, "-m", "fsdp_jobs.launchers.chaos", "throttle", str(run_dir), node, str(share)],
+    p = subprocess.Popen([sys.executable, "-m", "fsdp_jobs.launchers.chaos.inject", "throttle", str(run_dir), node, str(share)],
                          stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                          start_new_session=True)
     RunDir(run_dir).chaos_throttle_file.write_text(json.dumps({"pid": p.pid, "node": node, "share": share}) + "\n")
@@ -307,7 +307,7 @@ def stop_throttle(run_dir: Path) -> Optional[int]:
         cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
     except (OSError, ValueError, KeyError, TypeError):
         return None
-    if b"fsdp_jobs.launchers.chaos" in cmdline and str(run_dir).encode() in cmdline:
+    if b"fsdp_jobs.launchers.chaos.inject" in cmdline and str(run_dir).encode() in cmdline:
         os.kill(pid, signal.SIGTERM)
         deadline = time.time() + 5  # it puts the ranks back into their own cgroup before it exits
         while time.time() < deadline and not process_state(pid).startswith(("Z", "gone")):
@@ -437,4 +437,4 @@ if __name__ == "__main__":
     if sys.argv[1:2] == ["throttle"] and len(sys.argv) == 5:
         throttle(Path(sys.argv[2]), sys.argv[3], float(sys.argv[4]))
     else:
-        sys.exit("usage: python -m fsdp_jobs.launchers.chaos throttle RUN_DIR NODE SHARE")
+        sys.exit("usage: python -m fsdp_jobs.launchers.chaos.inject throttle RUN_DIR NODE SHARE")
