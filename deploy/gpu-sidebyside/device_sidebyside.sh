@@ -68,7 +68,10 @@ run() {
 say "== install $(ls .whl | xargs)"
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
   2>&1 | grep -v -i "warning" | tail -n 3
-export PYTHONPATH=/tmp/site:$PWD
+# the project as installed (launchers/ is the package fsdp_jobs.launchers: pyproject's package-dir), without
+# building a wheel on a machine with no network: the packages copied into that layout, conf/ beside them
+rm -rf /tmp/proj && mkdir -p /tmp/proj && cp -r fsdp_jobs conf /tmp/proj/ && cp -r launchers /tmp/proj/fsdp_jobs/launchers
+export PYTHONPATH=/tmp/site:/tmp/proj PYTHONSAFEPATH=1  # not the checkout: -m would put it first
 if ls /tmp/site | grep -q -E '^(torch|numpy)$'; then say "!! /tmp/site holds a torch or numpy: remove it from .whl"; fi
 
 # ---------------------------------------------------------------- (ii) machine
