@@ -46,7 +46,7 @@ def expand(overrides: list[str]) -> list[tuple[list[str], dict[str, str]]]:
     from hydra.errors import HydraException, OverrideParseException
 
     from fsdp_jobs.planning.compose import CONF_DIR
-    from fsdp_jobs.planning.config import register_schemas
+    from fsdp_jobs.planning.validation import register_schemas
 
     register_schemas()
     axes: dict[str, list[tuple[str, Optional[str], Optional[str]]]] = {}  # per key: (line, swept key, value)

@@ -1,6 +1,6 @@
 """What every backend's config builds on (launchers/<name>/config.py): the common `cluster.*` keys, the
 one-line checks, and the registration of a backend's schema with Hydra. It imports no backend, so the
-backends' config modules and fsdp_jobs/planning/config.py can both import it without a cycle."""
+backends' config modules and fsdp_jobs/planning/validation.py can both import it without a cycle."""
 
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ class ClusterConfig:
     max_nodes: Optional[int] = None
     # hot spares: agents started beyond the job's nodes that wait in torch's rendezvous redundancy list and take a
     # dead node's place at the next round (same world size, mesh and global batch); the backends whose config.py
-    # sets SPARE_NODES start them, the others refuse (planning/config.py check_spare_nodes)
+    # sets SPARE_NODES start them, the others refuse (planning/validation.py check_spare_nodes)
     spare_nodes: int = 0
     rdzv_port: Optional[int] = None  # None = a free port
     env: Dict[str, str] = field(default_factory=dict)  # extra environment for every rank
@@ -46,7 +46,7 @@ class ClusterConfig:
 
 def register_cluster_schema(backend: str, schema: type) -> None:
     """What a backend's config.py `register()` calls: conf/cluster/<backend>.yaml extends <backend>_schema.
-    Hydra imported here, not with the schema (fsdp_jobs/planning/config.py: register_schemas says why)."""
+    Hydra imported here, not with the schema (fsdp_jobs/planning/validation.py: register_schemas says why)."""
     from hydra.core.config_store import ConfigStore
 
     ConfigStore.instance().store(group="cluster", name=f"{backend}_schema", node=schema)

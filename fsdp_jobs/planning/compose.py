@@ -11,9 +11,10 @@ from typing import Any, Union
 from omegaconf import DictConfig, OmegaConf
 
 from fsdp_jobs.planning import backends
-from fsdp_jobs.planning.config import JobConfig, register_schemas, validate
+from fsdp_jobs.planning.config import JobConfig
 from fsdp_jobs.planning.errors import UserError
 from fsdp_jobs.planning.input_rules import check_numbers, check_text, check_utf8
+from fsdp_jobs.planning.validation import register_schemas, validate
 
 CONF_DIR = Path(os.environ.get("FSDP_JOBS_CONF", Path(__file__).resolve().parents[2] / "conf"))
 

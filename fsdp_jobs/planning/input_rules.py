@@ -13,12 +13,9 @@ from __future__ import annotations
 import math
 import re
 import sys
-from typing import Any, Iterator, TYPE_CHECKING
+from typing import Any, Iterator
 
 from fsdp_jobs.planning.errors import UserError
-
-if TYPE_CHECKING:  # types only, never imported at run time: no hydra on the node side, no import cycle
-    from fsdp_jobs.planning.config import JobConfig
 
 SHELL_KEYS = ("cluster.setup",)  # shell by design: its lines run in the job as written (README: Security)
 CONTROL = re.compile(r"[\x00-\x1f\x7f]")
@@ -119,9 +116,9 @@ def finite(key: str, value: Any, low: float, high: float = math.inf, low_open: b
         raise UserError(key, value, f"must be a finite number {span}")
 
 
-def check_sizes(cfg: JobConfig) -> None:
+def check_sizes(nodes: Any, gpus_per_node: Any) -> None:
     """Upper bounds, checked before planning: nodes=1000000000 would plan for minutes."""
-    for key, value, top in (("nodes", cfg.nodes, MAX_NODES), ("gpus_per_node", cfg.gpus_per_node, MAX_GPUS_PER_NODE)):
+    for key, value, top in (("nodes", nodes, MAX_NODES), ("gpus_per_node", gpus_per_node, MAX_GPUS_PER_NODE)):
         if isinstance(value, int) and value > top:
             raise UserError(key, value, f"at most {top}")
 

@@ -104,7 +104,7 @@ REPLICA_KINDS = ("jobset", "volcano")
 
 
 def validate_job(cfg: JobConfig) -> None:
-    """What this backend refuses of the job's other keys (fsdp_jobs/planning/config.py calls it after validate)."""
+    """What this backend refuses of the job's other keys (fsdp_jobs/planning/validation.py calls it after validate)."""
     if cfg.fault_tolerance.mode == "replica" and cfg.cluster.kind not in REPLICA_KINDS:
         raise UserError("cluster.kind", cfg.cluster.kind, "has no place for fault_tolerance=replica's lighthouse (a "
                                                           "PyTorchJob's replica types are Master and Worker) and no "

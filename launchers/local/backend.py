@@ -53,7 +53,7 @@ def node_commands(plan: Plan, cfg: JobConfig, ports: list[int], user_dir: Option
     `ports`: the rendezvous port of each node (one job's, or each replica group's)."""
     entry = rank_entry(cfg, plan.run_dir, user_dir)
     groups = [replica_group(i, plan) if plan.replicas else None for i in range(plan.rendezvous.max_nodes)]
-    groups += [None] * plan.spare_nodes  # spares: refused with replica groups (planning/config.py)
+    groups += [None] * plan.spare_nodes  # spares: refused with replica groups (planning/validation.py)
     return [[sys.executable, "-m", NODE_WRAPPER, *agent_args(plan, cfg, ports[i], groups[i]), *entry]
             for i in range(agent_count(plan))]
 

@@ -1,10 +1,12 @@
 """The layout fsdp_jobs/ARCHITECTURE.md promises, held by reading the source (no imports executed):
 
-- no import cycle between files: an import inside a function counts, one under `if TYPE_CHECKING:` does
-  not (it never runs), and the imports by name count too: fsdp_jobs/planning/backends.py (the registry) reaches every
-  launchers/<name>/config.py, fsdp_jobs/cli/launcher.py every launchers/<name>/backend.py;
+- no import cycle between files: an import inside a function counts, one under `if TYPE_CHECKING:` too (it
+  never runs, but a reader follows it as any other: a cycle is a cycle to a reader), and the imports by name
+  count too: fsdp_jobs/planning/backends.py (the registry) reaches every launchers/<name>/config.py,
+  fsdp_jobs/cli/launcher.py every launchers/<name>/backend.py;
 - no import cycle between packages (fsdp_jobs, launchers, and each backend package launchers/<name>) in
-  their static imports: backends are plugins the CLI finds by name, as TorchX finds its schedulers;
+  their static imports (TYPE_CHECKING's included): backends are plugins the CLI finds by name, as TorchX finds
+  its schedulers;
 - no backend is named in fsdp_jobs/ outside the registry (fsdp_jobs/planning/backends.py): not in code, strings,
   comments or docstrings, as `grep` would find it.
 """
@@ -48,11 +50,13 @@ def _runtime_nodes(tree: ast.AST) -> list[ast.AST]:
     return out
 
 
-def imports_of(name: str, path: Path, modules: set[str]) -> set[str]:
-    """The project modules `name` imports (a package's __init__ too, which importing anything in it runs)."""
+def imports_of(name: str, path: Path, modules: set[str], type_checking: bool = True) -> set[str]:
+    """The project modules `name` imports (a package's __init__ too, which importing anything in it runs);
+    those under `if TYPE_CHECKING:` too unless type_checking is False (what runs)."""
     found: set[str] = set()
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
-    for node in _runtime_nodes(ast.parse(path.read_text())):
+    tree = ast.parse(path.read_text())
+    for node in ast.walk(tree) if type_checking else _runtime_nodes(tree):
         targets: list[str] = []
         if isinstance(node, ast.Import):
             targets = [a.name for a in node.names]
@@ -69,12 +73,12 @@ def imports_of(name: str, path: Path, modules: set[str]) -> set[str]:
     return found - {name}
 
 
-def import_graph(by_name: bool = True) -> dict[str, set[str]]:
+def import_graph(by_name: bool = True, type_checking: bool = True) -> dict[str, set[str]]:
     from fsdp_jobs.planning import backends
 
     files = source_files()
     modules = set(files)
-    graph = {name: imports_of(name, path, modules) for name, path in files.items()}
+    graph = {name: imports_of(name, path, modules, type_checking) for name, path in files.items()}
     if by_name:  # importlib.import_module(...) of the registry
         graph["fsdp_jobs.planning.backends"] |= {f"{p}.config" for p in backends.BACKENDS.values()} & modules
         graph["fsdp_jobs.cli.launcher"] |= {f"{p}.backend" for p in backends.BACKENDS.values()} & modules
@@ -131,6 +135,9 @@ def test_no_import_cycle_between_files():
     assert not found, f"import cycles between files: {found}"
     assert "fsdp_jobs.launchers.slurm.node_task" in graph["fsdp_jobs.launchers.slurm.backend"]  # imports in functions are seen
     assert "fsdp_jobs.planning.errors" in graph["fsdp_jobs.launchers.docker.engine"]
+    # byo.py names the schema's types under TYPE_CHECKING alone: seen here, absent from what runs
+    assert "fsdp_jobs.planning.config" in graph["fsdp_jobs.planning.byo"]
+    assert "fsdp_jobs.planning.config" not in import_graph(type_checking=False)["fsdp_jobs.planning.byo"]
 
 
 def test_no_import_cycle_between_packages():
@@ -315,7 +322,7 @@ def test_a_node_wrapper_imports_neither_torch_nor_hydra(tmp_path):
     """The node wrapper (launchers/node/wrapper.py) starts on every node before its agent, and again with every
     container or SLURM task that restarts: what it imports is paid at each node start. Reading the job's
     fault keys through the schema, as it does, needs omegaconf, not hydra (hydra's import was 0.3 s of a
-    wrapper's 0.57 s: fsdp_jobs/planning/config.py, register_schemas) and never torch."""
+    wrapper's 0.57 s: fsdp_jobs/planning/validation.py, register_schemas) and never torch."""
     (tmp_path / "job.yaml").write_text("fault:\n  hang_timeout_s: 90\n")
     probe = ("import sys, pathlib\n"
              "from fsdp_jobs.launchers.node import watchdog, wrapper\n"
