@@ -43,9 +43,9 @@ benchmark compares side by side in one run and reports ratios).
         equal bit for bit.
     python -m fsdp_jobs.bench scale [--nodes 16,64,256,1024,4096] [--gpus-per-node 8] [--attempts 100]
                                     [--metric-rows 1000000] [--members 1000] [--log-lines 200] [--repeats 3]
-        status, list, goodput, the straggler report, logs --node K --tail 100, compare and a resume's
-        checkpoint choice, timed on a synthetic run of N x G through the run-dir package
-        (fsdp_jobs/bench/scale.py): the curve over N as JSON.
+        status, list, goodput, logs --node K --tail 100 and compare (each `python -m fsdp_jobs ...`, a
+        process, beside the CLI's bare start), the straggler report and a resume's checkpoint choice, timed on
+        a synthetic run of N x G through the run-dir package (fsdp_jobs/bench/scale.py): the curve over N as JSON.
 """
 
 from __future__ import annotations

@@ -10,6 +10,7 @@ after `--` are added to both runs (another backend's cluster=NAME, nodes=3 gpus_
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import tempfile
@@ -71,12 +72,13 @@ def state_difference(a: Path, b: Path) -> Optional[str]:
 
 
 def _state(run_dir: Path) -> str:
-    """What `fsdp-jobs status` says of the run now (UNKNOWN before it has a job record)."""
-    from fsdp_jobs.cli import ctl
-
+    """What `fsdp-jobs status RUN` says of the run now, asked as a user asks it (UNKNOWN before it has a job
+    record, or when the command answers no state)."""
+    r = subprocess.run([sys.executable, "-m", "fsdp_jobs", "status", str(run_dir)], cwd=REPO, capture_output=True,
+                       text=True, stdin=subprocess.DEVNULL)
     try:
-        return str(ctl.run_status(run_dir).get("state", "UNKNOWN"))
-    except (OSError, ValueError):
+        return str(json.loads(r.stdout).get("state", "UNKNOWN")) if r.returncode == 0 else "UNKNOWN"
+    except (ValueError, AttributeError):
         return "UNKNOWN"
 
 

@@ -318,6 +318,24 @@ def test_each_folder_keeps_to_its_process_role():
     assert "torch" in external_imports(REPO / "fsdp_jobs" / "runtime" / "trainer.py")  # the check reads imports
 
 
+def importers_of(package: str) -> list[str]:
+    """The files of fsdp_jobs/ and launchers/ outside `package`'s folder that import it."""
+    folder = source_files()[package].parent
+    return [f"{p.relative_to(REPO)} imports {name}" for pkg in PACKAGES for p in sorted((REPO / pkg).rglob("*.py"))
+            if folder not in p.parents
+            for name in sorted(external_imports(p)) if name == package or name.startswith(package + ".")]
+
+
+def test_no_benchmark_sits_above_the_cli_and_the_backends():
+    """A benchmark drives the product as a user does (`python -m fsdp_jobs ...`, a process of its own) and may
+    use the layers below the CLI (rundir, planning, runtime, models): it imports neither the CLI nor a backend,
+    and nothing of the product imports a benchmark, so fsdp_jobs/bench/ is a leaf of the import graph."""
+    found = (role_violations("fsdp_jobs/bench", ("fsdp_jobs.cli", "fsdp_jobs.launchers"))
+             + importers_of("fsdp_jobs.bench"))
+    assert not found, "\n".join(found)
+    assert "fsdp_jobs.rundir.stragglers" in external_imports(REPO / "fsdp_jobs" / "bench" / "scale.py")  # it reads
+
+
 def test_a_node_wrapper_imports_neither_torch_nor_hydra(tmp_path):
     """The node wrapper (launchers/node/wrapper.py) starts on every node before its agent, and again with every
     container or SLURM task that restarts: what it imports is paid at each node start. Reading the job's
