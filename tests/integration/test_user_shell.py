@@ -17,6 +17,9 @@ import pytest
 from tests.conftest import REPO, SHORT, committed, metrics
 from tests.integration.test_local_runs import wait_for
 
+# three real jobs of two torch agents each, and a resume after two of them: the jobs tier, not the quick loop
+pytestmark = pytest.mark.integration
+
 SCRIPTS = REPO / "tests" / "scripts"
 
 
