@@ -23,6 +23,49 @@ def cli(*args: str, env: dict[str, str] | None = None, timeout: float = 600,
                           capture_output=True, timeout=timeout, stdin=subprocess.DEVNULL)
 
 
+@pytest.fixture
+def cli_here(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> Callable[..., Any]:
+    """`cli` in this process: the same arguments and the same answer (exit status, stdout, stderr), without a
+    new interpreter and the CLI's imports, which cost each call more than most commands do. For what a command
+    decides and says; a promise about the process itself (what it imports, its signals, its streams, a closed
+    pipe) keeps `cli`. An exception the command lets out fails the test here, as its traceback would; a warning
+    or a logged warning, which pytest would keep from stderr, is on stderr as a new interpreter prints it."""
+    import importlib
+    import logging
+    import warnings
+
+    def run(*args: str, env: dict[str, str] | None = None, module: str = "fsdp_jobs") -> subprocess.CompletedProcess[str]:
+        main = importlib.import_module(f"{module}.__main__" if module == "fsdp_jobs" else module).main
+        umask = os.umask(0o022)
+        os.umask(umask)
+        with monkeypatch.context() as m, warnings.catch_warnings():
+            for k, v in (env or {}).items():
+                m.setenv(k, v)
+            m.chdir(REPO)
+            capsys.readouterr()
+            warnings.simplefilter("always")  # Python's own filters: what it hides by default stays hidden
+            for hidden in (DeprecationWarning, PendingDeprecationWarning, ImportWarning, ResourceWarning):
+                warnings.simplefilter("ignore", hidden)
+            m.setattr(warnings, "showwarning", lambda message, category, filename, lineno, file=None, line=None:
+                      sys.stderr.write(warnings.formatwarning(message, category, filename, lineno, line)))
+            printed = logging.StreamHandler(sys.stderr)  # logging's last resort: what a bare process prints
+            printed.setLevel(logging.WARNING)
+            m.setattr(logging.getLogger(), "handlers", [*logging.getLogger().handlers, printed])
+            try:
+                code = main(list(args))
+            except SystemExit as e:  # as the interpreter ends on it: no code is 0, a message is printed and is 1
+                code = e.code
+                if isinstance(code, str):
+                    print(code, file=sys.stderr)
+                    code = 1
+            finally:
+                os.umask(umask)  # the CLI makes everything owner-only; later tests in this process must not inherit it
+        out = capsys.readouterr()
+        return subprocess.CompletedProcess([sys.executable, "-m", module, *args], code or 0, out.out, out.err)
+
+    return run
+
+
 def listed_row(listing: str, name: str) -> list[str]:
     """The words of the `fsdp-jobs list` row of run `name`."""
     return next(line.split() for line in listing.splitlines() if line.split() and line.split()[0] == name)

@@ -6,10 +6,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tests.conftest import cli
 
 
-def refused(run_root, *args: str, env: dict | None = None) -> str:
+def refused(cli, run_root, *args: str, env: dict | None = None) -> str:
     r = cli(f"run_root={run_root}", "name=x", *args, env=env)
     assert r.returncode == 2, r
     lines = r.stderr.strip().splitlines()
@@ -18,15 +17,15 @@ def refused(run_root, *args: str, env: dict | None = None) -> str:
     return lines[0]
 
 
-def test_missing_token_file_is_refused_before_anything_runs(run_root):
-    line = refused(run_root, "data=token_file", f"data.path={run_root.parent}/nope.bin")
+def test_missing_token_file_is_refused_before_anything_runs(cli_here, run_root):
+    line = refused(cli_here, run_root, "data=token_file", f"data.path={run_root.parent}/nope.bin")
     assert "data.path=" in line and "no such file" in line
 
 
-def test_too_short_token_file_is_refused(run_root, tmp_path):
+def test_too_short_token_file_is_refused(cli_here, run_root, tmp_path):
     f = tmp_path / "tiny.bin"
     np.arange(10, dtype=np.uint16).tofile(f)
-    line = refused(run_root, "data=token_file", f"data.path={f}", "data.seq_len=64")
+    line = refused(cli_here, run_root, "data=token_file", f"data.path={f}", "data.seq_len=64")
     assert "holds 10 uint16 tokens" in line
 
 
@@ -37,12 +36,13 @@ def test_too_short_token_file_is_refused(run_root, tmp_path):
     ("FSDP_JOBS_TEST_PREFLIGHT_SLOW_NODE", "node/1", "must be a node's name"),
     ("FSDP_JOBS_TEST_STEP_PAUSE_MS", "0.5", "must be milliseconds"),
 ])
-def test_bad_fault_injection_variable_is_one_line(run_root, name, value, says):
-    assert name in refused(run_root, env={name: value}) and says in refused(run_root, f"+cluster.env.{name}={value}")
+def test_bad_fault_injection_variable_is_one_line(cli_here, run_root, name, value, says):
+    assert name in refused(cli_here, run_root, env={name: value})
+    assert says in refused(cli_here, run_root, f"+cluster.env.{name}={value}")
 
 
-def test_a_fault_variable_reaching_a_job_is_announced(run_root):
-    r = cli(f"run_root={run_root}", "dry_run=true", env={"FSDP_JOBS_TEST_FAIL_AT_STEP": "3"})
+def test_a_fault_variable_reaching_a_job_is_announced(cli_here, run_root):
+    r = cli_here(f"run_root={run_root}", "dry_run=true", env={"FSDP_JOBS_TEST_FAIL_AT_STEP": "3"})
     assert r.returncode == 0
     assert "fsdp-jobs: warning: test fault injection FSDP_JOBS_TEST_FAIL_AT_STEP=3 reaches this job" in r.stderr
 
@@ -61,7 +61,7 @@ def test_token_id_past_the_vocabulary_names_file_id_and_position(tmp_path):
     assert TokenFile(seed=0, seq_len=30, path=str(f), vocab_size=1024)[0].max() <= 700
 
 
-def test_token_ids_outside_the_vocabulary_are_refused_at_planning(run_root, tmp_path):
+def test_token_ids_outside_the_vocabulary_are_refused_at_planning(cli_here, run_root, tmp_path):
     """The ranks failed at the first window holding such an id, each after its start-up (175 lines); a dry
     run passed. Ids in range plan; one past the end, or a negative one of a signed dtype, is refused."""
     ok, high, negative = tmp_path / "ok.bin", tmp_path / "high.bin", tmp_path / "negative.bin"
@@ -70,10 +70,10 @@ def test_token_ids_outside_the_vocabulary_are_refused_at_planning(run_root, tmp_
     tokens[3990] = 512
     tokens.tofile(high)
     np.full(4000, -1, dtype=np.int32).tofile(negative)
-    assert cli(f"run_root={run_root}", "dry_run=true", "data=token_file", f"data.path={ok}").returncode == 0
-    line = refused(run_root, "data=token_file", f"data.path={high}")
+    assert cli_here(f"run_root={run_root}", "dry_run=true", "data=token_file", f"data.path={ok}").returncode == 0
+    line = refused(cli_here, run_root, "data=token_file", f"data.path={high}")
     assert "token id 512 at position 3990, outside model.vocab_size=512" in line
-    line = refused(run_root, "data=token_file", f"data.path={negative}", "data.token_dtype=int32")
+    line = refused(cli_here, run_root, "data=token_file", f"data.path={negative}", "data.token_dtype=int32")
     assert "token id -1 at position 0" in line
 
 
@@ -99,10 +99,10 @@ def test_a_large_token_file_is_read_in_blocks_that_include_its_last(tmp_path, mo
         inputs.check_token_ids(cfg, f)
 
 
-def test_a_token_file_of_a_partial_token_is_refused_in_one_line(run_root, tmp_path):
+def test_a_token_file_of_a_partial_token_is_refused_in_one_line(cli_here, run_root, tmp_path):
     """A size that is no whole number of tokens (an odd byte count for uint16: another dtype, a cut copy)
     ended the dry run in numpy's traceback when the ids were checked; now one line naming the size."""
     odd = tmp_path / "odd.bin"
     odd.write_bytes((np.arange(4000) % 512).astype(np.uint16).tobytes() + b"\x01")
-    line = refused(run_root, "data=token_file", f"data.path={odd}")
+    line = refused(cli_here, run_root, "data=token_file", f"data.path={odd}")
     assert "holds 8001 bytes, not a whole number of uint16 tokens (2 bytes each)" in line
