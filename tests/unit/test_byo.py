@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, cli
+from tests.conftest import REPO
 
 SCRIPTS = REPO / "tests" / "scripts"
 TINY_HF = ("model=hf", "model.kwargs.config.hidden_size=64", "model.kwargs.config.intermediate_size=128",
@@ -26,22 +26,22 @@ def assert_refused(r: subprocess.CompletedProcess[str], *words: str) -> None:
         assert w in lines[0], lines[0]
 
 
-def test_missing_script_is_one_line_and_writes_nothing(tmp_path):
+def test_missing_script_is_one_line_and_writes_nothing(cli_here, tmp_path):
     root = tmp_path / "runs"
-    r = cli(f"run_root={root}", "name=x", "script=missing.py")
+    r = cli_here(f"run_root={root}", "name=x", "script=missing.py")
     assert_refused(r, "script='missing.py'", "no such file")
     assert not root.exists()
 
 
-def test_a_script_that_is_not_python_is_refused(tmp_path):
+def test_a_script_that_is_not_python_is_refused(cli_here, tmp_path):
     root = tmp_path / "runs"
     shell = tmp_path / "train.sh"
     shell.write_text("#!/bin/bash\nfor i in 1 2; do echo $i; done\n")
-    r = cli(f"run_root={root}", "name=x", f"script={shell}")
+    r = cli_here(f"run_root={root}", "name=x", f"script={shell}")
     assert_refused(r, "script=", "is not a Python script", "line 2")
     binary = tmp_path / "train.py"
     binary.write_bytes(b"\x7fELF\x02\x01\x01\x00\x00\x00")
-    assert_refused(cli(f"run_root={root}", "name=x", f"script={binary}"), "is not a Python script")
+    assert_refused(cli_here(f"run_root={root}", "name=x", f"script={binary}"), "is not a Python script")
     assert not root.exists()
 
 
@@ -64,16 +64,16 @@ def test_model_hf_without_transformers_is_one_line(tmp_path, monkeypatch, capsys
     assert not root.exists()
 
 
-def test_script_args_without_a_script_and_both_modes_are_refused(tmp_path):
+def test_script_args_without_a_script_and_both_modes_are_refused(cli_here, tmp_path):
     root = tmp_path / "runs"
-    assert_refused(cli(f"run_root={root}", "script_args=[--epochs,3]"), "script_args", "needs script=")
-    assert_refused(cli(f"run_root={root}", f"script={SCRIPTS / 'ddp_train.py'}", "module=json.tool"),
+    assert_refused(cli_here(f"run_root={root}", "script_args=[--epochs,3]"), "script_args", "needs script=")
+    assert_refused(cli_here(f"run_root={root}", f"script={SCRIPTS / 'ddp_train.py'}", "module=json.tool"),
                    "module=", "choose one")
-    assert_refused(cli(f"run_root={root}", "module=no_such_pkg_xyz.train"), "module=", "not importable")
+    assert_refused(cli_here(f"run_root={root}", "module=no_such_pkg_xyz.train"), "module=", "not importable")
     assert not root.exists()
 
 
-def dry(backend: str, tmp_path: Path, *args: str) -> str:
+def dry(cli, backend: str, tmp_path: Path, *args: str) -> str:
     extra = ["cluster.image=registry.example.com/fsdp-jobs:1"] if backend == "kubernetes" else []
     r = cli(f"cluster={backend}", "cluster.device=cpu", f"run_root={tmp_path / 'runs'}", "name=byo", "dry_run=true",
             *extra, *args)
@@ -82,10 +82,10 @@ def dry(backend: str, tmp_path: Path, *args: str) -> str:
 
 
 @pytest.mark.parametrize("backend", ["local", "slurm", "docker"])
-def test_every_backend_starts_the_copied_script_after_torchrun_with_its_arguments(tmp_path, backend):
+def test_every_backend_starts_the_copied_script_after_torchrun_with_its_arguments(cli_here, tmp_path, backend):
     """The dry run shows it, under the shim that records its exception (fsdp_jobs/runtime/user_code.py); `--`
     keeps torchrun from claiming `--log` (prefix of its --log-dir...)."""
-    out = dry(backend, tmp_path, f"script={SCRIPTS / 'ddp_train.py'}", "script_args=[--epochs,3,--log,1]")
+    out = dry(cli_here, backend, tmp_path, f"script={SCRIPTS / 'ddp_train.py'}", "script_args=[--epochs,3,--log,1]")
     run_dir = tmp_path / "runs" / "byo"
     entry = f"-m fsdp_jobs.runtime.user_code -- {run_dir}/script/001/ddp_train.py --epochs 3 --log 1"
     if backend == "docker":  # the compose file, as YAML: the command is a list
