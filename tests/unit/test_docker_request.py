@@ -9,10 +9,8 @@ import subprocess
 import pytest
 import yaml
 
-from tests.conftest import cli
 
-
-def dry_run(run_root, *args: str) -> dict:
+def dry_run(cli, run_root, *args: str) -> dict:
     r = cli("cluster=docker", f"run_root={run_root}", "name=d", "dry_run=true", *args)
     assert r.returncode == 0, r.stderr
     text = r.stdout.split("# launch commands (docker)\n", 1)[1]
@@ -21,8 +19,8 @@ def dry_run(run_root, *args: str) -> dict:
     return {"compose": yaml.safe_load(compose_text), "text": compose_text, "commands": text.split("# then", 1)[1]}
 
 
-def test_compose_file_has_one_node_per_service_on_a_private_network(run_root):
-    out = dry_run(run_root, "nodes=3", "gpus_per_node=2", "cluster.device=cuda", "cluster.shm_size=8g")
+def test_compose_file_has_one_node_per_service_on_a_private_network(cli_here, run_root):
+    out = dry_run(cli_here, run_root, "nodes=3", "gpus_per_node=2", "cluster.device=cuda", "cluster.shm_size=8g")
     spec = out["compose"]
     run_dir = str((run_root / "d").resolve())
     assert sorted(spec["services"]) == ["node0", "node1", "node2"]
@@ -43,22 +41,22 @@ def test_compose_file_has_one_node_per_service_on_a_private_network(run_root):
 
 
 @pytest.mark.skipif(shutil.which("docker-compose") is None, reason="docker-compose is not installed (.ci/run installs it)")
-def test_compose_itself_accepts_the_file(run_root, tmp_path):
+def test_compose_itself_accepts_the_file(cli_here, run_root, tmp_path):
     """`docker-compose config -q` checks a file against compose's own schema, with no engine."""
     for args in ((), ("cluster.device=cuda", "cluster.cpus=2", "cluster.mem=8g", "cluster.internal_network=true")):
         f = tmp_path / "compose.yaml"
-        f.write_text(dry_run(run_root, "nodes=2", *args)["text"])
+        f.write_text(dry_run(cli_here, run_root, "nodes=2", *args)["text"])
         r = subprocess.run(["docker-compose", "-f", str(f), "config", "-q"], capture_output=True, text=True)
         assert r.returncode == 0, r.stderr
 
 
-def test_cpu_containers_get_no_gpus_and_a_cpu_thread_limit(run_root):
-    s = dry_run(run_root, "nodes=2")["compose"]["services"]["node1"]
+def test_cpu_containers_get_no_gpus_and_a_cpu_thread_limit(cli_here, run_root):
+    s = dry_run(cli_here, run_root, "nodes=2")["compose"]["services"]["node1"]
     assert "deploy" not in s and s["environment"]["OMP_NUM_THREADS"] == "1"
 
 
-def test_no_engine_is_one_line_exit_2_nothing_written(run_root):
-    r = cli("cluster=docker", f"run_root={run_root}", "name=x", env={"DOCKER_HOST": "unix:///nonexistent/docker.sock"})
+def test_no_engine_is_one_line_exit_2_nothing_written(cli_here, run_root):
+    r = cli_here("cluster=docker", f"run_root={run_root}", "name=x", env={"DOCKER_HOST": "unix:///nonexistent/docker.sock"})
     assert r.returncode == 2, r
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and "no Docker engine reachable" in lines[0] and "deploy/docker/start.sh" in lines[0], r.stderr
@@ -69,8 +67,8 @@ def test_no_engine_is_one_line_exit_2_nothing_written(run_root):
     ("cluster.user=root", "cluster.user"), ("cluster.device=tpu", "cluster.device"),
     ("cluster.shm_size=lots", "cluster.shm_size"), ("cluster.mounts=[data]", "cluster.mounts"),
 ])
-def test_bad_docker_keys_are_one_line(run_root, override, key):
-    r = cli("cluster=docker", override, f"run_root={run_root}", "dry_run=true")
+def test_bad_docker_keys_are_one_line(cli_here, run_root, override, key):
+    r = cli_here("cluster=docker", override, f"run_root={run_root}", "dry_run=true")
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and key in r.stderr, r.stderr
 
 
