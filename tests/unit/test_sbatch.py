@@ -13,10 +13,10 @@ import sys
 
 import pytest
 
-from tests.conftest import REPO, cli
+from tests.conftest import REPO
 
 
-def script(run_root, *args: str) -> str:
+def script(cli, run_root, *args: str) -> str:
     r = cli("cluster=slurm", "cluster.device=cpu", f"run_root={run_root}", "name=s", "dry_run=true", *args)
     assert r.returncode == 0, r.stderr
     assert list(run_root.iterdir()) == []
@@ -27,8 +27,8 @@ def sbatch_lines(text: str) -> dict[str, str]:
     return dict(re.findall(r"^#SBATCH --([\w-]+)(?:=(.*))?$", text, flags=re.M))
 
 
-def test_every_knob_reaches_its_sbatch_line(run_root):
-    text = script(run_root, "nodes=4", "gpus_per_node=8", "cluster.partition=gpu", "cluster.account=proj",
+def test_every_knob_reaches_its_sbatch_line(cli_here, run_root):
+    text = script(cli_here, run_root, "nodes=4", "gpus_per_node=8", "cluster.partition=gpu", "cluster.account=proj",
                   "cluster.qos=high", "cluster.mem=200G", "cluster.gres=gpu:h100:8", "cluster.time_min=60",
                   "+cluster.sbatch.reservation=big", "cluster.constraint=h100", "cluster.exclusive=true",
                   "cluster.signal=URG", "cluster.signal_delay_s=90")
@@ -43,8 +43,8 @@ def test_every_knob_reaches_its_sbatch_line(run_root):
     assert "export SUBMITIT_PREEMPT_SIGNAL=URG" in text and "export FSDP_JOBS_STOP_SIGNAL=URG" in text
 
 
-def test_setup_lines_run_before_the_job_and_the_snapshot_comes_first_on_the_path(run_root):
-    text = script(run_root, "cluster.setup=[\"module load cuda/12.4\",\"source ~/venv/bin/activate\"]",
+def test_setup_lines_run_before_the_job_and_the_snapshot_comes_first_on_the_path(cli_here, run_root):
+    text = script(cli_here, run_root, "cluster.setup=[\"module load cuda/12.4\",\"source ~/venv/bin/activate\"]",
                   "+cluster.env.NCCL_DEBUG=INFO")
     setup = text.split("# setup\n", 1)[1].split("# command", 1)[0]
     assert setup.index("module load cuda/12.4") < setup.index("source ~/venv/bin/activate") < setup.index("PYTHONPATH")
@@ -54,17 +54,17 @@ def test_setup_lines_run_before_the_job_and_the_snapshot_comes_first_on_the_path
     assert text.rstrip().splitlines()[-1].startswith("srun ")
 
 
-def test_gpus_are_asked_per_node_unless_the_job_runs_on_cpu(run_root):
-    assert "gpus-per-node" not in sbatch_lines(script(run_root))  # cluster.device=cpu
-    s = sbatch_lines(script(run_root, "cluster.gpus=true", "gpus_per_node=4"))
+def test_gpus_are_asked_per_node_unless_the_job_runs_on_cpu(cli_here, run_root):
+    assert "gpus-per-node" not in sbatch_lines(script(cli_here, run_root))  # cluster.device=cpu
+    s = sbatch_lines(script(cli_here, run_root, "cluster.gpus=true", "gpus_per_node=4"))
     assert s["gpus-per-node"] == "4"
 
 
-def test_excluded_nodes_reach_the_exclude_line_and_the_job_keeps_them(run_root):
+def test_excluded_nodes_reach_the_exclude_line_and_the_job_keeps_them(cli_here, run_root):
     """cluster.exclude renders --exclude (the nodes a preflight named are added to it by a requeue,
     launchers/slurm/node_task.py); cluster.exclude_bad_nodes travels in job.yaml for the node task."""
-    assert "exclude" not in sbatch_lines(script(run_root))
-    s = sbatch_lines(script(run_root, "cluster.exclude=[c3,gpu-17]", "cluster.exclude_bad_nodes=true",
+    assert "exclude" not in sbatch_lines(script(cli_here, run_root))
+    s = sbatch_lines(script(cli_here, run_root, "cluster.exclude=[c3,gpu-17]", "cluster.exclude_bad_nodes=true",
                             "preflight=true"))
     assert s["exclude"] == "c3,gpu-17"
 
@@ -149,9 +149,9 @@ def test_the_dry_run_shows_the_exact_command_each_node_task_starts(tmp_path, mon
     assert "$" not in " ".join(cmd) + " ".join(env.values())  # every variable was filled
 
 
-def test_a_slurm_job_may_be_given_room_to_grow(run_root):
+def test_a_slurm_job_may_be_given_room_to_grow(cli_here, run_root):
     """(the node tasks' flags for it: test_each_node_task_starts_torchrun_with_the_flags_the_plan_gives)"""
-    r = cli("cluster=slurm", f"run_root={run_root}", "name=s", "dry_run=true", "nodes=2", "cluster.max_nodes=3")
+    r = cli_here("cluster=slurm", f"run_root={run_root}", "name=s", "dry_run=true", "nodes=2", "cluster.max_nodes=3")
     assert r.returncode == 0, r.stderr
     assert "    min_nodes: 2\n    max_nodes: 3\n" in r.stdout
 
