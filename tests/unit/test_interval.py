@@ -9,7 +9,6 @@ import math
 import pytest
 
 from fsdp_jobs.runtime import interval
-from tests.conftest import cli
 
 
 def exact_optimum(save_s: float, mtbf_s: float) -> float:
@@ -92,7 +91,7 @@ def test_the_planner_leaves_a_save_out_of_the_step_time():
     (["checkpoint.interval=auto", "script=tests/scripts/job_train.py"], "your script decides when it"),
     (["checkpoint.interval=auto", "fault_tolerance=replica"], "cannot be computed with fault_tolerance=replica"),
 ])
-def test_auto_is_refused_in_one_line_where_it_cannot_be_computed(args, needle, tmp_path):
-    r = cli(f"run_root={tmp_path}", "dry_run=true", *args)
+def test_auto_is_refused_in_one_line_where_it_cannot_be_computed(cli_here, args, needle, tmp_path):
+    r = cli_here(f"run_root={tmp_path}", "dry_run=true", *args)
     assert r.returncode == 2 and needle in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
     assert not any(tmp_path.iterdir())  # nothing written
