@@ -15,7 +15,6 @@ from fsdp_jobs.cli import report
 from fsdp_jobs.rundir import journal
 from fsdp_jobs.planning.errors import UserError
 from fsdp_jobs.cli.sweep import expand, member_names, sweep_id
-from tests.conftest import cli
 
 
 @pytest.fixture
@@ -206,8 +205,8 @@ def test_plot_draws_one_line_per_run_in_both_panels(tmp_path):
     assert_png_with_one_curve_per_run(out, 3)
 
 
-def test_a_bad_member_stops_the_sweep_before_anything_is_written(run_root, state_dir):
-    r = cli("-m", f"run_root={run_root}", "nodes=2,0", "gpus_per_node=1")
+def test_a_bad_member_stops_the_sweep_before_anything_is_written(cli_here, run_root, state_dir):
+    r = cli_here("-m", f"run_root={run_root}", "nodes=2,0", "gpus_per_node=1")
     assert r.returncode == 2, r
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and "Traceback" not in r.stderr, r.stderr
