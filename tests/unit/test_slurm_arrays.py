@@ -11,7 +11,6 @@ from pathlib import Path
 import pytest
 
 from fsdp_jobs.launchers.slurm import arrays
-from tests.conftest import cli
 
 FAKE_SBATCH = """#!/bin/bash
 # keeps the script it is given as <n>.sh, answers as sbatch does; FAIL_AT=<n>: the n-th call is refused
@@ -104,19 +103,19 @@ def test_members_split_into_even_consecutive_arrays_below_max_array_size(count, 
     assert all(len(p) <= max(limit, 1) for p in parts)
 
 
-def test_the_throttle_reaches_the_array_line_of_the_sweeps_dry_run(run_root):
+def test_the_throttle_reaches_the_array_line_of_the_sweeps_dry_run(cli_here, run_root):
     """cluster.array_parallelism=K renders --array=0-N%K; unset, every member may run at once (%N+1): not
     submitit's hidden 256."""
     def array_line(*extra: str) -> list[str]:
-        r = cli("-m", "cluster=slurm", "cluster.device=cpu", f"run_root={run_root}", "dry_run=true",
+        r = cli_here("-m", "cluster=slurm", "cluster.device=cpu", f"run_root={run_root}", "dry_run=true",
                 "train.seed=1,2,3", *extra)
         assert r.returncode == 0, r.stderr
         return _array_lines(r.stdout.split("go out together as\n", 1)[1])
 
     assert array_line("cluster.array_parallelism=2") == ["0-2%2"]
     assert array_line() == ["0-2%3"]
-    r = cli("-m", "cluster=slurm", "cluster.device=cpu", f"run_root={run_root}", "dry_run=true", "train.seed=1,2",
-            "cluster.array_parallelism=0")
+    r = cli_here("-m", "cluster=slurm", "cluster.device=cpu", f"run_root={run_root}", "dry_run=true",
+                 "train.seed=1,2", "cluster.array_parallelism=0")
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
     assert r.stderr.rstrip().endswith("cluster.array_parallelism=0: must be an integer >= 1")
 
