@@ -9,7 +9,6 @@ import time
 
 import yaml
 
-from tests.conftest import cli
 from tests.unit.test_bad_inputs import refused, world  # noqa: F401  (world: the fixture refused() needs)
 from tests.unit.test_trackers_config import _without
 
@@ -24,7 +23,7 @@ def plan_of(*args: str):
     return make_plan(cfg)
 
 
-def dry_run(run_root, *args: str) -> str:
+def dry_run(cli, run_root, *args: str) -> str:
     r = cli(f"run_root={run_root}", "name=r", "dry_run=true", *args)
     assert r.returncode == 0, r.stderr
     assert list(run_root.iterdir()) == []  # a dry run writes nothing
@@ -46,8 +45,8 @@ def test_a_replica_group_is_a_shard_group_of_whole_nodes():
     assert p.replicas is None and "replicas" not in p.to_dict()
 
 
-def test_local_runs_a_torchrun_world_per_group_and_the_lighthouse_on_loopback(run_root):
-    out = dry_run(run_root, *REPLICA, "nodes=4", "gpus_per_node=1", "fsdp.shard_group_size=2", "cluster.rdzv_port=29511",
+def test_local_runs_a_torchrun_world_per_group_and_the_lighthouse_on_loopback(cli_here, run_root):
+    out = dry_run(cli_here, run_root, *REPLICA, "nodes=4", "gpus_per_node=1", "fsdp.shard_group_size=2", "cluster.rdzv_port=29511",
                   "fault_tolerance.lighthouse_port=29600", "fault_tolerance.heartbeat_timeout_s=2")
     text = out.split("# launch commands (local)\n", 1)[1]
     lighthouse, *nodes = text.split("\n# ")
@@ -60,8 +59,8 @@ def test_local_runs_a_torchrun_world_per_group_and_the_lighthouse_on_loopback(ru
         assert "--nnodes=2 " in node
 
 
-def test_docker_adds_the_lighthouse_service_and_each_group_meets_at_its_first_node(run_root):
-    out = dry_run(run_root, "cluster=docker", *REPLICA, "nodes=4", "gpus_per_node=1", "fsdp.shard_group_size=2")
+def test_docker_adds_the_lighthouse_service_and_each_group_meets_at_its_first_node(cli_here, run_root):
+    out = dry_run(cli_here, run_root, "cluster=docker", *REPLICA, "nodes=4", "gpus_per_node=1", "fsdp.shard_group_size=2")
     spec = yaml.safe_load(out.split("# launch commands (docker)\n", 1)[1].split("\n", 1)[1].split("# then", 1)[0])
     lighthouse = spec["services"].pop("lighthouse")
     assert lighthouse["command"][1:5] == ["-m", "fsdp_jobs.launchers.lighthouse", "--bind", "0.0.0.0:29510"]
@@ -76,11 +75,11 @@ def test_docker_adds_the_lighthouse_service_and_each_group_meets_at_its_first_no
         assert s["environment"]["TORCHFT_LIGHTHOUSE"] == "http://lighthouse:29510"
 
 
-def test_slurm_starts_the_lighthouse_with_the_job_and_each_node_task_joins_its_group(run_root):
+def test_slurm_starts_the_lighthouse_with_the_job_and_each_node_task_joins_its_group(cli_here, run_root):
     from fsdp_jobs.planning.compose import compose
     from fsdp_jobs.launchers.slurm.node_task import allocation_facts, node_launch
 
-    out = dry_run(run_root, "cluster=slurm", "cluster.gpus=false", *REPLICA, "nodes=4", "gpus_per_node=2",
+    out = dry_run(cli_here, run_root, "cluster=slurm", "cluster.gpus=false", *REPLICA, "nodes=4", "gpus_per_node=2",
                   "fsdp.shard_group_size=4")
     assert '-m fsdp_jobs.launchers.lighthouse --bind "0.0.0.0:$(( 40000 + SLURM_JOB_ID % 20000 ))"' in out
     from fsdp_jobs.planning.plan import make_plan
