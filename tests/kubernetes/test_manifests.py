@@ -115,14 +115,12 @@ def test_int_or_string_and_nullable_follow_the_api_server() -> None:
     assert open_.is_valid({"a": "x", "anything": {"goes": 1}})
 
 
-def test_the_issues_command(tmp_path: Path) -> None:
+def test_the_issues_command(cli_here, tmp_path: Path) -> None:
     """`python -m fsdp_jobs cluster=kubernetes nodes=4 gpus_per_node=8 cluster.image=IMG cluster.namespace=NS
     cluster.pvc=CLAIM` (with dry_run=true): a Volcano Job of 4 pods x 8 GPUs in NS with CLAIM mounted."""
-    from tests.conftest import cli
-
-    r = cli("cluster=kubernetes", "nodes=4", "gpus_per_node=8", "cluster.image=registry.example.com/img:1",
-            "cluster.namespace=team-a", "cluster.pvc=claim-a", f"run_root={tmp_path / 'runs'}", "name=big",
-            "dry_run=true", timeout=120)
+    r = cli_here("cluster=kubernetes", "nodes=4", "gpus_per_node=8", "cluster.image=registry.example.com/img:1",
+                 "cluster.namespace=team-a", "cluster.pvc=claim-a", f"run_root={tmp_path / 'runs'}", "name=big",
+                 "dry_run=true")
     assert r.returncode == 0, r.stderr
     objs = [o for o in yaml.safe_load_all(r.stdout.split("# launch commands (kubernetes)\n", 1)[1]) if o]
     job = objs[-1]
@@ -265,16 +263,14 @@ def test_pod_boot_puts_the_job_in_the_run_dir_then_execs_torchrun(tmp_path: Path
         a for a in command[7:]]]
 
 
-def test_cluster_image_is_required_and_bad_keys_are_one_line(tmp_path: Path) -> None:
-    from tests.conftest import cli
-
+def test_cluster_image_is_required_and_bad_keys_are_one_line(cli_here, tmp_path: Path) -> None:
     cases = {("cluster=kubernetes",): "cluster.image: required for cluster=kubernetes",
              ("cluster=kubernetes", "cluster.image=x", "cluster.kind=mpijob"): "cluster.kind='mpijob': allowed: volcano",
              ("cluster=kubernetes", "cluster.image=x", "cluster.namespace=Bad_NS"): "cluster.namespace='Bad_NS'",
              ("cluster=kubernetes", "cluster.image=x", "cluster.run_as_user=0"): "cluster.run_as_user=0: must be an integer >= 1",
              ("cluster=kubernetes", "cluster.image=x", "+cluster.secret_env.TOKEN=nokey"): "must be SECRET_NAME/KEY"}
     for args, needle in cases.items():
-        r = cli(*args, f"run_root={tmp_path / 'runs'}", timeout=120)
+        r = cli_here(*args, f"run_root={tmp_path / 'runs'}")
         assert r.returncode == 2 and r.stdout == "", r.stderr
         assert r.stderr.count("\n") == 1 and r.stderr.startswith("fsdp-jobs: error: ") and needle in r.stderr, r.stderr
     assert not (tmp_path / "runs").exists()
