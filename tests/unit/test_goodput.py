@@ -10,7 +10,6 @@ from pathlib import Path
 import pytest
 
 from fsdp_jobs.rundir import goodput
-from tests.conftest import cli
 from tests.unit.test_ctl import LOCAL, make_run
 from tests.unit.test_sweeps import count_colour
 
@@ -66,7 +65,7 @@ def test_one_attempt_every_part_in_its_place():
     assert_adds_up(a)
 
 
-def test_blocked_seconds_per_save_over_attempts_and_in_goodputs_table(run_root):
+def test_blocked_seconds_per_save_over_attempts_and_in_goodputs_table(cli_here, run_root):
     """Each save's blocking (async: its staging, to pinned host memory on a GPU) is counted save by save, per
     attempt and over the run, and `goodput` says it in one line."""
     events = [*attempt(7, 105, 0, [(10, 4.0), (20, 4.0), (30, 4.0)], {10: 0.02, 20: 0.04, 30: 0.9}, None),
@@ -79,7 +78,7 @@ def test_blocked_seconds_per_save_over_attempts_and_in_goodputs_table(run_root):
         "count": 0, "blocked_median_s": None, "blocked_max_s": None}
     run_dir = make_run(run_root, "sv", LOCAL)
     write_timeline(run_dir, events)
-    lines = cli("goodput", "sv", "--run-root", str(run_root)).stdout.splitlines()
+    lines = cli_here("goodput", "sv", "--run-root", str(run_root)).stdout.splitlines()
     assert "saves: 4, the step loop blocked 0.035 s per save (median), 0.900 s at most" in lines, lines
 
 
@@ -191,7 +190,7 @@ def write_timeline(run_dir: Path, events: list[dict], junk: str = "") -> None:
     (run_dir / "goodput.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events) + junk)
 
 
-def test_cli_table_json_status_and_a_damaged_timeline(run_root):
+def test_cli_table_json_status_and_a_damaged_timeline(cli_here, run_root):
     run_dir = make_run(run_root, "gp", LOCAL)
     (run_dir / "launches.jsonl").write_text(json.dumps({"backend": "local", "job_id": "9", "pid": 9, "unix": 100.0})
                                             + "\n")
@@ -200,11 +199,11 @@ def test_cli_table_json_status_and_a_damaged_timeline(run_root):
     # a line cut by a kill, binary junk, an event with a time that is no number, one without its pid
     write_timeline(run_dir, events, '{"event": "steps", "pi\n\xff\xfe\n{"event": "end", "pid": 7, "time": "x"}\n'
                                     '{"event": "loop", "time": 3}\n')
-    r = cli("goodput", "gp", "--json", "--run-root", str(run_root))
+    r = cli_here("goodput", "gp", "--json", "--run-root", str(run_root))
     assert r.returncode == 0, r.stderr
     gp = json.loads(r.stdout)
     assert gp["damaged_lines"] == 4 and gp["total"]["wall_s"] == 19.0
-    table = cli("goodput", "gp", "--run-root", str(run_root))
+    table = cli_here("goodput", "gp", "--run-root", str(run_root))
     lines = table.stdout.splitlines()
     assert lines[0].split()[:4] == ["ATTEMPT", "STEPS", "LOST_STEPS", "WALL_S"] and lines[2].startswith("total")
     assert "4 damaged line(s)" in lines[-1]
@@ -212,7 +211,7 @@ def test_cli_table_json_status_and_a_damaged_timeline(run_root):
     bar = next(ln for ln in lines if ln.startswith("|"))
     assert len(bar) == 72 + 2 and bar.count("q") == round(72 * 2 / 19) and bar.count("P") == round(72 * 4 / 19)
     assert lines[lines.index(bar) - 1].startswith("timeline (19.0 s;") and "P productive" in lines[lines.index(bar) + 1]
-    status = json.loads(cli("status", "gp", "--run-root", str(run_root)).stdout)
+    status = json.loads(cli_here("status", "gp", "--run-root", str(run_root)).stdout)
     assert status["goodput"]["attempts"] == 1 and status["goodput"]["wall_s"] == 19.0
 
     for text in ("\xff\x00 nothing here\n", None):  # all damaged, or no timeline at all: one line naming the file
@@ -220,41 +219,41 @@ def test_cli_table_json_status_and_a_damaged_timeline(run_root):
             (run_dir / "goodput.jsonl").unlink()
         else:
             (run_dir / "goodput.jsonl").write_text(text)
-        r = cli("goodput", "gp", "--run-root", str(run_root))
+        r = cli_here("goodput", "gp", "--run-root", str(run_root))
         assert r.returncode == 2 and "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1
         assert str(run_dir / "goodput.jsonl") in r.stderr
-        assert json.loads(cli("status", "gp", "--run-root", str(run_root)).stdout)["goodput"] is None
+        assert json.loads(cli_here("status", "gp", "--run-root", str(run_root)).stdout)["goodput"] is None
 
 
-def test_sweep_table_and_compare_column(run_root):
+def test_sweep_table_and_compare_column(cli_here, run_root):
     sweep = run_root / "sw"
     for i, member in enumerate(("lr=1", "lr=2")):
         run_dir = make_run(sweep, member, LOCAL)
         write_timeline(run_dir, attempt(60 + i, 105, 0, [(10, 4.0 + i)], {}, ("completed", 1.0)))
         (run_dir / "metrics.jsonl").write_text(json.dumps({"step": 10, "loss": 1.0, "attempt": "a"}) + "\n")
     (sweep / "lr=2" / "goodput.jsonl").unlink()
-    r = cli("goodput", str(sweep), "--run-root", str(run_root))
+    r = cli_here("goodput", str(sweep), "--run-root", str(run_root))
     assert r.returncode == 0, r.stderr
     lines = r.stdout.splitlines()
     assert lines[0].split()[0] == "MEMBER" and lines[1].split()[0] == "lr=1" and lines[1].split()[-1] == "33.3%"
     assert lines[2].split() == ["lr=2"] + ["-"] * (len(lines[0].split()) - 1)
-    compare = cli("compare", str(sweep), "--run-root", str(run_root)).stdout.splitlines()
+    compare = cli_here("compare", str(sweep), "--run-root", str(run_root)).stdout.splitlines()
     assert compare[0].split()[-1] == "GOODPUT" and compare[1].split()[-1] == "33.3%" and compare[2].split()[-1] == "-"
 
 
-def test_plot_gets_a_goodput_bar_per_attempt(run_root, tmp_path):
+def test_plot_gets_a_goodput_bar_per_attempt(cli_here, run_root, tmp_path):
     from fsdp_jobs.cli.report import GOODPUT_COLOURS
 
     run_dir = make_run(run_root, "p", LOCAL)
     (run_dir / "metrics.jsonl").write_text("".join(json.dumps({"step": i, "loss": 5.0 - i / 10, "tokens_per_s": 100.0,
                                                                "attempt": "a"}) + "\n" for i in range(1, 11)))
     png = tmp_path / "no-timeline.png"
-    assert cli("plot", "p", "-o", str(png), "--run-root", str(run_root)).returncode == 0
+    assert cli_here("plot", "p", "-o", str(png), "--run-root", str(run_root)).returncode == 0
     assert count_colour(png, GOODPUT_COLOURS["productive"], 4) == 0
     write_timeline(run_dir, [*attempt(7, 105, 0, [(5, 4.0)], {5: 1.0}, None),
                              *attempt(8, 130, 5, [(10, 4.0)], {}, ("completed", 1.0))])
     png = tmp_path / "timeline.png"
-    r = cli("plot", "p", "-o", str(png), "--run-root", str(run_root))
+    r = cli_here("plot", "p", "-o", str(png), "--run-root", str(run_root))
     assert r.returncode == 0, r.stderr
     for part in ("productive", "startup", "checkpoint", "recovery"):  # two bars, stacked by part
         assert count_colour(png, GOODPUT_COLOURS[part], 4) > 100, part
