@@ -40,7 +40,8 @@ def component(monkeypatch):
     return job
 
 
-def test_the_component_writes_the_run_as_the_cli_does_and_returns_one_role_of_nodes(run_root, component, capsys):
+def test_the_component_writes_the_run_as_the_cli_does_and_returns_one_role_of_nodes(cli_here, run_root, component,
+                                                                                     capsys):
     app = component(*ARGS, f"run_root={run_root}", "name=tx", cpu=3)
     run_dir = run_root / "tx"
     [role] = app.roles
@@ -52,7 +53,7 @@ def test_the_component_writes_the_run_as_the_cli_does_and_returns_one_role_of_no
     assert launch["backend"] == "torchx" and launch["job_id"] == ""  # handed to TorchX, no app id yet
     out = capsys.readouterr()
     assert out.out == "" and f"starting run tx: 2 nodes x 1 ranks" in out.err  # stdout is TorchX's app handle's
-    status = json.loads(cli("status", "tx", "--run-root", str(run_root)).stdout)
+    status = json.loads(cli_here("status", "tx", "--run-root", str(run_root)).stdout)
     assert status["state"] == "UNKNOWN" and "no node has started" in status["detail"]
 
 
@@ -63,22 +64,24 @@ def test_a_script_travels_in_the_run_dir_and_every_node_is_told_where(run_root, 
     assert app.roles[0].args[-1] == str(copy) and (copy / "job_train.py").is_file()
 
 
-def test_the_component_refuses_what_it_cannot_run_in_one_line(run_root):
+def test_the_component_refuses_what_it_cannot_run_in_one_line(run_root, component, capsys):
+    """In this process, as `torchx run` calls it."""
     for bad, words in ((["cluster=slurm"], "the torchx component plans cluster=torchx"),
                        (["-m", "train.lr=1e-3,1e-4"], "one run per `torchx run`"),
                        (["fault_tolerance=replica", "nodes=2"], "needs a lighthouse")):
-        r = subprocess.run([sys.executable, "-c", "import sys; from fsdp_jobs.launchers.torchx.component import job; "
-                            "job(*sys.argv[1:])", *ARGS, f"run_root={run_root}", "name=bad", *bad],
-                           cwd=REPO, capture_output=True, text=True, timeout=120)
-        assert r.returncode == 2 and words in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+        capsys.readouterr()
+        with pytest.raises(SystemExit) as exit_:
+            component(*ARGS, f"run_root={run_root}", "name=bad", *bad)
+        err = capsys.readouterr().err
+        assert exit_.value.code == 2 and words in err and len(err.strip().splitlines()) == 1, err
     assert not (run_root / "bad").exists()
 
 
-def test_the_cli_does_not_submit_cluster_torchx_but_shows_each_node_s_command(run_root):
-    r = cli("cluster=torchx", *ARGS, f"run_root={run_root}", "name=viacli")
+def test_the_cli_does_not_submit_cluster_torchx_but_shows_each_node_s_command(cli_here, run_root):
+    r = cli_here("cluster=torchx", *ARGS, f"run_root={run_root}", "name=viacli")
     assert r.returncode == 2 and "torchx run -s SCHEDULER fsdp_jobs.job" in r.stderr
     assert not (run_root / "viacli").exists()
-    dry = cli("cluster=torchx", *ARGS, f"run_root={run_root}", "name=viacli", "dry_run=true")
+    dry = cli_here("cluster=torchx", *ARGS, f"run_root={run_root}", "name=viacli", "dry_run=true")
     assert dry.returncode == 0, dry.stderr
     assert "-m fsdp_jobs.launchers.torchx.node" in dry.stdout and "-m fsdp_jobs.launchers.node --nnodes=2 --nproc-per-node=1" in dry.stdout
     assert "--rdzv-id='<app id>'" in dry.stdout or "--rdzv-id=<app id>" in dry.stdout
@@ -122,42 +125,42 @@ def here() -> dict:
     return {"host": socket.gethostname(), "boot_id": boot_id()}
 
 
-def status_of(run_root: Path, name: str) -> dict:
+def status_of(cli, run_root: Path, name: str) -> dict:
     r = cli("status", name, "--run-root", str(run_root))
     assert r.returncode == 0, r.stderr
     return json.loads(r.stdout)
 
 
-def test_status_of_a_local_app_is_node0_s_process_then_the_training_outcome(run_root):
+def test_status_of_a_local_app_is_node0_s_process_then_the_training_outcome(cli_here, run_root):
     """TorchX's local schedulers keep their apps in the `torchx run` process: status asks /proc about node0's
     recorded pid, told apart from a recycled one by its command line."""
     run_dir = make_run(run_root, "loc", "running")
     node0 = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "fsdp_jobs.launchers.torchx.node", str(run_dir)])
     try:
         launch(run_dir, pid=node0.pid, **here())
-        info = status_of(run_root, "loc")
+        info = status_of(cli_here, run_root, "loc")
         assert info["state"] == "RUNNING" and f"pid {node0.pid}" in info["detail"], info
         assert info["app_handle"] == "local_cwd://torchx/a-1" and info["job_id"] == "a-1"
     finally:
         node0.kill()
         node0.wait()
-    assert status_of(run_root, "loc")["state"] == "FAILED"  # gone, and its ranks recorded no outcome
+    assert status_of(cli_here, run_root, "loc")["state"] == "FAILED"  # gone, and its ranks recorded no outcome
     (run_dir / "state.json").write_text(json.dumps({"status": "completed", "step": 3, "time": time.time()}))
-    assert status_of(run_root, "loc")["state"] == "SUCCEEDED"
+    assert status_of(cli_here, run_root, "loc")["state"] == "SUCCEEDED"
     (run_dir / "state.json").unlink()
     (run_dir / "cancel-requested").write_text("t\n")  # fsdp-jobs cancel, before any rank could record the stop
-    assert status_of(run_root, "loc")["state"] == "CANCELLED"
+    assert status_of(cli_here, run_root, "loc")["state"] == "CANCELLED"
     os.utime(run_dir / "cancel-requested", (1, 1))  # an earlier launch's cancel is not this one's
-    assert status_of(run_root, "loc")["state"] == "FAILED"
+    assert status_of(cli_here, run_root, "loc")["state"] == "FAILED"
     stranger = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])  # the pid reused
     try:
         launch(run_dir, pid=stranger.pid, **here())
-        assert status_of(run_root, "loc")["state"] == "FAILED"
+        assert status_of(cli_here, run_root, "loc")["state"] == "FAILED"
     finally:
         stranger.kill()
         stranger.wait()
     launch(run_dir, pid=os.getpid(), host="another-machine", boot_id="x")  # seen from elsewhere: it cannot tell
-    info = status_of(run_root, "loc")
+    info = status_of(cli_here, run_root, "loc")
     assert info["state"] == "UNKNOWN" and "another machine" in info["detail"], info
 
 
@@ -186,6 +189,7 @@ def test_cancel_of_a_local_app_stops_its_torchx_run_and_nothing_else(run_root):
     node0 = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "fsdp_jobs.launchers.torchx.node", str(run_dir)])
     try:
         launch(run_dir, pid=node0.pid, parent_pid=node0.pid, **here())  # a parent that is not TorchX
+        # a process of its own: a signal sent to the wrong pid must hit no test worker
         r = cli("cancel", "stop", "--run-root", str(run_root))
         assert r.returncode == 2 and "no longer TorchX's; nothing was signalled" in r.stderr and node0.poll() is None
         launch(run_dir, pid=node0.pid, parent_pid=parent.pid, **here())
