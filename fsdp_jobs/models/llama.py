@@ -62,7 +62,7 @@ class Attention(nn.Module):
 def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, native_gqa: bool) -> torch.Tensor:
     """q: (batch, seq, heads, head_dim); k, v: (batch, seq, kv_heads, head_dim); returns (batch, heads, seq,
     head_dim). On a GPU the attention kernel reads each kv head for its group of query heads itself
-    (enable_gqa): no copies of k and v (README "Measured": the GPU side by side). Elsewhere k and v are
+    (enable_gqa): no copies of k and v (fsdp_jobs/bench/README.md: the GPU side by side). Elsewhere k and v are
     repeated per query head exactly as before, so the CPU runs and their bitwise references are unchanged."""
     grouped = k.shape[2] != q.shape[2]
     if grouped and not native_gqa:

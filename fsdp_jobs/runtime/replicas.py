@@ -218,9 +218,9 @@ class Replicas(NoReplicas):
         # can wait for data from a group that already failed (which saw the dead peer's error) rather than
         # from the dead peer itself: it got its own error only when that group reconfigured, after a new
         # quorum, which the lighthouse forms from more than half of the live groups, the waiting one among
-        # them. Two survivors of three waited 7 s that way in a loaded CI run (until the killed group was
-        # back); with a group gone for good, fault_tolerance.timeout_s. torchft bumps the quorum id after a
-        # failed commit, so the next quorum configures a new group.
+        # them, so it waits until the killed group is back or, with a group gone for good, for
+        # fault_tolerance.timeout_s. torchft bumps the quorum id after a failed commit, so the next quorum
+        # configures a new group.
         self.pg.abort(errored=False)
         why = str(getattr(error, "original_exception", error) or "another group's rank failed").splitlines()[0]
         log(self.world.rank, f"replica group {self.world.group}: step {self.manager.current_step() + 1} not committed "

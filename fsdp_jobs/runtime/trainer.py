@@ -226,8 +226,8 @@ class Trainer:
         # TORCHELASTIC_RESTART_COUNT is per agent: a node whose workers were stopped for a re-rendezvous
         # (another node's rank died) does not count it (fsdp_jobs/ARCHITECTURE.md, pitfall 6). The job's attempt number
         # is the largest count of any node: agree on it once, here, so metrics and logs say the same
-        # everywhere, the built-in loop's and a fsdp_jobs.job script's alike (CI once saw a job API script
-        # log restart 0 after a restart: rank 0's node had only re-rendezvoused)
+        # everywhere, the built-in loop's and a fsdp_jobs.job script's alike (else a script logs restart 0
+        # after a restart when rank 0's node had only re-rendezvoused)
         restarts = torch.tensor([world.restart], device=world.device)
         dist.all_reduce(restarts, op=dist.ReduceOp.MAX)
         world.restart = int(restarts.item())
