@@ -16,7 +16,7 @@ from fsdp_jobs.rundir import logs
 from fsdp_jobs.rundir.logs import LogFilter
 from fsdp_jobs.planning.errors import UserError
 from fsdp_jobs.rundir.layout import RunDir
-from tests.conftest import REPO, cli
+from tests.conftest import REPO
 
 # verbatim from a real run: `FSDP_JOBS_TEST_CRASH_IN_SAVE=10 python -m fsdp_jobs nodes=2 gpus_per_node=2
 # model=tiny train.steps=20 checkpoint.interval=10` (rank 0 killed mid-save, torchrun restarted the ranks)
@@ -312,14 +312,14 @@ def test_the_node_bound_counts_the_nodes_a_scale_may_add_and_a_missing_node_log_
         capsys, run_root, "pn", "--node", "2")
 
 
-def test_the_command_line(run_root):
-    """The real CLI: flags, output, exit 0; nothing matched is said on stderr, the run dir is only read."""
+def test_the_command_line(cli_here, run_root):
+    """The CLI's own parsing: flags, output, exit 0; nothing matched is said on stderr, the run dir is only read."""
     run_dir = local_run(run_root, "cmd", REAL, nodes=2, gpus=2)
-    r = cli("logs", "cmd", "--node", "1", "--attempt", "2", "--grep", "loss", "--tail", "1", "--run-root", str(run_root))
+    r = cli_here("logs", "cmd", "--node", "1", "--attempt", "2", "--grep", "loss", "--tail", "1", "--run-root", str(run_root))
     assert r.returncode == 0 and r.stdout == REAL.splitlines()[-3] + "\n", r.stderr
-    r = cli("logs", "cmd", "-f", "--tail", "2", "--run-root", str(run_root), timeout=30)  # ended: the tail, then done
+    r = cli_here("logs", "cmd", "-f", "--tail", "2", "--run-root", str(run_root))  # ended: the tail, then done
     assert r.returncode == 0 and r.stdout.splitlines() == REAL.splitlines()[-2:], r.stderr
-    r = cli("logs", "cmd", "--grep", "no such text", "--run-root", str(run_root))
+    r = cli_here("logs", "cmd", "--grep", "no such text", "--run-root", str(run_root))
     assert r.returncode == 0 and r.stdout == "" and r.stderr == "fsdp-jobs: no line matched\n"
     assert not (RunDir(run_dir).root / ".lock").exists()
 
