@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from fsdp_jobs.bench.chaos import SMALL, _cli, _ended
+from fsdp_jobs.planning.chaos_kinds import ChaosKind
 from fsdp_jobs.rundir.layout import RunDir
 
 MARGIN = 20  # steps free of faults at each end: the schedule is the same for every interval
@@ -43,8 +44,9 @@ def one_run(root: Path, name: str, args: list[str], faults: int, seed: int) -> d
     metrics = RunDir(root / name).metrics_file
     while not metrics.exists() and job.poll() is None:
         time.sleep(0.2)
-    marathon = _cli("chaos", name, "marathon", "--faults", str(faults), "--seed", str(seed), "--kinds", "kill-rank",
-                    "--margin", str(MARGIN), "--run-root", str(root), stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    marathon = _cli("chaos", name, "marathon", "--faults", str(faults), "--seed", str(seed), "--kinds",
+                    ChaosKind.KILL_RANK.value, "--margin", str(MARGIN), "--run-root", str(root), stdout=subprocess.PIPE,
+                    stderr=subprocess.STDOUT)
     lines = [line.rstrip("\n") for line in marathon.stdout or []]
     marathon_rc, job_rc = marathon.wait(), job.wait()
     state = _ended(root / name)

@@ -27,7 +27,8 @@ import yaml
 from fsdp_jobs.cli import report, script_report
 from fsdp_jobs.rundir import goodput, logs, stragglers
 from fsdp_jobs.rundir.logs import LogFilter
-from fsdp_jobs.planning import input_rules
+from fsdp_jobs.planning import backends, input_rules
+from fsdp_jobs.planning.chaos_kinds import MARATHON, RESUME, ChaosKind, actions
 from fsdp_jobs.rundir import hangs, journal, liveness, replaced, runs
 from fsdp_jobs.planning.errors import OneLineParser, UserError, die
 from fsdp_jobs.rundir.checkpoints import newest_checkpoint
@@ -248,14 +249,24 @@ def stacks_command(backend: Any, run: Any, node: Optional[str], rank: Optional[s
     dir (the backend's `stacks`: launchers/stacks.py), one line a rank (where its main thread is) and the
     file's path printed."""
     ranks = {logs.whole_number("--rank", rank, "need a rank: a whole number from 0")} if rank is not None else None
+    stacks = capability(backend, "stacks")
     if backend.describe(run).state.value != "RUNNING":
         raise UserError("RUN", run.run_dir.name, "is not running: stacks are read from live ranks (a hang's are "
                                                  "kept in its hang record: `fsdp-jobs status`)")
-    path, heads = backend.stacks(run, node, ranks)
+    path, heads = stacks.collect(run, node, ranks)
     if not heads:
         raise UserError("--rank" if ranks else "--node" if node else "RUN", rank or node or run.run_dir.name,
                         "no running rank of it was found")
     print("\n".join([*heads, str(path)]))
+
+
+def capability(backend: Any, what: str) -> Any:
+    """The backend's capability object (launchers/capabilities.py) for `what`: scale, stacks, marathon, resume or
+    a chaos kind's word, where its TRAITS declare it (fsdp_jobs/cli/launcher.py holds the two equal); else the one
+    line naming the backends that have it."""
+    if not backends.offers(backend.name, what):
+        raise backends.lacking(backend.name, what)
+    return backend.scaler if what == "scale" else backend.stacks if what == "stacks" else backend.faults
 
 
 def top_command(ref: Optional[str], root: Path) -> None:
@@ -351,15 +362,12 @@ def parser() -> OneLineParser:
                                  "its end (with -f: then what is written)")
     parsers["stacks"].add_argument("--node", help="one node's ranks: its index (0 = the first) or its name")
     parsers["stacks"].add_argument("--rank", help="one rank")
-    parsers["chaos"].add_argument("action", choices=("kill-node", "stop-node", "kill-rank", "hang-rank", "slow-node",
-                                                         "slow-link", "cut-node", "resume", "marathon"),
-                                  help="kill-node: SIGKILL the node's agent (it restarts); stop-node: gone for good; "
-                                       "kill-rank: SIGKILL one rank; hang-rank: SIGSTOP one rank; "
-                                       "slow-node: throttle a node's ranks; slow-link: limit a node's network "
-                                       "(--rate); cut-node: drop every packet of a node's network; resume: undo; marathon: --faults N mixed faults, one "
-                                       "at a time, and a table of each one's detection and recovery")
+    parsers["chaos"].add_argument("action", choices=actions(), help="; ".join(
+        [*(f"{k}: {k.help}" for k in ChaosKind if k.by_hand), f"{RESUME}: undo", f"{MARATHON}: --faults N mixed "
+         "faults, one at a time, and a table of each one's detection and recovery"]))
     parsers["chaos"].add_argument("node", type=int, nargs="?", default=0,
-                                  help="node index (0 = the rendezvous host), or the rank for kill-rank, hang-rank")
+                                  help="node index (0 = the rendezvous host), or the rank for "
+                                  + ", ".join(k.value for k in ChaosKind if k.on_rank))
     parsers["chaos"].add_argument("--rate", default="100mbit", help="slow-link: the node's send rate (tc's units: "
                                   "100mbit, 500kbit, 1gbit)")
     parsers["chaos"].add_argument("--faults", type=int, default=10, help="marathon: how many faults")
@@ -446,12 +454,14 @@ def main(argv: Optional[list[str]] = None) -> int:
         elif args.cmd == "cancel":
             print(backend.cancel(run))
         elif args.cmd == "scale":
-            print(backend.scale(run, scale_target(run_dir, args.size)))
-        elif args.action == "marathon":
+            print(capability(backend, "scale").scale(run, scale_target(run_dir, args.size)))
+        elif args.action == MARATHON:
             kinds = tuple(k for k in args.kinds.split(",") if k)
-            return backend.marathon(run, args.faults, args.seed, kinds, args.margin)
+            return capability(backend, MARATHON).marathon(run, args.faults, args.seed, kinds, args.margin)
+        elif args.action == RESUME:
+            print(capability(backend, RESUME).resume(run))
         else:
-            print(backend.chaos(run, args.action, args.node, rate=args.rate))
+            print(capability(backend, args.action).inject(run, ChaosKind(args.action), args.node, rate=args.rate))
     except UserError as e:
         die(e)
     except KeyboardInterrupt:

@@ -1,12 +1,14 @@
 """What every backend's config builds on (launchers/<name>/config.py): the common `cluster.*` keys, the
-one-line checks, and the registration of a backend's schema with Hydra. It imports no backend, so the
-backends' config modules and fsdp_jobs/planning/validation.py can both import it without a cycle."""
+one-line checks, what a backend declares of itself (BackendTraits, its config.py's TRAITS), and the registration of
+a backend's schema with Hydra. It imports no backend, so the backends' config modules and
+fsdp_jobs/planning/validation.py can both import it without a cycle."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Dict, Optional
+from typing import Any, Dict, Mapping, Optional
 
+from fsdp_jobs.planning.chaos_kinds import ChaosKind
 from fsdp_jobs.planning.errors import UserError
 
 
@@ -32,7 +34,7 @@ class ClusterConfig:
     max_nodes: Optional[int] = None
     # hot spares: agents started beyond the job's nodes that wait in torch's rendezvous redundancy list and take a
     # dead node's place at the next round (same world size, mesh and global batch); the backends whose config.py
-    # sets SPARE_NODES start them, the others refuse (planning/validation.py check_spare_nodes)
+    # declares TRAITS.spare_nodes start them, the others refuse (planning/validation.py check_spare_nodes)
     spare_nodes: int = 0
     rdzv_port: Optional[int] = None  # None = a free port
     env: Dict[str, str] = field(default_factory=dict)  # extra environment for every rank
@@ -44,12 +46,37 @@ class ClusterConfig:
 
 
 
-def register_cluster_schema(backend: str, schema: type) -> None:
+@dataclass(frozen=True)
+class BackendTraits:
+    """What planning and the CLI know of a backend without importing it: its config.py's TRAITS, read by the
+    registry (fsdp_jobs/planning/backends.py). What it declares, its backend.py provides: fsdp_jobs/cli/launcher.py
+    refuses a BACKEND whose capability objects (scaler, faults, stacks) disagree with it."""
+
+    host_files: bool  # do the job's processes see this machine's files? (data.path is then checked here)
+    spare_nodes: bool = False  # does it start cluster.spare_nodes agents beside the job's?
+    # how a user names a secret of the backend's own store in cluster.secret_env (a {name} in it: the variable);
+    # None: env:/file: references, resolved at submission (fsdp_jobs/planning/secret_env.py)
+    secret_store: Optional[str] = None
+    # `fsdp-jobs scale RUN nodes=N`: None = a running job cannot grow; "" = one submitted with cluster.max_nodes can;
+    # else the cluster.* setting it also needs, as a refusal names it (e.g. cluster.kind=...)
+    scale: Optional[str] = None
+    chaos: tuple[ChaosKind, ...] = ()  # what `fsdp-jobs chaos RUN KIND` injects (and `resume` undoes)
+    marathon: tuple[ChaosKind, ...] = ()  # what `fsdp-jobs chaos RUN marathon` deals
+    stacks: bool = False  # can `fsdp-jobs stacks RUN` read its ranks' stacks from here?
+    # capability (scale, stacks, marathon, a chaos kind) -> what a user of this backend does instead
+    instead: Mapping[str, str] = field(default_factory=dict)
+
+
+def register_cluster_schema(backend: str, schema: type, option: bool = False) -> None:
     """What a backend's config.py `register()` calls: conf/cluster/<backend>.yaml extends <backend>_schema.
+    `option`: the `cluster=<backend>` option too, for a backend outside this tree (it has no yaml in conf/).
     Hydra imported here, not with the schema (fsdp_jobs/planning/validation.py: register_schemas says why)."""
     from hydra.core.config_store import ConfigStore
 
-    ConfigStore.instance().store(group="cluster", name=f"{backend}_schema", node=schema)
+    store = ConfigStore.instance()
+    store.store(group="cluster", name=f"{backend}_schema", node=schema)
+    if option:
+        store.store(group="cluster", name=backend, node=schema)
 
 
 def positive(key: str, value: Any, minimum: int = 1) -> None:

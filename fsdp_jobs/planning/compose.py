@@ -20,6 +20,8 @@ CONF_DIR = Path(os.environ.get("FSDP_JOBS_CONF", Path(__file__).resolve().parent
 
 
 def _options(group: str) -> list[str]:
+    if group == "cluster":  # a backend outside this tree has no yaml here: its register() stores the option
+        return sorted(backends.names())
     return sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml"))
 
 
@@ -97,7 +99,7 @@ def _is_map(key: str, overrides: list[str]) -> bool:
 def absolute_paths(cfg: JobConfig) -> None:
     """Paths of this machine's files, relative to where the command runs, made absolute: the ranks run in
     the run dir (launchers/node/wrapper.py), not here. A backend whose jobs read elsewhere (a PVC) keeps them."""
-    if not backends.config_module(cfg.cluster.backend).HOST_FILES:
+    if not backends.traits(cfg.cluster.backend).host_files:
         return
     for node, key in ((cfg.data, "path"), (cfg.model, "pretrained"), (cfg.model.kwargs, "config_dir")):
         value = node.get(key)

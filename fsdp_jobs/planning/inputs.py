@@ -22,9 +22,9 @@ SCAN_BLOCKS = 64
 
 def host_token_file(cfg: JobConfig) -> Optional[Path]:
     """data.path where the job reads this machine's file; None without one, or where the job's processes see
-    other files (HOST_FILES in launchers/<name>/config.py: a pod reads a path on its volume)."""
+    other files (the backend's traits' host_files: a pod reads a path on its volume)."""
     path = cfg.data.path
-    if not path or not backends.config_module(cfg.cluster.backend).HOST_FILES:
+    if not path or not backends.traits(cfg.cluster.backend).host_files:
         return None
     return Path(path).expanduser()
 

@@ -3,7 +3,7 @@
     cluster.secret_env.NAME=REF     the rank sees $NAME
         REF is env:VAR (this process's environment at submission) or file:PATH (the file's contents,
         without the final newline); a backend with a secret store of its own resolves REF itself and
-        says what REF is (SECRET_STORE in its launchers/<name>/config.py)
+        says what REF is (its config.py's TRAITS.secret_store)
     cluster.env.NAME=value where NAME looks like a secret (TOKEN, SECRET, PASSWORD, API_KEY, ...):
         warned about, masked as MASK in the job record, the journal and every printout, and passed like a
         secret_env value (refused where the backend has a secret store: that is the way there)

@@ -2,8 +2,8 @@
 into one running job, one at a time, each measured from what the job itself recorded in its run dir.
 
 The schedule (`schedule`) spreads N faults over the job's steps, after its first checkpoint and before its
-last one, and deals the kinds the backend can inject in shuffled rounds, so that every kind comes up
-(`Backend.marathon_kinds`): kill-rank (SIGKILL: a crash), hang-rank (SIGSTOP: alive, no progress; the
+last one, and deals the kinds the backend can inject in shuffled rounds, so that every kind comes up (its
+TRAITS.marathon): kill-rank (SIGKILL: a crash), hang-rank (SIGSTOP: alive, no progress; the
 watchdog's hang timeout finds it), slow-node (a CPU quota on one node's ranks until the straggler view names
 it), corrupt-checkpoint (the newest committed checkpoint damaged, a shard's bytes flipped or cut short, then
 a rank killed so that the restart meets it: it must be set aside and the one before used) and, where the
@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Callable, Optional, Protocol
 
 from fsdp_jobs.rundir import stragglers
+from fsdp_jobs.planning.chaos_kinds import ChaosKind
 from fsdp_jobs.planning.errors import UserError
 from fsdp_jobs.rundir import checkpoints, events, failures, hangs, runs
 from fsdp_jobs.rundir.layout import RunDir
@@ -47,19 +48,21 @@ from fsdp_jobs.rundir.records import ChaosIncident, MetricsRow
 from fsdp_jobs.rundir.status import JobState, JobStatus, Run
 
 
+class Faults(Protocol):
+    """What the marathon asks of a backend's faults (launchers/capabilities.py Faults has it; named here, not
+    imported: Faults.marathon calls this module)."""
 
-class Backend(Protocol):
-    """What the marathon asks of a backend (launchers/base.py Backend has it; named here, not imported:
-    base.py's `marathon` calls this module)."""
-
-    marathon_kinds: tuple[str, ...]
+    dealt: tuple[ChaosKind, ...]
 
     def describe(self, run: Run) -> JobStatus: ...
 
-    def chaos(self, run: Run, action: str, node: int, rate: str = "100mbit") -> str: ...
+    def inject(self, run: Run, kind: ChaosKind, node: int, rate: str = "100mbit") -> str: ...
 
-BASE_KINDS = ("kill-rank", "hang-rank", "slow-node", "corrupt-checkpoint")
-NODE_KINDS = ("kill-node", "cut-node")  # a node's own: never node0, whose loss is every node's (it holds the store)
+    def resume(self, run: Run) -> str: ...
+
+
+# a node's own: never node0, whose loss is every node's (it holds the store)
+NODE_KINDS = (ChaosKind.KILL_NODE, ChaosKind.CUT_NODE)
 POLL_S = 0.1
 DESCRIBE_S = 2.0  # how often the backend is asked whether the job still runs
 SLOW_DETECT_S = 90.0  # a slow node the straggler view has not named by then: not detected, quota lifted
@@ -74,11 +77,11 @@ PACE_RATIO = 1.5  # a slow node has recovered when a step is back within this of
 @dataclass
 class Fault:
     at_step: int
-    kind: str
+    kind: ChaosKind
     target: int  # a rank (kill-rank, hang-rank, corrupt-checkpoint's kill) or a node index
 
 
-def schedule(seed: int, faults: int, kinds: tuple[str, ...], world: int, nodes: int, steps: int,
+def schedule(seed: int, faults: int, kinds: tuple[ChaosKind, ...], world: int, nodes: int, steps: int,
              interval: int) -> list[Fault]:
     """`faults` faults at steps spread evenly from the first checkpoint on, the last one a gap before the last
     checkpoint: the job has as many steps after its last fault as between two, to show it recovered (a slow
@@ -90,7 +93,7 @@ def schedule(seed: int, faults: int, kinds: tuple[str, ...], world: int, nodes: 
                                             f"with a margin of {interval} steps (the checkpoint interval or --margin; "
                                             f"2 steps apart, none in the first or last margin); this job has {steps}")
     rng = random.Random(seed)
-    dealt: list[str] = []
+    dealt: list[ChaosKind] = []
     while len(dealt) < faults:
         round_ = list(kinds)
         rng.shuffle(round_)
@@ -100,7 +103,7 @@ def schedule(seed: int, faults: int, kinds: tuple[str, ...], world: int, nodes: 
     for i, kind in enumerate(dealt[:faults]):
         at = first + round(i * gap)
         # node0 holds the rendezvous store: its loss restarts every node, a fault of its own (not dealt)
-        target = (rng.randrange(nodes) if kind == "slow-node" else rng.randrange(1, nodes) if kind in NODE_KINDS
+        target = (rng.randrange(nodes) if kind is ChaosKind.SLOW_NODE else rng.randrange(1, nodes) if kind in NODE_KINDS
                   else rng.randrange(world))
         out.append(Fault(at, kind, target))
     return out
@@ -160,8 +163,8 @@ def evidence(run_dir: Path, since: float, known_aside: set[str]) -> list[tuple[f
 class Marathon:
     """One job, one schedule, one incident at a time."""
 
-    def __init__(self, backend: Backend, run: Run, faults: list[Fault], say: Callable[[str], None]) -> None:
-        self.backend, self.run, self.run_dir, self.faults, self.say = backend, run, run.run_dir, faults, say
+    def __init__(self, injector: Faults, run: Run, faults: list[Fault], say: Callable[[str], None]) -> None:
+        self.injector, self.run, self.run_dir, self.faults, self.say = injector, run, run.run_dir, faults, say
         self.progress = Progress(run.run_dir)
         self.incidents: list[ChaosIncident] = []
         self.next_describe, self.ended = 0.0, False
@@ -170,7 +173,7 @@ class Marathon:
         """False once the job has ended (asked of the backend every DESCRIBE_S)."""
         if not self.ended and time.time() >= self.next_describe:
             self.next_describe = time.time() + DESCRIBE_S
-            self.ended = self.backend.describe(Run.load(self.run_dir)).state.terminal
+            self.ended = self.injector.describe(Run.load(self.run_dir)).state.terminal
         return not self.ended
 
     def wait(self, until: Callable[[], bool], timeout: float) -> bool:
@@ -212,34 +215,34 @@ class Marathon:
         except (UserError, LookupError, OSError) as e:
             incident.evidence = f"not injected: {e}"
             return incident
-        if fault.kind == "slow-node":
+        if fault.kind is ChaosKind.SLOW_NODE:
             return self.measure_slow(incident)
         return self.measure_restart(incident, before, seen, known_aside)
 
     def inject(self, fault: Fault) -> str:
         """Inject one fault; what it hit, in words."""
-        if fault.kind == "corrupt-checkpoint":
+        if fault.kind is ChaosKind.CORRUPT_CHECKPOINT:
             return corrupt_newest_and_kill(self.run_dir, fault.target, random.Random(fault.at_step))
-        if fault.kind == "slow-node":  # a fifth of a core hides among 4 ranks sharing 2 cores; a twentieth shows
+        if fault.kind is ChaosKind.SLOW_NODE:  # a fifth of a core hides among 4 ranks sharing 2 cores; a twentieth shows
             from fsdp_jobs.launchers.chaos import inject
 
             node = inject.node_name(self.run_dir, fault.target)
             inject.slow_node(self.run_dir, node, SLOW_SHARE)
             return node
-        self.backend.chaos(self.run, fault.kind, fault.target)
-        if fault.kind == "cut-node":
+        self.injector.inject(self.run, fault.kind, fault.target)
+        if fault.kind is ChaosKind.CUT_NODE:
             from fsdp_jobs.launchers.chaos import inject
 
             return inject.node_name(self.run_dir, fault.target)
-        return f"node{fault.target}" if fault.kind == "kill-node" else f"rank {fault.target}"
+        return f"node{fault.target}" if fault.kind is ChaosKind.KILL_NODE else f"rank {fault.target}"
 
     def measure_restart(self, incident: ChaosIncident, before: MetricsRow, seen: int,
                         known_aside: set[str]) -> ChaosIncident:
         """A fault the job restarts from: detected at its first record of it, recovered at the new attempt's
         first step past the newest one the old attempt recorded."""
         t0, old = incident.injected_at, _attempt(before)
-        only_aside = incident.kind == "corrupt-checkpoint"  # the kill is not what this one is about
-        cut = [incident.kind == "cut-node"]  # healed once the job has recorded it, or after CUT_MAX_S
+        only_aside = incident.kind == ChaosKind.CORRUPT_CHECKPOINT  # the kill is not what this one is about
+        cut = [incident.kind == ChaosKind.CUT_NODE]  # healed once the job has recorded it, or after CUT_MAX_S
 
         def first() -> Optional[tuple[float, str]]:
             found = [e for e in evidence(self.run_dir, t0, known_aside) if not only_aside or "set aside" in e[1]]
@@ -257,7 +260,7 @@ class Marathon:
             self.progress.poll()
             found[0] = found[0] or first()
             if cut[0] and (found[0] is not None or time.time() - t0 > CUT_MAX_S):
-                self.backend.chaos(self.run, "resume", 0)
+                self.injector.resume(self.run)
                 cut[0] = False
             return found[0] is not None and recovered() is not None
 
@@ -265,7 +268,7 @@ class Marathon:
             self.wait(done, RECOVER_S)
         finally:
             if cut[0]:  # never detected: heal it anyway, the marathon goes on
-                self.backend.chaos(self.run, "resume", 0)
+                self.injector.resume(self.run)
         row, ev = recovered(), found[0] or first()
         if ev is not None:
             incident.detected_s, incident.evidence = round(ev[0] - t0, 2), ev[1]
@@ -292,7 +295,7 @@ class Marathon:
             incident.detected_s, incident.evidence = round(time.time() - t0, 2), f"straggler view names {node}"
         else:
             incident.evidence = f"not detected: the straggler view did not name {node} in {SLOW_DETECT_S:g} s"
-        self.backend.chaos(self.run, "resume", 0)
+        self.injector.resume(self.run)
         lifted, seen = time.time(), len(self.progress.rows)
 
         def back() -> bool:
@@ -384,30 +387,31 @@ def table(incidents: list[ChaosIncident]) -> list[str]:
 
 def restarts_needed(faults: list[Fault]) -> tuple[int, int]:
     """(restarts, of them after hangs) the schedule costs the job."""
-    restarting = [f for f in faults if f.kind != "slow-node"]
-    return len(restarting), sum(f.kind in ("hang-rank", "cut-node") for f in restarting)
+    restarting = [f for f in faults if f.kind is not ChaosKind.SLOW_NODE]
+    return len(restarting), sum(f.kind in (ChaosKind.HANG_RANK, ChaosKind.CUT_NODE) for f in restarting)
 
 
-def kinds_for(kinds: tuple[str, ...], nodes: int, min_nodes: int) -> tuple[str, ...]:
+def kinds_for(kinds: tuple[ChaosKind, ...], nodes: int, min_nodes: int) -> tuple[ChaosKind, ...]:
     """The backend's kinds this job can take: a node's own need more than one node, and cut-node a job that
     cannot go on without the node (min_nodes = nodes): one that could would train on fewer nodes, a different
     run from the uninterrupted one it is compared with (going on without it: tests/docker, tests/slurm)."""
-    return tuple(k for k in kinds if (nodes > 1 or k not in ("slow-node", *NODE_KINDS))
-                 and (k != "cut-node" or min_nodes >= nodes))
+    return tuple(k for k in kinds if (nodes > 1 or k not in (ChaosKind.SLOW_NODE, *NODE_KINDS))
+                 and (k is not ChaosKind.CUT_NODE or min_nodes >= nodes))
 
 
-def plan_for(backend: Backend, run: Run, count: int, seed: int, only: tuple[str, ...] = (),
+def plan_for(dealt: tuple[ChaosKind, ...], run: Run, count: int, seed: int, only: tuple[str, ...] = (),
              margin: Optional[int] = None) -> list[Fault]:
-    """The schedule for this job, refused in one line when the job cannot survive it as configured. `only`:
-    these kinds alone (--kinds); `margin`: steps kept free of faults at each end (--margin; by default the
-    checkpoint interval, AUTO_MARGIN for checkpoint.interval=auto: the same schedule whatever the interval)."""
+    """The schedule for this job, refused in one line when the job cannot survive it as configured. `dealt`: the
+    kinds the backend deals (its TRAITS.marathon); `only`: these of them alone (--kinds); `margin`: steps kept free
+    of faults at each end (--margin; by default the checkpoint interval, AUTO_MARGIN for checkpoint.interval=auto:
+    the same schedule whatever the interval)."""
     from fsdp_jobs.planning.config import job_config
 
     cfg, plan = job_config(runs.load_job(run.run_dir)), runs.load_plan(run.run_dir)
-    unknown = [k for k in only if k not in backend.marathon_kinds]
+    unknown = [k for k in only if k not in dealt]
     if unknown:
-        raise UserError("--kinds", ",".join(only), f"this backend deals {', '.join(backend.marathon_kinds)}")
-    kinds = kinds_for(only or backend.marathon_kinds, plan.nodes, cfg.cluster.min_nodes or plan.nodes)
+        raise UserError("--kinds", ",".join(only), f"this backend deals {', '.join(dealt)}")
+    kinds = kinds_for(tuple(ChaosKind(k) for k in only) or dealt, plan.nodes, cfg.cluster.min_nodes or plan.nodes)
     if not kinds:
         raise UserError("--kinds", ",".join(only), f"none of them can be dealt to a job of {plan.nodes} nodes")
     every = cfg.checkpoint.interval
@@ -422,7 +426,7 @@ def plan_for(backend: Backend, run: Run, count: int, seed: int, only: tuple[str,
         raise UserError("--faults", count, f"this schedule hangs the job {after_hangs} times and its "
                                            f"fault.max_hang_restarts is {cfg.fault.max_hang_restarts}: submit it "
                                            f"with fault.max_hang_restarts={after_hangs} or fewer faults")
-    kills = max(Counter(f.target for f in faults if f.kind == "kill-node").values(), default=0)
+    kills = max(Counter(f.target for f in faults if f.kind is ChaosKind.KILL_NODE).values(), default=0)
     allowed = getattr(cfg.cluster, "container_restarts", None)  # a backend that restarts a killed node's container
     if allowed is not None and kills > allowed:
         raise UserError("--faults", count, f"this schedule kills one node {kills} times and its "
@@ -435,22 +439,22 @@ def _say(line: str) -> None:
     print(line, flush=True)
 
 
-def run_marathon(backend: Backend, run: Run, count: int, seed: int, say: Callable[[str], None] = _say,
+def run_marathon(injector: Faults, run: Run, count: int, seed: int, say: Callable[[str], None] = _say,
                  only: tuple[str, ...] = (), margin: Optional[int] = None) -> int:
     """Inject the schedule into the running job, wait for it to end, print the table and the goodput.
     0 when every fault was injected, detected and recovered from and the job succeeded; 1 otherwise."""
     from fsdp_jobs.rundir import goodput
 
-    if backend.describe(run).state.terminal:
+    if injector.describe(run).state.terminal:
         raise UserError("RUN", run.run_dir.name, "is not running: a marathon needs a running job (start it, then "
                                                  "run this from another terminal)")
-    faults = plan_for(backend, run, count, seed, only, margin)
+    faults = plan_for(injector.dealt, run, count, seed, only, margin)
     say(f"marathon: {len(faults)} faults (seed {seed}) at steps "
         f"{', '.join(f'{f.at_step} {f.kind}' for f in faults)}")
-    marathon = Marathon(backend, run, faults, say)
+    marathon = Marathon(injector, run, faults, say)
     incidents = marathon.run_all()
     marathon.wait(lambda: False, 24 * 3600)  # until the job ends
-    state = backend.describe(Run.load(run.run_dir)).state
+    state = injector.describe(Run.load(run.run_dir)).state
     for line in table(incidents):
         say(line)
     report = goodput.of_run(run.run_dir)

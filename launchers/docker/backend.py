@@ -35,8 +35,9 @@ from fsdp_jobs.rundir.records import LaunchRecord
 from fsdp_jobs.planning.secret_env import passed_names
 from fsdp_jobs.planning.errors import UserError
 from fsdp_jobs.rundir.layout import RunDir
-from fsdp_jobs.launchers.base import (Backend, DryRun, JobState, JobStatus, Run, Submitted, request_scale,
-                            state_from_training)
+from fsdp_jobs.launchers.base import Backend, DryRun, JobState, JobStatus, Run, Submitted, state_from_training
+from fsdp_jobs.launchers.capabilities import Faults, Scaler, Stacks, request_scale
+from fsdp_jobs.planning.chaos_kinds import ChaosKind
 from fsdp_jobs.launchers.common import (NODE_WRAPPER, begin_user_attempt, lighthouse_command, lighthouse_port, python_path,
                               rank_entry, rank_env, replica_env, replica_group, runtime_env, torchrun_args,
                               user_code_dir)
@@ -240,6 +241,9 @@ class DockerRequest:
 class DockerBackend(Backend[DockerRequest]):
     name = "docker"
 
+    def __init__(self) -> None:
+        self.scaler, self.faults, self.stacks = DockerScaler(), DockerFaults(self), Stacks(self)
+
     def check(self, plan: Plan, cfg: JobConfig) -> None:
         why = engine_error()
         if why:
@@ -368,9 +372,12 @@ class DockerBackend(Backend[DockerRequest]):
         return (f"stopped {len(found)} containers of {run.run_dir.name} (project {project}); ranks that had begun "
                 "to train checkpointed first")
 
+
+class DockerScaler(Scaler):
+    """The job's supervisor starts the new containers (from the compose file it holds in memory, never the run
+    dir's copy, which the containers' user can rewrite); this waits until they exist."""
+
     def scale(self, run: Run, nodes: int) -> str:
-        """The job's supervisor starts the new containers (from the compose file it holds in memory, never
-        the run dir's copy, which the containers' user can rewrite); this waits until they exist."""
         project = own_project(run)
         found = containers(project)
         if not found or read_result(run.run_dir) is not None:
@@ -389,17 +396,19 @@ class DockerBackend(Backend[DockerRequest]):
         raise UserError("RUN", run.run_dir.name, f"its supervisor started no new container in {SCALE_WAIT_S}s "
                                                  f"(fsdp-jobs logs {run.run_dir.name} says why)")
 
-    marathon_kinds = ("kill-rank", "hang-rank", "slow-node", "corrupt-checkpoint", "kill-node", "cut-node")
 
-    def chaos(self, run: Run, action: str, node: int, rate: str = "100mbit") -> str:
-        if action not in ("kill-node", "stop-node"):  # the rank-level faults: launchers/chaos/inject.py
-            return super().chaos(run, action, node, rate)
+class DockerFaults(Faults):
+    """A node is a container: kill-node SIGKILLs its agent (Docker restarts it), stop-node removes it for good."""
+
+    def inject(self, run: Run, kind: ChaosKind, node: int, rate: str = "100mbit") -> str:
+        if kind not in (ChaosKind.KILL_NODE, ChaosKind.STOP_NODE):  # the rank-level faults: launchers/chaos/inject.py
+            return super().inject(run, kind, node, rate)
         found = containers(own_project(run))
         c = found.get(f"node{node}")
         if c is None or c["State"]["Status"] != "running":
             raise UserError("node", node, f"no running container for node{node}; nodes: "
                                           + (", ".join(f"{k} ({v['State']['Status']})" for k, v in sorted(found.items())) or "none"))
-        if action == "kill-node":
+        if kind is ChaosKind.KILL_NODE:
             # SIGKILL from outside the container: Docker sees a failure and restarts it (on-failure);
             # `docker kill` would count as a manual stop and leave it down
             try:

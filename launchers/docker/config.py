@@ -6,13 +6,17 @@ import re
 from dataclasses import dataclass, field
 from typing import List, Optional
 
-from fsdp_jobs.planning.cluster_config import ClusterConfig, choice, positive, register_cluster_schema
+from fsdp_jobs.planning.chaos_kinds import MARATHON_ON_RANKS, ON_NETWORK, ON_RANKS, ChaosKind
+from fsdp_jobs.planning.cluster_config import BackendTraits, ClusterConfig, choice, positive, register_cluster_schema
 from fsdp_jobs.planning.errors import UserError
 from fsdp_jobs.launchers.common import system_path
 
 NAME = "docker"
-SPARE_NODES = True  # cluster.spare_nodes: K more containers, started with the job (launchers/docker/backend.py compose_spec)
-HOST_FILES = True  # the job's processes see this machine's files (data.path is checked here at plan time)
+# spare nodes: K more containers, started with the job (launchers/docker/backend.py compose_spec); a node is a
+# container of its own, which kill-node and stop-node act on (launchers/docker/backend.py DockerFaults)
+TRAITS = BackendTraits(host_files=True, spare_nodes=True, scale="",
+                       chaos=(*ON_RANKS, *ON_NETWORK, ChaosKind.KILL_NODE, ChaosKind.STOP_NODE),
+                       marathon=(*MARATHON_ON_RANKS, ChaosKind.KILL_NODE, ChaosKind.CUT_NODE), stacks=True)
 
 
 @dataclass

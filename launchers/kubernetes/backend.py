@@ -28,6 +28,7 @@ from fsdp_jobs.launchers.kubernetes import manifests
 from fsdp_jobs.rundir import logs
 from fsdp_jobs.rundir.logs import LogFilter
 from fsdp_jobs.launchers.base import Backend, DryRun, JobState, JobStatus, Run, Submitted
+from fsdp_jobs.launchers.capabilities import Scaler
 from fsdp_jobs.launchers.common import runtime_env, torchrun_args
 from fsdp_jobs.launchers.kubernetes.api import api_client, explain, require_package
 from fsdp_jobs.launchers.node.wrapper import FAILED_MESSAGE, PREFLIGHT_MESSAGE
@@ -83,6 +84,9 @@ def side_object(client: Any, verb: str, kind: str) -> Any:
 
 class KubernetesBackend(Backend[manifests.Request]):
     name = "kubernetes"
+
+    def __init__(self) -> None:
+        self.scaler = KubernetesScaler()  # no faults, no stacks: its ranks run in pods this CLI does not exec into
 
     # ---- submission -------------------------------------------------------------------------------
 
@@ -283,39 +287,6 @@ class KubernetesBackend(Backend[manifests.Request]):
         return (f"deleted Kubernetes {k.kind} {ns}/{name} ({run.run_dir.name}); its pods get SIGTERM and "
                 f"{'their grace period' if grace is None else f'{grace} s'} to checkpoint")
 
-    def dump_stacks(self, run: Run, parts: Path, node: Optional[str], ranks: Optional[set[int]]) -> None:
-        raise UserError("stacks", run.run_dir.name, "not on Kubernetes yet (its ranks run in pods this CLI does not "
-                                                    "exec into): kubectl exec POD -- py-spy dump --pid PID")
-
-    def scale(self, run: Run, nodes: int) -> str:
-        """An elastic PyTorchJob grows by its Worker replicas (up to the elasticPolicy's maxReplicas, which is
-        cluster.max_nodes): the operator adds the pods, which join the rendezvous. A JobSet's replicated jobs
-        and a Volcano job's tasks are fixed once created."""
-        kind, ns, name = self._where(run)
-        if kind != "pytorchjob":
-            raise UserError("cluster.kind", kind, f"a running {manifests.KINDS[kind].kind} cannot grow; "
-                                                  "cluster.kind=pytorchjob (elastic) can, or resubmit the same name "
-                                                  "with nodes=N (it resumes from its newest checkpoint)")
-        client = api_client(run.launch.get("context"))
-        k = manifests.KINDS[kind]
-        from kubernetes import client as k8s
-
-        api = k8s.CustomObjectsApi(client)
-        try:
-            job = api.get_namespaced_custom_object(k.group, k.version, ns, k.plural, name)
-        except Exception as e:  # noqa: BLE001
-            raise explain(e, f"cannot read {k.kind} {ns}/{name}", client) from None
-        now = (((job.get("spec") or {}).get("pytorchReplicaSpecs") or {}).get("Worker") or {}).get("replicas")
-        if isinstance(now, int) and nodes <= now:  # a smaller count would delete a pod mid-step
-            raise UserError("nodes", nodes, f"{k.kind} {ns}/{name} has {now} Worker replicas already; scale only grows")
-        try:
-            api.patch_namespaced_custom_object(k.group, k.version, ns, k.plural, name,
-                                               {"spec": {"pytorchReplicaSpecs": {"Worker": {"replicas": nodes}}}})
-        except Exception as e:  # noqa: BLE001
-            raise explain(e, f"cannot scale {k.kind} {ns}/{name}", client) from None
-        return (f"asked Kubernetes {k.kind} {ns}/{name} for {nodes} Worker replicas ({run.run_dir.name}): the "
-                "operator adds the pods, they join the rendezvous, the ranks checkpoint and go on at the new size")
-
     # ---- logs -------------------------------------------------------------------------------------
 
     def _pod(self, core: Any, run: Run, node: int) -> Optional[dict[str, Any]]:
@@ -467,6 +438,37 @@ class KubernetesBackend(Backend[manifests.Request]):
 
     def _gone(self, run: Run) -> bool:
         return "no longer exists" in self.describe(run).detail
+
+
+class KubernetesScaler(Scaler):
+    def scale(self, run: Run, nodes: int) -> str:
+        """An elastic PyTorchJob grows by its Worker replicas (up to the elasticPolicy's maxReplicas, which is
+        cluster.max_nodes): the operator adds the pods, which join the rendezvous. A JobSet's replicated jobs
+        and a Volcano job's tasks are fixed once created."""
+        kind, ns, name = KubernetesBackend._where(run)
+        if kind != "pytorchjob":
+            raise UserError("cluster.kind", kind, f"a running {manifests.KINDS[kind].kind} cannot grow; "
+                                                  "cluster.kind=pytorchjob (elastic) can, or resubmit the same name "
+                                                  "with nodes=N (it resumes from its newest checkpoint)")
+        client = api_client(run.launch.get("context"))
+        k = manifests.KINDS[kind]
+        from kubernetes import client as k8s
+
+        api = k8s.CustomObjectsApi(client)
+        try:
+            job = api.get_namespaced_custom_object(k.group, k.version, ns, k.plural, name)
+        except Exception as e:  # noqa: BLE001
+            raise explain(e, f"cannot read {k.kind} {ns}/{name}", client) from None
+        now = (((job.get("spec") or {}).get("pytorchReplicaSpecs") or {}).get("Worker") or {}).get("replicas")
+        if isinstance(now, int) and nodes <= now:  # a smaller count would delete a pod mid-step
+            raise UserError("nodes", nodes, f"{k.kind} {ns}/{name} has {now} Worker replicas already; scale only grows")
+        try:
+            api.patch_namespaced_custom_object(k.group, k.version, ns, k.plural, name,
+                                               {"spec": {"pytorchReplicaSpecs": {"Worker": {"replicas": nodes}}}})
+        except Exception as e:  # noqa: BLE001
+            raise explain(e, f"cannot scale {k.kind} {ns}/{name}", client) from None
+        return (f"asked Kubernetes {k.kind} {ns}/{name} for {nodes} Worker replicas ({run.run_dir.name}): the "
+                "operator adds the pods, they join the rendezvous, the ranks checkpoint and go on at the new size")
 
 
 BACKEND = KubernetesBackend()

@@ -6,7 +6,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Dict, Optional, TYPE_CHECKING
 
-from fsdp_jobs.planning.cluster_config import ClusterConfig, choice, positive, register_cluster_schema
+from fsdp_jobs.planning.cluster_config import BackendTraits, ClusterConfig, choice, positive, register_cluster_schema
 from fsdp_jobs.planning.errors import UserError
 from fsdp_jobs.launchers.common import system_path
 
@@ -14,9 +14,13 @@ if TYPE_CHECKING:  # types only, never imported at run time: no hydra on the nod
     from fsdp_jobs.planning.config import JobConfig
 
 NAME = "kubernetes"
-# cluster.secret_env names Kubernetes Secrets, which the pods read (fsdp_jobs/planning/secret_env.py asks this)
-SECRET_STORE = "put it in a Kubernetes Secret and use cluster.secret_env.{name}=SECRET_NAME/KEY"
-HOST_FILES = False  # the pods read data.path from the PVC, not this machine's files
+# the pods read data.path from the PVC, not this machine's files; cluster.secret_env names Kubernetes Secrets,
+# which the pods read; an elastic PyTorchJob grows (the others' replicas are fixed: FIXED_SIZE below); the ranks
+# run in pods this CLI does not exec into: no chaos, no stacks from here
+TRAITS = BackendTraits(
+    host_files=False, secret_store="put it in a Kubernetes Secret and use cluster.secret_env.{name}=SECRET_NAME/KEY",
+    scale="cluster.kind=pytorchjob",
+    instead={"stacks": "its ranks run in pods this CLI does not exec into: kubectl exec POD -- py-spy dump --pid PID"})
 
 
 @dataclass

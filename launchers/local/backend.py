@@ -25,8 +25,8 @@ from fsdp_jobs.rundir import runs
 from fsdp_jobs.rundir.records import LaunchRecord
 from fsdp_jobs.planning.errors import UserError
 from fsdp_jobs.rundir.layout import RunDir
-from fsdp_jobs.launchers.base import (Backend, DryRun, JobState, JobStatus, Run, Submitted, request_scale,
-                            state_from_training)
+from fsdp_jobs.launchers.base import Backend, DryRun, JobState, JobStatus, Run, Submitted, state_from_training
+from fsdp_jobs.launchers.capabilities import Faults, Scaler, Stacks, request_scale
 from fsdp_jobs.launchers.common import (NODE_WRAPPER, REPLICA_ADDR_ENV, begin_user_attempt, lighthouse_command, python_path,
                               rank_entry, rank_env, replica_env, replica_group, runtime_env, torchrun_args,
                               user_code_dir)
@@ -195,6 +195,9 @@ class AgentNode(Node):
 class LocalBackend(Backend[LocalRequest]):
     name = "local"
 
+    def __init__(self) -> None:
+        self.scaler, self.faults, self.stacks = LocalScaler(self), Faults(self), Stacks(self)
+
     def check(self, plan: Plan, cfg: JobConfig) -> None:
         check_machine(cfg)  # the nodes are this machine: its torch, GPUs and compiler must run the job
 
@@ -241,7 +244,7 @@ class LocalBackend(Backend[LocalRequest]):
         return JobStatus(state, f"{state.value} (launcher pid {pid} has exited; training state: "
                                 f"{runs.read_state(run.run_dir).status or 'none recorded'})", {"launcher_pid": None})
 
-    def _launcher(self, run: Run) -> int:
+    def launcher_pid(self, run: Run) -> int:
         """The pid of the launcher that runs the job, proven by the run's lock (its launch record alone is not)."""
         lock, pid = runs.RunLock(run.run_dir), run.launch.get("pid")
         if not isinstance(pid, int) or not lock.held_by(pid):
@@ -253,15 +256,22 @@ class LocalBackend(Backend[LocalRequest]):
     def cancel(self, run: Run) -> str:
         if not runs.RunLock(run.run_dir).held():
             return f"{run.run_dir.name} is not running"
-        pid = self._launcher(run)
+        pid = self.launcher_pid(run)
         os.kill(pid, signal.SIGTERM)  # the launcher stops the agents it started; the ranks checkpoint
         return f"asked local launcher pid {pid} to stop ({run.run_dir.name})"
+
+
+class LocalScaler(Scaler):
+    """The launcher that runs the job starts the new agents (run_agents' grow)."""
+
+    def __init__(self, backend: LocalBackend) -> None:
+        self.backend = backend
 
     def scale(self, run: Run, nodes: int) -> str:
         if not runs.RunLock(run.run_dir).held():
             raise UserError("RUN", run.run_dir.name, "is not running: nothing to grow (submit it again with nodes=N "
                                                      "to resume at that size)")
-        pid = self._launcher(run)
+        pid = self.backend.launcher_pid(run)
         request_scale(run, nodes)  # the launcher polls for it (run_agents' grow)
         return (f"asked local launcher pid {pid} to grow {run.run_dir.name} to {nodes} nodes: the new agents join "
                 "the rendezvous, the ranks checkpoint and go on at the new size")
@@ -278,7 +288,7 @@ def _run_agents(dryrun: DryRun[LocalRequest], echo: bool, caught: list[int]) -> 
     began = time.time()  # the outcome of this launch is a state record written since (runs.read_outcome)
     runs.clear_stop_request(run_dir)
     begin_user_attempt(cfg, run_dir)
-    runs.record_launch(run_dir, LaunchRecord(backend="local", job_id=str(os.getpid()), nodes=plan.nodes,
+    runs.record_launch(run_dir, LaunchRecord(backend=dryrun.backend, job_id=str(os.getpid()), nodes=plan.nodes,
                                              gpus_per_node=plan.gpus_per_node, extra={"pid": os.getpid()}))
     sink = LogSink(RunDir(run_dir).launcher_log, echo)
     nodes: list[Node] = []

@@ -11,15 +11,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Optional
 
-from fsdp_jobs.planning.cluster_config import ClusterConfig, register_cluster_schema
+from fsdp_jobs.planning.chaos_kinds import MARATHON_ON_RANKS, ON_RANKS
+from fsdp_jobs.planning.cluster_config import BackendTraits, ClusterConfig, register_cluster_schema
 from fsdp_jobs.planning.errors import UserError
 
 if TYPE_CHECKING:  # types only: no import cycle
     from fsdp_jobs.planning.config import JobConfig
 
 NAME = "local"
-SPARE_NODES = True  # cluster.spare_nodes: K more agents (launchers/local/backend.py agent_count)
-HOST_FILES = True  # the job's processes see this machine's files (data.path is checked here at plan time)
+# spare nodes: K more agents (launchers/local/backend.py agent_count); the simulated nodes share this machine's
+# network namespace, so no fault of a node's own link
+TRAITS = BackendTraits(host_files=True, spare_nodes=True, scale="", chaos=ON_RANKS, marathon=MARATHON_ON_RANKS,
+                       stacks=True)
 
 
 @dataclass

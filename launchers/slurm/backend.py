@@ -24,6 +24,7 @@ from fsdp_jobs.rundir.records import LaunchRecord
 from fsdp_jobs.planning.errors import UserError
 from fsdp_jobs.rundir.layout import RunDir
 from fsdp_jobs.launchers.base import Backend, DryRun, JobState, JobStatus, Run, Submitted
+from fsdp_jobs.launchers.capabilities import Faults, Scaler, Stacks
 from fsdp_jobs.launchers.common import (lighthouse_command, python_path, rank_env, runtime_env, torchrun_args,
                               user_code_dir)
 from fsdp_jobs.launchers.snapshot import PROJECT_ROOT, next_snapshot_dir, take_snapshot, take_user_code
@@ -230,10 +231,9 @@ def common_state(slurm: str) -> JobState:
 
 class SlurmBackend(Backend[SlurmRequest]):
     name = "slurm"
-    # a node's network cut: its own namespace (deploy/slurm/start.sh's nodes; a real cluster's, by the same
-    # nsenter from the node); healed once the job has recorded the hang, at most marathon.CUT_MAX_S later:
-    # inside slurmd's timeout
-    marathon_kinds = ("kill-rank", "hang-rank", "slow-node", "corrupt-checkpoint", "cut-node")
+
+    def __init__(self) -> None:
+        self.scaler, self.faults, self.stacks = SlurmScaler(), Faults(self), SlurmStacks(self)
 
     def check(self, plan: Plan, cfg: JobConfig) -> None:
         """Refusals before anything is written."""
@@ -305,7 +305,29 @@ class SlurmBackend(Backend[SlurmRequest]):
         # submitit names a task's log <job id>_<task>_log.out, and the job runs one task per node: task = node index
         return files if node is None else logs.one_node(files, node, lambda f: int(f.name.split("_")[-2]))
 
-    def dump_stacks(self, run: Run, parts: Path, node: Optional[str], ranks: Optional[set[int]]) -> None:
+    def cancel(self, run: Run) -> str:
+        job_id = own_job_id(run)
+        grown = [str(g["job_id"]) for g in grow_jobs(run.run_dir) if g.get("of") == job_id and _active(str(g["job_id"]))]
+        r = subprocess.run(["scancel", job_id, *grown], capture_output=True, text=True, timeout=60)
+        if r.returncode:
+            raise UserError("RUN", run.run_dir.name, f"scancel {job_id} failed: {r.stderr.strip()[:200]}")
+        return f"cancelled SLURM job {', '.join([job_id, *grown])} ({run.run_dir.name})"
+
+
+class SlurmScaler(Scaler):
+    def scale(self, run: Run, nodes: int) -> str:
+        """A second job whose nodes join the running attempt's rendezvous (launchers/slurm/grow.py)."""
+        job_id = own_job_id(run)
+        state = slurm_state(job_id)[0]
+        if state != "RUNNING":
+            raise UserError("RUN", run.run_dir.name, f"SLURM job {job_id} is {state}, not RUNNING: "
+                                                     "nothing to grow (submit it again with nodes=N to resume at "
+                                                     "that size)")
+        return submit_grow(run, nodes, job_id, _active)
+
+
+class SlurmStacks(Stacks):
+    def dump(self, run: Run, parts: Path, node: Optional[str], ranks: Optional[set[int]]) -> None:
         """One task on every node of the allocation (or on `node`), beside the job's own (srun --overlap): each
         dumps the ranks it runs into `parts` (launchers/stacks.py). This CLI's interpreter and code, as a
         batch job's nodes run them (submitit's assumption: a shared filesystem)."""
@@ -320,24 +342,6 @@ class SlurmBackend(Backend[SlurmRequest]):
         if r.returncode:
             raise UserError("RUN", run.run_dir.name, f"srun --overlap --jobid={job_id} failed: "
                                                      f"{(r.stderr.strip().splitlines() or ['?'])[-1][:200]}")
-
-    def cancel(self, run: Run) -> str:
-        job_id = own_job_id(run)
-        grown = [str(g["job_id"]) for g in grow_jobs(run.run_dir) if g.get("of") == job_id and _active(str(g["job_id"]))]
-        r = subprocess.run(["scancel", job_id, *grown], capture_output=True, text=True, timeout=60)
-        if r.returncode:
-            raise UserError("RUN", run.run_dir.name, f"scancel {job_id} failed: {r.stderr.strip()[:200]}")
-        return f"cancelled SLURM job {', '.join([job_id, *grown])} ({run.run_dir.name})"
-
-    def scale(self, run: Run, nodes: int) -> str:
-        """A second job whose nodes join the running attempt's rendezvous (launchers/slurm/grow.py)."""
-        job_id = own_job_id(run)
-        state = slurm_state(job_id)[0]
-        if state != "RUNNING":
-            raise UserError("RUN", run.run_dir.name, f"SLURM job {job_id} is {state}, not RUNNING: "
-                                                     "nothing to grow (submit it again with nodes=N to resume at "
-                                                     "that size)")
-        return submit_grow(run, nodes, job_id, _active)
 
 
 def _active(job_id: str) -> bool:

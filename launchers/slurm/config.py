@@ -7,14 +7,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional
 
-from fsdp_jobs.planning.cluster_config import ClusterConfig, choice, positive, register_cluster_schema
+from fsdp_jobs.planning.chaos_kinds import MARATHON_ON_RANKS, ON_NETWORK, ON_RANKS, ChaosKind
+from fsdp_jobs.planning.cluster_config import BackendTraits, ClusterConfig, choice, positive, register_cluster_schema
 from fsdp_jobs.planning.errors import UserError
 from fsdp_jobs.planning.input_rules import check_name
 from fsdp_jobs.rundir.layout import RunDir
 
 NAME = "slurm"
-SPARE_NODES = True  # cluster.spare_nodes: an allocation of nodes + K with --no-kill (launchers/slurm/backend.py)
-HOST_FILES = True  # the job's processes see this machine's files (data.path is checked here at plan time)
+# spare nodes: an allocation of nodes + K with --no-kill (launchers/slurm/backend.py); a grow is a second job
+# (launchers/slurm/grow.py); the chaos acts on the ranks and node namespaces this machine sees (deploy/slurm's
+# nodes; a real cluster's by the same nsenter from the node); a cut node is healed once the job has recorded the
+# hang, at most marathon.CUT_MAX_S later: inside slurmd's timeout
+TRAITS = BackendTraits(host_files=True, spare_nodes=True, scale="", chaos=(*ON_RANKS, *ON_NETWORK),
+                       marathon=(*MARATHON_ON_RANKS, ChaosKind.CUT_NODE), stacks=True)
 
 
 def slurm_dir(run_dir: Path) -> Path:

@@ -22,6 +22,7 @@ from fsdp_jobs.planning.errors import UserError
 from fsdp_jobs.rundir import runs
 from fsdp_jobs.rundir.layout import RunDir
 from fsdp_jobs.launchers.base import Backend, DryRun, JobState, JobStatus, LogFilter, Run, Submitted, state_from_training
+from fsdp_jobs.launchers.capabilities import Faults, Stacks
 from fsdp_jobs.launchers.common import NODE_WRAPPER, rank_entry, runtime_env, user_code_dir
 from fsdp_jobs.launchers.torchx import node
 from fsdp_jobs.launchers.torchx.config import NAME
@@ -94,6 +95,9 @@ class TorchXRequest:
 
 class TorchXBackend(Backend[TorchXRequest]):
     name = NAME
+
+    def __init__(self) -> None:  # the ranks this machine sees (TorchX's local schedulers run them here)
+        self.faults, self.stacks = Faults(self), Stacks(self)
 
     # True in the process of `torchx run`, whose component plans and writes the run (launchers/torchx/submission.py)
     component = False

@@ -5,12 +5,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
-from fsdp_jobs.planning.cluster_config import ClusterConfig, register_cluster_schema
+from fsdp_jobs.planning.chaos_kinds import MARATHON_ON_RANKS, ON_NETWORK, ON_RANKS
+from fsdp_jobs.planning.cluster_config import BackendTraits, ClusterConfig, register_cluster_schema
 
 NAME = "torchx"
 # the component writes the run dir here and every replica reads it at the same path: TorchX schedulers whose
-# nodes share this machine's files (local_cwd, SLURM on a shared filesystem) run the job
-HOST_FILES = True
+# nodes share this machine's files (local_cwd, SLURM on a shared filesystem) run the job, and the chaos and
+# stacks act on the ranks this machine sees; a TorchX app's replicas are fixed once submitted
+TRAITS = BackendTraits(host_files=True, chaos=(*ON_RANKS, *ON_NETWORK), marathon=MARATHON_ON_RANKS, stacks=True)
 
 
 @dataclass

@@ -11,11 +11,13 @@ import zlib
 
 import pytest
 
+from fsdp_jobs.planning.chaos_kinds import MARATHON_ON_RANKS, ChaosKind
 from fsdp_jobs.planning.errors import UserError
 from fsdp_jobs.rundir.records import ChaosIncident
 from fsdp_jobs.launchers.chaos import marathon
 
-KINDS = marathon.BASE_KINDS
+KINDS = MARATHON_ON_RANKS
+KILL_NODE, CUT_NODE = ChaosKind.KILL_NODE, ChaosKind.CUT_NODE
 
 
 def test_the_schedule_is_seeded_deals_every_kind_each_round_and_stays_between_the_checkpoints():
@@ -91,8 +93,8 @@ def test_a_bad_fault_count_is_one_line_and_exit_2(tmp_path):
 
 
 def test_kill_node_and_cut_node_spare_node0_which_holds_the_rendezvous_store():
-    faults = marathon.schedule(1, 40, (*KINDS, "kill-node", "cut-node"), world=3, nodes=3, steps=2000, interval=20)
-    for kind in ("kill-node", "cut-node"):
+    faults = marathon.schedule(1, 40, (*KINDS, KILL_NODE, CUT_NODE), world=3, nodes=3, steps=2000, interval=20)
+    for kind in (KILL_NODE, CUT_NODE):
         assert {f.target for f in faults if f.kind == kind} == {1, 2}, kind
     restarts, after_hangs = marathon.restarts_needed(faults)  # a cut is found as a hang: it counts as one
     assert after_hangs == sum(f.kind in ("hang-rank", "cut-node") for f in faults) and restarts == 40 - sum(
@@ -120,7 +122,7 @@ def test_a_node_index_is_named_as_the_run_names_its_nodes(tmp_path):
 
 
 def test_cut_node_is_dealt_only_to_a_job_that_cannot_go_on_without_the_node():
-    docker = (*KINDS, "kill-node", "cut-node")
+    docker = (*KINDS, KILL_NODE, CUT_NODE)
     assert marathon.kinds_for(docker, 3, 3) == docker
     assert "cut-node" not in marathon.kinds_for(docker, 3, 2)  # elastic: it would finish on two, not bitwise
     assert marathon.kinds_for(docker, 1, 1) == ("kill-rank", "hang-rank", "corrupt-checkpoint")
@@ -187,22 +189,21 @@ def prepared_run(tmp_path, *overrides: str):
     return Run(Path(plan.run_dir), {})
 
 
-class Dealer:
-    marathon_kinds = (*KINDS, "kill-node")
+DEALT = (*KINDS, KILL_NODE)  # what a backend with nodes of its own deals (its TRAITS.marathon)
 
 
 def test_kinds_and_margin_deal_one_schedule_whatever_the_checkpoint_interval(tmp_path):
     """bench interval runs one fault schedule against several checkpoint intervals: --kinds kill-rank
     --margin 20 deals the same faults at the same steps to interval=10, 50, 200 and auto."""
-    plans = [marathon.plan_for(Dealer(), prepared_run(tmp_path / every, "train.steps=1000", "cluster.max_restarts=9",
+    plans = [marathon.plan_for(DEALT, prepared_run(tmp_path / every, "train.steps=1000", "cluster.max_restarts=9",
                                                       f"checkpoint.interval={every}"), 6, 1, ("kill-rank",), 20)
              for every in ("10", "50", "200", "auto")]
     assert all(p == plans[0] for p in plans) and {f.kind for f in plans[0]} == {"kill-rank"}
     assert plans[0][0].at_step == 21 and plans[0][-1].at_step <= 1000 - 21
-    auto = marathon.plan_for(Dealer(), prepared_run(tmp_path / "a", "train.steps=1000", "cluster.max_restarts=9", "checkpoint.interval=auto"),
+    auto = marathon.plan_for(DEALT, prepared_run(tmp_path / "a", "train.steps=1000", "cluster.max_restarts=9", "checkpoint.interval=auto"),
                              6, 1, ("kill-rank",))
     assert auto == plans[0]  # auto's default margin: AUTO_MARGIN (20) steps
-    fixed = marathon.plan_for(Dealer(), prepared_run(tmp_path / "f", "train.steps=1000", "cluster.max_restarts=9", "checkpoint.interval=50"),
+    fixed = marathon.plan_for(DEALT, prepared_run(tmp_path / "f", "train.steps=1000", "cluster.max_restarts=9", "checkpoint.interval=50"),
                               6, 1, ("kill-rank",))
     assert fixed[0].at_step == 51  # a fixed interval's default margin is the interval
 
@@ -213,5 +214,5 @@ def test_kinds_and_margin_deal_one_schedule_whatever_the_checkpoint_interval(tmp
 def test_kinds_a_backend_cannot_deal_are_refused_in_one_line(tmp_path, kinds, needle):
     run = prepared_run(tmp_path, "nodes=1", "train.steps=1000")
     with pytest.raises(UserError) as e:
-        marathon.plan_for(Dealer(), run, 4, 0, kinds)
+        marathon.plan_for(DEALT, run, 4, 0, kinds)
     assert needle in str(e.value) and "\n" not in str(e.value) and "--kinds" in str(e.value)
