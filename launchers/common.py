@@ -52,8 +52,8 @@ def torchrun_args(plan: Plan, endpoint: str, stop_grace_s: int, group: Optional[
 GROW_LAST_CALL_S = 2
 
 # torchrun's c10d rendezvous keeps the whole membership in one store key that every agent rewrites by
-# compare-and-set, so its cost grows with the nodes of one torchrun world (fsdp_jobs/bench/rendezvous.py,
-# issue #28). Up to LARGE_WORLD_NODES torch's defaults hold; above, three of them do not:
+# compare-and-set, so its cost grows with the nodes of one torchrun world (fsdp_jobs/bench/rendezvous.py
+# simulates it). Up to LARGE_WORLD_NODES torch's defaults hold; above, three of them do not:
 # - join_timeout (600 s, counted by each agent from its own start): the first agent up waits for the last
 #   one, and a large job's nodes come up over many minutes (image pulls share a registry, allocations and
 #   pods start over minutes): 10 min plus 1 s per node (27 min at 1,024), where a node that never comes
@@ -61,9 +61,10 @@ GROW_LAST_CALL_S = 2
 # - keep_alive_interval x keep_alive_max_attempt (5 s x 3): an agent whose heartbeat is not written for
 #   that long is dropped as dead. When all agents enter a round at once (every restart: their workers fail
 #   together), each winning write costs a losing attempt of every other agent, and a heartbeat that comes
-#   due queues behind them: with more than ~480 agents at a 1,024-node state (81 KB, ~0.09 ms a losing
-#   attempt: up to ~46 s of store time for the round) live agents are dropped about as fast as they join
-#   and the round never completes (simulated: 128-256 agents on 2 cores, where an attempt costs ~2.5 ms).
+#   due queues behind them: with more than ~480 agents at a 1,024-node state (81 KB; the store's cost of a
+#   losing attempt: fsdp_jobs/ARCHITECTURE.md, "What grows with the job") live agents are dropped about as
+#   fast as they join and the round never completes (the simulation shows it at far fewer agents, whose
+#   attempts are slower on a small machine).
 #   60 s x 3: heartbeats first come due after such a round, 120 s of slack (~1,600 agents), 12x fewer
 #   heartbeat writes; a lost node is dropped within 180 s, less than the hang watchdog (>= 60 s) plus the
 #   collective timeout after which the others restart anyway;
@@ -71,10 +72,10 @@ GROW_LAST_CALL_S = 2
 #   second at 1 s): every 5 s instead; the agent then notices its workers' exit within 5 s instead of 1.
 LARGE_WORLD_NODES = 256
 LARGE_MONITOR_INTERVAL_S = 5
-# Up to LARGE_WORLD_NODES, torch's own default (0.1 s; this was 1 s): a failed rank is noticed within 0.1 s
-# instead of 1 s (0.5 s of a restart on average, `fsdp-jobs bench recovery`). The store's load is not set
-# by it: beside the agent's polls of its own processes (local, cheap) its only store read is the check
-# for waiting nodes, which goes through the rendezvous state's cache (torch's
+# Up to LARGE_WORLD_NODES, torch's own default (0.1 s): a failed rank is noticed within 0.1 s instead of 1 s,
+# half a second of every restart on average (`python -m fsdp_jobs.bench recovery` times a restart). The
+# store's load is not set by it: beside the agent's polls of its own processes (local, cheap) its only store
+# read is the check for waiting nodes, which goes through the rendezvous state's cache (torch's
 # _BackendRendezvousStateHolder.sync), so each agent reads the state at most once per cache period:
 # launchers/node/agent.py's rendezvous_poll_s, whose budget holds the load of the whole world.
 SMALL_MONITOR_INTERVAL_S = 0.1

@@ -31,7 +31,7 @@ def job_args(faults: int, seed: int, steps: Optional[int], overrides: list[str])
     return [f"train.steps={steps or STEPS_PER_FAULT * faults + 200}", "checkpoint.interval=20",
             "checkpoint.keep_last=3", f"train.seed={seed}", "train.log_interval=1", "fault.hang_timeout_s=10",
             # a rank stopped inside a save is a hang after startup_timeout_s (saves may take long; 300 s by
-            # default): a save of this job takes 0.1 s, so 45 s
+            # default): a save of this small job takes a fraction of a second, so 45 s
             "fault.startup_timeout_s=45",
             f"fault.max_hang_restarts={faults}", f"cluster.max_restarts={faults + 5}", *SMALL, *overrides]
 

@@ -1,5 +1,5 @@
 """`python -m fsdp_jobs.bench rendezvous [--nodes 8,16,32,64,128,256]`: torchrun's c10d rendezvous at N nodes,
-simulated on this machine with torch's own code, to size the job's rendezvous timeouts (issue #28).
+simulated on this machine with torch's own code, to size the job's rendezvous timeouts (launchers/common.py).
 
 Every simulated node is what one torchrun agent holds: a DynamicRendezvousHandler over a C10dRendezvousBackend
 on its own TCPStore client, built through the same functions torchrun's registry calls

@@ -113,15 +113,15 @@ def compose_spec(plan: Plan, cfg: JobConfig, code_dir: Path, user_dir: Optional[
     user = container_user(cfg)
     services = {}
     user_code = str(user_dir) if user_dir else None
-    # what every node's service shares, made once (OmegaConf reads cost ~2 ms a node: 2 s at 1,024 nodes)
+    # what every node's service shares, made once (OmegaConf reads per node add up to seconds at 1,024 nodes)
     head_env = {**runtime_env(cfg), **rank_env(cfg, run_dir, user_code)}  # then the node's name, then:
     shared_env = {
                   # the job imports the code frozen at launch; `-m` must not put the cwd before it
                   "PYTHONPATH": python_path(cfg, user_code, str(code_dir)), "PYTHONSAFEPATH": "1", "HOME": "/tmp",
                   # no bytecode written into the run dir (Python writes the first of it before
                   # launchers/node/wrapper.py can set the owner-only umask); the installed packages' own bytecode
-                  # is still read. (A PYTHONPYCACHEPREFIX in the container hid that bytecode: every container
-                  # compiled torch from source, 12.7 s from node start to rank start of 3 containers.)
+                  # is still read. (A PYTHONPYCACHEPREFIX in the container would hide that bytecode: every
+                  # container would compile torch's modules again before its ranks start.)
                   "PYTHONDONTWRITEBYTECODE": "1",
                   # Docker restarts a node that exits non-zero: not into a preflight that named a node
                   ENGINE_RESTARTS_ENV: "1",

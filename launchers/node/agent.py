@@ -144,8 +144,8 @@ def shorten_replica_restart_stop(seconds: int = REPLICA_RESTART_STOP_S) -> None:
 # pitfall 14): 1 s between two polls of the state while a round forms
 # (dynamic_rendezvous._DistributedRendezvousOpExecutor.run's `_delay(seconds=1)`), a 1 s cache in front of
 # every read of it (_BackendRendezvousStateHolder's cache_duration: a poll sooner reads the cached state),
-# and a random 0-0.3 s before the first round, which at the first restart still reads round 0. After a
-# failure they were 1.0-1.4 s of the rendezvous' 1.4 s. Each read fetches the whole state (it grows with the
+# and a random 0-0.3 s before the first round, which at the first restart still reads round 0: together
+# nearly all of a small world's rendezvous after a failure. Each read fetches the whole state (it grows with the
 # nodes), so the store's load grows as nodes^2 / period. The period is world^2 / POLL_BUDGET_NODES^2 seconds,
 # between 0.1 s and torch's 1 s: never more load than torch's own 1 s at POLL_BUDGET_NODES nodes (0.1 s up to
 # 20 nodes, 1 s from 64 and unchanged above, where fsdp_jobs/bench/rendezvous.py measured what large worlds
@@ -188,8 +188,8 @@ def shorten_rendezvous_poll(nodes: int) -> None:
 
 # A failure that repeats stops the job: the node wrapper (launchers/node/wrapper.py) reads the failure records
 # once a second and stops the agent with the job's reason (fsdp_jobs/rundir/failures.py). With the waits above a
-# small world restarts in well under a second, so the agent started a third attempt before its wrapper saw the
-# second failure (a Docker test saw 3 starts 0.8 s apart where the repeat should stop it at 2). Before each
+# small world restarts in well under a second, so the agent could start a third attempt before its wrapper saw
+# the second failure, where the repeat should stop it at two. Before each
 # restart the agent reads the records once (a node per restart: nothing in steady state); when they show a
 # repeat it holds the restart REPEAT_HOLD_S, three of its wrapper's ticks, in which the wrapper stops it. A
 # restart the wrapper did not stop then goes ahead as before.

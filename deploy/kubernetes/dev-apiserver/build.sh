@@ -89,10 +89,10 @@ say "building $BINS (about 5 CPU-minutes; nice 19)"
 LD="-s -w"; for p in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
   LD="$LD -X k8s.io/kubernetes/vendor/$p.gitVersion=v$VERSION -X k8s.io/kubernetes/vendor/$p.gitMajor=1"
   LD="$LD -X k8s.io/kubernetes/vendor/$p.gitMinor=20 -X k8s.io/kubernetes/vendor/$p.gitTreeState=clean"; done
-# unoptimized and not inlined (-N -l), the compiler's collector at 4x its default heap growth (GOGC=400): a new
-# machine's whole build.sh 388 CPU-s instead of 512 (24% less, side by side on 2026-11-26; GOGC alone: 474).
-# The binaries serve a dev control plane: the API server spent 30 CPU-s instead of 18 in the Kubernetes tier
-# (71 tests, 89 s instead of 84), against the 124 its build saves on every new machine, which CI always is
+# unoptimized and not inlined (-N -l), the compiler's collector at 4x its default heap growth (GOGC=400): a
+# quarter less CPU for a new machine's whole build.sh, which CI always is. The binaries only serve a dev
+# control plane: the slower API server costs the Kubernetes tier much less CPU than the build saves
+# (fsdp_jobs/bench/README.md, "The test machinery")
 GOGC=400 nice -n 19 go build -p 2 -gcflags="all=-N -l" -tags selinux,notest -ldflags "$LD" -o "$OUT/bin/" \
   $(for b in $BINS; do echo "./cmd/$b"; done)
 cp "$HERE/README.md" "$OUT/" 2>/dev/null || true
