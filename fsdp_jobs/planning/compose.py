@@ -143,7 +143,7 @@ def _compose_one(hydra_compose: Any, overrides: list[str]) -> tuple[JobConfig, d
         cfg = hydra_compose("config", overrides=overrides)
     except (HydraException, OmegaConfBaseException, ValueError) as e:
         raise _translate(e, overrides) from None
-    schema_keys = {f.name for f in dataclasses.fields(JobConfig)}  # (OmegaConf.structured costs 8 ms)
+    schema_keys = {f.name for f in dataclasses.fields(JobConfig)}  # names only: OmegaConf.structured builds all
     for key in cfg.keys():
         if key not in schema_keys and key != "hydra":
             raise UserError(str(key), cfg[key], "unknown key; known top-level keys: " + ", ".join(sorted(schema_keys)))
