@@ -1,6 +1,6 @@
 """The report page in a real headless browser (Debian's chromium): what it rendered, read back from the DOM
 chromium dumps, its console messages, and a screenshot. Used by the fast tier on hand-made run dirs and by the
-chaos marathon's integration test on a real run (README: "What happened to a job")."""
+chaos marathon's integration test on a real run (README: "Reading a run")."""
 
 from __future__ import annotations
 

@@ -397,7 +397,7 @@ def test_a_stopped_rank_then_a_killed_node_in_containers_are_recovered_and_the_j
     assert proc.returncode == 0, out[-4000:]
     assert result(run_dir)["containers"]["node1"]["restarts"] >= 1  # Docker restarted it, not a new job
     # one resume per fault; the kill's from the newest checkpoint before it: step 50, or a later one when the
-    # loaded machine was slow to run `chaos` (a CI rehearsal's kill came after step 100)
+    # loaded machine was slow to run `chaos` (the kill then comes after step 100)
     resumed = re.findall(r"\[node0\] checkpoint: resumed from step-(\d{6})", out)
     assert len(resumed) >= 2 and 50 <= int(resumed[-1]) < 200, out[-3000:]
     assert_same_state(reference_run[0] / "checkpoints" / "step-000200", run_dir / "checkpoints" / "step-000200")

@@ -85,8 +85,8 @@ def job_reference(tmp_path_factory) -> Path:
 
 
 def test_job_api_script_killed_rank_restarts_bitwise_like_the_builtin_trainer(run_root, job_reference):
-    # 0.2 s a step: 15 steps (3 s) after step 5 is committed, so the kill lands mid-run (CI once saw this
-    # tiny model finish all 20 steps before the kill, and torchrun's restart then had no step left to log)
+    # 0.2 s a step: 15 steps (3 s) after step 5 is committed, so the kill lands mid-run (unpaced, this tiny
+    # model can finish all 20 steps before the kill, and torchrun's restart then has no step left to log)
     run_dir, _ = kill_rank_and_finish(run_root, "killed", (f"script={SCRIPTS / 'job_train.py'}", *KILL), after_step=5,
                                       env={"JOB_TRAIN_SECONDS_PER_STEP": "0.2"})
     assert manifest(run_dir / "checkpoints" / "step-000020")["mesh"] == {"replicate": 2, "shard": 2}

@@ -176,7 +176,7 @@ def test_with_no_usable_checkpoint_the_job_fails_and_says_so_never_succeeded(run
 def test_a_finished_run_whose_checkpoints_were_removed_is_refused_then_starts_over_on_request(run_root):
     """rm -r RUN_DIR/checkpoints, then the same name with more steps: it would train from step 0 into the same
     metrics, so it is refused in one line, nothing changed; checkpoint.resume=false, as the line says, then
-    starts over with a curve of its own, the earlier one set aside whole (issue #44)."""
+    starts over with a curve of its own, the earlier one set aside whole."""
     run_dir, args = run_root / "gone", (f"run_root={run_root}", "name=gone", "nodes=1", "gpus_per_node=1", *SHORT)
     assert_ok(cli(*args, "train.steps=3"))
     shutil.rmtree(run_dir / "checkpoints")

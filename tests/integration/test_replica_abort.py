@@ -1,7 +1,7 @@
 """What fsdp_jobs/runtime/replicas.py Replicas.commit relies on when a group fails a step: aborting torchft's
 gloo group closes this group's connections, so a group still waiting on it in the step's all-reduce fails
-at once, instead of after fault_tolerance.timeout_s (a loaded CI run of tests/docker/test_replicas_docker.py
-had two survivors of three wait 7 s that way). Two real processes over loopback: one waits in an
+at once, instead of after fault_tolerance.timeout_s (without it, survivors of a killed group can wait that
+long on a loaded machine). Two real processes over loopback: one waits in an
 all-reduce, the other aborts. (Without the abort the waiting one got its error after the 20 s timeout.)"""
 
 from __future__ import annotations

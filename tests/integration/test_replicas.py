@@ -133,8 +133,8 @@ def test_a_group_gone_silent_costs_the_other_one_timeout_not_a_restart(run_root)
     that no abort frees: it fails its step when fault_tolerance.timeout_s expires (stopped between two steps,
     the silent group is simply left out of the next quorum: cheaper still), then trains on alone, before its
     own hang watchdog (fault.hang_timeout_s, at least twice as long) takes the wait for a hang.
-    The silent group's watchdog restarts it, and it recovers live. (A Docker CI run had the survivor's
-    watchdog fire first: both timeouts were 60 s, and it restarted from the checkpoint; pitfall 20.)"""
+    The silent group's watchdog restarts it, and it recovers live. (With both timeouts equal the survivor's
+    watchdog may fire first and restart it from the checkpoint: pitfall 20.)"""
     run_dir = run_root / "silent"
     timeout_s, hang_s, steps = 8, 20, 300
     job = ("nodes=2", "gpus_per_node=1", "train.seed=3", "train.log_interval=1", *SHORT, *REPLICA, PACED,
@@ -147,8 +147,8 @@ def test_a_group_gone_silent_costs_the_other_one_timeout_not_a_restart(run_root)
     assert not any(" hang: " in ln for ln in node0), "\n".join(node0[-30:])  # the survivor was never restarted
     # the survivor goes on in a quorum of its own; whether it first failed a step is a race: a stop inside the
     # step's all-reduce costs it the cross-group timeout ("not committed"), a stop between two steps costs less
-    # (the lighthouse drops the silent group after its heartbeat timeout, before the survivor's next all-reduce:
-    # seen in CI, the rank stopped at its step 15, the survivor's next step took 2.3 s)
+    # (the lighthouse drops the silent group after its heartbeat timeout, before the survivor's next
+    # all-reduce)
     assert any("the quorum changed" in ln and "1 of 2 groups" in ln for ln in node0), "\n".join(node0[-30:])
     failed_a_step = any("not committed" in ln for ln in node0)
     assert any(" hang: " in ln for ln in node1), "\n".join(node1[-30:])  # the silent group's own watchdog
@@ -169,8 +169,8 @@ def test_a_job_api_script_recovers_live_too(run_root):
     objects given to job.checkpoint.load are what a restarted group recovers from the other, live."""
     script = REPO / "tests" / "scripts" / "job_train.py"
     run_dir = run_root / "script"
-    # 290 steps of at least 0.1 s after the kill: group 1's restart took 8 s (80 steps) in a loaded CI run,
-    # which a run of 100 steps in all did not outlast (group 1 came back to a finished job)
+    # 290 steps of at least 0.1 s after the kill: group 1's restart can take seconds on a loaded machine, which a
+    # much shorter run does not outlast (group 1 comes back to a finished job)
     out, _, _ = kill_rank_3_when(run_root, "script", (f"script={script}", *JOB, *REPLICA, REJOIN, "train.steps=300",
                                                       "checkpoint.interval=50"),
                                  lambda d: (d / "metrics.jsonl").exists() and len(metrics(d)) >= 10,

@@ -25,7 +25,7 @@ from tests.kubernetes.test_e2e import DONE, RUNNING
 from tests.kubernetes.test_refusals import one_line_refusal
 
 # 900 s, not the kubernetes tier's 180: the first test's setup may wait for the control plane's cold build
-# (330 s in a CI run on a machine without the cache, beside pip and the other worker's tests; 180 s failed it)
+# (minutes on a machine without the cache, beside pip and the other worker's tests: more than 180 s)
 pytestmark = [pytest.mark.kubernetes, pytest.mark.integration, pytest.mark.timeout(900)]
 
 KINDS = ["volcano", "pytorchjob", "jobset"]

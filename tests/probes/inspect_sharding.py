@@ -69,8 +69,8 @@ def main() -> None:
                        "forward_calls": [calls[i] for i in range(len(units))], "compute_dtypes": sorted(dtypes),
                        "unit_params": [sum(p.numel() for p in u.parameters()) for u in units]}, f)
     # FSDP2 + gloo abort at exit in a fifth to two fifths of runs unless the objects gloo's thread references are
-    # collected first, then no interpreter teardown (fsdp_jobs/ARCHITECTURE.md, pitfall 2; a clean-clone CI run of
-    # this probe died of SIGABRT, "terminate called without an active exception")
+    # collected first, then no interpreter teardown (fsdp_jobs/ARCHITECTURE.md, pitfall 2: without it this probe
+    # can die of SIGABRT, "terminate called without an active exception")
     del model, units, out_logits, logits
     gc.collect()
     torch.distributed.barrier()

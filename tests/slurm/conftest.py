@@ -103,7 +103,7 @@ def slurm_cluster():
         resume_unusable_nodes()
     yield
     # A test that failed half way may leave its jobs running, holding the nodes every later test waits for
-    # (a CI rehearsal lost 5 minutes in each of three tests after one that way). Only on our own cluster:
+    # (each later test would wait minutes for nodes). Only on our own cluster:
     # a developer's jobs are theirs.
     if _Ours.started:
         left = sorted({j for j in sh("squeue", "-h", "-o", "%A").split() if j.isdigit()}, key=int)

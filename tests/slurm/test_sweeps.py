@@ -1,5 +1,5 @@
 """`python -m fsdp_jobs -m cluster=slurm ...` sweeps on the real multi-node SLURM cluster (see conftest):
-every "Done when" line of issue #8. Members are 2 nodes x 1 rank of the tiny model the other SLURM
+each promise of README.md's "Sweeps" and deploy/slurm/README.md's "Sweeps as job arrays". Members are 2 nodes x 1 rank of the tiny model the other SLURM
 tests use, so the 4-node, 2-core test cluster runs them."""
 
 from __future__ import annotations

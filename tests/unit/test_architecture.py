@@ -339,8 +339,8 @@ def test_no_benchmark_sits_above_the_cli_and_the_backends():
 def test_a_node_wrapper_imports_neither_torch_nor_hydra(tmp_path):
     """The node wrapper (launchers/node/wrapper.py) starts on every node before its agent, and again with every
     container or SLURM task that restarts: what it imports is paid at each node start. Reading the job's
-    fault keys through the schema, as it does, needs omegaconf, not hydra (hydra's import was 0.3 s of a
-    wrapper's 0.57 s: fsdp_jobs/planning/validation.py, register_schemas) and never torch."""
+    fault keys through the schema, as it does, needs omegaconf, not hydra (hydra's import would be about half
+    the wrapper's start: fsdp_jobs/planning/validation.py, register_schemas) and never torch."""
     (tmp_path / "job.yaml").write_text("fault:\n  hang_timeout_s: 90\n")
     probe = ("import sys, pathlib\n"
              "from fsdp_jobs.launchers.node import watchdog, wrapper\n"

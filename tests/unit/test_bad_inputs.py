@@ -53,7 +53,7 @@ JOB_CASES = [
     (["model.dim=130"], "model.dim=130", "divisible by model.n_heads"),
     (["data.seq_len=4096"], "data.seq_len=4096", "model.max_seq_len"),
     (["data=token_file"], "data.path", "needs the token file"),
-    # values no rank can run with (issue #44): each passed the dry run, and the job then failed on every rank
+    # values no rank can run with: otherwise each passes the dry run, and the job then fails on every rank
     # after its start-up, hundreds of lines (tests/unit/test_rank_values.py: the rules themselves)
     (["model.dim=132"], "model.dim=132", "33 channels per head"),
     (["train.seed=-8"], "train.seed=-8", ">= 0"),

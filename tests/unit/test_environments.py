@@ -1,4 +1,4 @@
-"""The environments a user's shell may hand the CLI (issue #44): each either works or is refused in one line,
+"""The environments a user's shell may hand the CLI: each either works or is refused in one line,
 exit 2, before anything is written; never a traceback. (A real job under an outer allocation's variables:
 tests/integration/test_user_environment.py.)"""
 

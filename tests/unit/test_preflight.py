@@ -93,7 +93,7 @@ def test_the_table_has_one_row_per_node_with_every_measure_and_the_verdict():
 
 def test_a_node_slow_once_is_cleared_by_the_recheck_and_one_slow_twice_is_named():
     """The recheck round: each rank keeps the better of its two numbers, so a node is named slow only when
-    both rounds found it slow (CI once saw a healthy node's fsync 3.6x slower in one round: another
+    both rounds found it slow (a healthy node's fsync can be several times slower for one round: another
     process's writeback)."""
     first = cluster(gpu_1={"write_mb_s": 100.0}, gpu_2={"matmul_tflops": 2.0})
     v1 = verdict(first, 2.0)

@@ -1,5 +1,5 @@
-"""Values no rank can run with are refused while planning (issue #44): before, each passed the dry run and the
-job then failed on every rank after its start-up, hundreds of lines. The refusals themselves, one line and
+"""Values no rank can run with are refused while planning: otherwise each passes the dry run and the job then
+fails on every rank after its start-up, hundreds of lines. The refusals themselves, one line and
 exit 2 with nothing written, are rows of tests/unit/test_bad_inputs.py; here: the values beside them that
 must still plan, the import-path reader (fsdp_jobs/planning/targets.py) case by case, and that each refused
 value really fails where a rank uses it (a rule that refuses more than fails is a rule to loosen)."""

@@ -1,5 +1,5 @@
 """A resubmission that would resume into something else than what the run was: refused in one line, exit 2,
-before anything is written (issue #44). A run that trained but has no checkpoint left would start again from
+before anything is written. A run that trained but has no checkpoint left would start again from
 step 0 into the same records; a token_file run whose data changed would resume at its old data position in
 other data. Hand-made run dirs; the real CLI runs in this process with its launch stubbed where it must
 get that far (launchers/local/backend.py run_agents: no agent starts)."""

@@ -1,7 +1,6 @@
 """The ranks' stop vote (fsdp_jobs/runtime/stopping.py) on two real gloo ranks: every rank stops at the
 same step and can say why, including a rank the signal has not reached yet (SLURM signals each node's
-task; in a loaded CI run rank 0 heard of SIGUSR2 from rank 1 first, and its log said only "by another
-rank"), and how long a rank stopped by another's signal stays alive for its agent."""
+task, so rank 0 may hear of SIGUSR2 from rank 1 first and must still log which signal it was), and how long a rank stopped by another's signal stays alive for its agent."""
 
 from __future__ import annotations
 

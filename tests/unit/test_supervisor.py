@@ -79,7 +79,7 @@ def test_a_signal_stops_every_node_and_what_does_not_stop_is_killed(sink, monkey
     monkeypatch.setattr(supervisor, "STOP_EXTRA_S", 0.2)
     polite, stubborn = ScriptedNode("node0"), ScriptedNode("node1", obeys_stop=False)
     # what was there before: Python's default_int_handler, or SIG_IGN where pytest itself was started in the
-    # background by a non-interactive shell (a CI rehearsal started so failed on asserting the former)
+    # background by a non-interactive shell (asserting the former fails there)
     before = signal.getsignal(signal.SIGINT)
     threading.Timer(0.2, os.kill, (os.getpid(), signal.SIGINT)).start()
     out = supervise([polite, stubborn], sink, min_nodes=2, stop_grace_s=0)
