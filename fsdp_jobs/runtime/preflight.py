@@ -210,8 +210,8 @@ BOOT_ID = Path("/proc/sys/kernel/random/boot_id")
 def machine_id() -> str:
     """What tells machines apart: the kernel's boot id. Containers and network namespaces on one machine share
     it while their host names differ (a container engine's nodes, the test cluster's: told apart by host name,
-    such nodes measured their matmuls all at once on 2 cores, and a clean CI run named a healthy node 2.2x slow
-    twice: fsdp_jobs/ARCHITECTURE.md, "Preflight"); two machines never share it. The host name where it cannot
+    such nodes measured their matmuls all at once on 2 cores and could name a healthy node slow twice:
+    fsdp_jobs/ARCHITECTURE.md, "Preflight"); two machines never share it. The host name where it cannot
     be read."""
     try:
         return BOOT_ID.read_text().strip() or socket.gethostname()

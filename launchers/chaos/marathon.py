@@ -317,8 +317,8 @@ class Marathon:
 
 def corrupt_newest_and_kill(run_dir: Path, rank: int, rng: random.Random) -> str:
     """Damage the newest committed checkpoint and SIGKILL `rank`, with every rank stopped meanwhile and no save
-    under way (no save may commit a newer one between the two: the restart must meet the damaged one; a CI run
-    dealt this fault at step 300 of an interval of 20 and the save of step 300 committed after the kill)."""
+    under way (no save may commit a newer one between the two: the restart must meet the damaged one; dealt on
+    a checkpoint step, the save of that step could otherwise commit after the kill)."""
     from fsdp_jobs.launchers.chaos import inject
 
     procs = inject.rank_processes(run_dir)

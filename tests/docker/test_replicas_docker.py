@@ -31,8 +31,8 @@ pytestmark = [pytest.mark.docker, pytest.mark.integration, pytest.mark.usefixtur
 # ended 0.031 from seed 7's 1.6070, the killed replica run 0.012; at 24 x 128, seeds 8 and 9 ended 0.012 and
 # 0.010 from 1.4555. The test's tiny model (SHORT) is no use here: every seed ends within 0.0005.)
 # The step's length is mostly a pause (FSDP_JOBS_TEST_STEP_PAUSE_MS: "as if the data came slower"), not
-# compute: at 24 x 128 tokens a rank the default model's ~0.6 CPU-s steps, two Docker runs and a local one of
-# 3 x 80 steps, were ~400 CPU-s of a CI run that is CPU-bound; the pause leaves that CPU to the other test
+# compute: at 24 x 128 tokens a rank the default model's steps, two Docker runs and a local one of 3 x 80 steps,
+# would be minutes of CPU in a test run that is CPU-bound; the pause leaves that CPU to the other test
 # worker, and keeps a step's length when node2's container starting again takes the survivors' CPU
 STEPS, INTERVAL, KILL_AFTER = 80, 20, 30
 STEP_PAUSE = "+cluster.env.FSDP_JOBS_TEST_STEP_PAUSE_MS=600"

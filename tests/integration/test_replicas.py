@@ -20,7 +20,7 @@ pytestmark = pytest.mark.integration
 JOB = ("nodes=2", "gpus_per_node=2", "train.seed=3", "train.log_interval=1", *SHORT)
 REPLICA = ("fault_tolerance=replica", "fault_tolerance.heartbeat_timeout_s=1")
 # a killed group's ranks are forked again within about 2 s, which a loaded machine's new quorum (heartbeat
-# 1 s, then a tick) can come after (a SLURM CI run then stepped at full world throughout): the killed group
+# 1 s, then a tick) can come after (the job then steps at full world throughout): the killed group
 # waits 5 s before it rejoins, as a node slow to come back would, so the others certainly train without it
 REJOIN = "+cluster.env.FSDP_JOBS_TEST_REJOIN_DELAY_S=5"
 

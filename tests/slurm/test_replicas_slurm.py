@@ -16,8 +16,8 @@ pytestmark = [pytest.mark.slurm, pytest.mark.usefixtures("slurm_cluster")]
 # restart group 2, by which time a short unpaced job has finished, and group 2 comes back to a completed
 # checkpoint instead of a peer; unpaced, 1,200 steps kept both CPU cores busy for a minute
 STEPS = 400
-# group 2's ranks are forked again by their agent within about 2 s; under a loaded CI run the survivors' new
-# quorum (heartbeat 1 s, then a tick) came after it, and no step ran without group 2: the restarted group
+# group 2's ranks are forked again by their agent within about 2 s; on a loaded machine the survivors' new
+# quorum (heartbeat 1 s, then a tick) can come after it, and no step would run without group 2: the restarted group
 # waits 5 s before it rejoins (FSDP_JOBS_TEST_REJOIN_DELAY_S), as a node slow to come back would
 REJOIN = "+cluster.env.FSDP_JOBS_TEST_REJOIN_DELAY_S=5"
 

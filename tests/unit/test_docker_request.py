@@ -90,7 +90,7 @@ def test_the_supervisor_acts_on_nothing_it_reads_back_from_the_run_dir():
 def test_a_job_whose_containers_are_being_removed_is_ending_not_failed(tmp_path, monkeypatch):
     """Between the last container's exit and the end of `compose down` the containers are gone while the
     supervisor has not confirmed the removal: `status` (and so `logs -f`, which stops at a final state)
-    must not call a cancelled job FAILED there; CI once read exactly that."""
+    must not call a cancelled job FAILED there."""
     import json
     import time
 
