@@ -143,8 +143,8 @@ def pair_busbw_gbps(world: World, slow: bool) -> Optional[float]:
     """The bus bandwidth of an all-reduce with each neighbour node (all ranks of both nodes), the best
     pair's: low only when every pair of this node is slow, i.e. this node is. The ring's rounds take turns,
     one timed all-reduce each, REPEATS times: timed one round after the other, the pairs sampled different
-    stretches of the machine's other load, and a pair timed in a quiet stretch measured 1.75 GB/s against
-    the others' 0.84, so the one node in neither of its pairs was named (a healthy 3-container job in CI)."""
+    stretches of the machine's other load, and a pair timed in a quiet stretch could measure twice the
+    others', so the one node in neither of its pairs was named although healthy."""
     lws = world.local_world_size
     x = torch.ones(PREFLIGHT_ALLREDUCE_BYTES // 4, device=world.device, dtype=torch.float32)
     rounds = ring_edges(world.nodes)
