@@ -36,17 +36,17 @@ def tree(root: Path) -> list[tuple[str, float]]:
 LOCAL = json.dumps({"backend": "local", "job_id": "999999", "pid": 999999}) + "\n"
 
 
-def test_status_logs_cancel_of_a_finished_local_run_only_read(run_root):
+def test_status_logs_cancel_of_a_finished_local_run_only_read(cli_here, run_root):
     run_dir = make_run(run_root, "done", LOCAL, {"status": "completed", "step": 5}, "[node0] step 5/5\n")
     (run_dir / ".lock").write_text("999999")  # what a finished launcher leaves behind
     before = tree(run_root)
-    status = cli("status", "done", "--run-root", str(run_root))
+    status = cli_here("status", "done", "--run-root", str(run_root))
     assert status.returncode == 0, status.stderr
     info = json.loads(status.stdout)
     assert info["backend"] == "local" and info["state"] == "SUCCEEDED"
-    follow = cli("logs", "done", "-f", "--run-root", str(run_root), timeout=30)  # ends: the job has ended
+    follow = cli_here("logs", "done", "-f", "--run-root", str(run_root))  # ends: the job has ended
     assert follow.returncode == 0 and follow.stdout == "[node0] step 5/5\n"
-    cancel = cli("cancel", "done", "--run-root", str(run_root))
+    cancel = cli("cancel", "done", "--run-root", str(run_root))  # its own process: a cancel signals processes
     assert cancel.returncode == 0 and "is not running" in cancel.stdout
     assert tree(run_root) == before  # no .lock, nothing touched
 
@@ -61,34 +61,34 @@ def test_a_running_local_run_is_seen_through_its_lock(run_root):
     assert info["state"] == "FAILED" and "launcher pid 999999 has exited" in info["detail"]
 
 
-def test_truncated_launch_records_and_a_missing_state_file(run_root):
+def test_truncated_launch_records_and_a_missing_state_file(cli_here, run_root):
     make_run(run_root, "cut", LOCAL + '{"backend": "slurm", "job_i', None, "line\n")
-    info = json.loads(cli("status", "cut", "--run-root", str(run_root)).stdout)
+    info = json.loads(cli_here("status", "cut", "--run-root", str(run_root)).stdout)
     assert info["backend"] == "local" and info["train"] == {}  # the cut line is skipped
-    listing = cli("list", "--run-root", str(run_root))
+    listing = cli_here("list", "--run-root", str(run_root))
     assert listing.returncode == 0 and "cut" in listing.stdout
-    assert cli("logs", "cut", "-f", "--run-root", str(run_root), timeout=30).stdout == "line\n"
+    assert cli_here("logs", "cut", "-f", "--run-root", str(run_root)).stdout == "line\n"
 
 
-def test_a_run_with_no_launch_record_is_one_line(run_root):
+def test_a_run_with_no_launch_record_is_one_line(cli_here, run_root):
     make_run(run_root, "bare", None)
-    status = cli("status", "bare", "--run-root", str(run_root))
+    status = cli_here("status", "bare", "--run-root", str(run_root))
     assert status.returncode == 0 and json.loads(status.stdout)["state"] == "UNKNOWN"
     for cmd in ("logs", "cancel"):
-        r = cli(cmd, "bare", "--run-root", str(run_root))
+        r = (cli_here if cmd == "logs" else cli)(cmd, "bare", "--run-root", str(run_root))
         assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "records no launch" in r.stderr
         assert "Traceback" not in r.stderr
-    r = cli("status", "nope", "--run-root", str(run_root))
+    r = cli_here("status", "nope", "--run-root", str(run_root))
     assert r.returncode == 2 and "no such run" in r.stderr and "bare" in r.stderr
 
 
-def test_chaos_on_a_backend_without_it_is_one_line(run_root):
+def test_chaos_on_a_backend_without_it_is_one_line(cli_here, run_root):
     make_run(run_root, "loc", LOCAL, {"status": "completed"})
-    r = cli("chaos", "loc", "kill-node", "1", "--run-root", str(run_root))
+    r = cli_here("chaos", "loc", "kill-node", "1", "--run-root", str(run_root))
     assert r.returncode == 2 and "not supported by the local backend" in r.stderr
 
 
-def test_scale_refusals_are_one_line_and_touch_nothing(run_root):
+def test_scale_refusals_are_one_line_and_touch_nothing(cli_here, run_root):
     """`fsdp-jobs scale RUN nodes=N`: a job submitted without room to grow, a bad N, a SLURM job that is not
     running, and a local run whose launcher is gone (tests/integration/test_grow.py grows a live one)."""
     make_run(run_root, "fixed", LOCAL, {"status": "completed"})
@@ -104,13 +104,13 @@ def test_scale_refusals_are_one_line_and_touch_nothing(run_root):
                             ("roomy", "nodes=5", "must be from 3 to 4"),
                             ("roomy", "nodes=3", "is not running"),
                             ("queued", "nodes=3", "not RUNNING: nothing to grow")):
-        r = cli("scale", run, size, "--run-root", str(run_root))
+        r = cli_here("scale", run, size, "--run-root", str(run_root))
         assert r.returncode == 2 and r.stdout == "" and len(r.stderr.strip().splitlines()) == 1, (run, size, r.stderr)
         assert says in r.stderr, (run, size, r.stderr)
     assert tree(run_root) == before
 
 
-def test_damaged_files_in_a_run_dir_never_give_a_traceback(run_root):
+def test_damaged_files_in_a_run_dir_never_give_a_traceback(cli_here, run_root):
     """Non-object JSON in state.json and metrics.jsonl, binary junk in launches.jsonl, a job.yaml that is not
     YAML: status, list, logs and compare still answer (the damaged record counts as not recorded) or say in
     one line which file is damaged."""
@@ -119,19 +119,19 @@ def test_damaged_files_in_a_run_dir_never_give_a_traceback(run_root):
     (run_dir / "metrics.jsonl").write_text('1\n"x"\n[]\n{"step": "a"}\n{"step": 3, "loss": 1.5}\n\xff\n')
     (run_dir / "plan.json").write_bytes(b"\x00\xff not json")
     before = tree(run_root)
-    status = cli("status", "dmg", "--run-root", str(run_root))
+    status = cli_here("status", "dmg", "--run-root", str(run_root))
     assert status.returncode == 0 and "Traceback" not in status.stderr, status.stderr
     out = json.loads(status.stdout)
     assert out["train"] == {} and out["last_step"]["step"] == 3  # only the well-formed record counts
     for args in (("list",), ("logs", "dmg"), ("compare", str(run_root))):
-        r = cli(*args, "--run-root", str(run_root))
+        r = cli_here(*args, "--run-root", str(run_root))
         assert "Traceback" not in r.stderr and r.returncode in (0, 2), (args, r.stderr)
         assert r.returncode == 0 or len(r.stderr.strip().splitlines()) == 1, (args, r.stderr)
     assert tree(run_root) == before  # they only read
     (run_dir / "launches.jsonl").write_bytes(b"\xff\xfe\x00garbage\n")
     (run_dir / "job.yaml").write_text("name: [unclosed\n")
     for args in (("status", "dmg"), ("list",), ("cancel", "dmg")):
-        r = cli(*args, "--run-root", str(run_root))
+        r = (cli if args[0] == "cancel" else cli_here)(*args, "--run-root", str(run_root))
         assert "Traceback" not in r.stderr and r.returncode in (0, 2), (args, r.stderr)
         assert r.returncode == 0 or len(r.stderr.strip().splitlines()) == 1, (args, r.stderr)
 
@@ -157,7 +157,7 @@ def test_a_scale_request_is_taken_once_and_never_through_a_link_or_a_fifo(tmp_pa
     assert sorted(p.name for p in tmp_path.iterdir()) == ["secret.json"]
 
 
-def test_a_refused_resubmission_is_in_status_beside_the_runs_own_outcome(run_root):
+def test_a_refused_resubmission_is_in_status_beside_the_runs_own_outcome(cli_here, run_root):
     """Issue 27: a finished run resubmitted with another model shape exited 2, and `status` then said
     SUCCEEDED as if that were the outcome of the command. The run is untouched (its state is still its
     last launch's), and status says the last submission was refused, and why."""
@@ -169,13 +169,13 @@ def test_a_refused_resubmission_is_in_status_beside_the_runs_own_outcome(run_roo
     (ckpt / ".metadata").write_text("x")
     (ckpt / "manifest.json").write_text("{}")
     before = tree(run_root)
-    dry = cli(f"run_root={run_root}", "name=done", "model.dim=64", "dry_run=true")
+    dry = cli_here(f"run_root={run_root}", "name=done", "model.dim=64", "dry_run=true")
     assert dry.returncode == 2
-    assert "last_submission" not in json.loads(cli("status", "done", "--run-root", str(run_root)).stdout)  # a dry run is no submission
-    r = cli(f"run_root={run_root}", "name=done", "model.dim=64")
+    assert "last_submission" not in json.loads(cli_here("status", "done", "--run-root", str(run_root)).stdout)  # a dry run is no submission
+    r = cli(f"run_root={run_root}", "name=done", "model.dim=64")  # its own process: let through, it would launch
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "model.dim=64" in r.stderr
     assert tree(run_root) == before  # nothing in the run dir touched
-    info = json.loads(cli("status", "done", "--run-root", str(run_root)).stdout)
+    info = json.loads(cli_here("status", "done", "--run-root", str(run_root)).stdout)
     assert info["state"] == "SUCCEEDED" and info["train"]["step"] == 10  # the run's own, truthfully
     assert "model.dim=64" in info["last_submission"]["refused"]
     assert "the last submission" in info["detail"] and "was refused: model.dim=64" in info["detail"]
