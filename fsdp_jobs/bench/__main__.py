@@ -46,6 +46,10 @@ benchmark compares side by side in one run and reports ratios).
         status, list, goodput, logs --node K --tail 100 and compare (each `python -m fsdp_jobs ...`, a
         process, beside the CLI's bare start), the straggler report and a resume's checkpoint choice, timed on
         a synthetic run of N x G through the run-dir package (fsdp_jobs/bench/scale.py): the curve over N as JSON.
+    python -m fsdp_jobs.bench records [--nodes 1024] [--metric-rows 1000000] [--members 1000] [--repeats 5]
+        today's run-dir readers (json, then the records' own checks) against msgspec's decoder on bench scale's
+        synthetic run: each reader in this process, what each keeps of a record of damaged lines, and `status`
+        and `compare` end to end (fsdp_jobs/bench/records.py). Needs msgspec, which fsdp-jobs does not.
 """
 
 from __future__ import annotations
@@ -118,19 +122,22 @@ def parser() -> argparse.ArgumentParser:
     iv.add_argument("--repeats", type=int, default=3)
     iv.add_argument("--keep", type=Path, default=None, help="run the jobs under this run root and keep it")
     iv.add_argument("overrides", nargs="*", help="after --: overrides for every run")
-    from fsdp_jobs.bench import rendezvous, scale
+    from fsdp_jobs.bench import records, rendezvous, scale
 
     scale.add_parser(sub)
     rendezvous.add_parser(sub)
+    records.add_parser(sub)
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
-    from fsdp_jobs.bench import rendezvous, scale
+    from fsdp_jobs.bench import records, rendezvous, scale
 
     args = parser().parse_args(argv)
     if args.which == "scale":
         return scale.run(args)
+    if args.which == "records":
+        return records.run(args)
     if args.which == "rendezvous":
         return rendezvous.run(args)
     if args.which == "dry-run-scale":
