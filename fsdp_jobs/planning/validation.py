@@ -18,6 +18,9 @@ from fsdp_jobs.planning.input_rules import (FLOAT32_MAX, MAX_NODES, TIMEDELTA_MA
                                             check_sizes, check_target, finite)
 
 
+_REGISTERED: set[tuple[tuple[str, str], ...]] = set()  # the backend sets whose schemas Hydra holds already
+
+
 def register_schemas() -> None:
     """Let conf/ files name the schemas in their defaults lists: the root (job_schema, which types every
     group but `cluster`) and one per backend, which each cluster/*.yaml extends. The other groups need
@@ -25,11 +28,17 @@ def register_schemas() -> None:
     per group would be merged once more on every compose). Each
     backend registers its own (launchers/<name>/config.py), found through fsdp_jobs/planning/backends.py.
     Hydra is imported here, not with the schema: a node wrapper and a torchrun agent read the job record
-    through the schema (rank_config) and never compose (hydra's import is most of a wrapper's start)."""
+    through the schema (rank_config) and never compose (hydra's import is most of a wrapper's start).
+    Once per process for the same backends: storing converts every schema again, which a process that
+    composes more than once (a sweep expands, then composes its members; the tests) would pay each time."""
     from hydra.core.config_store import ConfigStore
 
+    installed = tuple(backends.packages().items())
+    if installed in _REGISTERED:
+        return
     ConfigStore.instance().store(name="job_schema", node=JobConfig)
     backends.register_schemas()
+    _REGISTERED.add(installed)
 
 
 def _importable(key: str, path: str) -> None:

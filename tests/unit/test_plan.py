@@ -278,3 +278,22 @@ def test_generated_names_differ_within_a_second_and_stay_names(monkeypatch):
     assert len(set(names)) == len(names), names
     for n in names:
         input_rules.check_name("name", n)
+
+
+def test_the_schemas_are_stored_once_per_set_of_backends_and_again_when_it_changes(monkeypatch):
+    """A process that composes again and again (a sweep, the tests) stores them once; a backend an installed
+    distribution adds afterwards gets its schema all the same."""
+    from fsdp_jobs.planning import backends, validation
+
+    stored = []
+    installed = backends.packages()
+    monkeypatch.setattr(validation, "_REGISTERED", set())
+    monkeypatch.setattr(backends, "register_schemas", lambda: stored.append(sorted(backends.packages())))
+    validation.register_schemas()
+    validation.register_schemas()
+    assert stored == [sorted(installed)]
+    monkeypatch.setattr(backends, "packages", lambda: {**installed, "mine": "mybackend"})
+    validation.register_schemas()
+    assert stored == [sorted(installed), sorted([*installed, "mine"])]
+    monkeypatch.undo()
+    assert plan_for("nodes=2", "gpus_per_node=1").world_size == 2  # the real ones, stored as before
