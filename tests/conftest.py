@@ -29,18 +29,23 @@ def cli_here(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
     new interpreter and the CLI's imports, which cost each call more than most commands do. For what a command
     decides and says; a promise about the process itself (what it imports, its signals, its streams, a closed
     pipe) keeps `cli`. An exception the command lets out fails the test here, as its traceback would; a warning
-    or a logged warning, which pytest would keep from stderr, is on stderr as a new interpreter prints it."""
+    or a logged warning, which pytest would keep from stderr, is on stderr as a new interpreter prints it.
+    `env`: variables set for the command; None unsets one."""
     import importlib
     import logging
     import warnings
 
-    def run(*args: str, env: dict[str, str] | None = None, module: str = "fsdp_jobs") -> subprocess.CompletedProcess[str]:
+    def run(*args: str, env: dict[str, str | None] | None = None,
+            module: str = "fsdp_jobs") -> subprocess.CompletedProcess[str]:
         main = importlib.import_module(f"{module}.__main__" if module == "fsdp_jobs" else module).main
         umask = os.umask(0o022)
         os.umask(umask)
         with monkeypatch.context() as m, warnings.catch_warnings():
             for k, v in (env or {}).items():
-                m.setenv(k, v)
+                if v is None:
+                    m.delenv(k, raising=False)
+                else:
+                    m.setenv(k, v)
             m.chdir(REPO)
             capsys.readouterr()
             warnings.simplefilter("always")  # Python's own filters: what it hides by default stays hidden

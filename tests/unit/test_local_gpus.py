@@ -6,20 +6,14 @@ the dry run's commands; no GPU is needed to read them."""
 
 from __future__ import annotations
 
-import os
 import re
 import subprocess
-import sys
 from pathlib import Path
-from typing import Optional
-
-REPO = Path(__file__).resolve().parents[2]
+from typing import Any, Optional
 
 
-def dry(tmp_path: Path, env: dict[str, Optional[str]], *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "fsdp_jobs", "dry_run=true", f"run_root={tmp_path / 'runs'}",
-                           "nodes=2", "gpus_per_node=2", *args], cwd=REPO, capture_output=True, text=True,
-                          timeout=60, env={k: v for k, v in {**os.environ, **env}.items() if v is not None})
+def dry(cli: Any, tmp_path: Path, env: dict[str, Optional[str]], *args: str) -> subprocess.CompletedProcess[str]:
+    return cli("dry_run=true", f"run_root={tmp_path / 'runs'}", "nodes=2", "gpus_per_node=2", *args, env=env)
 
 
 def visible_per_node(stdout: str) -> list[str]:
@@ -27,24 +21,24 @@ def visible_per_node(stdout: str) -> list[str]:
     return re.findall(r"CUDA_VISIBLE_DEVICES=(\S*) ", commands)
 
 
-def test_each_simulated_node_gets_its_own_gpus(tmp_path):
-    r = dry(tmp_path, {"CUDA_VISIBLE_DEVICES": None}, "cluster.device=cuda")
+def test_each_simulated_node_gets_its_own_gpus(cli_here, tmp_path):
+    r = dry(cli_here, tmp_path, {"CUDA_VISIBLE_DEVICES": None}, "cluster.device=cuda")
     assert r.returncode == 0, r.stderr
     assert visible_per_node(r.stdout) == ["0,1", "2,3"]
 
 
-def test_the_gpus_come_from_the_callers_cuda_visible_devices(tmp_path):
-    r = dry(tmp_path, {"CUDA_VISIBLE_DEVICES": "4,5,6,7"}, "cluster.device=cuda")
+def test_the_gpus_come_from_the_callers_cuda_visible_devices(cli_here, tmp_path):
+    r = dry(cli_here, tmp_path, {"CUDA_VISIBLE_DEVICES": "4,5,6,7"}, "cluster.device=cuda")
     assert r.returncode == 0, r.stderr
     assert visible_per_node(r.stdout) == ["4,5", "6,7"]
 
 
-def test_too_few_gpus_is_one_line_and_a_cpu_job_sets_none(tmp_path):
-    r = dry(tmp_path, {"CUDA_VISIBLE_DEVICES": "4,5,6"}, "cluster.device=cuda")
+def test_too_few_gpus_is_one_line_and_a_cpu_job_sets_none(cli_here, tmp_path):
+    r = dry(cli_here, tmp_path, {"CUDA_VISIBLE_DEVICES": "4,5,6"}, "cluster.device=cuda")
     assert r.returncode == 2 and r.stdout == ""
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and "cluster.device" in lines[0] and "need 4 GPUs" in lines[0], lines
-    cpu = dry(tmp_path, {"CUDA_VISIBLE_DEVICES": "4"}, "cluster.device=cpu")
+    cpu = dry(cli_here, tmp_path, {"CUDA_VISIBLE_DEVICES": "4"}, "cluster.device=cpu")
     assert cpu.returncode == 0, cpu.stderr
     assert visible_per_node(cpu.stdout) == []
     assert not (tmp_path / "runs").exists()
