@@ -57,7 +57,7 @@ def commit(ckpt: Path) -> Path:
 
 
 @pytest.fixture
-def cli(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]):
+def cli(monkeypatch: pytest.MonkeyPatch, cli_here):
     """The real CLI in this process: (exit status, stdout, stderr). Its launch starts no agent (the stub records
     that it was reached); what the CLI writes before it is real."""
     import fsdp_jobs.launchers.local.backend
@@ -69,22 +69,10 @@ def cli(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]):
         return 0
 
     monkeypatch.setattr(fsdp_jobs.launchers.local.backend, "run_agents", no_agents)
-    monkeypatch.chdir(Path(__file__).resolve().parents[2])
 
     def run(*argv: str) -> tuple[int, str, str]:
-        from fsdp_jobs.__main__ import main
-
-        capsys.readouterr()
-        umask = os.umask(0o022)
-        os.umask(umask)
-        try:
-            code = main(list(argv))
-        except SystemExit as e:
-            code = int(e.code)
-        finally:
-            os.umask(umask)  # the CLI makes everything owner-only; later tests in this process must not inherit it
-        out = capsys.readouterr()
-        return code, out.out, out.err
+        r = cli_here(*argv)
+        return r.returncode, r.stdout, r.stderr
 
     run.launched = launched  # type: ignore[attr-defined]
     return run
