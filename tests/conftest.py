@@ -253,11 +253,15 @@ SHORT = ("model.dim=64", "model.n_layers=1", "model.ffn_dim=128", "model.vocab_s
 def pytest_configure(config: pytest.Config) -> None:
     """The project's bytecode, compiled once: where PYTHONDONTWRITEBYTECODE=1 is set (this machine's shells
     set it), every process the tests start (each CLI call, node wrapper and agent) compiled the modules it
-    imports from source again, 0.04-0.08 s of a 0.3 s `fsdp-jobs list`. compileall skips what is current."""
+    imports from source again, 0.04-0.08 s of a 0.3 s `fsdp-jobs list`. compileall skips what is current.
+    And the test modules, which pytest rewrites for its asserts: under that variable it rewrote and compiled
+    every one again in every run and in each xdist worker. This process writes them (pytest asks
+    sys.dont_write_bytecode); the processes it starts keep the variable."""
     import compileall
 
     for package in ("fsdp_jobs", "launchers"):
         compileall.compile_dir(REPO / package, quiet=2)
+    sys.dont_write_bytecode = False
 
 
 # A hung test fails in its tier's time, not after the global 20 minutes: unit tests (fast, pure logic
