@@ -78,7 +78,7 @@ def finished() -> None:
     rank there (gloo's threads at finalization: "terminate called without an active exception", exit 134)
     after every step succeeded; torchrun then restarts that node alone into a rendezvous its peers have
     left, and the job fails after minutes (CI lost 372 s to it once;
-    tests/unit/test_user_code_exit.py)."""
+    tests/integration/test_user_code_exit.py)."""
     import atexit
     import os
     import threading

@@ -7,7 +7,12 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
+
 from tests.conftest import REPO
+
+# four interpreters that each import torch (the shim's torchrun @record): the jobs tier, not the quick loop
+pytestmark = pytest.mark.integration
 
 BOMB = '''
 import atexit, os, sys
