@@ -147,18 +147,13 @@ def test_a_named_node_makes_the_node_wrapper_exit_non_zero(tmp_path, capsys):
     assert log.read_text() == "fsdp-jobs preflight named a node: preflight: node1"
 
 
-def test_the_preflight_command_is_the_job_with_preflight_only(tmp_path):
+def test_the_preflight_command_is_the_job_with_preflight_only(cli_here, tmp_path):
     """`fsdp-jobs preflight OVERRIDES` plans the job those overrides describe with preflight=only (also over
     a preflight=true among them): the same run, the same backend, the checks in place of training."""
-    import subprocess
-    import sys
-
     from tests.conftest import REPO
 
     script = REPO / "tests" / "scripts" / "ddp_train.py"
-    r = subprocess.run([sys.executable, "-m", "fsdp_jobs", "preflight", f"run_root={tmp_path}", "name=pf",
-                        f"script={script}", "preflight=true", "dry_run=true"], cwd=REPO, text=True,
-                       capture_output=True, stdin=subprocess.DEVNULL)
+    r = cli_here("preflight", f"run_root={tmp_path}", "name=pf", f"script={script}", "preflight=true", "dry_run=true")
     assert r.returncode == 0, r.stderr
     assert "-m fsdp_jobs.runtime " in r.stdout and "user_code" not in r.stdout.split("# launch commands", 1)[1]
     assert not (tmp_path / "pf").exists()  # a dry run writes nothing
