@@ -13,7 +13,6 @@ import pytest
 
 from fsdp_jobs.cli import html_report
 from tests import browser
-from tests.conftest import cli
 from tests.unit.test_ctl import LOCAL, make_run
 from tests.unit.test_goodput import attempt, write_timeline
 
@@ -81,27 +80,27 @@ def test_thinning_keeps_at_most_the_bound_and_spans_the_whole_record():
     assert len(rows) <= 2000 and rows[0]["step"] == 1 and rows[-1]["step"] > 999_000
 
 
-def test_the_cli_writes_the_run_dirs_page_and_never_overwrites_what_is_not_a_report(run_root, tmp_path):
+def test_the_cli_writes_the_run_dirs_page_and_never_overwrites_what_is_not_a_report(cli_here, run_root, tmp_path):
     run_dir = hand_made_run(run_root)
-    r = cli("report", "rep", "--run-root", str(run_root))
+    r = cli_here("report", "rep", "--run-root", str(run_root))
     assert r.returncode == 0 and r.stdout.strip() == str(run_dir / "report.html"), r.stderr
-    again = cli("report", "rep", "--run-root", str(run_root))  # its own page: replaced
+    again = cli_here("report", "rep", "--run-root", str(run_root))  # its own page: replaced
     assert again.returncode == 0, again.stderr
     mine = tmp_path / "mine.html"
     mine.write_text("<html>my notes</html>")
-    refused = cli("report", "rep", "-o", str(mine), "--run-root", str(run_root))
+    refused = cli_here("report", "rep", "-o", str(mine), "--run-root", str(run_root))
     assert refused.returncode == 2 and len(refused.stderr.strip().splitlines()) == 1
     assert "is not an fsdp-jobs report" in refused.stderr and mine.read_text() == "<html>my notes</html>"
-    missing = cli("report", "nope", "--run-root", str(run_root))
+    missing = cli_here("report", "nope", "--run-root", str(run_root))
     assert missing.returncode == 2 and "no such run" in missing.stderr
 
 
-def test_a_sweeps_page_has_its_members_side_by_side(run_root, tmp_path):
+def test_a_sweeps_page_has_its_members_side_by_side(cli_here, run_root, tmp_path):
     sweep = run_root / "sw"
     for i, member in enumerate(("lr=1", "lr=2", "lr=3")):
         hand_made_run(sweep, member, rows=50)
     out = tmp_path / "sweep.html"
-    r = cli("report", str(sweep), "-o", str(out), "--run-root", str(run_root))
+    r = cli_here("report", str(sweep), "-o", str(out), "--run-root", str(run_root))
     assert r.returncode == 0, r.stderr
     page = out.read_text()
     assert 'data-members="3"' in page and len(re.findall(r'data-curve="lr=\d loss"', page)) == 3
