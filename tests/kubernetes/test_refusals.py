@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, cli
+from tests.conftest import REPO
 from tests.kubernetes.conftest import FakeCluster
 
 pytestmark = pytest.mark.kubernetes
@@ -35,14 +35,14 @@ def one_line_refusal(r, *needles: str) -> None:
     assert all(n in r.stderr for n in needles), r.stderr
 
 
-def test_no_kube_config(tmp_path: Path) -> None:
+def test_no_kube_config(cli_here, tmp_path: Path) -> None:
     env = {"KUBECONFIG": str(tmp_path / "missing-kubeconfig"), "HOME": str(tmp_path), "KUBERNETES_SERVICE_HOST": "",
            "FSDP_JOBS_STATE_DIR": str(tmp_path / "state")}
-    r = cli(*SUBMIT, f"run_root={tmp_path / 'runs'}", env=env, timeout=120)
+    r = cli_here(*SUBMIT, f"run_root={tmp_path / 'runs'}", env=env)
     one_line_refusal(r, "cluster.context: no usable kube config")
     assert not (tmp_path / "runs").exists() and not (tmp_path / "state").exists()
     # a dry run needs no cluster
-    r = cli(*SUBMIT, f"run_root={tmp_path / 'runs'}", "dry_run=true", env=env, timeout=120)
+    r = cli_here(*SUBMIT, f"run_root={tmp_path / 'runs'}", "dry_run=true", env=env)
     assert r.returncode == 0 and "kind: Job" in r.stdout, r.stderr
     assert not (tmp_path / "runs").exists()
 
