@@ -12,14 +12,12 @@ import sys
 from pathlib import Path
 from typing import Optional
 
-from fsdp_jobs.cli import script_report, submit
+from fsdp_jobs.cli import submit
 from fsdp_jobs.rundir import runs, streams
 from fsdp_jobs.planning.compose import compose_many
 from fsdp_jobs.planning import command_line
 from fsdp_jobs.planning.errors import UserError, die
-from fsdp_jobs.rundir.checkpoints import newest_checkpoint
 from fsdp_jobs.planning.plan import Plan
-from fsdp_jobs.rundir.layout import RunDir
 
 ACTING_COMMANDS = ("cancel", "scale", "chaos", "stacks")  # the control commands that act on a job, not only read it
 
@@ -40,22 +38,14 @@ fsdp_jobs/planning/config.py. Export a checkpoint: python -m fsdp_jobs.export RU
 
 
 def summarize(plan: Plan, status: int) -> str:
-    run_dir = Path(plan.run_dir)
-    first, last = runs.first_metrics_row(run_dir), (runs.read_metrics_tail(run_dir, 1) or [None])[0]
-    ckpt = newest_checkpoint(run_dir)
-    own = script_report.summary_lines(run_dir)  # a script='s own step and checkpoints, or "not tracked"
-    head = ending(run_dir, status)
-    lines = [f"{head}: {plan.name}",
-             f"  run dir:      {run_dir}",
-             *(own if own is not None else [f"  checkpoint:   {ckpt or 'none yet'}",
-                                            f"  metrics:      {RunDir(run_dir).metrics_file}"])]
-    if first and last and "loss" in first and "loss" in last:  # a user's script may log no loss
-        lines.append(f"  loss:         {first['loss']:.4f} (step {first['step']}) -> "
-                     f"{last['loss']:.4f} (step {last['step']})")
-    if not head.startswith("cancelled"):  # a rank that died of its peers' stop is no failure of the job
-        lines += script_report.failure_lines(run_dir, status)  # the first failing rank: its exit code and exception
-    lines.append(f"  logs:         {RunDir(run_dir).launcher_log}")
-    return "\n".join(lines)
+    """The last lines of an attached launch: how it ended, then the run's status in the summary's words."""
+    from fsdp_jobs.cli import status_text
+    from fsdp_jobs.rundir.run_status import SUMMARY, read_status
+
+    head = ending(Path(plan.run_dir), status)
+    s = read_status(Path(plan.run_dir), SUMMARY)
+    failed = bool(status) and not head.startswith("cancelled")  # a rank that died of its peers' stop is no failure
+    return "\n".join(status_text.summary_lines(s, f"{head}: {plan.name}", failed))
 
 
 def ending(run_dir: Path, status: int) -> str:

@@ -22,17 +22,17 @@ from collections import Counter
 from pathlib import Path
 from typing import Any, Optional
 
-import yaml
-
-from fsdp_jobs.cli import report, script_report
-from fsdp_jobs.rundir import goodput, logs, stragglers
+from fsdp_jobs.cli import report, status_text
+from fsdp_jobs.rundir import goodput, logs, script_progress
 from fsdp_jobs.rundir.logs import LogFilter
 from fsdp_jobs.planning import backends, input_rules
 from fsdp_jobs.planning.chaos_kinds import MARATHON, RESUME, ChaosKind, actions
-from fsdp_jobs.rundir import hangs, journal, liveness, replaced, runs
+from fsdp_jobs.rundir import journal, runs
 from fsdp_jobs.planning.errors import OneLineParser, UserError, die
-from fsdp_jobs.rundir.checkpoints import newest_checkpoint
 from fsdp_jobs.rundir.layout import RunDir
+from fsdp_jobs.rundir.run_status import (LIST, REPORT, STATUS, Reads, RunStatus, job_record, read_status,
+                                        straggler_threshold)
+from fsdp_jobs.rundir.status import JobState, JobStatus, Run
 
 MAX_MARATHON_FAULTS = 1000
 COMMANDS = ("list", "status", "logs", "cancel", "scale", "chaos", "compare", "plot", "goodput", "report", "stacks", "top")
@@ -87,97 +87,29 @@ def find_run(ref: str, run_root: Path) -> Path:
 
 def straggler_ratio(run_dir: Path) -> float:
     """The job's fault.straggler_ratio (the default for a run dir whose job record is older or unreadable)."""
-    import yaml
+    return straggler_threshold(job_record(run_dir))
 
+
+def backend_word(run: Run) -> JobStatus:
+    """The backend's word on the run's job (its state and its own description): the one place where the views
+    (status, list, the report page) ask for it."""
     try:
-        value = ((runs.load_job(run_dir) or {}).get("fault") or {}).get("straggler_ratio")
-    except (OSError, ValueError, AttributeError, yaml.YAMLError):
-        value = None
-    return float(value) if isinstance(value, (int, float)) and value > 1 else stragglers.DEFAULT_RATIO
+        return _backend(run).describe(run)
+    except UserError as e:
+        return JobStatus(JobState.UNKNOWN, f"UNKNOWN ({e.allowed})")
+
+
+def status_of(run_dir: Path, reads: Reads = STATUS) -> RunStatus:
+    """A run's status for a view: the backend's word and what `reads` names of the run dir
+    (fsdp_jobs/rundir/run_status.py), read once."""
+    run = Run.load(run_dir)
+    return read_status(run_dir, reads, backend_word(run), run.launch)
 
 
 def run_status(run_dir: Path, accounted: bool = True) -> dict[str, Any]:
     """`fsdp-jobs status RUN`'s answer. `accounted=False` (list's row, which shows no goodput): without the
     goodput accounting, a read of the whole timeline (32,000 events for 100 attempts of 1,024 nodes)."""
-    from fsdp_jobs.rundir.status import JobState, JobStatus, Run
-
-    run = Run.load(run_dir)
-    out: dict[str, Any] = {"run": run_dir.name, "run_dir": str(run_dir), "backend": run.launch.get("backend"),
-                           "job_id": run.launch.get("job_id")}
-    try:
-        status = _backend(run).describe(run)
-    except UserError as e:
-        status = JobStatus(JobState.UNKNOWN, f"UNKNOWN ({e.allowed})")
-    out.update({"state": status.state.value, "detail": status.detail, **status.info})
-    state = runs.read_state_record(run_dir)
-    out["train"] = state.to_json() if state else {}
-    try:
-        refused = journal.last_refusal(run_dir.resolve())
-    except UserError:  # a damaged journal: a run's status needs none (the journal's own commands say so)
-        refused = None
-    if refused and refused["time"] > float(run.launch.get("unix") or 0):
-        # the state above is the run's, from its last launch: not the outcome of the user's last command
-        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(refused["time"]))
-        out["last_submission"] = {"refused": refused["reason"], "time": when}
-        out["detail"] = f"{out['detail']}; the last submission ({when}) was refused: {refused['reason']}"
-    metrics = runs.read_metrics_tail(run_dir, 1)  # the newest row only: a long run's record is 1 M rows
-    if metrics:
-        out["last_step"] = {k: metrics[-1].get(k) for k in ("step", "loss", "tokens_per_s", "world_size")}
-    ckpt = newest_checkpoint(run_dir)
-    out["checkpoint"] = str(ckpt) if ckpt else None
-    # a script's own step and checkpoints (or "not tracked"); a failed run's first failing rank
-    extra, said = script_report.status_fields(run_dir, status.state == JobState.FAILED,
-                                              float(run.launch.get("unix") or 0))
-    out.update(extra)
-    out["detail"] += "".join(f"; {s}" for s in said)
-    try:
-        spares = ((runs.load_job(run_dir) or {}).get("cluster") or {}).get("spare_nodes")
-    except (OSError, ValueError, AttributeError, yaml.YAMLError):  # a damaged job record: status still answers
-        spares = None
-    if spares:  # cluster.spare_nodes: agents beyond the rendezvous' max_nodes, waiting to replace a node that dies
-        out["spare_nodes"] = spares
-        named = replaced.nodes_since(run_dir, float(run.launch.get("unix") or 0))
-        if named:  # this launch's nodes a preflight named, which spares replaced (fsdp_jobs/runtime/preflight.py)
-            out["replaced_nodes"] = named
-            out["detail"] += f"; replaced by hot spares after the preflight named them: {', '.join(named)}"
-        if status.state == JobState.RUNNING:
-            waiting = liveness.waiting_spares(run_dir, run.launch.get("unix"))
-            out["spares_waiting"] = waiting
-            out["detail"] += f"; hot spares waiting: {', '.join(waiting) if waiting else f'none of {spares}'}"
-    slow = stragglers.of_run(run_dir, straggler_ratio(run_dir), thorough=True)
-    if slow:  # every node's compute per step next to the median node's (fsdp_jobs/rundir/stragglers.py)
-        out["stragglers"] = slow
-        if slow["stragglers"]:
-            out["detail"] += "; " + stragglers.describe(slow)
-    hang = hangs.summary(run_dir)
-    if hang:  # the rank that stopped first, its node and frame (launchers/node/watchdog.py)
-        out["hang"] = hang
-        out["detail"] += (f"; {hang['hangs']} hang(s), last: rank {hang['rank']} on {hang['node']} stopped at step "
-                          f"{hang['step']} in {hang['frame'] or 'an unknown frame'}")
-    if accounted:
-        gp = goodput.of_run(run_dir)  # where the wall time went (fsdp-jobs goodput RUN: per attempt)
-        out["goodput"] = {**gp["total"], "attempts": len(gp["attempts"])} if gp else None
-    replicas = replica_summary(run_dir, metrics)
-    if replicas:
-        out["replicas"] = replicas
-        out["detail"] += (f"; replica groups: {replicas['in_quorum']} of {replicas['groups']} in the last step's "
-                          f"quorum, {replicas['stalls']} stall(s) for {replicas['stalled_s']:.1f} s")
-    return out
-
-
-def replica_summary(run_dir: Path, metrics: list[dict[str, Any]]) -> Optional[dict[str, Any]]:
-    """fault_tolerance=replica: how many replica groups the last step had (its metrics line's ranks, over a
-    group's), and the steps that waited for a quorum (the goodput timeline's stalls: a group died or joined)."""
-    layout = runs.replica_layout(run_dir)
-    try:
-        groups, per_group = int(layout["groups"]), int(layout["ranks_per_group"])
-    except (ValueError, TypeError, KeyError):
-        return None
-    last = metrics[-1].get("world_size") if metrics else None
-    events, _ = goodput.read_events(RunDir(run_dir).goodput_file)
-    stalls = [float(e.get("seconds") or 0) for e in events if e.get("event") == "stall"]
-    return {"groups": groups, "in_quorum": int(last) // per_group if isinstance(last, int) else None,
-            "stalls": len(stalls), "stalled_s": round(sum(stalls), 3)}
+    return status_text.status_json(status_of(run_dir, STATUS if accounted else LIST))
 
 
 def scale_target(run_dir: Path, size: str) -> int:
@@ -205,7 +137,8 @@ def goodput_of(run_dir: Path) -> dict[str, Any]:
     """A run's goodput accounting, or one line naming the file that holds none."""
     gp = goodput.of_run(run_dir)
     if gp is None:
-        path, why = RunDir(run_dir).goodput_file, script_report.no_goodput(run_dir)
+        path = RunDir(run_dir).goodput_file
+        why = status_text.no_goodput(script_progress.user_code(job_record(run_dir)), path)
         if why:  # a plain script's run: nothing is missing or damaged
             raise UserError("RUN", run_dir.name, why)
         raise UserError("RUN", run_dir.name, f"{path} holds no attempt (missing or damaged; runs started before "
@@ -237,7 +170,7 @@ def report_command(ref: str, root: Path, output: Optional[Path]) -> None:
     members = None if is_run(ref, root) else report.find_sweep(ref, root)
     if members is None:
         run_dir = find_run(ref, root)
-        text, path = html_report.render_run(run_dir), output or RunDir(run_dir).report_file
+        text, path = html_report.render_run(status_of(run_dir, REPORT)), output or RunDir(run_dir).report_file
     else:
         text, path = html_report.render_sweep(ref, members), output or Path("report.html")
     html_report.write(path, text)
@@ -285,13 +218,7 @@ def top_command(ref: Optional[str], root: Path) -> None:
 
 
 def list_lines(run_root: Path) -> list[str]:
-    lines = [f"{'RUN':<36} {'BACKEND':<10} {'JOB':<28} {'STATE':<10} {'STEP':>7}  DETAIL"]
-    for run_dir in run_dirs(run_root):
-        s = run_status(run_dir, accounted=False)
-        script = s.get("script")  # a script='s own step where it reports or writes one, else "-", as status says
-        step = s.get("last_step", {}).get("step", script.get("step") if script else 0)
-        lines.append(f"{s['run']:<36} {s.get('backend') or '-':<10} {str(s.get('job_id') or '-'):<28} "
-                     f"{s['state']:<10} {'-' if step is None else step:>7}  {s['detail']}")
+    lines = [status_text.LIST_HEADER, *(status_text.list_row(status_of(d, LIST)) for d in run_dirs(run_root))]
     sweeps = journal.sweeps()
     if sweeps:  # every sweep in the journal, wherever its run dirs are
         rows = []
@@ -299,31 +226,27 @@ def list_lines(run_root: Path) -> list[str]:
             states = Counter(member_state(m["run_dir"]) for m in report.find_sweep(sw["sweep"], run_root) or [])
             rows.append([sw["sweep"], str(sw["members"]), sw["backend"],
                          ", ".join(f"{n} {st}" for st, n in sorted(states.items())), sw["dir"]])
-        lines += [""] + report.table(["SWEEP", "MEMBERS", "BACKEND", "STATES", "DIR"], rows)
+        lines += [""] + status_text.table(["SWEEP", "MEMBERS", "BACKEND", "STATES", "DIR"], rows)
     return lines
 
 
 def member_state(run_dir: Path) -> str:
     """A run's state in the backend's word alone (what `list` counts per sweep member)."""
-    from fsdp_jobs.rundir.status import JobState, Run
-
     if not RunDir(run_dir).job_file.is_file():
         return JobState.UNKNOWN.value
-    run = Run.load(run_dir)
-    try:
-        return _backend(run).describe(run).state.value
-    except UserError:
-        return JobState.UNKNOWN.value
+    return backend_word(Run.load(run_dir)).state.value
+
+
+def member_statuses(members: list[dict[str, Any]]) -> list[tuple[str, Path, Optional[RunStatus]]]:
+    """Each member's status (None: its run dir is gone)."""
+    return [(m["member"], m["run_dir"], status_of(m["run_dir"]) if RunDir(m["run_dir"]).job_file.is_file() else None)
+            for m in members]
 
 
 def sweep_statuses(members: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    out = []
-    for m in members:
-        if RunDir(m["run_dir"]).job_file.is_file():
-            out.append({**run_status(m["run_dir"]), "member": m["member"]})
-        else:
-            out.append({"member": m["member"], "state": "UNKNOWN", "detail": f"run dir {m['run_dir']} is gone"})
-    return out
+    """`status SWEEP --json`: each member's status as `status` words it."""
+    return [{**status_text.status_json(s), "member": member} if s else status_text.gone_json(member, run_dir)
+            for member, run_dir, s in member_statuses(members)]
 
 
 def cancel_sweep(members: list[dict[str, Any]]) -> list[str]:
@@ -439,7 +362,7 @@ def main(argv: Optional[list[str]] = None) -> int:
             elif args.json:
                 print(json.dumps(sweep_statuses(members), indent=2, default=str))
             else:
-                print("\n".join(report.status_lines(sweep_statuses(members))))
+                print("\n".join(status_text.sweep_status_lines(member_statuses(members))))
             return 0
         run_dir = find_run(args.run, root)
         if args.cmd == "status":

@@ -1,7 +1,8 @@
 """`fsdp-jobs report RUN|SWEEP [-o FILE]`: what happened to a job, on one self-contained HTML page.
 
 No network, no server, no script: inline CSS and SVG only, so the file opens anywhere (a laptop after `scp`,
-a CI artifact). A run's page: loss, lr, tokens/s and MFU over steps with the attempts' boundaries; the goodput
+a CI artifact). A run's page: its state, step and newest checkpoint in `status`'s words
+(fsdp_jobs/cli/status_text.py); loss, lr, tokens/s and MFU over steps with the attempts' boundaries; the goodput
 timeline (fsdp_jobs/rundir/goodput.py's accounting, drawn as `goodput`'s text bar is) with every incident at its
 time; the incidents in a table (restarts and why, failures, hangs with the stopped rank and a link to its
 stacks, preflight verdicts, chaos faults with detection and recovery); per-node compute per step (the
@@ -20,9 +21,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Optional
 
+from fsdp_jobs.cli.status_text import report_header, stragglers_phrase
 from fsdp_jobs.rundir import goodput
 from fsdp_jobs.rundir import checkpoints, runs
 from fsdp_jobs.rundir.layout import RunDir
+from fsdp_jobs.rundir.run_status import RunStatus
 from fsdp_jobs.rundir.records import ChaosIncident, FailureRecord, HangRecord, PreflightRecord
 
 MAX_POINTS = 2000  # points a curve keeps: a 1 M-row record is thinned in one pass (every k-th row, k doubling)
@@ -272,17 +275,15 @@ def attempts_table(gp: dict[str, Any]) -> str:
     return f"<pre>{html.escape(chr(10).join(goodput_lines(gp)))}</pre>"
 
 
-def nodes_table(run_dir: Path) -> str:
+def nodes_table(s: RunStatus) -> str:
     """Compute per step, node by node (the straggler view `status` shows: the job view, one file)."""
-    from fsdp_jobs.rundir import stragglers
-
-    s = stragglers.of_run(run_dir, thorough=True)
-    if not s:
+    slow = s.stragglers
+    if not slow:
         return "<p>no per-node timing recorded</p>"
     rows = "".join(f'<tr><td>{html.escape(name)}</td><td>{n["compute_s"]:.4g}</td>'
-                   f'<td>{n["compute_s"] / s["median_compute_s"]:.2f}x</td></tr>'
-                   for name, n in sorted(s["nodes"].items(), key=lambda kv: -kv[1]["compute_s"]))
-    return (f'<p>{html.escape(stragglers.describe(s))}</p><table data-nodes="{len(s["nodes"])}"><tr><th>node</th>'
+                   f'<td>{n["compute_s"] / slow["median_compute_s"]:.2f}x</td></tr>'
+                   for name, n in sorted(slow["nodes"].items(), key=lambda kv: -kv[1]["compute_s"]))
+    return (f'<p>{html.escape(stragglers_phrase(slow))}</p><table data-nodes="{len(slow["nodes"])}"><tr><th>node</th>'
             f'<th>compute per step (s)</th><th>vs median</th></tr>{rows}</table>')
 
 
@@ -293,15 +294,13 @@ def _text(path: Path) -> str:
         return "(not recorded)"
 
 
-def render_run(run_dir: Path) -> str:
-    """The page of one run."""
-    rd = RunDir(run_dir)
-    gp = goodput.of_run(run_dir)
+def render_run(s: RunStatus) -> str:
+    """The page of one run, from its status (fsdp_jobs/rundir/run_status.py REPORT: the goodput timeline and the
+    straggler view are read once, for the header and the sections alike)."""
+    run_dir, rd, gp = s.run_dir, RunDir(s.run_dir), s.goodput
     incidents = incidents_of(run_dir, gp)
-    state = runs.read_state(run_dir)
-    head = (f"<h1>{html.escape(run_dir.name)}</h1><p>{html.escape(str(run_dir))}<br>training: "
-            f"{html.escape(state.status or 'no state recorded')}, step {state.step}"
-            f"{'; ' + html.escape(state.reason) if state.reason else ''}</p>")
+    head = f"<h1>{html.escape(run_dir.name)}</h1><p>" + "<br>".join(
+        html.escape(line) for line in report_header(s)) + "</p>"
     if gp:
         t0 = min([a["begin"] for a in gp["attempts"]] + [i.time for i in incidents if i.time])
         timeline = (f'<h2>Goodput: {gp["total"]["effective_pct"]}% effective over {len(gp["attempts"])} attempts'
@@ -311,7 +310,7 @@ def render_run(run_dir: Path) -> str:
         t0, timeline = (incidents[0].time if incidents else 0.0), '<h2>Goodput</h2><p data-attempts="0">no timeline</p>'
     return page(run_dir.name, head + "<h2>Curves</h2>" + curves_html(thinned(metric_rows(run_dir))) + timeline
                 + f"<h2>Incidents ({len(incidents)})</h2>" + incidents_table(incidents, t0)
-                + "<h2>Nodes</h2>" + nodes_table(run_dir)
+                + "<h2>Nodes</h2>" + nodes_table(s)
                 + f"<h2>Config and plan</h2><details><summary>{rd.job_file.name}</summary><pre>"
                   f"{html.escape(_text(rd.job_file))}</pre></details><details><summary>{rd.plan_file.name}</summary>"
                   f"<pre>{html.escape(_text(rd.plan_file))}</pre></details>")

@@ -1,21 +1,20 @@
-"""What `fsdp-jobs status|compare|plot` show about a sweep's members, read from their run dirs
-(the metrics, state and checkpoint records) and, for the job's state, from its backend. Pure reading."""
+"""Sweeps found by name, and what `fsdp-jobs compare|plot|goodput` show of runs and sweeps' members, read
+from their run dirs (a run's status through fsdp_jobs/rundir/run_status.py, worded by
+fsdp_jobs/cli/status_text.py). Pure reading."""
 
 from __future__ import annotations
 
-import itertools
 from pathlib import Path
-from typing import Any, Iterable, Optional
+from typing import Any, Optional
 
 import yaml
 
+from fsdp_jobs.cli.status_text import Compared, compare_lines, table
 from fsdp_jobs.rundir import goodput
 from fsdp_jobs.rundir import journal, runs
 from fsdp_jobs.rundir.layout import RunDir
+from fsdp_jobs.rundir.run_status import COMPARE, read_status
 from fsdp_jobs.runtime import interval
-
-WINDOW = 20  # steps the throughput figures are averaged over (the newest ones)
-TAIL_ROWS = 4 * WINDOW + 1  # the metrics rows summarize_run reads, from the end
 
 
 def find_sweep(ref: str, run_root: Path) -> Optional[list[dict[str, Any]]]:
@@ -59,107 +58,12 @@ def member_of(run_dir: Path, sweep: str) -> bool:
     return not isinstance(job, dict) or job.get("sweep", sweep) == sweep
 
 
-def summarize_run(run_dir: Path) -> dict[str, Any]:
-    """Last step and loss; tokens/s and MFU as the median of the newest WINDOW steps, leaving out each
-    attempt's first step (start-up and warm-up would drag it down)."""
-    metrics = steady_tail(run_dir)
-    out: dict[str, Any] = {"step": None, "loss": None, "tokens_per_s": None, "mfu": None}
-    if not metrics:
-        return out
-    out["step"], out["loss"] = metrics[-1].get("step"), metrics[-1].get("loss")
-    steady = [m for prev, m in zip([None] + metrics[:-1], metrics)
-              if prev is not None and prev.get("attempt") == m.get("attempt")] or metrics
-    recent = steady[-WINDOW:]
-    import statistics  # here: ctl imports this module on every start, and few commands summarise
-
-    for key in ("tokens_per_s", "mfu"):
-        values = [m[key] for m in recent if isinstance(m.get(key), (int, float))]
-        out[key] = statistics.median(values) if values else None
-    return out
-
-
-def steady_tail(run_dir: Path) -> list[dict[str, Any]]:
-    """The newest metrics rows, oldest first, read backwards only until WINDOW of them are steady (the row
-    before is of the same attempt), at most TAIL_ROWS: a finished run's WINDOW + 1 rows, not TAIL_ROWS
-    (`compare` summarises every member of a 1,000-member sweep)."""
-    rows: list[dict[str, Any]] = []  # newest first
-    steady = 0
-    for row in itertools.islice(runs.metrics_newest_first(run_dir), TAIL_ROWS):
-        if rows and rows[-1].get("attempt") == row.get("attempt"):
-            steady += 1  # rows[-1], the next newer row, is steady: this row is of its attempt
-        rows.append(row)
-        if steady == WINDOW:
-            break
-    return rows[::-1]
-
-
-def _fmt(value: Any, kind: str = "") -> str:
-    if value is None:
-        return "-"
-    if kind == "loss":
-        return f"{value:.4f}"
-    if kind == "tok":
-        return f"{value:.0f}"
-    if kind == "mfu":  # a CPU's is tiny: keep its digits
-        return f"{100 * value:.2f}%" if 100 * value >= 0.01 or value == 0 else f"{100 * value:.1e}%"
-    return str(value)
-
-
-def table(header: list[str], rows: Iterable[list[str]]) -> list[str]:
-    rows = [header] + [list(r) for r in rows]
-    widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
-    return ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
-
-
-def compare_lines(rows: list[dict[str, Any]], keys: Iterable[str] = (), extra: Iterable[str] = (),
-                  with_goodput: bool = False) -> list[str]:
-    """One line per member: its swept values (keys), extra columns, then step, final loss, tokens/s, MFU
-    (and, with_goodput, the effective training share of its wall time: fsdp_jobs/rundir/goodput.py)."""
-    keys, extra = list(keys), list(extra)
-    header = ["MEMBER", *keys, *(e.upper() for e in extra), "STEP", "FINAL LOSS", "TOKENS/S", "MFU"]
-    body = [[str(r["member"]), *(str(r.get("params", {}).get(k, "-")) for k in keys),
-             *(_fmt(r.get(e)) for e in extra), _fmt(r.get("step")), _fmt(r.get("loss"), "loss"),
-             _fmt(r.get("tokens_per_s"), "tok"), _fmt(r.get("mfu"), "mfu")] for r in rows]
-    if with_goodput:
-        header.append("GOODPUT")
-        for line, r in zip(body, rows):
-            line.append("-" if r.get("effective_pct") is None else f"{r['effective_pct']:.1f}%")
-    return table(header, body)
-
-
-def slowest_node(run_dir: Path) -> Optional[str]:
-    """`node2 2.4x`: the node whose compute per step is furthest above the median node's (fsdp_jobs/rundir/stragglers.py)."""
-    from fsdp_jobs.rundir import stragglers
-
-    s = stragglers.of_run(run_dir, thorough=True)
-    return f"{s['slowest']} {s['ratio']:g}x" if s else None
-
-
 def compare(members: list[dict[str, Any]]) -> list[str]:
+    """`fsdp-jobs compare SWEEP`: each member's swept values, step, final loss, tokens/s, MFU, slowest node and
+    effective share of its wall time (fsdp_jobs/rundir/run_status.py COMPARE: no job record, no backend)."""
     keys = list(dict.fromkeys(k for m in members for k in m["params"]))
-    rows = []
-    for m in members:
-        gp = goodput.of_run(Path(m["run_dir"]))
-        rows.append({**m, **summarize_run(Path(m["run_dir"])), "slowest node": slowest_node(Path(m["run_dir"])),
-                     "effective_pct": gp["total"]["effective_pct"] if gp else None})
-    timed = any(r["slowest node"] for r in rows)  # a column only where some member ran on several nodes
-    return compare_lines(rows, keys, extra=["slowest node"] if timed else [], with_goodput=True)
-
-
-def status_lines(statuses: list[dict[str, Any]]) -> list[str]:
-    """`fsdp-jobs status SWEEP`: the backend's state of every member, its step, loss and newest checkpoint;
-    a failed member also shows the reason its training recorded."""
-    body = []
-    for s in statuses:
-        last = s.get("last_step") or {}
-        detail = s["detail"]
-        reason = (s.get("train") or {}).get("reason")
-        if s["state"] == "FAILED" and reason:
-            detail = f"{detail}: {reason}"
-        ckpt = Path(s["checkpoint"]).name if s.get("checkpoint") else "-"
-        body.append([s["member"], s["state"], str(s.get("job_id") or "-"), _fmt(last.get("step")),
-                     _fmt(last.get("loss"), "loss"), ckpt, detail])
-    return table(["MEMBER", "STATE", "JOB", "STEP", "LOSS", "CHECKPOINT", "DETAIL"], body)
+    rows = [Compared(m["member"], read_status(Path(m["run_dir"]), COMPARE), m["params"]) for m in members]
+    return compare_lines(rows, keys)
 
 
 def plot(named_runs: list[tuple[str, Path]], out: Path) -> list[str]:

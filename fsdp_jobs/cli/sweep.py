@@ -264,10 +264,13 @@ def main(overrides: list[str]) -> int:
             break
     attached = [(m, s) for m, s in done if s.exit_status is not None]
     if attached:
-        from fsdp_jobs.cli.report import compare_lines, summarize_run
+        from fsdp_jobs.cli.status_text import Compared, compare_lines
+        from fsdp_jobs.rundir.run_status import Read, read_status
 
-        rows = [{**summarize_run(Path(m.plan.run_dir)), "member": m.name, "exit": s.exit_status} for m, s in attached]
-        print(f"fsdp-jobs: sweep {sid} finished:\n" + "\n".join(compare_lines(rows, extra=("exit",))), flush=True)
+        rows = [Compared(m.name, read_status(Path(m.plan.run_dir), {Read.STEADY}), exit=s.exit_status)
+                for m, s in attached]
+        table = compare_lines(rows, with_exit=True, with_goodput=False)
+        print(f"fsdp-jobs: sweep {sid} finished:\n" + "\n".join(table), flush=True)
     print(f"  status: fsdp-jobs status {sid}    compare: fsdp-jobs compare {sid}    cancel: fsdp-jobs cancel {sid}",
           flush=True)
     failed = [s.exit_status for _, s in attached if s.exit_status]

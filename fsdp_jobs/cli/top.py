@@ -15,8 +15,9 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from fsdp_jobs.rundir import goodput, stragglers
-from fsdp_jobs.rundir import liveness, runs
+from fsdp_jobs.cli.status_text import top_line
+from fsdp_jobs.rundir import liveness, stragglers
+from fsdp_jobs.rundir.run_status import TOP, Read, RunStatus, read_status
 
 REFRESH_S = 1.0
 GOODPUT_EVERY_S = 10.0  # the goodput timeline grows with the run: re-read it this often, not every refresh
@@ -54,14 +55,8 @@ def node_lines(run_dir: Path, now: float, ratio: float) -> list[str]:
     return lines
 
 
-def run_lines(run_dir: Path, now: float, effective: Optional[float], ratio: float) -> list[str]:
-    tail = runs.read_metrics_tail(run_dir, 1)
-    row = tail[-1] if tail else {}
-    head = (f"{run_dir.name}  step {_fmt(row.get('step'), 'd')}  loss {_fmt(row.get('loss'), '.4f')}  "
-            f"{_fmt(row.get('tokens_per_s'), '.0f')} tok/s  mfu {_fmt(row.get('mfu'), '.2%')}  "
-            f"world {_fmt(row.get('world_size'), 'd')}  restart {_fmt(row.get('restart'), 'd')}  "
-            f"goodput {_fmt(effective, '.1f')}%  last step {_fmt(now - row['time'] if row.get('time') else None, '.1f')} s ago")
-    return [head, *node_lines(run_dir, now, ratio), ""]
+def run_lines(s: RunStatus, now: float, ratio: float) -> list[str]:
+    return [top_line(s, now), *node_lines(s.run_dir, now, ratio), ""]
 
 
 class Top:
@@ -69,22 +64,26 @@ class Top:
 
     def __init__(self, run_dirs: Callable[[], list[Path]], ratio: Callable[[Path], float]) -> None:
         self.run_dirs, self.ratio = run_dirs, ratio
-        self.effective: dict[Path, tuple[float, Optional[float]]] = {}
+        self.accounted: dict[Path, tuple[float, Optional[dict[str, Any]]]] = {}
 
-    def goodput(self, run_dir: Path, now: float) -> Optional[float]:
-        at, value = self.effective.get(run_dir, (0.0, None))
-        if now - at >= GOODPUT_EVERY_S:
-            gp = goodput.of_run(run_dir)
-            value = gp["total"]["effective_pct"] if gp else None
-            self.effective[run_dir] = (now, value)
-        return value
+    def status(self, run_dir: Path, now: float) -> RunStatus:
+        """The run's status as top shows it: the metrics record's end each refresh, the goodput timeline
+        every GOODPUT_EVERY_S (kept in between)."""
+        at, gp = self.accounted.get(run_dir, (0.0, None))
+        due = now - at >= GOODPUT_EVERY_S
+        s = read_status(run_dir, TOP | {Read.GOODPUT} if due else TOP)
+        if due:
+            self.accounted[run_dir] = (now, s.goodput)
+        else:
+            s.goodput = gp
+        return s
 
     def frame(self, now: Optional[float] = None) -> list[str]:
         now = time.time() if now is None else now
         shown = self.run_dirs()
         lines = [f"fsdp-jobs top  {time.strftime('%H:%M:%S', time.localtime(now))}  {len(shown)} running  (q quits)", ""]
         for run_dir in shown:
-            lines += run_lines(run_dir, now, self.goodput(run_dir, now), self.ratio(run_dir))
+            lines += run_lines(self.status(run_dir, now), now, self.ratio(run_dir))
         return lines if shown else [*lines, "no running job (its ranks publish a job view while they run)"]
 
 

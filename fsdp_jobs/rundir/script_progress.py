@@ -129,17 +129,6 @@ def search_roots(run_dir: Path, job: Mapping[str, Any]) -> list[Path]:
     return roots
 
 
-def describe_newest(p: Progress) -> str:
-    """`step 12 (global_step in checkpoint-12/trainer_state.json), checkpoint DIR (HF Trainer, 4 found)`."""
-    if not p.tracked:
-        return NOT_TRACKED
-    parts = [f"step {p.step} ({p.step_from})"] if p.step is not None else []
-    newest = p.newest
-    if newest is not None:
-        parts.append(f"checkpoint {newest.path} ({newest.layout}, {len(p.checkpoints)} found)")
-    return ", ".join(parts)
-
-
 def _skipped(run_dir: Path) -> set[Path]:
     """The run dir's own folders: the job's records, the copy of the script, and fsdp_jobs.job's checkpoints
     (read by their own rules above)."""

@@ -1,7 +1,8 @@
 """Which node is slow: each node's compute per step (its ranks' step time minus their wait in collectives,
 fsdp_jobs/runtime/heartbeat.py) next to the median node's. Pure reading of the nodes' liveness records
 (fsdp_jobs/rundir/liveness.py: each node's watchdog publishes its ranks' heartbeats); used by
-`fsdp-jobs status` and `compare` (fsdp_jobs/cli/ctl.py, fsdp_jobs/cli/report.py) and by each node's watchdog,
+`fsdp-jobs status`, `compare` and the report page (fsdp_jobs/rundir/run_status.py; their words:
+fsdp_jobs/cli/status_text.py) and by each node's watchdog,
 which warns when its own node stays a straggler (launchers/node/watchdog.py).
 
 A straggler makes every other rank wait, so the job runs at its pace: one node at 2x the compute of the
@@ -54,11 +55,3 @@ def of_run(run_dir: Path, ratio: float = DEFAULT_RATIO, now: Optional[float] = N
     """From the job view (one read; fsdp_jobs/rundir/liveness.py), else from the node records (also while
     the job starts, `thorough`: `status` and `compare`, which a user waits on; never a watchdog's tick)."""
     return summary(liveness.job_nodes(run_dir, time.time() if now is None else now, thorough), ratio)
-
-
-def describe(s: dict[str, Any]) -> str:
-    """One phrase for a status line."""
-    node = s["nodes"][s["slowest"]]
-    words = (f"straggler: {', '.join(s['stragglers'])}" if s["stragglers"] else "no straggler")
-    return (f"{words} (slowest {s['slowest']}: {s['ratio']:g}x the median node's compute per step, "
-            f"{node['compute_s']:.3g} s vs {s['median_compute_s']:.3g} s)")

@@ -11,7 +11,8 @@ import re
 
 import pytest
 
-from fsdp_jobs.cli import html_report
+from fsdp_jobs.cli import ctl, html_report
+from fsdp_jobs.rundir.run_status import REPORT
 from tests import browser
 from tests.unit.test_ctl import LOCAL, make_run
 from tests.unit.test_goodput import attempt, write_timeline
@@ -23,6 +24,11 @@ pytestmark = pytest.mark.expects_hang  # the hand-made runs hold a hang record o
 # set aside
 INCIDENT_KINDS = ["chaos", "chaos", "checkpoint", "failure", "hang", "node", "node", "preflight", "restart",
                   "stall"]
+
+
+def page_of(run_dir) -> str:
+    """The report page of a run, as `fsdp-jobs report` writes it."""
+    return html_report.render_run(ctl.status_of(run_dir, REPORT))
 
 
 def hand_made_run(run_root, name: str = "rep", rows: int = 10_000):
@@ -62,7 +68,7 @@ def hand_made_run(run_root, name: str = "rep", rows: int = 10_000):
 
 def test_every_attempt_and_incident_is_on_the_page_and_the_curves_are_thinned(run_root):
     run_dir = hand_made_run(run_root)
-    page = html_report.render_run(run_dir)
+    page = page_of(run_dir)
     assert page.startswith(html_report.REPORT_MARK) and "<script" not in page and "http" not in page.split("</style>")[0]
     assert re.search(r'data-attempts="(\d+)"', page).group(1) == "2"
     assert sorted(re.findall(r'<circle [^>]*data-kind="(\w+)"', page)) == INCIDENT_KINDS
@@ -108,7 +114,7 @@ def test_a_sweeps_page_has_its_members_side_by_side(cli_here, run_root, tmp_path
 
 def test_headless_chromium_draws_every_attempt_and_incident_at_its_time_without_a_console_error(run_root):
     run_dir = hand_made_run(run_root)
-    html_report.write(run_dir / "report.html", html_report.render_run(run_dir))
+    html_report.write(run_dir / "report.html", page_of(run_dir))
     seen = browser.render(run_dir / "report.html", "report-hand-made.png")
     assert seen.attempts == 2 and not seen.console, seen.console
     assert sorted(k for k, _, _ in seen.marks) == INCIDENT_KINDS == sorted(k for k, _ in seen.rows)
@@ -123,7 +129,7 @@ def test_an_attempt_that_ended_preempted_is_a_preemption_on_the_timeline(run_roo
     run_dir = make_run(run_root, "pre", LOCAL)
     write_timeline(run_dir, [*attempt(7, 105, 0, [(10, 4.0)], {10: 0.5}, ("preempted: SIGTERM", 1.0)),
                              *attempt(8, 130, 10, [(20, 4.0)], {20: 0.2}, ("completed", 1.0))])
-    page = html_report.render_run(run_dir)
+    page = page_of(run_dir)
     assert re.findall(r'<circle [^>]*data-kind="(\w+)"', page) == ["preempted"]
     assert "after attempt 1 ended: preempted: SIGTERM; resumed from step 10" in page
 

@@ -11,8 +11,7 @@ from typing import Any
 
 import pytest
 
-from fsdp_jobs.cli import report
-from fsdp_jobs.rundir import runs
+from fsdp_jobs.rundir import run_status, runs
 from fsdp_jobs.rundir.layout import RunDir
 
 
@@ -120,18 +119,18 @@ def _summary_of_the_newest_81(rows: list[dict[str, Any]]) -> tuple[Any, ...]:
     """What compare showed before it read lazily: the rule over the newest TAIL_ROWS rows."""
     import statistics
 
-    tail = rows[-report.TAIL_ROWS:]
+    tail = rows[-run_status.TAIL_ROWS:]
     steady = [m for prev, m in zip([None] + tail[:-1], tail) if prev and prev["attempt"] == m["attempt"]] or tail
-    recent = steady[-report.WINDOW:]
+    recent = steady[-run_status.WINDOW:]
     return tail[-1]["step"], statistics.median(m["tokens_per_s"] for m in recent)
 
 
 @pytest.mark.parametrize("seed", range(6))
 def test_compare_reads_a_members_metrics_only_until_it_has_its_window_of_steady_steps(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, seed: int) -> None:
-    """summarize_run's figures are the rule's over the newest TAIL_ROWS rows (each attempt's first step left
-    out), yet a run whose newest steps are steady is read WINDOW + 1 rows deep, not TAIL_ROWS: `compare`
-    summarises every member of a 1,000-member sweep (bench scale)."""
+    """compare's figures (the steady window: fsdp_jobs/rundir/run_status.py) are the rule's over the newest
+    TAIL_ROWS rows (each attempt's first step left out), yet a run whose newest steps are steady is read
+    WINDOW + 1 rows deep, not TAIL_ROWS: `compare` summarises every member of a 1,000-member sweep (bench scale)."""
     rng = random.Random(seed)
     run_dir = tmp_path / "run"
     run_dir.mkdir()
@@ -150,7 +149,7 @@ def test_compare_reads_a_members_metrics_only_until_it_has_its_window_of_steady_
             yield row
 
     monkeypatch.setattr(runs, "metrics_newest_first", counted)
-    got = report.summarize_run(run_dir)
-    assert (got["step"], got["tokens_per_s"]) == _summary_of_the_newest_81(rows)
-    steady_newest = all(r["attempt"] == rows[-1]["attempt"] for r in rows[-report.WINDOW - 1:])
-    assert len(taken) == (report.WINDOW + 1 if steady_newest else len(taken)) <= report.TAIL_ROWS
+    got = run_status.read_status(run_dir, {run_status.Read.STEADY})
+    assert (got.step, got.tokens_per_s) == _summary_of_the_newest_81(rows)
+    steady_newest = all(r["attempt"] == rows[-1]["attempt"] for r in rows[-run_status.WINDOW - 1:])
+    assert len(taken) == (run_status.WINDOW + 1 if steady_newest else len(taken)) <= run_status.TAIL_ROWS

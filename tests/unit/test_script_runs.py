@@ -15,7 +15,8 @@ from types import SimpleNamespace
 import pytest
 import yaml
 
-from fsdp_jobs.cli import ctl, script_report, submit
+from fsdp_jobs.__main__ import summarize
+from fsdp_jobs.cli import ctl, submit
 from fsdp_jobs.planning.compose import compose
 from fsdp_jobs.planning.errors import UserError
 from fsdp_jobs.planning.plan import generated_name, make_plan
@@ -37,6 +38,11 @@ def script_run(tmp_path: Path, name: str = "r", args: tuple[str, ...] = ()) -> P
     (run_dir / "launches.jsonl").write_text(LOCAL)
     runs.write_state(run_dir, status="running")  # a plain script writes none of its own
     return run_dir
+
+
+def summary(run_dir: Path, status: int) -> list[str]:
+    """The end-of-job summary of a launch that exited `status`: its lines."""
+    return summarize(SimpleNamespace(run_dir=str(run_dir), name=run_dir.name), status).splitlines()
 
 
 def hf_checkpoint(out: Path, step: int, state: bool = True, fsdp: bool = False) -> Path:
@@ -64,9 +70,9 @@ def test_hf_trainer_checkpoints_give_status_and_the_summary_the_step_and_the_new
     assert info["checkpoint"] == str(newest.resolve())
     assert info["script"]["checkpoints"] == [str((out / "checkpoint-3").resolve()), str(newest.resolve())]
     assert "step 12 (global_step in checkpoint-12/trainer_state.json)" in info["detail"]
-    lines = script_report.summary_lines(run_dir)
-    assert lines[0] == "  step:         12 (global_step in checkpoint-12/trainer_state.json)"
-    assert lines[1] == f"  checkpoint:   {newest.resolve()} (HF Trainer, 2 found)"
+    lines = summary(run_dir, 0)
+    assert lines[2] == "  step:         12 (global_step in checkpoint-12/trainer_state.json)"
+    assert lines[3] == f"  checkpoint:   {newest.resolve()} (HF Trainer, 2 found)"
 
 
 def test_accelerate_save_state_in_an_output_dir_its_arguments_name(tmp_path):
@@ -127,7 +133,8 @@ def test_a_script_that_reports_nothing_is_not_tracked_never_damaged(tmp_path):
     with pytest.raises(UserError) as e:
         ctl.goodput_of(run_dir)
     assert "has reported no steps through fsdp_jobs.job" in str(e.value) and "damaged" not in str(e.value)
-    assert script_report.summary_lines(run_dir) == [f"  progress:     {script_progress.NOT_TRACKED}"]
+    # no step, checkpoint or metrics line: the script reports none
+    assert summary(run_dir, 0)[2:-1] == [f"  progress:     {script_progress.NOT_TRACKED}"]
 
 
 def test_a_failed_run_names_its_first_failing_ranks_exit_code_and_exception(tmp_path):
@@ -145,7 +152,7 @@ def test_a_failed_run_names_its_first_failing_ranks_exit_code_and_exception(tmp_
     assert failures.cause(run_dir) == cause
     info = ctl.run_status(run_dir, accounted=False)
     assert info["state"] == "FAILED" and info["failure"] == cause and f"first failure: {cause}" in info["detail"]
-    assert script_report.failure_lines(run_dir, 1) == [f"  failed:       {cause}"]
+    assert summary(run_dir, 1)[-2] == f"  failed:       {cause}"
     assert failures.cause(run_dir, since=13) is None  # a newer launch: none of its own yet
 
 

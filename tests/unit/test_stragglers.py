@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from fsdp_jobs.planning.config import FaultConfig
-from fsdp_jobs.cli import ctl, report
+from fsdp_jobs.cli import ctl, report, status_text
 from fsdp_jobs.rundir import stragglers
 from fsdp_jobs.rundir import liveness
 from fsdp_jobs.rundir.layout import RunDir
@@ -34,7 +34,7 @@ def test_the_node_whose_compute_stands_out_is_named_and_no_other(tmp_path):
     s = stragglers.of_run(tmp_path)
     assert s["slowest"] == "node1" and s["stragglers"] == ["node1"]
     assert s["ratio"] == 2.36 and s["nodes"]["node0"]["ratio"] == 0.91
-    assert "straggler: node1 (slowest node1: 2.36x" in stragglers.describe(s)
+    assert "straggler: node1 (slowest node1: 2.36x" in status_text.stragglers_phrase(s)
 
 
 def test_nodes_that_compute_alike_name_no_straggler(tmp_path):
