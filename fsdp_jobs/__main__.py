@@ -49,11 +49,13 @@ def summarize(plan: Plan, status: int) -> str:
 
 
 def ending(run_dir: Path, status: int) -> str:
-    """How the launch ended, in `status`'s word: a job stopped from outside (Ctrl-C, `fsdp-jobs cancel`) is
-    cancelled, whether its ranks checkpointed or had not begun to step."""
+    """How the launch ended, in `status`'s word (the run's outcome, fsdp_jobs/rundir/outcome.py): a job stopped
+    from outside (Ctrl-C, `fsdp-jobs cancel`) is cancelled, whether its ranks checkpointed or had not begun to step."""
+    from fsdp_jobs.rundir.outcome import JobState, outcome
+
     if status == 0:
         return "finished"
-    stopped = runs.read_outcome(run_dir, runs.last_launch(run_dir).get("unix")).status in ("preempted", "cancelled")
+    stopped = outcome(run_dir, runs.last_launch(run_dir).get("unix")).state == JobState.CANCELLED
     return f"cancelled (exit status {status})" if stopped else f"exited with status {status}"
 
 

@@ -34,8 +34,10 @@ from fsdp_jobs.planning import backends
 from fsdp_jobs.rundir import logs
 from fsdp_jobs.rundir.logs import LogFilter
 from fsdp_jobs.rundir.layout import RunDir
-# the vocabulary the CLI reads (fsdp_jobs/rundir/status.py); backends import it from here
-from fsdp_jobs.rundir.status import JobState, JobStatus, Run, Submitted, state_from_training
+# the vocabulary the CLI reads (fsdp_jobs/rundir/status.py) and the run's outcome every describe() returns
+# (fsdp_jobs/rundir/outcome.py); backends import them from here
+from fsdp_jobs.rundir.outcome import outcome
+from fsdp_jobs.rundir.status import JobState, JobStatus, Run, Submitted
 
 if TYPE_CHECKING:  # types only, never imported at run time: no hydra on the node side, no import cycle
     from fsdp_jobs.planning.cluster_config import BackendTraits
@@ -43,7 +45,7 @@ if TYPE_CHECKING:  # types only, never imported at run time: no hydra on the nod
     from fsdp_jobs.planning.plan import Plan
 
 __all__ = ["Backend", "DryRun", "Faults", "LogFilter", "Request", "JobState", "JobStatus", "Run", "Scaler", "Stacks",
-           "Submitted", "state_from_training"]
+           "Submitted", "outcome"]
 
 
 class Request(Protocol):

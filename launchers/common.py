@@ -9,7 +9,6 @@ from importlib import metadata
 from pathlib import Path
 from typing import Optional, TYPE_CHECKING
 
-from fsdp_jobs.rundir import runs
 from fsdp_jobs.planning.plan import LIGHTHOUSE_ENV, REPLICA_ADDR_ENV, REPLICA_GROUP_ENV  # noqa: F401  (backends import them here)
 from fsdp_jobs.planning.secret_env import MASK
 
@@ -224,26 +223,6 @@ def python_path(cfg: JobConfig, user_dir: Optional[str], rest: str = "") -> str:
     siblings, which PYTHONSAFEPATH=1 would otherwise hide where a backend sets it), then `rest`."""
     parts = ([user_dir] if user_dir else []) + ([rest] if rest else [])
     return ":".join(parts)
-
-
-def begin_user_attempt(job: JobConfig, run_dir: Path) -> None:
-    """Before the ranks start: the state record says running, so an outcome left by an earlier attempt
-    (preempted, completed) is never taken for this attempt's."""
-    if user_mode(job):
-        runs.write_state(run_dir, status="running", step=runs.read_state(run_dir).step)
-
-
-def settle_user_state(job: JobConfig, run_dir: Path, rc: int, since: Optional[float] = None) -> str:
-    """A user's script need not write the state record. When every rank exited 0 it completed, unless it
-    recorded a stop (fsdp_jobs.job's should_stop: preempted, to be requeued), or its nodes decided it failed
-    since `since` (this launch's start: a failure that repeated, where nodes that stop exit 0 so that their
-    engine does not restart them). Returns the status."""
-    state = runs.read_state(run_dir)
-    decided = since is not None and runs.read_outcome(run_dir, since).status == "failed"
-    if user_mode(job) and rc == 0 and not decided and state.status not in ("preempted", "completed"):
-        runs.write_state(run_dir, status="completed", step=state.step, reason="the script exited 0")
-        return "completed"
-    return state.status
 
 
 # host paths that hand a container the machine, and container paths that would replace its system

@@ -10,7 +10,8 @@ Written once, for both:
   * peer death: a node that ended for good with a failure, leaving fewer than min_nodes alive, leaves
     the others waiting in the rendezvous for a node that never comes: after PEER_GONE_GRACE_S they are
     stopped too (a Docker restart or a torchrun restart takes seconds, so one that comes back in time counts);
-  * the exit status: `exit_status` below, the same for every backend.
+  * the exit status: `exit_status` below, the same for every backend: it records how the nodes ended (the
+    supervisor's own record, RunDir.launcher_end_file) and answers the run's outcome (fsdp_jobs/rundir/outcome.py).
 """
 
 from __future__ import annotations
@@ -22,14 +23,12 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator, Optional, TYPE_CHECKING
+from typing import Any, Callable, Iterator, Optional
 
+from fsdp_jobs.rundir import outcome as outcomes
 from fsdp_jobs.rundir import runs
 from fsdp_jobs.rundir.layout import RunDir
-from fsdp_jobs.launchers.common import settle_user_state
-
-if TYPE_CHECKING:  # types only, never imported at run time: no hydra on the node side, no import cycle
-    from fsdp_jobs.planning.config import JobConfig
+from fsdp_jobs.rundir.outcome import JobState
 
 POLL_S = 0.2
 PEER_GONE_GRACE_S = 30.0
@@ -110,6 +109,7 @@ class Outcome:
     codes: dict[str, int] = field(default_factory=dict)  # node -> exit code (what each ended with)
     interrupted: bool = False  # SIGINT/SIGTERM/SIGHUP reached the supervisor
     began: Optional[float] = field(default=None, compare=False)  # time.time() when supervision began: the outcome is a record written since
+    stopped: Optional[float] = field(default=None, compare=False)  # time.time() when it stopped the nodes for that
 
 
 def supervise(nodes: list[Node], sink: LogSink, min_nodes: int, stop_grace_s: float,
@@ -129,6 +129,7 @@ def supervise(nodes: list[Node], sink: LogSink, min_nodes: int, stop_grace_s: fl
     for n in nodes:
         n.follow(sink, done)
     stopping_until: Optional[float] = None
+    stopped_at: Optional[float] = None
     stopped_for_request = forced = False
     peers_gone_since: Optional[float] = None
     codes: dict[str, Optional[int]] = {}
@@ -147,6 +148,7 @@ def supervise(nodes: list[Node], sink: LogSink, min_nodes: int, stop_grace_s: fl
             why = stop_now or _why_stop(signals, gone, live, min_nodes, peers_gone_since)
             if why and stopping_until is None:
                 stopped_for_request = why == stop_now
+                stopped_at = time.time() if signals or stopped_for_request else None
                 sink.write(f"fsdp-jobs: {why}")
                 for n in live:
                     n.stop(stop_grace_s)
@@ -169,7 +171,9 @@ def supervise(nodes: list[Node], sink: LogSink, min_nodes: int, stop_grace_s: fl
         for s, h in old.items():
             signal.signal(s, h)
     # stop_now counts as an interruption only where it stopped a live node (none left: the job had ended)
-    return Outcome({k: int(v) for k, v in codes.items() if v is not None}, bool(signals) or stopped_for_request, began)
+    interrupted = bool(signals) or stopped_for_request
+    return Outcome({k: int(v) for k, v in codes.items() if v is not None}, interrupted, began,
+                   stopped_at or (time.time() if interrupted else None))
 
 
 def record_stop_signals(into: list[int]) -> dict[int, Any]:
@@ -217,27 +221,25 @@ def _why_stop(signals: list[int], gone: list[str], live: list[Node], min_nodes: 
     return None
 
 
-def exit_status(outcome: Outcome, job: JobConfig, run_dir: Path) -> int:
-    """The job's exit status from how its nodes ended and what rank 0 recorded (the state record)."""
-    failure = next((c for c in outcome.codes.values() if c), 0)
-    if outcome.codes and not outcome.interrupted:  # a plain script exiting 0 everywhere completed
-        settle_user_state(job, run_dir, failure, since=outcome.began)
-    if outcome.interrupted or runs.cancel_recorded(run_dir):  # stopped from outside, maybe before any rank could say
-        runs.record_cancelled(run_dir, outcome.began)
+def exit_status(outcome: Outcome, run_dir: Path) -> int:
+    """The job's exit status, from the run's outcome (fsdp_jobs/rundir/outcome.py: what `status` says too) once
+    this supervisor recorded how the nodes ended and whether a stop from outside reached them (its own record:
+    a plain script, which records nothing itself, completed when every node exited 0). A stop that came after the ranks recorded an
+    outcome leaves that outcome standing; one before it (stopped before the first step, no rank there to
+    record it) is CANCELLED, not FAILED."""
+    stopped = outcome.stopped if outcome.stopped is not None else (time.time() if outcome.interrupted else None)
+    runs.write_launcher_end(run_dir, dict(outcome.codes), stopped)
+    said = outcomes.outcome(run_dir, outcome.began, JobState.FAILED)  # nodes that ended with no record: failed
+    if said.state == JobState.SUCCEEDED:
+        return 0  # nodes stopped for good (exit 137) while the others finished do not fail the job
     if outcome.interrupted:
         return INTERRUPTED
-    recorded = runs.read_outcome(run_dir, outcome.began)  # never an earlier launch's "completed"
-    state = recorded.status
-    if state == "failed" and recorded.stage == "preflight":
-        return PREFLIGHT_FAILED  # a node was named: its nodes may have exited 0 (launchers/node/wrapper.py)
-    if state == "completed":
-        return 0  # nodes stopped for good (exit 137) while the others finished do not fail the job
-    if state == "failed":
-        # the ranks decided it (a non-finite loss) and exited 0, their nodes NO_RESTART_RC: none restarts
-        return documented(failure) or 1
-    if state in ("preempted", "cancelled"):
+    if said.state == JobState.CANCELLED:
         return STOPPED_FROM_OUTSIDE
-    return documented(failure) if outcome.codes else 1
+    if said.preflight:
+        return PREFLIGHT_FAILED  # a node was named: its nodes may have exited 0 (launchers/node/wrapper.py)
+    # the ranks decided it (a non-finite loss) and exited 0, their nodes NO_RESTART_RC: none restarts
+    return documented(next((c for c in outcome.codes.values() if c), 0)) or 1
 
 
 def documented(node_code: int) -> int:

@@ -185,10 +185,20 @@ def build_run(root: Path, nodes: int, gpus: int, attempts: int, metric_rows: int
     _jsonl(RunDir(run_dir).metrics_file, metrics(metric_rows, attempts, nodes * gpus, start))
     log_bytes = write_logs(run_dir, nodes, gpus, log_lines)
     write_checkpoints(run_dir, nodes, gpus, checkpoint_count, metric_rows)
-    runs.write_state(run_dir, status="completed", step=metric_rows)
+    write_outcome(run_dir, nodes, metric_rows, start)
     return {"run_dir": str(run_dir), "goodput_events": events, "metric_rows": metric_rows, "log_bytes": log_bytes,
             "metrics_bytes": RunDir(run_dir).metrics_file.stat().st_size,
             "goodput_bytes": RunDir(run_dir).goodput_file.stat().st_size}
+
+
+def write_outcome(run_dir: Path, nodes: int, steps: int, start: float) -> None:
+    """The records the run's outcome is read from (fsdp_jobs/rundir/outcome.py), as a troubled run leaves them: a
+    node's verdict from an earlier attempt's requeue, the leader's state (completed) and the supervisor's record
+    of every node's exit code."""
+    runs.write_node_verdict(run_dir, status="requeued-after-crash", node=_node(0), reason="torchrun exited with 1",
+                            step=steps // 2, time=start + 1)
+    runs.write_state(run_dir, status="completed", step=steps)
+    runs.write_launcher_end(run_dir, {_node(k): 0 for k in range(nodes)}, None)
 
 
 def build_sweep(root: Path, members: int, steps: int = 200) -> str:
@@ -204,7 +214,7 @@ def build_sweep(root: Path, members: int, steps: int = 200) -> str:
                                                  unix=start, extra={"pid": 1}))
         _jsonl(RunDir(run_dir).goodput_file, timeline(2, 1, steps, start))
         _jsonl(RunDir(run_dir).metrics_file, metrics(steps, 1, 16, start))
-        runs.write_state(run_dir, status="completed", step=steps)
+        write_outcome(run_dir, 2, steps, start)
         journal.record(sweep=sweep, member=f"m{i}", overrides=[f"train.lr={i}e-5"], params={"train.lr": f"{i}e-5"},
                        backend=backends.DEFAULT, job_id=str(i), run_dir=str(run_dir.resolve()), config_hash="bench")
     return sweep

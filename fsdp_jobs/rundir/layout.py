@@ -100,8 +100,20 @@ class RunDir:
     # -------------------------------------------------------------- written while the job runs
     @property
     def state_file(self) -> Path:
-        """state.json: the job's StateRecord (records.py), rank 0's and the node side's word."""
+        """state.json: the leader rank's training state (StateRecord, records.py): rank 0 alone writes it."""
         return self.root / "state.json"
+
+    @property
+    def node_verdict_file(self) -> Path:
+        """node-verdict.json: a node's verdict on the job (NodeVerdict): failed, a scheduler's requeue, a script
+        that exited 0 on a scheduler's nodes. Nodes alone write it."""
+        return self.root / "node-verdict.json"
+
+    @property
+    def launcher_end_file(self) -> Path:
+        """launcher-end.json: how a launch's nodes ended (LauncherEnd): their exit codes, a stop from outside.
+        The supervisor (the launcher of local agents, a container engine's detached supervisor) alone writes it."""
+        return self.root / "launcher-end.json"
 
     @property
     def metrics_file(self) -> Path:
@@ -234,7 +246,7 @@ class RunDir:
 
     @property
     def cancel_file(self) -> Path:
-        """`fsdp-jobs cancel` ended this attempt: CANCELLED however the nodes exit."""
+        """`fsdp-jobs cancel` was asked (CancelRequest, the CLI's): a stop from outside, as a signal to the launcher."""
         return self.root / "cancel-requested"
 
     @property

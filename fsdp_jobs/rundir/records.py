@@ -139,9 +139,11 @@ class Record:
 
 @dataclass
 class StateRecord(Record):
-    """RunDir.state_file: running / completed / preempted / cancelled / failed / requeued-* (+ step, reason),
-    written by rank 0, the user-code launchers, the node wrappers, a scheduler's requeuing task, the preflight and
-    the launcher (cancelled: stopped from outside before any rank recorded an outcome)."""
+    """RunDir.state_file: the leader rank's (rank 0's) training state: running / completed / preempted / failed
+    (+ step, reason; a preflight's verdict: stage, bad_nodes), written by rank 0 alone (the trainer, its
+    preflight, fsdp_jobs.job, the user-code shim). What other roles know has a record of its own (NodeVerdict,
+    LauncherEnd, CancelRequest); a run dir from before them may hold their words here (cancelled, requeued-*,
+    a node's failed), which fsdp_jobs/rundir/outcome.py still reads."""
 
     status: str
     step: Optional[int] = None
@@ -158,6 +160,49 @@ class StateRecord(Record):
     def to_json(self) -> dict[str, Any]:
         # `step` is written even when unknown (null), as before: tools read state["step"]
         return {"time": self.time, **super().to_json(), "step": self.step}
+
+
+@dataclass
+class NodeVerdict(Record):
+    """RunDir.node_verdict_file: what a node decided about the job, written by a node alone: its wrapper
+    (failed: a failure that repeats, the hang restarts used) or a scheduler's in-job node task (failed,
+    requeued-excluding, requeued-after-crash; completed: a script that exited 0, which records nothing itself).
+    The newest verdict replaces the one before: the first node to stop writes the reason, later ones keep it."""
+
+    status: str
+    node: str = ""
+    reason: Optional[str] = None
+    step: Optional[int] = None
+    stage: Optional[str] = None  # "preflight": a preflight's verdict, carried on (its bad_nodes too)
+    bad_nodes: Optional[list[str]] = None
+    exclude: Optional[list[str]] = None  # the nodes a scheduler's requeue excludes
+    time: float = field(default_factory=time.time)
+    v: int = SCHEMA
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class LauncherEnd(Record):
+    """RunDir.launcher_end_file: how a launch's nodes ended, written by the supervisor alone (the launcher of
+    local agents, a container engine's detached supervisor: launchers/supervisor.py) once every node has:
+    each node's exit code, and when a stop from outside (a signal to the launcher, `fsdp-jobs cancel`) reached
+    it (None: none did)."""
+
+    nodes: dict[str, Any]  # node name -> its exit code
+    stopped: Optional[float] = None
+    time: float = field(default_factory=time.time)
+    v: int = SCHEMA
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class CancelRequest(Record):
+    """RunDir.cancel_file: `fsdp-jobs cancel` was asked (the CLI alone writes it: a backend's `cancel`),
+    at `time`. An older run dir holds a line of text there instead: its file's time is the request's."""
+
+    time: float
+    v: int = SCHEMA
+    extra: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -370,5 +415,5 @@ class ChaosIncident(Record):
     extra: dict[str, Any] = field(default_factory=dict)
 
 
-ALL = (StateRecord, LaunchRecord, GoodputEvent, MetricsRow, PreflightRecord, HangRecord, FailureRecord,
-       ScaleRequest, RankRecord, WorldRecord, ReplacedNodes, ChaosIncident)
+ALL = (StateRecord, NodeVerdict, LauncherEnd, CancelRequest, LaunchRecord, GoodputEvent, MetricsRow, PreflightRecord,
+       HangRecord, FailureRecord, ScaleRequest, RankRecord, WorldRecord, ReplacedNodes, ChaosIncident)

@@ -23,6 +23,7 @@ from fsdp_jobs.planning.errors import UserError
 from fsdp_jobs.rundir import failures, goodput, hangs, journal, liveness, replaced, runs, script_progress, stragglers
 from fsdp_jobs.rundir.checkpoints import newest_checkpoint
 from fsdp_jobs.rundir.layout import RunDir
+from fsdp_jobs.rundir.outcome import outcome
 from fsdp_jobs.rundir.records import StateRecord
 from fsdp_jobs.rundir.status import JobState, JobStatus
 
@@ -163,8 +164,9 @@ def read_status(run_dir: Path, reads: Reads, said: Optional[JobStatus] = None,
     if Read.LAUNCH in reads:
         s.launch = runs.last_launch(s.run_dir) if launch is None else launch
     since = float(s.launch.get("unix") or 0)
-    if Read.TRAIN in reads:
-        s.train = runs.read_state_record(s.run_dir)
+    if Read.TRAIN in reads:  # the outcome's view of the leader's record: another role's word where it decided
+        judged = said.outcome if said is not None and said.outcome is not None else outcome(s.run_dir, since or None)
+        s.train = StateRecord.from_dict(judged.train)
     if Read.REFUSAL in reads:
         s.refusal = newer_refusal(s.run_dir, since)
     _read_metrics(s)

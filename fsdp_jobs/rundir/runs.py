@@ -4,11 +4,15 @@ Every path in it is named once, in layout.py (RunDir); this module reads and wri
       job, plan       the resolved config the ranks read (earlier versions kept in history_dir), the plan
       launches        one line per launch/submission (backend, job id, time)
       metrics         one line per training step (rank 0)
-      state           running / completed / preempted / failed (+ step, reason), written by rank 0
+      state           running / completed / preempted / failed (+ step, reason), written by rank 0 alone
+      node verdict    a node's word on the job (failed, a scheduler's requeue), written by nodes alone
+      launcher end    how a launch's nodes ended and whether a stop from outside reached them (the supervisor)
       stop request    present = "checkpoint and stop at the next step boundary" (launchers write it,
                       rank 0 reads it): the one channel from a launcher to the ranks besides signals
       scale request   {"nodes": N} from `fsdp-jobs scale` to a launcher that starts the new nodes itself
-      cancel          `fsdp-jobs cancel` ended this attempt
+      cancel          `fsdp-jobs cancel` was asked (the CLI)
+
+Who writes which record, and how the run's outcome is derived from them: fsdp_jobs/rundir/outcome.py.
 
 Launchers and the in-job runtime meet only here: neither imports the other.
 """
@@ -30,7 +34,8 @@ import yaml
 
 from fsdp_jobs.rundir.layout import RunDir
 from fsdp_jobs.rundir.logs import BLOCK, MAX_LINE, backward
-from fsdp_jobs.rundir.records import LaunchRecord, MetricsRow, RankRecord, ScaleRequest, StateRecord, WorldRecord
+from fsdp_jobs.rundir.records import (CancelRequest, LaunchRecord, LauncherEnd, MetricsRow, NodeVerdict, RankRecord,
+                                      ScaleRequest, StateRecord, WorldRecord)
 
 if TYPE_CHECKING:  # types only: load_plan imports it when called
     from fsdp_jobs.planning.plan import Plan
@@ -200,8 +205,8 @@ class RunLock:
 
 
 def write_state(run_dir: Path, **fields: Any) -> None:
-    """The state record: running / completed / preempted / failed (+ step, reason), for tools and the job.
-    The keywords are StateRecord's fields: a misspelt one raises here, in the writer."""
+    """The leader rank's state record: running / completed / preempted / failed (+ step, reason). Rank 0 alone
+    writes it. The keywords are StateRecord's fields: a misspelt one raises here, in the writer."""
     write_atomic(RunDir(run_dir).state_file, json.dumps(StateRecord(**fields).to_json()) + "\n")
 
 
@@ -211,14 +216,14 @@ def read_state_record(run_dir: Path) -> Optional[StateRecord]:
 
 
 def no_state() -> StateRecord:
-    """What read_state and read_outcome give when no record counts (a new one each time: records are mutable)."""
+    """What read_state gives when no record counts (a new one each time: records are mutable)."""
     return StateRecord(status="", time=0.0)
-
 
 
 def read_state(run_dir: Path) -> StateRecord:
     """The state record; when there is none (not written yet, or damaged), one whose status is "" and step
-    None, so a reader asks `read_state(d).status` without a None check."""
+    None, so a reader asks `read_state(d).status` without a None check. Whatever its time: the run's outcome
+    is fsdp_jobs/rundir/outcome.py's."""
     return read_state_record(run_dir) or no_state()
 
 
@@ -228,16 +233,23 @@ def completed_at(run_dir: Path, steps: int) -> Optional[int]:
     return state.step if state.status == "completed" and (state.step or 0) >= steps else None
 
 
-def read_outcome(run_dir: Path, since: Optional[float]) -> StateRecord:
-    """The state record if it was written at or after `since` (when the launch or attempt being judged
-    began), else the empty one: a record an earlier launch left (completed, at an older step) is never
-    this launch's outcome. A job whose ranks died before recording anything (a checkpoint that fails to
-    load, a crash at start-up) then reads as having recorded nothing, not as the run's last success.
-    `since` None: any record (a launch record from before launches were timed). The times are the
-    writers' clocks: a compute node's against the submitting host's, which NTP keeps well inside the
-    seconds between a launch and its ranks' first record."""
-    state = read_state(run_dir)
-    return state if since is None or state.time >= since else no_state()
+def write_node_verdict(run_dir: Path, **fields: Any) -> None:
+    """A node's verdict on the job (NodeVerdict's fields): nodes alone write it."""
+    write_atomic(RunDir(run_dir).node_verdict_file, json.dumps(NodeVerdict(**fields).to_json()) + "\n")
+
+
+def read_node_verdict(run_dir: Path) -> Optional[NodeVerdict]:
+    return NodeVerdict.from_dict(_read_json(RunDir(run_dir).node_verdict_file))
+
+
+def write_launcher_end(run_dir: Path, nodes: dict[str, int], stopped: Optional[float]) -> None:
+    """How the launch's nodes ended (LauncherEnd): the supervisor alone writes it, once they all have."""
+    write_atomic(RunDir(run_dir).launcher_end_file,
+                 json.dumps(LauncherEnd(nodes=nodes, stopped=stopped).to_json()) + "\n")
+
+
+def read_launcher_end(run_dir: Path) -> Optional[LauncherEnd]:
+    return LauncherEnd.from_dict(_read_json(RunDir(run_dir).launcher_end_file))
 
 
 def _read_json(path: Path) -> Any:
@@ -329,22 +341,22 @@ def clear_stop_request(run_dir: Path) -> None:
 
 
 def record_cancel(run_dir: Path) -> None:
-    """`fsdp-jobs cancel` was asked for this attempt: however its nodes then exit (they are stopped one
-    by one, so one may see its peer vanish mid-step and fail), the job ended as CANCELLED."""
-    write_atomic(RunDir(run_dir).cancel_file, time.strftime("%Y-%m-%dT%H:%M:%S") + "\n")
+    """`fsdp-jobs cancel` was asked for this attempt (the CLI's record): however its nodes then exit (they are
+    stopped one by one, so one may see its peer vanish mid-step and fail), the job ended as CANCELLED."""
+    write_atomic(RunDir(run_dir).cancel_file, json.dumps(CancelRequest(time=time.time()).to_json()) + "\n")
 
 
-def cancel_recorded(run_dir: Path) -> bool:
-    return RunDir(run_dir).cancel_file.exists()
-
-
-def record_cancelled(run_dir: Path, since: Optional[float]) -> None:
-    """A job stopped from outside (Ctrl-C, `fsdp-jobs cancel`) whose ranks recorded no outcome since `since`
-    (stopped before its first step, no rank was there to record the stop) was cancelled, not failed: the state
-    record says so, at the run's step. An outcome the ranks recorded (completed, failed, preempted) stands."""
-    if read_outcome(run_dir, since).status not in ("completed", "failed", "preempted"):
-        write_state(run_dir, status="cancelled", step=read_state(run_dir).step,
-                    reason="stopped from outside before the ranks recorded an outcome")
+def cancel_asked(run_dir: Path) -> Optional[float]:
+    """When `fsdp-jobs cancel` was last asked, or None. A record from before CancelRequest (a line of text)
+    is dated by its file."""
+    path = RunDir(run_dir).cancel_file
+    record = CancelRequest.from_dict(_read_json(path))
+    if record is not None:
+        return record.time
+    try:
+        return path.stat().st_mtime
+    except OSError:
+        return None
 
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:

@@ -7,25 +7,12 @@ a backend's answers without importing any backend: backends are found through fs
 
 from __future__ import annotations
 
-import enum
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
 from fsdp_jobs.rundir import runs
-
-
-class JobState(str, enum.Enum):
-    PENDING = "PENDING"
-    RUNNING = "RUNNING"
-    SUCCEEDED = "SUCCEEDED"
-    FAILED = "FAILED"
-    CANCELLED = "CANCELLED"
-    UNKNOWN = "UNKNOWN"
-
-    @property
-    def terminal(self) -> bool:
-        return self in (JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED)
+from fsdp_jobs.rundir.outcome import JobState, Outcome  # noqa: F401  (JobState: backends import it from here)
 
 
 @dataclass
@@ -33,6 +20,7 @@ class JobStatus:
     state: JobState
     detail: str  # the backend's own words, e.g. "RUNNING (Reason=None)" or "exited 0 (node0, node1)"
     info: dict[str, Any] = field(default_factory=dict)  # backend-specific fields for `status` (JSON)
+    outcome: Optional[Outcome] = None  # what `state` was derived from (fsdp_jobs/rundir/outcome.py): its train view
 
 
 @dataclass
@@ -50,10 +38,10 @@ class Run:
     def load(cls, run_dir: Path) -> "Run":
         return cls(run_dir, runs.last_launch(run_dir))
 
+    @property
+    def since(self) -> Optional[float]:
+        """When its newest launch began (the launch record's `unix`): a record older than that is another
+        launch's, never this one's outcome."""
+        unix = self.launch.get("unix")
+        return float(unix) if isinstance(unix, (int, float)) and not isinstance(unix, bool) else None
 
-def state_from_training(run: "Run") -> JobState:
-    """When the backend has nothing left to say, the state record (rank 0's own) tells the outcome: only
-    one written since the run's newest launch began (runs.read_outcome). UNKNOWN when it wrote none."""
-    status = runs.read_outcome(run.run_dir, run.launch.get("unix")).status or None
-    return {"completed": JobState.SUCCEEDED, "failed": JobState.FAILED,
-            "preempted": JobState.CANCELLED, "cancelled": JobState.CANCELLED}.get(str(status), JobState.UNKNOWN)

@@ -41,6 +41,7 @@ def main() -> None:
     from fsdp_jobs.runtime.loopback_store import install
 
     install()  # the script's init_process_group: rank 0's store on loopback when the job's host is loopback
+    record_running()
 
     try:
         record(run)(sys.argv[1:])
@@ -58,6 +59,20 @@ def main() -> None:
         failed(e)
         raise
     finished()
+
+
+def record_running() -> None:
+    """The leader (rank 0; of a replica job, the first group's) records that this attempt trains: a plain script
+    records nothing itself, and `fsdp-jobs scale` and the run's outcome must not take an earlier attempt's word
+    (preempted, completed) for this one's. fsdp_jobs.job records its own states after it."""
+    import os
+
+    from fsdp_jobs.planning.plan import REPLICA_GROUP_ENV
+    from fsdp_jobs.rundir import runs
+
+    run_dir = os.environ.get("FSDP_JOBS_RUN_DIR")
+    if run_dir and os.environ.get("RANK") == "0" and os.environ.get(REPLICA_GROUP_ENV, "0") == "0":
+        runs.write_state(Path(run_dir), status="running", step=runs.read_state(Path(run_dir)).step)
 
 
 def failed(e: BaseException) -> None:

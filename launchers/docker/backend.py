@@ -35,10 +35,10 @@ from fsdp_jobs.rundir.records import LaunchRecord
 from fsdp_jobs.planning.secret_env import passed_names
 from fsdp_jobs.planning.errors import UserError
 from fsdp_jobs.rundir.layout import RunDir
-from fsdp_jobs.launchers.base import Backend, DryRun, JobState, JobStatus, Run, Submitted, state_from_training
+from fsdp_jobs.launchers.base import Backend, DryRun, JobState, JobStatus, Run, Submitted, outcome
 from fsdp_jobs.launchers.capabilities import Faults, Scaler, Stacks, request_scale
 from fsdp_jobs.planning.chaos_kinds import ChaosKind
-from fsdp_jobs.launchers.common import (NODE_WRAPPER, begin_user_attempt, lighthouse_command, lighthouse_port, python_path,
+from fsdp_jobs.launchers.common import (NODE_WRAPPER, lighthouse_command, lighthouse_port, python_path,
                               rank_entry, rank_env, replica_env, replica_group, runtime_env, torchrun_args,
                               user_code_dir)
 from fsdp_jobs.launchers.docker.engine import (COMPOSE_FILE, DOWN_TIMEOUT_S, RESULT_FILE, SKEL_IMAGE, compose_command, container_user,
@@ -285,7 +285,6 @@ class DockerBackend(Backend[DockerRequest]):
         code = take_snapshot(Path(req.code_dir)) if cfg.cluster.snapshot_code else {"code": str(PROJECT_ROOT), "git_commit": ""}
         if req.user_dir:  # the user's script/package, where the containers' command names it
             take_user_code(cfg, Path(req.user_dir))
-        begin_user_attempt(cfg, run_dir)
         Path(req.file).parent.mkdir(parents=True, exist_ok=True)
         runs.write_atomic(Path(req.file), compose_text(req.compose))
         drop_dotenv(run_dir)
@@ -336,27 +335,28 @@ class DockerBackend(Backend[DockerRequest]):
         project = own_project(run)
         result = read_result(run.run_dir)
         if result is not None and result.get("project") == project:
-            state = state_from_training(run) if result["exit_status"] == 0 else (
-                JobState.CANCELLED if result.get("cancelled") else JobState.FAILED)
+            said = outcome(run.run_dir, run.since, JobState.SUCCEEDED if result["exit_status"] == 0 else JobState.FAILED)
+            state, kept = said.state, {"containers": result.get("containers", {})}
             if result.get("removed", True):
-                return JobStatus(state, f"{state.value} (exit {result['exit_status']}; containers removed)",
-                                 {"containers": result.get("containers", {})})
+                return JobStatus(state, f"{state.value} (exit {result['exit_status']}; containers removed)", kept, said)
             # the supervisor is removing the containers (launchers/docker/supervisor.py writes the result
             # before and after): the job is ending, not ended, unless the supervisor died doing it
             if time.time() - float(result.get("time", 0)) < DOWN_TIMEOUT_S + 30:
                 return JobStatus(JobState.RUNNING, f"ENDING ({state.value}, exit {result['exit_status']}; "
-                                                   "removing the containers)", {"containers": result.get("containers", {})})
+                                                   "removing the containers)", kept, said)
             return JobStatus(state, f"{state.value} (exit {result['exit_status']}; the supervisor did not confirm "
-                                    "that the containers were removed)", {"containers": result.get("containers", {})})
+                                    "that the containers were removed)", kept, said)
         found = containers(project)
         if not found:  # gone without the supervisor's record: removed by hand, or the supervisor died
-            return JobStatus(JobState.FAILED, "FAILED (no containers left and no recorded result)", {"containers": {}})
+            said = outcome(run.run_dir, run.since, JobState.FAILED)
+            return JobStatus(said.state, f"{said.state.value} (no containers left and no recorded result)",
+                             {"containers": {}}, said)
         nodes = {name: f"{c['State']['Status']}" + (f" (exit {c['State']['ExitCode']})" if c["State"]["Status"] == "exited" else "")
                  + (f", restarted {c['RestartCount']}x" if c.get("RestartCount") else "") for name, c in found.items()}
         live = any(c["State"]["Status"] in ("running", "restarting", "created") for c in found.values())
-        state = JobState.RUNNING if live else JobState.UNKNOWN
-        return JobStatus(state, f"{state.value} ({', '.join(f'{k}: {v}' for k, v in sorted(nodes.items()))})",
-                         {"containers": nodes})
+        said = outcome(run.run_dir, run.since, JobState.RUNNING if live else JobState.UNKNOWN)
+        return JobStatus(said.state, f"{said.state.value} ({', '.join(f'{k}: {v}' for k, v in sorted(nodes.items()))})",
+                         {"containers": nodes}, said)
 
     def cancel(self, run: Run) -> str:
         project = own_project(run)

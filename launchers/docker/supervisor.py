@@ -159,11 +159,9 @@ def supervise(run_dir: Path, launch: dict[str, Any], job: dict[str, Any], compos
         outcome = supervise_nodes(nodes, sink, cfg.cluster.get("min_nodes") or cfg.nodes,
                                   cfg.cluster.stop_grace_s, grow, began=launch.get("unix"), stop_now=stop_now,
                                   caught=caught)
-        status = exit_status(outcome, cfg, run_dir)
-        give_to(RunDir(run_dir).state_file, user)  # where exit_status wrote the outcome (a cancel, a script's end)
+        status = exit_status(outcome, run_dir)
+        give_to(RunDir(run_dir).launcher_end_file, user)  # what exit_status recorded: the nodes' codes, a stop
         result = {"project": project, "time": time.time(), "exit_status": status,
-                  "cancelled": outcome.interrupted or runs.cancel_recorded(run_dir)
-                               or runs.read_state(run_dir).status == "preempted",
                   "containers": {n.name: {"exit_code": n.last["State"]["ExitCode"],
                                           "restarts": n.last.get("RestartCount", 0)} for n in nodes}}
         for n, r in result["containers"].items():

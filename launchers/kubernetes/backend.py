@@ -27,7 +27,7 @@ from fsdp_jobs.planning.errors import UserError
 from fsdp_jobs.launchers.kubernetes import manifests
 from fsdp_jobs.rundir import logs
 from fsdp_jobs.rundir.logs import LogFilter
-from fsdp_jobs.launchers.base import Backend, DryRun, JobState, JobStatus, Run, Submitted
+from fsdp_jobs.launchers.base import Backend, DryRun, JobState, JobStatus, Run, Submitted, outcome
 from fsdp_jobs.launchers.capabilities import Scaler
 from fsdp_jobs.launchers.common import runtime_env, torchrun_args
 from fsdp_jobs.launchers.kubernetes.api import api_client, explain, require_package
@@ -193,6 +193,13 @@ class KubernetesBackend(Backend[manifests.Request]):
         return str(launch.get("kind", "volcano")), str(launch["namespace"]), str(launch["name"])
 
     def describe(self, run: Run) -> JobStatus:
+        """The operator's word (with a preflight's verdict from the pods' termination messages), judged with
+        what this run dir recorded (fsdp_jobs/rundir/outcome.py; the pods write their records on their volume)."""
+        told = self._told(run)
+        said = outcome(run.run_dir, run.since, told.state)
+        return JobStatus(said.state, told.detail, told.info, said)
+
+    def _told(self, run: Run) -> JobStatus:
         kind, ns, name = self._where(run)
         client = api_client(run.launch.get("context"))
         info = {"kind": kind, "namespace": ns, "name": name}

@@ -25,9 +25,10 @@ from fsdp_jobs.rundir import runs
 from fsdp_jobs.rundir.records import LaunchRecord
 from fsdp_jobs.planning.errors import UserError
 from fsdp_jobs.rundir.layout import RunDir
-from fsdp_jobs.launchers.base import Backend, DryRun, JobState, JobStatus, Run, Submitted, state_from_training
+from fsdp_jobs.rundir import outcome as outcomes
+from fsdp_jobs.launchers.base import Backend, DryRun, JobState, JobStatus, Run, Submitted
 from fsdp_jobs.launchers.capabilities import Faults, Scaler, Stacks, request_scale
-from fsdp_jobs.launchers.common import (NODE_WRAPPER, REPLICA_ADDR_ENV, begin_user_attempt, lighthouse_command, python_path,
+from fsdp_jobs.launchers.common import (NODE_WRAPPER, REPLICA_ADDR_ENV, lighthouse_command, python_path,
                               rank_entry, rank_env, replica_env, replica_group, runtime_env, torchrun_args,
                               user_code_dir)
 from fsdp_jobs.launchers.local.config import check_machine
@@ -236,13 +237,13 @@ class LocalBackend(Backend[LocalRequest]):
     def describe(self, run: Run) -> JobStatus:
         pid = run.launch.get("pid")
         if runs.RunLock(run.run_dir).held():
-            return JobStatus(JobState.RUNNING, f"RUNNING (launcher pid {pid})", {"launcher_pid": pid})
-        # no launcher holds the run: the job has ended, whatever rank 0 managed to record
-        state = state_from_training(run)
-        if state == JobState.UNKNOWN:
-            state = JobState.FAILED
-        return JobStatus(state, f"{state.value} (launcher pid {pid} has exited; training state: "
-                                f"{runs.read_state(run.run_dir).status or 'none recorded'})", {"launcher_pid": None})
+            return JobStatus(JobState.RUNNING, f"RUNNING (launcher pid {pid})", {"launcher_pid": pid},
+                             outcomes.outcome(run.run_dir, run.since, JobState.RUNNING))
+        # no launcher holds the run: the job has ended, as its records say (none: it ended without a word, FAILED)
+        said = outcomes.outcome(run.run_dir, run.since, JobState.FAILED)
+        return JobStatus(said.state, f"{said.state.value} (launcher pid {pid} has exited; training state: "
+                                     f"{runs.read_state(run.run_dir).status or 'none recorded'})", {"launcher_pid": None},
+                         said)
 
     def launcher_pid(self, run: Run) -> int:
         """The pid of the launcher that runs the job, proven by the run's lock (its launch record alone is not)."""
@@ -285,9 +286,8 @@ def run_agents(dryrun: DryRun[LocalRequest], echo: bool = True) -> int:
 def _run_agents(dryrun: DryRun[LocalRequest], echo: bool, caught: list[int]) -> int:
     plan, cfg = dryrun.plan, dryrun.cfg
     run_dir = Path(plan.run_dir)
-    began = time.time()  # the outcome of this launch is a state record written since (runs.read_outcome)
+    began = time.time()  # the outcome of this launch is what the records written since say (rundir/outcome.py)
     runs.clear_stop_request(run_dir)
-    begin_user_attempt(cfg, run_dir)
     runs.record_launch(run_dir, LaunchRecord(backend=dryrun.backend, job_id=str(os.getpid()), nodes=plan.nodes,
                                              gpus_per_node=plan.gpus_per_node, extra={"pid": os.getpid()}))
     sink = LogSink(RunDir(run_dir).launcher_log, echo)
@@ -338,7 +338,7 @@ def _run_agents(dryrun: DryRun[LocalRequest], echo: bool, caught: list[int]) -> 
             done.set()
             lighthouse.join(5)
         sink.close()
-    return exit_status(outcome, cfg, run_dir)
+    return exit_status(outcome, run_dir)
 
 
 def min_live_nodes(plan: Plan) -> int:

@@ -295,7 +295,7 @@ def end_a_waiting_node_when_the_job_completed() -> None:
     from torch.distributed.elastic.rendezvous import api
     from torch.distributed.elastic.rendezvous.dynamic_rendezvous import DynamicRendezvousHandler
 
-    from fsdp_jobs.rundir import runs
+    from fsdp_jobs.rundir.outcome import outcome
 
     started = time.time()
     next_rendezvous = DynamicRendezvousHandler.next_rendezvous
@@ -305,7 +305,7 @@ def end_a_waiting_node_when_the_job_completed() -> None:
         try:
             return next_rendezvous(handler)
         except ended as error:
-            if runs.read_outcome(Path(run_dir), started).status != "completed":
+            if outcome(Path(run_dir), started).status != "completed":
                 raise
             handler._fsdp_jobs_left = True  # the job closed the rendezvous: nothing left to close
             print(f"fsdp-jobs: {os.environ.get(NODE_ENV, 'this node')}: the job completed while this node waited "

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
 
 if TYPE_CHECKING:  # types only: this wrapper imports nothing of the project before it sets the umask
-    from fsdp_jobs.planning.config import FaultConfig
+    from fsdp_jobs.planning.config import FaultConfig, JobConfig
     from fsdp_jobs.launchers.node.oom import OomWatch
 
 RUN_DIR_ENV = "FSDP_JOBS_RUN_DIR"
@@ -148,8 +148,8 @@ def run(argv: list[str], environ: Optional[dict[str, str]] = None) -> int:
 
 
 NO_RESTART_RC = 3  # the ranks decided the job failed (a preflight named a node, a non-finite loss): a restart repeats it
-# supervise_agent stopped the agent itself: a failure that repeats, or hangs past fault.max_hang_restarts (the
-# state record says why); not an exit status (those are 0-255, or minus a signal): decided_status maps it
+# supervise_agent stopped the agent itself: a failure that repeats, or hangs past fault.max_hang_restarts (its
+# node verdict says why); not an exit status (those are 0-255, or minus a signal): decided_status maps it
 STOPPED_BY_WRAPPER = 1000
 # set by a backend whose engine restarts a node that exits non-zero by itself, with no rule to tell exit 3
 # apart (Docker's restart: on-failure, a PyTorchJob's OnFailure: launchers/kubernetes/manifests.py)
@@ -167,10 +167,10 @@ def decided_status(rc: int, run_dir: Path, node: str, engine_restarts: bool = Fa
     """The ranks exit 0 after a failure they decided on, which a restart would only repeat (a failure would
     make torchrun restart them): a preflight that named a node (fsdp_jobs/runtime/preflight.py), a non-finite
     loss (train.on_nonfinite, fsdp_jobs/runtime/trainer.py). The node's status is then NO_RESTART_RC, as the
-    job's; the state record says why (only one written since `began`, this node's start, counts).
-    Except where the engine restarts failed nodes by itself: there a non-zero status would rerun the same
-    checks on the same nodes until its restarts are used up, so the node exits 0 and whoever reports the
-    job reads the verdict: Docker's supervisor from the state record (launchers/supervisor.py's exit_status),
+    job's; the run's outcome says why (fsdp_jobs/rundir/outcome.py: only records written since `began`, this
+    node's start, count). Except where the engine restarts failed nodes by itself: there a non-zero status would
+    rerun the same checks on the same nodes until its restarts are used up, so the node exits 0 and whoever
+    reports the job reads the verdict: Docker's supervisor from the records (launchers/supervisor.py's exit_status),
     `fsdp-jobs status` of a Kubernetes job from the container's termination message (`termination_log`).
     A node whose wrapper stopped the agent (STOPPED_BY_WRAPPER) exits 1 as it always has, or, where the engine
     restarts by itself, is such a decided failure too: Docker used to restart both containers of a job
@@ -178,11 +178,11 @@ def decided_status(rc: int, run_dir: Path, node: str, engine_restarts: bool = Fa
     if rc == STOPPED_BY_WRAPPER:
         if not engine_restarts:
             return 1
-        rc = 0  # the state record, written since this node began, says why
+        rc = 0  # the node verdict, written since this node began, says why
     if rc == 0:
-        from fsdp_jobs.rundir import runs
+        from fsdp_jobs.rundir.outcome import outcome
 
-        state = runs.read_outcome(run_dir, began)
+        state = outcome(run_dir, began)
         if state.status == "failed":
             preflight = state.stage == "preflight"
             print(f"fsdp-jobs: {node}: {'stopped before training' if preflight else 'the job failed'}: {state.reason}"
@@ -257,14 +257,36 @@ def supervise_agent(agent: subprocess.Popen, run_dir: Path, node: str, beats: Pa
             why = repeated or "the hang watchdog used fault.max_hang_restarts"
             print(f"fsdp-jobs: {node}: stopping: {why}", flush=True)
             write_error_file(Path(agent_error_file(run_dir, node)), why)
-            from fsdp_jobs.rundir import runs
-
-            state = runs.read_state(run_dir)
-            # every node sees the repeat, one tick apart: the first to stop writes the reason, and a later one
-            # never overwrites it, nor the scheduler task's final word written meanwhile (launchers/slurm/node_task.py)
-            if state.status != "failed":
-                runs.write_state(run_dir, status="failed", reason=why, step=state.step)
+            record_failed(run_dir, node, why, began)
             return STOPPED_BY_WRAPPER
+
+
+def settle_script(job: "JobConfig", run_dir: Path, node: str, rc: int, since: Optional[float]) -> str:
+    """The node task that saw a whole attempt end (a scheduler's task 0, TorchX's replica 0): a script= job's
+    ranks record nothing when they end, so when every rank exited 0 (`rc`) the node's verdict says it completed,
+    unless the run's outcome since `since` (this attempt's start) already says otherwise (fsdp_jobs.job's
+    should_stop recorded "preempted", to be requeued; a node decided it "failed"). Returns the outcome's word."""
+    from fsdp_jobs.rundir import runs
+    from fsdp_jobs.rundir.outcome import outcome
+
+    recorded = outcome(run_dir, since).status
+    script = bool(job.get("script") or job.get("module"))  # launchers/common.py user_mode, on the node side
+    if not script or rc or recorded in ("preempted", "failed", "completed", "cancelled"):
+        return recorded
+    runs.write_node_verdict(run_dir, status="completed", node=node, reason="the script exited 0",
+                            step=runs.read_state(run_dir).step)
+    return "completed"
+
+
+def record_failed(run_dir: Path, node: str, why: str, began: Optional[float]) -> None:
+    """The job failed here (a failure that repeats, the hang restarts used): this node's verdict. Every node sees
+    the repeat, one tick apart: the first to stop writes the reason, and a later one never overwrites it, nor the
+    scheduler task's final word written meanwhile (launchers/slurm/node_task.py)."""
+    from fsdp_jobs.rundir import runs
+
+    said = runs.read_node_verdict(run_dir)
+    if said is None or said.status != "failed" or (began is not None and said.time < began):
+        runs.write_node_verdict(run_dir, status="failed", node=node, reason=why, step=runs.read_state(run_dir).step)
 
 
 class LeftBehind:
@@ -272,10 +294,11 @@ class LeftBehind:
     rendezvous) has an agent with no ranks, waiting for a rendezvous whose store is gone: torchrun's own
     timeouts keep it, and the job's SLURM allocation, its container or its pod, for many minutes after the
     job completed. `tick()` (every second) says when to stop it: the ranks recorded the job completed since
-    this node began, and its agent has had no rank for GRACE_S. The state record is read only while the
-    agent has had no rank that long (a rendezvous that waits, at start-up or after a failure: every node of a
-    1,024-node job may), first CHECK_S apart, then twice as far apart each time, at most MAX_CHECK_S: about
-    17 reads a second of one small file from 1,024 waiting nodes, none in steady state."""
+    this node began, and its agent has had no rank for GRACE_S. The run's outcome (a few small records:
+    fsdp_jobs/rundir/outcome.py) is read only while the agent has had no rank that long (a rendezvous that
+    waits, at start-up or after a failure: every node of a 1,024-node job may), first CHECK_S apart, then twice
+    as far apart each time, at most MAX_CHECK_S: about 17 reads a second of each from 1,024 waiting nodes,
+    none in steady state."""
 
     CHECK_S, GRACE_S, MAX_CHECK_S = 5.0, 30.0, 60.0
 
@@ -295,9 +318,9 @@ class LeftBehind:
         self.idle_since = self.idle_since or now
         if now - self.idle_since < self.GRACE_S:
             return False
-        from fsdp_jobs.rundir import runs
+        from fsdp_jobs.rundir.outcome import outcome
 
-        if runs.read_outcome(self.run_dir, self.began).status == "completed":
+        if outcome(self.run_dir, self.began).status == "completed":
             return True
         self.every = min(2 * self.every, self.MAX_CHECK_S)
         return False

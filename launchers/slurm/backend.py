@@ -23,7 +23,7 @@ from fsdp_jobs.rundir import runs
 from fsdp_jobs.rundir.records import LaunchRecord
 from fsdp_jobs.planning.errors import UserError
 from fsdp_jobs.rundir.layout import RunDir
-from fsdp_jobs.launchers.base import Backend, DryRun, JobState, JobStatus, Run, Submitted
+from fsdp_jobs.launchers.base import Backend, DryRun, JobState, JobStatus, Run, Submitted, outcome
 from fsdp_jobs.launchers.capabilities import Faults, Scaler, Stacks
 from fsdp_jobs.launchers.common import (lighthouse_command, python_path, rank_env, runtime_env, torchrun_args,
                               user_code_dir)
@@ -295,7 +295,8 @@ class SlurmBackend(Backend[SlurmRequest]):
         if job_id:
             job_id_shape(run, job_id)
         state, detail = slurm_state(job_id) if job_id else ("UNKNOWN", "UNKNOWN (no job id recorded)")
-        return JobStatus(common_state(state), detail, {"job_id": job_id, "slurm_state": detail})
+        said = outcome(run.run_dir, run.since, common_state(state))  # SLURM's word, with what the run recorded
+        return JobStatus(said.state, detail, {"job_id": job_id, "slurm_state": detail}, said)
 
     def log_files(self, run: Run, node: Optional[str] = None) -> list[Path]:
         from fsdp_jobs.rundir import logs

@@ -33,11 +33,12 @@ from fsdp_jobs.rundir import replaced, runs, streams
 from fsdp_jobs.rundir.checkpoints import newest_checkpoint, step_of
 from fsdp_jobs.rundir.failures import ATTEMPT_ENV
 from fsdp_jobs.rundir.layout import RunDir
-from fsdp_jobs.rundir.records import LaunchRecord, StateRecord
+from fsdp_jobs.rundir.outcome import Outcome, outcome
+from fsdp_jobs.rundir.records import LaunchRecord
 from fsdp_jobs.rundir.runs import clear_stop_request, request_stop
-from fsdp_jobs.launchers.common import (LIGHTHOUSE_ENV, NODE_WRAPPER, REPLICA_GROUP_ENV, USER_CODE_ENV, begin_user_attempt,
-                              join_timeout_s, rank_entry, settle_user_state, torchrun_args)
-from fsdp_jobs.launchers.node.wrapper import code_root, root_cause
+from fsdp_jobs.launchers.common import (LIGHTHOUSE_ENV, NODE_WRAPPER, REPLICA_GROUP_ENV, USER_CODE_ENV, join_timeout_s,
+                              rank_entry, torchrun_args)
+from fsdp_jobs.launchers.node.wrapper import code_root, root_cause, settle_script
 from fsdp_jobs.launchers.slurm.config import slurm_dir
 from fsdp_jobs.launchers.slurm.hostlist import expand
 from fsdp_jobs.launchers.slurm.requeue import COMPLETED, EXCLUDE, PREEMPTED, REQUEUE, TERMINATED, Decision, after_preflight, decide
@@ -125,7 +126,8 @@ def requeue_excluding(run_dir: Path, job_id: str, decision: Decision) -> None:
     commands first; killed between them it would leave the job released with no exclusion (then it
     reruns on the same nodes) or excluded and held for good (the real cluster did both)."""
     nodes = ",".join(decision.exclude)
-    runs.write_state(run_dir, status="requeued-excluding", reason=decision.reason, exclude=list(decision.exclude))
+    runs.write_node_verdict(run_dir, status="requeued-excluding", node=hostname(), reason=decision.reason,
+                            exclude=list(decision.exclude))
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     subprocess.run(["scontrol", "requeuehold", job_id], check=True, timeout=60)
     try:
@@ -147,21 +149,22 @@ def requeue_excluding(run_dir: Path, job_id: str, decision: Decision) -> None:
     print(f"fsdp-jobs: requeued job {job_id} with --exclude={nodes}: {decision.reason}", flush=True)
 
 
-def act(run_dir: Path, job_id: str, decision: Decision, reason: str, state: StateRecord) -> None:
+def act(run_dir: Path, job_id: str, decision: Decision, reason: str, state: Outcome) -> None:
     """Task 0, once an attempt failed: requeue it (with progress, or without the nodes a preflight named), or
-    record it as failed. By <array id>_<i>: the element holding the array's own id would requeue them all."""
+    record it as failed (this node's verdict). By <array id>_<i>: the element holding the array's own id would
+    requeue them all."""
     step = _step_of(newest_checkpoint(run_dir))
     if decision.action == EXCLUDE:
         requeue_excluding(run_dir, job_id, decision)
         time.sleep(KILL_WAIT_S)
     elif decision.action == REQUEUE:
-        runs.write_state(run_dir, status="requeued-after-crash", reason=reason, step=step)
+        runs.write_node_verdict(run_dir, status="requeued-after-crash", node=hostname(), reason=reason, step=step)
         subprocess.run(["scontrol", "requeue", job_id], check=True, timeout=60)
         time.sleep(KILL_WAIT_S)
     else:  # a preflight's failure keeps naming its nodes
         preflight = state.stage == "preflight"
-        runs.write_state(run_dir, status="failed", reason=reason, step=step, stage=state.stage if preflight else None,
-                         bad_nodes=state.bad_nodes if preflight else None)
+        runs.write_node_verdict(run_dir, status="failed", node=hostname(), reason=reason, step=step,
+                                stage=state.stage if preflight else None, bad_nodes=state.bad_nodes if preflight else None)
 
 
 def agent_args(plan: Plan, cfg: JobConfig, run_id: str, endpoint: str, group: Optional[int] = None) -> list[str]:
@@ -362,7 +365,7 @@ class NodeTask(submitit.helpers.Checkpointable):
     def __call__(self) -> dict[str, Any]:
         streams.follow_readers()  # SLURM's output file may be on a disk that fills: lines lost, never the task
         run_dir = Path(self.run_dir)
-        self._began = time.time()  # this attempt's outcome is a state record written since (runs.read_outcome)
+        self._began = time.time()  # this attempt's outcome is what the records written since say (rundir/outcome.py)
         job, plan = job_config(runs.load_job(run_dir)), runs.load_plan(run_dir)
         env, facts = this_node(plan, job)
         job_id = env.job_id  # <array id>_<i> for an array element: what scontrol/scancel/sacct name it by
@@ -370,7 +373,6 @@ class NodeTask(submitit.helpers.Checkpointable):
         start_ckpt = newest_checkpoint(run_dir)
         if env.global_rank == 0:
             clear_stop_request(run_dir)  # before torchrun starts: only rank 0 (on this node) reads it
-            begin_user_attempt(job, run_dir)
         print(f"fsdp-jobs: node {env.node}/{env.num_nodes} host {socket.gethostname()} "
               f"(slurm node {os.environ.get('SLURMD_NODENAME')}) job {job_id} attempt {attempt} "
               f"rendezvous {facts.endpoint} code {code_root()}", flush=True)
@@ -386,8 +388,8 @@ class NodeTask(submitit.helpers.Checkpointable):
             return {"status": "replaced", "node": env.node, "step": None}  # its agent left for a spare, and said so
         if rc and plan.spare_nodes and env.global_rank != 0 and not self._terminated:
             rc = self._outlive_lost_agent(run_dir, rc, plan, job)
-        settle_user_state(job, run_dir, rc)  # a plain script exiting 0 completed (it writes no state record)
-        state = runs.read_outcome(run_dir, self._began)
+        settle_script(job, run_dir, hostname(), rc, self._began)  # a plain script exiting 0 completed
+        state = outcome(run_dir, self._began)
         decision = after_preflight(state, bool(job.cluster.get("exclude_bad_nodes")), excluded_nodes(run_dir, job),
                                    self._terminated) or decide(rc, state.status, self._terminated,
                                                                _step_of(start_ckpt), _step_of(newest_checkpoint(run_dir)))
@@ -401,7 +403,7 @@ class NodeTask(submitit.helpers.Checkpointable):
             print(f"fsdp-jobs: {decision.reason}", flush=True)
             return done
         if decision.action == PREEMPTED:  # task 0's signal handler requeues; everyone waits to be killed by it
-            print(f"fsdp-jobs: stopped at step {state.get('step')} for a requeue", flush=True)
+            print(f"fsdp-jobs: stopped at step {state.step} for a requeue", flush=True)
             time.sleep(KILL_WAIT_S)
             return done
         if env.global_rank != 0:
@@ -417,7 +419,7 @@ class NodeTask(submitit.helpers.Checkpointable):
         """cluster.spare_nodes: this node's agent died and a spare takes its place at the next rendezvous, so the
         job goes on without this node (the allocation has --no-kill). A task that failed now would fail the
         SLURM job that completes without it, and one that requeued would restart every node: it waits for the
-        job's outcome instead (LostNodeWait: the state record and the job view, read every SPARE_WAIT_S, then
+        job's outcome instead (LostNodeWait: the run's outcome and the job view, read every SPARE_WAIT_S, then
         less often; only lost nodes wait) and ends as the job does: 0 once it completed or stopped for a
         requeue; its agent's status once the job failed or showed no sign of going on. Not task 0: its node
         holds the rendezvous store, without which no spare can join."""
@@ -431,7 +433,7 @@ class NodeTask(submitit.helpers.Checkpointable):
         while not self._terminated:
             now = time.time()
             view = liveness.read_view(run_dir, now, fresh=False)
-            status = runs.read_outcome(run_dir, self._began).status
+            status = outcome(run_dir, self._began).status
             verdict = wait.verdict(status, view.written if view else None, now)
             if verdict == "ok":
                 return 0
@@ -468,7 +470,7 @@ class NodeTask(submitit.helpers.Checkpointable):
             if not _wait_exit(self._proc.pid, deadline):
                 print(f"fsdp-jobs: ranks did not finish their checkpoint within {deadline}s; requeueing anyway",
                       flush=True)
-        if runs.read_outcome(run_dir, self._began).status == "completed":
+        if outcome(run_dir, self._began).status == "completed":
             print("fsdp-jobs: training completed before the stop took effect; not requeueing", flush=True)
             raise SystemExit(0)
         ckpt = newest_checkpoint(run_dir)

@@ -8,7 +8,7 @@
     crashed, checkpoint advanced         requeue: the next attempt resumes further on
     crashed, no newer checkpoint         fail and say why: another attempt would fail the same way
 
-Before those, a preflight that named nodes (the state record: stage "preflight", bad_nodes; fsdp_jobs/runtime/preflight.py):
+Before those, a preflight that named nodes (the leader's state record: stage "preflight", bad_nodes; fsdp_jobs/runtime/preflight.py):
     cluster.exclude_bad_nodes=true, a node not excluded yet    requeue without them (scontrol update ExcNodeList)
     otherwise                                                 fail with the preflight's reason
 """
@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Optional
 
 if TYPE_CHECKING:  # types only: the requeue rules import nothing at run time
-    from fsdp_jobs.rundir.records import StateRecord
+    from fsdp_jobs.rundir.outcome import Outcome
 
 
 COMPLETED, TERMINATED, PREEMPTED, REQUEUE, FAILED = "completed", "terminated", "preempted", "requeue", "failed"
@@ -34,7 +34,7 @@ class Decision:
 
 
 def decide(rc: int, status: str | None, terminated: bool, start_step: int, now_step: int) -> Decision:
-    """rc: torchrun's exit code; status: the state record's; terminated: SLURM sent the task SIGTERM;
+    """rc: torchrun's exit code; status: the run's outcome's word (fsdp_jobs/rundir/outcome.py); terminated: SLURM sent the task SIGTERM;
     start_step / now_step: the newest committed checkpoint when the attempt began / now (0 = none)."""
     if rc == 0 and status == "completed":
         return Decision(COMPLETED, "training completed")
@@ -56,9 +56,9 @@ def decide(rc: int, status: str | None, terminated: bool, start_step: int, now_s
                             "submit again (the same name=, or the same sweep command)")
 
 
-def after_preflight(state: StateRecord, exclude_bad_nodes: bool, excluded: list[str],
+def after_preflight(state: Outcome, exclude_bad_nodes: bool, excluded: list[str],
                     terminated: bool = False) -> Optional[Decision]:
-    """None unless the attempt ended in a preflight that named nodes (the state record's stage and bad_nodes).
+    """None unless the attempt ended in a preflight that named nodes (the run's outcome: its stage and bad_nodes).
     Then EXCLUDE with the old and new excluded nodes, when cluster.exclude_bad_nodes is on and a named
     node is not excluded yet (a node named again would loop), else FAILED with the preflight's reason."""
     if terminated or state.status != "failed" or state.stage != "preflight":

@@ -20,8 +20,7 @@ from typing import Any, Callable, Iterator, Optional, TYPE_CHECKING
 
 from fsdp_jobs.planning.errors import UserError
 from fsdp_jobs.rundir import runs
-from fsdp_jobs.rundir.layout import RunDir
-from fsdp_jobs.launchers.base import Backend, DryRun, JobState, JobStatus, LogFilter, Run, Submitted, state_from_training
+from fsdp_jobs.launchers.base import Backend, DryRun, JobState, JobStatus, LogFilter, Run, Submitted, outcome
 from fsdp_jobs.launchers.capabilities import Faults, Stacks
 from fsdp_jobs.launchers.common import NODE_WRAPPER, rank_entry, runtime_env, user_code_dir
 from fsdp_jobs.launchers.torchx import node
@@ -129,28 +128,27 @@ class TorchXBackend(Backend[TorchXRequest]):
         handle = run.launch.get("app_handle")
         training = runs.read_state(run.run_dir).status or "none recorded"
         if not handle:  # the component's record, written before TorchX submitted the app
-            return JobStatus(JobState.UNKNOWN, f"UNKNOWN (handed to `torchx run` at {run.launch.get('time')}; no node "
-                                               "has started since: still queued, or never submitted, as by `torchx "
-                                               f"run --dryrun` or a failed submission; training state: {training})")
-        said, why = scheduler_status(handle)
+            said = outcome(run.run_dir, run.since)
+            return JobStatus(said.state, f"{said.state.value} (handed to `torchx run` at {run.launch.get('time')}; no "
+                                         "node has started since: still queued, or never submitted, as by `torchx "
+                                         f"run --dryrun` or a failed submission; training state: {training})", {}, said)
+        reported, why = scheduler_status(handle)
         info = {"app_handle": handle}
-        if said is not None and said.state.name in STATES:
-            state = STATES[said.state.name]
-            if state.terminal and state_from_training(run) == JobState.UNKNOWN and cancelled(run):
-                state = JobState.CANCELLED  # stopped before a rank could record the stop
-            return JobStatus(state, f"{state.value} (TorchX {handle}: {said.state.name}; training state: {training})", info)
+        if reported is not None and reported.state.name in STATES:
+            said = outcome(run.run_dir, run.since, STATES[reported.state.name])
+            return JobStatus(said.state, f"{said.state.value} (TorchX {handle}: {reported.state.name}; training state: "
+                                         f"{training})", info, said)
         where = f"pid {run.launch.get('pid')} on {run.launch.get('host')}"
         alive = node0_alive(run)
         if alive:
-            return JobStatus(JobState.RUNNING, f"RUNNING (node0 runs as {where}; training state: {training})", info)
-        state = state_from_training(run)
-        if state == JobState.UNKNOWN and cancelled(run):  # stopped before a rank could record the stop
-            state = JobState.CANCELLED
-        elif state == JobState.UNKNOWN and alive is False:  # its nodes ended without an outcome: they failed
-            state = JobState.FAILED
+            return JobStatus(JobState.RUNNING, f"RUNNING (node0 runs as {where}; training state: {training})", info,
+                             outcome(run.run_dir, run.since, JobState.RUNNING))
+        # its nodes ended (alive False: without an outcome, they failed), or node0 ran where this machine cannot see
+        said = outcome(run.run_dir, run.since, JobState.FAILED if alive is False else JobState.UNKNOWN)
         seen = f"node0 ({where}) has exited" if alive is False else f"{why}, and node0 ran on another machine"
-        seen += "; fsdp-jobs cancel was asked" if cancelled(run) else ""
-        return JobStatus(state, f"{state.value} ({seen}; training state: {training})", info)
+        asked = runs.cancel_asked(run.run_dir)
+        seen += "; fsdp-jobs cancel was asked" if asked is not None and asked >= (run.since or 0) else ""
+        return JobStatus(said.state, f"{said.state.value} ({seen}; training state: {training})", info, said)
 
     def cancel(self, run: Run) -> str:
         handle = run.launch.get("app_handle")
@@ -199,14 +197,6 @@ def scheduler_status(handle: str) -> tuple[Any, str]:
     except Exception as e:  # noqa: BLE001  a scheduler's client missing or failing: the run dir still answers
         return None, f"TorchX could not ask its scheduler about {handle}: {type(e).__name__}: {e}"
     return said, "" if said is not None else f"TorchX's scheduler does not know {handle}"
-
-
-def cancelled(run: Run) -> bool:
-    """`fsdp-jobs cancel` was asked since this launch began (its record's time)."""
-    try:
-        return RunDir(run.run_dir).cancel_file.stat().st_mtime >= float(run.launch.get("unix") or 0)
-    except OSError:
-        return False
 
 
 def same_machine(launch: dict[str, Any]) -> bool:

@@ -23,8 +23,7 @@ from typing import TYPE_CHECKING, Optional
 from fsdp_jobs.rundir import runs
 from fsdp_jobs.rundir.layout import RunDir
 from fsdp_jobs.rundir.records import LaunchRecord
-from fsdp_jobs.launchers.common import (begin_user_attempt, python_path, rank_entry, rank_env, runtime_env,
-                              settle_user_state, torchrun_args)
+from fsdp_jobs.launchers.common import python_path, rank_entry, rank_env, runtime_env, torchrun_args
 from fsdp_jobs.launchers.torchx.config import NAME
 
 if TYPE_CHECKING:  # types only: the node reads both from the run dir (job_config, runs.load_plan)
@@ -104,14 +103,13 @@ def main(argv: list[str]) -> int:
     if first:
         record_launch(Path(run_dir), plan, app_id, os.environ.get(APP_HANDLE_ENV) or app_id)
         runs.clear_stop_request(Path(run_dir))  # an earlier run's request must not stop this one at its first step
-        begin_user_attempt(job, Path(run_dir))
     began = runs.last_launch(Path(run_dir)).get("unix")
     attempt = dataclasses.replace(plan, rendezvous=dataclasses.replace(plan.rendezvous, run_id=app_id))
     host = os.environ.get(rank0_env) or LOCAL_HOST
     args = agent_argv(attempt, job, host, rdzv_port(job, app_id), user_dir)
     rc = wrapper.run(args, {**os.environ, **node_env(job, run_dir, node_name(replica), user_dir)})
     if first:
-        settle_user_state(job, Path(run_dir), rc, since=began)
+        wrapper.settle_script(job, Path(run_dir), node_name(replica), rc, since=began)
     return rc
 
 

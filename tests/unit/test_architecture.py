@@ -220,7 +220,8 @@ RUN_DIR_NAMES = ("state.json", "job.yaml", "plan.json", "launches.jsonl", "metri
                  "hangs.jsonl", "failures.jsonl", "preflight.json", "stop-request", "scale-request",
                  "cancel-requested", "wandb-id", "wandb-ledger.json", "launcher.log", "supervisor.log",
                  "torchrun-error", "probe.pt", "preflight-rank", "job.json", "chaos-throttle", "chaos-link",
-                 "chaos-cut", "world.json", "replaced-nodes", "data-identity.json")
+                 "chaos-cut", "world.json", "replaced-nodes", "data-identity.json", "node-verdict.json",
+                 "launcher-end.json")
 RETIRED_NAMES = ("heartbeats/", "RUN_DIR/heartbeats")  # every rank's file in the shared run dir: gone for good
 
 
@@ -360,3 +361,227 @@ def test_pyproject_lists_every_package_under_the_name_it_is_imported_as():
     folders = {module_name(p.parent / "__init__.py") for pkg in PACKAGES for p in (REPO / pkg).rglob("*.py")
                if "__pycache__" not in p.parts}
     assert listed == folders, f"only in pyproject: {sorted(listed - folders)}; only on disk: {sorted(folders - listed)}"
+
+
+# --------------------------------------------------------------------------- one writer role per run-dir record
+# Every run-dir record (a RunDir attribute, fsdp_jobs/rundir/layout.py) has one writer role: the one
+# fsdp_jobs/ARCHITECTURE.md's run-dir table names in its "written by" column. The roles are processes: a rank
+# (RANK: rank 0 alone for the job-wide records, as the table says), a node (its wrapper, agent and watchdog, a
+# scheduler's in-job node task), the supervisor (the launcher of local agents, a container engine's detached
+# supervisor), the CLI (every command, a backend's submit and cancel, the chaos tooling).
+RANK, NODE, SUPERVISOR, CLI = "rank", "node", "supervisor", "cli"
+WRITER_ROLES = {
+    # the run's outcome: fsdp_jobs/rundir/outcome.py derives it from these four, one role each
+    "state_file": RANK, "node_verdict_file": NODE, "launcher_end_file": SUPERVISOR, "cancel_file": CLI,
+    # written at submission
+    "job_file": CLI, "history_dir": CLI, "plan_file": CLI, "launches_file": CLI, "lock_file": CLI, "code_dir": CLI,
+    "script_dir": CLI, "data_identity_file": CLI, "checkpoints_before_dir": CLI, "logs_dir": CLI,
+    # the ranks'
+    "metrics_file": RANK, "goodput_file": RANK, "preflight_file": RANK, "preflight_scratch_file": RANK,
+    "probe_file": RANK, "ranks_dir": RANK, "rank_file": RANK, "stack_file": RANK, "failures_file": RANK,
+    "checkpoints_dir": RANK, "replaced_nodes_file": RANK, "world_file": RANK, "tensorboard_dir": RANK,
+    "wandb_dir": RANK, "wandb_id_file": RANK, "wandb_ledger_file": RANK,
+    # the nodes'
+    "torchrun_error_file": NODE, "hang_dir": NODE, "hangs_file": NODE, "liveness_dir": NODE,
+    "node_liveness_file": NODE, "job_liveness_file": NODE, "stop_request_file": NODE, "stacks_parts_dir": NODE,
+    # the supervisor's
+    "launcher_log": SUPERVISOR, "supervisor_log": SUPERVISOR,
+    # requests and commands
+    "scale_request_file": CLI, "scale_taken_file": SUPERVISOR, "stacks_dir": CLI, "stacks_file": CLI,
+    "report_file": CLI, "export_dir": CLI, "chaos_throttle_file": CLI, "chaos_link_file": CLI, "chaos_cut_file": CLI,
+    "chaos_incidents_file": CLI,
+}
+# the RunDir members that are no record of one role: a helper of paths, lists of other records, and a backend's
+# own folder (its package names and writes its files, in its roles; a file of another package writing there is
+# still found: it is none of WRITER_ROLES)
+NOT_RECORDS = {"before", "progress_files", "rank_files", "backend_dir"}
+# each product file's role (the longest prefix that matches): the processes it runs in
+FILE_ROLES = {
+    "fsdp_jobs/runtime/": RANK, "fsdp_jobs/models/": RANK, "fsdp_jobs/cli/": CLI, "fsdp_jobs/planning/": CLI,
+    "fsdp_jobs/__main__.py": CLI, "fsdp_jobs/export.py": CLI, "fsdp_jobs/job.py": RANK,
+    "launchers/node/": NODE, "launchers/lighthouse.py": NODE, "launchers/supervisor.py": SUPERVISOR,
+    "launchers/docker/supervisor.py": SUPERVISOR, "launchers/slurm/node_task.py": NODE,
+    "launchers/slurm/requeue.py": NODE, "launchers/slurm/batch_exit.py": NODE, "launchers/torchx/node.py": NODE,
+    "launchers/kubernetes/boot.py": NODE, "launchers/stacks.py": NODE, "launchers/": CLI,
+}
+FUNCTION_ROLES = {"launchers/stacks.py::gather": CLI}  # `fsdp-jobs stacks` joins the parts the nodes wrote
+# What reads no role: fsdp_jobs/rundir/ is the contract everyone calls (its helpers' writes are their callers'),
+# and fsdp_jobs/bench/ builds synthetic run dirs with every role's writers (no job runs).
+ROLELESS = ("fsdp_jobs/rundir/", "fsdp_jobs/bench/")
+# Second writers this check found that are not gone yet: each (record, file) here must still be found (fixed,
+# it is struck off), and no other may appear. A scheduler's in-job side records the launches it makes itself
+# (a preflight's requeue excluding nodes, a TorchX app's handle), and the node wrapper marks its start and
+# end in the goodput timeline beside rank 0's marks.
+KNOWN_SECOND_WRITERS = {("launches_file", "launchers/slurm/node_task.py"), ("launches_file", "launchers/torchx/node.py"),
+                        ("goodput_file", "launchers/node/wrapper.py")}
+# what writes a path: its first argument (the contract's writers), or the path it is called on
+ARG_WRITES = {"write_atomic", "open_append", "write_in_place"}
+PATH_WRITES = {"write_text", "write_bytes", "touch", "mkdir"}
+
+
+@functools.lru_cache(maxsize=None)
+def rundir_members() -> frozenset[str]:
+    tree = ast.parse((REPO / "fsdp_jobs" / "rundir" / "layout.py").read_text())
+    cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "RunDir")
+    return frozenset(f.name for f in cls.body if isinstance(f, ast.FunctionDef) and not f.name.startswith("_"))
+
+
+def role_of(rel: str, function: str = "") -> str | None:
+    if rel.startswith(ROLELESS):
+        return None
+    if f"{rel}::{function}" in FUNCTION_ROLES:
+        return FUNCTION_ROLES[f"{rel}::{function}"]
+    matches = [p for p in FILE_ROLES if rel.startswith(p)]
+    return FILE_ROLES[max(matches, key=len)] if matches else "no role in FILE_ROLES"
+
+
+def path_spine(expr: ast.AST | None, aliases: dict[str, set[str]]) -> set[str]:
+    """The records a path expression is, or is inside: `rd.state_file`, `RunDir(d).hang_dir(t, n) / "x"`,
+    `path.parent`, a name or `self.x` assigned one; a call of anything else (a reader, a dump) is no path."""
+    if isinstance(expr, (ast.Name, ast.Attribute)) and ast.unparse(expr) in aliases:
+        return aliases[ast.unparse(expr)]
+    if isinstance(expr, ast.Attribute):
+        return {expr.attr} if expr.attr in rundir_members() else path_spine(expr.value, aliases)
+    if isinstance(expr, ast.Call) and isinstance(expr.func, ast.Attribute):
+        if expr.func.attr in rundir_members():
+            return {expr.func.attr}
+        return path_spine(expr.func.value, aliases) if expr.func.attr in ("with_name", "with_suffix", "joinpath") else set()
+    if isinstance(expr, ast.Call) and isinstance(expr.func, ast.Name) and expr.func.id in ("Path", "str") and expr.args:
+        return path_spine(expr.args[0], aliases)
+    if isinstance(expr, ast.BinOp):
+        return path_spine(expr.left, aliases)
+    if isinstance(expr, (ast.Tuple, ast.List)):
+        return set().union(*(path_spine(e, aliases) for e in expr.elts)) if expr.elts else set()
+    if isinstance(expr, ast.IfExp):
+        return path_spine(expr.body, aliases) | path_spine(expr.orelse, aliases)
+    return set()
+
+
+def contract_imports(tree: ast.AST, module: str) -> dict[str, str]:
+    """The names a file calls the contract's (fsdp_jobs/rundir/'s) modules and functions by: `runs` ->
+    "runs", `request_stop` -> "runs.request_stop"; in a rundir module, its own functions too."""
+    out: dict[str, str] = {}
+    for n in ast.walk(tree):
+        if isinstance(n, ast.ImportFrom) and n.module == "fsdp_jobs.rundir":
+            out.update({a.asname or a.name: a.name for a in n.names})
+        elif isinstance(n, ast.ImportFrom) and (n.module or "").startswith("fsdp_jobs.rundir."):
+            out.update({a.asname or a.name: f"{n.module.rsplit('.', 1)[1]}.{a.name}" for a in n.names})
+    if module:
+        out.update({n.name: f"{module}.{n.name}" for n in getattr(tree, "body", []) if isinstance(n, ast.FunctionDef)})
+    return out
+
+
+def aliases_in(fn: ast.AST, start: dict[str, str | set[str]]) -> dict[str, set[str]]:
+    """Names (and `self.x`) assigned a record's path in `fn`, or looped over a tuple of them."""
+    aliases = {k: set(v) for k, v in start.items()}
+    for n in ast.walk(fn):
+        pairs = ([(t, n.value) for t in n.targets] if isinstance(n, ast.Assign)
+                 else [(n.target, n.iter)] if isinstance(n, ast.For) else [])
+        pairs += [pair for names, values in list(pairs) if isinstance(names, ast.Tuple) and isinstance(values, ast.Tuple)
+                  for pair in zip(names.elts, values.elts)]  # a, b = x, y
+        for target, value in pairs:
+            found = path_spine(value, aliases)
+            if found and isinstance(target, (ast.Name, ast.Attribute)):
+                aliases[ast.unparse(target)] = aliases.get(ast.unparse(target), set()) | found
+    return aliases
+
+
+def written_paths(call: ast.Call, callee: str, aliases: dict[str, set[str]]) -> set[str]:
+    if callee in ARG_WRITES and call.args:
+        return path_spine(call.args[0], aliases)
+    if callee == "open" and isinstance(call.func, ast.Name) and call.args:
+        mode = call.args[1] if len(call.args) > 1 else next((k.value for k in call.keywords if k.arg == "mode"), None)
+        if isinstance(mode, ast.Constant) and isinstance(mode.value, str) and set(mode.value) & set("wax+"):
+            return path_spine(call.args[0], aliases)
+    if callee in PATH_WRITES and isinstance(call.func, ast.Attribute):
+        return path_spine(call.func.value, aliases)
+    return set()
+
+
+def record_writes(path: Path, helpers: dict[str, set[str]], module: str = "") -> list[tuple[str, str, int]]:
+    """(record, function, line) of every write in the file: a path written (ARG_WRITES, PATH_WRITES, open for
+    writing), or a call of a contract helper that writes it (`helpers`: "runs.write_state" -> {"state_file"}).
+    A removal or a rename is no write: a request taken by its reader, an attempt clearing the last one's."""
+    tree = ast.parse(path.read_text())
+    imports, out = contract_imports(tree, module), {}
+    classes = [n for n in ast.walk(tree) if isinstance(n, ast.ClassDef)]
+    owners = {id(fn): aliases_in(c, {}) for c in classes for fn in ast.walk(c) if isinstance(fn, ast.FunctionDef)}
+    for fn in [n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)]:
+        aliases = aliases_in(fn, {k: v for k, v in owners.get(id(fn), {}).items() if k.startswith("self.")})
+        for call in [n for n in ast.walk(fn) if isinstance(n, ast.Call)]:
+            f = call.func
+            callee = f.attr if isinstance(f, ast.Attribute) else f.id if isinstance(f, ast.Name) else ""
+            qual = (f"{imports[f.value.id]}.{f.attr}" if isinstance(f, ast.Attribute) and isinstance(f.value, ast.Name)
+                    and f.value.id in imports else imports.get(callee, "") if isinstance(f, ast.Name) else "")
+            for record in sorted(helpers.get(qual) or written_paths(call, callee, aliases)):
+                out.setdefault((record, call.lineno), fn.name)  # the outermost function (ast.walk: outer first)
+    return [(record, fn, line) for (record, line), fn in out.items()]
+
+
+@functools.lru_cache(maxsize=None)
+def contract_writers() -> dict[str, frozenset[str]]:
+    """Each fsdp_jobs/rundir/ function that writes records ("runs.write_state"), and which, through one another;
+    a class whose methods write ("liveness.Publisher"): what makes one writes what they write."""
+    helpers: dict[str, set[str]] = {}
+    while True:
+        before = {k: set(v) for k, v in helpers.items()}
+        for p in sorted((REPO / "fsdp_jobs" / "rundir").glob("*.py")):
+            tree = ast.parse(p.read_text())
+            methods = {m.name: c.name for c in tree.body if isinstance(c, ast.ClassDef)
+                       for m in c.body if isinstance(m, ast.FunctionDef)}
+            for record, fn, _ in record_writes(p, helpers, p.stem):
+                helpers.setdefault(f"{p.stem}.{fn}", set()).add(record)
+                if fn in methods:
+                    helpers.setdefault(f"{p.stem}.{methods[fn]}", set()).add(record)
+        if helpers == before:
+            return {k: frozenset(v) for k, v in helpers.items()}
+
+
+def second_writers(root: Path = REPO) -> list[tuple[str, str, str]]:
+    """(record, file, 'file:line: function (role)') of every write by a role other than the record's."""
+    helpers = {k: set(v) for k, v in contract_writers().items()}
+    found = []
+    for pkg in PACKAGES:
+        for p in sorted((root / pkg).rglob("*.py")):
+            rel = p.relative_to(root).as_posix()
+            for record, fn, line in record_writes(p, helpers) if role_of(rel) is not None else []:
+                role, owner = role_of(rel, fn), WRITER_ROLES.get(record, "no role")
+                if role != owner:
+                    found.append((record, rel, f"{rel}:{line}: {fn} ({role}) writes {record} ({owner}'s)"))
+    return found
+
+
+def test_every_run_dir_record_has_one_writer_role():
+    """A role writes each record; no other does (the source read, no import run). The run's outcome is derived
+    from the records of its four roles in one place (fsdp_jobs/rundir/outcome.py), never arbitrated between
+    writers of one file."""
+    assert set(WRITER_ROLES) | NOT_RECORDS == rundir_members(), "a RunDir member without a writer role, or gone"
+    assert {"runs.write_state", "runs.write_node_verdict", "runs.write_launcher_end", "runs.record_cancel",
+            "runs.record_launch", "failures.record", "events.append_event"} <= set(contract_writers())  # seen
+    found = second_writers()
+    new = [why for record, rel, why in found if (record, rel) not in KNOWN_SECOND_WRITERS]
+    assert not new, "a record written by a second role (give it a record of its own):\n" + "\n".join(new)
+    fixed = KNOWN_SECOND_WRITERS - {(record, rel) for record, rel, _ in found}
+    assert not fixed, f"no longer a second writer, strike it off KNOWN_SECOND_WRITERS: {sorted(fixed)}"
+
+
+def test_the_writer_check_sees_a_second_role_write_a_record(tmp_path):
+    """A node writing the leader's state record, directly, through the contract's writer or through a name it
+    assigned, and the supervisor appending to the CLI's launch records, are each found; the rank's own write is not."""
+    node, rank = tmp_path / "launchers" / "node", tmp_path / "fsdp_jobs" / "runtime"
+    node.mkdir(parents=True)
+    rank.mkdir(parents=True)
+    (node / "wrapper.py").write_text(
+        "from fsdp_jobs.rundir import runs\nfrom fsdp_jobs.rundir.runs import record_launch\n\n"
+        "def a(d):\n    runs.write_state(d, status='failed')\n\n"
+        "def b(d):\n    path = RunDir(d).state_file\n    runs.write_atomic(path, '{}')\n\n"
+        "def c(d):\n    with open(RunDir(d).state_file, 'w') as f:\n        f.write('{}')\n\n"
+        "def e(d):\n    RunDir(d).state_file.read_text()\n    open(RunDir(d).state_file).read()\n")
+    (tmp_path / "launchers" / "supervisor.py").write_text(
+        "from fsdp_jobs.rundir.runs import record_launch\n\ndef f(d, r):\n    record_launch(d, r)\n")
+    (rank / "trainer.py").write_text("from fsdp_jobs.rundir import runs\n\ndef g(d):\n    runs.write_state(d, status='running')\n")
+    found = sorted(why for _, _, why in second_writers(tmp_path))
+    assert found == ["launchers/node/wrapper.py:12: c (node) writes state_file (rank's)",
+                     "launchers/node/wrapper.py:5: a (node) writes state_file (rank's)",
+                     "launchers/node/wrapper.py:9: b (node) writes state_file (rank's)",
+                     "launchers/supervisor.py:4: f (supervisor) writes launches_file (cli's)"], found

@@ -130,20 +130,36 @@ def test_copy_of_the_user_code_skips_the_run_root_and_caches(tmp_path):
     assert sorted(p.name for p in (tmp_path / "copy").rglob("*")) == ["helper.py", "train.py"]
 
 
-def test_a_plain_script_that_exits_0_completed_and_a_stopped_one_stays_preempted(tmp_path):
+def test_a_plain_script_that_exits_0_completed_and_a_stopped_one_stays_preempted(tmp_path, monkeypatch):
+    """The user-code shim's rank 0 records that the attempt trains (an earlier attempt's word never reads as this
+    one's); the node task that saw the attempt end records a script whose ranks exited 0 as completed, its
+    own verdict, unless the script recorded a stop (fsdp_jobs.job: preempted) since the attempt began."""
+    import time
+
     from fsdp_jobs.rundir import runs
-    from fsdp_jobs.launchers.common import begin_user_attempt, settle_user_state
+    from fsdp_jobs.rundir.outcome import JobState, outcome
+    from fsdp_jobs.runtime.user_code import record_running
+    from fsdp_jobs.launchers.node.wrapper import settle_script
 
     script = {"script": "/x/train.py"}
     runs.write_state(tmp_path, status="preempted", step=7)  # left by an earlier attempt
-    begin_user_attempt(script, tmp_path)
-    assert runs.read_state(tmp_path)["status"] == "running"
-    assert settle_user_state(script, tmp_path, 1) == "running"  # a failure is not a completion
-    assert settle_user_state(script, tmp_path, 0) == "completed"
+    began = time.time()
+    monkeypatch.setenv("FSDP_JOBS_RUN_DIR", str(tmp_path))
+    monkeypatch.setenv("RANK", "1")
+    record_running()  # not the leader
+    assert runs.read_state(tmp_path).status == "preempted"
+    monkeypatch.setenv("RANK", "0")
+    record_running()
+    assert (runs.read_state(tmp_path).status, runs.read_state(tmp_path).step) == ("running", 7)
+    assert settle_script(script, tmp_path, "node0", 1, began) == ""  # a failure is not a completion: no word yet
+    assert settle_script(script, tmp_path, "node0", 0, began) == "completed"
+    assert outcome(tmp_path, began).state == JobState.SUCCEEDED and runs.read_state(tmp_path).status == "running"
+    began = time.time()
     runs.write_state(tmp_path, status="preempted", step=9)  # fsdp_jobs.job recorded a stop
-    assert settle_user_state(script, tmp_path, 0) == "preempted"
+    assert settle_script(script, tmp_path, "node0", 0, began) == "preempted"
+    began = time.time()
     runs.write_state(tmp_path, status="running", step=3)
-    assert settle_user_state({"script": None, "module": None}, tmp_path, 0) == "running"  # built-in: its own record
+    assert settle_script({"script": None, "module": None}, tmp_path, "node0", 0, began) == ""  # built-in: its own
 
 
 def test_hf_plan_counts_the_real_parameters_without_torch_or_transformers(tmp_path):

@@ -96,13 +96,15 @@ def test_a_job_whose_containers_are_being_removed_is_ending_not_failed(tmp_path,
 
     from fsdp_jobs.launchers.docker import backend
     from fsdp_jobs.launchers.docker.engine import LEGACY_RESULT_FILE, RESULT_FILE, docker_dir
+    from fsdp_jobs.rundir import runs
+    from fsdp_jobs.rundir.layout import RunDir
     from fsdp_jobs.rundir.status import JobState, Run
 
     monkeypatch.setattr(backend, "containers", lambda project: {})  # compose down took them already
     project = "fsdpjobs-bg-0123abcd"
     run = Run(tmp_path, {"backend": "docker", "project": project})
-    result = {"project": project, "exit_status": 143, "cancelled": True, "containers": {}}
-
+    result = {"project": project, "exit_status": 143, "containers": {}}
+    runs.record_cancel(tmp_path)  # `fsdp-jobs cancel` (the CLI's record): the outcome is CANCELLED
     docker_dir(tmp_path).mkdir()
 
     def describe(**fields):
@@ -120,4 +122,5 @@ def test_a_job_whose_containers_are_being_removed_is_ending_not_failed(tmp_path,
     (tmp_path / LEGACY_RESULT_FILE).write_text(json.dumps({**result, "time": time.time(), "removed": True}))
     assert backend.BACKEND.describe(run).state == JobState.CANCELLED
     (tmp_path / LEGACY_RESULT_FILE).unlink()
+    RunDir(tmp_path).cancel_file.unlink()
     assert backend.BACKEND.describe(run).state == JobState.FAILED  # gone with no record at all

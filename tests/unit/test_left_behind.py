@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from fsdp_jobs.rundir import outcome as outcomes
 from fsdp_jobs.rundir import runs
 from fsdp_jobs.rundir.records import WorldRecord
 from fsdp_jobs.launchers.node import wrapper
@@ -114,7 +115,7 @@ def test_an_earlier_launchs_completed_record_or_an_agent_with_ranks_is_never_lef
 
 def test_a_waiting_agent_reads_the_state_record_less_and_less_often(tmp_path, monkeypatch):
     """Every node of a big job may wait in a rendezvous at once (a slow start, a restart): each reads the
-    state record at first CHECK_S apart, then twice as far apart each time, at most MAX_CHECK_S. The wrapper's
+    run's outcome at first CHECK_S apart, then twice as far apart each time, at most MAX_CHECK_S. The wrapper's
     clock is a stand-in here, ticked 1/16 s at a time (on a loaded CI machine real 0.05 s ticks ran late: a
     gap measured 0.152 s where 0.1 was due)."""
     monkeypatch.setattr(LeftBehind, "CHECK_S", 1 / 16)  # binary fractions: the stand-in clock adds them exactly
@@ -129,7 +130,8 @@ def test_a_waiting_agent_reads_the_state_record_less_and_less_often(tmp_path, mo
 
     monkeypatch.setattr(wrapper, "time", Clock)
     reads: list[float] = []
-    monkeypatch.setattr(runs, "read_outcome", lambda run_dir, since: reads.append(now[0]) or runs.no_state())
+    monkeypatch.setattr(outcomes, "outcome", lambda run_dir, since: reads.append(now[0]) or outcomes.Outcome(
+        outcomes.JobState.UNKNOWN))
     proc = agent(with_rank=False)
     try:
         left = LeftBehind(tmp_path, proc.pid, 0.0)

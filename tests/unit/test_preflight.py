@@ -160,26 +160,29 @@ def test_the_preflight_command_is_the_job_with_preflight_only(cli_here, tmp_path
 
 
 def test_a_node_whose_wrapper_stopped_a_repeating_failure_is_not_restarted_by_its_engine(tmp_path, capsys):
-    """The wrapper stops the agent on a failure that repeats (STOPPED_BY_WRAPPER, the state record saying
+    """The wrapper stops the agent on a failure that repeats (STOPPED_BY_WRAPPER, its node verdict saying
     why): exit 1 where nothing restarts nodes by itself (local, SLURM), exit 0 where the engine would
     (Docker's on-failure), so that the engine does not start it again to stop again; the job still fails by
-    its state record. And a user's script whose nodes exited 0 so is not then recorded as completed."""
+    that verdict. And a user's script whose nodes exited 0 so is not then recorded as completed."""
     import time
 
     from fsdp_jobs.planning.compose import compose
     from fsdp_jobs.rundir import runs
-    from fsdp_jobs.launchers.common import settle_user_state
-    from fsdp_jobs.launchers.node.wrapper import STOPPED_BY_WRAPPER, decided_status
+    from fsdp_jobs.rundir.outcome import JobState, outcome
+    from fsdp_jobs.launchers.node.wrapper import STOPPED_BY_WRAPPER, decided_status, record_failed, settle_script
 
     began = time.time() - 1
     why = "the same failure twice in a row, at step 2: RuntimeError: boom (x.py:1); not retried again"
-    runs.write_state(tmp_path, status="failed", reason=why, step=2)
+    record_failed(tmp_path, "node1", why, began)
+    record_failed(tmp_path, "node0", "a later node's words", began)  # the first node to stop keeps its reason
+    assert runs.read_node_verdict(tmp_path).reason == why and runs.read_state_record(tmp_path) is None
     assert decided_status(STOPPED_BY_WRAPPER, tmp_path, "node0", began=began) == 1
     assert decided_status(STOPPED_BY_WRAPPER, tmp_path, "node0", engine_restarts=True, began=began) == 0
     assert f"node0: the job failed: {why}; not restarted" in capsys.readouterr().out
+    assert (outcome(tmp_path, began).state, outcome(tmp_path, began).train["reason"]) == (JobState.FAILED, why)
     script = tmp_path / "train.py"
     script.write_text("print('hi')\n")
     job, _ = compose([f"script={script}"])
-    assert settle_user_state(job, tmp_path, 0, since=began) == "failed"
-    assert runs.read_state(tmp_path).status == "failed"  # not overwritten by "the script exited 0"
-    assert settle_user_state(job, tmp_path, 0, since=time.time() + 1) == "completed"  # an older launch's failure
+    assert settle_script(job, tmp_path, "node0", 0, since=began) == "failed"
+    assert runs.read_node_verdict(tmp_path).status == "failed"  # not overwritten by "the script exited 0"
+    assert settle_script(job, tmp_path, "node0", 0, since=time.time() + 1) == "completed"  # an older launch's failure

@@ -11,13 +11,16 @@ import pytest
 
 from fsdp_jobs.rundir import events, failures, hangs, runs
 from fsdp_jobs.rundir.layout import RunDir
-from fsdp_jobs.rundir.records import (ALL, SCHEMA, FailureRecord, GoodputEvent, HangRecord, LaunchRecord, MetricsRow,
-                                      PreflightRecord, RankRecord, ReplacedNodes, ScaleRequest, StateRecord,
-                                      WorldRecord, ChaosIncident)
+from fsdp_jobs.rundir.records import (ALL, SCHEMA, CancelRequest, FailureRecord, GoodputEvent, HangRecord, LaunchRecord,
+                                      LauncherEnd, MetricsRow, NodeVerdict, PreflightRecord, RankRecord, ReplacedNodes,
+                                      ScaleRequest, StateRecord, WorldRecord, ChaosIncident)
 
 # one well-formed record of each kind, and a field of it given the wrong type
 GOOD = {
     StateRecord: ({"status": "running", "step": 3, "time": 1.0, "bad_nodes": ["n1"]}, "step", "3"),
+    NodeVerdict: ({"status": "failed", "node": "n1", "reason": "x", "time": 1.0, "exclude": ["n2"]}, "exclude", "n2"),
+    LauncherEnd: ({"nodes": {"node0": 0, "node1": 143}, "stopped": 2.0, "time": 3.0}, "stopped", "2"),
+    CancelRequest: ({"time": 1.0}, "time", "soon"),
     LaunchRecord: ({"backend": "slurm", "job_id": "12", "nodes": 2, "folder": "/x"}, "nodes", [2]),
     GoodputEvent: ({"event": "save", "time": 1.0, "pid": 7, "step": 10, "blocked": 0.5}, "pid", "7"),
     MetricsRow: ({"step": 5, "loss": 2.5, "lr": 1e-3, "my_metric": 0.1}, "loss", "low"),

@@ -184,8 +184,7 @@ def test_sys_exit_3_in_a_script_is_recorded_with_its_code_and_in_torchruns_error
 def test_the_cli_exit_status_is_always_a_documented_one(tmp_path, codes, state, status):
     if state:
         runs.write_state(tmp_path, status=state)
-    job = {"script": "train.py", "module": None}
-    assert exit_status(Outcome(codes, False), job, tmp_path) == status
+    assert exit_status(Outcome(codes, False), tmp_path) == status
 
 
 @pytest.mark.parametrize("overrides, prefix", [
@@ -274,6 +273,6 @@ def test_a_cancelled_runs_summary_names_no_failure_of_a_rank_its_stop_ended(tmp_
     with open(run_dir / "failures.jsonl", "w") as f:
         f.write(json.dumps(FailureRecord(time=5, attempt=":0", rank=1, error="RuntimeError: Connection closed by peer",
                                          exit_code=1, where="train.py:9").to_json()) + "\n")
-    runs.record_cancelled(run_dir, None)
+    assert exit_status(Outcome({"node0": 1, "node1": 0}, True), run_dir) == 130  # the launcher got the stop
     text = summarize(SimpleNamespace(run_dir=str(run_dir), name="r"), 130)
     assert text.startswith("cancelled (exit status 130): r") and "failed:" not in text, text

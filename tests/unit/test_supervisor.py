@@ -13,6 +13,7 @@ from typing import Optional
 import pytest
 
 from fsdp_jobs.rundir import runs
+from fsdp_jobs.rundir.outcome import JobState, outcome
 from fsdp_jobs.launchers import supervisor
 from fsdp_jobs.launchers.supervisor import LogSink, Node, Outcome, exit_status, supervise
 
@@ -117,14 +118,17 @@ def test_exit_status(tmp_path, codes, interrupted, state, status):
         runs.write_state(tmp_path, status="failed", stage="preflight", bad_nodes=["node1"])
     elif state:
         runs.write_state(tmp_path, status=state)
-    job = {"script": None, "module": None}
-    assert exit_status(Outcome(codes, interrupted), job, Path(tmp_path)) == status
+    assert exit_status(Outcome(codes, interrupted), Path(tmp_path)) == status
 
 
 def test_a_plain_script_exiting_0_everywhere_completed(tmp_path):
-    job = {"script": "train.py", "module": None}
-    assert exit_status(Outcome({"node0": 0}, False), job, tmp_path) == 0
-    assert runs.read_state(tmp_path)["status"] == "completed"
+    """A plain script records nothing itself: the supervisor's record of its nodes' exit codes says it completed,
+    in status as in the exit status; the leader's state record stays the leader's alone."""
+    runs.write_state(tmp_path, status="running")  # the user-code shim's, on rank 0
+    assert exit_status(Outcome({"node0": 0, "node1": 0}, False), tmp_path) == 0
+    said = outcome(tmp_path, None)
+    assert (said.state, said.status, said.by) == (JobState.SUCCEEDED, "completed", "supervisor")
+    assert said.train["status"] == "completed" and runs.read_state(tmp_path).status == "running"
 
 
 def test_a_scale_is_acted_on_only_while_every_node_runs_and_the_ranks_train(tmp_path):
@@ -153,21 +157,16 @@ def test_a_scale_is_acted_on_only_while_every_node_runs_and_the_ranks_train(tmp_
 def test_an_earlier_launchs_completed_state_is_never_this_launchs_outcome(tmp_path):
     """A finished run extended with more steps whose ranks all died before recording anything (every
     checkpoint failing to load) printed `finished`, exited 0 and read SUCCEEDED from the first launch's
-    record. The state record counts only when written since this launch began (runs.read_outcome)."""
-    import time
-
-    from fsdp_jobs.rundir.status import JobState, Run, state_from_training
-
+    record. A record counts only when written since this launch began (fsdp_jobs/rundir/outcome.py)."""
     runs.write_state(tmp_path, status="completed", step=8)  # the first launch's
-    job = {"script": None, "module": None}
     began = time.time() + 0.01
     time.sleep(0.02)
-    assert exit_status(Outcome({"node0": 1, "node1": 1}, False, began), job, tmp_path) == 1
-    assert state_from_training(Run(tmp_path, {"backend": "local", "unix": began})) == JobState.UNKNOWN
-    assert state_from_training(Run(tmp_path, {"backend": "local", "unix": began - 60})) == JobState.SUCCEEDED
+    assert exit_status(Outcome({"node0": 1, "node1": 1}, False, began), tmp_path) == 1
+    assert outcome(tmp_path, began).state == JobState.FAILED  # the nodes' codes, this launch's
+    assert outcome(tmp_path, began - 60).state == JobState.SUCCEEDED
     runs.write_state(tmp_path, status="completed", step=12)  # this launch's own
-    assert exit_status(Outcome({"node0": 0, "node1": 0}, False, began), job, tmp_path) == 0
-    assert state_from_training(Run(tmp_path, {"backend": "local", "unix": began})) == JobState.SUCCEEDED
+    assert exit_status(Outcome({"node0": 0, "node1": 0}, False, began), tmp_path) == 0
+    assert outcome(tmp_path, began).state == JobState.SUCCEEDED
 
 
 def test_stop_now_stops_live_nodes_as_a_signal_would_and_is_no_interruption_when_none_is_left(sink, tmp_path):
@@ -197,25 +196,23 @@ def test_a_stop_signal_while_the_nodes_start_stops_them_once_they_are_supervised
 
 
 def test_a_stop_from_outside_before_any_rank_recorded_is_cancelled_not_failed(tmp_path):
-    """Stopped before the first step no rank records the stop: the launcher records it (state cancelled, at the
-    run's step), so status reads CANCELLED, not FAILED, whether a signal reached the launcher (Ctrl-C: 130) or
-    Docker's cancel stopped the containers (cancel-requested: 143, not a node's SIGTERM); an outcome the ranks
-    recorded stands."""
-    from fsdp_jobs.rundir.status import JobState, Run, state_from_training
-
-    job = {"script": None, "module": None}
+    """Stopped before the first step no rank records the stop: the supervisor records that a stop reached it (the
+    CLI, that a cancel was asked), so status reads CANCELLED, not FAILED, at the run's step, whether a signal reached
+    the launcher (Ctrl-C: 130) or Docker's cancel stopped the containers (cancel-requested: 143, not a node's
+    SIGTERM); an outcome the ranks recorded before the stop stands."""
     runs.write_state(tmp_path, status="completed", step=8)  # an earlier launch's
     began = time.time() + 0.01
     time.sleep(0.02)
-    assert exit_status(Outcome({"node0": 241}, True, began), job, tmp_path) == 130
-    state = runs.read_state(tmp_path)
-    assert (state.status, state.step) == ("cancelled", 8)
-    assert state_from_training(Run(tmp_path, {"backend": "local", "unix": began})) == JobState.CANCELLED
+    assert exit_status(Outcome({"node0": 241}, True, began), tmp_path) == 130
+    said = outcome(tmp_path, began)
+    assert (said.state, said.by, said.train["status"], said.train["step"]) == (JobState.CANCELLED, "supervisor",
+                                                                               "cancelled", 8)
+    assert runs.read_state(tmp_path).status == "completed"  # the leader's record is the leader's alone
     began = time.time() + 0.01
     time.sleep(0.02)
     runs.record_cancel(tmp_path)  # Docker's cancel, which signals no launcher
-    assert exit_status(Outcome({"node0": 241}, False, began), job, tmp_path) == 143
-    assert runs.read_outcome(tmp_path, began).status == "cancelled"
+    assert exit_status(Outcome({"node0": 241}, False, began), tmp_path) == 143
+    assert (outcome(tmp_path, began).state, outcome(tmp_path, began).by) == (JobState.CANCELLED, "cli")
     runs.write_state(tmp_path, status="preempted", step=9)  # the ranks checkpointed on the stop
-    assert exit_status(Outcome({"node0": 0}, True, began), job, tmp_path) == 130
-    assert runs.read_state(tmp_path).status == "preempted"
+    assert exit_status(Outcome({"node0": 0}, True, began), tmp_path) == 130
+    assert (outcome(tmp_path, began).state, outcome(tmp_path, began).status) == (JobState.CANCELLED, "preempted")
