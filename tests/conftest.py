@@ -101,6 +101,15 @@ def assert_grew_without_skipping_data(run_dir: Path, before: int, after: int, gl
     assert manifest(final)["world_size"] == after
 
 
+def train_record(run_dir: Path) -> dict[str, Any]:
+    """The run's training record as `fsdp-jobs status --json` shows it ("train"): the leader's state record, with
+    the outcome fields of whichever role's record decided (a node's verdict, the supervisor's exit codes:
+    fsdp_jobs/rundir/outcome.py), since state.json holds the leader's word alone."""
+    from fsdp_jobs.rundir.outcome import outcome
+
+    return outcome(run_dir, None).train
+
+
 def committed(run_dir: Path) -> list[str]:
     return sorted(p.name for p in (run_dir / "checkpoints").glob("step-*")
                   if (p / "manifest.json").is_file() and not p.name.endswith(".unusable"))

@@ -42,7 +42,8 @@ from fsdp_jobs.launchers.common import (NODE_WRAPPER, lighthouse_command, lighth
                               rank_entry, rank_env, replica_env, replica_group, runtime_env, torchrun_args,
                               user_code_dir)
 from fsdp_jobs.launchers.docker.engine import (COMPOSE_FILE, DOWN_TIMEOUT_S, RESULT_FILE, SKEL_IMAGE, compose_command, container_user,
-                                     containers, docker, docker_dir, engine_error, ensure_skel_image, give_to, read_result)
+                                     containers, docker, docker_dir, engine_error, ensure_skel_image, give_to, last_exit,
+                                     read_result)
 from fsdp_jobs.launchers.node.wrapper import ENGINE_RESTARTS_ENV
 from fsdp_jobs.launchers.supervisor import stop_signals
 from fsdp_jobs.launchers.snapshot import PROJECT_ROOT, next_snapshot_dir, take_snapshot, take_user_code
@@ -354,8 +355,13 @@ class DockerBackend(Backend[DockerRequest]):
         nodes = {name: f"{c['State']['Status']}" + (f" (exit {c['State']['ExitCode']})" if c["State"]["Status"] == "exited" else "")
                  + (f", restarted {c['RestartCount']}x" if c.get("RestartCount") else "") for name, c in found.items()}
         live = any(c["State"]["Status"] in ("running", "restarting", "created") for c in found.values())
-        said = outcome(run.run_dir, run.since, JobState.RUNNING if live else JobState.UNKNOWN)
-        return JobStatus(said.state, f"{said.state.value} ({', '.join(f'{k}: {v}' for k, v in sorted(nodes.items()))})",
+        # every container exited but the supervisor has not recorded the result yet: the job is ending (the records
+        # may already say how, but a terminal state now would turn back into ENDING once the result is written),
+        # unless they exited long ago and no supervisor is left to record it
+        ending = not live and time.time() - last_exit(found) < DOWN_TIMEOUT_S + 30
+        said = outcome(run.run_dir, run.since, JobState.RUNNING if live or ending else JobState.UNKNOWN)
+        shown = "ENDING" if ending else said.state.value
+        return JobStatus(said.state, f"{shown} ({', '.join(f'{k}: {v}' for k, v in sorted(nodes.items()))})",
                          {"containers": nodes}, said)
 
     def cancel(self, run: Run) -> str:

@@ -4,6 +4,7 @@ containers run as, the project's containers, and the supervisor's record of how 
 
 from __future__ import annotations
 
+import datetime
 import io
 import json
 import os
@@ -121,6 +122,18 @@ def containers(project: str) -> dict[str, dict[str, Any]]:
     # the nodes (label fsdp-jobs.node), not a replica job's lighthouse service, which compose down removes with them
     return {c["Config"]["Labels"].get("com.docker.compose.service", c["Name"]): c for c in json.loads(r.stdout)
             if "fsdp-jobs.node" in (c["Config"].get("Labels") or {})}
+
+
+def last_exit(found: dict[str, dict[str, Any]]) -> float:
+    """When the last of these inspected containers exited (Unix time; 0.0 when none says)."""
+    ends = []
+    for c in found.values():
+        stamp = str(c.get("State", {}).get("FinishedAt", ""))[:26].rstrip("Z")  # Docker's nanoseconds: microseconds
+        try:
+            ends.append(datetime.datetime.fromisoformat(stamp).replace(tzinfo=datetime.timezone.utc).timestamp())
+        except ValueError:
+            continue
+    return max(ends, default=0.0)
 
 
 def read_result(run_dir: Path) -> Optional[dict[str, Any]]:

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from tests.conftest import REPO, cli
+from tests.conftest import REPO, cli, train_record
 
 pytestmark = [pytest.mark.docker, pytest.mark.integration, pytest.mark.usefixtures("docker_engine")]
 
@@ -20,7 +20,7 @@ def test_plain_ddp_script_runs_unmodified_in_two_containers_of_two(run_root):
     assert ranks == ["0", "1", "2", "3"], r.stdout[-3000:]
     assert "node0 exited 0" in r.stdout and "node1 exited 0" in r.stdout
     run_dir = run_root / "ddp"
-    assert json.loads((run_dir / "state.json").read_text())["status"] == "completed"
+    assert train_record(run_dir)["status"] == "completed"
     compose = (run_dir / "docker" / "compose.yaml").read_text()
     assert f"{run_dir}/script/001/ddp_train.py" in compose  # the containers run the run dir's copy
     status = json.loads(cli("status", "ddp", "--run-root", str(run_root)).stdout)

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.conftest import REPO, assert_same_state, cli, committed, manifest, metrics, shared_run
+from tests.conftest import REPO, assert_same_state, cli, committed, manifest, metrics, shared_run, train_record
 from tests.integration.test_local_runs import kill_rank_and_finish, start, wait_for
 
 pytestmark = pytest.mark.integration
@@ -33,7 +33,7 @@ def assert_ok(r: subprocess.CompletedProcess[str]) -> None:
 
 
 def state(run_dir: Path) -> dict:
-    return json.loads((run_dir / "state.json").read_text())
+    return train_record(run_dir)
 
 
 def test_plain_ddp_script_runs_unmodified_on_two_nodes_of_two(run_root):
@@ -70,7 +70,7 @@ def test_a_failing_plain_script_fails_naming_the_ranks_exit_code_and_exception(r
     bad.write_text("import os\nraise SystemExit(3 if os.environ['RANK'] == '1' else 0)\n")
     r = cli(f"run_root={run_root}", "name=bad", f"script={bad}", "cluster.max_restarts=0")
     assert r.returncode == 1, r.stdout[-3000:]  # a documented status: the job failed (3 would say a preflight did)
-    assert state(run_root / "bad")["status"] == "running"  # never taken for completed
+    assert state(run_root / "bad")["status"] == "failed"  # never taken for completed
     said = "rank 1 exited 3: SystemExit: 3 (bad.py:2)"  # not only "torchrun exited 1"
     assert f"torchrun exited 1; first error: {said}" in r.stdout and f"  failed:       {said}" in r.stdout, r.stdout[-3000:]
     status = json.loads(cli("status", "bad", "--run-root", str(run_root)).stdout)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.conftest import cli
+from tests.conftest import cli, train_record
 
 pytestmark = pytest.mark.integration
 
@@ -49,6 +49,6 @@ def test_a_failure_that_repeats_is_not_retried_until_the_budget_is_gone(run_root
     assert r.returncode != 0
     failures = [json.loads(line) for line in (run_root / "boom" / "failures.jsonl").read_text().splitlines()]
     assert len({f["attempt"] for f in failures}) == 2, failures  # run twice, not four times
-    state = json.loads((run_root / "boom" / "state.json").read_text())
+    state = train_record(run_root / "boom")
     assert state["status"] == "failed" and "ValueError: bad config value 42" in state["reason"], state
     assert "the same failure twice in a row, at start-up: ValueError: bad config value 42" in r.stdout

@@ -3,12 +3,11 @@ at 2 nodes x 2, and a script using fsdp_jobs.job that is preempted with USR2, re
 
 from __future__ import annotations
 
-import json
 import re
 
 import pytest
 
-from tests.conftest import REPO, committed, metrics
+from tests.conftest import REPO, committed, metrics, train_record
 from tests.slurm.conftest import job_log, sh, submit, wait_for, wait_job
 from tests.slurm.test_slurm_jobs import assert_resumed_losing_at_most_one_step
 
@@ -33,7 +32,7 @@ def test_plain_ddp_and_fsdp1_scripts_run_unmodified_on_two_nodes_of_two(run_root
         assert sorted(ranks) == [(str(r), "4", str(r // 2)) for r in range(4)], log[-3000:]  # two nodes of two ranks
         hosts = {line.split(" host ")[1].split()[0] for line in log.splitlines() if line.startswith("fsdp-jobs: node")}
         assert len(hosts) == 2, hosts  # two SLURM nodes
-        assert json.loads((run_dir / "state.json").read_text())["status"] == "completed"
+        assert train_record(run_dir)["status"] == "completed"
         # the submitted job runs the copy in the run dir, as a requeue would
         assert f"{run_dir}/script/001/" in (run_dir / "slurm" / job_id / f"{job_id}_submission.sh").read_text()
     assert "fsdp1 loss" in job_log(run_root / "fsdp1", jobs["fsdp1"]) and "units 3" in job_log(run_root / "fsdp1", jobs["fsdp1"])
@@ -52,4 +51,4 @@ def test_job_api_script_usr2_checkpoints_requeues_resumes_and_completes(run_root
     assert "attempt 1" in log and "stop requested (SIGUSR2)" in log
     attempts = assert_resumed_losing_at_most_one_step(run_dir, total)
     assert f"step-{attempts[0][-1]:06d}" in committed(run_dir)  # the checkpoint was taken at the signal step
-    assert json.loads((run_dir / "state.json").read_text())["status"] == "completed"
+    assert train_record(run_dir)["status"] == "completed"

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import PACED, REPO, cli, committed, metrics
+from tests.conftest import PACED, REPO, cli, committed, metrics, train_record
 from tests.slurm.conftest import job_log, job_state, sh, wait_for, wait_job
 from tests.slurm.test_slurm_jobs import SHORT, steps_by_attempt
 from tests.unit.test_sweeps import assert_png_with_one_curve_per_run
@@ -210,7 +210,7 @@ def test_failing_member_shows_failed_with_its_reason_and_a_rerun_submits_only_it
     assert bad.job_id.endswith("_0") and good.job_id.endswith("_1")  # their own environments, one array
     assert wait_job(bad.job_id, 600) == "FAILED", job_log(bad.run_dir.parent, bad.job_id)
     assert wait_job(good.job_id, 600) == "COMPLETED"
-    state = json.loads((bad.run_dir / "state.json").read_text())
+    state = train_record(bad.run_dir)
     assert state["status"] == "failed" and "not requeued" in state["reason"]
     # the real cause (stated by fsdp_jobs/rundir/failures.py: the same failure twice in a row is not retried)
     assert "first error: " in state["reason"] and "RuntimeError: test fault injection: step 3 raises" in state["reason"]
