@@ -137,6 +137,10 @@ def test_status_of_a_local_app_is_node0_s_process_then_the_training_outcome(cli_
     run_dir = make_run(run_root, "loc", "running")
     node0 = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "fsdp_jobs.launchers.torchx.node", str(run_dir)])
     try:
+        # until the child has exec'd, /proc shows the forking test's command line: not node0's yet
+        cmdline = Path(f"/proc/{node0.pid}/cmdline")
+        while b"fsdp_jobs.launchers.torchx.node" not in cmdline.read_bytes():
+            time.sleep(0.01)
         launch(run_dir, pid=node0.pid, **here())
         info = status_of(cli_here, run_root, "loc")
         assert info["state"] == "RUNNING" and f"pid {node0.pid}" in info["detail"], info
@@ -208,6 +212,10 @@ def test_a_run_that_still_runs_is_not_submitted_again(run_root, component, capsy
     run_dir = run_root / "busy"
     node0 = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "fsdp_jobs.launchers.torchx.node", str(run_dir)])
     try:
+        # until the child has exec'd, /proc shows the forking test's command line: not node0's yet
+        cmdline = Path(f"/proc/{node0.pid}/cmdline")
+        while b"fsdp_jobs.launchers.torchx.node" not in cmdline.read_bytes():
+            time.sleep(0.01)
         launch(run_dir, pid=node0.pid, **here())
         before = (run_dir / "launches.jsonl").read_text()
         with pytest.raises(SystemExit) as refused:
