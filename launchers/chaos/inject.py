@@ -36,6 +36,7 @@ from typing import Optional
 from fsdp_jobs.rundir import runs
 from fsdp_jobs.planning.input_rules import TC_RATE
 from fsdp_jobs.rundir.layout import RunDir
+from fsdp_jobs.launchers.node.oom import read_or_empty
 from fsdp_jobs.launchers.node.watchdog import process_state
 
 PERIOD_S = 0.2
@@ -335,21 +336,14 @@ def cpu_cgroup_root() -> Optional[Path]:
     v1, v2 = Path("/sys/fs/cgroup/cpu"), Path("/sys/fs/cgroup")
     if (v1 / "cpu.cfs_quota_us").exists() and os.access(v1, os.W_OK):
         return v1
-    if "cpu" in _read(v2 / "cgroup.subtree_control").split() and os.access(v2, os.W_OK):
+    if "cpu" in read_or_empty(v2 / "cgroup.subtree_control").split() and os.access(v2, os.W_OK):
         return v2
     return None
 
 
-def _read(path: Path) -> str:
-    try:
-        return path.read_text()
-    except OSError:
-        return ""
-
-
 def cpu_cgroup_of(pid: int, root: Path) -> Path:
     """The cgroup a process is in now, for the controller under `root` (to put it back on resume)."""
-    for line in _read(Path(f"/proc/{pid}/cgroup")).splitlines():
+    for line in read_or_empty(Path(f"/proc/{pid}/cgroup")).splitlines():
         _, controllers, path = line.split(":", 2)
         if (root.name == "cpu" and "cpu" in controllers.split(",")) or (root.name != "cpu" and controllers == ""):
             return root / path.lstrip("/")
@@ -380,7 +374,7 @@ class QuotaThrottle:
             (self.cgroup / "cpu.max").write_text(f"{quota_us} {period_us}")
 
     def release(self) -> None:
-        for pid in _read(self.cgroup / "cgroup.procs").split():
+        for pid in read_or_empty(self.cgroup / "cgroup.procs").split():
             _move(int(pid), self.origin.get(int(pid), self.root))
         try:
             self.cgroup.rmdir()

@@ -82,7 +82,8 @@ def read_kills(path: Optional[Path]) -> Optional[int]:
     return None
 
 
-def _read(path: Path) -> str:
+def read_or_empty(path: Path) -> str:
+    """A kernel file's text; "" where it cannot be read (no such cgroup controller, a process gone)."""
     try:
         return path.read_text()
     except OSError:
@@ -94,8 +95,8 @@ class OomWatch:
 
     def __init__(self, proc_cgroup: Optional[str] = None, root: Path = CGROUP_ROOT,
                  mountinfo: Optional[str] = None) -> None:
-        text = proc_cgroup if proc_cgroup is not None else _read(PROC_CGROUP)
-        mounts = mountinfo if mountinfo is not None else "" if proc_cgroup is not None else _read(PROC_MOUNTINFO)
+        text = proc_cgroup if proc_cgroup is not None else read_or_empty(PROC_CGROUP)
+        mounts = mountinfo if mountinfo is not None else "" if proc_cgroup is not None else read_or_empty(PROC_MOUNTINFO)
         self.path = counter_file(text, root, mounts)
         self.start = self.last = read_kills(self.path)
 
