@@ -101,10 +101,12 @@ def outcome(run_dir: Path, since: Optional[float], word: JobState = JobState.UNK
       2. A completed record since `since` (the leader's; a node's for a script): SUCCEEDED. Nothing after it
          undoes training that finished (a node left behind may still fail).
       3. The newer of the leader's state and the node verdict since `since`, unless an attempt opened after it
-         (running, a requeue): preempted CANCELLED; failed FAILED, but CANCELLED when recorded after a stop
-         from outside was asked (a rank that died of its peers' stop).
+         (running, a requeue): preempted CANCELLED, but FAILED when no stop was asked and the backend says
+         FAILED (a scheduler's time limit); failed FAILED, but CANCELLED when recorded after a stop from
+         outside was asked (a rank that died of its peers' stop).
       4. A stop from outside since `since` (`fsdp-jobs cancel`'s record, the supervisor's `stopped`):
-         CANCELLED, also when no rank recorded anything (stopped before its first step).
+         CANCELLED, also when no rank recorded anything (stopped before its first step). A cancel asked after
+         the supervisor recorded every node's end stops nothing.
       5. The supervisor's record of the nodes' exit codes: every node 0, SUCCEEDED (a plain script records
          nothing else); any other, FAILED.
       6. The backend's word (UNKNOWN: nothing is known).
@@ -118,12 +120,17 @@ def outcome(run_dir: Path, since: Optional[float], word: JobState = JobState.UNK
         return _said(leader, JobState.SUCCEEDED, base)
     node = runs.read_node_verdict(run_dir)
     newest = _newest([r for r in (leader, node) if r is not None and _since(r.time, since)])
-    if newest is not None and newest.status != "failed":
+    if newest is not None and newest.status not in ("failed", "preempted"):
         return _said(newest, DECIDES[newest.status], base)
     asked, end = runs.cancel_asked(run_dir), runs.read_launcher_end(run_dir)
-    asked = asked if _since(asked, since) else None
     end = end if end is not None and _since(end.time, since) else None
+    # a cancel asked after every node had ended stops nothing: the job ended as its nodes said
+    asked = asked if _since(asked, since) and (end is None or asked <= end.time) else None
     stop = min([t for t in (asked, end.stopped if end else None) if t is not None], default=None)
+    if newest is not None and newest.status == "preempted":
+        # the ranks checkpointed on a stop from outside: a cancel's, or the scheduler's own at its time limit,
+        # which nobody asked for and which it calls a failure (a time-out once the requeues are used up)
+        return _said(newest, JobState.FAILED if stop is None and word == JobState.FAILED else JobState.CANCELLED, base)
     if newest is not None:
         return _said(newest, JobState.CANCELLED if stop is not None and newest.time >= stop else JobState.FAILED, base)
     if stop is not None:

@@ -309,6 +309,7 @@ class SlurmBackend(Backend[SlurmRequest]):
     def cancel(self, run: Run) -> str:
         job_id = own_job_id(run)
         grown = [str(g["job_id"]) for g in grow_jobs(run.run_dir) if g.get("of") == job_id and _active(str(g["job_id"]))]
+        runs.record_cancel(run.run_dir)  # before the signal: a node that fails in the teardown is no failure of the job
         r = subprocess.run(["scancel", job_id, *grown], capture_output=True, text=True, timeout=60)
         if r.returncode:
             raise UserError("RUN", run.run_dir.name, f"scancel {job_id} failed: {r.stderr.strip()[:200]}")

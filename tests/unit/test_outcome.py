@@ -58,6 +58,29 @@ def test_a_stop_before_any_rank_recorded_is_cancelled_and_an_earlier_launchs_is_
                                                                                "cancelled", 8)
 
 
+def test_a_cancel_after_every_node_ended_stops_nothing(tmp_path):
+    """`fsdp-jobs cancel` of a run whose nodes had all ended (its containers still being removed, or left by a
+    supervisor that died) changes nothing: a script whose nodes exited 0 succeeded, a failure stays FAILED."""
+    runs.write_atomic(RunDir(tmp_path).launcher_end_file, json.dumps({"nodes": {"node0": 0, "node1": 0},
+                                                                        "stopped": None, "time": T + 10}) + "\n")
+    runs.write_atomic(RunDir(tmp_path).cancel_file, json.dumps({"time": T + 20}) + "\n")
+    assert outcome(tmp_path, T, JobState.SUCCEEDED).state == JobState.SUCCEEDED
+    runs.write_node_verdict(tmp_path, status="failed", node="node1", reason="boom", time=T + 9)
+    assert outcome(tmp_path, T, JobState.FAILED).state == JobState.FAILED
+
+
+def test_stopped_at_the_schedulers_time_limit_is_a_failure_and_by_a_cancel_is_cancelled(tmp_path):
+    """The ranks checkpointed on a stop from outside (preempted). Nobody asked for it and the scheduler calls
+    the end a failure (SLURM's TIMEOUT once the requeues are used up): FAILED, the checkpoint kept in the train
+    view; with `fsdp-jobs cancel` asked, or with the scheduler's own CANCELLED, it is CANCELLED."""
+    runs.write_state(tmp_path, status="preempted", step=30, time=T + 10)
+    said = outcome(tmp_path, T, JobState.FAILED)
+    assert (said.state, said.status, said.train["step"]) == (JobState.FAILED, "preempted", 30)
+    assert outcome(tmp_path, T, JobState.CANCELLED).state == JobState.CANCELLED
+    runs.write_atomic(RunDir(tmp_path).cancel_file, json.dumps({"time": T + 5}) + "\n")
+    assert outcome(tmp_path, T, JobState.FAILED).state == JobState.CANCELLED
+
+
 def test_a_cancel_file_from_before_the_record_is_dated_by_its_file(tmp_path):
     RunDir(tmp_path).cancel_file.write_text("2026-11-26T12:00:00\n")  # the older text form
     os.utime(RunDir(tmp_path).cancel_file, (T + 5, T + 5))
