@@ -101,7 +101,7 @@ def outcome(run_dir: Path, since: Optional[float], word: JobState = JobState.UNK
       2. A completed record since `since` (the leader's; a node's for a script): SUCCEEDED. Nothing after it
          undoes training that finished (a node left behind may still fail).
       3. The newer of the leader's state and the node verdict since `since`, unless an attempt opened after it
-         (running, a requeue): preempted CANCELLED, but FAILED when no stop was asked and the backend says
+         (running, a requeue) and the launch is not over (no supervisor's record of its end): preempted CANCELLED, but FAILED when no stop was asked and the backend says
          FAILED (a scheduler's time limit); failed FAILED, but CANCELLED when recorded after a stop from
          outside was asked (a rank that died of its peers' stop).
       4. A stop from outside since `since` (`fsdp-jobs cancel`'s record, the supervisor's `stopped`):
@@ -119,11 +119,16 @@ def outcome(run_dir: Path, since: Optional[float], word: JobState = JobState.UNK
     if leader is not None and leader.status == "completed" and _since(leader.time, since):
         return _said(leader, JobState.SUCCEEDED, base)
     node = runs.read_node_verdict(run_dir)
-    newest = _newest([r for r in (leader, node) if r is not None and _since(r.time, since)])
+    new = [r for r in (leader, node) if r is not None and _since(r.time, since)]
+    newest = _newest(new)
     if newest is not None and newest.status not in ("failed", "preempted"):
         return _said(newest, DECIDES[newest.status], base)
     asked, end = runs.cancel_asked(run_dir), runs.read_launcher_end(run_dir)
     end = end if end is not None and _since(end.time, since) else None
+    if newest is None and end is not None:
+        # the launch is over: an attempt that opened after a verdict and recorded nothing of its own (its ranks
+        # started as the nodes were being stopped) hides nothing; the verdict before it decides
+        newest = _newest([r for r in new if r.status not in OPEN])
     # a cancel asked after every node had ended stops nothing: the job ended as its nodes said
     asked = asked if _since(asked, since) and (end is None or asked <= end.time) else None
     stop = min([t for t in (asked, end.stopped if end else None) if t is not None], default=None)
@@ -131,8 +136,10 @@ def outcome(run_dir: Path, since: Optional[float], word: JobState = JobState.UNK
         # the ranks checkpointed on a stop from outside: a cancel's, or the scheduler's own at its time limit,
         # which nobody asked for and which it calls a failure (a time-out once the requeues are used up)
         return _said(newest, JobState.FAILED if stop is None and word == JobState.FAILED else JobState.CANCELLED, base)
-    if newest is not None:
+    if newest is not None and newest.status == "failed":
         return _said(newest, JobState.CANCELLED if stop is not None and newest.time >= stop else JobState.FAILED, base)
+    if newest is not None:  # an older version's word (cancelled), found behind an attempt that recorded nothing
+        return _said(newest, DECIDES[newest.status], base)
     if stop is not None:
         by = CLI if stop == asked else SUPERVISOR
         return _over(Outcome(JobState.CANCELLED, "cancelled", STOPPED_REASON, leader.step if leader else None, by=by),

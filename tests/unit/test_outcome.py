@@ -113,6 +113,19 @@ def test_an_attempt_that_began_after_a_failure_is_not_that_failure(tmp_path):
     assert outcome(tmp_path, T).state == JobState.UNKNOWN
 
 
+def test_an_attempt_that_began_as_the_job_was_stopped_hides_no_verdict_once_the_launch_is_over(tmp_path):
+    """A node's verdict of a failure that repeats stops the job, but another node's agent may already have
+    started the next attempt, whose rank 0 writes `running` and is stopped before it records anything. Once the
+    supervisor recorded the nodes' end, that attempt hides nothing: FAILED with the verdict's reason, not the
+    supervisor's bare 'a node exited non-zero'."""
+    runs.write_node_verdict(tmp_path, status="failed", node="node1", reason="ValueError: bad value", time=T + 5)
+    runs.write_state(tmp_path, status="running", step=None, time=T + 6)
+    runs.write_atomic(RunDir(tmp_path).launcher_end_file, json.dumps({"nodes": {"node0": 1, "node1": 1},
+                                                                        "stopped": None, "time": T + 8}) + "\n")
+    said = outcome(tmp_path, T)
+    assert (said.state, said.reason, said.by) == (JobState.FAILED, "ValueError: bad value", "node")
+
+
 def test_the_schedulers_pending_or_running_stands_and_a_completed_run_reads_one_record(tmp_path, monkeypatch):
     """A job its scheduler sees alive is RUNNING whatever an earlier attempt recorded; a completed run is answered
     from the leader's record alone (`list` asks it of every member of a 1,000-member sweep)."""
