@@ -42,8 +42,15 @@ class RunDir:
 
     @property
     def launches_file(self) -> Path:
-        """launches.jsonl: one LaunchRecord per launch (records.py)."""
+        """launches.jsonl: one LaunchRecord per launch (records.py). The CLI alone writes it; what a node
+        learns of a launch is node_launches_file's, and runs.launches reads the two as one history."""
         return self.root / "launches.jsonl"
+
+    @property
+    def node_launches_file(self) -> Path:
+        """node-launches.jsonl: a LaunchRecord per launch a scheduler's in-job side makes or learns itself (a
+        preflight's requeue excluding nodes, a scheduler's app handle). Nodes alone write it."""
+        return self.root / "node-launches.jsonl"
 
     @property
     def lock_file(self) -> Path:

@@ -20,6 +20,7 @@ Launchers and the in-job runtime meet only here: neither imports the other.
 from __future__ import annotations
 
 import fcntl
+import heapq
 import itertools
 import json
 import os
@@ -122,16 +123,33 @@ def job_hash(job: dict[str, Any]) -> str:
 
 
 def record_launch(run_dir: Path, record: LaunchRecord) -> None:
+    """The CLI's launch: a backend's submit, or a launch handed to a scheduler's own submission tool."""
     with open(RunDir(run_dir).launches_file, "a") as f:
         f.write(json.dumps(record.to_json()) + "\n")
+
+
+def record_node_launch(run_dir: Path, record: LaunchRecord) -> None:
+    """A launch a node makes or learns inside the job (a preflight's requeue, a scheduler's app handle): the
+    node's own record, so the CLI's has one writer; `launches` reads both."""
+    with open_append(RunDir(run_dir).node_launches_file) as f:
+        f.write(json.dumps(record.to_json()) + "\n")
+
+
+def _launch_lines(path: Path) -> list[dict[str, Any]]:
+    return [d for d in read_jsonl(path) if (r := LaunchRecord.from_dict(d)) is not None and r.backend]
 
 
 def launches(run_dir: Path) -> list[dict[str, Any]]:
     """Every launch record, oldest first, as the JSON objects written (a backend's own keys at the top:
     its callers read those by name); a line cut short (a kill mid-write, a full disk) or not a launch
-    record is skipped."""
-    return [d for d in read_jsonl(RunDir(run_dir).launches_file)
-            if (r := LaunchRecord.from_dict(d)) is not None and r.backend]
+    record is skipped. The one reader of launches: the CLI's and the nodes' records merged by time, each
+    file in its own order; on a tie the CLI's first (an app handle a node records keeps the submission's time).
+    A run dir from before the nodes had their own record holds their lines among the CLI's, read alike."""
+    rd = RunDir(run_dir)
+    cli, nodes = _launch_lines(rd.launches_file), _launch_lines(rd.node_launches_file)
+    if not nodes:
+        return cli
+    return list(heapq.merge(cli, nodes, key=lambda d: d.get("unix") or 0.0))
 
 
 def last_launch(run_dir: Path) -> dict[str, Any]:

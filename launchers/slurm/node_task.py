@@ -119,7 +119,7 @@ def excluded_nodes(run_dir: Path, job: JobConfig) -> list[str]:
 
 def requeue_excluding(run_dir: Path, job_id: str, decision: Decision) -> None:
     """Requeue this job kept off the nodes a preflight named: held while its excluded nodes are changed
-    (only a pending job's can be), then released. Recorded in the launch records and the log.
+    (only a pending job's can be), then released. Recorded in the nodes' launch record and the log.
 
     `requeuehold` makes the job pending at once and stops its steps, this task among them: SIGTERM now,
     SIGKILL KillWait seconds later (30 by default). This task ignores the SIGTERM to finish the three
@@ -143,7 +143,7 @@ def requeue_excluding(run_dir: Path, job_id: str, decision: Decision) -> None:
     finally:
         subprocess.run(["scontrol", "release", job_id], timeout=60)
     last = LaunchRecord.from_dict(runs.last_launch(run_dir)) or LaunchRecord(backend="slurm", job_id=job_id)
-    runs.record_launch(run_dir, LaunchRecord(
+    runs.record_node_launch(run_dir, LaunchRecord(
         backend=last.backend, job_id=last.job_id, nodes=last.nodes, gpus_per_node=last.gpus_per_node,
         extra={**last.extra, "requeue": "preflight", "exclude": list(decision.exclude), "why": decision.reason}))
     print(f"fsdp-jobs: requeued job {job_id} with --exclude={nodes}: {decision.reason}", flush=True)

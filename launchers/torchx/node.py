@@ -7,7 +7,8 @@ TorchX fills in the replica's index, the name of the variable that holds rank 0'
 the run dir's job and plan records this builds the node's torchrun flags and environment as every backend
 does (launchers/common.py) and runs the node wrapper (launchers/node/wrapper.py) around the agent, so the
 job resumes, restarts, checkpoints on a stop and is watched for hangs as on any backend. Replica 0 records
-the launch (TorchX's app handle), which `fsdp-jobs status` asks TorchX about (launchers/torchx/backend.py).
+the launch (TorchX's app handle) in the nodes' launch record, which `fsdp-jobs status` asks TorchX about
+(launchers/torchx/backend.py).
 """
 
 from __future__ import annotations
@@ -86,7 +87,7 @@ def record_launch(run_dir: Path, plan: Plan, app_id: str, handle: str) -> None:
     record = LaunchRecord(backend=NAME, job_id=app_id, nodes=plan.nodes, gpus_per_node=plan.gpus_per_node,
                           extra={"app_handle": handle, "host": socket.gethostname(), "boot_id": boot_id(),
                                  "pid": os.getpid(), "parent_pid": os.getppid()}, **since)
-    runs.record_launch(run_dir, record)
+    runs.record_node_launch(run_dir, record)
 
 
 def main(argv: list[str]) -> int:

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from fsdp_jobs.rundir import runs
 from tests.conftest import SHORT, cli, listed_row, metrics
 from tests.slurm.conftest import wait_for, wait_job
 
@@ -63,8 +64,8 @@ def test_torchx_submits_two_nodes_to_slurm_a_second_submission_resumes_status_re
     assert row[1:5] == ["torchx", second, "SUCCEEDED", "30"], row
 
     third = torchx_submit(run_root, "train.steps=3000")  # cancelled as soon as its first node has started
-    launches = run_dir / "launches.jsonl"
-    wait_for(lambda: f'"app_handle": "slurm://torchx/{third}"' in launches.read_text(), 120, "the first node")
+    handle = f"slurm://torchx/{third}"  # replica 0 records it in the nodes' launch record
+    wait_for(lambda: runs.last_launch(run_dir).get("app_handle") == handle, 120, "the first node")
     r = cli("cancel", "txs", "--run-root", str(run_root))
     assert r.returncode == 0 and f"asked TorchX to cancel slurm://torchx/{third}" in r.stdout, r.stderr
     assert wait_job(third) == "CANCELLED"

@@ -384,6 +384,7 @@ WRITER_ROLES = {
     # the nodes'
     "torchrun_error_file": NODE, "hang_dir": NODE, "hangs_file": NODE, "liveness_dir": NODE,
     "node_liveness_file": NODE, "job_liveness_file": NODE, "stop_request_file": NODE, "stacks_parts_dir": NODE,
+    "node_launches_file": NODE,
     # the supervisor's
     "launcher_log": SUPERVISOR, "supervisor_log": SUPERVISOR,
     # requests and commands
@@ -409,11 +410,9 @@ FUNCTION_ROLES = {"launchers/stacks.py::gather": CLI}  # `fsdp-jobs stacks` join
 # and fsdp_jobs/bench/ builds synthetic run dirs with every role's writers (no job runs).
 ROLELESS = ("fsdp_jobs/rundir/", "fsdp_jobs/bench/")
 # Second writers this check found that are not gone yet: each (record, file) here must still be found (fixed,
-# it is struck off), and no other may appear. A scheduler's in-job side records the launches it makes itself
-# (a preflight's requeue excluding nodes, a TorchX app's handle), and the node wrapper marks its start and
-# end in the goodput timeline beside rank 0's marks.
-KNOWN_SECOND_WRITERS = {("launches_file", "launchers/slurm/node_task.py"), ("launches_file", "launchers/torchx/node.py"),
-                        ("goodput_file", "launchers/node/wrapper.py")}
+# it is struck off), and no other may appear. The node wrapper marks its start and end in the goodput timeline
+# beside rank 0's marks.
+KNOWN_SECOND_WRITERS = {("goodput_file", "launchers/node/wrapper.py")}
 # what writes a path: its first argument (the contract's writers), or the path it is called on
 ARG_WRITES = {"write_atomic", "open_append", "write_in_place"}
 PATH_WRITES = {"write_text", "write_bytes", "touch", "mkdir"}

@@ -145,6 +145,27 @@ def test_a_record_reads_like_the_dict_it_was():
         r["folder"]
 
 
+def test_the_cli_s_and_the_nodes_launch_records_read_as_one_history(tmp_path):
+    """The CLI writes the launch records, a node its own (a preflight's requeue, a TorchX app's handle):
+    every reader sees one history by time, the CLI's first on a tie (the app's handle keeps the time TorchX
+    was handed the app), and a run dir from before, with the nodes' lines among the CLI's, reads the same."""
+    cli, node = (lambda r: runs.record_launch(tmp_path, r)), (lambda r: runs.record_node_launch(tmp_path, r))
+    cli(LaunchRecord(backend="slurm", job_id="12", unix=100.0, extra={"folder": "/f"}))
+    node(LaunchRecord(backend="slurm", job_id="12", unix=200.0, extra={"requeue": "preflight", "exclude": ["c3"]}))
+    assert runs.last_launch(tmp_path)["exclude"] == ["c3"]  # the requeue: what the next attempt is kept off
+    cli(LaunchRecord(backend="torchx", job_id="", unix=300.0))  # handed to TorchX, no app id yet
+    node(LaunchRecord(backend="torchx", job_id="a-1", unix=300.0, extra={"app_handle": "local_cwd://torchx/a-1"}))
+    history = runs.launches(tmp_path)
+    assert [(r["job_id"], r["unix"]) for r in history] == [("12", 100.0), ("12", 200.0), ("", 300.0), ("a-1", 300.0)]
+    assert runs.last_launch(tmp_path)["app_handle"] == "local_cwd://torchx/a-1"  # status, cancel: the app's handle
+    cli(LaunchRecord(backend="slurm", job_id="13", unix=400.0))  # a resubmission is newer than any node's word
+    assert runs.last_launch(tmp_path)["job_id"] == "13" and "exclude" not in runs.last_launch(tmp_path)
+    rd, before = RunDir(tmp_path), runs.launches(tmp_path)
+    rd.launches_file.write_text("".join(json.dumps(r) + "\n" for r in before))  # the older layout: one file
+    rd.node_launches_file.unlink()
+    assert runs.launches(tmp_path) == before
+
+
 def test_the_job_record_reads_back_as_the_data_submit_wrote(tmp_path):
     """load_job reads job.yaml with libyaml's loader where PyYAML has it (runs.JOB_LOADER: every rank reads
     it as it starts): the same data, and so the same job hash, as yaml.safe_load of the text gives, for a

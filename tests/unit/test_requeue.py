@@ -78,8 +78,9 @@ def test_the_excluded_nodes_grow_from_the_config_and_the_last_requeue(tmp_path):
 
     job = OmegaConf.create({"cluster": {"exclude": ["c9"]}})  # as job_config gives it: attribute access
     assert excluded_nodes(tmp_path, job) == ["c9"]
-    runs.record_launch(tmp_path, LaunchRecord(backend="slurm", job_id="12",
-                                              extra={"exclude": ["c3"], "requeue": "preflight"}))
+    runs.record_launch(tmp_path, LaunchRecord(backend="slurm", job_id="12"))  # the submission
+    runs.record_node_launch(tmp_path, LaunchRecord(backend="slurm", job_id="12",  # task 0's requeue
+                                                   extra={"exclude": ["c3"], "requeue": "preflight"}))
     assert excluded_nodes(tmp_path, job) == ["c3", "c9"]
 
 

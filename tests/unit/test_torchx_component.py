@@ -187,6 +187,32 @@ def test_status_takes_the_scheduler_s_word_where_torchx_can_ask_it(run_root, mon
     assert backend.BACKEND.describe(Run.load(run_dir)).state.value == "CANCELLED"
 
 
+def test_replica_0_records_the_app_handle_in_the_nodes_record_which_status_reads(run_root, component, capsys,
+                                                                                monkeypatch):
+    """The CLI's launch record keeps the component's line alone; replica 0's handle, in the nodes' record, keeps
+    its time (goodput's queued time begins there) and is what status asks the scheduler about."""
+    from torchx.specs import AppState, AppStatus
+
+    from fsdp_jobs.launchers.base import Run
+    from fsdp_jobs.launchers.torchx import backend, node
+    from fsdp_jobs.rundir import runs
+    from fsdp_jobs.rundir.layout import RunDir
+
+    component(*ARGS, f"run_root={run_root}", "name=rec")
+    run_dir = run_root / "rec"
+    [handed] = runs.launches(run_dir)
+    node.record_launch(run_dir, runs.load_plan(run_dir), "77", "slurm://torchx/77")
+    [cli_line] = [json.loads(x) for x in RunDir(run_dir).launches_file.read_text().splitlines()]
+    assert cli_line["job_id"] == "" and "app_handle" not in cli_line  # the CLI's record: its own line only
+    launch = Run.load(run_dir).launch
+    assert launch["app_handle"] == "slurm://torchx/77" and launch["job_id"] == "77"
+    assert (launch["time"], launch["unix"]) == (handed["time"], handed["unix"])
+    said = {"slurm://torchx/77": AppStatus(AppState.RUNNING)}
+    monkeypatch.setattr(backend, "scheduler_status", lambda h: (said.get(h), "not known"))
+    status = backend.BACKEND.describe(Run.load(run_dir))
+    assert status.state.value == "RUNNING" and "slurm://torchx/77: RUNNING" in status.detail, status.detail
+
+
 def test_cancel_of_a_local_app_stops_its_torchx_run_and_nothing_else(run_root):
     run_dir = make_run(run_root, "stop", "running")
     parent = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "torchx", "run"])
