@@ -211,6 +211,10 @@ class CheckpointConfig(Keys):
     async_save: bool = False  # overlap the disk write with training (DCP thread mode)
     resume: bool = True  # start from the newest complete checkpoint of the run, if any
     save_final: bool = True  # checkpoint after the last step
+    # steps between in-memory snapshots of every rank's state (node-local memory, fsdp_jobs/runtime/snapshots.py):
+    # a failure resumes from the newest one instead of the last checkpoint; auto = every step if a snapshot
+    # costs at most 2% of a step, else the smallest interval that does; 0 = off
+    memory_interval: Union[int, str] = "auto"
 
 
 @dataclass

@@ -234,6 +234,10 @@ def _validate_data(cfg: JobConfig) -> None:
 def validate_interval(cfg: JobConfig) -> None:
     """checkpoint.interval: a number of steps, or auto where the job's own saves and failures can choose it."""
     c = cfg.checkpoint
+    if c.memory_interval != "auto" and (not isinstance(c.memory_interval, int) or isinstance(c.memory_interval, bool)
+                                        or c.memory_interval < 0):
+        raise UserError("checkpoint.memory_interval", c.memory_interval,
+                        "allowed: a number of steps >= 0 (0 = no in-memory snapshots) or auto")
     if c.mtbf_hours is not None:
         finite("checkpoint.mtbf_hours", c.mtbf_hours, 0, low_open=True)
     if c.interval != "auto":

@@ -22,12 +22,12 @@ import torch.nn.functional as F
 
 from fsdp_jobs.planning import faults
 from fsdp_jobs.rundir import runs
-from fsdp_jobs.rundir.checkpoints import newest_checkpoint, step_dir
+from fsdp_jobs.rundir.checkpoints import committed_checkpoints, newest_checkpoint, step_dir
 from fsdp_jobs.planning.cluster_config import CPU_PEAK_TFLOPS, ClusterConfig
 from fsdp_jobs.planning.plan import compute_dtype, micro_batch, replica_groups, reshard_after_forward
 from fsdp_jobs.rundir.layout import RunDir
 from fsdp_jobs.rundir.records import MetricsRow, RankRecord
-from fsdp_jobs.rundir import events
+from fsdp_jobs.rundir import events, liveness
 from fsdp_jobs.runtime import heartbeat, interval
 from fsdp_jobs.runtime.checkpoint import CheckpointManager, StateObjects, TrainState
 from fsdp_jobs.runtime.data import build_dataset
@@ -39,6 +39,7 @@ from fsdp_jobs.runtime.replicas import JOINING, NoReplicas, open_replicas
 from fsdp_jobs.runtime.shard import (adamw_implementation, build_meta_model, dtype_of, init_devices, materialize,
                                      shard_model)
 from fsdp_jobs.runtime.signals import StopFlag
+from fsdp_jobs.runtime.snapshots import MemorySnapshots, RestorePlan
 from fsdp_jobs.runtime.stopping import NONFINITE, STOP_FILE, StopFileWatcher, StopVote, stop_reason
 from fsdp_jobs.runtime.timeline import MAIN_STARTED, Timeline
 from fsdp_jobs.runtime.trackers import Trackers
@@ -170,6 +171,7 @@ class Trainer:
     ckpt: CheckpointManager
     state: TrainState
     replicas: NoReplicas
+    snapshots: MemorySnapshots
 
     def __init__(self, run_dir: Path, cfg: JobConfig) -> None:
         """`cfg`: the job record as fsdp_jobs/planning/config.py rank_config reads it (plain dataclasses: the loop reads
@@ -184,6 +186,8 @@ class Trainer:
         self.auto: Optional[interval.Planner] = None  # checkpoint.interval=auto's, opened by prepare_loop
         self.next_save: Optional[int] = None  # its step of the next checkpoint, agreed by the ranks
         self.loop_start = 0
+        self.memory_plan: Optional[RestorePlan] = None  # where each rank's state comes from, when memory covers it
+        self.source = "start"  # where this attempt's state came from: start, disk, memory (own or peers')
         self.timeline = Timeline(run_dir, enabled=False, restart=0)  # bring_up opens rank 0's (the goodput timeline)
 
     def run(self, stop: StopFlag) -> int:
@@ -197,7 +201,8 @@ class Trainer:
         self.timeline.event("built")
         self.resume()
         self.join()
-        self.timeline.event("loaded", step=self.state.step, attempt=self.ckpt.attempt, restart=self.world.restart)
+        self.timeline.event("loaded", step=self.state.step, attempt=self.ckpt.attempt, restart=self.world.restart,
+                            source=self.source)
         self.prepare_loop()
         self.timeline.loop(self.state.step)
         stopped = self.fit(stop)
@@ -314,14 +319,18 @@ class Trainer:
         self.shard(model, compile_blocks=tcfg.compile)
         self.open_checkpoints({"config_hash": self.config_hash()}, overlap_staging=True)
         joining = self.joins_a_running_job()  # replica groups: every group up first, or join one training
-        self.resume_from = self.ckpt.find_latest() if self.ccfg.resume and not joining else None
+        self.snapshots = self.open_snapshots()
+        resuming = self.ccfg.resume and not joining
+        self.memory_plan = self.snapshots.plan_restore(self.disk_step()) if resuming else None
+        self.resume_from = self.ckpt.find_latest() if resuming and self.memory_plan is None else None
+        fresh = self.resume_from is None and self.memory_plan is None
         param_device, buffer_device = init_devices(cfg.fsdp, self.world.device)
         t_init = time.perf_counter()
         materialize(model, param_device, tcfg.seed, cfg.fsdp.mixed_precision.buffer_dtype,
-                    init_params=self.resume_from is None, buffer_device=buffer_device)
-        log(rank, f"parameters {'initialised' if self.resume_from is None else 'allocated'} on {param_device} "
+                    init_params=fresh, buffer_device=buffer_device)
+        log(rank, f"parameters {'initialised' if fresh else 'allocated'} on {param_device} "
                   f"in {time.perf_counter() - t_init:.2f}s")
-        if self.resume_from is None and cfg.model.pretrained:  # model=hf: local weights replace the init
+        if fresh and cfg.model.pretrained:  # model=hf: local weights replace the init
             load_pretrained_weights(model, cfg.model.pretrained, rank)
         self.model, self.n_params = model, sum(p.numel() for p in model.parameters())
         optimizer = torch.optim.AdamW(model.parameters(), lr=tcfg.lr, betas=tuple(tcfg.betas),
@@ -329,9 +338,51 @@ class Trainer:
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(tcfg))
         self.state = TrainState(model, optimizer, scheduler)
 
+    def open_snapshots(self) -> MemorySnapshots:
+        """checkpoint.memory_interval's snapshots, in this node's memory (fsdp_jobs/runtime/snapshots.py). Not with
+        replica groups: a group that fails recovers live from the others (fsdp_jobs/runtime/replicas.py)."""
+        world = self.world
+        node = os.environ.get("FSDP_JOBS_NODE") or socket.gethostname()
+        directory = None
+        if world.groups == 1 and self.ccfg.memory_interval not in (0, "0"):
+            directory = liveness.local_dir(self.run_dir, node) / "snapshots"
+            liveness.make_local_dir(directory)
+        job = RunDir(self.run_dir).job_file.stat()  # a rerun under the same name is another run
+        identity = {"config": self.config_hash(), "run": f"{job.st_ino}-{job.st_mtime_ns}"}
+        return MemorySnapshots(directory, world.rank, world.world_size, self.mesh_shape, self.ccfg.memory_interval,
+                               identity, log=lambda m: log(world.rank, m))
+
+    def disk_step(self) -> Optional[int]:
+        """Rank 0's newest committed checkpoint's step (named, not checked: memory only has to be as new)."""
+        saved = committed_checkpoints(self.run_dir) if self.world.rank == 0 else []
+        return saved[-1][0] if saved else None
+
     def resume(self) -> None:
+        """The state from memory where the plan covers every rank, else from the newest checkpoint, else fresh."""
         self.beat_phase("load")
+        if self.memory_plan is not None and self.restore_from_memory(self.memory_plan):
+            return
         self.resumed = self.ckpt.load(self.state, self.resume_from)
+        self.source = "disk" if self.resumed else "start"
+
+    def restore_from_memory(self, plan: RestorePlan) -> bool:
+        """Collective. True: every rank has the plan's step. False: the checkpoint is to be loaded instead
+        (the snapshots are discarded: the next restart must not choose them again)."""
+        began, rank = time.perf_counter(), self.world.rank
+        sources = self.snapshots.restore(self.state, plan)
+        if sources is None:
+            self.snapshots.discard()
+            self.resume_from = self.ckpt.find_latest() if self.ccfg.resume else None
+            if self.resume_from is None:  # the parameters were only allocated: a restart starts afresh
+                raise RuntimeError("the in-memory snapshots were unusable and the run has no checkpoint: restarting")
+            return False
+        self.snapshots.after_restore(self.state.step, self.world.local_rank)
+        self.resumed, self.source = None, "memory" if "peer" not in sources else "memory+peers"
+        said = ", ".join(f"{n} rank(s) from {'their node' if s == 'memory' else 'a peer'}'s memory"
+                         for s, n in sources.items())
+        log(rank, f"resumed from the in-memory snapshot of step {plan.step} ({said}; no checkpoint read) in "
+                  f"{time.perf_counter() - began:.2f}s")
+        return True
 
     def join(self, state: Optional[StateObjects] = None, reload: Optional[Callable[[], Optional[Path]]] = None,
              warm_up: Optional[Callable[[], None]] = None) -> None:
@@ -431,7 +482,8 @@ class Trainer:
         self.poison_position = (poison_step - 1) * self.global_batch if poison_step else None
         if world.rank == 0 and self.replicas.writer:
             runs.write_state(self.run_dir, status="running", step=state.step,
-                             resumed_from=str(self.resumed) if self.resumed else None)
+                             resumed_from=str(self.resumed) if self.resumed else
+                             f"in-memory snapshot of step {state.step}" if self.source.startswith("memory") else None)
         accum = f" = {self.accum} micro batches of {self.micro}" if self.accum > 1 else ""
         log(world.rank, f"training steps {state.step + 1}..{tcfg.steps}: {self.n_params:,} params, global batch "
                         f"{self.global_batch} ({self.per_rank}/rank{accum}) x {seq_len} "
@@ -581,6 +633,8 @@ class Trainer:
             began, tries = 0.0, 0
             loss, grad_norm = stepped
             self.beat(state.step)
+            if self.snapshots.due(state.step):
+                self.snapshots.save(state, world.restart)
             self.window.append(loss, grad_norm, {"step": state.step, "lr": state.scheduler.get_last_lr()[0],
                                                  "sample_start": position, "time": time.time(),
                                                  "world_size": replicas.job_world_size(), "writer": replicas.writer})
@@ -639,6 +693,7 @@ class Trainer:
             log(rank, f"stopping: {why}")
             return True
         self.ckpt.load(state, last)
+        self.snapshots.discard()  # they hold the steps this rollback undoes
         skipped, state.samples_seen = position - state.samples_seen, position
         self.rollbacks += 1
         log(rank, f"non-finite loss or gradient norm by step {bad_at}: rolled back to {last.name} (step {state.step}) "

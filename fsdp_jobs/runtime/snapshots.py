@@ -1,0 +1,479 @@
+"""In-memory snapshots: every rank's sharded training state, every `checkpoint.memory_interval` steps, in
+node-local shared memory that outlives the rank's process, so that a restart resumes from the step before
+the failure instead of the last DCP checkpoint, and without reading the shared file system.
+
+The component owns its schedule (`due`), its layout (`SnapshotStore`) and its recovery (`plan_restore`,
+`restore`), as the checkpoint manager owns DCP's; the step loop only asks.
+
+Layout: one directory per node in node-local memory (the node wrapper's, fsdp_jobs/rundir/liveness.py
+local_dir: it removes it when the node's part of the job ends, so it outlives every rank of every restart
+on that node, and nothing stays behind). In it, two slots per rank (double-buffered), `r{rank}-{0,1}.snap`,
+each a header (step, the job's identity, the mesh, the shard this state is, the offsets and CRC-32 of the
+tensors' bytes), the bytes of every local tensor, and the skeleton of the rest. A snapshot overwrites the
+older slot: its header is cleared first and written last, so a rank killed mid-copy leaves that slot
+invalid and the other whole. Two are enough: the ranks write synchronously, so when any rank writes step
+K every rank has finished the snapshot before K (step K's collectives needed them all), and that one is
+in the slot K does not overwrite.
+
+Recovery (collective, before anything is loaded): every rank says which snapshots its node holds; the
+newest step that every rank can get, from its own node's memory or from a rank of another replica group
+holding the same shard (HSDP: the replicate dimension), wins if it is at least as new as the newest DCP
+checkpoint. A rank whose node lost its memory (a replaced or restarted node) receives the bytes from such
+a peer over the process group; nothing is read from disk. Anything else (a different world or mesh, a
+full_shard job that lost a node, snapshots that fail their CRC or hold non-finite values) falls back to
+the DCP checkpoint, which stays the source of truth for what memory cannot survive.
+
+Cost per rank: two copies of its state shard in node memory (params + optimizer moments, in their dtypes:
+`fsdp_jobs/planning/plan.py` computes it at plan time) and one memory copy of it per snapshot; nothing on
+the network and nothing on the shared file system per step.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+import os
+import re
+import signal
+import struct
+import time
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+import numpy
+import torch
+import torch.distributed as dist
+
+from fsdp_jobs.planning import faults
+
+MAGIC = b"FSDPSNP1"
+SUFFIX = ".snap"
+NAME = re.compile(r"r(\d+)-([01])\.snap")
+AUTO = "auto"
+AUTO_SHARE = 0.02  # memory_interval=auto: the smallest interval whose snapshots cost at most this share of the steps
+AUTO_MEASURE = 5  # snapshots timed before auto chooses
+# test-only fault injection: "STEP" makes the last rank SIGKILL itself half way through writing that
+# step's snapshot, on the first attempt only
+CRASH_IN_SNAPSHOT_ENV = "FSDP_JOBS_TEST_CRASH_IN_SNAPSHOT"
+
+
+@dataclass(frozen=True)
+class Held:
+    """A complete snapshot a rank can read from its node's memory."""
+
+    path: str
+    owner: int  # the rank that wrote it
+    step: int
+    shard: int  # which shard of the state it is: ranks of one shard hold the same bytes
+    nbytes: int  # the file's size
+
+
+@dataclass
+class RestorePlan:
+    """Where every rank's state comes from: `sources[r]` is None (its own node's memory) or the rank that
+    sends it the bytes; `files[r]` the snapshot rank r reads (for itself, or to send)."""
+
+    step: int
+    files: dict[int, Held]
+    sources: dict[int, Optional[int]]
+
+
+def shard_of(rank: int, mesh_shape: dict[str, int]) -> int:
+    """The shard of the training state a rank holds: with a replicate dimension (HSDP, no_shard), ranks at
+    the same place in their shard group hold identical state; else each rank its own."""
+    return rank % mesh_shape.get("shard", 1) if "replicate" in mesh_shape else rank
+
+
+# ---------------------------------------------------------------------- the state, flat
+TENSOR = "__snapshot_tensor__"  # a leaf's place in the skeleton: (TENSOR, index, whether it was a DTensor)
+
+
+def capture(state: Any) -> tuple[list[torch.Tensor], Any]:
+    """This rank's local state: every tensor leaf (a DTensor's local shard) and the skeleton that holds
+    everything else. Modules and optimizers through their own state_dict (the DTensors they hold: no
+    gather, no copy), unlike DCP's API, whose name mapping costs more than the copy of a small shard."""
+    tree: dict[str, Any] = {"progress": {"step": state.step, "samples_seen": state.samples_seen},
+                            "rng": torch.get_rng_state()}
+    if state.cuda_rng is not None:
+        tree["cuda_rng"] = torch.cuda.get_rng_state(state.cuda_rng)
+    for name, obj in state.objects.items():
+        tree[name] = obj.state_dict()
+    tensors: list[torch.Tensor] = []
+
+    def strip(node: Any) -> Any:
+        if isinstance(node, dict):
+            return {k: strip(v) for k, v in node.items()}
+        if isinstance(node, (list, tuple)):
+            return type(node)(strip(v) for v in node)
+        if isinstance(node, torch.Tensor):
+            tensors.append(node.to_local() if hasattr(node, "to_local") else node)
+            return (TENSOR, len(tensors) - 1, hasattr(node, "to_local"))
+        return node
+
+    return tensors, strip(tree)
+
+
+def apply(state: Any, tensors: list[torch.Tensor], skeleton: Any) -> None:
+    """Load what `capture` took into `state` (a fresh process's objects of the same shapes and mesh): a
+    module's tensors copied into its own, an optimizer's shards made DTensors again on their parameter's
+    mesh and placements, then each object's load_state_dict."""
+    for name, obj in state.objects.items():
+        saved = skeleton[name]
+        if isinstance(obj, torch.nn.Module):
+            own = obj.state_dict()
+            with torch.no_grad():
+                for key, value in own.items():
+                    local(value).copy_(tensors[saved[key][1]])
+            obj.load_state_dict(own)
+        elif isinstance(obj, torch.optim.Optimizer):
+            params = [p for group in obj.param_groups for p in group["params"]]
+            state_of = {int(i): {k: _optimizer_value(v, tensors, params[int(i)]) for k, v in per.items()}
+                        for i, per in saved["state"].items()}
+            obj.load_state_dict({"state": state_of, "param_groups": saved["param_groups"]})
+        else:
+            obj.load_state_dict(_fill(saved, tensors))
+    state.step, state.samples_seen = int(skeleton["progress"]["step"]), int(skeleton["progress"]["samples_seen"])
+    # a generator's state is read from its storage's start: a tensor of its own, not a view into the slot
+    torch.set_rng_state(tensors[skeleton["rng"][1]].clone())
+    if state.cuda_rng is not None and "cuda_rng" in skeleton:
+        torch.cuda.set_rng_state(tensors[skeleton["cuda_rng"][1]].clone(), state.cuda_rng)
+
+
+def _optimizer_value(value: Any, tensors: list[torch.Tensor], param: torch.Tensor) -> Any:
+    if not (isinstance(value, tuple) and len(value) == 3 and value[0] == TENSOR):
+        return value
+    t = tensors[value[1]]
+    if value[2] and hasattr(param, "device_mesh"):  # a moment of a sharded parameter: its shard, its layout
+        from torch.distributed.tensor import DTensor
+
+        return DTensor.from_local(t.to(param.to_local().device), param.device_mesh, param.placements,
+                                  run_check=False, shape=param.shape, stride=param.stride())
+    return t.clone()
+
+
+def _fill(node: Any, tensors: list[torch.Tensor]) -> Any:
+    if isinstance(node, tuple) and len(node) == 3 and node[0] == TENSOR:
+        return tensors[node[1]].clone()
+    if isinstance(node, dict):
+        return {k: _fill(v, tensors) for k, v in node.items()}
+    if isinstance(node, (list, tuple)):
+        return type(node)(_fill(v, tensors) for v in node)
+    return node
+
+
+def local(value: Any) -> Any:
+    return value.to_local() if hasattr(value, "to_local") else value
+
+
+# ---------------------------------------------------------------------- one node's files
+ALIGN = 64  # each tensor's bytes start at a multiple: any dtype can be viewed in place
+HEADER = 4096  # the header's room at the front of a slot; written last, so a torn write leaves no valid one
+
+
+def byte_tensor(data: bytes) -> torch.Tensor:
+    """A writable uint8 tensor over a copy of `data` that keeps its memory alive (torch.frombuffer's does not)."""
+    return torch.from_numpy(numpy.frombuffer(bytearray(data), dtype=numpy.uint8))
+
+
+def _aligned(n: int) -> int:
+    return (n + ALIGN - 1) // ALIGN * ALIGN
+
+
+class SnapshotStore:
+    """The snapshot slots in one node's memory directory: `r{owner}-{slot}.snap`, two per rank, each a
+    header, then the tensors' bytes, then the pickled skeleton. A write overwrites the older slot in
+    place (no new pages to allocate after the first: tmpfs) and commits by writing its header last; the
+    header is cleared first, so a writer killed mid-copy leaves that slot invalid and the other whole."""
+
+    def __init__(self, directory: Path, identity: dict[str, Any]) -> None:
+        self.dir, self.identity = directory, identity
+        self.maps: dict[Path, torch.Tensor] = {}
+
+    def slot(self, owner: int, index: int) -> Path:
+        return self.dir / f"r{owner}-{index}{SUFFIX}"
+
+    def write(self, owner: int, step: int, shard: int, tensors: list[torch.Tensor], skeleton: Any,
+              crash_half_way: bool = False) -> Path:
+        """Write one snapshot into `owner`'s older slot (or an empty one)."""
+        path = self.older_slot(owner)
+        meta = io.BytesIO()
+        torch.save({"skeleton": skeleton, "tensors": [(str(t.dtype), list(t.shape)) for t in tensors]}, meta)
+        offsets, at = [], HEADER
+        for t in tensors:
+            offsets.append(at)
+            at = _aligned(at + t.numel() * t.element_size())
+        size = at + len(meta.getvalue())
+        mapped = self.mapping(path, size)
+        mapped[:len(MAGIC)].zero_()  # invalid until the header is written again
+        crc = 0
+        for i, (t, off) in enumerate(zip(tensors, offsets)):
+            if crash_half_way and i == len(tensors) // 2:
+                os.kill(os.getpid(), signal.SIGKILL)  # test fault injection: killed mid-copy
+            n = t.numel() * t.element_size()
+            if n:
+                dst = mapped[off:off + n]
+                dst.copy_(t.detach().reshape(-1).view(torch.uint8))
+                crc = zlib.crc32(dst.numpy(), crc)
+        mapped[at:size].copy_(byte_tensor(meta.getvalue()))
+        header = json.dumps({**self.identity, "step": step, "owner": owner, "shard": shard, "offsets": offsets,
+                             "meta": [at, size], "crc": crc}).encode()
+        if len(header) + len(MAGIC) + 8 > HEADER:
+            raise ValueError(f"a snapshot header of {len(header)} bytes does not fit its {HEADER}")
+        head = MAGIC + struct.pack("<Q", len(header)) + header
+        mapped[len(MAGIC):len(head)].copy_(byte_tensor(head[len(MAGIC):]))
+        mapped[:len(MAGIC)].copy_(byte_tensor(MAGIC))  # the commit
+        return path
+
+    def mapping(self, path: Path, size: int) -> torch.Tensor:
+        """The slot file mapped shared, `size` bytes (grown or shrunk when the state's size changed)."""
+        mapped = self.maps.get(path)
+        if mapped is None or mapped.numel() != size:
+            with open(path, "ab") as f:
+                f.truncate(size)
+            mapped = torch.from_file(str(path), shared=True, size=size, dtype=torch.uint8)
+            self.maps[path] = mapped
+        return mapped
+
+    def older_slot(self, owner: int) -> Path:
+        """The slot to write next: an empty or invalid one, else the one with the older step."""
+        steps = {}
+        for index in (0, 1):
+            path = self.slot(owner, index)
+            try:
+                steps[path] = read_header(path)["step"]
+            except (OSError, ValueError, KeyError):
+                return path
+        return min(steps, key=steps.__getitem__)
+
+    def held(self) -> list[Held]:
+        """The complete snapshots of this job's identity here (headers only: the CRC is checked on read)."""
+        found = []
+        for name in sorted(os.listdir(self.dir)):
+            if not NAME.fullmatch(name):
+                continue
+            try:
+                header = read_header(self.dir / name)
+            except (OSError, ValueError):
+                continue
+            size = (self.dir / name).stat().st_size
+            if all(header.get(k) == v for k, v in self.identity.items()) and size == header["meta"][1]:
+                found.append(Held(str(self.dir / name), header["owner"], header["step"], header["shard"], size))
+        return found
+
+    def invalidate(self, keep_until: Optional[int] = None) -> None:
+        """Clear the header of every slot newer than `keep_until` (None: of every slot)."""
+        for name in os.listdir(self.dir):
+            m = NAME.fullmatch(name)
+            if m is None:
+                continue
+            try:
+                step = read_header(self.dir / name)["step"]
+            except (OSError, ValueError, KeyError):
+                continue
+            if keep_until is None or step > keep_until:
+                with open(self.dir / name, "r+b") as f:
+                    f.write(bytes(len(MAGIC)))
+
+
+def read_header(path: Path) -> dict[str, Any]:
+    """A slot's header; ValueError when it holds no committed snapshot."""
+    with open(path, "rb") as f:
+        head = f.read(HEADER)
+    if len(head) < len(MAGIC) + 8 or not head.startswith(MAGIC):
+        raise ValueError(f"{path.name}: no committed snapshot")
+    (n,) = struct.unpack("<Q", head[len(MAGIC):len(MAGIC) + 8])
+    return json.loads(head[len(MAGIC) + 8:len(MAGIC) + 8 + n])
+
+
+def decode(blob: bytes) -> tuple[int, list[torch.Tensor], Any]:
+    """(step, tensors, skeleton) of a whole slot file's bytes; ValueError if it fails its CRC."""
+    if not blob.startswith(MAGIC):
+        raise ValueError("not a committed snapshot")
+    (n,) = struct.unpack("<Q", blob[len(MAGIC):len(MAGIC) + 8])
+    header = json.loads(blob[len(MAGIC) + 8:len(MAGIC) + 8 + n])
+    at, size = header["meta"]
+    if len(blob) != size:
+        raise ValueError(f"snapshot of step {header['step']} by rank {header['owner']} is {len(blob)} bytes, not {size}")
+    meta = torch.load(io.BytesIO(blob[at:size]), weights_only=True)
+    flat = byte_tensor(blob)
+    tensors, crc = [], 0
+    for (dtype, shape), off in zip(meta["tensors"], header["offsets"]):
+        kind = getattr(torch, dtype.removeprefix("torch."))
+        n = math.prod(shape) * torch.empty(0, dtype=kind).element_size()
+        if n:
+            crc = zlib.crc32(flat[off:off + n].numpy(), crc)
+        tensors.append(flat[off:off + n].view(kind).reshape(shape))
+    if crc != header["crc"]:
+        raise ValueError(f"snapshot of step {header['step']} by rank {header['owner']} fails its CRC-32")
+    return header["step"], tensors, meta["skeleton"]
+
+
+# ---------------------------------------------------------------------- choosing where state comes from
+def choose(held_by_rank: list[list[Held]], shards: list[int], disk_step: Optional[int]) -> Optional[RestorePlan]:
+    """The newest step that memory covers for every rank, no older than the newest DCP checkpoint; None when
+    memory covers none. Every rank computes the same plan from the same gathered lists."""
+    steps = sorted({h.step for held in held_by_rank for h in held}, reverse=True)
+    for step in steps:
+        if disk_step is not None and step < disk_step:
+            return None
+        files: dict[int, Held] = {}
+        sources: dict[int, Optional[int]] = {}
+        for rank, shard in enumerate(shards):
+            own = [h for h in held_by_rank[rank] if h.step == step and h.shard == shard]
+            if own:  # its own node: prefer the file it wrote itself
+                files[rank] = min(own, key=lambda h: (h.owner != rank, h.owner))
+                sources[rank] = None
+                continue
+            holders = [r for r, held in enumerate(held_by_rank)
+                       if any(h.step == step and h.shard == shard for h in held)]
+            if not holders:
+                break
+            source = holders[rank % len(holders)]
+            sources[rank] = source
+            files.setdefault(source, min((h for h in held_by_rank[source] if h.step == step and h.shard == shard),
+                                         key=lambda h: (h.owner != source, h.owner)))
+        else:
+            return RestorePlan(step, files, sources)
+    return None
+
+
+# ---------------------------------------------------------------------- the component
+class MemorySnapshots:
+    """In-memory snapshots of one rank: schedule, save, and recovery (see the module docstring)."""
+
+    def __init__(self, directory: Optional[Path], rank: int, world_size: int, mesh_shape: dict[str, int],
+                 every: Any, identity: dict[str, Any], log: Callable[[str], None] = print) -> None:
+        self.rank, self.world_size, self.mesh_shape, self.log = rank, world_size, mesh_shape, log
+        self.shard = shard_of(rank, mesh_shape)
+        self.enabled = directory is not None and every not in (0, "0", None)
+        self.every = 1 if every == AUTO else int(every or 0)
+        self.auto = every == AUTO
+        self.store = SnapshotStore(directory, {**identity, "world_size": world_size, "mesh": mesh_shape}) \
+            if directory is not None else None
+        self.costs: list[float] = []
+        self.last_at: Optional[tuple[int, float]] = None  # (step, time) of the last snapshot: auto's step time
+        self.step_times: list[float] = []
+        self.crash_at = faults.step(CRASH_IN_SNAPSHOT_ENV)
+
+    # ------------------------------------------------------------------ schedule and save
+    def due(self, step: int) -> bool:
+        return self.enabled and step % self.every == 0
+
+    def save(self, state: Any, restart: int = 0) -> float:
+        """Copy this rank's state into its node's memory; returns the seconds it took."""
+        assert self.store is not None
+        began = time.perf_counter()
+        tensors, skeleton = capture(state)
+        crash = (bool(self.crash_at) and self.crash_at == state.step and restart == 0 and self.rank == self.world_size - 1)
+        self.store.write(self.rank, state.step, self.shard, tensors, skeleton, crash_half_way=crash)
+        cost = time.perf_counter() - began
+        self.measure(state.step, cost)
+        return cost
+
+    def measure(self, step: int, cost: float) -> None:
+        """memory_interval=auto: time the first snapshots and the steps between them; then choose."""
+        now = time.perf_counter()
+        if self.auto and len(self.costs) < AUTO_MEASURE:
+            self.costs.append(cost)
+            if self.last_at is not None and step > self.last_at[0]:
+                self.step_times.append((now - self.last_at[1] - cost) / (step - self.last_at[0]))
+            self.last_at = (step, now)
+            if len(self.costs) == AUTO_MEASURE:
+                self.choose_interval()
+
+    def choose_interval(self) -> None:
+        """Collective (every rank reaches its AUTO_MEASURE-th snapshot at the same step): the largest choice
+        of any rank, so every rank snapshots the same steps."""
+        cost, step_s = sorted(self.costs)[len(self.costs) // 2], sorted(self.step_times)[len(self.step_times) // 2]
+        mine = max(1, math.ceil(cost / (AUTO_SHARE * step_s))) if step_s > 0 else 1
+        agreed = torch.tensor([mine], dtype=torch.int64)
+        if dist.is_initialized():
+            agreed = agreed.to(torch.device("cuda") if dist.get_backend() == "nccl" else torch.device("cpu"))
+            dist.all_reduce(agreed, op=dist.ReduceOp.MAX)
+        self.every, self.auto = int(agreed.item()), False
+        self.log(f"checkpoint.memory_interval=auto: a snapshot every {self.every} step(s) (a snapshot "
+                 f"{cost * 1000:.1f} ms, a step {step_s * 1000:.1f} ms on rank {self.rank}; at most "
+                 f"{AUTO_SHARE:.0%} of the step time)")
+
+    def discard(self) -> None:
+        """Forget every snapshot on this node (a rollback made them the wrong future)."""
+        if self.store is not None:
+            self.store.invalidate()
+
+    # ------------------------------------------------------------------ recovery
+    def plan_restore(self, disk_step: Optional[int]) -> Optional[RestorePlan]:
+        """Collective: where each rank's state comes from, or None (DCP, or a fresh start). `disk_step`:
+        the newest committed checkpoint's step as rank 0 sees it (None: none)."""
+        if not self.enabled or self.store is None:
+            return None
+        mine = self.store.held()
+        gathered: list[Any] = [None] * self.world_size
+        dist.all_gather_object(gathered, (mine, disk_step))
+        disk = gathered[0][1]
+        shards = [shard_of(r, self.mesh_shape) for r in range(self.world_size)]
+        return choose([g[0] for g in gathered], shards, disk)
+
+    def restore(self, state: Any, plan: RestorePlan) -> Optional[dict[str, int]]:
+        """Collective: load `plan`'s step into `state` on every rank; the count of ranks by source
+        ("memory", "peer"), or None when any rank failed (every rank then leaves `state` as it was
+        and the caller loads the DCP checkpoint)."""
+        blob, why = self.fetch(plan)
+        if blob is not None:
+            try:
+                step, tensors, skeleton = decode(blob)
+                finite = all(bool(torch.isfinite(t).all()) for t in tensors if t.is_floating_point())
+                if step != plan.step or not finite:
+                    raise ValueError(f"snapshot of step {step} holds non-finite values" if not finite
+                                     else f"snapshot of step {step}, not {plan.step}")
+            except ValueError as e:
+                blob, why = None, str(e)
+        ok = torch.tensor([0 if blob is None else 1])
+        dist.all_reduce(ok, op=dist.ReduceOp.MIN)
+        if not ok.item():
+            if why:
+                self.log(f"in-memory snapshot of step {plan.step} unusable here ({why}): loading from disk instead")
+            return None
+        apply(state, tensors, skeleton)
+        sources = [None] * self.world_size
+        dist.all_gather_object(sources, "memory" if plan.sources[self.rank] is None else "peer")
+        return {s: sources.count(s) for s in ("memory", "peer") if s in sources}
+
+    def fetch(self, plan: RestorePlan) -> tuple[Optional[bytes], Optional[str]]:
+        """This rank's snapshot bytes: read from its node, or received from its source rank; and it sends
+        the bytes it is the source of. Point to point over the default group, all posted at once."""
+        mine: Optional[bytes] = None
+        why = None
+        if self.rank in plan.files:
+            try:
+                mine = Path(plan.files[self.rank].path).read_bytes()
+            except OSError as e:
+                why = f"cannot read {plan.files[self.rank].path}: {e}"
+        device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" \
+            else torch.device("cpu")
+        sends, ops = [], []
+        for dst, src in sorted(plan.sources.items()):
+            if src == self.rank and dst != self.rank:
+                data = byte_tensor(mine) if mine is not None \
+                    else torch.zeros(plan.files[src].nbytes, dtype=torch.uint8)  # unreadable: zeros fail the CRC
+                sends.append(data.to(device))
+                ops.append(dist.P2POp(dist.isend, sends[-1], dst))
+        got = None
+        src = plan.sources[self.rank]
+        if src is not None:
+            got = torch.empty(plan.files[src].nbytes, dtype=torch.uint8, device=device)
+            ops.append(dist.P2POp(dist.irecv, got, src))
+        if ops:
+            for work in dist.batch_isend_irecv(ops):
+                work.wait()
+        if got is not None:
+            return got.cpu().numpy().tobytes(), None
+        return (mine, why) if plan.sources[self.rank] is None else (None, why)
+
+    def after_restore(self, step: int, local_rank: int) -> None:
+        """Each node's first rank invalidates what no longer belongs to the resumed run: snapshots newer than
+        the resumed step (the lost future: they are taken again)."""
+        if self.store is not None and local_rank == 0:
+            self.store.invalidate(keep_until=step)

@@ -1,0 +1,148 @@
+"""In-memory snapshots (fsdp_jobs/runtime/snapshots.py): the choice of where each rank's state comes from, and
+the slots a killed writer leaves behind. The real jobs that recover from them: tests/integration/test_memory_recovery.py."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from fsdp_jobs.runtime import snapshots
+from fsdp_jobs.runtime.checkpoint import TrainState
+from fsdp_jobs.runtime.snapshots import Held, SnapshotStore, choose, shard_of
+
+HSDP = {"replicate": 2, "shard": 2}
+
+
+def held(owner: int, *steps: int, mesh: dict[str, int] = HSDP) -> list[Held]:
+    return [Held(f"/m/r{owner}-{i}.snap", owner, s, shard_of(owner, mesh), 100) for i, s in enumerate(steps)]
+
+
+def test_every_rank_resumes_from_its_own_nodes_newest_snapshot():
+    plan = choose([held(r, 14, 15) for r in range(4)], [shard_of(r, HSDP) for r in range(4)], disk_step=10)
+    assert plan is not None and plan.step == 15
+    assert plan.sources == {0: None, 1: None, 2: None, 3: None}
+    assert {r: h.owner for r, h in plan.files.items()} == {0: 0, 1: 1, 2: 2, 3: 3}
+
+
+def test_a_rank_killed_mid_copy_sends_everyone_back_to_the_snapshot_before():
+    """Rank 3 died writing step 15 (its slots hold 13 and 14). Without a replica of its shard, everyone
+    resumes at 14; under HSDP rank 1 holds the same shard at 15 and sends it."""
+    flat = {"shard": 4}
+    slots = [held(0, 14, 15, mesh=flat), held(1, 14, 15, mesh=flat), held(2, 14, 15, mesh=flat), held(3, 14, 13, mesh=flat)]
+    assert choose(slots, [0, 1, 2, 3], disk_step=10).step == 14
+    slots = [held(0, 14, 15), held(1, 14, 15), held(2, 14, 15), held(3, 14, 13)]
+    plan = choose(slots, [0, 1, 0, 1], disk_step=10)
+    assert plan.step == 15 and plan.sources[3] == 1
+
+
+def test_a_node_that_lost_its_memory_takes_its_shards_from_the_other_replica_group():
+    """Node 1 (ranks 2, 3) was replaced: nothing in its memory. Under HSDP rank 2 holds rank 0's shard and
+    rank 3 rank 1's: each receives it from that peer, nothing from disk."""
+    plan = choose([held(0, 14, 15), held(1, 14, 15), [], []], [0, 1, 0, 1], disk_step=10)
+    assert plan is not None and plan.step == 15
+    assert plan.sources == {0: None, 1: None, 2: 0, 3: 1}
+
+
+def test_without_a_replica_a_lost_node_sends_the_job_to_disk():
+    flat = {"shard": 4}
+    plan = choose([held(0, 15, mesh=flat), held(1, 15, mesh=flat), [], []], [0, 1, 2, 3], disk_step=10)
+    assert plan is None
+
+
+def test_memory_older_than_the_newest_checkpoint_is_not_used():
+    assert choose([held(r, 8, 9) for r in range(4)], [0, 1, 0, 1], disk_step=10) is None
+    assert choose([held(r, 9, 10) for r in range(4)], [0, 1, 0, 1], disk_step=10).step == 10
+
+
+def test_the_same_node_holding_another_ranks_file_serves_it_without_the_network():
+    """Ranks renumbered by the rendezvous (pitfall 6): rank 2 now runs where rank 0's file is."""
+    plan = choose([held(2, 15), held(3, 15), held(0, 15), held(1, 15)], [0, 1, 0, 1], disk_step=None)
+    assert plan is not None and plan.sources == {0: None, 1: None, 2: None, 3: None}
+    assert plan.files[0].owner == 2 and plan.files[2].owner == 0
+
+
+def small_state(seed: int) -> TrainState:
+    torch.manual_seed(seed)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 2))
+    opt = torch.optim.AdamW(model.parameters(), lr=0.1)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0 / (s + 1))
+    return TrainState(model, opt, sched)
+
+
+def train(state: TrainState, steps: int) -> None:
+    for _ in range(steps):
+        state.model(torch.randn(4, 8)).sum().backward()
+        state.optimizer.step()
+        state.scheduler.step()
+        state.optimizer.zero_grad()
+        state.step += 1
+        state.samples_seen += 4
+
+
+def test_a_snapshot_restores_model_optimizer_schedule_position_and_rng_exactly(tmp_path):
+    a, b = small_state(0), small_state(1)
+    train(a, 3)
+    store = SnapshotStore(tmp_path, {"run": "x"})
+    tensors, skeleton = snapshots.capture(a)
+    rng = torch.get_rng_state()
+    path = store.write(0, a.step, 0, tensors, skeleton)
+    torch.randn(100)  # the RNG moves on, as a new process's would be elsewhere
+    step, got, skel = snapshots.decode(path.read_bytes())
+    snapshots.apply(b, got, skel)
+    assert (step, b.step, b.samples_seen, b.scheduler.last_epoch) == (3, 3, 12, 3)
+    assert torch.equal(torch.get_rng_state(), rng)
+    train(b, 2)
+    torch.set_rng_state(rng)
+    train(a, 2)  # the same RNG draws, the same moments: the same weights, bit for bit
+    for p, q in zip(a.model.parameters(), b.model.parameters()):
+        assert torch.equal(p, q)
+
+
+def test_a_writer_killed_mid_copy_leaves_the_other_slot_whole(tmp_path, monkeypatch):
+    state = small_state(0)
+    store = SnapshotStore(tmp_path, {"run": "x"})
+    for _ in range(2):
+        train(state, 1)
+        store.write(0, state.step, 0, *snapshots.capture(state))
+    train(state, 1)
+    tensors, skeleton = snapshots.capture(state)
+
+    class Killed(Exception):
+        pass
+
+    copied = []
+    crc32 = snapshots.zlib.crc32
+
+    def dies_half_way(data, value=0):  # called after each tensor's copy: stop half way, as a SIGKILL would
+        copied.append(1)
+        if len(copied) > len(tensors) // 2:
+            raise Killed
+        return crc32(data, value)
+
+    monkeypatch.setattr(snapshots.zlib, "crc32", dies_half_way)
+    with pytest.raises(Killed):
+        store.write(0, state.step, 0, tensors, skeleton)
+    monkeypatch.undo()
+    assert [h.step for h in store.held()] == [2]
+    step, _, _ = snapshots.decode(Path(store.held()[0].path).read_bytes())
+    assert step == 2
+
+
+def test_a_flipped_bit_in_memory_fails_the_crc(tmp_path):
+    state = small_state(0)
+    train(state, 1)
+    store = SnapshotStore(tmp_path, {"run": "x"})
+    path = store.write(0, 1, 0, *snapshots.capture(state))
+    data = bytearray(path.read_bytes())
+    data[snapshots.HEADER + 5] ^= 0x10
+    with pytest.raises(ValueError, match="fails its CRC-32"):
+        snapshots.decode(bytes(data))
+
+
+def test_another_runs_snapshots_are_not_held(tmp_path):
+    state = small_state(0)
+    SnapshotStore(tmp_path, {"run": "old"}).write(0, 5, 0, *snapshots.capture(state))
+    assert SnapshotStore(tmp_path, {"run": "new"}).held() == []
+    assert [h.step for h in SnapshotStore(tmp_path, {"run": "old"}).held()] == [5]
