@@ -11,6 +11,7 @@ import subprocess
 import pytest
 
 from fsdp_jobs.rundir import runs
+from fsdp_jobs.rundir.layout import RunDir
 from tests.conftest import REPO, SHORT, cli, metrics
 from tests.slurm.conftest import job_log, submit, wait_job
 
@@ -46,6 +47,9 @@ def test_a_node_with_a_slowed_link_is_named_excluded_and_the_job_trains_on_the_o
     assert f"requeued job {job_id} with --exclude=n1" in log
     launch = runs.last_launch(run_dir)
     assert launch["requeue"] == "preflight" and launch["exclude"] == ["n1"] and "n1" in launch["why"]
+    rd = RunDir(run_dir)  # the CLI's record holds the submission alone, task 0's the requeue
+    assert [r.get("requeue") for r in runs.read_jsonl(rd.launches_file)] == [None]
+    assert [r.get("requeue") for r in runs.read_jsonl(rd.node_launches_file)] == ["preflight"]
     report = json.loads((run_dir / "preflight.json").read_text())  # the newest: the second attempt's
     assert report["ok"] and sorted(report["nodes"]) == ["n2", "n3", "n4"], report
     ranks = [json.loads(p.read_text()) for p in (run_dir / "ranks").iterdir()]
