@@ -15,6 +15,8 @@ PREFIX = "FSDP_JOBS_TEST_"
 KNOWN = {
     "FSDP_JOBS_TEST_FAIL_AT_STEP": "every training step from this one on raises",
     "FSDP_JOBS_TEST_CRASH_IN_SAVE": "rank 0 SIGKILLs itself in the middle of saving this step (first attempt)",
+    "FSDP_JOBS_TEST_CRASH_IN_SNAPSHOT": "the last rank SIGKILLs itself half way through copying this step's "
+                                        "in-memory snapshot (first attempt)",
     "FSDP_JOBS_TEST_OOM_AT_STEP": "the job's last rank allocates memory until the kernel kills it, at this step (first attempt)",
     "FSDP_JOBS_TEST_NONFINITE_AT_STEP": "the batch a run from scratch takes at this step makes the loss NaN (a bad batch)",
     "FSDP_JOBS_TEST_REJOIN_DELAY_S": "a restarted replica group waits this many seconds before it rejoins (a node slow to come back)",

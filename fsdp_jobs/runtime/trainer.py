@@ -378,8 +378,7 @@ class Trainer:
             return False
         self.snapshots.after_restore(self.state.step, self.world.local_rank)
         self.resumed, self.source = None, "memory" if "peer" not in sources else "memory+peers"
-        said = ", ".join(f"{n} rank(s) from {'their node' if s == 'memory' else 'a peer'}'s memory"
-                         for s, n in sources.items())
+        said = f"ranks from their own node's memory: {sources.get('memory', 0)}, from a peer's: {sources.get('peer', 0)}"
         log(rank, f"resumed from the in-memory snapshot of step {plan.step} ({said}; no checkpoint read) in "
                   f"{time.perf_counter() - began:.2f}s")
         return True
