@@ -6,7 +6,7 @@ In this process, alternated within each round, median of the rounds:
 
     metrics, every row       runs.read_metrics (what the trackers and `report` read)
     metrics, newest rows     the 22 newest rows of the record, once per sweep member (`compare`'s tails)
-    goodput timeline         goodput.read_events (`status` reads all of it)
+    goodput timeline         events.read_timeline (`status` reads all of it)
 
 each with today's json.loads, with msgspec.json.decode in its place ("msgspec json": today's checks
 unchanged; a line msgspec refuses goes to json.loads, which reads the NaN and Infinity that json.dumps writes
@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, Optional
 
 from fsdp_jobs.bench import scale
-from fsdp_jobs.rundir import goodput, runs
+from fsdp_jobs.rundir import events, runs
 from fsdp_jobs.rundir.layout import RunDir
 from fsdp_jobs.rundir.records import MetricsRow
 
@@ -60,7 +60,7 @@ class _Json:
         except (_msgspec.DecodeError, ValueError):
             return _json.loads(text, *args, **kwargs)
 """
-RUNDIR_READERS = ("runs", "goodput", "liveness", "journal", "checkpoints", "script_progress", "data_identity")
+RUNDIR_READERS = ("runs", "events", "liveness", "journal", "checkpoints", "script_progress", "data_identity")
 # the start-up of every end-to-end variant, alike but for `patch`: the readers imported (by every variant, so
 # that only the decoder differs), then `python -m fsdp_jobs ARGV` through runpy
 BOOT = ("import sys, runpy\nimport " + ", ".join(f"fsdp_jobs.rundir.{m}" for m in RUNDIR_READERS)
@@ -149,7 +149,7 @@ def readers(run_dir: Path, members: int) -> dict[str, Callable[[], Any]]:
     reads = {"metrics, every row": lambda: runs.read_metrics(run_dir),
              f"metrics, {TAIL_ROWS} newest rows x {members}":
                  lambda: [list(itertools.islice(runs.metrics_newest_first(run_dir), TAIL_ROWS)) for _ in range(members)],
-             "goodput timeline": lambda: goodput.read_events(rd.goodput_file)}
+             "goodput timeline": lambda: events.read_timeline(run_dir)}
     out: dict[str, Callable[[], Any]] = {}
     for name, read in reads.items():
         out[f"{name}: today"] = read

@@ -20,9 +20,9 @@ from fsdp_jobs.bench.common import REPO, spread
 def recovery_parts(run_dir: Path, killed_at: float) -> dict[str, float]:
     """SIGKILL of a rank -> the first step after it, cut at the restarted rank 0's timeline marks
     (fsdp_jobs/rundir/goodput.py): what torchrun and each start-up phase take."""
-    from fsdp_jobs.rundir import goodput
+    from fsdp_jobs.rundir.events import read_timeline
 
-    events, _ = goodput.read_events(RunDir(run_dir).goodput_file)
+    events, _ = read_timeline(run_dir)
     start = next(e for e in events if e["event"] == "start" and e["time"] > killed_at)
     mine = [e for e in events if e.get("pid") == start["pid"]]
     mark = {e["event"]: e for e in mine}

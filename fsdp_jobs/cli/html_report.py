@@ -23,6 +23,7 @@ from typing import Any, Iterable, Iterator, Optional
 
 from fsdp_jobs.cli.status_text import report_header, stragglers_phrase
 from fsdp_jobs.rundir import goodput
+from fsdp_jobs.rundir.events import read_timeline
 from fsdp_jobs.rundir import checkpoints, runs
 from fsdp_jobs.rundir.layout import RunDir
 from fsdp_jobs.rundir.run_status import RunStatus
@@ -129,7 +130,7 @@ def timeline_incidents(run_dir: Path) -> list[Incident]:
     error (lost), nodes that started after an attempt of their launch began (joined: a grow, a spare, a requeue's
     nodes), a replica job's stalls. Nodes lost or joined within NODE_GROUP_S are one incident naming them,
     so a requeue of 1,024 nodes is one mark, not 1,024."""
-    events, _ = goodput.read_events(RunDir(run_dir).goodput_file)
+    events, _ = read_timeline(run_dir)
     launches = goodput.launch_times(runs.launches(run_dir))
     started = sorted(float(e["time"]) for e in events if e["event"] == "start")  # rank 0's, one per attempt
     nodes: dict[str, list[tuple[float, str]]] = {"left": [], "joined": []}

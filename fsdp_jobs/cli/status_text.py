@@ -217,5 +217,5 @@ def no_goodput(code: Optional[str], goodput_file: Path) -> Optional[str]:
     if code is None:
         return None
     return (f"runs its own {code}, which has reported no steps through fsdp_jobs.job, and the goodput accounting "
-            f"counts those: its {goodput_file.name} holds only its nodes' starts and ends; "
+            f"counts those: its {goodput_file.name} holds none (its nodes recorded only their starts and ends); "
             "`fsdp-jobs status` shows its step and checkpoints where fsdp-jobs recognises them")

@@ -1,11 +1,13 @@
 """Goodput: where every second of a job's allocation went. Users pay for wall time, not for steps.
 
-The goodput timeline (RunDir.goodput_file) is append-only, one JSON object a line, {"event": NAME, "time": UNIX, ...}:
+The goodput timeline is two append-only records, one JSON object a line, {"event": NAME, "time": UNIX, ...},
+read as one (fsdp_jobs/rundir/events.py read_timeline):
 
-  written by launchers/node/wrapper.py, on every node of every backend:
+  RunDir.node_events_file, written by launchers/node/wrapper.py, on every node of every backend:
     node_start  {node}                 the node's wrapper started (before its torchrun agent)
     node_end    {node, rc}             its agent exited
-  written by rank 0 (fsdp_jobs/runtime/timeline.py), once per attempt (one rank-0 process) and in this order:
+  RunDir.goodput_file, written by rank 0 (fsdp_jobs/runtime/timeline.py), once per attempt (one rank-0 process)
+  and in this order:
     start          {pid, restart, main}   time: the process start (/proc); main: the top of runtime/__main__.py
     process_group  {pid, began}           init_process_group + mesh done; began: when bring-up began
     preflight      {pid, ok}              preflight=true|only: the checks done (fsdp_jobs/runtime/preflight.py)
@@ -51,17 +53,13 @@ Effective training = productive / wall. Pure and torch-free: ctl reads it (fsdp_
 from __future__ import annotations
 
 import bisect
-import json
 import math
 import time
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence, Union
 
-from fsdp_jobs.rundir.events import NODE_EVENTS, RANK_EVENTS
+from fsdp_jobs.rundir.events import NODE_EVENTS, read_timeline
 from fsdp_jobs.rundir.layout import RunDir
-from fsdp_jobs.rundir.records import GoodputEvent
-
-KNOWN_EVENTS = frozenset(RANK_EVENTS + NODE_EVENTS)
 
 PARTS = ("queued", "startup", "productive", "checkpoint", "lost", "recovery", "shutdown", "other")
 STARTUP_PARTS = ("agent", "interpreter", "imports", "process_group", "preflight", "build", "checkpoint_load",
@@ -73,26 +71,6 @@ def _num(e: dict[str, Any], key: str) -> Optional[float]:
     if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
         return None
     return float(v)
-
-
-def read_events(path: Path) -> tuple[list[dict[str, Any]], int]:
-    """The well-formed events of a timeline, as the JSON objects written (the accounting reads each event's
-    own fields by name), and how many lines were not (cut by a kill, not JSON, wrong types, unknown events).
-    The file is read once: a 1,024-node job's timeline has two events per node and launch."""
-    try:
-        lines = [ln for ln in path.read_text(errors="replace").splitlines() if ln.strip()]
-    except OSError:
-        return [], 0
-    good = []
-    for line in lines:
-        try:
-            e = GoodputEvent.from_dict(json.loads(line))
-        except ValueError:
-            continue
-        if e is not None and e.event in KNOWN_EVENTS and math.isfinite(e.time) and (
-                e.event in NODE_EVENTS or e.pid is not None):
-            good.append(e.to_json())
-    return good, len(lines) - len(good)
 
 
 def launch_times(launches: list[dict[str, Any]]) -> list[float]:
@@ -260,7 +238,7 @@ def account(events: list[dict[str, Any]], launches: Sequence[float] = (),
             committed_step: Optional[int] = None, rows: Union[Sequence[tuple[float, int]], Rows] = ()) -> dict[str, Any]:
     """Per attempt and in total: wall time and its parts (PARTS, STARTUP_PARTS), lost steps, effective %.
 
-    `events`: a timeline (read_events); `launches`: the launch records' unix times (launch_times);
+    `events`: a timeline (events.read_timeline); `launches`: the launch records' unix times (launch_times);
     `committed_step`: the newest committed checkpoint's step, which a failed last attempt's later steps
     are lost against (no later attempt says what it resumed from); `rows`: the metrics record's (time,
     step), for the steps a killed attempt never wrote a window of (_unwritten_window): the rows, or what
@@ -350,13 +328,13 @@ def _report(attempts: list[_Attempt]) -> dict[str, Any]:
 
 
 def of_run(run_dir: Path) -> Optional[dict[str, Any]]:
-    """The accounting of a run dir (its timeline, launches and checkpoints), or None when it has no timeline.
-    "damaged_lines" counts the timeline's lines that were skipped."""
+    """The accounting of a run dir (its timeline, launches and checkpoints), or None when it has no attempt.
+    "damaged_lines" counts the timeline's lines that were skipped, "file" names the record they were in (rank
+    0's when none was)."""
     from fsdp_jobs.rundir import runs
     from fsdp_jobs.rundir.checkpoints import newest_checkpoint, step_of
 
-    path = RunDir(run_dir).goodput_file
-    events, damaged = read_events(path)
+    events, damaged = read_timeline(run_dir)
     if not any(e["event"] == "start" for e in events):
         return None
     newest = newest_checkpoint(run_dir)
@@ -368,5 +346,6 @@ def of_run(run_dir: Path) -> Optional[dict[str, Any]]:
                 if isinstance(r.get("step"), int)]
 
     out = account(events, launch_times(runs.launches(run_dir)), committed, rows)
-    out["file"], out["damaged_lines"] = str(path), damaged
+    out["file"] = " and ".join(map(str, damaged)) or str(RunDir(run_dir).goodput_file)
+    out["damaged_lines"] = sum(damaged.values())
     return out

@@ -129,8 +129,15 @@ class RunDir:
 
     @property
     def goodput_file(self) -> Path:
-        """goodput.jsonl: the GoodputEvents every second of the job is accounted from (rundir/goodput.py)."""
+        """goodput.jsonl: rank 0's GoodputEvents, which with node_events_file's every second of the job is
+        accounted from (rundir/goodput.py; events.read_timeline reads the two as one timeline)."""
         return self.root / "goodput.jsonl"
+
+    @property
+    def node_events_file(self) -> Path:
+        """node-events.jsonl: the nodes' GoodputEvents (node_start, node_end), by their wrappers. Nodes alone
+        write it."""
+        return self.root / "node-events.jsonl"
 
     @property
     def preflight_file(self) -> Path:
@@ -217,9 +224,11 @@ class RunDir:
 
     @property
     def progress_files(self) -> tuple[Path, ...]:
-        """The records of how far the run trained (its curve: metrics, the goodput timeline, its one W&B run; the
-        state record): a start over sets them aside with its checkpoints, so the new attempt's never mix in."""
-        return (self.metrics_file, self.goodput_file, self.wandb_id_file, self.wandb_ledger_file, self.state_file)
+        """The records of how far the run trained (its curve: metrics, the goodput timeline (the ranks' and the
+        nodes'), its one W&B run; the state record): a start over sets them aside with its checkpoints, so the new
+        attempt's never mix in."""
+        return (self.metrics_file, self.goodput_file, self.node_events_file, self.wandb_id_file, self.wandb_ledger_file,
+                self.state_file)
 
     @staticmethod
     def before(path: Path, stamp: str) -> Path:

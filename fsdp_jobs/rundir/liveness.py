@@ -446,13 +446,13 @@ def waiting_spares(run_dir: Path, launched: Any) -> list[str]:
     if not (world and world.time >= since):
         return []
     started: dict[str, float] = {}
-    for e in events.read_events(RunDir(run_dir).goodput_file):
-        node = e.extra.get("node")
-        if e.time < since or not isinstance(node, str):
+    for e in events.read_timeline(run_dir)[0]:
+        node, t = e.get("node"), float(e["time"])
+        if t < since or not isinstance(node, str):
             continue
-        if e.event == "node_start":
-            started[node] = e.time
-        elif e.event == "node_end":
+        if e["event"] == "node_start":
+            started[node] = t
+        elif e["event"] == "node_end":
             started.pop(node, None)
     view = read_view(run_dir, 0.0, fresh=False)
     in_view = {n.node: n.written for n in (view.nodes if view else [])}

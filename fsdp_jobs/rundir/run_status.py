@@ -20,7 +20,7 @@ from typing import AbstractSet, Any, Mapping, Optional
 import yaml
 
 from fsdp_jobs.planning.errors import UserError
-from fsdp_jobs.rundir import failures, goodput, hangs, journal, liveness, replaced, runs, script_progress, stragglers
+from fsdp_jobs.rundir import events, failures, goodput, hangs, journal, liveness, replaced, runs, script_progress, stragglers
 from fsdp_jobs.rundir.checkpoints import newest_checkpoint
 from fsdp_jobs.rundir.layout import RunDir
 from fsdp_jobs.rundir.outcome import outcome
@@ -258,8 +258,7 @@ def replica_summary(run_dir: Path, newest: Optional[dict[str, Any]]) -> Optional
     except (ValueError, TypeError, KeyError):
         return None
     last = newest.get("world_size") if newest is not None else None
-    events, _ = goodput.read_events(RunDir(run_dir).goodput_file)
-    stalls = [float(e.get("seconds") or 0) for e in events if e.get("event") == "stall"]
+    stalls = [float(e.get("seconds") or 0) for e in events.read_timeline(run_dir)[0] if e["event"] == "stall"]
     return {"groups": groups, "in_quorum": int(last) // per_group if isinstance(last, int) else None,
             "stalls": len(stalls), "stalled_s": round(sum(stalls), 3)}
 

@@ -109,7 +109,7 @@ def run(argv: list[str], environ: Optional[dict[str, str]] = None) -> int:
     streams.follow_readers()  # the node's lines outlive their reader (a launcher gone, a full disk)
     from fsdp_jobs.launchers.node.oom import OomWatch
 
-    events.append_event(Path(run_dir), "node_start", node=node, time=started)
+    events.append_node_event(Path(run_dir), "node_start", node=node, time=started)
     # the ranks' heartbeats: node-local memory, this node's watchdog reads them (fsdp_jobs/rundir/liveness.py)
     beats = liveness.make_local_dir(liveness.derived_local_dir(Path(run_dir), node))
     env = {**agent_env(environ, run_dir, node), liveness.LOCAL_DIR_ENV: str(beats)}
@@ -135,7 +135,7 @@ def run(argv: list[str], environ: Optional[dict[str, str]] = None) -> int:
                             termination_log=environ.get(TERMINATION_LOG_ENV), began=started)
     finally:
         shutil.rmtree(beats, ignore_errors=True)  # node memory: nothing of the job may stay behind
-    events.append_event(Path(run_dir), "node_end", node=node, rc=rc)
+    events.append_node_event(Path(run_dir), "node_end", node=node, rc=rc)
     if rc and stopped_on:  # a planned stop: one line, not a failure
         print(f"fsdp-jobs: {node}: stopped on {signal.Signals(stopped_on[0]).name}", flush=True)
     elif rc and rc != NO_RESTART_RC:

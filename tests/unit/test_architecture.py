@@ -221,7 +221,7 @@ RUN_DIR_NAMES = ("state.json", "job.yaml", "plan.json", "launches.jsonl", "metri
                  "cancel-requested", "wandb-id", "wandb-ledger.json", "launcher.log", "supervisor.log",
                  "torchrun-error", "probe.pt", "preflight-rank", "job.json", "chaos-throttle", "chaos-link",
                  "chaos-cut", "world.json", "replaced-nodes", "data-identity.json", "node-verdict.json",
-                 "launcher-end.json")
+                 "launcher-end.json", "node-events.jsonl")
 RETIRED_NAMES = ("heartbeats/", "RUN_DIR/heartbeats")  # every rank's file in the shared run dir: gone for good
 
 
@@ -384,6 +384,7 @@ WRITER_ROLES = {
     # the nodes'
     "torchrun_error_file": NODE, "hang_dir": NODE, "hangs_file": NODE, "liveness_dir": NODE,
     "node_liveness_file": NODE, "job_liveness_file": NODE, "stop_request_file": NODE, "stacks_parts_dir": NODE,
+    "node_events_file": NODE,
     "node_launches_file": NODE,
     # the supervisor's
     "launcher_log": SUPERVISOR, "supervisor_log": SUPERVISOR,
@@ -410,9 +411,8 @@ FUNCTION_ROLES = {"launchers/stacks.py::gather": CLI}  # `fsdp-jobs stacks` join
 # and fsdp_jobs/bench/ builds synthetic run dirs with every role's writers (no job runs).
 ROLELESS = ("fsdp_jobs/rundir/", "fsdp_jobs/bench/")
 # Second writers this check found that are not gone yet: each (record, file) here must still be found (fixed,
-# it is struck off), and no other may appear. The node wrapper marks its start and end in the goodput timeline
-# beside rank 0's marks.
-KNOWN_SECOND_WRITERS = {("goodput_file", "launchers/node/wrapper.py")}
+# it is struck off), and no other may appear.
+KNOWN_SECOND_WRITERS: set[tuple[str, str]] = set()
 # what writes a path: its first argument (the contract's writers), or the path it is called on
 ARG_WRITES = {"write_atomic", "open_append", "write_in_place"}
 PATH_WRITES = {"write_text", "write_bytes", "touch", "mkdir"}
@@ -556,7 +556,8 @@ def test_every_run_dir_record_has_one_writer_role():
     writers of one file."""
     assert set(WRITER_ROLES) | NOT_RECORDS == rundir_members(), "a RunDir member without a writer role, or gone"
     assert {"runs.write_state", "runs.write_node_verdict", "runs.write_launcher_end", "runs.record_cancel",
-            "runs.record_launch", "failures.record", "events.append_event"} <= set(contract_writers())  # seen
+            "runs.record_launch", "failures.record", "events.append_event",
+            "events.append_node_event"} <= set(contract_writers())  # seen
     found = second_writers()
     new = [why for record, rel, why in found if (record, rel) not in KNOWN_SECOND_WRITERS]
     assert not new, "a record written by a second role (give it a record of its own):\n" + "\n".join(new)

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from fsdp_jobs.rundir import goodput
+from fsdp_jobs.rundir.records import GoodputEvent, LaunchRecord
 from tests.unit.test_ctl import LOCAL, make_run
 from tests.unit.test_sweeps import count_colour
 
@@ -124,6 +125,47 @@ def test_a_requeue_waits_for_nodes_as_queued_time_and_a_container_restart_is_rec
     restarted = [node("node_start", 140, "node1"), node("node_end", 164), node("node_end", 164, "node1")]
     r1, r2 = goodput.account([*nodes1[:2], *a1, *restarted, *a2], [100.0])["attempts"]
     assert r2["parts_s"]["queued"] == 0 and r2["parts_s"]["recovery"] == pytest.approx(150 - 119)
+
+
+def test_a_run_dir_from_before_the_nodes_had_their_own_record_reads_the_same(tmp_path):
+    """The node wrappers' events went into rank 0's goodput.jsonl before the nodes had a record of their own
+    (RunDir.node_events_file). Both kinds of run dir read as one timeline: the same events in the same
+    order, so the same accounting, report incidents and waiting spares; a damaged line of the nodes'
+    record is counted and named as theirs."""
+    from fsdp_jobs.cli import html_report
+    from fsdp_jobs.rundir import events, liveness, runs
+    from fsdp_jobs.rundir.layout import RunDir
+
+    a1 = attempt(31, 105, 0, [(10, 5.0)], {10: 1.0}, ("preempted: SIGUSR2", 1.0))
+    a2 = attempt(32, 150, 10, [(20, 5.0)], {}, ("completed", 1.0))
+    nodes = [node("node_start", 101), node("node_start", 101, "node1"), node("node_end", 121),
+             node("node_end", 122, "node1"), node("node_start", 140), node("node_start", 141, "node1"),
+             node("node_start", 155, "node2"), node("node_end", 164), node("node_end", 164, "node1")]
+    timeline = sorted([*nodes, *a1, *a2], key=lambda e: e["time"])  # as the writers appended them
+    old, new = tmp_path / "old", tmp_path / "new"
+    old.mkdir()
+    new.mkdir()
+    write_timeline(old, timeline)
+    for e in timeline:
+        append = events.append_node_event if e["event"] in events.NODE_EVENTS else events.append_event
+        append(new, **e)
+    assert "node_" not in RunDir(new).goodput_file.read_text() and not RunDir(old).node_events_file.exists()
+    for run_dir in (old, new):
+        runs.record_launch(run_dir, LaunchRecord(backend="local", job_id="1", unix=100.0))
+        runs.write_world(run_dir, 1, ["node0", "node1"])
+    (old_events, _), (new_events, _) = events.read_timeline(old), events.read_timeline(new)
+    assert old_events == new_events == [GoodputEvent.from_dict(e).to_json() for e in timeline]
+    gp = goodput.of_run(new)
+    assert {**goodput.of_run(old), "file": None} == {**gp, "file": None} and gp["damaged_lines"] == 0
+    assert gp["attempts"][1]["parts_s"]["queued"] == pytest.approx(18.0)  # the requeue, from the nodes' events
+    joined = [i.text for i in html_report.timeline_incidents(new)]
+    assert [i.text for i in html_report.timeline_incidents(old)] == joined == ["3 nodes joined: node0, node1, node2"]
+    assert liveness.waiting_spares(old, 100.0) == liveness.waiting_spares(new, 100.0) == ["node2"]
+    with open(RunDir(new).node_events_file, "a") as f:
+        f.write('{"event": "node_end", "no')  # cut by a kill
+    assert events.read_timeline(new) == (new_events, {RunDir(new).node_events_file: 1})
+    damaged = goodput.of_run(new)
+    assert damaged["damaged_lines"] == 1 and damaged["file"] == str(RunDir(new).node_events_file)
 
 
 def test_a_preflight_is_start_up_time_also_when_it_named_a_node():

@@ -12,6 +12,7 @@ import re
 import pytest
 
 from fsdp_jobs.cli import ctl, html_report
+from fsdp_jobs.rundir import events
 from fsdp_jobs.rundir.run_status import REPORT
 from tests import browser
 from tests.unit.test_ctl import LOCAL, make_run
@@ -138,10 +139,9 @@ def test_nodes_lost_together_are_one_incident_naming_them(run_root):
     run_dir = make_run(run_root, "rack", LOCAL)
     write_timeline(run_dir, [*attempt(7, 105, 0, [(10, 4.0)], {10: 0.5}, None),
                              *attempt(8, 200, 10, [(20, 4.0)], {20: 0.2}, ("completed", 1.0))])
-    with open(run_dir / "goodput.jsonl", "a") as f:
-        for k in range(40):  # a rack of 40 lost within a few seconds, then 40 new nodes of the requeue
-            f.write(json.dumps({"event": "node_end", "node": f"n{k}", "rc": 137, "time": 120.0 + k / 10}) + "\n")
-            f.write(json.dumps({"event": "node_start", "node": f"m{k}", "time": 190.0 + k / 10}) + "\n")
+    for k in range(40):  # a rack of 40 lost within a few seconds, then 40 new nodes of the requeue
+        events.append_node_event(run_dir, "node_end", node=f"n{k}", rc=137, time=120.0 + k / 10)
+        events.append_node_event(run_dir, "node_start", node=f"m{k}", time=190.0 + k / 10)
     texts = [i.text for i in html_report.incidents_of(run_dir, html_report.goodput.of_run(run_dir)) if i.kind == "node"]
     assert texts == ["40 nodes left: n0 (rc 137), n1 (rc 137), n2 (rc 137), n3 (rc 137), n4 (rc 137), n5 (rc 137), "
                      "n6 (rc 137), n7 (rc 137) and 32 more", "40 nodes joined: m0, m1, m2, m3, m4, m5, m6, m7 and 32 more"]

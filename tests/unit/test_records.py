@@ -90,20 +90,20 @@ def test_every_record_the_writers_write_carries_its_version(tmp_path, monkeypatc
     runs.write_state(tmp_path, status="running", step=None)
     runs.record_launch(tmp_path, LaunchRecord(backend="local", job_id="1", extra={"pid": 1}))
     runs.request_scale(tmp_path, 3)
-    events.append_event(tmp_path, "node_start", node="n0")
+    events.append_node_event(tmp_path, "node_start", node="n0")
     hangs.record(tmp_path, HangRecord(time=time.time(), node="n0", first_stopped={"rank": 0}))
     try:
         raise ValueError("x")
     except ValueError as e:
         failures.record(tmp_path, e, step=None)
     written = [json.loads(p.read_text()) for p in (rd.state_file, rd.scale_request_file)]
-    for path in (rd.launches_file, rd.goodput_file, rd.hangs_file, rd.failures_file):
+    for path in (rd.launches_file, rd.node_events_file, rd.hangs_file, rd.failures_file):
         written += [json.loads(line) for line in path.read_text().splitlines()]
     assert len(written) == 6 and all(w.get("v") == SCHEMA for w in written), written
     # and each reads back through its reader
     assert runs.read_state(tmp_path)["status"] == "running" and runs.read_state(tmp_path)["step"] is None
     assert runs.last_launch(tmp_path)["pid"] == 1
-    assert [e.event for e in events.read_events(rd.goodput_file)] == ["node_start"]
+    assert [e.event for e in events.read_events(rd.node_events_file)] == ["node_start"]
     assert len(hangs.read(tmp_path)) == 1 and failures.read(tmp_path)[0].error == "ValueError: x"
     assert runs.take_scale_request(tmp_path) == 3
 

@@ -176,10 +176,10 @@ def test_status_names_the_spares_that_wait_not_the_nodes_that_died(tmp_path):
     from fsdp_jobs.rundir.layout import RunDir
 
     launched = time.time() - 100
-    events.append_event(tmp_path, "node_start", node="old", time=launched - 50)  # an earlier launch's
+    events.append_node_event(tmp_path, "node_start", node="old", time=launched - 50)  # an earlier launch's
     for n in range(6):
-        events.append_event(tmp_path, "node_start", node=f"node{n}", time=launched + 1)
-    events.append_event(tmp_path, "node_end", node="node5", rc=0)
+        events.append_node_event(tmp_path, "node_start", node=f"node{n}", time=launched + 1)
+    events.append_node_event(tmp_path, "node_end", node="node5", rc=0)
     assert waiting_spares(tmp_path, launched) == []  # no world of this launch yet: every node waits, none is named
     runs.write_world(tmp_path, 1, ["node0", "node1", "node3"])
     RunDir(tmp_path).liveness_dir.mkdir()
@@ -199,9 +199,9 @@ def test_status_names_the_spares_that_wait_not_the_nodes_that_died(tmp_path):
     write_in_place(RunDir(tmp_path).node_liveness_file("node2"), json.dumps({"node": "node2", "written": launched + 5,
                                                                             "ranks": []}))
     assert waiting_spares(tmp_path, launched) == []  # trained after it started
-    events.append_event(tmp_path, "node_start", node="node2", time=launched + 60)
+    events.append_node_event(tmp_path, "node_start", node="node2", time=launched + 60)
     assert waiting_spares(tmp_path, launched) == ["node2"]
-    events.append_event(tmp_path, "node_start", node="node0", time=time.time() + 1)
+    events.append_node_event(tmp_path, "node_start", node="node0", time=time.time() + 1)
     assert waiting_spares(tmp_path, launched) == ["node0", "node2"]
 
 
@@ -294,7 +294,7 @@ def _named_by_preflight(tmp_path, spares: int, waiting: list[str], bad: str = "n
     launched = time.time() - 30
     runs.record_launch(tmp_path, LaunchRecord(backend="local", job_id="1", nodes=3, unix=launched))
     for n in ["node0", "node1", "node2", *waiting]:
-        events.append_event(tmp_path, "node_start", node=n, time=launched + 1)
+        events.append_node_event(tmp_path, "node_start", node=n, time=launched + 1)
     runs.write_world(tmp_path, 0, ["node0", "node1", "node2"])
     ranks = [{"rank": i, "node": f"node{i}", "matmul_tflops": 0.3 if f"node{i}" == bad else 1.0, "error": None,
               "store_host": f"node{i}" == host} for i in range(3)]
