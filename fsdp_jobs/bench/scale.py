@@ -4,9 +4,9 @@ Builds a synthetic run dir of that size through the run-dir package (fsdp_jobs/r
 record types the job uses), as a long, troubled run leaves it:
 
     every node's liveness record (G ranks each) and the leader's job view
-    a rank file per rank, and `attempts` attempts in the goodput timeline (a node_start and node_end per
-    node and requeue (every 10th attempt), rank 0's phase marks, a steps window per 100 steps, a save per
-    1,000)
+    a rank file per rank, and `attempts` attempts in the goodput timeline (in the nodes' record a node_start and
+    node_end per node and requeue (every 10th attempt); in rank 0's its phase marks, a steps window per 100
+    steps, a save per 1,000)
     `metric_rows` rows of metrics (one per step)
     `log_lines` lines of log per node, node-prefixed as the launcher writes them
     `checkpoints` committed checkpoints, each with a manifest of N x G shard files (sparse: sizes only)
@@ -39,6 +39,7 @@ from typing import Any, Callable, Iterator, Optional
 
 from fsdp_jobs.planning import backends
 from fsdp_jobs.rundir import checkpoints, journal, liveness, runs
+from fsdp_jobs.rundir.events import NODE_EVENTS
 from fsdp_jobs.rundir.layout import RunDir
 from fsdp_jobs.rundir.records import GoodputEvent, LaunchRecord, MetricsRow, RankRecord
 
@@ -69,6 +70,14 @@ def _jsonl(path: Path, rows: Iterator[dict[str, Any]]) -> int:
             f.write(json.dumps(row) + "\n")
             n += 1
     return n
+
+
+def write_timeline(run_dir: Path, events: Iterator[dict[str, Any]]) -> int:
+    """The goodput timeline into its two records as the job writes them (node_start and node_end: the nodes'
+    record; the rest rank 0's); the events written."""
+    rd, events = RunDir(run_dir), list(events)
+    return sum(_jsonl(path, (e for e in events if (e["event"] in NODE_EVENTS) == of_nodes))
+               for path, of_nodes in ((rd.goodput_file, False), (rd.node_events_file, True)))
 
 
 def _node(k: int) -> str:
@@ -181,14 +190,15 @@ def build_run(root: Path, nodes: int, gpus: int, attempts: int, metric_rows: int
     now = time.time()
     write_liveness(run_dir, nodes, gpus, now)
     write_ranks(run_dir, nodes, gpus, now)
-    events = _jsonl(RunDir(run_dir).goodput_file, timeline(nodes, attempts, metric_rows, start))
+    events = write_timeline(run_dir, timeline(nodes, attempts, metric_rows, start))
     _jsonl(RunDir(run_dir).metrics_file, metrics(metric_rows, attempts, nodes * gpus, start))
     log_bytes = write_logs(run_dir, nodes, gpus, log_lines)
     write_checkpoints(run_dir, nodes, gpus, checkpoint_count, metric_rows)
     write_outcome(run_dir, nodes, metric_rows, start)
     return {"run_dir": str(run_dir), "goodput_events": events, "metric_rows": metric_rows, "log_bytes": log_bytes,
             "metrics_bytes": RunDir(run_dir).metrics_file.stat().st_size,
-            "goodput_bytes": RunDir(run_dir).goodput_file.stat().st_size}
+            "goodput_bytes": RunDir(run_dir).goodput_file.stat().st_size,
+            "node_events_bytes": RunDir(run_dir).node_events_file.stat().st_size}
 
 
 def write_outcome(run_dir: Path, nodes: int, steps: int, start: float) -> None:
@@ -212,7 +222,7 @@ def build_sweep(root: Path, members: int, steps: int = 200) -> str:
         runs.prepare(run_dir, {**job, "name": f"m{i}"}, plan)
         runs.record_launch(run_dir, LaunchRecord(backend=backends.DEFAULT, job_id=str(i), nodes=2, gpus_per_node=8,
                                                  unix=start, extra={"pid": 1}))
-        _jsonl(RunDir(run_dir).goodput_file, timeline(2, 1, steps, start))
+        write_timeline(run_dir, timeline(2, 1, steps, start))
         _jsonl(RunDir(run_dir).metrics_file, metrics(steps, 1, 16, start))
         write_outcome(run_dir, 2, steps, start)
         journal.record(sweep=sweep, member=f"m{i}", overrides=[f"train.lr={i}e-5"], params={"train.lr": f"{i}e-5"},
@@ -332,7 +342,7 @@ def bench_one(nodes: int, gpus: int, attempts: int, metric_rows: int, members: i
             "build_s": round(build_s, 1), "seconds": seconds, "right_answers": right,
             "beyond_start_s": {name: round(seconds[name] - seconds[START], 4) for name in COMMANDS},
             "slowest": max(seconds, key=seconds.__getitem__),
-            "bytes": {k: built[k] for k in ("metrics_bytes", "goodput_bytes", "log_bytes")}}
+            "bytes": {k: built[k] for k in ("metrics_bytes", "goodput_bytes", "node_events_bytes", "log_bytes")}}
 
 
 def bench_scale(node_counts: list[int], gpus: int, attempts: int, metric_rows: int, members: int,
