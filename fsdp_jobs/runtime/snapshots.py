@@ -30,7 +30,6 @@ the network and nothing on the shared file system per step.
 
 from __future__ import annotations
 
-import io
 import json
 import math
 import os
@@ -88,7 +87,17 @@ def shard_of(rank: int, mesh_shape: dict[str, int]) -> int:
 
 
 # ---------------------------------------------------------------------- the state, flat
-TENSOR = "__snapshot_tensor__"  # a leaf's place in the skeleton: (TENSOR, index, whether it was a DTensor)
+TENSOR = "__snapshot_tensor__"  # a leaf's place in the skeleton: {TENSOR: index, "dtensor": whether it was one}
+TUPLE = "__snapshot_tuple__"
+
+
+def tuples(node: Any) -> Any:
+    """The skeleton as captured: its tuples, which JSON kept as {TUPLE: [...]}, tuples again."""
+    if isinstance(node, dict):
+        return tuple(tuples(v) for v in node[TUPLE]) if TUPLE in node else {k: tuples(v) for k, v in node.items()}
+    if isinstance(node, list):
+        return [tuples(v) for v in node]
+    return node
 
 
 def capture(state: Any) -> tuple[list[torch.Tensor], Any]:
@@ -106,11 +115,13 @@ def capture(state: Any) -> tuple[list[torch.Tensor], Any]:
     def strip(node: Any) -> Any:
         if isinstance(node, dict):
             return {k: strip(v) for k, v in node.items()}
-        if isinstance(node, (list, tuple)):
-            return type(node)(strip(v) for v in node)
+        if isinstance(node, tuple):  # JSON has no tuples: an optimizer's betas must come back as one
+            return {TUPLE: [strip(v) for v in node]}
+        if isinstance(node, list):
+            return [strip(v) for v in node]
         if isinstance(node, torch.Tensor):
             tensors.append(node.to_local() if hasattr(node, "to_local") else node)
-            return (TENSOR, len(tensors) - 1, hasattr(node, "to_local"))
+            return {TENSOR: len(tensors) - 1, "dtensor": hasattr(node, "to_local")}
         return node
 
     return tensors, strip(tree)
@@ -126,7 +137,7 @@ def apply(state: Any, tensors: list[torch.Tensor], skeleton: Any) -> None:
             own = obj.state_dict()
             with torch.no_grad():
                 for key, value in own.items():
-                    local(value).copy_(tensors[saved[key][1]])
+                    local(value).copy_(tensors[saved[key][TENSOR]])
             obj.load_state_dict(own)
         elif isinstance(obj, torch.optim.Optimizer):
             params = [p for group in obj.param_groups for p in group["params"]]
@@ -137,16 +148,16 @@ def apply(state: Any, tensors: list[torch.Tensor], skeleton: Any) -> None:
             obj.load_state_dict(_fill(saved, tensors))
     state.step, state.samples_seen = int(skeleton["progress"]["step"]), int(skeleton["progress"]["samples_seen"])
     # a generator's state is read from its storage's start: a tensor of its own, not a view into the slot
-    torch.set_rng_state(tensors[skeleton["rng"][1]].clone())
+    torch.set_rng_state(tensors[skeleton["rng"][TENSOR]].clone())
     if state.cuda_rng is not None and "cuda_rng" in skeleton:
-        torch.cuda.set_rng_state(tensors[skeleton["cuda_rng"][1]].clone(), state.cuda_rng)
+        torch.cuda.set_rng_state(tensors[skeleton["cuda_rng"][TENSOR]].clone(), state.cuda_rng)
 
 
 def _optimizer_value(value: Any, tensors: list[torch.Tensor], param: torch.Tensor) -> Any:
-    if not (isinstance(value, tuple) and len(value) == 3 and value[0] == TENSOR):
+    if not (isinstance(value, dict) and TENSOR in value):
         return value
-    t = tensors[value[1]]
-    if value[2] and hasattr(param, "device_mesh"):  # a moment of a sharded parameter: its shard, its layout
+    t = tensors[value[TENSOR]]
+    if value["dtensor"] and hasattr(param, "device_mesh"):  # a moment of a sharded parameter: its shard, its layout
         from torch.distributed.tensor import DTensor
 
         return DTensor.from_local(t.to(param.to_local().device), param.device_mesh, param.placements,
@@ -155,8 +166,8 @@ def _optimizer_value(value: Any, tensors: list[torch.Tensor], param: torch.Tenso
 
 
 def _fill(node: Any, tensors: list[torch.Tensor]) -> Any:
-    if isinstance(node, tuple) and len(node) == 3 and node[0] == TENSOR:
-        return tensors[node[1]].clone()
+    if isinstance(node, dict) and TENSOR in node:
+        return tensors[node[TENSOR]].clone()
     if isinstance(node, dict):
         return {k: _fill(v, tensors) for k, v in node.items()}
     if isinstance(node, (list, tuple)):
@@ -191,6 +202,7 @@ class SnapshotStore:
     def __init__(self, directory: Path, identity: dict[str, Any]) -> None:
         self.dir, self.identity = directory, identity
         self.maps: dict[Path, torch.Tensor] = {}
+        self.steps: dict[Path, int] = {}  # the step in each slot this process wrote or read: no header read per write
 
     def slot(self, owner: int, index: int) -> Path:
         return self.dir / f"r{owner}-{index}{SUFFIX}"
@@ -199,38 +211,42 @@ class SnapshotStore:
               crash_half_way: bool = False) -> Path:
         """Write one snapshot into `owner`'s older slot (or an empty one)."""
         path = self.older_slot(owner)
-        meta = io.BytesIO()
-        torch.save({"skeleton": skeleton, "tensors": [(str(t.dtype), list(t.shape)) for t in tensors]}, meta)
-        offsets, at = [], HEADER
+        layout, at = [], HEADER
         for t in tensors:
-            offsets.append(at)
+            layout.append([str(t.dtype).removeprefix("torch."), list(t.shape), at])
             at = _aligned(at + t.numel() * t.element_size())
-        size = at + len(meta.getvalue())
-        mapped = self.mapping(path, size)
-        mapped[:len(MAGIC)].zero_()  # invalid until the header is written again
+        meta = json.dumps({"skeleton": skeleton, "tensors": layout}).encode()
+        end = at + len(meta)
+        # numpy's copies: one thread's memcpy. torch's copy_ hands them to its thread pool, which on busy
+        # cores waits for threads more than it copies
+        mapped = self.mapping(path, end).numpy()
+        mapped[:len(MAGIC)] = 0  # invalid until the header is written again
         crc = 0
-        for i, (t, off) in enumerate(zip(tensors, offsets)):
+        for i, (t, (_, _, off)) in enumerate(zip(tensors, layout)):
             if crash_half_way and i == len(tensors) // 2:
                 os.kill(os.getpid(), signal.SIGKILL)  # test fault injection: killed mid-copy
             n = t.numel() * t.element_size()
             if n:
                 dst = mapped[off:off + n]
-                dst.copy_(t.detach().reshape(-1).view(torch.uint8))
-                crc = zlib.crc32(dst.numpy(), crc)
-        mapped[at:size].copy_(byte_tensor(meta.getvalue()))
-        header = json.dumps({**self.identity, "step": step, "owner": owner, "shard": shard, "offsets": offsets,
-                             "meta": [at, size], "crc": crc}).encode()
+                dst[:] = t.detach().reshape(-1).view(torch.uint8).numpy()
+                crc = zlib.crc32(dst, crc)
+        mapped[at:end] = numpy.frombuffer(meta, dtype=numpy.uint8)
+        header = json.dumps({**self.identity, "step": step, "owner": owner, "shard": shard, "meta": [at, end],
+                             "crc": zlib.crc32(meta, crc)}).encode()
         if len(header) + len(MAGIC) + 8 > HEADER:
             raise ValueError(f"a snapshot header of {len(header)} bytes does not fit its {HEADER}")
         head = MAGIC + struct.pack("<Q", len(header)) + header
-        mapped[len(MAGIC):len(head)].copy_(byte_tensor(head[len(MAGIC):]))
-        mapped[:len(MAGIC)].copy_(byte_tensor(MAGIC))  # the commit
+        mapped[len(MAGIC):len(head)] = numpy.frombuffer(head[len(MAGIC):], dtype=numpy.uint8)
+        mapped[:len(MAGIC)] = numpy.frombuffer(MAGIC, dtype=numpy.uint8)  # the commit
+        self.steps[path] = step
         return path
 
-    def mapping(self, path: Path, size: int) -> torch.Tensor:
-        """The slot file mapped shared, `size` bytes (grown or shrunk when the state's size changed)."""
+    def mapping(self, path: Path, end: int) -> torch.Tensor:
+        """The slot file mapped shared, at least `end` bytes: grown with room to spare, so that a skeleton a
+        few bytes longer (a step count's digits) does not map the file again."""
         mapped = self.maps.get(path)
-        if mapped is None or mapped.numel() != size:
+        if mapped is None or mapped.numel() < end:
+            size = end + end // 64 + 4096
             with open(path, "ab") as f:
                 f.truncate(size)
             mapped = torch.from_file(str(path), shared=True, size=size, dtype=torch.uint8)
@@ -242,10 +258,13 @@ class SnapshotStore:
         steps = {}
         for index in (0, 1):
             path = self.slot(owner, index)
-            try:
-                steps[path] = read_header(path)["step"]
-            except (OSError, ValueError, KeyError):
-                return path
+            if path not in self.steps:
+                try:
+                    self.steps[path] = read_header(path)["step"]
+                except (OSError, ValueError, KeyError):
+                    self.steps.pop(path, None)
+                    return path
+            steps[path] = self.steps[path]
         return min(steps, key=steps.__getitem__)
 
     def held(self) -> list[Held]:
@@ -259,12 +278,13 @@ class SnapshotStore:
             except (OSError, ValueError):
                 continue
             size = (self.dir / name).stat().st_size
-            if all(header.get(k) == v for k, v in self.identity.items()) and size == header["meta"][1]:
+            if all(header.get(k) == v for k, v in self.identity.items()) and size >= header["meta"][1]:
                 found.append(Held(str(self.dir / name), header["owner"], header["step"], header["shard"], size))
         return found
 
     def invalidate(self, keep_until: Optional[int] = None) -> None:
         """Clear the header of every slot newer than `keep_until` (None: of every slot)."""
+        self.steps.clear()
         for name in os.listdir(self.dir):
             m = NAME.fullmatch(name)
             if m is None:
@@ -294,21 +314,24 @@ def decode(blob: bytes) -> tuple[int, list[torch.Tensor], Any]:
         raise ValueError("not a committed snapshot")
     (n,) = struct.unpack("<Q", blob[len(MAGIC):len(MAGIC) + 8])
     header = json.loads(blob[len(MAGIC) + 8:len(MAGIC) + 8 + n])
-    at, size = header["meta"]
-    if len(blob) != size:
-        raise ValueError(f"snapshot of step {header['step']} by rank {header['owner']} is {len(blob)} bytes, not {size}")
-    meta = torch.load(io.BytesIO(blob[at:size]), weights_only=True)
+    at, end = header["meta"]
+    if len(blob) < end:
+        raise ValueError(f"snapshot of step {header['step']} by rank {header['owner']} is {len(blob)} bytes, not {end}")
+    try:
+        meta = json.loads(blob[at:end])
+    except ValueError:
+        raise ValueError(f"snapshot of step {header['step']} by rank {header['owner']} fails its CRC-32") from None
     flat = byte_tensor(blob)
     tensors, crc = [], 0
-    for (dtype, shape), off in zip(meta["tensors"], header["offsets"]):
-        kind = getattr(torch, dtype.removeprefix("torch."))
+    for dtype, shape, off in meta["tensors"]:
+        kind = getattr(torch, dtype)
         n = math.prod(shape) * torch.empty(0, dtype=kind).element_size()
         if n:
             crc = zlib.crc32(flat[off:off + n].numpy(), crc)
         tensors.append(flat[off:off + n].view(kind).reshape(shape))
-    if crc != header["crc"]:
+    if zlib.crc32(blob[at:end], crc) != header["crc"]:
         raise ValueError(f"snapshot of step {header['step']} by rank {header['owner']} fails its CRC-32")
-    return header["step"], tensors, meta["skeleton"]
+    return header["step"], tensors, tuples(meta["skeleton"])
 
 
 # ---------------------------------------------------------------------- choosing where state comes from

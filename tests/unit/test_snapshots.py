@@ -93,6 +93,8 @@ def test_a_snapshot_restores_model_optimizer_schedule_position_and_rng_exactly(t
     snapshots.apply(b, got, skel)
     assert (step, b.step, b.samples_seen, b.scheduler.last_epoch) == (3, 3, 12, 3)
     assert torch.equal(torch.get_rng_state(), rng)
+    assert b.optimizer.state_dict()["param_groups"] == a.optimizer.state_dict()["param_groups"]
+    assert type(b.optimizer.param_groups[0]["betas"]) is tuple  # a checkpoint saved after it holds the same keys
     train(b, 2)
     torch.set_rng_state(rng)
     train(a, 2)  # the same RNG draws, the same moments: the same weights, bit for bit
