@@ -6,6 +6,7 @@ A backend is a package (fsdp_jobs/ARCHITECTURE.md, "Adding a backend" lists ever
                 `validate(cluster)` for what the types cannot say, and TRAITS: what planning and the CLI know of
                 it without importing it (fsdp_jobs/planning/cluster_config.py BackendTraits: does it see this
                 machine's files, start spare nodes, keep secrets, grow a running job, inject which faults ...)
+                and, if it can say, `snapshot_memory(cfg)`: the node memory in-memory snapshots go to (NodeMemory)
     backend.py  BACKEND, an instance of fsdp_jobs.launchers.base.Backend: dryrun, submit, describe, cancel, ...
                 and the capability objects TRAITS promises (scaler, faults, stacks)
 
@@ -29,7 +30,7 @@ from fsdp_jobs.planning.chaos_kinds import MARATHON, RESUME
 from fsdp_jobs.planning.errors import UserError
 
 if TYPE_CHECKING:  # types only: the traits' module is what every config.py imports
-    from fsdp_jobs.planning.cluster_config import BackendTraits
+    from fsdp_jobs.planning.cluster_config import BackendTraits, NodeMemory
 
 GROUP = "fsdp_jobs.backends"  # the entry point group of backends outside this tree: NAME = their.package
 
@@ -116,6 +117,13 @@ def register_schemas() -> None:
     cluster/<name> option too)."""
     for name in names():
         config_module(name).register()
+
+
+def node_memory(cfg: Any) -> Optional[NodeMemory]:
+    """The node-local memory the job's backend keeps in-memory snapshots in, where its config.py's optional
+    snapshot_memory(cfg) says; None: it says nothing (the snapshots are shown, never refused)."""
+    module = config_module(cfg.cluster.backend)
+    return module.snapshot_memory(cfg) if hasattr(module, "snapshot_memory") else None
 
 
 def backend_module(name: str) -> str:

@@ -6,7 +6,7 @@ fsdp_jobs/planning/validation.py can both import it without a cycle."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Dict, Mapping, Optional
+from typing import Any, Callable, Dict, Mapping, Optional
 
 from fsdp_jobs.planning.chaos_kinds import ChaosKind
 from fsdp_jobs.planning.errors import UserError
@@ -65,6 +65,19 @@ class BackendTraits:
     stacks: bool = False  # can `fsdp-jobs stacks RUN` read its ranks' stacks from here?
     # capability (scale, stacks, marathon, a chaos kind) -> what a user of this backend does instead
     instead: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class NodeMemory:
+    """The node-local memory a backend's nodes keep the in-memory snapshots in (fsdp_jobs/runtime/snapshots.py), as
+    its config says at plan time: its config.py's snapshot_memory(cfg) returns one (fsdp_jobs/planning/plan.py
+    plan_snapshots refuses a job whose snapshots do not fit it)."""
+
+    key: str  # the setting that sizes it, e.g. cluster.mem
+    value: Any  # that setting's value, as a refusal names it
+    size: Optional[int]  # bytes; None = not known at plan time (the snapshots are shown, never refused)
+    what: str  # what it is, for the plan and the refusal
+    spell: Callable[[int], str] = str  # that many bytes as a value of `key`, rounded up (what a refusal suggests)
 
 
 def register_cluster_schema(backend: str, schema: type, option: bool = False) -> None:

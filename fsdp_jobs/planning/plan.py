@@ -19,6 +19,7 @@ from typing import Any, Optional, TYPE_CHECKING
 from fsdp_jobs.planning.errors import UserError
 
 if TYPE_CHECKING:  # types only, never imported at run time: no hydra on the node side, no import cycle
+    from fsdp_jobs.planning.cluster_config import NodeMemory
     from fsdp_jobs.planning.config import FSDPConfig, JobConfig, MixedPrecisionConfig, TrainConfig
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
@@ -56,6 +57,20 @@ class MemoryEstimate:
     total_gb: float  # what must fit on one GPU
     budget_gb: float  # cluster.gpu_memory_gb * cluster.memory_fraction
     fits: bool
+
+
+@dataclass
+class SnapshotMemory:
+    """checkpoint.memory_interval's in-memory snapshots (fsdp_jobs/runtime/snapshots.py): the node-local memory
+    they hold, in GiB (1024**3 bytes, as MemoryEstimate's). Each rank keeps two slots (double-buffered), each
+    its shard of the parameters and of AdamW's two moments, all in model.dtype: FSDP2 keeps the sharded
+    parameters in it whatever the compute dtype, and AdamW its moments in the parameter's. Left out: the step
+    counters, RNG states, data position and each slot's 4 KiB header (kilobytes). Whether a node's memory holds
+    them is the backend's to say (check_snapshot_memory)."""
+
+    interval: Any  # checkpoint.memory_interval: auto or a number of steps
+    per_rank_gb: float  # both slots of one rank
+    per_node_gb: float  # both slots of each of a node's gpus_per_node ranks
 
 
 @dataclass
@@ -162,6 +177,7 @@ class Plan:
     # cluster.spare_nodes: agents started beyond rendezvous.max_nodes; torch's dynamic rendezvous keeps them in its
     # redundancy list (not counted by num_nodes_waiting, so no restart) until a round has room for them
     spare_nodes: int = 0
+    snapshots: Optional[SnapshotMemory] = None  # None: the job keeps none (memory_interval=0, a script, replicas)
 
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
@@ -169,6 +185,8 @@ class Plan:
             del d["replicas"]
         if not d["spare_nodes"]:  # a job without spares: the plan it always had (golden dry runs unchanged)
             del d["spare_nodes"]
+        if d["snapshots"] is None:  # a job without in-memory snapshots: the plan it always had
+            del d["snapshots"]
         return d
 
     @classmethod
@@ -180,6 +198,7 @@ class Plan:
         d["memory"] = MemoryEstimate(**d["memory"])
         d["rendezvous"] = Rendezvous(**d["rendezvous"])
         d["replicas"] = ReplicaLayout(**d["replicas"]) if d.get("replicas") else None
+        d["snapshots"] = SnapshotMemory(**d["snapshots"]) if d.get("snapshots") else None
         return cls(**d)
 
 
@@ -279,6 +298,56 @@ def estimate_memory(cfg: JobConfig, params: int, shard_size: int, world: Optiona
     r = lambda x: round(x, 3)  # noqa: E731
     return MemoryEstimate(params, shard_size, r(param_gb), r(grad_gb), r(optimizer_gb), r(state), r(unsharded),
                           r(activations), r(total), r(budget), total <= budget)
+
+
+def snapshot_bytes(model: Any, params: int, shard_size: int) -> int:
+    """One rank's in-memory snapshots, both slots: its share of the parameters and of AdamW's two moments
+    (SnapshotMemory says what is left out). FSDP2 splits each parameter's first dimension over the shard group:
+    the count divided, rounded up (exact where every first dimension divides, as Llama's do over 8)."""
+    per_rank = -(-params // shard_size)
+    return 2 * per_rank * 3 * DTYPE_BYTES[model.dtype]
+
+
+def keeps_snapshots(cfg: JobConfig) -> bool:
+    """Does the job keep in-memory snapshots? Not with checkpoint.memory_interval=0, nor a script of one's own (only
+    the built-in trainer takes them), nor replica groups (a failed group recovers from the others:
+    fsdp_jobs/runtime/trainer.py open_snapshots)."""
+    return cfg.checkpoint.memory_interval not in (0, "0") and not (cfg.get("script") or cfg.get("module")) \
+        and cfg.fault_tolerance.mode != "replica"
+
+
+def plan_snapshots(cfg: JobConfig, mesh: dict[str, int], params: int) -> Optional[SnapshotMemory]:
+    """The node memory the in-memory snapshots take at this mesh, or None where the job keeps none."""
+    if not keeps_snapshots(cfg):
+        return None
+    per_rank = snapshot_bytes(cfg.model, params, mesh["shard"])
+    return SnapshotMemory(cfg.checkpoint.memory_interval, round(per_rank / 1024**3, 3),
+                          round(per_rank * cfg.gpus_per_node / 1024**3, 3))
+
+
+def check_snapshot_memory(cfg: JobConfig, held: Optional[NodeMemory]) -> None:
+    """One line where the node memory that the backend's config gives the in-memory snapshots (its config.py's
+    snapshot_memory: fsdp_jobs/planning/validation.py asks) cannot hold a node's: at `nodes`, or at the smallest
+    world an elastic job may shrink to (whose shard group may be smaller: full_shard's is the world). Running
+    without them is the user's choice (checkpoint.memory_interval=0), never ours; memory of unknown size
+    (held.size None) refuses nothing."""
+    if held is None or held.size is None or not keeps_snapshots(cfg):
+        return
+    gib, params = 1024**3, count_params(cfg.model)
+    for nodes in dict.fromkeys((cfg.nodes, cfg.cluster.min_nodes or cfg.nodes)):
+        world = cfg
+        if nodes != cfg.nodes:
+            world = cfg.copy()
+            world.nodes = nodes
+        shard = choose_mesh(world, params)[0]["shard"]
+        per_node = snapshot_bytes(cfg.model, params, shard) * cfg.gpus_per_node
+        if per_node > held.size:
+            at = "" if nodes == cfg.nodes else f" at nodes={nodes}, which cluster.min_nodes allows,"
+            raise UserError(held.key, held.value, f"the in-memory snapshots of a node's {cfg.gpus_per_node} ranks"
+                            f"{at} take {per_node / gib:.1f} GiB (each rank two copies of its 1/{shard} of the "
+                            f"{params:,} parameters and AdamW's two moments, {cfg.model.dtype}), more than the "
+                            f"{held.size / gib:.1f} GiB it gives {held.what}: set {held.key}={held.spell(per_node)} "
+                            "or more, or checkpoint.memory_interval=0 to run without in-memory snapshots")
 
 
 def shard_group_candidates(nodes: int, gpus_per_node: int) -> list[int]:
@@ -391,6 +460,7 @@ def make_plan(cfg: JobConfig, name: Optional[str] = None, existing: Optional[Exi
     params = count_params(cfg.model)
     mesh, memory = choose_mesh(cfg, params)
     per_rank_batch = per_rank_batch_size(cfg.train, world)
+    snapshots = plan_snapshots(cfg, mesh, params)
     check_elastic_range(cfg)
     replicas = plan_replicas(cfg, mesh)
     reshard = reshard_after_forward(cfg.fsdp)
@@ -448,4 +518,5 @@ def make_plan(cfg: JobConfig, name: Optional[str] = None, existing: Optional[Exi
         grad_accum=micro_batch(cfg.train, world)[1],
         spare_nodes=cfg.cluster.get("spare_nodes") or 0,
         replicas=replicas,
+        snapshots=snapshots,
     )

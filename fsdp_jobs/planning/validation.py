@@ -16,6 +16,7 @@ from fsdp_jobs.planning.config import (BACKWARD_PREFETCH, DTYPES, HANG_TIMEOUT_F
 from fsdp_jobs.planning.errors import UserError
 from fsdp_jobs.planning.input_rules import (FLOAT32_MAX, MAX_NODES, TIMEDELTA_MAX_S, check_env_names, check_name,
                                             check_sizes, check_target, finite)
+from fsdp_jobs.planning.plan import check_snapshot_memory
 
 
 _REGISTERED: set[tuple[tuple[str, str], ...]] = set()  # the backend sets whose schemas Hydra holds already
@@ -282,6 +283,7 @@ def _validate_cluster(cfg: JobConfig) -> None:
     module.validate(cl)  # the chosen backend's own keys (launchers/<name>/config.py)
     if hasattr(module, "validate_job"):  # and what it refuses of the others (a mode it has no place for)
         module.validate_job(cfg)
+    check_snapshot_memory(cfg, backends.node_memory(cfg))  # what its nodes' memory, as its keys say, holds
 
 
 def check_spare_nodes(cfg: Any) -> None:

@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import List, Optional
+from typing import TYPE_CHECKING, List, Optional
 
 from fsdp_jobs.planning.chaos_kinds import MARATHON_ON_RANKS, ON_NETWORK, ON_RANKS, ChaosKind
-from fsdp_jobs.planning.cluster_config import BackendTraits, ClusterConfig, choice, positive, register_cluster_schema
+from fsdp_jobs.planning.cluster_config import (BackendTraits, ClusterConfig, NodeMemory, choice, positive,
+                                               register_cluster_schema)
 from fsdp_jobs.planning.errors import UserError
 from fsdp_jobs.launchers.common import system_path
+
+if TYPE_CHECKING:  # types only, never imported at run time: no import cycle
+    from fsdp_jobs.planning.config import JobConfig
 
 NAME = "docker"
 # spare nodes: K more containers, started with the job (launchers/docker/backend.py compose_spec); a node is a
@@ -75,3 +79,24 @@ def validate(cl: DockerClusterConfig) -> None:
                 raise UserError("cluster.mounts", m, f"the {side} path {path} is the system's (/, /etc, /usr, /proc, "
                                                      "/sys, /dev, /boot, /root, the Docker socket ...): mount your data "
                                                      "directories; cluster.allow_root=true if you really mean it")
+
+
+SIZE_UNITS = {"b": 1, "k": 1024, "m": 1024**2, "g": 1024**3}  # Docker's, binary; no suffix = bytes
+
+
+def size_bytes(text: str) -> int:
+    """A size as cluster.shm_size and cluster.mem take it (validate checked its form): 2g, 512m, 1024."""
+    text = str(text).lower()
+    return int(text.rstrip("bkmg")) * SIZE_UNITS.get(text[-1], 1)
+
+
+def snapshot_memory(cfg: JobConfig) -> NodeMemory:
+    """A node is a container: its in-memory snapshots live in its /dev/shm, a tmpfs of cluster.shm_size, whose pages
+    also count against cluster.mem where one is set: the smaller of the two binds."""
+    cl = cfg.cluster
+    shm = NodeMemory("cluster.shm_size", cl.shm_size, size_bytes(cl.shm_size), "the /dev/shm of each container",
+                     spell=lambda n: f"{-(-n // 1024**3)}g")
+    if cl.mem is not None and 0 < size_bytes(cl.mem) < shm.size:
+        return NodeMemory("cluster.mem", cl.mem, size_bytes(cl.mem), "the /dev/shm of each container, within its "
+                          "memory limit", spell=shm.spell)
+    return shm

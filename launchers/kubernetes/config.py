@@ -6,7 +6,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Dict, Optional, TYPE_CHECKING
 
-from fsdp_jobs.planning.cluster_config import BackendTraits, ClusterConfig, choice, positive, register_cluster_schema
+from fsdp_jobs.planning.cluster_config import (BackendTraits, ClusterConfig, NodeMemory, choice, positive,
+                                               register_cluster_schema)
 from fsdp_jobs.planning.errors import UserError
 from fsdp_jobs.launchers.common import system_path
 
@@ -100,6 +101,21 @@ def validate(cl: KubernetesClusterConfig) -> None:
             raise UserError(f"cluster.secret_env.{var}", ref, "the key must be an environment variable name")
         if not re.fullmatch(rf"{_DNS_LABEL}(\.{_DNS_LABEL})*/[-._a-zA-Z0-9]+", str(ref)):
             raise UserError(f"cluster.secret_env.{var}", ref, "must be SECRET_NAME/KEY of a Secret in cluster.namespace")
+
+
+def pod_memory_mb(cl: KubernetesClusterConfig, gpus_per_node: int) -> int:
+    """A pod's memory in TorchX's Resource.memMB: cluster.memory_gb, or 16 GB per rank."""
+    return int((cl.memory_gb or 16 * gpus_per_node) * 1024)
+
+
+def snapshot_memory(cfg: JobConfig) -> NodeMemory:
+    """The in-memory snapshots live in the pod's /dev/shm: TorchX's memory-backed emptyDir without a sizeLimit,
+    whose pages count against the container's memory limit, written by TorchX as memMB followed by M (10**6
+    bytes): past it, the kubelet kills the pod."""
+    limit_mb = pod_memory_mb(cfg.cluster, cfg.gpus_per_node)
+    return NodeMemory("cluster.memory_gb", cfg.cluster.memory_gb, limit_mb * 10**6,
+                      "the /dev/shm of each pod (an emptyDir in memory without a "
+                      f"sizeLimit), within its memory limit of {limit_mb}M", spell=lambda n: str(-(-n // (1024 * 10**6))))
 
 
 # the kinds with a place for fault_tolerance=replica's lighthouse and a stable DNS name per node's pod

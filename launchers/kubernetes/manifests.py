@@ -34,6 +34,7 @@ from omegaconf import OmegaConf
 from fsdp_jobs.planning.errors import UserError
 from fsdp_jobs.rundir.layout import RunDir
 from fsdp_jobs.launchers.common import NODE_WRAPPER, python_path, rank_entry, rank_env, runtime_env, torchrun_args
+from fsdp_jobs.launchers.kubernetes.config import pod_memory_mb
 from fsdp_jobs.launchers.node.wrapper import ENGINE_RESTARTS_ENV, NO_RESTART_RC, TERMINATION_LOG_ENV
 
 if TYPE_CHECKING:  # types only, never imported at run time: no hydra on the node side, no import cycle
@@ -244,7 +245,7 @@ def torchx_role(plan: Plan, cfg: JobConfig, rdzv_endpoint: str, port_name: str =
         min_replicas=plan.rendezvous.min_nodes if plan.rendezvous.min_nodes != plan.nodes else None,
         max_retries=c.max_retries,
         resource=specs.Resource(cpu=c.cpu or 4 * gpn, gpu=gpn if wants_gpus(cfg) else 0,
-                                memMB=int((c.memory_gb or 16 * gpn) * 1024)),
+                                memMB=pod_memory_mb(c, gpn)),
         port_map={port_name: rdzv_port(cfg)},
         mounts=[specs.VolumeMount(src=c.pvc, dst_path=str(c.mount_path))],
     )

@@ -5,13 +5,17 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import TYPE_CHECKING, Dict, List, Optional
 
 from fsdp_jobs.planning.chaos_kinds import MARATHON_ON_RANKS, ON_NETWORK, ON_RANKS, ChaosKind
-from fsdp_jobs.planning.cluster_config import BackendTraits, ClusterConfig, choice, positive, register_cluster_schema
+from fsdp_jobs.planning.cluster_config import (BackendTraits, ClusterConfig, NodeMemory, choice, positive,
+                                               register_cluster_schema)
 from fsdp_jobs.planning.errors import UserError
 from fsdp_jobs.planning.input_rules import check_name
 from fsdp_jobs.rundir.layout import RunDir
+
+if TYPE_CHECKING:  # types only, never imported at run time: no import cycle
+    from fsdp_jobs.planning.config import JobConfig
 
 NAME = "slurm"
 # spare nodes: an allocation of nodes + K with --no-kill (launchers/slurm/backend.py); a grow is a second job
@@ -115,6 +119,19 @@ _SBATCH_VALUES = (
 # would silently fight the first
 _SBATCH_OURS = ("job-name", "output", "error", "nodes", "ntasks-per-node", "requeue", "signal", "open-mode",
                 "wrap", "chdir", "export", "exclude", "no-kill")
+
+
+MEM_UNITS = {"K": 1024, "M": 1024**2, "G": 1024**3, "T": 1024**4}  # sbatch's, binary; no suffix = M
+
+
+def snapshot_memory(cfg: JobConfig) -> NodeMemory:
+    """The in-memory snapshots live in each node's /dev/shm, whose pages count against the job's memory on the node
+    (--mem, where the cluster constrains it): that is known when cluster.mem names a size; 0 (all of the node's)
+    and null (the partition's default) leave it to the node."""
+    mem = None if cfg.cluster.mem is None else str(cfg.cluster.mem).upper()
+    size = None if mem in (None, "0") else int(mem.rstrip("KMGT")) * MEM_UNITS.get(mem[-1], 1024**2)
+    return NodeMemory("cluster.mem", cfg.cluster.mem, size, "the /dev/shm of each node, within the memory "
+                      "of the job there (--mem)", spell=lambda n: f"{-(-n // 1024**3)}G")
 
 
 # fault_tolerance=replica: the lighthouse's port, unless fault_tolerance.lighthouse_port names one. Derived from
