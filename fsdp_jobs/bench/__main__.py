@@ -28,8 +28,9 @@ benchmark compares side by side in one run and reports ratios).
         a first round, a re-round after one is lost, store round trips, a fit and what it means at 1,024
         and 8,192 nodes (fsdp_jobs/bench/rendezvous.py).
     python -m fsdp_jobs.bench recovery [--repeats 3]
-        a 2x2 CPU job's SIGKILL of one rank -> its next completed step, cut into torchrun's part and each
-        start-up phase at the restarted rank 0's timeline marks (fsdp_jobs/rundir/goodput.py).
+        a 2x2 CPU job's SIGKILL of one rank half way to its first checkpoint -> its next completed step and
+        its first new one, with in-memory snapshots and without, alternated; cut into torchrun's part and
+        each start-up phase at the restarted rank 0's timeline marks (fsdp_jobs/rundir/goodput.py).
     python -m fsdp_jobs.bench init [--ranks 4] [--model llama3_1b]
         per-shard init of a model at world size N on CPU next to a plain unsharded init.
     python -m fsdp_jobs.bench rundir-writes [--nodes 2] [--ranks 2] [--seconds 15] [--run-dir DIR]

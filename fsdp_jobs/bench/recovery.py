@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 from typing import Any, Optional
 
-from fsdp_jobs.rundir import checkpoints, runs
+from fsdp_jobs.rundir import runs
 from fsdp_jobs.rundir.layout import RunDir
 from fsdp_jobs.bench.common import REPO, spread
 
@@ -30,7 +30,7 @@ def recovery_parts(run_dir: Path, killed_at: float) -> dict[str, float]:
     cuts = [("torchrun: notice, stop the others, re-rendezvous, start", start["time"]),
             ("interpreter", start["main"]), ("imports", mark["process_group"]["began"]),
             ("process group + mesh", mark["process_group"]["time"]), ("build + materialize", mark["built"]["time"]),
-            ("checkpoint load", mark["loaded"]["time"]), ("data, metrics", mark["loop"]["time"]),
+            ("state load (memory or checkpoint)", mark["loaded"]["time"]), ("data, metrics", mark["loop"]["time"]),
             ("first step", first_step)]
     out, t = {}, killed_at
     for name, at in cuts:
@@ -46,33 +46,57 @@ def _rank_pid(run_dir: Path, rank: int) -> int:
     return record.pid
 
 
+def _kill_mid_interval(tmp: str, name: str, args: list[str], at_step: int) -> dict[str, Any]:
+    """One 2x2 job: SIGKILL rank 3 once step `at_step` is in the metrics (checkpoints every 50 by default:
+    half way to the first); the recovery's parts, the step it resumed at and the time to a new step."""
+    run_dir = Path(tmp) / name
+    proc = subprocess.Popen([sys.executable, "-m", "fsdp_jobs", f"run_root={tmp}", f"name={name}", *args],
+                            cwd=REPO, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    while not (RunDir(run_dir).metrics_file.exists() and len(runs.read_metrics(run_dir)) >= at_step):
+        if proc.poll() is not None:
+            raise SystemExit(f"recovery run {name} ended early ({proc.returncode})")
+        time.sleep(0.01)
+    pid = _rank_pid(run_dir, 3)
+    killed_at = time.time()
+    os.kill(pid, signal.SIGKILL)
+    done = max(int(m["step"]) for m in runs.read_metrics(run_dir) if m["time"] <= killed_at)
+    if proc.wait(timeout=900) != 0:
+        raise SystemExit(f"recovery run {name} failed ({proc.returncode})")
+    from fsdp_jobs.rundir.events import read_timeline
+
+    events, _ = read_timeline(run_dir)
+    loaded = next(e for e in events if e["event"] == "loaded" and e["time"] > killed_at)
+    new = next(m["time"] for m in runs.read_metrics(run_dir) if m["time"] > killed_at and m["step"] > done)
+    return {"parts": recovery_parts(run_dir, killed_at), "new_step_s": round(new - killed_at, 3),
+            "done_at_kill": done, "resumed_at": loaded["step"], "source": loaded.get("source")}
+
+
 def bench_recovery(repeats: int) -> dict[str, Any]:
-    """A 2x2 CPU job (the tiny default model): SIGKILL rank 3 once a checkpoint is committed; the time to
-    the first completed step after it, and its parts, median of `repeats` runs."""
-    totals, parts = [], []
-    args = ["train.steps=60", "checkpoint.interval=10", "checkpoint.keep_last=10", "train.log_interval=1"]
+    """A 2x2 CPU job (the tiny default model, default checkpoint settings): SIGKILL rank 3 at step 25, half
+    way to the first checkpoint; with in-memory snapshots (the default) and without
+    (checkpoint.memory_interval=0), alternated. Per mode: the time to the first completed step after the
+    kill and to the first step not done before it, the steps redone, and the parts, median of `repeats`."""
+    modes = {"memory": [], "disk": ["checkpoint.memory_interval=0"]}
+    args = ["train.steps=80", "train.log_interval=1"]
+    found: dict[str, list[dict[str, Any]]] = {m: [] for m in modes}
     with tempfile.TemporaryDirectory(prefix="bench-recovery-") as tmp:
         for i in range(repeats):
-            run_dir = Path(tmp) / f"r{i}"
-            proc = subprocess.Popen([sys.executable, "-m", "fsdp_jobs", f"run_root={tmp}", f"name=r{i}", *args],
-                                    cwd=REPO, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                    stderr=subprocess.DEVNULL)
-            while not checkpoints.has_manifest(checkpoints.step_dir(checkpoints.root_of(run_dir), 10)):
-                if proc.poll() is not None:
-                    raise SystemExit(f"recovery run {i} ended early ({proc.returncode})")
-                time.sleep(0.05)
-            pid = _rank_pid(run_dir, 3)
-            killed_at = time.time()
-            os.kill(pid, signal.SIGKILL)
-            if proc.wait(timeout=900) != 0:
-                raise SystemExit(f"recovery run {i} failed ({proc.returncode})")
-            split = recovery_parts(run_dir, killed_at)
-            totals.append(sum(split.values()))
-            parts.append(split)
-    return {"benchmark": "recovery", "job": "2 nodes x 2 ranks, CPU, tiny model; SIGKILL of rank 3",
-            "repeats": repeats, "kill_to_next_step_s": spread(totals),
-            "parts_s_median": {k: round(statistics.median(p[k] for p in parts), 3) for k in parts[0]},
-            "parts_s_all": parts, "goal": "<= 2 s (issue #30)"}
+            for mode, extra in modes.items():
+                found[mode].append(_kill_mid_interval(tmp, f"{mode}{i}", [*args, *extra], at_step=25))
+    out: dict[str, Any] = {"benchmark": "recovery", "repeats": repeats,
+                           "job": "2 nodes x 2 ranks, CPU, tiny model, default settings; SIGKILL of rank 3 at step 25"}
+    for mode, runs_ in found.items():
+        parts = [r["parts"] for r in runs_]
+        out[mode] = {"kill_to_next_step_s": spread([sum(p.values()) for p in parts]),
+                     "kill_to_new_step_s": spread([r["new_step_s"] for r in runs_]),
+                     "steps_redone": [r["done_at_kill"] - r["resumed_at"] for r in runs_],
+                     "sources": [r["source"] for r in runs_],
+                     "parts_s_median": {k: round(statistics.median(p[k] for p in parts), 3) for k in parts[0]},
+                     "parts_s_all": parts}
+    out["disk_over_memory_new_step"] = round(statistics.median(r["new_step_s"] for r in found["disk"])
+                                             / statistics.median(r["new_step_s"] for r in found["memory"]), 2)
+    out["goal"] = "memory: kill_to_next_step_s median <= 1.0 s, steps_redone <= 1 (issue 46)"
+    return out
 
 
 def _replica_run(tmp: str, name: str, args: list[str], kill_rank: Optional[int]) -> tuple[list[dict[str, Any]], float]:

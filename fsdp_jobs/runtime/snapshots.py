@@ -228,7 +228,7 @@ class SnapshotStore:
             n = t.numel() * t.element_size()
             if n:
                 dst = mapped[off:off + n]
-                dst[:] = t.detach().reshape(-1).view(torch.uint8).numpy()
+                dst[:] = t.detach().reshape(-1).view(torch.uint8).cpu().numpy()  # from a GPU: its host copy
                 crc = zlib.crc32(dst, crc)
         mapped[at:end] = numpy.frombuffer(meta, dtype=numpy.uint8)
         header = json.dumps({**self.identity, "step": step, "owner": owner, "shard": shard, "meta": [at, end],
@@ -334,6 +334,13 @@ def decode(blob: bytes) -> tuple[int, list[torch.Tensor], Any]:
     return header["step"], tensors, tuples(meta["skeleton"])
 
 
+def collective_device() -> torch.device:
+    """Where the default group's tensors must be: NCCL's on this rank's GPU, gloo's on the host."""
+    if dist.is_initialized() and dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
 # ---------------------------------------------------------------------- choosing where state comes from
 def choose(held_by_rank: list[list[Held]], shards: list[int], disk_step: Optional[int]) -> Optional[RestorePlan]:
     """The newest step that memory covers for every rank, no older than the newest DCP checkpoint; None when
@@ -414,7 +421,7 @@ class MemorySnapshots:
         mine = max(1, math.ceil(cost / (AUTO_SHARE * step_s))) if step_s > 0 else 1
         agreed = torch.tensor([mine], dtype=torch.int64)
         if dist.is_initialized():
-            agreed = agreed.to(torch.device("cuda") if dist.get_backend() == "nccl" else torch.device("cpu"))
+            agreed = agreed.to(collective_device())
             dist.all_reduce(agreed, op=dist.ReduceOp.MAX)
         self.every, self.auto = int(agreed.item()), False
         self.log(f"checkpoint.memory_interval=auto: a snapshot every {self.every} step(s) (a snapshot "
@@ -453,7 +460,7 @@ class MemorySnapshots:
                                      else f"snapshot of step {step}, not {plan.step}")
             except ValueError as e:
                 blob, why = None, str(e)
-        ok = torch.tensor([0 if blob is None else 1])
+        ok = torch.tensor([0 if blob is None else 1], device=collective_device())
         dist.all_reduce(ok, op=dist.ReduceOp.MIN)
         if not ok.item():
             if why:
@@ -474,8 +481,7 @@ class MemorySnapshots:
                 mine = Path(plan.files[self.rank].path).read_bytes()
             except OSError as e:
                 why = f"cannot read {plan.files[self.rank].path}: {e}"
-        device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" \
-            else torch.device("cpu")
+        device = collective_device()
         sends, ops = [], []
         for dst, src in sorted(plan.sources.items()):
             if src == self.rank and dst != self.rank:
