@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import os
 import re
@@ -131,6 +132,47 @@ def compose_many(override_lists: list[list[str]]) -> list[Union[tuple[JobConfig,
     return out
 
 
+# (conf/'s files, the installed backends) -> conf's config groups; (that, group choices) -> Hydra's config
+_GROUPS: dict[tuple[Any, ...], frozenset[str]] = {}
+_CHOSEN: dict[tuple[Any, ...], DictConfig] = {}
+
+
+def _hydra_compose(hydra_compose: Any, overrides: list[str]) -> DictConfig:
+    """What Hydra composes of conf/ and the overrides. Hydra builds the config from the defaults list, which
+    the group choices (model=..., fsdp=...) decide, then applies every other override to it in order with
+    its own function (_apply_overrides_to_config). The first part is nearly all of a compose's work, and the
+    same for the same group choices: a sweep's members, a process that plans more than once. So it is done once
+    per set of group choices (and conf/ as it is), and the other overrides are applied to a copy with Hydra's
+    function: the same config, the same errors. What Hydra treats otherwise (a hydra.* key, a sweep, a package,
+    a nested group, an override it cannot parse) takes Hydra's whole path."""
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    try:
+        from hydra._internal.config_loader_impl import ConfigLoaderImpl
+
+        apply = ConfigLoaderImpl._apply_overrides_to_config
+        parsed = OverridesParser.create().parse_overrides(overrides=overrides)
+    except Exception:  # noqa: BLE001  another Hydra, or an override Hydra refuses: its whole path says why
+        return hydra_compose("config", overrides=overrides)
+    if any(o.is_sweep_override() or o.package is not None or o.key_or_group.startswith("hydra")
+           or "/" in o.key_or_group for o in parsed):
+        return hydra_compose("config", overrides=overrides)
+    conf = (tuple((str(p), p.stat().st_mtime_ns) for p in sorted(CONF_DIR.rglob("*.yaml"))),
+            tuple(backends.packages().items()))
+    if conf not in _GROUPS:
+        _GROUPS[conf] = frozenset(GlobalHydra.instance().config_loader().list_groups(""))
+    choices, values = [], []
+    for o in parsed:  # as Hydra tells them apart (hydra/_internal/defaults_list.py, Overrides)
+        (choices if o.key_or_group in _GROUPS[conf] and not isinstance(o.value(), dict) else values).append(o)
+    key = (conf, tuple(o.input_line for o in choices))
+    if key not in _CHOSEN:
+        _CHOSEN[key] = hydra_compose("config", overrides=[o.input_line for o in choices])
+    cfg = copy.deepcopy(_CHOSEN[key])
+    apply(values, cfg)
+    return cfg
+
+
 def _compose_one(hydra_compose: Any, overrides: list[str]) -> tuple[JobConfig, dict[str, Any]]:
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
@@ -140,7 +182,7 @@ def _compose_one(hydra_compose: Any, overrides: list[str]) -> tuple[JobConfig, d
             raise UserError(o, None, "overrides are key=value (e.g. nodes=4, fsdp=full_shard)")
         check_utf8(*o.split("=", 1))  # before Hydra's parser, which would only ask for quotes
     try:
-        cfg = hydra_compose("config", overrides=overrides)
+        cfg = _hydra_compose(hydra_compose, overrides)
     except (HydraException, OmegaConfBaseException, ValueError) as e:
         raise _translate(e, overrides) from None
     schema_keys = {f.name for f in dataclasses.fields(JobConfig)}  # names only: OmegaConf.structured builds all

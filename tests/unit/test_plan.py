@@ -297,3 +297,69 @@ def test_the_schemas_are_stored_once_per_set_of_backends_and_again_when_it_chang
     assert stored == [sorted(installed), sorted([*installed, "mine"])]
     monkeypatch.undo()
     assert plan_for("nodes=2", "gpus_per_node=1").world_size == 2  # the real ones, stored as before
+
+
+# every kind of override Hydra applies to the config it composed of the group choices, and each of its refusals:
+# values (a nested one, a list, the last of two), a key of the chosen group (before or after the choice), entries
+# added, forced, deleted; a map set whole, an unknown key, a wrong type, an entry added where one exists, a
+# deletion of nothing, an option that does not exist, a sweep's value
+AS_HYDRA_COMPOSES = [
+    ["nodes=2", "train.lr=3e-4"], ["nodes=2", "nodes=3"], ["model.n_layers=3", "model=llama3_1b"],
+    ["model=llama3_1b", "model.n_layers=3"], ["cluster=slurm", "cluster.partition=gpu", "train.betas=[0.8,0.9]"],
+    ["+cluster.env.A=x", "++train.lr=1e-3", "+cluster.env.B=y", "~cluster.env.A=x"], ["cluster.env={A:1}"],
+    ["nope=1"], ["model.nope=1"], ["nodes=abc"], ["+nodes=3"], ["~nope=1"], ["cluster=nope"],
+    ["nodes=2", "fsdp=full_shard,no_shard"],
+]
+
+
+def _composed(overrides: list[str]) -> object:
+    from omegaconf import OmegaConf
+
+    try:
+        cfg, job = compose(overrides)
+    except UserError as e:
+        return str(e)
+    return OmegaConf.to_yaml(cfg), job
+
+
+def test_a_compose_is_hydras_whole_compose_though_the_groups_are_composed_once(monkeypatch):
+    """compose() composes a set of group choices once per process and applies the other overrides to a copy
+    (fsdp_jobs/planning/compose.py, _hydra_compose): each config and each refusal is the one Hydra's whole
+    compose gives, the first time and again."""
+    from fsdp_jobs.planning import compose as composing
+
+    monkeypatch.setattr(composing, "_hydra_compose", lambda hydra_compose, o: hydra_compose("config", overrides=o))
+    hydras = [_composed(o) for o in AS_HYDRA_COMPOSES]
+    monkeypatch.undo()
+    monkeypatch.setattr(composing, "_CHOSEN", {})
+    assert [_composed(o) for o in AS_HYDRA_COMPOSES] == hydras
+    assert [_composed(o) for o in AS_HYDRA_COMPOSES] == hydras
+    assert sum(isinstance(h, str) for h in hydras) == 8, hydras  # the refusals are refusals
+
+
+def test_a_sweeps_members_compose_their_group_choices_once_and_conf_again_once_edited(monkeypatch, tmp_path):
+    """A sweep's members that choose the same groups cost Hydra's composition once (the rest is a copy and their
+    values); a file of conf/ edited since is read again."""
+    import shutil
+
+    import hydra
+
+    from fsdp_jobs.planning import compose as composing
+
+    calls = []
+    real = hydra.compose
+    monkeypatch.setattr(hydra, "compose", lambda name, overrides: calls.append(overrides) or real(name, overrides))
+    monkeypatch.setattr(composing, "_CHOSEN", {})
+    monkeypatch.setattr(composing, "CONF_DIR", tmp_path / "conf")
+    shutil.copytree(Path(__file__).resolve().parents[2] / "conf", tmp_path / "conf")
+    members = [["cluster=slurm", f"train.lr={lr}"] for lr in (1e-4, 2e-4, 3e-4)]
+    members.append(["train.lr=1e-4", "fsdp=full_shard"])
+    composed = composing.compose_many(members)
+    assert calls == [["cluster=slurm"], ["fsdp=full_shard"]]
+    assert [(cfg.cluster.backend, cfg.fsdp.strategy, cfg.train.lr) for cfg, _ in composed] == [
+        ("slurm", "hybrid_shard", 1e-4), ("slurm", "hybrid_shard", 2e-4), ("slurm", "hybrid_shard", 3e-4),
+        ("local", "full_shard", 1e-4)]
+    train = tmp_path / "conf" / "train" / "default.yaml"
+    train.write_text(train.read_text() + "\nsteps: 7\n")
+    assert compose(["cluster=slurm"])[0].train.steps == 7
+    assert calls[-1] == ["cluster=slurm"]
