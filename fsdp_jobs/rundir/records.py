@@ -411,6 +411,7 @@ class ChaosIncident(Record):
     recovered_s: Optional[float] = None
     steps_lost: Optional[int] = None
     evidence: str = ""
+    source: Optional[str] = None  # where the restart took the state from: the "loaded" timeline event's
     v: int = SCHEMA
     extra: dict[str, Any] = field(default_factory=dict)
 

@@ -75,11 +75,21 @@ def test_progress_reads_new_rows_only_and_leaves_a_half_written_line_for_later(t
 
 def test_the_table_has_a_row_per_incident_and_a_dash_for_what_did_not_happen():
     rows = marathon.table([ChaosIncident(n=1, kind="kill-rank", target="rank 3", injected_at=0.0, step=40,
-                                         detected_s=0.1, recovered_s=4.2, steps_lost=12, evidence="x"),
+                                         detected_s=0.1, recovered_s=4.2, steps_lost=12, evidence="x", source="memory"),
                            ChaosIncident(n=2, kind="slow-node", target="node1", injected_at=0.0, step=90,
                                          evidence="not detected")])
-    assert rows[2] == "| 1 | kill-rank | rank 3 | 40 | 0.1 s | 4.2 s | 12 | x |"
-    assert rows[3] == "| 2 | slow-node | node1 | 90 | - | - | - | not detected |"
+    assert rows[2] == "| 1 | kill-rank | rank 3 | 40 | 0.1 s | 4.2 s | 12 | memory | x |"
+    assert rows[3] == "| 2 | slow-node | node1 | 90 | - | - | - | - | not detected |"
+
+
+def test_a_damaged_checkpoint_a_restart_from_memory_never_read_is_no_failure_of_the_marathon():
+    """corrupt-checkpoint damages the newest checkpoint and kills a rank: with the state in memory the restart
+    reads no checkpoint, so nothing can detect the damage yet (a later restart from disk sets it aside). A
+    restart from disk that did not notice it still fails the marathon."""
+    damaged = dict(n=1, kind="corrupt-checkpoint", target="rank 1", injected_at=0.0, step=40, recovered_s=3.0)
+    assert marathon.unread(ChaosIncident(**damaged, source="memory+peers"))
+    assert not marathon.unread(ChaosIncident(**damaged, source="disk"))
+    assert not marathon.unread(ChaosIncident(**{**damaged, "kind": "kill-rank"}, source="memory"))
 
 
 def test_a_bad_fault_count_is_one_line_and_exit_2(tmp_path):
