@@ -215,6 +215,9 @@ class CheckpointConfig(Keys):
     # a failure resumes from the newest one instead of the last checkpoint; auto = every step if a snapshot
     # costs at most 2% of a step, else the smallest interval that does; 0 = off
     memory_interval: Union[int, str] = "auto"
+    # every checkpoint of the run failed its checks: start over from step 0 if that redoes at most this many
+    # steps (the newest unusable checkpoint's step), else stop and say so; 0 = always stop
+    start_over_max_steps: int = 1000
 
 
 @dataclass

@@ -239,6 +239,9 @@ def validate_interval(cfg: JobConfig) -> None:
                                         or c.memory_interval < 0):
         raise UserError("checkpoint.memory_interval", c.memory_interval,
                         "allowed: a number of steps >= 0 (0 = no in-memory snapshots) or auto")
+    if not isinstance(c.start_over_max_steps, int) or isinstance(c.start_over_max_steps, bool) or c.start_over_max_steps < 0:
+        raise UserError("checkpoint.start_over_max_steps", c.start_over_max_steps,
+                        "allowed: a number of steps >= 0 (0 = never start over when every checkpoint is unusable)")
     if c.mtbf_hours is not None:
         finite("checkpoint.mtbf_hours", c.mtbf_hours, 0, low_open=True)
     if c.interval != "auto":

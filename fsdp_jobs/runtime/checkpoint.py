@@ -15,7 +15,8 @@ parallel: each holds 1/world of the checkpoint) for their sizes and CRC-32s, whi
 manifest. Before a resume, rank 0 checks every size and DCP's metadata, and every rank the CRC-32 of its
 share of the files; a checkpoint that fails, or fails to load, is set aside (renamed, never deleted) and
 the one before it is tried. When checkpoints were set aside and none is left, the job stops
-(NoUsableCheckpoint): a resume never quietly starts over.
+(NoUsableCheckpoint), unless starting over redoes at most checkpoint.start_over_max_steps steps: then it starts
+over from step 0, and says so. A resume never quietly starts over.
 """
 
 from __future__ import annotations
@@ -122,8 +123,11 @@ class TrainState(StateObjects):
 class CheckpointManager:
     def __init__(self, run_dir: Path, keep_last: int, manifest_extra: dict[str, Any], rank: int,
                  attempt: str, async_save: bool = False, log: Callable[[str], None] = print,
-                 overlap_staging: bool = False) -> None:
+                 overlap_staging: bool = False, start_over_max_steps: int = 0) -> None:
         self.run_dir, self.root = run_dir, layout.root_of(run_dir)
+        # when every checkpoint fails its checks: start over from step 0 if that redoes at most this many
+        # steps (a job whose only checkpoints are damaged is no worse off than one that never saved), else stop
+        self.start_over_max_steps = start_over_max_steps
         self.keep_last, self.extra, self.rank, self.attempt = keep_last, manifest_extra, rank, attempt
         self.async_save, self.log = async_save, log
         self.pending: Optional[tuple[Any, threading.Event, Path]] = None
@@ -178,7 +182,16 @@ class CheckpointManager:
         aside = layout.set_aside_checkpoints(self.run_dir)
         if not aside:
             return [None, None]
+        redo = max(layout.step_of(p.with_suffix("")) or 0 for p in aside)
+        if redo <= self.start_over_max_steps:
+            self.log(f"checkpoint: every checkpoint of the run is unusable ({', '.join(p.name for p in aside)}): "
+                     f"starting over from step 0, {redo} steps to redo (checkpoint.start_over_max_steps="
+                     f"{self.start_over_max_steps})")
+            return [None, None]
         why = layout.none_usable(aside)
+        if self.start_over_max_steps:
+            why += (f"; starting over would redo {redo} steps, more than checkpoint.start_over_max_steps="
+                    f"{self.start_over_max_steps}")
         runs.write_state(self.run_dir, status="failed", reason=why)
         return [None, why]
 

@@ -305,7 +305,8 @@ class Trainer:
         rank = self.world.rank
         self.ckpt = CheckpointManager(self.run_dir, self.ccfg.keep_last, manifest_extra, rank, attempt[0],
                                       async_save=self.ccfg.async_save, log=lambda m: log(rank, m),
-                                      overlap_staging=overlap_staging)
+                                      overlap_staging=overlap_staging,
+                                      start_over_max_steps=self.ccfg.start_over_max_steps)
         return self.ckpt
 
     # ------------------------------------------------------------------ build and resume

@@ -161,7 +161,8 @@ def test_with_no_usable_checkpoint_the_job_fails_and_says_so_never_succeeded(run
         data = bytearray(shard.read_bytes())
         data[len(data) // 2] ^= 0xFF
         shard.write_bytes(bytes(data))
-    r = cli(f"run_root={run_root}", "name=allbad", *KILL_ARGS, "train.steps=30")
+    bound = "checkpoint.start_over_max_steps=10"  # starting over would redo 20 steps: more than it allows
+    r = cli(f"run_root={run_root}", "name=allbad", *KILL_ARGS, "train.steps=30", bound)
     assert r.returncode != 0, r.stdout[-3000:]
     out = r.stdout + r.stderr
     assert "no usable checkpoint: step-000010.unusable, step-000020.unusable" in out, out[-3000:]
@@ -169,8 +170,29 @@ def test_with_no_usable_checkpoint_the_job_fails_and_says_so_never_succeeded(run
     status = json.loads(cli("status", "allbad", "--run-root", str(run_root)).stdout)
     assert status["state"] == "FAILED", status
     assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["step-000010.unusable", "step-000020.unusable"]
-    r = cli(f"run_root={run_root}", "name=allbad", *KILL_ARGS, "train.steps=30")  # the same command again
+    r = cli(f"run_root={run_root}", "name=allbad", *KILL_ARGS, "train.steps=30", bound)  # the same command again
     assert r.returncode == 2 and "no usable checkpoint" in r.stderr, r.stderr[-2000:]
+
+
+def test_a_job_whose_only_checkpoint_is_damaged_starts_over_and_says_so(run_root, reference_run):
+    """The marathon's case: the only checkpoint (step 10) is damaged, then a rank dies, and memory cannot
+    help (snapshots off). The job is no worse off than one that never saved: it starts over from step 0 in
+    one line (checkpoint.start_over_max_steps, 1000 by default, allows 10 steps to redo) and ends bit for
+    bit where an uninterrupted run does."""
+    run_dir = run_root / "startover"
+    proc = start([f"run_root={run_root}", "name=startover", *KILL_ARGS, "checkpoint.memory_interval=0",
+                  "train.log_interval=1"])
+    wait_for(lambda: (run_dir / "checkpoints" / "step-000010" / "manifest.json").exists(), 400, proc)
+    shard = next((run_dir / "checkpoints" / "step-000010").glob("__0_0.distcp"))
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    shard.write_bytes(bytes(data))
+    os.kill(json.loads((run_dir / "ranks" / "rank-3.json").read_text())["pid"], signal.SIGKILL)
+    out, _ = proc.communicate(timeout=600)
+    assert proc.returncode == 0, out[-4000:]
+    assert ("every checkpoint of the run is unusable (step-000010.unusable): starting over from step 0, 10 steps "
+            "to redo (checkpoint.start_over_max_steps=1000)") in out, out[-4000:]
+    assert_same_state(reference_run / "checkpoints" / "step-000040", run_dir / "checkpoints" / "step-000040")
 
 
 def test_a_finished_run_whose_checkpoints_were_removed_is_refused_then_starts_over_on_request(run_root):

@@ -115,6 +115,25 @@ def test_with_every_checkpoint_damaged_the_job_stops_instead_of_starting_over(tm
     assert len(list(layout.root_of(tmp_path).iterdir())) == 2  # both still there, set aside
 
 
+def test_with_every_checkpoint_damaged_the_job_starts_over_when_that_redoes_few_enough_steps(tmp_path):
+    """checkpoint.start_over_max_steps: the newest unusable checkpoint is step 8, so starting over redoes 8
+    steps: allowed at 8 (a line says so, nothing is recorded as failed), refused at 7 with the bound named."""
+    saved_run(tmp_path)
+    for _, c in layout.committed_checkpoints(tmp_path):
+        flip_a_byte(shard(c))
+    log: list[str] = []
+    ckpt = CheckpointManager(tmp_path, keep_last=5, manifest_extra={}, rank=0, attempt="b", log=log.append,
+                             start_over_max_steps=8)
+    assert ckpt.find_latest() is None
+    assert ("checkpoint: every checkpoint of the run is unusable (step-000004.unusable, step-000008.unusable): "
+            "starting over from step 0, 8 steps to redo (checkpoint.start_over_max_steps=8)") in log, log
+    assert runs.read_state(tmp_path).status != "failed"
+    ckpt = CheckpointManager(tmp_path, keep_last=5, manifest_extra={}, rank=0, attempt="c", log=log.append,
+                             start_over_max_steps=7)
+    with pytest.raises(NoUsableCheckpoint, match="would redo 8 steps, more than checkpoint.start_over_max_steps=7"):
+        ckpt.find_latest()
+
+
 def test_pruning_spares_the_newest_sound_checkpoint_while_the_newer_ones_are_damaged(tmp_path):
     ckpt, _, _ = saved_run(tmp_path, steps=(4, 8), keep_last=1)
     assert [s for s, _ in layout.committed_checkpoints(tmp_path)] == [8]
