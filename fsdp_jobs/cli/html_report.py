@@ -91,9 +91,17 @@ def attempt_incidents(gp: Optional[dict[str, Any]]) -> list[Incident]:
         kind = "requeue" if a["launch"] != prev["launch"] or a["parts_s"].get("queued") else "restart"
         kind = "preempted" if str(prev["ended"]).startswith("preempted") else kind
         out.append(Incident(a["begin"], kind, f"attempt {a['attempt']} after attempt {prev['attempt']} ended: "
-                                              f"{prev['ended']}; resumed from step {a.get('resumed_from_step')}",
+                                              f"{prev['ended']}; resumed from step {a.get('resumed_from_step')}"
+                                              f"{_state_from(a)}",
                             a.get("resumed_from_step")))
     return out
+
+
+def _state_from(attempt: dict[str, Any]) -> str:
+    said = {"memory": "its nodes' memory", "memory+peers": "memory, some ranks' from peers", "disk": "a checkpoint",
+            "start": "the start"}
+    source = attempt.get("state_from")
+    return f" ({said.get(source, source)})" if source else ""
 
 
 def record_incidents(run_dir: Path) -> list[Incident]:

@@ -132,11 +132,11 @@ def _sec(seconds: float) -> str:
 def _goodput_row(name: str, r: dict[str, Any]) -> list[str]:
     steps = f"{r['steps'][0]}-{r['steps'][1]}" if r.get("steps") else "-"
     eff = r["effective_pct"]
-    return [name, steps, str(r["lost_steps"]), _sec(r["wall_s"]), *(_sec(r["parts_s"][p]) for p in goodput.PARTS),
-            "-" if eff is None else f"{eff:.1f}%"]
+    return [name, steps, r.get("state_from") or "-", str(r["lost_steps"]), _sec(r["wall_s"]),
+            *(_sec(r["parts_s"][p]) for p in goodput.PARTS), "-" if eff is None else f"{eff:.1f}%"]
 
 
-GOODPUT_HEADER = ["STEPS", "LOST_STEPS", "WALL_S", *(p.upper() for p in goodput.PARTS), "EFFECTIVE"]
+GOODPUT_HEADER = ["STEPS", "STATE_FROM", "LOST_STEPS", "WALL_S", *(p.upper() for p in goodput.PARTS), "EFFECTIVE"]
 
 
 def goodput_lines(result: dict[str, Any]) -> list[str]:

@@ -311,6 +311,8 @@ def _report(attempts: list[_Attempt]) -> dict[str, Any]:
         rows.append({"attempt": i, "launch": a.launch + 1, "pid": a.start["pid"], "restart": restart,
                      "begin": round(a.begin, 3), "end": round(a.t, 3),
                      "resumed_from_step": a.resumed_step(),
+                     # where its state came from: start, disk, memory (its nodes'), memory+peers (runtime/snapshots.py)
+                     "state_from": a.marks.get("loaded", {}).get("source"),
                      "steps": [steps[0][0], steps[-1][1]] if steps else None, "lost_steps": a.lost_steps,
                      "ended": (a.end or {}).get("why", "no end recorded (killed?)"),
                      **_summary(a.parts, a.startup, wall, a.save_blocked),

@@ -104,6 +104,23 @@ def test_a_killed_attempt_loses_the_steps_after_the_checkpoint_the_next_one_resu
     assert gp["total"]["effective_pct"] == pytest.approx(100 * (5 + 10) / 50, abs=0.01)
 
 
+def test_each_attempt_says_where_its_state_came_from_and_a_restart_from_memory_loses_nothing():
+    """Attempt 2 resumed at step 17, the last step attempt 1 logged, from the nodes' memory (fsdp_jobs/runtime/
+    snapshots.py): no step is lost, and the row says so; the first attempt's state came from the start."""
+    a1 = attempt(11, 105, 0, [(10, 5.0), (15, 5.0), (17, 2.0)], {10: 1.0}, None)
+    a2 = attempt(12, 130, 17, [(30, 10.0)], {30: 1.0}, ("completed", 0.5))
+    next(e for e in a1 if e["event"] == "loaded")["source"] = "start"
+    next(e for e in a2 if e["event"] == "loaded")["source"] = "memory+peers"
+    gp = goodput.account([node("node_start", 101), *a1, *a2, node("node_end", 150)], [100.0])
+    r1, r2 = gp["attempts"]
+    assert (r1["state_from"], r2["state_from"], r2["resumed_from_step"]) == ("start", "memory+peers", 17)
+    assert gp["total"]["lost_steps"] == 0
+    from fsdp_jobs.cli.report import goodput_lines
+
+    rows = [line.split() for line in goodput_lines(gp)[1:4]]
+    assert [row[2] for row in rows] == ["start", "memory+peers", "-"], rows
+
+
 def test_a_requeue_waits_for_nodes_as_queued_time_and_a_container_restart_is_recovery():
     """SLURM requeues a preempted job: both nodes' wrappers exit, the job waits in the queue, both start
     again. That wait is queued time (the nodes' exit the old attempt's shutdown), not recovery."""
@@ -247,7 +264,7 @@ def test_cli_table_json_status_and_a_damaged_timeline(cli_here, run_root):
     assert gp["damaged_lines"] == 4 and gp["total"]["wall_s"] == 19.0
     table = cli_here("goodput", "gp", "--run-root", str(run_root))
     lines = table.stdout.splitlines()
-    assert lines[0].split()[:4] == ["ATTEMPT", "STEPS", "LOST_STEPS", "WALL_S"] and lines[2].startswith("total")
+    assert lines[0].split()[:5] == ["ATTEMPT", "STEPS", "STATE_FROM", "LOST_STEPS", "WALL_S"] and lines[2].startswith("total")
     assert "4 damaged line(s)" in lines[-1]
     # the text timeline: 72 letters for 19 s, in the parts' proportions (queued 2 s of 19 -> 8 letters)
     bar = next(ln for ln in lines if ln.startswith("|"))
