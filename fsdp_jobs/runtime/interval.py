@@ -11,8 +11,10 @@ The inputs, all this run's own:
   delta  the median blocking time of its saves (the goodput timeline's `save` events, and each save of this
          attempt as it returns); a run with none measured yet saves at once, to measure one (a checkpoint
          early is worth having in any case: a failure in the first hour would otherwise lose it all)
-  M      its wall time over its failures (attempts that ended failed, or were killed: no end recorded);
-         before the first failure the prior, checkpoint.mtbf_hours, or NODE_MTBF_H divided by the nodes
+  M      its wall time over its failures (attempts that ended failed, or were killed: no end recorded) that
+         cost checkpointed work: one the next attempt recovered from the ranks' in-memory snapshots
+         (fsdp_jobs/runtime/snapshots.py) lost none, so it does not shorten the interval; before the first
+         such failure the prior, checkpoint.mtbf_hours, or NODE_MTBF_H divided by the nodes
   step   the median time of this attempt's steps, saves left out
 
 Chosen by rank 0 after WARMUP_STEPS steps of each attempt and again after every save, and broadcast: every
@@ -40,9 +42,10 @@ FAILED = "failed"  # an attempt's end `why` begins so when it failed (fsdp_jobs/
 class History:
     """What the run's goodput timeline says before this attempt."""
 
-    failures: int = 0  # attempts that failed or were killed
+    failures: int = 0  # attempts that failed or were killed, and the next attempt loaded from disk (or the start)
     exposure_s: float = 0.0  # wall time of the earlier attempts, start to last event
     saves_s: tuple[float, ...] = ()  # blocking seconds of each save
+    from_memory: int = 0  # of the failures, those whose next attempt resumed from memory (no work lost)
 
 
 @dataclass
@@ -69,9 +72,12 @@ def history(events: Sequence[dict[str, Any]], current_pid: Optional[int]) -> His
     starts: dict[int, float] = {}
     last: dict[int, float] = {}
     ended: dict[int, str] = {}
+    source: dict[int, str] = {}  # where each attempt's state came from (the `loaded` event's)
     saves = []
     for e in events:
         pid = e.get("pid")
+        if isinstance(pid, int) and e["event"] == "loaded":  # this attempt's too: it says what the last failure cost
+            source[pid] = str(e.get("source", ""))
         if not isinstance(pid, int) or pid == current_pid:
             continue
         t = float(e["time"])
@@ -82,9 +88,12 @@ def history(events: Sequence[dict[str, Any]], current_pid: Optional[int]) -> His
             ended[pid] = str(e.get("why", ""))
         elif e["event"] == "save" and isinstance(e.get("blocked"), (int, float)):
             saves.append(float(e["blocked"]))
-    failures = sum(1 for pid in starts if pid not in ended or ended[pid].startswith(FAILED))
+    order = sorted(starts, key=starts.__getitem__)
+    after = dict(zip(order, [*order[1:], current_pid]))  # the attempt that followed each
+    failed = [pid for pid in order if pid not in ended or ended[pid].startswith(FAILED)]
+    from_memory = sum(1 for pid in failed if source.get(after[pid], "").startswith("memory"))
     exposure = sum(max(0.0, last[pid] - t) for pid, t in starts.items())
-    return History(failures, exposure, tuple(saves))
+    return History(len(failed) - from_memory, exposure, tuple(saves), from_memory)
 
 
 def prior_mtbf_s(mtbf_hours: Optional[float], nodes: int) -> tuple[float, str]:
@@ -113,6 +122,8 @@ def choose(past: History, attempt_saves_s: Sequence[float], attempt_s: float, st
         mtbf_s, mtbf_from = exposure / past.failures, f"{plural(past.failures, 'failure')} in {seconds_words(exposure)}"
     else:  # none seen: the prior, or the time run without one where that is longer
         mtbf_s, mtbf_from = max(prior[0], exposure), prior[1]
+    if past.from_memory:  # failures that cost no checkpointed work: said, not counted
+        mtbf_from += f"; {plural(past.from_memory, 'failure')} recovered from memory not counted"
     mtbf_s = max(mtbf_s, 1e-3)
     if not saves:
         return Choice(0, 0.0, 0.0, "none measured yet", step_s, mtbf_s, mtbf_from, past.failures, exposure)

@@ -55,6 +55,19 @@ def test_the_history_counts_failed_and_killed_attempts_their_wall_time_and_saves
     assert sorted(h.saves_s) == [0.4, 0.5, 0.6]
 
 
+def test_a_failure_the_next_attempt_recovered_from_memory_does_not_shorten_the_interval():
+    """pid 12 was killed and pid 13 resumed from the nodes' in-memory snapshots: no checkpointed work was lost,
+    so only pid 11's failure (pid 12 loaded a checkpoint) counts; the current attempt's own source counts too."""
+    timeline = [dict(e) for e in TIMELINE] + [event("loaded", 12, 61.0, source="disk"),
+                                              event("loaded", 13, 101.0, source="memory")]
+    h = interval.history(timeline, current_pid=14)
+    assert (h.failures, h.from_memory) == (1, 1)
+    seen = interval.choose(h, [], attempt_s=20.0, step_s=0.1, prior=(7200.0, "prior"))
+    assert seen.mtbf_s == pytest.approx(110 + 20) and "1 failure recovered from memory not counted" in seen.mtbf_from
+    h = interval.history([*timeline, event("loaded", 14, 141.0, source="memory+peers")], current_pid=14)
+    assert (h.failures, h.from_memory) == (1, 1)  # pid 13 was preempted: no failure for 14's source to pay
+
+
 def test_before_any_failure_the_prior_and_after_them_the_jobs_own_rate():
     prior = interval.prior_mtbf_s(None, nodes=1024)
     assert prior[0] == pytest.approx(interval.NODE_MTBF_H * 3600 / 1024) and "1024 nodes" in prior[1]
