@@ -256,13 +256,16 @@ class Marathon:
 
         found: list[Optional[tuple[float, str]]] = [None]
 
+        def from_memory() -> bool:  # a damaged checkpoint the restart had no need to read: nothing to detect
+            return only_aside and (restart_source(self.run_dir, t0) or "").startswith("memory")
+
         def done() -> bool:
             self.progress.poll()
             found[0] = found[0] or first()
             if cut[0] and (found[0] is not None or time.time() - t0 > CUT_MAX_S):
                 self.injector.resume(self.run)
                 cut[0] = False
-            return found[0] is not None and recovered() is not None
+            return (found[0] is not None or from_memory()) and recovered() is not None
 
         try:
             self.wait(done, RECOVER_S)
