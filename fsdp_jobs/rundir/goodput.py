@@ -12,7 +12,8 @@ read as one (fsdp_jobs/rundir/events.py read_timeline):
     process_group  {pid, began}           init_process_group + mesh done; began: when bring-up began
     preflight      {pid, ok}              preflight=true|only: the checks done (fsdp_jobs/runtime/preflight.py)
     built          {pid}                  model built, sharded, materialized; optimizer
-    loaded         {pid, step, attempt, restart}  the checkpoint loaded (step 0: a fresh start); attempt:
+    loaded         {pid, step, attempt, restart, source}  the state loaded (step 0: a fresh start); source: start,
+                                          disk, memory, memory+peers (runtime/snapshots.py); attempt:
                                           the metrics record's; restart: the job's, agreed by the ranks
     loop           {pid, step}            the step loop begins
     steps          {pid, first, last}     at each log/checkpoint flush: the steps since the previous mark
@@ -22,6 +23,8 @@ read as one (fsdp_jobs/rundir/events.py read_timeline):
     interval       {pid, step, next, steps, seconds, save_s, step_s, mtbf_s, failures, ...}  checkpoint.interval=auto
                                           chose the steps to the next checkpoint, from these inputs
                                           (fsdp_jobs/runtime/interval.py); no part of the tiling
+    memory_interval {pid, steps, snapshot_s, step_s, share}  checkpoint.memory_interval=auto chose the steps
+                                          between in-memory snapshots (fsdp_jobs/runtime/snapshots.py); no part
     end            {pid, why, step}       completed / preempted / failed: ...
 
 Each attempt's wall time is tiled by these marks: the time between two marks belongs to the part the
@@ -97,6 +100,7 @@ class _Attempt:
         self.flow: list[dict[str, Any]] = []  # steps, save and stall events, in order
         self.end: Optional[dict[str, Any]] = None
         self.interval: Optional[dict[str, Any]] = None  # checkpoint.interval=auto's last choice in this attempt
+        self.memory_interval: Optional[dict[str, Any]] = None  # checkpoint.memory_interval=auto's choice
         self.parts = dict.fromkeys(PARTS, 0.0)
         self.startup = dict.fromkeys(STARTUP_PARTS, 0.0)
         self.windows: list[tuple[int, int, float]] = []  # (first, last, productive seconds)
@@ -267,8 +271,8 @@ def account(events: list[dict[str, Any]], launches: Sequence[float] = (),
                 a.flow.append(e)
             elif name == "end":
                 a.end = e
-            elif name == "interval":
-                a.interval = {k: v for k, v in e.items() if k not in ("event", "pid", "time", "v")}
+            elif name in ("interval", "memory_interval"):
+                setattr(a, name, {k: v for k, v in e.items() if k not in ("event", "pid", "time", "v")})
             else:
                 a.marks[name] = e
     attempts.sort(key=lambda a: float(a.start["time"]))
@@ -316,7 +320,8 @@ def _report(attempts: list[_Attempt]) -> dict[str, Any]:
                      "steps": [steps[0][0], steps[-1][1]] if steps else None, "lost_steps": a.lost_steps,
                      "ended": (a.end or {}).get("why", "no end recorded (killed?)"),
                      **_summary(a.parts, a.startup, wall, a.save_blocked),
-                     **({"checkpoint_interval": a.interval} if a.interval else {})})
+                     **({"checkpoint_interval": a.interval} if a.interval else {}),
+                     **({"memory_interval": a.memory_interval} if a.memory_interval else {})})
         for k in PARTS:
             total[k] += a.parts[k]
         for k in STARTUP_PARTS:

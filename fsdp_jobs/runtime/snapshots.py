@@ -375,8 +375,11 @@ class MemorySnapshots:
     """In-memory snapshots of one rank: schedule, save, and recovery (see the module docstring)."""
 
     def __init__(self, directory: Optional[Path], rank: int, world_size: int, mesh_shape: dict[str, int],
-                 every: Any, identity: dict[str, Any], log: Callable[[str], None] = print) -> None:
+                 every: Any, identity: dict[str, Any], log: Callable[[str], None] = print,
+                 record: Optional[Callable[[dict[str, Any]], None]] = None) -> None:
+        """`record`: given auto's choice and its inputs (rank 0's goodput timeline keeps it)."""
         self.rank, self.world_size, self.mesh_shape, self.log = rank, world_size, mesh_shape, log
+        self.record = record
         self.shard = shard_of(rank, mesh_shape)
         self.enabled = directory is not None and every not in (0, "0", None)
         self.every = 1 if every == AUTO else int(every or 0)
@@ -424,6 +427,9 @@ class MemorySnapshots:
             agreed = agreed.to(collective_device())
             dist.all_reduce(agreed, op=dist.ReduceOp.MAX)
         self.every, self.auto = int(agreed.item()), False
+        if self.record is not None:
+            self.record({"steps": self.every, "snapshot_s": round(cost, 6), "step_s": round(step_s, 6),
+                         "share": AUTO_SHARE})
         self.log(f"checkpoint.memory_interval=auto: a snapshot every {self.every} step(s) (a snapshot "
                  f"{cost * 1000:.1f} ms, a step {step_s * 1000:.1f} ms on rank {self.rank}; at most "
                  f"{AUTO_SHARE:.0%} of the step time)")

@@ -351,7 +351,8 @@ class Trainer:
         job = RunDir(self.run_dir).job_file.stat()  # a rerun under the same name is another run
         identity = {"config": self.config_hash(), "run": f"{job.st_ino}-{job.st_mtime_ns}"}
         return MemorySnapshots(directory, world.rank, world.world_size, self.mesh_shape, self.ccfg.memory_interval,
-                               identity, log=lambda m: log(world.rank, m))
+                               identity, log=lambda m: log(world.rank, m),
+                               record=lambda choice: self.timeline.event("memory_interval", **choice))
 
     def disk_step(self) -> Optional[int]:
         """Rank 0's newest committed checkpoint's step (named, not checked: memory only has to be as new)."""

@@ -111,14 +111,19 @@ def test_each_attempt_says_where_its_state_came_from_and_a_restart_from_memory_l
     a2 = attempt(12, 130, 17, [(30, 10.0)], {30: 1.0}, ("completed", 0.5))
     next(e for e in a1 if e["event"] == "loaded")["source"] = "start"
     next(e for e in a2 if e["event"] == "loaded")["source"] = "memory+peers"
-    gp = goodput.account([node("node_start", 101), *a1, *a2, node("node_end", 150)], [100.0])
+    chose = {"event": "memory_interval", "pid": 12, "time": 138.0, "steps": 2, "snapshot_s": 0.0021, "step_s": 0.08,
+             "share": 0.02}
+    gp = goodput.account([node("node_start", 101), *a1, *a2, chose, node("node_end", 150)], [100.0])
     r1, r2 = gp["attempts"]
     assert (r1["state_from"], r2["state_from"], r2["resumed_from_step"]) == ("start", "memory+peers", 17)
-    assert gp["total"]["lost_steps"] == 0
+    assert gp["total"]["lost_steps"] == 0 and r2["memory_interval"]["steps"] == 2
     from fsdp_jobs.cli.report import goodput_lines
 
-    rows = [line.split() for line in goodput_lines(gp)[1:4]]
+    lines = goodput_lines(gp)
+    rows = [line.split() for line in lines[1:4]]
     assert [row[2] for row in rows] == ["start", "memory+peers", "-"], rows
+    assert ("attempt 2: checkpoint.memory_interval=auto: a snapshot every 2 step(s), from a snapshot of 2.1 ms and a "
+            "step of 80.0 ms (at most 2% of the step time)") in lines, lines
 
 
 def test_a_requeue_waits_for_nodes_as_queued_time_and_a_container_restart_is_recovery():
