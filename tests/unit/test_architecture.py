@@ -33,6 +33,17 @@ def module_name(path: Path) -> str:
 
 
 @functools.lru_cache(maxsize=None)
+def _syntax(source: str) -> ast.Module:
+    return ast.parse(source)
+
+
+def syntax(path: Path) -> ast.Module:
+    """The file's syntax tree, parsed once per process for the same text: each check below walks every file of
+    the project, and parsing them is most of what a check costs. Its readers never change a tree."""
+    return _syntax(path.read_text())
+
+
+@functools.lru_cache(maxsize=None)
 def source_files() -> dict[str, Path]:
     return {module_name(p): p for pkg in PACKAGES for p in sorted((REPO / pkg).rglob("*.py"))}
 
@@ -55,7 +66,7 @@ def imports_of(name: str, path: Path, modules: set[str], type_checking: bool = T
     those under `if TYPE_CHECKING:` too unless type_checking is False (what runs)."""
     found: set[str] = set()
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
-    tree = ast.parse(path.read_text())
+    tree = syntax(path)
     for node in ast.walk(tree) if type_checking else _runtime_nodes(tree):
         targets: list[str] = []
         if isinstance(node, ast.Import):
@@ -248,7 +259,7 @@ MAX_FUNCTION_LINES = 80
 
 def long_functions(path: Path) -> list[str]:
     return [f"{path.relative_to(REPO)}:{n.lineno}: {n.name} ({n.end_lineno - n.lineno + 1} lines)"
-            for n in ast.walk(ast.parse(path.read_text()))
+            for n in ast.walk(syntax(path))
             if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.end_lineno - n.lineno + 1 > MAX_FUNCTION_LINES]
 
 
@@ -270,7 +281,7 @@ def imports_rebound_in_functions(path: Path) -> list[str]:
     """Names the module imports at its top level that a function assigns to (a loop or `with` target too): the
     function's later uses of the name then get the local, as bench.py's `runs` list once hid the `runs` module
     from the `runs.load_job` beside it, an AttributeError on a GPU path no CPU test runs."""
-    tree = ast.parse(path.read_text())
+    tree = syntax(path)
     imported = {(a.asname or a.name).split(".")[0] for n in ast.walk(tree) if isinstance(n, (ast.Import, ast.ImportFrom))
                 and n.col_offset == 0 for a in n.names}
     return [f"{path.relative_to(REPO)}:{n.lineno}: {f.name} assigns {n.id}"
@@ -295,7 +306,7 @@ def test_the_rebinding_check_sees_a_local_that_hides_an_import(tmp_path, monkeyp
 def external_imports(path: Path) -> set[str]:
     """Top-level names of every module the file imports (in functions too; not under TYPE_CHECKING)."""
     found: set[str] = set()
-    for node in _runtime_nodes(ast.parse(path.read_text())):
+    for node in _runtime_nodes(syntax(path)):
         if isinstance(node, ast.Import):
             found |= {a.name for a in node.names}
         elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
@@ -420,7 +431,7 @@ PATH_WRITES = {"write_text", "write_bytes", "touch", "mkdir"}
 
 @functools.lru_cache(maxsize=None)
 def rundir_members() -> frozenset[str]:
-    tree = ast.parse((REPO / "fsdp_jobs" / "rundir" / "layout.py").read_text())
+    tree = syntax(REPO / "fsdp_jobs" / "rundir" / "layout.py")
     cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "RunDir")
     return frozenset(f.name for f in cls.body if isinstance(f, ast.FunctionDef) and not f.name.startswith("_"))
 
@@ -501,10 +512,11 @@ def record_writes(path: Path, helpers: dict[str, set[str]], module: str = "") ->
     """(record, function, line) of every write in the file: a path written (ARG_WRITES, PATH_WRITES, open for
     writing), or a call of a contract helper that writes it (`helpers`: "runs.write_state" -> {"state_file"}).
     A removal or a rename is no write: a request taken by its reader, an attempt clearing the last one's."""
-    tree = ast.parse(path.read_text())
+    tree = syntax(path)
     imports, out = contract_imports(tree, module), {}
     classes = [n for n in ast.walk(tree) if isinstance(n, ast.ClassDef)]
-    owners = {id(fn): aliases_in(c, {}) for c in classes for fn in ast.walk(c) if isinstance(fn, ast.FunctionDef)}
+    owners = {id(fn): of_class for c in classes for of_class in [aliases_in(c, {})]  # once a class, not a method
+              for fn in ast.walk(c) if isinstance(fn, ast.FunctionDef)}
     for fn in [n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)]:
         aliases = aliases_in(fn, {k: v for k, v in owners.get(id(fn), {}).items() if k.startswith("self.")})
         for call in [n for n in ast.walk(fn) if isinstance(n, ast.Call)]:
@@ -525,7 +537,7 @@ def contract_writers() -> dict[str, frozenset[str]]:
     while True:
         before = {k: set(v) for k, v in helpers.items()}
         for p in sorted((REPO / "fsdp_jobs" / "rundir").glob("*.py")):
-            tree = ast.parse(p.read_text())
+            tree = syntax(p)
             methods = {m.name: c.name for c in tree.body if isinstance(c, ast.ClassDef)
                        for m in c.body if isinstance(m, ast.FunctionDef)}
             for record, fn, _ in record_writes(p, helpers, p.stem):
