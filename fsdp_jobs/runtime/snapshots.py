@@ -15,6 +15,9 @@ invalid and the other whole. Two are enough: the ranks write synchronously, so w
 K every rank has finished the snapshot before K (step K's collectives needed them all), and that one is
 in the slot K does not overwrite.
 
+A failure is still a cold restart of every rank (torchrun's agent restarts them all: fsdp_jobs/ARCHITECTURE.md,
+pitfall 27); what changes is where the restarted ranks take their state from.
+
 Recovery (collective, before anything is loaded): every rank says which snapshots its node holds; the
 newest step that every rank can get, from its own node's memory or from a rank of another replica group
 holding the same shard (HSDP: the replicate dimension), wins if it is at least as new as the newest DCP
@@ -148,6 +151,7 @@ def apply(state: Any, tensors: list[torch.Tensor], skeleton: Any) -> None:
             obj.load_state_dict(_fill(saved, tensors))
     state.step, state.samples_seen = int(skeleton["progress"]["step"]), int(skeleton["progress"]["samples_seen"])
     # a generator's state is read from its storage's start: a tensor of its own, not a view into the slot
+    # (fsdp_jobs/ARCHITECTURE.md, pitfall 24)
     torch.set_rng_state(tensors[skeleton["rng"][TENSOR]].clone())
     if state.cuda_rng is not None and "cuda_rng" in skeleton:
         torch.cuda.set_rng_state(tensors[skeleton["cuda_rng"][TENSOR]].clone(), state.cuda_rng)
@@ -185,7 +189,8 @@ HEADER = 4096  # the header's room at the front of a slot; written last, so a to
 
 
 def byte_tensor(data: bytes) -> torch.Tensor:
-    """A writable uint8 tensor over a copy of `data` that keeps its memory alive (torch.frombuffer's does not)."""
+    """A writable uint8 tensor over a copy of `data` that keeps its memory alive (torch.frombuffer's does not:
+    fsdp_jobs/ARCHITECTURE.md, pitfall 25)."""
     return torch.from_numpy(numpy.frombuffer(bytearray(data), dtype=numpy.uint8))
 
 
@@ -218,7 +223,7 @@ class SnapshotStore:
         meta = json.dumps({"skeleton": skeleton, "tensors": layout}).encode()
         end = at + len(meta)
         # numpy's copies: one thread's memcpy. torch's copy_ hands them to its thread pool, which on busy
-        # cores waits for threads more than it copies
+        # cores waits for threads more than it copies (fsdp_jobs/ARCHITECTURE.md, pitfall 26)
         mapped = self.mapping(path, end).numpy()
         mapped[:len(MAGIC)] = 0  # invalid until the header is written again
         crc = 0
