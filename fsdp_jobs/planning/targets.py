@@ -12,6 +12,7 @@ through: only a path that certainly fails is refused.
 from __future__ import annotations
 
 import ast
+import functools
 import importlib.machinery
 import importlib.util
 from pathlib import Path
@@ -88,6 +89,13 @@ def _top_level(body: list[ast.stmt]) -> Iterator[ast.stmt]:
                 yield from _top_level(handler.body)
 
 
+@functools.lru_cache(maxsize=64)
+def _names_in(source: str) -> tuple[dict[str, ast.AST], bool]:
+    """_names of a module's source, parsed once per process for the same text: a sweep's members, and a
+    process that plans more than once, check the same few modules again and again. Its readers change nothing."""
+    return _names(ast.parse(source))
+
+
 def _names(tree: ast.Module) -> tuple[dict[str, ast.AST], bool]:
     """Top-level name -> its last definition; and whether names can come from elsewhere (a star import, a
     module __getattr__, globals())."""
@@ -151,10 +159,9 @@ def definition(path: str) -> Optional[Definition]:
         return None  # compiled, frozen, namespace, or a finder of its own
     try:
         with open(origin, "rb") as f:
-            tree = ast.parse(importlib.util.decode_source(f.read()))
+            names, open_ended = _names_in(importlib.util.decode_source(f.read()))
     except (OSError, SyntaxError, ValueError, UnicodeDecodeError):
         return None  # the rank's own import says what is wrong with the file
-    names, open_ended = _names(tree)
     node = names.get(name)
     if node is None:
         if open_ended:

@@ -152,6 +152,23 @@ def test_a_class_is_checked_as_the_ranks_call_it(userpkg):
     targets.check_class("fsdp.wrap.transformer_blocks", "userpkg.models.Guarded")  # unknown: let through
 
 
+def test_a_module_is_parsed_once_for_the_same_text_and_again_once_edited(userpkg, monkeypatch):
+    """A sweep's members (a process that plans again and again) check the same modules: each text is parsed
+    once; a module edited since is read as it is now."""
+    parsed = []
+    real = targets.ast.parse
+    monkeypatch.setattr(targets.ast, "parse", lambda source, *a, **k: parsed.append(source) or real(source, *a, **k))
+    targets._names_in.cache_clear()
+    for _ in range(3):
+        assert targets.definition("userpkg.models.Base").kind == "class"
+        assert targets.definition("userpkg.models.factory").kind == "function"
+    assert len(parsed) == 1
+    models = userpkg / "models.py"
+    models.write_text(models.read_text() + "\nclass Later:\n    pass\n")
+    assert targets.definition("userpkg.models.Later").kind == "class"
+    assert len(parsed) == 2
+
+
 def test_the_planning_readers_agree_with_what_the_ranks_pass():
     """The ranks' calls offer exactly the names planning checks against (fsdp_jobs/runtime/shard.py, data.py)."""
     import inspect
