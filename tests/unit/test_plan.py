@@ -304,10 +304,11 @@ def test_the_schemas_are_stored_once_per_set_of_backends_and_again_when_it_chang
 # added, forced, deleted; a map set whole, an unknown key, a wrong type, an entry added where one exists, a
 # deletion of nothing, an option that does not exist, a sweep's value
 AS_HYDRA_COMPOSES = [
-    ["nodes=2", "train.lr=3e-4"], ["nodes=2", "nodes=3"], ["model.n_layers=3", "model=llama3_1b"],
-    ["model=llama3_1b", "model.n_layers=3"], ["cluster=slurm", "cluster.partition=gpu", "train.betas=[0.8,0.9]"],
-    ["+cluster.env.A=x", "++train.lr=1e-3", "+cluster.env.B=y", "~cluster.env.A=x"], ["cluster.env={A:1}"],
-    ["nope=1"], ["model.nope=1"], ["nodes=abc"], ["+nodes=3"], ["~nope=1"], ["cluster=nope"],
+    ["nodes=2", "train.lr=3e-4", "nodes=3", "+cluster.env.A=x", "++train.lr=1e-3", "+cluster.env.B=y",
+     "~cluster.env.A=x"],
+    ["model.n_layers=3", "model=llama3_1b"], ["cluster=slurm", "model=llama3_1b", "model.n_layers=3",
+                                             "cluster.partition=gpu", "train.betas=[0.8,0.9]"],
+    ["cluster.env={A:1}"], ["nope=1"], ["model.nope=1"], ["nodes=abc"], ["+nodes=3"], ["~nope=1"], ["cluster=nope"],
     ["nodes=2", "fsdp=full_shard,no_shard"],
 ]
 
