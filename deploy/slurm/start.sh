@@ -355,17 +355,8 @@ slurmctld                                # daemonizes, writes $BASE/run/slurmctl
 record slurmctld "$BASE/run/slurmctld.pid"
 USE_UTS=0
 if [ "$MODE" = ports ] && [ "${SLURM_CI_UTS:-1}" = 1 ] && unshare --uts true 2>/dev/null; then USE_UTS=1; fi
-for i in $(seq 1 "$NODES"); do
-  if [ "$MODE" = netns ]; then
-    # nsenter, not `ip netns exec`: the latter remounts /sys, hiding /sys/fs/cgroup, and slurmd 22.05
-    # then dies with "No filesystem mounted on /sys/fs/cgroup" even with proctrack/linuxproc
-    nsenter --net=/run/netns/slurm-n$i unshare --uts sh -c "hostname n$i && exec slurmd -N n$i"
-  elif [ $USE_UTS = 1 ]; then
-    unshare --uts sh -c "hostname n$i && exec slurmd -N n$i"
-  else
-    slurmd -N n$i
-  fi
-done
+source "$HERE/slurmd.sh"
+for i in $(seq 1 "$NODES"); do launch_slurmd "$i" "$MODE" "$USE_UTS"; done
 for i in $(seq 1 "$NODES"); do record "slurmd-n$i" "$BASE/run/slurmd-n$i.pid"; done
 log "daemons launched (mode=$MODE, own hostnames=$([ "$MODE" = netns ] && echo yes || { [ $USE_UTS = 1 ] && echo yes || echo no; }))"
 
