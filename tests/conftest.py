@@ -119,6 +119,15 @@ def manifest(ckpt: Path) -> dict[str, Any]:
     return json.loads((ckpt / "manifest.json").read_text())
 
 
+def loaded_sources(run_dir: Path) -> list[str]:
+    """Where each attempt's state came from (start, disk, memory, memory+peers), as the goodput timeline's
+    "loaded" events say."""
+    from fsdp_jobs.rundir.layout import RunDir
+
+    events = [json.loads(line) for line in RunDir(run_dir).goodput_file.read_text().splitlines() if line.strip()]
+    return [e.get("source") for e in events if e.get("event") == "loaded"]
+
+
 def load_checkpoint(ckpt: Path) -> dict[str, Any]:
     """Every tensor and value of a DCP checkpoint, consolidated in this process (no process group)."""
     import tempfile

@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 
 from fsdp_jobs.rundir.layout import RunDir
-from tests.conftest import (MEASURED, PACED, REPO, SHORT, assert_same_state, cli, committed, listed_row, losses,
-                            metrics)
+from tests.conftest import (MEASURED, PACED, REPO, SHORT, assert_same_state, cli, committed, listed_row,
+                            loaded_sources, losses, manifest, metrics)
 
 pytestmark = [pytest.mark.docker, pytest.mark.integration, pytest.mark.usefixtures("docker_engine")]
 
@@ -84,6 +84,23 @@ def drain(proc: subprocess.Popen[str]) -> Callable[[], str]:
     return out
 
 
+def kill_a_training_container(run_dir: Path) -> tuple[list[str], str, str, float]:
+    """A 3 + 1 spare job's training container killed from the host (docker kill: Docker does not restart it):
+    (the nodes that trained, the spare, the killed one, the time of the kill). Not node0: it hosts the c10d
+    store, whose death ends the rendezvous for every node, spares or not."""
+    world = json.loads((run_dir / "world.json").read_text())["nodes"]
+    assert len(world) == 3, world
+    [spare] = {"node0", "node1", "node2", "node3"} - set(world)  # which one waits is the rendezvous' race
+    assert {x["restart"] for x in metrics(run_dir)} == {0}  # the waiting spare caused no restart
+    victim = max(n for n in world if n != "node0")
+    container = subprocess.run(["docker", "ps", "-q", "--filter", f"label=fsdp-jobs.run={run_dir}", "--filter",
+                                f"label=fsdp-jobs.node={victim[4:]}"], capture_output=True, text=True).stdout.split()
+    assert len(container) == 1, container
+    killed_at = time.time()
+    assert_ok(subprocess.run(["docker", "kill", container[0]], capture_output=True, text=True))
+    return world, spare, victim, killed_at
+
+
 @pytest.fixture(scope="module")
 def reference_run(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess[str]]:
     """The issue's command, `cluster=docker nodes=3 gpus_per_node=1`, run uninterrupted through sudo."""
@@ -127,16 +144,7 @@ def test_a_hot_spare_takes_a_killed_containers_place_at_world_three_and_the_same
     proc = start(f"run_root={run_root}", "name=spare", *RUN_ARGS, "cluster.spare_nodes=1")
     run_dir = run_root / "spare"
     wait_for_file(run_dir / "checkpoints" / "step-000050" / "manifest.json", proc)
-    world = json.loads((run_dir / "world.json").read_text())["nodes"]
-    assert len(world) == 3, world
-    [spare] = {"node0", "node1", "node2", "node3"} - set(world)  # which one waits is the rendezvous' race
-    assert {x["restart"] for x in metrics(run_dir)} == {0}  # the waiting spare caused no restart
-    victim = max(n for n in world if n != "node0")
-    container = subprocess.run(["docker", "ps", "-q", "--filter", f"label=fsdp-jobs.run={run_dir}", "--filter",
-                                f"label=fsdp-jobs.node={victim[4:]}"], capture_output=True, text=True).stdout.split()
-    assert len(container) == 1, container
-    killed_at = time.time()
-    assert_ok(subprocess.run(["docker", "kill", container[0]], capture_output=True, text=True))
+    world, spare, victim, killed_at = kill_a_training_container(run_dir)
     out, _ = proc.communicate(timeout=600)
     assert proc.returncode == 0, out[-4000:]
     m = metrics(run_dir)
@@ -155,6 +163,51 @@ def test_a_hot_spare_takes_a_killed_containers_place_at_world_three_and_the_same
     after = next(x for x in m if x["restart"] == 1)
     print(f"{MEASURED}hot spare (Docker 3 + 1): {victim} killed, {spare} took its place; first step at world 3 "
           f"{after['time'] - killed_at:.1f} s after the kill (resumed from step {after['step'] - 1})")
+
+
+def test_a_hot_spare_takes_a_killed_containers_state_from_the_other_replica_groups_memory(run_root, reference_run):
+    """fsdp=hybrid_shard on 3 containers of 1 rank (3 replica groups, each the whole state) + 1 spare, a training
+    container killed from the host half way between checkpoints 50 and 100. The next round takes the spare,
+    whose node memory holds nothing: its rank receives the state of the newest in-memory snapshot from a rank
+    of another replica group, the two survivors read theirs from their own containers' /dev/shm, and no DCP
+    checkpoint is read. The job keeps world 3 and ends bit for bit where an uninterrupted one does."""
+    from tests.integration.test_memory_recovery import RESUMED
+
+    proc = start(f"run_root={run_root}", "name=memspare", *RUN_ARGS, "fsdp=hybrid_shard", "cluster.spare_nodes=1",
+                 "train.log_interval=1")
+    output = drain(proc)
+    run_dir = run_root / "memspare"
+    try:
+        wait_until("step 75", lambda: (run_dir / "checkpoints" / "step-000050" / "manifest.json").exists()
+                   and metrics(run_dir)[-1]["step"] >= 75, proc, output)
+        reached = metrics(run_dir)[-1]["step"]
+        world, spare, victim, killed_at = kill_a_training_container(run_dir)
+        out = output()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, out[-4000:]
+    assert manifest(run_dir / "checkpoints" / "step-000050")["mesh"] == {"replicate": 3, "shard": 1}
+    assert "checkpoint: resumed from" not in out, out[-4000:]  # no DCP read
+    assert loaded_sources(run_dir) == ["start", "memory+peers"], loaded_sources(run_dir)
+    found = RESUMED.search(out)
+    assert found, out[-4000:]
+    every = re.search(r"memory_interval=auto: a snapshot every (\d+) step", out)
+    resumed = int(found.group(1))
+    # newer than checkpoint 50, and the newest snapshot at or after the step seen before the kill
+    assert 50 < resumed and resumed >= reached - (int(every.group(1)) if every else 1), (reached, found.group(0))
+    assert found.group(2) == "ranks from their own node's memory: 2, from a peer's: 1", found.group(0)
+    m = metrics(run_dir)
+    assert {x["world_size"] for x in m} == {3} and max(x["restart"] for x in m) == 1, out[-3000:]
+    assert f"nodes: {victim} left the job; {spare} joined" in out, out[-3000:]
+    assert sorted(json.loads((run_dir / "world.json").read_text())["nodes"]) == sorted({*world, spare} - {victim})
+    assert_same_state(reference_run[0] / "checkpoints" / "step-000200", run_dir / "checkpoints" / "step-000200")
+    assert labelled("container", run_dir) == []
+    after = next(x for x in m if x["restart"] == 1)
+    logged = max(x["step"] for x in m if x["restart"] == 0)  # rank 0's last line before the kill
+    print(f"{MEASURED}hot spare from memory (Docker 3 + 1, hybrid_shard): {victim} killed after step {reached}; "
+          f"{spare}'s rank took step {resumed} from a peer (the last step logged before the kill: {logged}); first "
+          f"step at world 3 {after['time'] - killed_at:.1f} s after the kill")
 
 
 @pytest.mark.expects_hang  # the cut node's peers' collectives stop: a hang, declared by design

@@ -15,8 +15,9 @@ import pytest
 import yaml
 
 from fsdp_jobs.rundir import runs
-from tests.conftest import MEASURED, PACED, REPO, SHORT, assert_same_state, cli, committed, losses, manifest, metrics
-from tests.slurm.conftest import job_log, sh, submit, wait_for, wait_job
+from tests.conftest import (MEASURED, PACED, REPO, SHORT, assert_same_state, cli, committed, loaded_sources, losses,
+                            manifest, metrics, shared_run)
+from tests.slurm.conftest import DEPLOY, job_log, sh, submit, wait_for, wait_job
 
 pytestmark = [pytest.mark.slurm, pytest.mark.usefixtures("slurm_cluster")]
 
@@ -295,7 +296,17 @@ SPARE_ARGS = ("nodes=3", "gpus_per_node=1", "train.steps=200", "checkpoint.inter
               "train.seed=7", "train.log_interval=1", *SHORT)
 
 
-def test_a_hot_spare_takes_a_killed_nodes_place_at_world_three_and_the_same_losses(run_root):
+@pytest.fixture
+def spare_reference(tmp_path_factory) -> Path:
+    """An uninterrupted 3-node job of SPARE_ARGS (no spare), run once per session: the spare tests' reference."""
+    def run(root: Path) -> Path:
+        ref_id, _, _ = submit(f"run_root={root}", "name=ref", *SPARE_ARGS)
+        assert wait_job(ref_id, 600) == "COMPLETED", job_log(root / "ref", ref_id)[-4000:]
+        return root / "ref"
+    return shared_run(tmp_path_factory, "slurm-spare-reference", run)
+
+
+def test_a_hot_spare_takes_a_killed_nodes_place_at_world_three_and_the_same_losses(run_root, spare_reference):
     """cluster.spare_nodes=1 on 3 nodes: an allocation of all 4 nodes (--no-kill), one agent waiting in torch's
     rendezvous redundancy list. A training node other than the store's (the first host) loses its agent and
     ranks to SIGKILL; its SLURM task stays and waits for the job's outcome, the next round takes the spare,
@@ -305,8 +316,6 @@ def test_a_hot_spare_takes_a_killed_nodes_place_at_world_three_and_the_same_loss
     batch script's exit trap srun's status 9 made it FAILED)."""
     from tests.integration.test_spares import node_wrappers
 
-    ref_id, _, _ = submit(f"run_root={run_root}", "name=ref", *SPARE_ARGS)
-    assert wait_job(ref_id, 600) == "COMPLETED"
     job_id, _, submitted = submit(f"run_root={run_root}", "name=spare", "cluster.spare_nodes=1", *SPARE_ARGS)
     run_dir = run_root / "spare"
     wait_for(lambda: (run_dir / "checkpoints" / "step-000050" / "manifest.json").exists(), 300, "checkpoint 50")
@@ -335,10 +344,62 @@ def test_a_hot_spare_takes_a_killed_nodes_place_at_world_three_and_the_same_loss
     assert f"Node failure on {victim}" in log and "but training completed at step 200" in log, log[-4000:]
     assert "on 3 nodes x 1 (+ 1 hot spare)" in submitted, submitted
     assert f"nodes: {victim} left the job; {spare} joined" in log, log[-4000:]
-    assert losses(run_dir) == losses(run_root / "ref")
-    assert_same_state(run_root / "ref" / "checkpoints" / "step-000200", run_dir / "checkpoints" / "step-000200")
+    assert losses(run_dir) == losses(spare_reference)
+    assert_same_state(spare_reference / "checkpoints" / "step-000200", run_dir / "checkpoints" / "step-000200")
     status = json.loads(cli("status", "spare", "--run-root", str(run_root)).stdout)
     assert status["state"] == "SUCCEEDED" and status["spare_nodes"] == 1, status
     after = next(x for x in m if x["restart"] == 1)
     print(f"{MEASURED}hot spare (SLURM 3 + 1): {victim} killed, {spare} took its place; first step at world 3 "
           f"{after['time'] - killed_at:.1f} s after the kill (resumed from step {after['step'] - 1})")
+
+
+def test_a_hot_spare_takes_a_lost_nodes_state_from_the_other_replica_groups_memory(run_root, spare_reference):
+    """fsdp=hybrid_shard on 3 nodes of 1 rank (3 replica groups, each the whole state) + 1 spare. Half way between
+    checkpoints 50 and 100 a training node other than the store's is lost: its slurmd and every process on it
+    SIGKILLed (deploy/slurm/node.sh stop), then set DOWN as a health check would. The next round takes the
+    spare, whose node memory holds nothing: its rank receives the newest in-memory snapshot from a rank of
+    another replica group, the two survivors read theirs from their own node's memory, and no DCP checkpoint is
+    read. The job keeps world 3, completes, and ends bit for bit where an uninterrupted one does."""
+    from fsdp_jobs.rundir.liveness import derived_local_dir
+    from tests.integration.test_memory_recovery import RESUMED
+
+    job_id, _, _ = submit(f"run_root={run_root}", "name=memspare", "fsdp=hybrid_shard", "cluster.spare_nodes=1",
+                          *SPARE_ARGS)
+    run_dir = run_root / "memspare"
+    wait_for(lambda: (run_dir / "checkpoints" / "step-000050" / "manifest.json").exists()
+             and metrics(run_dir)[-1]["step"] >= 75, 300, "step 75, past checkpoint 50")
+    world = json.loads((run_dir / "world.json").read_text())["nodes"]
+    [spare] = {"n1", "n2", "n3", "n4"} - set(world)  # the allocation is every node; which one waits is a race
+    assert {x["restart"] for x in metrics(run_dir)} == {0}  # the waiting spare caused no restart
+    victim = max(n for n in world if n != "n1")  # n1, the first host, holds the rendezvous store
+    reached = metrics(run_dir)[-1]["step"]
+    killed_at = time.time()
+    try:
+        sh("bash", str(DEPLOY / "node.sh"), "stop", victim, check=True)
+        wait_for(lambda: any(x["restart"] == 1 for x in metrics(run_dir)), 300, "a step after the spare joined")
+        sh("scontrol", "update", f"nodename={victim}", "state=down", "reason=fsdp-jobs test: a lost node", check=True)
+        assert wait_job(job_id, 600) == "COMPLETED", job_log(run_dir, job_id)[-4000:]
+    finally:  # the node repaired, for the next tests; what its memory held went with it
+        restarted = sh("bash", str(DEPLOY / "node.sh"), "start", victim)
+        shutil.rmtree(derived_local_dir(run_dir, victim), ignore_errors=True)
+    assert f"{victim} started again" in restarted, restarted
+    log = job_log(run_dir, job_id)
+    assert manifest(run_dir / "checkpoints" / "step-000050")["mesh"] == {"replicate": 3, "shard": 1}
+    assert "checkpoint: resumed from" not in log, log[-4000:]  # no DCP read
+    assert loaded_sources(run_dir) == ["start", "memory+peers"], loaded_sources(run_dir)
+    found = RESUMED.search(log)
+    assert found, log[-4000:]
+    every = re.search(r"memory_interval=auto: a snapshot every (\d+) step", log)
+    resumed = int(found.group(1))
+    # newer than checkpoint 50, and the newest snapshot at or after the step seen before the kill
+    assert 50 < resumed and resumed >= reached - (int(every.group(1)) if every else 1), (reached, found.group(0))
+    assert found.group(2) == "ranks from their own node's memory: 2, from a peer's: 1", found.group(0)
+    m = metrics(run_dir)
+    assert {x["world_size"] for x in m} == {3} and m[-1]["step"] == 200 and max(x["restart"] for x in m) == 1
+    assert f"nodes: {victim} left the job; {spare} joined" in log, log[-4000:]
+    assert_same_state(spare_reference / "checkpoints" / "step-000200", run_dir / "checkpoints" / "step-000200")
+    after = next(x for x in m if x["restart"] == 1)
+    logged = max(x["step"] for x in m if x["restart"] == 0)  # rank 0's last line before the loss
+    print(f"{MEASURED}hot spare from memory (SLURM 3 + 1, hybrid_shard): {victim} lost after step {reached}; "
+          f"{spare}'s rank took step {resumed} from a peer (the last step logged before the loss: {logged}); first "
+          f"step at world 3 {after['time'] - killed_at:.1f} s after the loss")
