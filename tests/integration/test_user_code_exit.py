@@ -1,17 +1,20 @@
 """A user's script that succeeded ends its rank with status 0 even when the interpreter's teardown would
 abort it (fsdp_jobs/runtime/user_code.py: `finished`): a process group the script never destroyed does
-that to a rank now and then (gloo's threads at finalization), and torchrun then restarts that node alone."""
+that to a rank now and then (gloo's threads at finalization), and torchrun then restarts that node alone.
+A script's sys.exit(3) ends the rank with 3, recorded with its code and in torchrun's error file."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 
 import pytest
 
+from fsdp_jobs.rundir import failures
 from tests.conftest import REPO
 
-# four interpreters that each import torch (the shim's torchrun @record): the jobs tier, not the quick loop
+# five interpreters that each import torch (the shim's torchrun @record): the jobs tier, not the quick loop
 pytestmark = pytest.mark.integration
 
 BOMB = '''
@@ -48,3 +51,14 @@ def test_a_failing_script_still_fails(tmp_path):
     assert r.returncode != 0  # 3, or the teardown's abort: a failure either way, which torchrun restarts
     r, _ = run_shim(tmp_path, "raise ValueError('bad batch')")
     assert r.returncode != 0 and "ValueError: bad batch" in r.stderr
+
+
+def test_sys_exit_3_in_a_script_is_recorded_with_its_code_and_in_torchruns_error_file(tmp_path):
+    script, err = tmp_path / "bad.py", tmp_path / "error.json"
+    script.write_text("import sys\n\nsys.exit(3)\n")
+    env = {"FSDP_JOBS_RUN_DIR": str(tmp_path), "TORCHELASTIC_ERROR_FILE": str(err), "RANK": "1", "PATH": "/usr/bin"}
+    r = subprocess.run([sys.executable, "-m", "fsdp_jobs.runtime.user_code", str(script)], cwd=REPO, env=env,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 3, r.stderr[-2000:]
+    assert failures.cause(tmp_path) == "rank 1 exited 3: SystemExit: 3 (bad.py:3)"
+    assert json.loads(err.read_text())["message"]["message"] == "SystemExit: 3"  # the node's failure line's source
