@@ -173,8 +173,11 @@ def _flatten(d, prefix=""):
 @pytest.fixture(autouse=True)
 def journal_in_tmp(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
     """Every submission is journalled (fsdp_jobs/rundir/journal.py): tests write theirs to a temporary state
-    directory, never the user's ~/.local/state/fsdp-jobs/."""
-    monkeypatch.setenv("FSDP_JOBS_STATE_DIR", str(tmp_path_factory.mktemp("state")))
+    directory, never the user's ~/.local/state/fsdp-jobs/. One of its own, not one of pytest's numbered ones:
+    making a numbered directory lists the session's temporary directory, which grows by one with every test."""
+    import tempfile
+
+    monkeypatch.setenv("FSDP_JOBS_STATE_DIR", tempfile.mkdtemp(prefix="state-", dir=tmp_path_factory.getbasetemp()))
 
 
 def shared_run(tmp_path_factory: pytest.TempPathFactory, name: str, run: Callable[[Path], Path]) -> Path:
