@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -117,6 +118,15 @@ def committed(run_dir: Path) -> list[str]:
 
 def manifest(ckpt: Path) -> dict[str, Any]:
     return json.loads((ckpt / "manifest.json").read_text())
+
+
+def resumes(out: str) -> list[tuple[str, int]]:
+    """Every resume a job's output tells of, in order: ("disk", step) for a DCP checkpoint loaded, ("memory",
+    step) for the ranks' in-memory snapshots (fsdp_jobs/runtime/snapshots.py). checkpoint.memory_interval=auto
+    takes a snapshot every step or every few, as their measured cost allows: where the newest snapshot is
+    older than the newest checkpoint, a restart loads the checkpoint."""
+    found = re.findall(r"checkpoint: resumed from step-(\d+)|resumed from the in-memory snapshot of step (\d+) ", out)
+    return [("disk", int(disk)) if disk else ("memory", int(memory)) for disk, memory in found]
 
 
 def loaded_sources(run_dir: Path) -> list[str]:

@@ -1,6 +1,7 @@
 """The chaos marathon on a real local 2x2 job (`python -m fsdp_jobs.bench chaos`, which runs an uninterrupted
 job and then the same job under `fsdp-jobs chaos RUN marathon`): one fault of each kind the local backend
-deals (kill-rank, hang-rank, slow-node, corrupt-checkpoint), each detected from the job's own records and
+deals (kill-rank, hang-rank, slow-node, corrupt-checkpoint), each detected from the job's own records (a
+damaged checkpoint where the restart read it: one that took the state from memory has nothing to detect) and
 recovered from, the job ending completed with its final checkpoint equal bit for bit to the uninterrupted
 run's, the table and goodput printed and every incident kept in the run dir. The 30-fault marathon is the
 benchmark's (README: Chaos marathon); this one is the CI-sized proof."""
@@ -30,11 +31,15 @@ def test_a_marathon_of_every_kind_ends_completed_and_bitwise_equal(tmp_path):
     assert result["marathon_exit"] == 0, result["table"]
     incidents = result["incidents"]
     assert sorted(i["kind"] for i in incidents) == sorted(["kill-rank", "hang-rank", "slow-node", "corrupt-checkpoint"])
+    corrupt = next(i for i in incidents if i["kind"] == "corrupt-checkpoint")
+    if corrupt.get("source") == "disk":  # the restart met the damaged one: found and set aside, not skipped past
+        assert "set aside" in corrupt["evidence"] and corrupt.get("detected_s") is not None, corrupt
+    else:  # the ranks' in-memory snapshots: no checkpoint read, so none to find damaged
+        assert corrupt.get("source", "").startswith("memory") and "detected_s" not in corrupt, corrupt
     for i in incidents:
-        assert i["detected_s"] is not None and i["recovered_s"] is not None, i
-        assert i["recovered_s"] >= i["detected_s"] >= 0, i
+        assert i.get("recovered_s") is not None and (i is corrupt or i.get("detected_s") is not None), i
+        assert i["recovered_s"] >= i.get("detected_s", 0) >= 0, i
     why = {i["kind"]: i["evidence"] for i in incidents}
-    assert "set aside" in why["corrupt-checkpoint"]  # the damaged one was found, not merely skipped past
     assert "watchdog: hang" in why["hang-rank"] and "straggler view names node" in why["slow-node"]
     assert next(i for i in incidents if i["kind"] == "slow-node")["steps_lost"] == 0
     assert result["bitwise_equal_to_uninterrupted"], result["first_difference"]

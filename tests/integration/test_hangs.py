@@ -1,7 +1,8 @@
 """A rank that stops making progress without dying (launchers/node/watchdog.py), on a real local 2x2 job:
 `fsdp-jobs chaos RUN hang-rank R` stops it; each node's watchdog declares the hang within its timeout,
 dumps the stopped rank's stack (naming its frame), `status` names rank and node, the workers restart
-from the newest checkpoint, and the job ends bit for bit where an uninterrupted run ends."""
+(from the ranks' in-memory snapshots, or the newest checkpoint where it is newer), and the job ends bit for
+bit where an uninterrupted run ends."""
 
 from __future__ import annotations
 
