@@ -122,11 +122,16 @@ class MetricsWindow:
     """Per-step values stay on the device until the next log/checkpoint step: then one all-reduce and
     one host sync agree on the buffered losses, and their metrics lines are written. Each record says
     how many ranks took part in its step (`world_size`: fewer while a replica group is missing) and
-    whether this rank writes it (`writer`: one group of a replica job writes each step's line)."""
+    whether this rank writes it (`writer`: one group of a replica job writes each step's line).
+
+    The losses are all-reduced in a vector of `slots` (train.log_interval) places, each step's at its own place
+    (step - 1) % slots: how a collective sums an element depends on the vector's length and the element's
+    place in it, so every step's logged loss is the same bits whatever windows a run's restarts and snapshots
+    cut its steps into (a run resumed at any step logs what an uninterrupted one does)."""
 
     def __init__(self, metrics: MetricsWriter, world: World, attempt: str, tokens_per_rank_step: int,
-                 flops_per_token: float, peak_flops: float) -> None:
-        self.metrics, self.world, self.attempt = metrics, world, attempt
+                 flops_per_token: float, peak_flops: float, slots: int = 1) -> None:
+        self.metrics, self.world, self.attempt, self.slots = metrics, world, attempt, max(1, slots)
         self.tokens_per_rank_step, self.fpt, self.peak = tokens_per_rank_step, flops_per_token, peak_flops
         self.window: list[tuple[torch.Tensor, Any, dict[str, Any]]] = []
         self.t_window = time.perf_counter()
@@ -138,8 +143,14 @@ class MetricsWindow:
         if not self.window:
             return
         world, window = self.world, self.window
-        losses = torch.stack([w[0] for w in window])
-        dist.all_reduce(losses)
+        slots = max(self.slots, len(window))
+        places = [(w[2]["step"] - 1) % slots for w in window]
+        if len(set(places)) < len(places):  # more steps than places (cannot happen: a flush every slots steps)
+            places = list(range(len(window)))
+        summed = torch.zeros(slots, dtype=window[0][0].dtype, device=window[0][0].device)
+        summed[torch.tensor(places, device=summed.device)] = torch.stack([w[0] for w in window])
+        dist.all_reduce(summed)
+        losses = summed[torch.tensor(places, device=summed.device)]
         norms = [w[1].full_tensor() if hasattr(w[1], "full_tensor") else w[1] for w in window]
         norm_values = torch.stack(norms).float().tolist() if norms[0] is not None else [None] * len(window)
         loss_values = (losses / world.world_size).tolist()
@@ -608,7 +619,8 @@ class Trainer:
         self.watch_for_stop(stop)
         batches = BatchPrefetcher(self.dataset, world.job_rank, self.per_rank, self.global_batch,
                                   pin=world.device.type == "cuda")
-        self.window = MetricsWindow(self.metrics, world, self.ckpt.attempt, *self.window_args)
+        self.window = MetricsWindow(self.metrics, world, self.ckpt.attempt, *self.window_args,
+                                    slots=self.tcfg.log_interval)
         replicas = self.replicas
         stopped_by = None
         began, tries = 0.0, 0  # a replica job may take a step again: when it was first begun, how often
@@ -634,11 +646,12 @@ class Trainer:
             began, tries = 0.0, 0
             loss, grad_norm = stepped
             self.beat(state.step)
-            if self.snapshots.due(state.step):
-                self.snapshots.save(state, world.restart)
             self.window.append(loss, grad_norm, {"step": state.step, "lr": state.scheduler.get_last_lr()[0],
                                                  "sample_start": position, "time": time.time(),
                                                  "world_size": replicas.job_world_size(), "writer": replicas.writer})
+            if self.snapshots.due(state.step):
+                self.window.flush()  # the rows of the steps the snapshot keeps: a resume from it starts after them
+                self.snapshots.save(state, world.restart)
             stopping = self.stop_agreed()  # the step before's vote
             self.cast_stop_vote()  # this step's, its non-finite flag included
             checkpoint_now = self.checkpoint_due()

@@ -21,7 +21,7 @@ pytestmark = pytest.mark.integration
 
 # the training of tests/integration/test_local_runs.py's reference run (its KILL_ARGS): the same final state
 TRAINING = ("train.steps=40", "checkpoint.interval=10", "checkpoint.keep_last=5", "train.seed=7", *SHORT)
-EVERY_STEP = ("checkpoint.memory_interval=1", "train.log_interval=1")
+EVERY_STEP = ("checkpoint.memory_interval=1",)  # and so a metrics row every step: each snapshot flushes them first
 RESUMED = re.compile(r"resumed from the in-memory snapshot of step (\d+) \(([^)]*); no checkpoint read\)")
 
 
@@ -66,6 +66,17 @@ def rank_record(run_dir: Path, rank: int) -> dict:
     return json.loads((run_dir / "ranks" / f"rank-{rank}.json").read_text())
 
 
+def losses(run_dir: Path) -> dict[int, float]:
+    """Each step's logged loss (a step done twice: its later row)."""
+    return {m["step"]: m["loss"] for m in metrics(run_dir)}
+
+
+def assert_same_curve(reference: Path, run_dir: Path) -> None:
+    """Every step logged, each with the uninterrupted run's loss to the bit: nothing a snapshot kept is missing
+    from the metrics, whatever windows the restart cut the steps into."""
+    assert losses(run_dir) == losses(reference)
+
+
 def finish(proc: subprocess.Popen[str]) -> str:
     out, _ = proc.communicate(timeout=600)
     assert proc.returncode == 0, out[-4000:]
@@ -79,6 +90,7 @@ def test_a_killed_rank_resumes_from_memory_at_the_step_it_reached_bitwise(run_ro
     run_dir = run_root / "killed"
     proc = start(run_root, "killed", *TRAINING, *EVERY_STEP)
     reached = wait_for_step(run_dir, 15, proc)
+    time.sleep(0.5)  # a few steps more: the kill lands between two log_interval flushes
     os.kill(rank_record(run_dir, 3)["pid"], signal.SIGKILL)
     out = finish(proc)
     found = RESUMED.search(out)
@@ -87,6 +99,7 @@ def test_a_killed_rank_resumes_from_memory_at_the_step_it_reached_bitwise(run_ro
     assert "checkpoint: resumed from" not in out
     assert max(m["restart"] for m in metrics(run_dir)) >= 1
     assert_same_state(hsdp_reference / "checkpoints" / "step-000040", run_dir / "checkpoints" / "step-000040")
+    assert_same_curve(hsdp_reference, run_dir)
     loaded = [json.loads(line) for line in (run_dir / "goodput.jsonl").read_text().splitlines()
               if '"loaded"' in line]
     assert [e.get("source") for e in loaded] == ["start", "memory"], loaded
@@ -102,6 +115,7 @@ def test_a_rank_killed_while_it_copies_its_snapshot_leaves_the_one_before_to_res
     found = RESUMED.search(out)
     assert found and found.group(1) == "14", out[-4000:]
     assert_same_state(full_shard_reference / "checkpoints" / "step-000040", run_dir / "checkpoints" / "step-000040")
+    assert_same_curve(full_shard_reference, run_dir)
 
 
 def test_a_node_whose_memory_is_lost_takes_its_shards_from_the_other_replica_group(run_root, hsdp_reference):
@@ -126,3 +140,4 @@ def test_a_node_whose_memory_is_lost_takes_its_shards_from_the_other_replica_gro
     assert found and int(found.group(1)) >= reached, out[-4000:]
     assert found.group(2) == "ranks from their own node's memory: 2, from a peer's: 2", found.group(0)
     assert_same_state(hsdp_reference / "checkpoints" / "step-000040", run_dir / "checkpoints" / "step-000040")
+    assert_same_curve(hsdp_reference, run_dir)
