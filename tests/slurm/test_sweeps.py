@@ -157,9 +157,10 @@ def test_four_member_sweep_returns_at_once_goes_out_as_one_array_and_completes(r
 
 
 def test_usr2_requeues_one_element_only_and_cancel_one_member_leaves_the_other_running(run_root, state_dir):
-    # paced: the two members run while SLURM requeues one, without stepping flat out (fsdp_jobs/planning/faults.py)
-    args = ("train.steps=100000", "checkpoint.interval=100000", "checkpoint.keep_last=10", "train.lr=1e-3,2e-3",
-            PACED)
+    # paced: the two members run while SLURM requeues one, without stepping flat out (fsdp_jobs/planning/faults.py).
+    # No in-memory snapshots: a requeue starts every node afresh, and the checkpoint at the signal is the promise
+    args = ("train.steps=100000", "checkpoint.interval=100000", "checkpoint.memory_interval=0",
+            "checkpoint.keep_last=10", "train.lr=1e-3,2e-3", PACED)
     s = sweep(run_root, *args)
     assert s.returncode == 0, s.stdout + s.stderr
     a, b = s.submitted
