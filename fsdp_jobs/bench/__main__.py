@@ -31,6 +31,9 @@ benchmark compares side by side in one run and reports ratios).
         a 2x2 CPU job's SIGKILL of one rank half way to its first checkpoint -> its next completed step and
         its first new one, with in-memory snapshots and without, alternated; cut into torchrun's part and
         each start-up phase at the restarted rank 0's timeline marks (fsdp_jobs/rundir/goodput.py).
+    python -m fsdp_jobs.bench snapshot [--repeats 3] [--steps 80] [--device cuda] [KEY=VALUE ...]
+        the job's step time with an in-memory snapshot after every step (checkpoint.memory_interval=1) and
+        without, alternated: medians and their ratio (fsdp_jobs/bench/snapshot.py).
     python -m fsdp_jobs.bench init [--ranks 4] [--model llama3_1b]
         per-shard init of a model at world size N on CPU next to a plain unsharded init.
     python -m fsdp_jobs.bench rundir-writes [--nodes 2] [--ranks 2] [--seconds 15] [--run-dir DIR]
@@ -98,6 +101,11 @@ def parser() -> argparse.ArgumentParser:
     ds.add_argument("--repeats", type=int, default=5)
     rc = sub.add_parser("recovery")
     rc.add_argument("--repeats", type=int, default=3)
+    sn = sub.add_parser("snapshot")
+    sn.add_argument("--repeats", type=int, default=3)
+    sn.add_argument("--steps", type=int, default=80)
+    sn.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    sn.add_argument("overrides", nargs="*", help="more key=value overrides for both sides")
     rp = sub.add_parser("replica")
     rp.add_argument("--repeats", type=int, default=3)
     rp.add_argument("--steps", type=int, default=80)
@@ -176,6 +184,10 @@ def main(argv: list[str] | None = None) -> int:
         result = bench_recovery(args.repeats)
     elif args.which == "replica":
         result = bench_replica(args.repeats, args.steps)
+    elif args.which == "snapshot":
+        from fsdp_jobs.bench.snapshot import bench_snapshot
+
+        result = bench_snapshot(args.repeats, args.steps, args.device, args.overrides)
     elif args.which == "rundir-writes":
         result = bench_rundir_writes(args.nodes, args.ranks, args.seconds, args.run_dir)
     else:

@@ -1,0 +1,44 @@
+"""`bench snapshot`: what in-memory snapshots (fsdp_jobs/runtime/snapshots.py) cost a step, side by side."""
+
+from __future__ import annotations
+
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from fsdp_jobs.bench.common import REPO, spread
+from fsdp_jobs.rundir.layout import RunDir
+
+
+def _step_times(tmp: str, name: str, args: list[str], warmup: int) -> list[float]:
+    r = subprocess.run([sys.executable, "-m", "fsdp_jobs", f"run_root={tmp}", f"name={name}", *args],
+                       capture_output=True, text=True, cwd=REPO, stdin=subprocess.DEVNULL)
+    if r.returncode != 0:
+        raise SystemExit(f"snapshot bench run {name} failed:\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}")
+    rows = [json.loads(x) for x in RunDir(Path(tmp) / name).metrics_file.read_text().splitlines()]
+    stamps = [x["time"] for x in rows]  # host time at the end of each step: a row every step (log_interval=1)
+    return [b - a for a, b in zip(stamps[warmup:], stamps[warmup + 1:])]
+
+
+def bench_snapshot(repeats: int, steps: int, device: str, extra: list[str], warmup: int = 10) -> dict[str, Any]:
+    """The default 2x2 job (or `extra`'s) with a snapshot after every step (checkpoint.memory_interval=1) and
+    without (0), alternated `repeats` times: median step time of each and their ratio. On a GPU (`device`
+    cuda) the same with cluster.device=cuda. A metrics row every step on both sides (the snapshots flush
+    them), no checkpoint but the last."""
+    base = [f"train.steps={steps}", "train.log_interval=1", "checkpoint.interval=0", "checkpoint.save_final=false",
+            *(["cluster.device=cuda"] if device == "cuda" else []), *extra]
+    modes = {"every_step": ["checkpoint.memory_interval=1"], "off": ["checkpoint.memory_interval=0"]}
+    medians: dict[str, list[float]] = {m: [] for m in modes}
+    with tempfile.TemporaryDirectory(prefix="bench-snapshot-") as tmp:
+        for i in range(repeats):
+            for mode, args in modes.items():
+                medians[mode].append(statistics.median(_step_times(tmp, f"{mode}{i}", [*base, *args], warmup)))
+    ratios = [a / b for a, b in zip(medians["every_step"], medians["off"])]
+    return {"benchmark": "snapshot", "job": base, "repeats": repeats,
+            "step_s": {m: [round(x, 5) for x in v] for m, v in medians.items()},
+            "every_step_over_off": round(statistics.median(medians["every_step"]) / statistics.median(medians["off"]), 4),
+            "ratio_per_pair": spread(ratios), "goal": "<= 1.05 on CPU, <= 1.01 on a GPU (issue 46)"}
