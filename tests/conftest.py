@@ -138,6 +138,23 @@ def loaded_sources(run_dir: Path) -> list[str]:
     return [e.get("source") for e in events if e.get("event") == "loaded"]
 
 
+def assert_a_spare_took_the_state_from_peers(out: str, run_dir: Path, reached: int, after_checkpoint: int) -> int:
+    """A 3-node hybrid_shard job (3 replica groups of one rank) lost a node after step `reached` and its hot
+    spare's rank took the state from another group's memory: no checkpoint read, the goodput timeline's
+    sources start then memory+peers, resumed past `after_checkpoint` and no older than the newest snapshot
+    before the loss. Returns the step it resumed at."""
+    assert manifest(run_dir / "checkpoints" / f"step-{after_checkpoint:06d}")["mesh"] == {"replicate": 3, "shard": 1}
+    assert "checkpoint: resumed from" not in out, out[-4000:]  # no DCP read
+    assert loaded_sources(run_dir) == ["start", "memory+peers"], loaded_sources(run_dir)
+    found = re.search(r"resumed from the in-memory snapshot of step (\d+) \(([^)]*); no checkpoint read\)", out)
+    assert found, out[-4000:]
+    every = re.search(r"memory_interval=auto: a snapshot every (\d+) step", out)
+    resumed = int(found.group(1))
+    assert after_checkpoint < resumed and resumed >= reached - (int(every.group(1)) if every else 1), (reached, found.group(0))
+    assert found.group(2) == "ranks from their own node's memory: 2, from a peer's: 1", found.group(0)
+    return resumed
+
+
 def load_checkpoint(ckpt: Path) -> dict[str, Any]:
     """Every tensor and value of a DCP checkpoint, consolidated in this process (no process group)."""
     import tempfile

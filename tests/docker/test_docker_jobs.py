@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 
 from fsdp_jobs.rundir.layout import RunDir
-from tests.conftest import (MEASURED, PACED, REPO, SHORT, assert_same_state, cli, committed, listed_row,
-                            loaded_sources, losses, manifest, metrics, resumes)
+from tests.conftest import (MEASURED, PACED, REPO, SHORT, assert_a_spare_took_the_state_from_peers, assert_same_state,
+                            cli, committed, listed_row, losses, metrics, resumes)
 
 pytestmark = [pytest.mark.docker, pytest.mark.integration, pytest.mark.usefixtures("docker_engine")]
 
@@ -171,7 +171,6 @@ def test_a_hot_spare_takes_a_killed_containers_state_from_the_other_replica_grou
     whose node memory holds nothing: its rank receives the state of the newest in-memory snapshot from a rank
     of another replica group, the two survivors read theirs from their own containers' /dev/shm, and no DCP
     checkpoint is read. The job keeps world 3 and ends bit for bit where an uninterrupted one does."""
-    from tests.integration.test_memory_recovery import RESUMED
 
     proc = start(f"run_root={run_root}", "name=memspare", *RUN_ARGS, "fsdp=hybrid_shard", "cluster.spare_nodes=1",
                  "train.log_interval=1")
@@ -187,16 +186,7 @@ def test_a_hot_spare_takes_a_killed_containers_state_from_the_other_replica_grou
         if proc.poll() is None:
             proc.kill()
     assert proc.returncode == 0, out[-4000:]
-    assert manifest(run_dir / "checkpoints" / "step-000050")["mesh"] == {"replicate": 3, "shard": 1}
-    assert "checkpoint: resumed from" not in out, out[-4000:]  # no DCP read
-    assert loaded_sources(run_dir) == ["start", "memory+peers"], loaded_sources(run_dir)
-    found = RESUMED.search(out)
-    assert found, out[-4000:]
-    every = re.search(r"memory_interval=auto: a snapshot every (\d+) step", out)
-    resumed = int(found.group(1))
-    # newer than checkpoint 50, and the newest snapshot at or after the step seen before the kill
-    assert 50 < resumed and resumed >= reached - (int(every.group(1)) if every else 1), (reached, found.group(0))
-    assert found.group(2) == "ranks from their own node's memory: 2, from a peer's: 1", found.group(0)
+    resumed = assert_a_spare_took_the_state_from_peers(out, run_dir, reached, after_checkpoint=50)
     m = metrics(run_dir)
     assert {x["world_size"] for x in m} == {3} and max(x["restart"] for x in m) == 1, out[-3000:]
     assert f"nodes: {victim} left the job; {spare} joined" in out, out[-3000:]

@@ -15,8 +15,8 @@ import pytest
 import yaml
 
 from fsdp_jobs.rundir import runs
-from tests.conftest import (MEASURED, PACED, REPO, SHORT, assert_same_state, cli, committed, loaded_sources, losses,
-                            manifest, metrics, shared_run)
+from tests.conftest import (MEASURED, PACED, REPO, SHORT, assert_a_spare_took_the_state_from_peers, assert_same_state, cli,
+                            committed, losses, manifest, metrics, shared_run)
 from tests.slurm.conftest import DEPLOY, job_log, sh, submit, wait_for, wait_job
 
 pytestmark = [pytest.mark.slurm, pytest.mark.usefixtures("slurm_cluster")]
@@ -371,7 +371,6 @@ def test_a_hot_spare_takes_a_lost_nodes_state_from_the_other_replica_groups_memo
     another replica group, the two survivors read theirs from their own node's memory, and no DCP checkpoint is
     read. The job keeps world 3, completes, and ends bit for bit where an uninterrupted one does."""
     from fsdp_jobs.rundir.liveness import derived_local_dir
-    from tests.integration.test_memory_recovery import RESUMED
 
     job_id, _, _ = submit(f"run_root={run_root}", "name=memspare", "fsdp=hybrid_shard", "cluster.spare_nodes=1",
                           *SPARE_ARGS)
@@ -394,16 +393,7 @@ def test_a_hot_spare_takes_a_lost_nodes_state_from_the_other_replica_groups_memo
         shutil.rmtree(derived_local_dir(run_dir, victim), ignore_errors=True)
     assert f"{victim} started again" in restarted, restarted
     log = job_log(run_dir, job_id)
-    assert manifest(run_dir / "checkpoints" / "step-000050")["mesh"] == {"replicate": 3, "shard": 1}
-    assert "checkpoint: resumed from" not in log, log[-4000:]  # no DCP read
-    assert loaded_sources(run_dir) == ["start", "memory+peers"], loaded_sources(run_dir)
-    found = RESUMED.search(log)
-    assert found, log[-4000:]
-    every = re.search(r"memory_interval=auto: a snapshot every (\d+) step", log)
-    resumed = int(found.group(1))
-    # newer than checkpoint 50, and the newest snapshot at or after the step seen before the kill
-    assert 50 < resumed and resumed >= reached - (int(every.group(1)) if every else 1), (reached, found.group(0))
-    assert found.group(2) == "ranks from their own node's memory: 2, from a peer's: 1", found.group(0)
+    resumed = assert_a_spare_took_the_state_from_peers(log, run_dir, reached, after_checkpoint=50)
     m = metrics(run_dir)
     assert {x["world_size"] for x in m} == {3} and m[-1]["step"] == 200 and max(x["restart"] for x in m) == 1
     assert f"nodes: {victim} left the job; {spare} joined" in log, log[-4000:]
