@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import os
+import pickle
 import re
 from pathlib import Path
 from typing import Any, Union
@@ -134,7 +134,7 @@ def compose_many(override_lists: list[list[str]]) -> list[Union[tuple[JobConfig,
 
 # (conf/'s files, the installed backends) -> conf's config groups; (that, group choices) -> Hydra's config
 _GROUPS: dict[tuple[Any, ...], frozenset[str]] = {}
-_CHOSEN: dict[tuple[Any, ...], DictConfig] = {}
+_CHOSEN: dict[tuple[Any, ...], bytes] = {}  # pickled: unpickling copies in C what deepcopy walks in Python
 
 
 def _hydra_compose(hydra_compose: Any, overrides: list[str]) -> DictConfig:
@@ -167,8 +167,8 @@ def _hydra_compose(hydra_compose: Any, overrides: list[str]) -> DictConfig:
         (choices if o.key_or_group in _GROUPS[conf] and not isinstance(o.value(), dict) else values).append(o)
     key = (conf, tuple(o.input_line for o in choices))
     if key not in _CHOSEN:
-        _CHOSEN[key] = hydra_compose("config", overrides=[o.input_line for o in choices])
-    cfg = copy.deepcopy(_CHOSEN[key])
+        _CHOSEN[key] = pickle.dumps(hydra_compose("config", overrides=[o.input_line for o in choices]))
+    cfg = pickle.loads(_CHOSEN[key])
     apply(values, cfg)
     return cfg
 
