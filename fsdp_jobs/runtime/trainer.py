@@ -212,6 +212,8 @@ class Trainer:
         self.timeline.event("built")
         self.resume()
         self.join()
+        if self.state.step:  # a failure before this attempt's first step happened at the step it resumed at, as the
+            self.beat(self.state.step)  # attempt before's at that step did: one failure repeated, not a new one
         self.timeline.event("loaded", step=self.state.step, attempt=self.ckpt.attempt, restart=self.world.restart,
                             source=self.source)
         self.prepare_loop()

@@ -17,8 +17,11 @@ pytestmark = pytest.mark.integration
 
 
 def test_auto_measures_a_save_then_chooses_again_from_the_jobs_own_failure(run_root):
+    # no in-memory snapshots: the failure must cost checkpointed work to count (one recovered from memory is
+    # not counted: tests/unit/test_interval.py)
     run_dir, out = kill_rank_and_finish(run_root, "auto", ("checkpoint.interval=auto", "train.steps=300",
-                                                           "train.log_interval=50", *SHORT), after_step=10)
+                                                           "train.log_interval=50", "checkpoint.memory_interval=0",
+                                                           *SHORT), after_step=10)
     assert "checkpoint.interval=auto: a checkpoint now, to measure what a save blocks" in out
     gp = json.loads(cli("goodput", "auto", "--json", "--run-root", str(run_root)).stdout)
     first, last = gp["attempts"][0]["checkpoint_interval"], gp["attempts"][-1]["checkpoint_interval"]

@@ -52,7 +52,8 @@ def test_goodput_accounts_a_killed_rank_lost_steps_and_every_second(run_root: Pa
         assert abs(sum(parts.values()) - row["wall_s"]) <= 0.02 * row["wall_s"], row
         assert parts["other"] <= 0.02 * row["wall_s"], row  # nothing left unexplained
         assert sum(row["startup_s"].values()) == pytest.approx(parts["startup"], abs=0.01)
-    assert (a1["parts_s"]["lost"] > 0) == (a1["lost_steps"] > 0), a1  # the steps computed again, and only those
+    # the steps computed again are lost time (and the step in flight when the rank died, which no step logged is)
+    assert a1["lost_steps"] == 0 or a1["parts_s"]["lost"] > 0, a1
     assert a1["parts_s"]["queued"] >= 0 and a2["parts_s"]["recovery"] > 0
     assert a2["parts_s"]["queued"] == 0 and a2["parts_s"]["lost"] == 0
     assert gp["total"]["wall_s"] == pytest.approx(a1["wall_s"] + a2["wall_s"], abs=0.01)

@@ -139,7 +139,9 @@ def test_preemption_then_a_killed_rank_resume_and_goodput_accounts_both(run_root
     # done since it, and 'lost' seconds exactly when some were
     assert rows[2]["state_from"] in ("memory", "memory+peers"), rows[2]
     assert rows[1]["lost_steps"] < attempts[1][-1] % interval, (rows[1], attempts[1][-1])
-    assert (rows[1]["parts_s"]["lost"] > 0) == (rows[1]["lost_steps"] > 0), rows[1]
+    # steps computed again are lost time; the step in flight when the rank died is lost time too, though no step
+    # logged is computed again (a resume from memory at the last step done)
+    assert rows[1]["lost_steps"] == 0 or rows[1]["parts_s"]["lost"] > 0, rows[1]
     assert rows[1]["parts_s"]["queued"] > 0  # the requeued attempt waited for its nodes
     assert rows[2]["parts_s"]["recovery"] > 0 and rows[2]["ended"] == "completed"
     assert gp["total"]["lost_steps"] == sum(r["lost_steps"] for r in rows)
@@ -344,7 +346,8 @@ def test_a_hot_spare_takes_a_killed_nodes_place_at_world_three_and_the_same_loss
         assert wait_job(job_id, 600) == "COMPLETED", job_log(run_dir, job_id)[-4000:]
     finally:  # back for the next tests (ReturnToService=2 may have done it already: resume then says "invalid")
         sh("scontrol", "update", f"nodename={victim}", "state=resume")
-        wait_for(lambda: sh("sinfo", "-h", "-n", victim, "-o", "%T").strip() == "idle", 60, f"{victim} idle again")
+        # (its task's teardown on a loaded machine can keep it completing for over a minute)
+        wait_for(lambda: sh("sinfo", "-h", "-n", victim, "-o", "%T").strip() == "idle", 180, f"{victim} idle again")
     m = metrics(run_dir)
     assert {x["world_size"] for x in m} == {3} and m[-1]["step"] == 200
     assert max(x["restart"] for x in m) == 1  # one restart: the kill
