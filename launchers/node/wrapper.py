@@ -117,18 +117,25 @@ def run(argv: list[str], environ: Optional[dict[str, str]] = None) -> int:
     Path(env["TORCHELASTIC_ERROR_FILE"]).unlink(missing_ok=True)  # an earlier attempt's is not this one's
     # torchrun itself, its stores kept on loopback when the rendezvous host is (launchers/node/agent.py)
     oom = OomWatch()  # before the agent: its kills from here on
-    agent = subprocess.Popen([sys.executable, "-m", "fsdp_jobs.launchers.node.agent", *argv], cwd=run_dir, env=env)
-
     stopped_on: list[int] = []  # the stop signals this node was sent, and passed on to its agent
+    agents: list[subprocess.Popen[bytes]] = []
 
     def forward(signum: int, _frame: Any) -> None:
-        if agent.poll() is None:
+        if not agents or agents[0].poll() is None:
             stopped_on.append(signum)
-            agent.send_signal(signum)
+            if agents:
+                agents[0].send_signal(signum)
 
+    # the handlers before the agent: a stop that came between its start and them killed this wrapper and left
+    # the agent training, orphaned (a Ctrl-C as a loaded machine started the node); one that comes before it
+    # exists is passed on as soon as it does
     for s in FORWARDED:
         if signal.getsignal(s) is not signal.SIG_IGN:
             signal.signal(s, forward)
+    agent = subprocess.Popen([sys.executable, "-m", "fsdp_jobs.launchers.node.agent", *argv], cwd=run_dir, env=env)
+    agents.append(agent)
+    if stopped_on:
+        agent.send_signal(stopped_on[0])
     try:
         ended = supervise_agent(agent, Path(run_dir), node, beats, oom, began=started)
         rc = decided_status(ended, Path(run_dir), node, engine_restarts=environ.get(ENGINE_RESTARTS_ENV) == "1",
