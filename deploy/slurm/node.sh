@@ -72,7 +72,7 @@ echo "slurmd-$NODE $new $(pstart "$new")" >> "$BASE/pids"
 ns=$(readlink "/proc/$new/ns/uts")
 # stop.sh kills what runs in it
 [ "$ns" = "$(readlink /proc/self/ns/uts)" ] || grep -qxF "$ns" "$BASE/uts-ns" || echo "$ns" >> "$BASE/uts-ns"
-for _ in $(seq 120); do
+for _ in $(seq 360); do  # 180 s: on a loaded machine the lost node's job steps take over a minute to be cleaned up ("mix")
   s=$(state)
   [ "$s" = idle ] && { echo "$NODE started again: slurmd pid $new, idle"; exit 0; }
   case $s in  # registered (no '*': it answers) but kept out of service: a repaired node is resumed
@@ -80,4 +80,4 @@ for _ in $(seq 120); do
   esac
   sleep 0.5
 done
-die "$NODE: slurmd runs (pid $new) but the node is $(state), not idle, after 60 s (see $BASE/log/slurmd-$NODE.log)"
+die "$NODE: slurmd runs (pid $new) but the node is $(state), not idle, after 180 s (see $BASE/log/slurmd-$NODE.log)"
