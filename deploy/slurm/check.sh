@@ -38,7 +38,18 @@ fail() {
 wait_for() { local end=$(( $(date +%s) + $1 )); shift; until "$@"; do [ "$(date +%s)" -lt $end ] || return 1; sleep 0.2; done; }
 
 [ "$(id -u)" = 0 ] || fail "must run as root"
-[ ! -e "$BASE/up" ] || { echo "a cluster is already running in $BASE; check.sh starts and stops its own. Stop it first." >&2; exit 1; }
+# alive PID STARTTIME: the same process still running (a zombie counts as dead), as start.sh and stop.sh judge it
+alive() { local s; s=$(cat "/proc/$1/stat" 2>/dev/null) || return 1; s=${s##*) }; set -- $s "$2"; [ "$1" != Z ] && [ "${20}" = "${!#}" ]; }
+if [ -e "$BASE/up" ]; then
+  read -r _ pid st < <(grep '^slurmctld ' "$BASE/pids" 2>/dev/null) || true
+  if [ -n "${pid:-}" ] && alive "$pid" "$st"; then
+    echo "a cluster is already running in $BASE (slurmctld pid $pid); check.sh starts and stops its own. Stop it first: SLURM_CI_DIR=$BASE $HERE/stop.sh" >&2
+    exit 1
+  fi
+  # a cluster whose daemons are gone (the machine restarted, a run was killed): its leftovers are not a cluster
+  say "stale state in $BASE (its slurmctld is not running): cleaning up with stop.sh first"
+  "$HERE/stop.sh" || fail "stop.sh could not clean the stale state in $BASE"
+fi
 
 # a Docker engine may run beside this check (the project's tests drive Docker from another process): the
 # links and namespaces it and `fsdp-jobs chaos cut-node` of its containers add and remove are not ours
