@@ -5,15 +5,16 @@ belongs: cluster=local beside the agents (launchers/local/backend.py), cluster=d
 node's pod.
 
     python -m fsdp_jobs.launchers.lighthouse --bind HOST:PORT --min-replicas N --heartbeat-timeout-ms MS
-                                   [--join-timeout-ms MS] [--quorum-tick-ms MS]
+                                   [--join-timeout-ms MS] [--quorum-tick-ms MS] [--parent PID]
 
-It runs until SIGTERM or SIGINT. It keeps no state worth saving: a restarted lighthouse forms the next
+It runs until SIGTERM or SIGINT, or, with --parent, until it is no longer that process's child. It keeps no state worth saving: a restarted lighthouse forms the next
 quorum from the groups that ask it.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import sys
 import threading
@@ -29,6 +30,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--heartbeat-timeout-ms", type=int, default=5000)
     p.add_argument("--join-timeout-ms", type=int, default=None, help="default: the heartbeat timeout")
     p.add_argument("--quorum-tick-ms", type=int, default=100)
+    p.add_argument("--parent", type=int, default=None,
+                   help="stop once no longer this process's child (it ended): SLURM's batch script passes its $$")
     return p.parse_args(argv)
 
 
@@ -61,9 +64,23 @@ def main(argv: Optional[list[str]] = None) -> int:
         return 1
     print(f"fsdp-jobs: lighthouse listening on {args.bind} (min replicas {args.min_replicas}, a silent group is "
           f"dropped after {args.heartbeat_timeout_ms} ms)", flush=True)
-    stop.wait()
+    wait_for_stop_or_orphaned(stop, args.parent)
     server.shutdown()
     return 0
+
+
+def wait_for_stop_or_orphaned(stop: threading.Event, parent: Optional[int], poll_s: float = 1.0) -> None:
+    """Until SIGTERM/SIGINT, or until `parent` is no longer its parent: SLURM's batch script starts it in the
+    background, and when the script ends, proctrack/linuxproc (and pgid) no longer see the re-parented child,
+    which would listen on after its job, holding the port. The pid is passed, not read at the start: a parent
+    that ended before this interpreter came up has already handed it to init."""
+    if parent is None:
+        stop.wait()
+        return
+    while os.getppid() == parent:
+        if stop.wait(poll_s):
+            return
+    print(f"fsdp-jobs: lighthouse: the process that started it (pid {parent}) is gone: stopping", flush=True)
 
 
 if __name__ == "__main__":

@@ -142,8 +142,9 @@ def lighthouse_setup(plan: Plan) -> list[str]:
     port = str(r.lighthouse_port) if r.lighthouse_port else f"$(( {LIGHTHOUSE_PORT_BASE} + SLURM_JOB_ID % 20000 ))"
     command = shlex.join(lighthouse_command(plan, sys.executable, "0.0.0.0:PORT")).replace("0.0.0.0:PORT",
                                                                                            f'"0.0.0.0:{port}"')
+    # --parent $$: it stops when the script ends, which proctrack/linuxproc would not see it do once re-parented
     return ["# fault_tolerance=replica: the job's torchft lighthouse, on the first node (every replica group asks it)",
-            f"{command} &"]
+            f"{command} --parent $$ &"]
 
 
 def spare_exit_setup() -> list[str]:

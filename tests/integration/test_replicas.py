@@ -179,3 +179,30 @@ def test_a_job_api_script_recovers_live_too(run_root):
     m = metrics(run_dir)
     assert [x["step"] for x in m] == list(range(1, 301)) and 2 in [x["world_size"] for x in m]
     assert committed(run_dir)[-1] == "step-000300"
+
+
+def test_a_lighthouse_whose_starter_is_gone_stops_instead_of_holding_its_port(tmp_path):
+    """SLURM's batch script starts the lighthouse in the background (launchers/slurm/backend.py); when the script
+    ends, proctrack/linuxproc no longer sees the re-parented child, which listened on after its job (found after
+    CI runs, bound to 0.0.0.0). Here its starter, a shell, exits at once (often before the lighthouse's interpreter is
+    up: the pid comes from the command line, as the batch script passes its $$): the lighthouse stops by itself."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    log = tmp_path / "lighthouse.log"
+    cmd = f"{sys.executable} -m fsdp_jobs.launchers.lighthouse --bind 127.0.0.1:{port} --parent $$ > {log} 2>&1 & echo $!"
+    pid = int(subprocess.run(["bash", "-c", cmd], capture_output=True, text=True, cwd=REPO, timeout=30).stdout)
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and os.path.exists(f"/proc/{pid}") and \
+                not open(f"/proc/{pid}/stat").read().split(") ")[1].startswith("Z"):
+            time.sleep(0.2)
+        assert not os.path.exists(f"/proc/{pid}") or open(f"/proc/{pid}/stat").read().split(") ")[1].startswith("Z"), \
+            f"the lighthouse (pid {pid}) still runs 60 s after its starter exited:\n{log.read_text()}"
+        text = log.read_text()
+        assert "lighthouse listening" in text and "is gone: stopping" in text, text
+    finally:
+        if os.path.exists(f"/proc/{pid}"):
+            os.kill(pid, signal.SIGKILL)
