@@ -252,8 +252,8 @@ class SnapshotStore:
         mapped = self.maps.get(path)
         if mapped is None or mapped.numel() < end:
             size = end + end // 64 + 4096
-            with open(path, "ab") as f:
-                f.truncate(size)
+            with open(path, "ab") as f:  # pages taken now: a full tmpfs is ENOSPC here, not a SIGBUS mid-copy
+                os.posix_fallocate(f.fileno(), 0, size)
             mapped = torch.from_file(str(path), shared=True, size=size, dtype=torch.uint8)
             self.maps[path] = mapped
         return mapped
@@ -395,6 +395,7 @@ class MemorySnapshots:
         self.last_at: Optional[tuple[int, float]] = None  # (step, time) of the last snapshot: auto's step time
         self.step_times: list[float] = []
         self.crash_at = faults.step(CRASH_IN_SNAPSHOT_ENV)
+        self.unwritable: Optional[str] = None  # why this process writes no more snapshots (node memory full)
 
     # ------------------------------------------------------------------ schedule and save
     def due(self, step: int) -> bool:
@@ -406,7 +407,14 @@ class MemorySnapshots:
         began = time.perf_counter()
         tensors, skeleton = capture(state)
         crash = (bool(self.crash_at) and self.crash_at == state.step and restart == 0 and self.rank == self.world_size - 1)
-        self.store.write(self.rank, state.step, self.shard, tensors, skeleton, crash_half_way=crash)
+        if self.unwritable is None:
+            try:
+                self.store.write(self.rank, state.step, self.shard, tensors, skeleton, crash_half_way=crash)
+            except OSError as e:  # the snapshot is lost, not the step: its schedule (and auto's vote) goes on
+                self.unwritable = f"{e.strerror or e} ({self.store.dir})"
+                self.log(f"in-memory snapshots stop on rank {self.rank} at step {state.step}: {self.unwritable}; "
+                         "training goes on, a failure now resumes from the DCP checkpoint (free node memory: "
+                         "/dev/shm, or checkpoint.memory_interval=0)")
         cost = time.perf_counter() - began
         self.measure(state.step, cost)
         return cost

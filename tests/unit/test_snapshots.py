@@ -3,6 +3,7 @@ the slots a killed writer leaves behind. The real jobs that recover from them: t
 
 from __future__ import annotations
 
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -148,3 +149,36 @@ def test_another_runs_snapshots_are_not_held(tmp_path):
     SnapshotStore(tmp_path, {"run": "old"}).write(0, 5, 0, *snapshots.capture(state))
     assert SnapshotStore(tmp_path, {"run": "new"}).held() == []
     assert [h.step for h in SnapshotStore(tmp_path, {"run": "old"}).held()] == [5]
+
+
+@pytest.fixture
+def small_tmpfs(tmp_path):
+    """A 256 KiB tmpfs: node memory that fills up, as a full /dev/shm does (root: CI runs as root)."""
+    mnt = tmp_path / "shm"
+    mnt.mkdir()
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(mnt)], capture_output=True, text=True)
+    if r.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here (root only): {r.stderr.strip()}")
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", str(mnt)], check=True)
+
+
+def test_full_node_memory_costs_the_snapshots_not_the_rank(small_tmpfs):
+    """A sparse slot written through its mapping on a full tmpfs is a SIGBUS that kills the rank mid-copy; the
+    slot's pages are taken before the copy, so a full /dev/shm is one line and the step goes on."""
+    torch.manual_seed(0)
+    model = torch.nn.Linear(256, 256)  # 257 KB of weights, three times that with AdamW's moments: over 256 KiB
+    opt = torch.optim.AdamW(model.parameters())
+    state = TrainState(model, opt, torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0))
+    said: list[str] = []
+    snaps = snapshots.MemorySnapshots(small_tmpfs, 0, 1, {"shard": 1}, 1, {"run": "x"}, log=said.append)
+    for _ in range(3):
+        state.model(torch.randn(4, 256)).sum().backward()
+        state.optimizer.step()
+        state.step += 1
+        assert snaps.due(state.step)
+        snaps.save(state)
+    assert len(said) == 1 and "in-memory snapshots stop on rank 0 at step 1: No space left on device" in said[0], said
+    assert snaps.store is not None and snaps.store.held() == []
