@@ -31,10 +31,11 @@ import json
 import os
 import statistics
 import tempfile
+import time
 import zlib
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
-from typing import Any, Optional
+from typing import IO, Any, Optional
 
 from fsdp_jobs.rundir import events, runs
 from fsdp_jobs.rundir.layout import NODE_LOCAL_ROOTS, RunDir
@@ -124,6 +125,50 @@ def make_local_dir(path: Path) -> Path:
         raise OSError(f"{path.parent} is not this user's own directory")
     path.mkdir(mode=0o700, exist_ok=True)
     return path
+
+
+OWNER_LOCK = ".owner"  # flock'ed by the node wrapper, inherited by its agent and the ranks forked from it
+ABANDONED_AFTER_S = 60.0  # a lock file younger than this is a wrapper starting (it locks right after creating it)
+
+
+def hold_local_dir(path: Path) -> Optional[IO[str]]:
+    """Mark `path` as in use for as long as this process or a process that inherits the returned file lives
+    (the kernel drops the lock when the last one ends): a node wrapper SIGKILLed, whose ranks then end too,
+    leaves its directory, snapshots of many GiB included, for the next wrapper on the node to remove
+    (`remove_abandoned_local_dirs`). None: another live process holds it already."""
+    import fcntl
+
+    f = open(path / OWNER_LOCK, "a")
+    try:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        f.close()
+        return None
+    return f
+
+
+def remove_abandoned_local_dirs(keep: Path, now: Optional[float] = None) -> dict[str, int]:
+    """This user's other node-local directories (beside `keep`) that no live process holds: removed; their
+    names and bytes. One directory listing per node wrapper start. Directories without a lock file (made by
+    an older version, whose wrapper may still run) are left alone."""
+    import fcntl
+    import shutil
+
+    now = time.time() if now is None else now
+    removed: dict[str, int] = {}
+    for d in sorted(keep.parent.iterdir()):
+        lock = d / OWNER_LOCK
+        try:
+            if d == keep or now - lock.stat().st_mtime < ABANDONED_AFTER_S:
+                continue
+            with open(lock, "a") as f:
+                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                size = sum(os.lstat(os.path.join(top, n)).st_blocks * 512 for top, _, names in os.walk(d) for n in names)
+                shutil.rmtree(d)
+        except (OSError, BlockingIOError):  # held (BlockingIOError is an OSError too), gone, or not ours
+            continue
+        removed[d.name] = size
+    return removed
 
 
 def beat_file(directory: Path, rank: int) -> Path:

@@ -112,6 +112,11 @@ def run(argv: list[str], environ: Optional[dict[str, str]] = None) -> int:
     events.append_node_event(Path(run_dir), "node_start", node=node, time=started)
     # the ranks' heartbeats: node-local memory, this node's watchdog reads them (fsdp_jobs/rundir/liveness.py)
     beats = liveness.make_local_dir(liveness.derived_local_dir(Path(run_dir), node))
+    owner = liveness.hold_local_dir(beats)  # held by the agent and its ranks too (pass_fds, then fork)
+    freed = liveness.remove_abandoned_local_dirs(beats)
+    if freed:  # a node wrapper killed outright (SIGKILL, the OOM killer) left its node memory behind
+        print(f"fsdp-jobs: {node}: freed {sum(freed.values()) / 2**20:.1f} MiB of node memory left by "
+              f"{len(freed)} killed node wrapper(s) in {beats.parent}: {', '.join(freed)}", flush=True)
     env = {**agent_env(environ, run_dir, node), liveness.LOCAL_DIR_ENV: str(beats)}
     Path(env["TORCHELASTIC_ERROR_FILE"]).parent.mkdir(parents=True, exist_ok=True)
     Path(env["TORCHELASTIC_ERROR_FILE"]).unlink(missing_ok=True)  # an earlier attempt's is not this one's
@@ -132,7 +137,8 @@ def run(argv: list[str], environ: Optional[dict[str, str]] = None) -> int:
     for s in FORWARDED:
         if signal.getsignal(s) is not signal.SIG_IGN:
             signal.signal(s, forward)
-    agent = subprocess.Popen([sys.executable, "-m", "fsdp_jobs.launchers.node.agent", *argv], cwd=run_dir, env=env)
+    agent = subprocess.Popen([sys.executable, "-m", "fsdp_jobs.launchers.node.agent", *argv], cwd=run_dir, env=env,
+                             pass_fds=(owner.fileno(),) if owner else ())
     agents.append(agent)
     if stopped_on:
         agent.send_signal(stopped_on[0])

@@ -337,3 +337,32 @@ def test_a_synchronous_save_is_timed_and_an_asynchronous_one_is_not(tmp_path, mo
         assert hb.record().save_s == hb.save_s  # a load is not a save
     finally:
         hb.close()
+
+
+def test_node_memory_a_killed_wrapper_left_is_freed_by_the_next_one_and_nothing_in_use_is(tmp_path):
+    """A node wrapper SIGKILLed cannot remove its node-local directory (its ranks' snapshots: 180 GiB a node for
+    llama3_8b at 1,024 x 8); the next wrapper on the node removes every such directory no live process holds,
+    and never one that is held, just made, or from a version that took no lock."""
+    import subprocess
+    import sys
+    import time
+
+    root = tmp_path / "fsdp-jobs-0"
+    dirs = {name: liveness.make_local_dir(root / name) for name in ("mine", "killed", "running", "starting", "older")}
+    (dirs["killed"] / "snapshots").mkdir()
+    (dirs["killed"] / "snapshots" / "r0-0.snap").write_bytes(b"x" * 8192)
+    # a wrapper that is gone: it held the lock, and its process ended (the kernel dropped the lock)
+    code = ("import sys; from pathlib import Path; from fsdp_jobs.rundir import liveness; "
+            "assert liveness.hold_local_dir(Path(sys.argv[1]))")
+    subprocess.run([sys.executable, "-c", code, str(dirs["killed"])], check=True)
+    held = liveness.hold_local_dir(dirs["running"])  # a live wrapper (or its agent, or a rank)
+    assert held is not None and liveness.hold_local_dir(dirs["running"]) is None
+    (dirs["starting"] / liveness.OWNER_LOCK).touch()  # created, not yet locked
+    old = time.time() - 2 * liveness.ABANDONED_AFTER_S
+    for name in ("killed", "running"):
+        os.utime(dirs[name] / liveness.OWNER_LOCK, (old, old))
+    freed = liveness.remove_abandoned_local_dirs(dirs["mine"])
+    assert list(freed) == ["killed"] and freed["killed"] >= 8192
+    assert sorted(p.name for p in root.iterdir()) == ["mine", "older", "running", "starting"]
+    held.close()
+    assert list(liveness.remove_abandoned_local_dirs(dirs["mine"])) == ["running"]  # its last holder ended
