@@ -139,13 +139,6 @@ def _goodput_row(name: str, r: dict[str, Any]) -> list[str]:
 GOODPUT_HEADER = ["STEPS", "STATE_FROM", "LOST_STEPS", "WALL_S", *(p.upper() for p in goodput.PARTS), "EFFECTIVE"]
 
 
-def snapshot_interval_words(c: dict[str, Any]) -> str:
-    """checkpoint.memory_interval=auto's choice, from its `memory_interval` event's fields."""
-    return (f"checkpoint.memory_interval=auto: a snapshot every {c['steps']} step(s), from a snapshot of "
-            f"{c['snapshot_s'] * 1000:.1f} ms and a step of {c['step_s'] * 1000:.1f} ms (at most {c['share']:.0%} of "
-            f"the step time)")
-
-
 def goodput_lines(result: dict[str, Any]) -> list[str]:
     """`fsdp-jobs goodput RUN`: one row per attempt and the total, in seconds, and the effective share."""
     rows = [_goodput_row(str(r["attempt"]), r) for r in result["attempts"]]
@@ -153,7 +146,7 @@ def goodput_lines(result: dict[str, Any]) -> list[str]:
     # checkpoint.interval=auto: what each attempt chose last, and from what
     chosen = [f"attempt {r['attempt']}: {interval.describe(r['checkpoint_interval'])}"
               for r in result["attempts"] if r.get("checkpoint_interval")]
-    chosen += [f"attempt {r['attempt']}: {snapshot_interval_words(r['memory_interval'])}"
+    chosen += [f"attempt {r['attempt']}: {interval.describe_memory(r['memory_interval'])}"
                for r in result["attempts"] if r.get("memory_interval")]
     saves = result["total"].get("saves") or {}
     blocked = ([f"saves: {saves['count']}, the step loop blocked {saves['blocked_median_s']:.3f} s per save "

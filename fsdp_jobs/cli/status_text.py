@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Optional
 
-from fsdp_jobs.rundir import script_progress
+from fsdp_jobs.rundir import runs, script_progress
 from fsdp_jobs.rundir.layout import RunDir
 from fsdp_jobs.rundir.run_status import RunStatus
 from fsdp_jobs.rundir.status import JobState
@@ -101,8 +101,42 @@ def row_detail(s: RunStatus) -> str:
 
 
 def status_json(s: RunStatus) -> dict[str, Any]:
-    """`fsdp-jobs status RUN` (and each member of `status SWEEP --json`): the object's fields and its detail."""
-    return s.to_json(detail(s))
+    """`fsdp-jobs status RUN` (and each member of `status SWEEP --json`): the object's fields and its detail,
+    and (where the goodput timeline was read) how often it saves to disk and to memory."""
+    out = s.to_json(detail(s))
+    if s.goodput is not None:
+        out["intervals"] = intervals(s)
+    return out
+
+
+def intervals(s: RunStatus) -> dict[str, str]:
+    """How often the run checkpoints to disk and snapshots to memory, and from what: the newest auto choice
+    with its inputs (the goodput timeline), else what the job record configures (the plan: whether it keeps
+    snapshots at all)."""
+    from fsdp_jobs.runtime import interval
+
+    rows = (s.goodput or {}).get("attempts", [])
+    disk = next((r["checkpoint_interval"] for r in reversed(rows) if r.get("checkpoint_interval")), None)
+    memory = next((r["memory_interval"] for r in reversed(rows) if r.get("memory_interval")), None)
+    try:
+        ckpt = runs.load_job(s.run_dir).get("checkpoint") or {}
+    except Exception:  # noqa: BLE001  unreadable, damaged (yaml's own errors), or not a mapping: "unknown"
+        ckpt = {}
+    keeps = runs.plan_entry(s.run_dir, "snapshots") is not None
+    return {"checkpoint": interval.describe(disk) if disk else configured("interval", ckpt, "at the first save"),
+            "memory": interval.describe_memory(memory) if memory else
+            configured("memory_interval", ckpt, "it times the first snapshots") if keeps or ckpt.get("memory_interval") == 0 else
+            "no in-memory snapshots (a script of its own, or replica groups, which recover from each other)"}
+
+
+def configured(key: str, ckpt: dict[str, Any], auto_when: str) -> str:
+    """checkpoint.KEY as the job record sets it, where no auto choice was recorded."""
+    every = ckpt.get(key)
+    if every is None:
+        return f"checkpoint.{key}: unknown (no readable job record)"
+    what = (f"not chosen yet ({auto_when})" if every == "auto" else f"every {every} steps" if every else
+            "at the end and on a stop only" if key == "interval" else "no in-memory snapshots")
+    return f"checkpoint.{key}={every}: {what}"
 
 
 def gone_json(member: str, run_dir: Path) -> dict[str, Any]:

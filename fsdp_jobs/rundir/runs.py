@@ -87,11 +87,17 @@ def prepare(run_dir: Path, job: dict[str, Any], plan: dict[str, Any]) -> None:
 def replica_layout(run_dir: Path) -> Optional[dict[str, Any]]:
     """The plan's replica groups (fault_tolerance=replica: fsdp_jobs/planning/plan.py ReplicaLayout), or None: a run
     without them, or without a readable plan."""
+    layout = plan_entry(run_dir, "replicas")
+    return layout if isinstance(layout, dict) else None
+
+
+def plan_entry(run_dir: Path, key: str) -> Any:
+    """One entry of the plan the job was launched with, read without building a Plan; None where the plan has
+    none or cannot be read."""
     try:
-        layout = json.loads(RunDir(run_dir).plan_file.read_text()).get("replicas")
+        return json.loads(RunDir(run_dir).plan_file.read_text()).get(key)
     except (OSError, ValueError, AttributeError):
         return None
-    return layout if isinstance(layout, dict) else None
 
 
 # libyaml's safe loader where PyYAML was built with it (its wheels are): the same data from the same text as

@@ -146,6 +146,13 @@ def describe(c: dict[str, Any]) -> str:
             f"and a mean time between failures of {seconds_words(c['mtbf_s'])} ({c['mtbf_from']})")
 
 
+def describe_memory(c: dict[str, Any]) -> str:
+    """One line for goodput and status, from a `memory_interval` event's fields (fsdp_jobs/runtime/snapshots.py)."""
+    return (f"checkpoint.memory_interval=auto: a snapshot every {c['steps']} step(s), from a snapshot of "
+            f"{c['snapshot_s'] * 1000:.1f} ms and a step of {c['step_s'] * 1000:.1f} ms (at most {c['share']:.0%} of "
+            f"the step time)")
+
+
 def seconds_words(s: float) -> str:
     """0.0704 s, 12.3 s, 1,042 s, 5.9 h."""
     if s >= 3 * 3600:

@@ -126,6 +126,39 @@ def test_each_attempt_says_where_its_state_came_from_and_a_restart_from_memory_l
             "step of 80.0 ms (at most 2% of the step time)") in lines, lines
 
 
+def test_status_says_how_often_the_run_saves_to_disk_and_to_memory_and_from_what(tmp_path):
+    """`fsdp-jobs status RUN`'s "intervals": the newest auto choice with its inputs, else job.yaml's setting, and
+    for a job that keeps no snapshots (plan.json), why."""
+    from fsdp_jobs.cli.status_text import intervals
+    from fsdp_jobs.rundir.run_status import STATUS, RunStatus
+
+    def status(ckpt: str, snapshots: bool, *events: dict) -> dict[str, str]:
+        (tmp_path / "job.yaml").write_text(f"name: r\ncheckpoint:\n{ckpt}")
+        (tmp_path / "plan.json").write_text(json.dumps({"snapshots": {"interval": "auto"} if snapshots else None}))
+        a = attempt(12, 130, 17, [(30, 10.0)], {30: 1.0}, ("completed", 0.5))
+        gp = goodput.account([node("node_start", 101), *a, *events, node("node_end", 150)], [100.0])
+        return intervals(RunStatus(tmp_path, STATUS, goodput=gp))
+
+    assert status("  interval: 50\n  memory_interval: auto\n", True) == {
+        "checkpoint": "checkpoint.interval=50: every 50 steps",
+        "memory": "checkpoint.memory_interval=auto: not chosen yet (it times the first snapshots)"}
+    chose_memory = {"event": "memory_interval", "pid": 12, "time": 138.0, "steps": 3, "snapshot_s": 0.0042,
+                    "step_s": 0.1, "share": 0.02}
+    chose_disk = {"event": "interval", "pid": 12, "time": 139.0, "step": 20, "next": 60, "steps": 40, "seconds": 4.0,
+                  "save_s": 0.25, "save_from": "measured: 2 saves", "step_s": 0.1, "mtbf_s": 3600.0,
+                  "mtbf_from": "prior: 6,000 h per node / 1 nodes", "failures": 0, "exposure_s": 30.0}
+    said = status("  interval: auto\n  memory_interval: auto\n", True, chose_memory, chose_disk)
+    assert said["memory"] == ("checkpoint.memory_interval=auto: a snapshot every 3 step(s), from a snapshot of 4.2 ms "
+                              "and a step of 100.0 ms (at most 2% of the step time)")
+    assert said["checkpoint"].startswith("checkpoint.interval=auto: every 40 steps (4 s of steps), from a save "
+                                         "blocking 0.25 s (measured: 2 saves)"), said
+    assert status("  interval: 0\n  memory_interval: 0\n", False) == {
+        "checkpoint": "checkpoint.interval=0: at the end and on a stop only",
+        "memory": "checkpoint.memory_interval=0: no in-memory snapshots"}
+    assert status("  interval: 7\n  memory_interval: auto\n", False)["memory"].startswith(
+        "no in-memory snapshots (a script of its own, or replica groups")
+
+
 def test_a_requeue_waits_for_nodes_as_queued_time_and_a_container_restart_is_recovery():
     """SLURM requeues a preempted job: both nodes' wrappers exit, the job waits in the queue, both start
     again. That wait is queued time (the nodes' exit the old attempt's shutdown), not recovery."""
