@@ -65,12 +65,15 @@ class SnapshotMemory:
     they hold, in GiB (1024**3 bytes, as MemoryEstimate's). Each rank keeps two slots (double-buffered), each
     its shard of the parameters and of AdamW's two moments, all in model.dtype: FSDP2 keeps the sharded
     parameters in it whatever the compute dtype, and AdamW its moments in the parameter's. Left out: the step
-    counters, RNG states, data position and each slot's 4 KiB header (kilobytes). Whether a node's memory holds
+    counters, RNG states, data position and each slot's 4 KiB header (kilobytes). Where no other replica group
+    holds a rank's shard on another node (full_shard over nodes), each node also keeps two buddy copies of
+    another node's rank's (fsdp_jobs/runtime/buddies.py): four slots a rank. Whether a node's memory holds
     them is the backend's to say (check_snapshot_memory)."""
 
     interval: Any  # checkpoint.memory_interval: auto or a number of steps
-    per_rank_gb: float  # both slots of one rank
-    per_node_gb: float  # both slots of each of a node's gpus_per_node ranks
+    per_rank_gb: float  # every slot a node keeps for one of its ranks
+    per_node_gb: float  # ... for each of its gpus_per_node ranks
+    buddy_copies: bool = False  # whether two of each rank's slots are another node's rank's copies
 
 
 @dataclass
@@ -300,12 +303,20 @@ def estimate_memory(cfg: JobConfig, params: int, shard_size: int, world: Optiona
                           r(activations), r(total), r(budget), total <= budget)
 
 
-def snapshot_bytes(model: Any, params: int, shard_size: int) -> int:
-    """One rank's in-memory snapshots, both slots: its share of the parameters and of AdamW's two moments
-    (SnapshotMemory says what is left out). FSDP2 splits each parameter's first dimension over the shard group:
-    the count divided, rounded up (exact where every first dimension divides, as Llama's do over 8)."""
-    per_rank = -(-params // shard_size)
-    return 2 * per_rank * 3 * DTYPE_BYTES[model.dtype]
+def snapshot_bytes(model: Any, params: int, mesh: dict[str, int], nodes: int) -> int:
+    """One rank's in-memory snapshots, every slot: its share of the parameters and of AdamW's two moments
+    (SnapshotMemory says what is left out), twice, and twice more where its node keeps buddy copies. FSDP2 splits
+    each parameter's first dimension over the shard group: the count divided, rounded up (exact where every
+    first dimension divides, as Llama's do over 8)."""
+    per_rank = -(-params // mesh["shard"])
+    slots = 4 if keeps_buddy_copies(nodes, mesh) else 2
+    return slots * per_rank * 3 * DTYPE_BYTES[model.dtype]
+
+
+def keeps_buddy_copies(nodes: int, mesh: dict[str, int]) -> bool:
+    """More than one node, and no other replica group holding each shard on another node: each node keeps
+    copies of another node's ranks' snapshots (fsdp_jobs/runtime/buddies.py), so a lost node's state survives."""
+    return nodes > 1 and mesh.get("replicate", 1) == 1
 
 
 def keeps_snapshots(cfg: JobConfig) -> bool:
@@ -320,9 +331,9 @@ def plan_snapshots(cfg: JobConfig, mesh: dict[str, int], params: int) -> Optiona
     """The node memory the in-memory snapshots take at this mesh, or None where the job keeps none."""
     if not keeps_snapshots(cfg):
         return None
-    per_rank = snapshot_bytes(cfg.model, params, mesh["shard"])
+    per_rank = snapshot_bytes(cfg.model, params, mesh, cfg.nodes)
     return SnapshotMemory(cfg.checkpoint.memory_interval, round(per_rank / 1024**3, 3),
-                          round(per_rank * cfg.gpus_per_node / 1024**3, 3))
+                          round(per_rank * cfg.gpus_per_node / 1024**3, 3), keeps_buddy_copies(cfg.nodes, mesh))
 
 
 def check_snapshot_memory(cfg: JobConfig, held: Optional[NodeMemory]) -> None:
@@ -339,14 +350,16 @@ def check_snapshot_memory(cfg: JobConfig, held: Optional[NodeMemory]) -> None:
         if nodes != cfg.nodes:
             world = cfg.copy()
             world.nodes = nodes
-        shard = choose_mesh(world, params)[0]["shard"]
-        per_node = snapshot_bytes(cfg.model, params, shard) * cfg.gpus_per_node
+        mesh = choose_mesh(world, params)[0]
+        per_node = snapshot_bytes(cfg.model, params, mesh, nodes) * cfg.gpus_per_node
         if per_node > held.size:
             at = "" if nodes == cfg.nodes else f" at nodes={nodes}, which cluster.min_nodes allows,"
+            buddies = ", and two of another node's rank's: buddy copies" if keeps_buddy_copies(nodes, mesh) else ""
             raise UserError(held.key, held.value, f"the in-memory snapshots of a node's {cfg.gpus_per_node} ranks"
-                            f"{at} take {per_node / gib:.1f} GiB (each rank two copies of its 1/{shard} of the "
-                            f"{params:,} parameters and AdamW's two moments, {cfg.model.dtype}), more than the "
-                            f"{held.size / gib:.1f} GiB it gives {held.what}: set {held.key}={held.spell(per_node)} "
+                            f"{at} take {per_node / gib:.1f} GiB (each rank two copies of its 1/{mesh['shard']} of the "
+                            f"{params:,} parameters and AdamW's two moments, {cfg.model.dtype}{buddies}), more "
+                            f"than the {held.size / gib:.1f} GiB it gives {held.what}: set "
+                            f"{held.key}={held.spell(per_node)} "
                             "or more, or checkpoint.memory_interval=0 to run without in-memory snapshots")
 
 

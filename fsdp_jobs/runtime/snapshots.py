@@ -20,15 +20,17 @@ pitfall 27); what changes is where the restarted ranks take their state from.
 
 Recovery (collective, before anything is loaded): every rank says which snapshots its node holds; the
 newest step that every rank can get, from its own node's memory or from a rank of another replica group
-holding the same shard (HSDP: the replicate dimension), wins if it is at least as new as the newest DCP
-checkpoint. A rank whose node lost its memory (a replaced or restarted node) receives the bytes from such
-a peer over the process group; nothing is read from disk. Anything else (a different world or mesh, a
-full_shard job that lost a node, snapshots that fail their CRC or hold non-finite values) falls back to
-the DCP checkpoint, which stays the source of truth for what memory cannot survive.
+holding the same shard (HSDP: the replicate dimension) or a buddy copy of it (full_shard over nodes:
+fsdp_jobs/runtime/buddies.py), wins if it is at least as new as the newest DCP checkpoint. A rank whose node
+lost its memory (a replaced or restarted node) receives the bytes from such a peer over the process group;
+nothing is read from disk. Anything else (a different world or mesh, two neighbouring nodes lost under
+full_shard, snapshots that fail their CRC or hold non-finite values) falls back to the DCP checkpoint, which
+stays the source of truth for what memory cannot survive.
 
 Cost per rank: two copies of its state shard in node memory (params + optimizer moments, in their dtypes:
-`fsdp_jobs/planning/plan.py` computes it at plan time) and one memory copy of it per snapshot; nothing on
-the network and nothing on the shared file system per step.
+`fsdp_jobs/planning/plan.py` computes it at plan time), two more of another node's rank's where it keeps buddy
+copies, and one memory copy of it per snapshot; nothing on the shared file system per step, and on the
+network only the buddy copies (off the step path).
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ import signal
 import struct
 import time
 import zlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional
 
@@ -50,10 +52,12 @@ import torch
 import torch.distributed as dist
 
 from fsdp_jobs.planning import faults
+from fsdp_jobs.planning.plan import keeps_buddy_copies
+from fsdp_jobs.runtime.buddies import BuddyCopies
 
 MAGIC = b"FSDPSNP1"
 SUFFIX = ".snap"
-NAME = re.compile(r"r(\d+)-([01])\.snap")
+NAME = re.compile(r"([rb])(\d+)-([01])\.snap")  # r: a rank's own slots; b: copies of another node's rank (buddies)
 AUTO = "auto"
 AUTO_SHARE = 0.02  # memory_interval=auto: the smallest interval whose snapshots cost at most this share of the steps
 AUTO_MEASURE = 5  # snapshots timed before auto chooses
@@ -75,12 +79,14 @@ class Held:
 
 @dataclass
 class RestorePlan:
-    """Where every rank's state comes from: `sources[r]` is None (its own node's memory) or the rank that
-    sends it the bytes; `files[r]` the snapshot rank r reads (for itself, or to send)."""
+    """Where every rank's state comes from: `sources[r]` is None (its own node's memory: `files[r]`, the
+    snapshot it reads) or the rank that sends it `sent[r]` (a file of that rank's node: a replica's own slot, or
+    a buddy copy, which holds another shard than the sender's own)."""
 
     step: int
     files: dict[int, Held]
     sources: dict[int, Optional[int]]
+    sent: dict[int, Held] = field(default_factory=dict)
 
 
 def shard_of(rank: int, mesh_shape: dict[str, int]) -> int:
@@ -209,8 +215,8 @@ class SnapshotStore:
         self.maps: dict[Path, torch.Tensor] = {}
         self.steps: dict[Path, int] = {}  # the step in each slot this process wrote or read: no header read per write
 
-    def slot(self, owner: int, index: int) -> Path:
-        return self.dir / f"r{owner}-{index}{SUFFIX}"
+    def slot(self, owner: int, index: int, kind: str = "r") -> Path:
+        return self.dir / f"{kind}{owner}-{index}{SUFFIX}"
 
     def write(self, owner: int, step: int, shard: int, tensors: list[torch.Tensor], skeleton: Any,
               crash_half_way: bool = False) -> Path:
@@ -258,11 +264,23 @@ class SnapshotStore:
             self.maps[path] = mapped
         return mapped
 
-    def older_slot(self, owner: int) -> Path:
+    def write_copy(self, blob: bytes) -> Path:
+        """Keep another node's rank's committed snapshot (its whole slot, as received) in a buddy slot of this
+        node: the same commit order as `write` (magic cleared first, set last), so a copy cut short is none."""
+        path = self.older_slot(int(parse_header(blob)["owner"]), kind="b")
+        mapped = self.mapping(path, len(blob)).numpy()
+        mapped[:len(MAGIC)] = 0
+        data = numpy.frombuffer(blob, dtype=numpy.uint8)
+        mapped[len(MAGIC):len(blob)] = data[len(MAGIC):]
+        mapped[:len(MAGIC)] = data[:len(MAGIC)]
+        self.steps[path] = read_header(path)["step"]
+        return path
+
+    def older_slot(self, owner: int, kind: str = "r") -> Path:
         """The slot to write next: an empty or invalid one, else the one with the older step."""
         steps = {}
         for index in (0, 1):
-            path = self.slot(owner, index)
+            path = self.slot(owner, index, kind)
             if path not in self.steps:
                 try:
                     self.steps[path] = read_header(path)["step"]
@@ -306,19 +324,29 @@ class SnapshotStore:
 def read_header(path: Path) -> dict[str, Any]:
     """A slot's header; ValueError when it holds no committed snapshot."""
     with open(path, "rb") as f:
-        head = f.read(HEADER)
+        return parse_header(f.read(HEADER), path.name)
+
+
+def parse_header(head: bytes, name: str = "snapshot") -> dict[str, Any]:
     if len(head) < len(MAGIC) + 8 or not head.startswith(MAGIC):
-        raise ValueError(f"{path.name}: no committed snapshot")
+        raise ValueError(f"{name}: no committed snapshot")
     (n,) = struct.unpack("<Q", head[len(MAGIC):len(MAGIC) + 8])
     return json.loads(head[len(MAGIC) + 8:len(MAGIC) + 8 + n])
 
 
+def committed_bytes(path: Path) -> bytes:
+    """A slot's committed snapshot, up to its end (not the room to spare after it); b"" where it holds none."""
+    try:
+        with open(path, "rb") as f:
+            blob = f.read()
+        return blob[:parse_header(blob, path.name)["meta"][1]]
+    except (OSError, ValueError, KeyError):
+        return b""
+
+
 def decode(blob: bytes) -> tuple[int, list[torch.Tensor], Any]:
     """(step, tensors, skeleton) of a whole slot file's bytes; ValueError if it fails its CRC."""
-    if not blob.startswith(MAGIC):
-        raise ValueError("not a committed snapshot")
-    (n,) = struct.unpack("<Q", blob[len(MAGIC):len(MAGIC) + 8])
-    header = json.loads(blob[len(MAGIC) + 8:len(MAGIC) + 8 + n])
+    header = parse_header(blob)
     at, end = header["meta"]
     if len(blob) < end:
         raise ValueError(f"snapshot of step {header['step']} by rank {header['owner']} is {len(blob)} bytes, not {end}")
@@ -339,6 +367,15 @@ def decode(blob: bytes) -> tuple[int, list[torch.Tensor], Any]:
     return header["step"], tensors, tuples(meta["skeleton"])
 
 
+def read_slot(held: Held) -> tuple[Optional[bytes], Optional[str]]:
+    """A snapshot file's bytes, or None and why; nbytes of them (the size it had when the plan was made: a
+    receiver allocates that much)."""
+    try:
+        return Path(held.path).read_bytes()[:held.nbytes].ljust(held.nbytes, b"\0"), None
+    except OSError as e:
+        return None, f"cannot read {held.path}: {e}"
+
+
 def collective_device() -> torch.device:
     """Where the default group's tensors must be: NCCL's on this rank's GPU, gloo's on the host."""
     if dist.is_initialized() and dist.get_backend() == "nccl":
@@ -355,6 +392,7 @@ def choose(held_by_rank: list[list[Held]], shards: list[int], disk_step: Optiona
         if disk_step is not None and step < disk_step:
             return None
         files: dict[int, Held] = {}
+        sent: dict[int, Held] = {}
         sources: dict[int, Optional[int]] = {}
         for rank, shard in enumerate(shards):
             own = [h for h in held_by_rank[rank] if h.step == step and h.shard == shard]
@@ -368,10 +406,10 @@ def choose(held_by_rank: list[list[Held]], shards: list[int], disk_step: Optiona
                 break
             source = holders[rank % len(holders)]
             sources[rank] = source
-            files.setdefault(source, min((h for h in held_by_rank[source] if h.step == step and h.shard == shard),
-                                         key=lambda h: (h.owner != source, h.owner)))
+            sent[rank] = min((h for h in held_by_rank[source] if h.step == step and h.shard == shard),
+                             key=lambda h: (h.owner != source, h.owner))
         else:
-            return RestorePlan(step, files, sources)
+            return RestorePlan(step, files, sources, sent)
     return None
 
 
@@ -381,8 +419,10 @@ class MemorySnapshots:
 
     def __init__(self, directory: Optional[Path], rank: int, world_size: int, mesh_shape: dict[str, int],
                  every: Any, identity: dict[str, Any], log: Callable[[str], None] = print,
-                 record: Optional[Callable[[dict[str, Any]], None]] = None) -> None:
-        """`record`: given auto's choice and its inputs (rank 0's goodput timeline keeps it)."""
+                 record: Optional[Callable[[dict[str, Any]], None]] = None, local_world_size: int = 0) -> None:
+        """`record`: given auto's choice and its inputs (rank 0's goodput timeline keeps it). Collective where
+        the job needs buddy copies (fsdp_jobs/runtime/buddies.py): `local_world_size`, the ranks a node (0: one
+        node holds every rank, as a test's world does)."""
         self.rank, self.world_size, self.mesh_shape, self.log = rank, world_size, mesh_shape, log
         self.record = record
         self.shard = shard_of(rank, mesh_shape)
@@ -396,6 +436,11 @@ class MemorySnapshots:
         self.step_times: list[float] = []
         self.crash_at = faults.step(CRASH_IN_SNAPSHOT_ENV)
         self.unwritable: Optional[str] = None  # why this process writes no more snapshots (node memory full)
+        self.buddies: Optional[BuddyCopies] = None
+        nodes = world_size // (local_world_size or world_size)
+        if self.enabled and self.store is not None and keeps_buddy_copies(nodes, mesh_shape):
+            self.buddies = BuddyCopies(rank, world_size, local_world_size, self.store.write_copy, committed_bytes,
+                                       log=log)
 
     # ------------------------------------------------------------------ schedule and save
     def due(self, step: int) -> bool:
@@ -407,14 +452,19 @@ class MemorySnapshots:
         began = time.perf_counter()
         tensors, skeleton = capture(state)
         crash = (bool(self.crash_at) and self.crash_at == state.step and restart == 0 and self.rank == self.world_size - 1)
+        if self.buddies is not None:
+            self.buddies.wait()  # the previous snapshot is the buddy's now: this one may overwrite the slot before it
+        written = None
         if self.unwritable is None:
             try:
-                self.store.write(self.rank, state.step, self.shard, tensors, skeleton, crash_half_way=crash)
+                written = self.store.write(self.rank, state.step, self.shard, tensors, skeleton, crash_half_way=crash)
             except OSError as e:  # the snapshot is lost, not the step: its schedule (and auto's vote) goes on
                 self.unwritable = f"{e.strerror or e} ({self.store.dir})"
                 self.log(f"in-memory snapshots stop on rank {self.rank} at step {state.step}: {self.unwritable}; "
                          "training goes on, a failure now resumes from the DCP checkpoint (free node memory: "
                          "/dev/shm, or checkpoint.memory_interval=0)")
+        if self.buddies is not None:
+            self.buddies.send(written)  # None: nothing to keep this time, but every pair exchanges every snapshot
         cost = time.perf_counter() - began
         self.measure(state.step, cost)
         return cost
@@ -449,8 +499,14 @@ class MemorySnapshots:
 
     def discard(self) -> None:
         """Forget every snapshot on this node (a rollback made them the wrong future)."""
+        self.close()  # no buddy copy arrives after this
         if self.store is not None:
             self.store.invalidate()
+
+    def close(self) -> None:
+        """The last buddy exchange done: before the process group goes, so no peer is left mid-copy."""
+        if self.buddies is not None:
+            self.buddies.wait()
 
     # ------------------------------------------------------------------ recovery
     def plan_restore(self, disk_step: Optional[int]) -> Optional[RestorePlan]:
@@ -493,25 +549,24 @@ class MemorySnapshots:
     def fetch(self, plan: RestorePlan) -> tuple[Optional[bytes], Optional[str]]:
         """This rank's snapshot bytes: read from its node, or received from its source rank; and it sends
         the bytes it is the source of. Point to point over the default group, all posted at once."""
-        mine: Optional[bytes] = None
-        why = None
+        mine, why = None, None
         if self.rank in plan.files:
-            try:
-                mine = Path(plan.files[self.rank].path).read_bytes()
-            except OSError as e:
-                why = f"cannot read {plan.files[self.rank].path}: {e}"
+            mine, why = read_slot(plan.files[self.rank])
         device = collective_device()
-        sends, ops = [], []
+        sends, ops, read = [], [], {}
         for dst, src in sorted(plan.sources.items()):
             if src == self.rank and dst != self.rank:
-                data = byte_tensor(mine) if mine is not None \
-                    else torch.zeros(plan.files[src].nbytes, dtype=torch.uint8)  # unreadable: zeros fail the CRC
-                sends.append(data.to(device))
+                held = plan.sent[dst]
+                if held.path not in read:
+                    read[held.path] = read_slot(held)[0]
+                data = read[held.path]
+                sends.append((byte_tensor(data) if data is not None  # unreadable: zeros, which fail the CRC
+                              else torch.zeros(held.nbytes, dtype=torch.uint8)).to(device))
                 ops.append(dist.P2POp(dist.isend, sends[-1], dst))
         got = None
         src = plan.sources[self.rank]
         if src is not None:
-            got = torch.empty(plan.files[src].nbytes, dtype=torch.uint8, device=device)
+            got = torch.empty(plan.sent[self.rank].nbytes, dtype=torch.uint8, device=device)
             ops.append(dist.P2POp(dist.irecv, got, src))
         if ops:
             for work in dist.batch_isend_irecv(ops):

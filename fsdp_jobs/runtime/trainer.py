@@ -365,7 +365,8 @@ class Trainer:
         identity = {"config": self.config_hash(), "run": f"{job.st_ino}-{job.st_mtime_ns}"}
         return MemorySnapshots(directory, world.rank, world.world_size, self.mesh_shape, self.ccfg.memory_interval,
                                identity, log=lambda m: log(world.rank, m),
-                               record=lambda choice: self.timeline.event("memory_interval", **choice))
+                               record=lambda choice: self.timeline.event("memory_interval", **choice),
+                               local_world_size=world.local_world_size)
 
     def disk_step(self) -> Optional[int]:
         """Rank 0's newest committed checkpoint's step (named, not checked: memory only has to be as new)."""
@@ -731,6 +732,7 @@ class Trainer:
             # after the final commit: it may OOM
             save_probe(self.run_dir, self.model, self.dataset, state.step, self.world)
         self.ckpt.close()
+        self.snapshots.close()
         self.metrics.close()
         self.replicas.close()
         if rank == 0 and writer and stopped_by != "nonfinite":  # that one recorded its failure (after_nonfinite)

@@ -141,3 +141,34 @@ def test_a_node_whose_memory_is_lost_takes_its_shards_from_the_other_replica_gro
     assert found.group(2) == "ranks from their own node's memory: 2, from a peer's: 2", found.group(0)
     assert_same_state(hsdp_reference / "checkpoints" / "step-000040", run_dir / "checkpoints" / "step-000040")
     assert_same_curve(hsdp_reference, run_dir)
+
+
+def test_under_full_shard_a_node_whose_memory_is_lost_takes_its_ranks_state_from_the_next_nodes_buddy_copies(
+        run_root, full_shard_reference):
+    """full_shard over 2 nodes (no replica holds any shard twice): each rank's snapshots are also kept by the same
+    local rank of the other node (fsdp_jobs/runtime/buddies.py). Rank 3's node's memory is emptied as its rank is
+    killed: its two ranks receive their state from node0's copies, node0's ranks use their own, nothing from disk."""
+    from fsdp_jobs.rundir.liveness import derived_local_dir
+
+    run_dir = run_root / "buddies"
+    proc = start(run_root, "buddies", *TRAINING, *EVERY_STEP, "fsdp=full_shard")
+    reached = wait_for_step(run_dir, 15, proc)
+    node = rank_record(run_dir, 3)["node"]
+    memory = derived_local_dir(run_dir, node) / "snapshots"
+    here = sorted(r for r in range(4) if rank_record(run_dir, r)["node"] == node)
+    kept = sorted(r for r in range(4) if r not in here)  # the other node's ranks: their buddy copies are here
+    assert sorted(p.name for p in memory.iterdir()) == sorted(
+        [f"r{r}-{slot}.snap" for r in here for slot in (0, 1)] + [f"b{r}-{slot}.snap" for r in kept for slot in (0, 1)])
+    os.kill(rank_record(run_dir, 3)["pid"], signal.SIGKILL)
+    while rank_record(run_dir, 3)["restart"] < 1 and proc.poll() is None:  # until the restarted ranks are up
+        for p in memory.iterdir():  # a dying rank 2 may still finish a snapshot or keep a copy: empty it again
+            p.unlink(missing_ok=True)
+        time.sleep(0.01)
+    out = finish(proc)
+    found = RESUMED.search(out)
+    # the copies are one snapshot behind the ranks' own: the step before the last one logged, at the least
+    assert found and int(found.group(1)) >= reached - 1, out[-4000:]
+    assert found.group(2) == "ranks from their own node's memory: 2, from a peer's: 2", found.group(0)
+    assert "buddy copies" not in out  # no exchange failed, no copy was refused
+    assert_same_state(full_shard_reference / "checkpoints" / "step-000040", run_dir / "checkpoints" / "step-000040")
+    assert_same_curve(full_shard_reference, run_dir)

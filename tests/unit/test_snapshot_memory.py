@@ -25,7 +25,8 @@ def test_llama3_8b_at_1024_nodes_of_8_takes_22_4_gib_a_rank_and_179_5_a_node():
     """By hand: Llama 3 8B has 8,030,261,248 parameters; hybrid_shard's shard group is a node's 8 GPUs, so a rank
     holds 1,003,782,656 of them, and of each of AdamW's two moments, in float32: 12 bytes each, 12,045,391,872 bytes
     a snapshot; two slots: 24,090,783,744 bytes = 22.436 GiB a rank, x 8 = 192,726,269,952 bytes = 179.490 GiB a
-    node. In bfloat16 half of it; full_shard over all 8,192 ranks: 1/1,024 of the hybrid figure."""
+    node. In bfloat16 half of it; full_shard over all 8,192 ranks: 1/1,024 of the hybrid figure, twice (no replica
+    group holds a shard on another node, so each node keeps buddy copies of another node's ranks' too)."""
     plan = plan_for("cluster=slurm", "nodes=1024", "gpus_per_node=8", "model=llama3_8b")
     assert plan.memory.params == 8_030_261_248 and plan.mesh["shard"] == 8
     assert plan.snapshots is not None
@@ -34,7 +35,8 @@ def test_llama3_8b_at_1024_nodes_of_8_takes_22_4_gib_a_rank_and_179_5_a_node():
     bf16 = plan_for("cluster=slurm", "nodes=1024", "gpus_per_node=8", "model=llama3_8b", "model.dtype=bfloat16")
     assert bf16.snapshots.per_rank_gb == round(24_090_783_744 / 2 / GIB, 3)
     flat = plan_for("cluster=slurm", "nodes=1024", "gpus_per_node=8", "model=llama3_8b", "fsdp=full_shard")
-    assert flat.snapshots.per_rank_gb == round(24_090_783_744 / 1024 / GIB, 3)
+    assert flat.snapshots.per_rank_gb == round(24_090_783_744 / 1024 * 2 / GIB, 3) and flat.snapshots.buddy_copies
+    assert not plan.snapshots.buddy_copies  # hybrid_shard: the other replica groups hold each shard
 
 
 def test_the_dry_run_shows_the_snapshot_memory_and_a_job_that_keeps_none_shows_none(cli_here, run_root: Path):
@@ -43,7 +45,8 @@ def test_the_dry_run_shows_the_snapshot_memory_and_a_job_that_keeps_none_shows_n
     assert r.returncode == 0, r.stderr
     plan = yaml.safe_load(r.stdout.split("# launch commands")[0])["plan"]
     # 70,553,706,496 / 8 x 12 bytes x 2 slots = 211,661,119,488 bytes a rank
-    assert plan["snapshots"] == {"interval": "auto", "per_rank_gb": 197.125, "per_node_gb": 1576.998}
+    assert plan["snapshots"] == {"interval": "auto", "per_rank_gb": 197.125, "per_node_gb": 1576.998,
+                                 "buddy_copies": False}
     for off in ("checkpoint.memory_interval=0", "fault_tolerance=replica"):
         r = cli_here("cluster=slurm", "nodes=2", "dry_run=true", f"run_root={run_root}", off)
         assert r.returncode == 0, r.stderr
@@ -104,9 +107,12 @@ def test_slurm_without_a_memory_size_shows_the_figure_and_refuses_nothing():
 
 
 def test_an_elastic_job_is_refused_where_its_smallest_world_would_not_fit():
-    """full_shard shards over the world: at 4 nodes of 2 a rank of Llama 3 1B holds 1/8 (6.9 GiB a node), at
-    cluster.min_nodes=1 1/2 (27.6 GiB a node), which 10g of /dev/shm cannot hold."""
-    base = ["cluster=docker", "model=llama3_1b", "fsdp=full_shard", "nodes=4", "cluster.shm_size=10g"]
+    """full_shard shards over the world: at 4 nodes of 2 a rank of Llama 3 1B holds 1/8 (6.9 GiB a node, and as
+    much again for the buddy copies of another node's ranks: 13.8), at cluster.min_nodes=1 1/2 (27.6 GiB a node,
+    no buddies on one node), which 20g of /dev/shm cannot hold."""
+    base = ["cluster=docker", "model=llama3_1b", "fsdp=full_shard", "nodes=4", "cluster.shm_size=20g"]
+    with pytest.raises(UserError, match=r"take 13\.8 GiB .*float32, and two of another node's rank's: buddy copies\)"):
+        compose([*base[:-1], "cluster.shm_size=10g"])
     assert compose(base)
     with pytest.raises(UserError, match=r"ranks at nodes=1, which cluster.min_nodes allows, take 27\.6 GiB"):
         compose([*base, "cluster.min_nodes=1"])

@@ -52,6 +52,25 @@ def test_without_a_replica_a_lost_node_sends_the_job_to_disk():
     assert plan is None
 
 
+def test_under_full_shard_a_lost_nodes_ranks_take_their_state_from_the_next_nodes_buddy_copies():
+    """full_shard over 2 nodes: node 0 keeps buddy copies of node 1's ranks (fsdp_jobs/runtime/buddies.py), one
+    snapshot behind its own. Node 1 replaced: every rank resumes at the newest step the copies cover, node 0's
+    ranks from their own slots, node 1's receiving the copies, each from the rank that holds that shard's copy
+    (not its own slot, which is another shard)."""
+    flat = {"shard": 4}
+
+    def buddy(owner: int, *steps: int) -> list[Held]:
+        return [Held(f"/m/b{owner}-{i}.snap", owner, s, owner, 100) for i, s in enumerate(steps)]
+
+    node0 = [*held(0, 14, 15, mesh=flat), *held(1, 14, 15, mesh=flat), *buddy(2, 13, 14), *buddy(3, 13, 14)]
+    plan = choose([node0, node0, [], []], [0, 1, 2, 3], disk_step=10)
+    assert plan is not None and plan.step == 14
+    assert plan.sources == {0: None, 1: None, 2: 0, 3: 1}
+    assert plan.files[0].path == "/m/r0-0.snap" and plan.files[1].path == "/m/r1-0.snap"
+    assert plan.sent[2].path == "/m/b2-1.snap" and plan.sent[3].path == "/m/b3-1.snap"
+    assert choose([node0, node0, [], []], [0, 1, 2, 3], disk_step=15) is None  # the copies are older than the disk
+
+
 def test_memory_older_than_the_newest_checkpoint_is_not_used():
     assert choose([held(r, 8, 9) for r in range(4)], [0, 1, 0, 1], disk_step=10) is None
     assert choose([held(r, 9, 10) for r in range(4)], [0, 1, 0, 1], disk_step=10).step == 10
