@@ -169,6 +169,10 @@ class FaultConfig(Keys):
     # preflight=true|only (README: Preflight): a node this many times worse than the median node on any
     # measure (matmul TFLOPS, write MB/s, free memory) is named and the job stops before training
     preflight_slow_ratio: float = 2.0
+    # silent data corruption (fsdp_jobs/runtime/sdc.py): under HSDP with 2+ replica groups every replica of each
+    # shard is compared (a fingerprint of its parameter and optimizer shards); auto = before each in-memory
+    # snapshot, so every snapshot kept is one the replicas agreed on; N = every N steps; 0 = off
+    sdc_check_interval: Union[int, str] = "auto"
 
 
 @dataclass

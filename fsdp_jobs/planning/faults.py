@@ -26,7 +26,10 @@ KNOWN = {
     "FSDP_JOBS_TEST_PREFLIGHT_SLOW_ONCE": "this node's preflight checks take 3x as long in the first round only",
     "FSDP_JOBS_TEST_PREFLIGHT_SLOW_NODE_RANK": "in the job's first attempt, the preflight checks of its K-th node by "
                                               "node rank (K >= 1) not serving the rendezvous store take 3x as long",
+    "FSDP_JOBS_TEST_CORRUPT_AT": "STEP:RANK: that rank flips a bit of its parameter shard after that step's update "
+                                 "(first attempt; RANK -1: the last rank not on the rendezvous store's node)",
 }
+STEP_AND_RANK = ("FSDP_JOBS_TEST_CORRUPT_AT",)  # these take STEP:RANK
 UNITS = (("_MS", "milliseconds"), ("_S", "seconds"), ("_RANK", "a node rank"))  # by name suffix; else a step
 NAMED = ("FSDP_JOBS_TEST_PREFLIGHT_SLOW_NODE", "FSDP_JOBS_TEST_PREFLIGHT_SLOW_ONCE")  # these take a node's name, the others a step number
 
@@ -40,6 +43,11 @@ def parse(env: Mapping[str, str]) -> dict[str, int | str]:
             continue
         if name not in KNOWN:
             raise UserError(name, value, "unknown test fault variable; known: " + ", ".join(KNOWN))
+        if name in STEP_AND_RANK:
+            if not re.fullmatch(r"\d+:-?\d+", str(value)):
+                raise UserError(name, value, "must be STEP:RANK (a step number, a rank or -1)")
+            out[name] = str(value)
+            continue
         if name in NAMED:
             if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}", str(value)):
                 raise UserError(name, value, "must be a node's name (letters, digits, . _ -)")
@@ -58,5 +66,5 @@ def step(name: str) -> int:
 
 
 def name(variable: str) -> str:
-    """In the job: the node a NAMED fault applies to, "" = off."""
+    """In the job: the node a NAMED fault applies to (a STEP_AND_RANK one's STEP:RANK), "" = off."""
     return str(parse({variable: os.environ[variable]}).get(variable, "")) if variable in os.environ else ""

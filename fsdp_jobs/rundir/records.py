@@ -384,14 +384,15 @@ class WorldRecord(Record):
 
 @dataclass
 class ReplacedNodes(Record):
-    """One line of RunDir.replaced_nodes_file per preflight that named nodes of a job with hot spares waiting
-    (fsdp_jobs/runtime/preflight.py): those nodes' agents leave the rendezvous instead of restarting
+    """One line of RunDir.replaced_nodes_file per preflight (fsdp_jobs/runtime/preflight.py) or replica agreement
+    check (fsdp_jobs/runtime/sdc.py) that named nodes of a job with hot spares waiting: those nodes' agents leave the rendezvous instead of restarting
     (launchers/node/agent.py), and the next round takes spares in their place."""
 
     time: float
     nodes: list[str]
     reason: str
     restart: Optional[int] = None  # the job's attempt whose preflight named them
+    named_by: str = "the preflight"  # or "a replica agreement check" (fsdp_jobs/runtime/sdc.py)
     v: int = SCHEMA
     extra: dict[str, Any] = field(default_factory=dict)
 

@@ -1,4 +1,4 @@
-"""The nodes hot spares replaced after a preflight named them (RunDir.replaced_nodes_file; cluster.spare_nodes).
+"""The nodes hot spares replaced after a preflight or a replica agreement check named them (RunDir.replaced_nodes_file; cluster.spare_nodes).
 
 Rank 0 appends one line per such preflight (fsdp_jobs/runtime/preflight.py); each named node's agent reads the
 record once, when its ranks end that attempt, and leaves the rendezvous instead of restarting
@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Optional
 
 from fsdp_jobs.rundir import runs
 from fsdp_jobs.rundir.layout import RunDir
@@ -36,3 +37,9 @@ def nodes_since(run_dir: Path, when: float) -> list[str]:
 def is_replaced(run_dir: Path, node: str, when: float) -> bool:
     """Whether a preflight since `when` named `node` and had a hot spare take its place."""
     return node in nodes_since(run_dir, when)
+
+
+def named_by(run_dir: Path, node: str, when: float) -> Optional[str]:
+    """What named `node` since `when` and had a hot spare take its place ("the preflight", "a replica agreement
+    check"), or None."""
+    return next((r.named_by for r in reversed(read(run_dir)) if r.time >= when and node in r.nodes), None)

@@ -503,6 +503,13 @@ class MemorySnapshots:
         if self.store is not None:
             self.store.invalidate()
 
+    def forget_after(self, step: Optional[int]) -> None:
+        """Clear every snapshot on this node newer than `step` (None: every one): state a check did not vouch for
+        (fsdp_jobs/runtime/sdc.py). One rank a node."""
+        self.close()
+        if self.store is not None:
+            self.store.invalidate(keep_until=step)
+
     def close(self) -> None:
         """The last buddy exchange done: before the process group goes, so no peer is left mid-copy."""
         if self.buddies is not None:

@@ -39,6 +39,8 @@ from fsdp_jobs.runtime.replicas import JOINING, NoReplicas, open_replicas
 from fsdp_jobs.runtime.shard import (adamw_implementation, build_meta_model, dtype_of, init_devices, materialize,
                                      shard_model)
 from fsdp_jobs.runtime.signals import StopFlag
+from fsdp_jobs.runtime.sdc import (CORRUPT_AT_ENV, ReplicaAgreement, corrupt_target, flip_a_bit, respond,
+                                  state_tensors)
 from fsdp_jobs.runtime.snapshots import MemorySnapshots, RestorePlan
 from fsdp_jobs.runtime.stopping import NONFINITE, STOP_FILE, StopFileWatcher, StopVote, stop_reason
 from fsdp_jobs.runtime.timeline import MAIN_STARTED, Timeline
@@ -219,6 +221,9 @@ class Trainer:
         self.prepare_loop()
         self.timeline.loop(self.state.step)
         stopped = self.fit(stop)
+        if stopped == "sdc":  # a replica disagreed: the attempt ends, its state newer than the agreed one set aside
+            self.timeline.event("end", why=self.sdc_end[1], step=self.state.step)
+            return self.sdc_end[0]
         self.finish(stopped)
         why = {None: "completed", "nonfinite": "failed: a non-finite loss"}.get(stopped, "preempted")
         self.timeline.event("end", why=why, step=self.state.step)
@@ -334,6 +339,8 @@ class Trainer:
         self.open_checkpoints({"config_hash": self.config_hash()}, overlap_staging=True)
         joining = self.joins_a_running_job()  # replica groups: every group up first, or join one training
         self.snapshots = self.open_snapshots()
+        self.agreement = ReplicaAgreement(self.mesh, self.mesh_shape, self.cfg.fault.sdc_check_interval,
+                                          self.snapshots.enabled, self.world.device)
         resuming = self.ccfg.resume and not joining
         self.memory_plan = self.snapshots.plan_restore(self.disk_step()) if resuming else None
         self.resume_from = self.ckpt.find_latest() if resuming and self.memory_plan is None else None
@@ -492,6 +499,7 @@ class Trainer:
         self.open_auto_interval()
         self.fail_at = faults.step(FAIL_AT_STEP_ENV)
         self.oom_at = faults.step(OOM_AT_STEP_ENV)
+        self.corrupt_at = corrupt_target(faults.name(CORRUPT_AT_ENV), world)
         self.pause_s = faults.step(STEP_PAUSE_ENV) / 1000
         poison_step = faults.step(NONFINITE_AT_STEP_ENV)  # the data position that step takes from scratch
         self.poison_position = (poison_step - 1) * self.global_batch if poison_step else None
@@ -532,6 +540,8 @@ class Trainer:
         state.optimizer.zero_grad(set_to_none=True)
         state.step += 1
         state.samples_seen += self.global_batch
+        if self.corrupt_at == (state.step, self.world.rank) and self.world.restart == 0:
+            flip_a_bit(self.model)  # test fault injection (CORRUPT_AT_ENV): one bit of this rank's state
         # on the device, no host sync: the stop vote carries it (fsdp_jobs/runtime/stopping.py NONFINITE)
         # (a DTensor grad norm's local part: any rank's non-finite gradient shows in its own; no collective)
         local_norm = grad_norm.to_local() if hasattr(grad_norm, "to_local") else grad_norm
@@ -626,6 +636,7 @@ class Trainer:
                                     slots=self.tcfg.log_interval)
         replicas = self.replicas
         stopped_by = None
+        self.agreement.agreed_step = state.step  # the state this attempt began from: agreed, or the start
         began, tries = 0.0, 0  # a replica job may take a step again: when it was first begun, how often
         while state.step < total:
             began = began or time.time()
@@ -652,7 +663,11 @@ class Trainer:
             self.window.append(loss, grad_norm, {"step": state.step, "lr": state.scheduler.get_last_lr()[0],
                                                  "sample_start": position, "time": time.time(),
                                                  "world_size": replicas.job_world_size(), "writer": replicas.writer})
-            if self.snapshots.due(state.step):
+            snapshot_due = self.snapshots.due(state.step)
+            if self.agreement.due(state.step, snapshot_due) and not self.replicas_agree():
+                stopped_by = "sdc"
+                break
+            if snapshot_due:
                 self.window.flush()  # the rows of the steps the snapshot keeps: a resume from it starts after them
                 self.snapshots.save(state, world.restart)
             stopping = self.stop_agreed()  # the step before's vote
@@ -685,6 +700,18 @@ class Trainer:
         self.vote.result()  # every rank cast the same number of votes: drain the last one
         batches.close()
         return stopped_by
+
+    def replicas_agree(self) -> bool:
+        """Collective (fsdp_jobs/runtime/sdc.py): do the replicas of every shard still hold the same bits? False:
+        one did not, and its state since the last agreed check is set aside (`sdc_end`: how the attempt ends)."""
+        found = self.agreement.check(self.state.step, state_tensors(self.model, self.state.optimizer))
+        if found is None:
+            return True
+        self.window.flush()  # the steps' rows as they happened: the restart logs the redone ones again
+        self.ckpt.wait()  # a background save: committed (and then set aside) or not at all
+        self.sdc_end = respond(found, self.run_dir, self.cfg, self.world, self.snapshots, self.timeline,
+                               lambda m: log(self.world.rank, m))
+        return False
 
     def after_nonfinite(self) -> bool:
         """The vote says this step or the one before went non-finite. train.on_nonfinite=rollback: reload

@@ -384,13 +384,14 @@ def leave_when_replaced() -> None:
     restart = SimpleElasticAgent._restart_workers
 
     def restart_unless_replaced(agent: Any, worker_group: Any) -> None:
-        if not replaced.is_replaced(Path(run_dir), node, started):
+        by = replaced.named_by(Path(run_dir), node, started)
+        if by is None:
             return restart(agent, worker_group)
         handler = worker_group.spec.rdzv_handler
         handler._stop_heartbeats()
         handler._op_executor.run(_RendezvousExitOp(), handler._get_deadline(handler._settings.timeout.close))
         handler._fsdp_jobs_left = True
-        print(f"fsdp-jobs: {node}: the preflight named this node and a hot spare takes its place; it leaves the job",
+        print(f"fsdp-jobs: {node}: {by} named this node and a hot spare takes its place; it leaves the job",
               flush=True)
         raise SystemExit(0)
 

@@ -1,0 +1,202 @@
+"""Silent data corruption: the replicas that must agree are compared (fault.sdc_check_interval).
+
+Under HSDP each shard of the model and of the optimizer state is held by one rank of every replica group, and
+after each optimizer step those copies are identical bit for bit: the gradients are all-reduced across the
+replicate dimension, so every replica applies the same update to the same state. A flipped bit in one copy (a
+corrupted multiply, a bit in HBM) crashes nothing and trains on; comparing the copies finds it.
+
+A check: every rank folds its parameter and optimizer shards into a fingerprint on its own device (each
+tensor's bytes read as integers and summed exactly in int64, one reduction a tensor, no host copy of the
+tensors), and the replicate dimension's group all-gathers them (16 bytes a rank); a world all-reduce of one
+flag tells every rank whether any group disagreed. A single flipped bit always shows: it moves one integer by
+2^k, so the exact sum by the same amount (and the position-weighted sum too: two changes cannot cancel by
+trading places). With three or more replica groups the majority's fingerprint is the truth and the ranks that
+differ are named; with two there is no majority and both are named (telling which one is wrong needs a
+recomputation of the step: not built).
+
+`auto` checks right before each in-memory snapshot (fsdp_jobs/runtime/snapshots.py), so every snapshot kept
+in memory is one whose replicas agreed, and a mismatch rolls the job back to the newest of them. A check
+reads the state once, as the snapshot's copy does, and moves 16 bytes a rank.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterable, Optional
+
+import torch
+import torch.distributed as dist
+
+from fsdp_jobs.rundir import replaced, runs
+from fsdp_jobs.rundir.checkpoints import committed_checkpoints, set_aside
+from fsdp_jobs.rundir.records import ReplacedNodes
+
+AUTO = "auto"
+INTS = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+# test-only fault injection: "STEP:RANK" makes RANK flip one bit of its first parameter shard right after
+# that step's update, on the first attempt only (fsdp_jobs/runtime/trainer.py train_step); RANK -1: the last
+# rank whose node does not serve the rendezvous store (which no hot spare can replace)
+CORRUPT_AT_ENV = "FSDP_JOBS_TEST_CORRUPT_AT"
+
+
+def corrupt_target(spec: str, world: Any) -> Optional[tuple[int, int]]:
+    """CORRUPT_AT_ENV's (step, rank), or None. Collective where RANK is -1 (every rank has the same value)."""
+    if not spec:
+        return None
+    step, rank = (int(x) for x in spec.split(":"))
+    if rank < 0:
+        from fsdp_jobs.runtime.loopback_store import STORE_HOST_ENV
+
+        hosts: list[Any] = [None] * world.world_size
+        dist.all_gather_object(hosts, os.environ.get(STORE_HOST_ENV) == "1")
+        rank = max(r for r, host in enumerate(hosts) if not host)
+    return step, rank
+
+
+def state_tensors(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
+    """The tensors replicas hold identically: each parameter's local shard and its optimizer state's tensors,
+    in the same order on every rank."""
+    out = [local(p) for p in model.parameters()]
+    for per in optimizer.state.values():
+        out += [local(v) for v in per.values() if isinstance(v, torch.Tensor)]
+    return out
+
+
+def local(t: Any) -> torch.Tensor:
+    return t.to_local() if hasattr(t, "to_local") else t
+
+
+def flip_a_bit(model: torch.nn.Module, bit: int = 20) -> None:
+    """Test fault injection: flip one bit of the first element of this rank's first parameter shard, in place
+    (bit 20 of a float32 is a high mantissa bit: the value moves by about a tenth, and stays finite)."""
+    with torch.no_grad():
+        shard = local(next(model.parameters())).detach().reshape(-1)
+        ints = shard.view(INTS[shard.element_size()])
+        ints[0] ^= 1 << min(bit, shard.element_size() * 8 - 2)
+
+
+def fingerprint(tensors: Iterable[torch.Tensor], device: torch.device) -> torch.Tensor:
+    """int64[2] on `device`: the exact sum of every tensor's bytes read as integers, and the same sums weighted
+    by each tensor's position. Integer sums do not depend on the order they are added in: equal bytes, equal
+    fingerprints, whatever the kernels."""
+    total = torch.zeros(2, dtype=torch.int64, device=device)
+    for i, t in enumerate(tensors, 1):
+        if t.numel() == 0:
+            continue
+        s = t.detach().reshape(-1).view(INTS[t.element_size()]).sum(dtype=torch.int64).to(device)
+        total[0] += s
+        total[1] += s * i
+    return total
+
+
+def disagreeing(prints: list[tuple[int, int]]) -> list[int]:
+    """The positions in the replicate group whose fingerprint is not the majority's; [] when all agree. With no
+    strict majority (two replicas, or a tie) every position is named: none can be trusted over another."""
+    counts = Counter(prints)
+    if len(counts) == 1:
+        return []
+    common, n = counts.most_common(1)[0]
+    if n * 2 <= len(prints):
+        return list(range(len(prints)))
+    return [i for i, p in enumerate(prints) if p != common]
+
+
+@dataclass
+class Mismatch:
+    """What a check found: the step it ran at, the newest step whose check agreed, and the ranks named."""
+
+    step: int
+    agreed_step: Optional[int]
+    ranks: list[int]
+    by_majority: bool
+
+
+class ReplicaAgreement:
+    """One rank's side of the checks: schedule (`due`) and the check itself (collective over the world)."""
+
+    def __init__(self, mesh: Any, mesh_shape: dict[str, int], every: Any, snapshots_kept: bool,
+                 device: torch.device) -> None:
+        """`snapshots_kept`: whether the job keeps in-memory snapshots, whose steps `auto` checks."""
+        self.enabled = mesh_shape.get("replicate", 1) >= 2 and every not in (0, "0", None) and \
+            (every != AUTO or snapshots_kept)
+        self.group = mesh["replicate"].get_group() if self.enabled else None
+        self.auto = every == AUTO
+        self.every = 0 if not self.enabled else int(every) if not self.auto else 1
+        self.device = device
+        self.agreed_step: Optional[int] = None
+
+    def due(self, step: int, snapshot_due: bool) -> bool:
+        if not self.enabled:
+            return False
+        return snapshot_due if self.auto else step % self.every == 0
+
+    def check(self, step: int, tensors: Iterable[torch.Tensor]) -> Optional[Mismatch]:
+        """Collective: None when every replicate group agreed (this step is then the newest agreed one)."""
+        mine = fingerprint(tensors, self.device)
+        gathered = [torch.zeros_like(mine) for _ in range(dist.get_world_size(self.group))]
+        dist.all_gather(gathered, mine, group=self.group)
+        prints = [tuple(p.tolist()) for p in gathered]
+        odd = disagreeing(prints)
+        members = dist.get_process_group_ranks(self.group)
+        flag = torch.tensor([1 if odd else 0], device=self.device)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)  # whether any group disagreed: every rank stops together
+        if not flag.item():
+            self.agreed_step = step
+            return None
+        named: list[Any] = [None] * dist.get_world_size()
+        dist.all_gather_object(named, ([members[i] for i in odd], len(odd) < len(prints)))
+        ranks = sorted({r for found, _ in named for r in found})
+        majority = all(by for found, by in named if found)
+        return Mismatch(step, self.agreed_step, ranks, majority)
+
+
+# ---------------------------------------------------------------------- what happens then
+def respond(found: Mismatch, run_dir: Path, cfg: Any, world: Any, snapshots: Any, timeline: Any,
+            say: Callable[[str], None]) -> tuple[int, str]:
+    """Collective, after a check found a mismatch: everything newer than the last agreed check is set aside (each
+    node's snapshots by its first rank, the committed checkpoints by rank 0), so the next attempt resumes from
+    agreed state; the nodes named by a majority are replaced by hot spares where they wait, or else the job stops
+    naming them (and a requeue excludes them). Returns the ranks' exit status and the attempt's end; raises (a
+    restart in place, from the agreed state) when no majority could name a node."""
+    from fsdp_jobs.runtime.loopback_store import STORE_HOST_ENV
+    from fsdp_jobs.runtime.preflight import REPLACED_EXIT, spares_for
+
+    node = os.environ.get("FSDP_JOBS_NODE") or socket.gethostname()
+    where: list[Any] = [None] * world.world_size
+    dist.all_gather_object(where, {"node": node, "store_host": os.environ.get(STORE_HOST_ENV) == "1"})
+    nodes = sorted({where[r]["node"] for r in found.ranks})
+    agreed = found.agreed_step
+    snapshots.close()
+    if world.local_rank == 0:
+        snapshots.forget_after(agreed)
+    line = (f"silent data corruption: rank(s) {', '.join(map(str, found.ranks))} on {', '.join(nodes)} "
+            + ("disagreed with the other replicas of their shards" if found.by_majority else
+               "and their replicas disagree, and two replicas make no majority: neither is trusted")
+            + f" at step {found.step} (the last check that agreed: step {agreed})")
+    if world.rank == 0:
+        for step, path in committed_checkpoints(run_dir):
+            if agreed is None or step > agreed:
+                set_aside(path, f"saved after step {agreed}, the last replica agreement check that agreed: {line}")
+        timeline.event("sdc", step=found.step, agreed_step=agreed, ranks=found.ranks, nodes=nodes,
+                       by_majority=found.by_majority)
+    dist.barrier()  # the state set aside before any rank ends the attempt
+    if not found.by_majority:
+        say(f"{line}; rolling back to step {agreed} on the same nodes")
+        raise RuntimeError(line)
+    why_not = spares_for(run_dir, cfg, {"bad": nodes, "ranks": where})
+    if why_not is None:
+        if world.rank == 0:
+            replaced.record(run_dir, ReplacedNodes(time=time.time(), nodes=nodes, reason=line[:1000],
+                                                   restart=world.restart, named_by="a replica agreement check"))
+        say(f"{line}; rolling back to step {agreed}, and a hot spare takes the place of {', '.join(nodes)}")
+        return REPLACED_EXIT, f"failed: {line}; hot spares replace {', '.join(nodes)}"
+    stop = f"{line}; stopped: {why_not or 'no hot spare (cluster.spare_nodes)'} to take the place of {', '.join(nodes)}"
+    if world.rank == 0:
+        runs.write_state(run_dir, status="failed", reason=stop[:1000], step=found.step, bad_nodes=nodes, exclude=nodes)
+    say(stop)
+    return 0, f"failed: {line}"

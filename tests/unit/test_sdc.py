@@ -1,0 +1,50 @@
+"""Silent data corruption (fsdp_jobs/runtime/sdc.py): the fingerprint that replicas of a shard compare, and who a
+mismatch names. The jobs that find a flipped bit and roll back: tests/integration/test_sdc.py."""
+
+from __future__ import annotations
+
+import torch
+
+from fsdp_jobs.runtime.sdc import disagreeing, fingerprint, flip_a_bit
+
+
+def test_the_majority_names_the_replica_that_differs_and_two_replicas_name_both():
+    assert disagreeing([(1, 2), (1, 2), (1, 2)]) == []
+    assert disagreeing([(1, 2), (9, 9), (1, 2)]) == [1]
+    assert disagreeing([(1, 2), (9, 9), (1, 2), (1, 2)]) == [1]
+    assert disagreeing([(1, 2), (9, 9)]) == [0, 1]  # no majority: neither is trusted over the other
+    assert disagreeing([(1, 2), (9, 9), (1, 2), (9, 9)]) == [0, 1, 2, 3]  # a tie is none either
+
+
+def test_any_one_flipped_bit_changes_the_fingerprint_and_equal_bytes_give_equal_ones():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.Linear(16, 4).to(torch.bfloat16))
+    tensors = [p.detach() for p in model.parameters()]
+    before = fingerprint(tensors, torch.device("cpu"))
+    assert torch.equal(before, fingerprint([t.clone() for t in tensors], torch.device("cpu")))
+    for t in tensors:
+        ints = t.reshape(-1).view({4: torch.int32, 2: torch.int16}[t.element_size()])
+        for bit in (0, 7, t.element_size() * 8 - 1):  # the lowest, a middle and the sign bit
+            for i in (0, ints.numel() - 1):
+                ints[i] ^= 1 << bit if bit < t.element_size() * 8 - 1 else -(1 << bit)
+                assert not torch.equal(fingerprint(tensors, torch.device("cpu")), before), (t.shape, bit, i)
+                ints[i] ^= 1 << bit if bit < t.element_size() * 8 - 1 else -(1 << bit)
+    assert torch.equal(fingerprint(tensors, torch.device("cpu")), before)
+
+
+def test_two_changes_that_cancel_in_the_sum_show_in_the_weighted_one():
+    a, b = torch.zeros(4, dtype=torch.int32), torch.zeros(4, dtype=torch.int32)
+    before = fingerprint([a, b], torch.device("cpu"))
+    a[0], b[0] = 5, -5
+    after = fingerprint([a, b], torch.device("cpu"))
+    assert after[0] == before[0] and after[1] != before[1]
+
+
+def test_the_test_fault_flips_one_bit_of_the_first_parameter_and_nothing_else():
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 4)
+    before = [p.detach().clone() for p in model.parameters()]
+    flip_a_bit(model)
+    after = list(model.parameters())
+    changed = (before[0] != after[0].detach()).nonzero().tolist()
+    assert changed == [[0, 0]] and torch.isfinite(after[0]).all() and torch.equal(before[1], after[1].detach())
