@@ -158,6 +158,7 @@ for round in $(seq 1 "$ROUNDS"); do
 
   # ------------------------------------------------------------ stop
   t=$(now)
+  STOP_TICKS=$(awk -v hz="$(getconf CLK_TCK)" '{ printf "%d", $1 * hz }' /proc/uptime)  # processes' start-time unit
   "$HERE/stop.sh" || fail "stop.sh exited $?"
   T_STOP=$(secs "$t")
   STARTED=0
@@ -172,9 +173,12 @@ for round in $(seq 1 "$ROUNDS"); do
       [ "${s:0:1}" = Z ] || bad+=("$name pid $pid still running")   # a zombie waits for PID 1 to reap it
     fi
   done < "$WORK/pids"
+  # a process started after stop.sh began is not the cluster's: the kernel may have given a dead node namespace's
+  # inode number to a new one (a container the Docker tests start meanwhile)
   for p in /proc/[0-9]*; do
     u=$(readlink "$p/ns/uts" 2>/dev/null) || continue
-    [ -s "$WORK/uts-ns" ] && grep -qxF "$u" "$WORK/uts-ns" && bad+=("pid ${p#/proc/} still in a node UTS namespace")
+    [ -s "$WORK/uts-ns" ] && grep -qxF "$u" "$WORK/uts-ns" && [ "$(pstart "${p#/proc/}")" -le "$STOP_TICKS" ] 2>/dev/null &&
+      bad+=("pid ${p#/proc/} still in a node UTS namespace")
   done
   snapshot "$WORK/after"
   cmp -s "$WORK/before.daemons" "$WORK/after.daemons" ||

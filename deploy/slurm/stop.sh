@@ -40,6 +40,32 @@ if [ -n "$ctld" ] && alive "$ctld" && timeout 5 squeue -h >/dev/null 2>&1; then
   fi
 fi
 
+# ---------------------------------------------------------------- 1b. what runs inside the node namespaces
+# job processes that escaped proctrack/linuxproc (setsid children, orphaned srun) keep running otherwise.
+# Collected while the daemons still hold the node namespaces: once a UTS namespace dies, the kernel may give its
+# inode number to a new one (a Docker container started meanwhile), so a match found later is not ours. The
+# net namespaces stay pinned by /run/netns until step 4: those are matched again after the daemons stop.
+declare -A node_uts=() node_net=()
+while read -r u; do [ -n "$u" ] && node_uts[$u]=1; done < <(cat "$BASE/uts-ns" 2>/dev/null)
+for i in $(seq 1 "$NODES"); do
+  [ -e "/run/netns/slurm-n$i" ] && node_net["net:[$(stat -L -c %i "/run/netns/slurm-n$i")]"]=1
+done
+in_node_ns() {  # in_node_ns PID [net]: in a node's net namespace, or (without "net") its UTS namespace
+  local u n
+  if [ "${2:-}" != net ] && [ ${#node_uts[@]} -gt 0 ]; then
+    u=$(readlink "/proc/$1/ns/uts" 2>/dev/null) || return 1
+    [ -n "${node_uts[$u]:-}" ] && return 0
+  fi
+  [ ${#node_net[@]} -gt 0 ] || return 1
+  n=$(readlink "/proc/$1/ns/net" 2>/dev/null) || return 1
+  [ -n "${node_net[$n]:-}" ]
+}
+inside=()  # "pid starttime" of every process in a node namespace now
+for p in /proc/[0-9]*; do
+  p=${p#/proc/}; [ "$p" = $$ ] && continue
+  in_node_ns "$p" && st=$(pstart "$p") && inside+=("$p $st")
+done
+
 # ---------------------------------------------------------------- 2. daemons, by PID
 # pids_of NAME-PATTERN: ledger entries that are still the same process (pid + start time match)
 pids_of() {
@@ -79,34 +105,23 @@ stop_pids mariadbd  $(pids_of mariadbd)  $(pidfile_pid "$BASE/run/mariadbd.pid" 
 stop_pids munged    $(pids_of munged)    $(pidfile_pid "$BASE/run/munged.pid" munged)   # only if start.sh started it
 
 # ---------------------------------------------------------------- 3. leftovers inside the node namespaces
-# job processes that escaped proctrack/linuxproc (setsid children, orphaned srun) keep running otherwise
-declare -A node_ns=()     # "uts:[inode]" / "net:[inode]" of the node namespaces
-while read -r u; do [ -n "$u" ] && node_ns[$u]=1; done < <(cat "$BASE/uts-ns" 2>/dev/null)
-for i in $(seq 1 "$NODES"); do
-  [ -e "/run/netns/slurm-n$i" ] && node_ns["net:[$(stat -L -c %i "/run/netns/slurm-n$i")]"]=1
-done
-in_node_ns() {  # in_node_ns PID
-  local u n
-  u=$(readlink "/proc/$1/ns/uts" 2>/dev/null) || return 1
-  [ -n "${node_ns[$u]:-}" ] && return 0
-  n=$(readlink "/proc/$1/ns/net" 2>/dev/null) || return 1
-  [ -n "${node_ns[$n]:-}" ]
-}
-if [ ${#node_ns[@]} -gt 0 ]; then
-  for round in 1 2 3; do
-    left=()
-    for p in /proc/[0-9]*; do
-      p=${p#/proc/}; [ "$p" = $$ ] && continue
-      in_node_ns "$p" && alive "$p" && left+=("$p")
-    done
-    [ ${#left[@]} = 0 ] && break
-    for p in "${left[@]}"; do
-      log "killing leftover pid $p in a node namespace: $(tr '\0' ' ' < "/proc/$p/cmdline" 2>/dev/null | cut -c1-80)"
-    done
-    kill -9 "${left[@]}" 2>/dev/null
-    sleep 0.3
+# those collected before the daemons stopped (the same process: pid and start time), and anything in a node's
+# (pinned) net namespace now
+for round in 1 2 3; do
+  left=()
+  for e in "${inside[@]}"; do set -- $e; alive "$1" "$2" && left+=("$1"); done
+  for p in /proc/[0-9]*; do
+    p=${p#/proc/}; [ "$p" = $$ ] && continue
+    in_node_ns "$p" net && alive "$p" && left+=("$p")
   done
-fi
+  left=($(printf '%s\n' "${left[@]}" | sort -un))
+  [ ${#left[@]} = 0 ] && break
+  for p in "${left[@]}"; do
+    log "killing leftover pid $p in a node namespace: $(tr '\0' ' ' < "/proc/$p/cmdline" 2>/dev/null | cut -c1-80)"
+  done
+  kill -9 "${left[@]}" 2>/dev/null
+  sleep 0.3
+done
 
 # ---------------------------------------------------------------- 4. network
 if [ "$MODE" = netns ]; then
