@@ -227,6 +227,16 @@ def shared_run(tmp_path_factory: pytest.TempPathFactory, name: str, run: Callabl
         return Path(made.read_text())
 
 
+def reference_job(tmp_path_factory: pytest.TempPathFactory, key: str, *args: str) -> Path:
+    """`python -m fsdp_jobs ARGS` run uninterrupted once per session under `key` (shared_run): the run dir a
+    test's faulted job is compared with."""
+    def run(root: Path) -> Path:
+        r = cli(f"run_root={root}", "name=ref", *args)
+        assert r.returncode == 0, r.stdout[-3000:]
+        return root / "ref"
+    return shared_run(tmp_path_factory, key, run)
+
+
 @pytest.fixture
 def run_root(tmp_path: Path) -> Path:
     root = tmp_path / "runs"

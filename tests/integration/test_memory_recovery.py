@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, SHORT, assert_same_state, cli, metrics, shared_run
+from tests.conftest import REPO, SHORT, assert_same_state, metrics, reference_job
 
 pytestmark = pytest.mark.integration
 
@@ -25,22 +25,14 @@ EVERY_STEP = ("checkpoint.memory_interval=1",)  # and so a metrics row every ste
 RESUMED = re.compile(r"resumed from the in-memory snapshot of step (\d+) \(([^)]*); no checkpoint read\)")
 
 
-def reference(tmp_path_factory: pytest.TempPathFactory, key: str, *extra: str) -> Path:
-    def run(root: Path) -> Path:
-        r = cli(f"run_root={root}", "name=ref", *TRAINING, *extra)
-        assert r.returncode == 0, r.stdout[-3000:]
-        return root / "ref"
-    return shared_run(tmp_path_factory, key, run)
-
-
 @pytest.fixture(scope="module")
 def hsdp_reference(tmp_path_factory) -> Path:
-    return reference(tmp_path_factory, "local-reference")
+    return reference_job(tmp_path_factory, "local-reference", *TRAINING)
 
 
 @pytest.fixture(scope="module")
 def full_shard_reference(tmp_path_factory) -> Path:
-    return reference(tmp_path_factory, "full-shard-reference", "fsdp=full_shard")
+    return reference_job(tmp_path_factory, "full-shard-reference", *TRAINING, "fsdp=full_shard")
 
 
 def start(run_root: Path, name: str, *args: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:

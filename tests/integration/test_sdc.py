@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import assert_same_state, cli, losses, shared_run
+from tests.conftest import assert_same_state, cli, losses, reference_job
 
 pytestmark = pytest.mark.integration
 
@@ -19,14 +19,6 @@ TRAINING = ("train.steps=30", "checkpoint.interval=10", "checkpoint.memory_inter
             "data.seq_len=32")
 THREE = ("nodes=3", "gpus_per_node=1", "train.global_batch_size=3", "train.micro_batch_per_rank=1")
 TWO = ("nodes=2", "gpus_per_node=2")
-
-
-def reference(tmp_path_factory: pytest.TempPathFactory, key: str, *shape: str) -> Path:
-    def run(root: Path) -> Path:
-        r = cli(f"run_root={root}", "name=ref", *shape, *TRAINING)
-        assert r.returncode == 0, r.stdout[-3000:]
-        return root / "ref"
-    return shared_run(tmp_path_factory, key, run)
 
 
 def events(run_dir: Path, name: str) -> list[dict]:
@@ -38,7 +30,7 @@ def test_three_replica_groups_name_the_flipped_node_by_majority_and_a_spare_take
     rendezvous store's node flips after step 12. The check before step 12's snapshot finds it, the majority names
     that node, the spare takes its place, the job resumes at step 11 from the other nodes' memory and completes
     with the uninterrupted run's losses and final state."""
-    ref = reference(tmp_path_factory, "sdc-three", *THREE)
+    ref = reference_job(tmp_path_factory, "sdc-three", *THREE, *TRAINING)
     r = cli(f"run_root={run_root}", "name=flip3", *THREE, *TRAINING, "cluster.spare_nodes=1",
             env={"FSDP_JOBS_TEST_CORRUPT_AT": "12:-1"})
     out = r.stdout + r.stderr
@@ -63,7 +55,7 @@ def test_two_replica_groups_make_no_majority_and_roll_back_in_place(run_root, tm
     """2 nodes x 2 (2 replicas of each shard): a flipped bit makes a pair disagree and neither can be trusted over
     the other; both nodes are named, the job restarts in place from step 11, the last agreed snapshot (the flip
     happened once: a transient fault), and ends bit for bit where the uninterrupted run does."""
-    ref = reference(tmp_path_factory, "sdc-two", *TWO)
+    ref = reference_job(tmp_path_factory, "sdc-two", *TWO, *TRAINING)
     r = cli(f"run_root={run_root}", "name=flip2", *TWO, *TRAINING, env={"FSDP_JOBS_TEST_CORRUPT_AT": "12:3"})
     out = r.stdout + r.stderr
     assert r.returncode == 0, out[-4000:]
