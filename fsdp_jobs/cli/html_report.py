@@ -39,7 +39,7 @@ table{border-collapse:collapse;font-size:13px}td,th{border:1px solid #ddd;paddin
 .kind{font-weight:600}pre{background:#f4f4f4;padding:8px;overflow:auto;font-size:12px}"""
 KIND_COLOURS = {"restart": "#9e9ac8", "failure": "#de2d26", "hang": "#e6550d", "preflight": "#3182bd",
                 "chaos": "#000000", "requeue": "#636363", "preempted": "#fd8d3c", "node": "#31a354",
-                "stall": "#756bb1", "checkpoint": "#8c6d31"}
+                "stall": "#756bb1", "checkpoint": "#8c6d31", "sdc": "#a50f15"}
 
 
 @dataclass
@@ -136,8 +136,8 @@ NODE_GROUP_S = 30.0  # node losses (or joins) this close together are one incide
 def timeline_incidents(run_dir: Path) -> list[Incident]:
     """From the goodput timeline (read once; two events per node and launch): nodes whose agent exited with an
     error (lost), nodes that started after an attempt of their launch began (joined: a grow, a spare, a requeue's
-    nodes), a replica job's stalls. Nodes lost or joined within NODE_GROUP_S are one incident naming them,
-    so a requeue of 1,024 nodes is one mark, not 1,024."""
+    nodes), a replica job's stalls, replicas found disagreeing (fsdp_jobs/runtime/sdc.py). Nodes lost or joined
+    within NODE_GROUP_S are one incident naming them, so a requeue of 1,024 nodes is one mark, not 1,024."""
     events, _ = read_timeline(run_dir)
     launches = goodput.launch_times(runs.launches(run_dir))
     started = sorted(float(e["time"]) for e in events if e["event"] == "start")  # rank 0's, one per attempt
@@ -149,6 +149,11 @@ def timeline_incidents(run_dir: Path) -> list[Incident]:
             nodes["left"].append((t, f"{e.get('node')} (rc {e.get('rc')})"))
         elif name == "node_start" and _attempt_began_in_its_launch(t, started, launches):
             nodes["joined"].append((t, str(e.get("node"))))
+        elif name == "sdc":  # fsdp_jobs/runtime/sdc.py: a replica disagreed
+            out.append(Incident(t, "sdc", f"silent data corruption: rank(s) {', '.join(map(str, e.get('ranks') or []))} on "
+                                          f"{', '.join(e.get('nodes') or [])} disagreed at step {e.get('step')}"
+                                          + (" (named by majority)" if e.get("by_majority") else " (no majority)")
+                                          + f"; rolled back to step {e.get('agreed_step')}", e.get("step")))
         elif name == "stall":
             out.append(Incident(t, "stall", f"step {e.get('step')} waited {float(e.get('seconds') or 0):.1f} s for "
                                             f"its quorum (replica groups {e.get('groups')})", e.get("step")))

@@ -22,9 +22,9 @@ pytestmark = pytest.mark.expects_hang  # the hand-made runs hold a hang record o
 
 # what the hand-made run holds: 2 attempts (so 1 restart), 1 failure, 1 hang, 2 chaos faults, 1 preflight,
 # a node lost (its agent's rc 1) and one joined after the first attempt began, a replica stall, a checkpoint
-# set aside
+# set aside, replicas that disagreed
 INCIDENT_KINDS = ["chaos", "chaos", "checkpoint", "failure", "hang", "node", "node", "preflight", "restart",
-                  "stall"]
+                  "sdc", "stall"]
 
 
 def page_of(run_dir) -> str:
@@ -56,7 +56,9 @@ def hand_made_run(run_root, name: str = "rep", rows: int = 10_000):
     with open(run_dir / "goodput.jsonl", "a") as f:
         for e in ({"event": "node_start", "node": "node0", "time": 104.0}, {"event": "node_end", "node": "node1",
                   "rc": 1, "time": 122.0}, {"event": "node_start", "node": "node2", "time": 128.0},
-                  {"event": "stall", "pid": 8, "step": 24, "seconds": 3.0, "groups": [0, 1], "time": 138.0}):
+                  {"event": "stall", "pid": 8, "step": 24, "seconds": 3.0, "groups": [0, 1], "time": 138.0},
+                  {"event": "sdc", "pid": 8, "step": 26, "agreed_step": 25, "ranks": [2], "nodes": ["node2"],
+                   "by_majority": True, "time": 139.0}):
             f.write(json.dumps(e) + "\n")
     aside = run_dir / "checkpoints" / "step-000010.unusable"
     aside.mkdir(parents=True)
@@ -78,6 +80,8 @@ def test_every_attempt_and_incident_is_on_the_page_and_the_curves_are_thinned(ru
     assert len(points) == 4 and all(1000 <= p <= html_report.MAX_POINTS for p in points), points
     assert 'data-attempt-step="5001"' in page  # the second attempt's first row is marked on every curve
     assert 'href="logs/hangs/node1">stacks</a>' in page and "RuntimeError: boom" in page
+    assert ("silent data corruption: rank(s) 2 on node2 disagreed at step 26 (named by majority); rolled back to "
+            "step 25") in page
     # node0 started before the first attempt (the launch's own nodes): no join; node2 after it: a join
     assert "1 node joined: node2<" in page and "1 node left: node1 (rc 1)<" in page
 
