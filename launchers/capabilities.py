@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Optional, Protocol
 
 from fsdp_jobs.planning import backends
-from fsdp_jobs.planning.chaos_kinds import ChaosKind
+from fsdp_jobs.planning.chaos_kinds import DEFAULT_BIT, ChaosKind
 from fsdp_jobs.planning.errors import UserError
 from fsdp_jobs.rundir import runs
 from fsdp_jobs.rundir.layout import RunDir
@@ -72,7 +72,7 @@ class Faults:
     def describe(self, run: Run) -> JobStatus:
         return self.backend.describe(run)
 
-    def inject(self, run: Run, kind: ChaosKind, node: int, rate: str = "100mbit") -> str:
+    def inject(self, run: Run, kind: ChaosKind, node: int, rate: str = "100mbit", bit: int = DEFAULT_BIT) -> str:
         """Inject `kind` at rank or node `node` (ChaosKind.on_rank says which); what was done, in one line."""
         from fsdp_jobs.launchers.chaos import inject
 
@@ -81,6 +81,8 @@ class Faults:
                 return inject.kill_rank(run.run_dir, node)
             if kind is ChaosKind.HANG_RANK:
                 return inject.hang_rank(run.run_dir, node)
+            if kind is ChaosKind.CORRUPT_RANK:
+                return inject.corrupt_rank(run.run_dir, node, bit)
             if kind is ChaosKind.SLOW_NODE:
                 return inject.slow_node(run.run_dir, inject.node_name(run.run_dir, node))
             if kind is ChaosKind.SLOW_LINK:

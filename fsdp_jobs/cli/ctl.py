@@ -26,7 +26,7 @@ from fsdp_jobs.cli import report, status_text
 from fsdp_jobs.rundir import goodput, logs, script_progress
 from fsdp_jobs.rundir.logs import LogFilter
 from fsdp_jobs.planning import backends, input_rules
-from fsdp_jobs.planning.chaos_kinds import MARATHON, RESUME, ChaosKind, actions
+from fsdp_jobs.planning.chaos_kinds import CORRUPT_BITS, DEFAULT_BIT, MARATHON, RESUME, ChaosKind, actions
 from fsdp_jobs.rundir import journal, runs
 from fsdp_jobs.planning.errors import OneLineParser, UserError, die
 from fsdp_jobs.rundir.layout import RunDir
@@ -293,6 +293,8 @@ def parser() -> OneLineParser:
                                   + ", ".join(k.value for k in ChaosKind if k.on_rank))
     parsers["chaos"].add_argument("--rate", default="100mbit", help="slow-link: the node's send rate (tc's units: "
                                   "100mbit, 500kbit, 1gbit)")
+    parsers["chaos"].add_argument("--bit", type=int, default=DEFAULT_BIT, help=f"corrupt-rank: which bit of the element "
+                                  f"flips (0-{CORRUPT_BITS[-1]}; {DEFAULT_BIT}: a float32's high mantissa bit)")
     parsers["chaos"].add_argument("--faults", type=int, default=10, help="marathon: how many faults")
     parsers["chaos"].add_argument("--seed", type=int, default=0, help="marathon: the schedule's seed")
     parsers["chaos"].add_argument("--kinds", default="", help="marathon: only these kinds, comma-separated "
@@ -335,6 +337,8 @@ def main(argv: Optional[list[str]] = None) -> int:
                 check_name(ref, root, "SWEEP" if args.cmd == "compare" else "RUN")
         if args.cmd == "chaos" and not input_rules.TC_RATE.fullmatch(args.rate):
             raise UserError("--rate", args.rate, "need a number and kbit, mbit or gbit (e.g. 100mbit)")
+        if args.cmd == "chaos" and args.bit not in CORRUPT_BITS:
+            raise UserError("--bit", args.bit, f"must be a bit from 0 to {CORRUPT_BITS[-1]}")
         if args.cmd == "chaos" and not 1 <= args.faults <= MAX_MARATHON_FAULTS:
             raise UserError("--faults", args.faults, f"must be between 1 and {MAX_MARATHON_FAULTS}")
         if args.cmd == "chaos" and args.margin is not None and args.margin < 1:
@@ -384,7 +388,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         elif args.action == RESUME:
             print(capability(backend, RESUME).resume(run))
         else:
-            print(capability(backend, args.action).inject(run, ChaosKind(args.action), args.node, rate=args.rate))
+            print(capability(backend, args.action).inject(run, ChaosKind(args.action), args.node, rate=args.rate,
+                                                          bit=args.bit))
     except UserError as e:
         die(e)
     except KeyboardInterrupt:

@@ -19,6 +19,7 @@ class ChaosKind(str, Enum):
     KILL_NODE = "kill-node"
     STOP_NODE = "stop-node"
     CORRUPT_CHECKPOINT = "corrupt-checkpoint"
+    CORRUPT_RANK = "corrupt-rank"
 
     def __str__(self) -> str:  # the CLI's word in every f-string and message (a str Enum says ChaosKind.X)
         return self.value
@@ -36,7 +37,7 @@ class ChaosKind(str, Enum):
     @property
     def on_rank(self) -> bool:
         """Does `chaos RUN KIND N` take a rank for N (else a node index)?"""
-        return self in (ChaosKind.KILL_RANK, ChaosKind.HANG_RANK)
+        return self in (ChaosKind.KILL_RANK, ChaosKind.HANG_RANK, ChaosKind.CORRUPT_RANK)
 
 
 HELP = {
@@ -48,16 +49,20 @@ HELP = {
     ChaosKind.KILL_NODE: "SIGKILL the node's agent (it restarts)",
     ChaosKind.STOP_NODE: "the node is gone for good",
     ChaosKind.CORRUPT_CHECKPOINT: "damage the newest checkpoint, then kill a rank (the marathon's own)",
+    ChaosKind.CORRUPT_RANK: "flip one bit (--bit) of a rank's parameter shard at its next step (silent data corruption)",
 }
+CORRUPT_BITS = range(0, 31)  # --bit: SIGRTMIN + K tells the rank which (fsdp_jobs/runtime/sdc.py CorruptRequests)
+DEFAULT_BIT = 20  # a high mantissa bit of a float32: the value moves by about a tenth and stays finite
 # `chaos RUN resume` undoes slow-node, slow-link and cut-node; `chaos RUN marathon` deals a seeded schedule
 RESUME = "resume"
 MARATHON = "marathon"
 # what launchers/chaos/inject.py does to the rank processes this machine sees, whichever backend started them
-ON_RANKS = (ChaosKind.KILL_RANK, ChaosKind.HANG_RANK, ChaosKind.SLOW_NODE)
+ON_RANKS = (ChaosKind.KILL_RANK, ChaosKind.HANG_RANK, ChaosKind.SLOW_NODE, ChaosKind.CORRUPT_RANK)
 # ... and to a node's own network namespace, entered through one of its ranks
 ON_NETWORK = (ChaosKind.SLOW_LINK, ChaosKind.CUT_NODE)
-# the marathon's faults on such ranks (launchers/chaos/marathon.py); a backend with nodes of its own adds more
-MARATHON_ON_RANKS = (*ON_RANKS, ChaosKind.CORRUPT_CHECKPOINT)
+# the marathon's faults on such ranks (launchers/chaos/marathon.py); a backend with nodes of its own adds more.
+# Not corrupt-rank yet: the marathon has no measure of its detection
+MARATHON_ON_RANKS = (ChaosKind.KILL_RANK, ChaosKind.HANG_RANK, ChaosKind.SLOW_NODE, ChaosKind.CORRUPT_CHECKPOINT)
 
 
 def actions() -> tuple[str, ...]:

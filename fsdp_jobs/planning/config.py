@@ -171,7 +171,8 @@ class FaultConfig(Keys):
     preflight_slow_ratio: float = 2.0
     # silent data corruption (fsdp_jobs/runtime/sdc.py): under HSDP with 2+ replica groups every replica of each
     # shard is compared (a fingerprint of its parameter and optimizer shards); auto = before each in-memory
-    # snapshot, so every snapshot kept is one the replicas agreed on; N = every N steps; 0 = off
+    # snapshot and each checkpoint, so nothing is kept that the replicas did not agree on; N = every N steps as
+    # well; 0 = off
     sdc_check_interval: Union[int, str] = "auto"
 
 

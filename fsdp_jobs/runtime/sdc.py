@@ -14,14 +14,15 @@ trading places). With three or more replica groups the majority's fingerprint is
 differ are named; with two there is no majority and both are named (telling which one is wrong needs a
 recomputation of the step: not built).
 
-`auto` checks right before each in-memory snapshot (fsdp_jobs/runtime/snapshots.py), so every snapshot kept
-in memory is one whose replicas agreed, and a mismatch rolls the job back to the newest of them. A check
+`auto` checks right before each in-memory snapshot (fsdp_jobs/runtime/snapshots.py) and each checkpoint, so
+nothing is kept that the replicas did not agree on, and a mismatch rolls the job back to the newest of it. A check
 reads the state once, as the snapshot's copy does, and moves 16 bytes a rank.
 """
 
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import time
 from collections import Counter
@@ -69,6 +70,23 @@ def state_tensors(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> l
 
 def local(t: Any) -> torch.Tensor:
     return t.to_local() if hasattr(t, "to_local") else t
+
+
+class CorruptRequests:
+    """`fsdp-jobs chaos RUN corrupt-rank R --bit K` (launchers/chaos/inject.py) sends rank R the real-time signal
+    SIGRTMIN + K; the handler only notes K, and the step loop flips that bit after its next update (`take`)."""
+
+    def __init__(self, bits: range = range(0, 31)) -> None:
+        self.pending: Optional[int] = None
+        for bit in bits:
+            signal.signal(signal.SIGRTMIN + bit, self._handle)
+
+    def _handle(self, signum: int, _frame: object) -> None:
+        self.pending = signum - signal.SIGRTMIN
+
+    def take(self) -> Optional[int]:
+        bit, self.pending = self.pending, None
+        return bit
 
 
 def flip_a_bit(model: torch.nn.Module, bit: int = 20) -> None:
@@ -130,10 +148,17 @@ class ReplicaAgreement:
         self.device = device
         self.agreed_step: Optional[int] = None
 
-    def due(self, step: int, snapshot_due: bool) -> bool:
+    def due(self, step: int, keeping: bool) -> bool:
+        """`keeping`: this step's state is about to be kept (an in-memory snapshot, a checkpoint): always checked
+        first, so nothing a rollback returns to was kept unchecked; N: every N steps as well."""
         if not self.enabled:
             return False
-        return snapshot_due if self.auto else step % self.every == 0
+        return keeping or (not self.auto and step % self.every == 0)
+
+    def rolled_back_to(self, step: int) -> None:
+        """The job went back to `step` (a non-finite loss's rollback): no newer step is agreed any more."""
+        if self.agreed_step is not None:
+            self.agreed_step = min(self.agreed_step, step)
 
     def check(self, step: int, tensors: Iterable[torch.Tensor]) -> Optional[Mismatch]:
         """Collective: None when every replicate group agreed (this step is then the newest agreed one)."""
@@ -181,14 +206,19 @@ def respond(found: Mismatch, run_dir: Path, cfg: Any, world: Any, snapshots: Any
     if world.rank == 0:
         for step, path in committed_checkpoints(run_dir):
             if agreed is None or step > agreed:
-                set_aside(path, f"saved after step {agreed}, the last replica agreement check that agreed: {line}")
+                try:
+                    set_aside(path, f"saved after step {agreed}, the last replica agreement check that agreed: {line}")
+                except FileNotFoundError:  # removed meanwhile (keep_last): nothing to set aside
+                    pass
         timeline.event("sdc", step=found.step, agreed_step=agreed, ranks=found.ranks, nodes=nodes,
                        by_majority=found.by_majority)
     dist.barrier()  # the state set aside before any rank ends the attempt
     if not found.by_majority:
         say(f"{line}; rolling back to step {agreed} on the same nodes")
         raise RuntimeError(line)
-    why_not = spares_for(run_dir, cfg, {"bad": nodes, "ranks": where})
+    decided = [spares_for(run_dir, cfg, {"bad": nodes, "ranks": where}) if world.rank == 0 else None]
+    dist.broadcast_object_list(decided, src=0)  # one reader of the records, one answer on every rank
+    why_not = decided[0]
     if why_not is None:
         if world.rank == 0:
             replaced.record(run_dir, ReplacedNodes(time=time.time(), nodes=nodes, reason=line[:1000],

@@ -264,17 +264,27 @@ class SnapshotStore:
             self.maps[path] = mapped
         return mapped
 
-    def write_copy(self, blob: bytes) -> Path:
-        """Keep another node's rank's committed snapshot (its whole slot, as received) in a buddy slot of this
-        node: the same commit order as `write` (magic cleared first, set last), so a copy cut short is none."""
-        path = self.older_slot(int(parse_header(blob)["owner"]), kind="b")
-        mapped = self.mapping(path, len(blob)).numpy()
+    def copy_target(self, head: bytes, size: int) -> tuple[Path, numpy.ndarray]:
+        """Where a copy of another node's rank's snapshot (`size` bytes, beginning with `head`: its header) goes:
+        that rank's older buddy slot here, mapped, its commit mark cleared. The same order as `write` (the mark
+        cleared first, set last by `commit_copy`), so a copy cut short is none (fsdp_jobs/runtime/buddies.py)."""
+        path = self.older_slot(int(parse_header(head)["owner"]), kind="b")
+        mapped = self.mapping(path, size).numpy()
         mapped[:len(MAGIC)] = 0
-        data = numpy.frombuffer(blob, dtype=numpy.uint8)
-        mapped[len(MAGIC):len(blob)] = data[len(MAGIC):]
-        mapped[:len(MAGIC)] = data[:len(MAGIC)]
+        self.steps.pop(path, None)
+        return path, mapped
+
+    def commit_copy(self, path: Path, mapped: numpy.ndarray) -> None:
+        mapped[:len(MAGIC)] = numpy.frombuffer(MAGIC, dtype=numpy.uint8)
         self.steps[path] = read_header(path)["step"]
-        return path
+
+    @staticmethod
+    def committed_size(path: Path) -> int:
+        """The bytes of a slot's committed snapshot (not the room to spare after it); 0 where it holds none."""
+        try:
+            return int(read_header(path)["meta"][1])
+        except (OSError, ValueError, KeyError):
+            return 0
 
     def older_slot(self, owner: int, kind: str = "r") -> Path:
         """The slot to write next: an empty or invalid one, else the one with the older step."""
@@ -332,16 +342,6 @@ def parse_header(head: bytes, name: str = "snapshot") -> dict[str, Any]:
         raise ValueError(f"{name}: no committed snapshot")
     (n,) = struct.unpack("<Q", head[len(MAGIC):len(MAGIC) + 8])
     return json.loads(head[len(MAGIC) + 8:len(MAGIC) + 8 + n])
-
-
-def committed_bytes(path: Path) -> bytes:
-    """A slot's committed snapshot, up to its end (not the room to spare after it); b"" where it holds none."""
-    try:
-        with open(path, "rb") as f:
-            blob = f.read()
-        return blob[:parse_header(blob, path.name)["meta"][1]]
-    except (OSError, ValueError, KeyError):
-        return b""
 
 
 def decode(blob: bytes) -> tuple[int, list[torch.Tensor], Any]:
@@ -419,10 +419,12 @@ class MemorySnapshots:
 
     def __init__(self, directory: Optional[Path], rank: int, world_size: int, mesh_shape: dict[str, int],
                  every: Any, identity: dict[str, Any], log: Callable[[str], None] = print,
-                 record: Optional[Callable[[dict[str, Any]], None]] = None, local_world_size: int = 0) -> None:
+                 record: Optional[Callable[[dict[str, Any]], None]] = None, local_world_size: int = 0,
+                 timeout_s: float = 600) -> None:
         """`record`: given auto's choice and its inputs (rank 0's goodput timeline keeps it). Collective where
         the job needs buddy copies (fsdp_jobs/runtime/buddies.py): `local_world_size`, the ranks a node (0: one
-        node holds every rank, as a test's world does)."""
+        node holds every rank, as a test's world does); `timeout_s`, how long a copy's message may wait for its
+        peer (train.collective_timeout_s)."""
         self.rank, self.world_size, self.mesh_shape, self.log = rank, world_size, mesh_shape, log
         self.record = record
         self.shard = shard_of(rank, mesh_shape)
@@ -439,8 +441,7 @@ class MemorySnapshots:
         self.buddies: Optional[BuddyCopies] = None
         nodes = world_size // (local_world_size or world_size)
         if self.enabled and self.store is not None and keeps_buddy_copies(nodes, mesh_shape):
-            self.buddies = BuddyCopies(rank, world_size, local_world_size, self.store.write_copy, committed_bytes,
-                                       log=log)
+            self.buddies = BuddyCopies(rank, world_size, local_world_size, self.store, log=log, timeout_s=timeout_s)
 
     # ------------------------------------------------------------------ schedule and save
     def due(self, step: int) -> bool:

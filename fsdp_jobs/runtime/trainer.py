@@ -39,8 +39,8 @@ from fsdp_jobs.runtime.replicas import JOINING, NoReplicas, open_replicas
 from fsdp_jobs.runtime.shard import (adamw_implementation, build_meta_model, dtype_of, init_devices, materialize,
                                      shard_model)
 from fsdp_jobs.runtime.signals import StopFlag
-from fsdp_jobs.runtime.sdc import (CORRUPT_AT_ENV, ReplicaAgreement, corrupt_target, flip_a_bit, respond,
-                                  state_tensors)
+from fsdp_jobs.runtime.sdc import (CORRUPT_AT_ENV, CorruptRequests, ReplicaAgreement, corrupt_target, flip_a_bit,
+                                  respond, state_tensors)
 from fsdp_jobs.runtime.snapshots import MemorySnapshots, RestorePlan
 from fsdp_jobs.runtime.stopping import NONFINITE, STOP_FILE, StopFileWatcher, StopVote, stop_reason
 from fsdp_jobs.runtime.timeline import MAIN_STARTED, Timeline
@@ -222,6 +222,8 @@ class Trainer:
         self.timeline.loop(self.state.step)
         stopped = self.fit(stop)
         if stopped == "sdc":  # a replica disagreed: the attempt ends, its state newer than the agreed one set aside
+            self.metrics.close()
+            self.replicas.close()
             self.timeline.event("end", why=self.sdc_end[1], step=self.state.step)
             return self.sdc_end[0]
         self.finish(stopped)
@@ -373,7 +375,8 @@ class Trainer:
         return MemorySnapshots(directory, world.rank, world.world_size, self.mesh_shape, self.ccfg.memory_interval,
                                identity, log=lambda m: log(world.rank, m),
                                record=lambda choice: self.timeline.event("memory_interval", **choice),
-                               local_world_size=world.local_world_size)
+                               local_world_size=world.local_world_size,
+                               timeout_s=float(self.tcfg.collective_timeout_s))
 
     def disk_step(self) -> Optional[int]:
         """Rank 0's newest committed checkpoint's step (named, not checked: memory only has to be as new)."""
@@ -500,6 +503,7 @@ class Trainer:
         self.fail_at = faults.step(FAIL_AT_STEP_ENV)
         self.oom_at = faults.step(OOM_AT_STEP_ENV)
         self.corrupt_at = corrupt_target(faults.name(CORRUPT_AT_ENV), world)
+        self.corrupt_requests = CorruptRequests()
         self.pause_s = faults.step(STEP_PAUSE_ENV) / 1000
         poison_step = faults.step(NONFINITE_AT_STEP_ENV)  # the data position that step takes from scratch
         self.poison_position = (poison_step - 1) * self.global_batch if poison_step else None
@@ -542,6 +546,11 @@ class Trainer:
         state.samples_seen += self.global_batch
         if self.corrupt_at == (state.step, self.world.rank) and self.world.restart == 0:
             flip_a_bit(self.model)  # test fault injection (CORRUPT_AT_ENV): one bit of this rank's state
+        bit = self.corrupt_requests.take()  # `fsdp-jobs chaos RUN corrupt-rank R --bit K`
+        if bit is not None:
+            flip_a_bit(self.model, bit)
+            log(self.world.rank, f"chaos: flipped bit {bit} of this rank's first parameter shard after step {state.step}",
+                all_ranks=True)
         # on the device, no host sync: the stop vote carries it (fsdp_jobs/runtime/stopping.py NONFINITE)
         # (a DTensor grad norm's local part: any rank's non-finite gradient shows in its own; no collective)
         local_norm = grad_norm.to_local() if hasattr(grad_norm, "to_local") else grad_norm
@@ -663,8 +672,10 @@ class Trainer:
             self.window.append(loss, grad_norm, {"step": state.step, "lr": state.scheduler.get_last_lr()[0],
                                                  "sample_start": position, "time": time.time(),
                                                  "world_size": replicas.job_world_size(), "writer": replicas.writer})
+            checkpoint_now = self.checkpoint_due()  # before the check: what is kept (snapshot, checkpoint) is checked
             snapshot_due = self.snapshots.due(state.step)
-            if self.agreement.due(state.step, snapshot_due) and not self.replicas_agree():
+            keeping = snapshot_due or checkpoint_now or state.step == total
+            if self.agreement.due(state.step, keeping) and not self.replicas_agree():
                 stopped_by = "sdc"
                 break
             if snapshot_due:
@@ -672,7 +683,6 @@ class Trainer:
                 self.snapshots.save(state, world.restart)
             stopping = self.stop_agreed()  # the step before's vote
             self.cast_stop_vote()  # this step's, its non-finite flag included
-            checkpoint_now = self.checkpoint_due()
             if stopping != NONFINITE and (stopping or checkpoint_now or state.step == total):
                 stopping = max(stopping, self.stop_agreed())  # before any save: never weights a NaN step made
             if stopping == NONFINITE:
@@ -708,7 +718,7 @@ class Trainer:
         if found is None:
             return True
         self.window.flush()  # the steps' rows as they happened: the restart logs the redone ones again
-        self.ckpt.wait()  # a background save: committed (and then set aside) or not at all
+        self.ckpt.close()  # a background save committed (then set aside) or not at all; the pruning done
         self.sdc_end = respond(found, self.run_dir, self.cfg, self.world, self.snapshots, self.timeline,
                                lambda m: log(self.world.rank, m))
         return False
@@ -738,6 +748,7 @@ class Trainer:
             return True
         self.ckpt.load(state, last)
         self.snapshots.discard()  # they hold the steps this rollback undoes
+        self.agreement.rolled_back_to(state.step)
         skipped, state.samples_seen = position - state.samples_seen, position
         self.rollbacks += 1
         log(rank, f"non-finite loss or gradient norm by step {bad_at}: rolled back to {last.name} (step {state.step}) "

@@ -134,6 +134,16 @@ def kill_rank(run_dir: Path, rank: int) -> str:
     return f"killed rank {rank} (pid {pid} on {node}): its job restarts its ranks from the newest checkpoint"
 
 
+def corrupt_rank(run_dir: Path, rank: int, bit: int) -> str:
+    """A real-time signal whose number says the bit (fsdp_jobs/runtime/sdc.py CorruptRequests): the rank flips it in
+    its first parameter shard after its next step's update. A rank that has not installed its handler yet (still
+    starting) dies of it, as a killed rank does."""
+    pid, node = _rank_process(run_dir, rank)
+    os.kill(pid, signal.SIGRTMIN + bit)
+    return (f"asked rank {rank} (pid {pid} on {node}) to flip bit {bit} of its parameter shard at its next step: the "
+            "replica agreement check names it at the next snapshot (hybrid_shard with 2+ replica groups)")
+
+
 def hang_rank(run_dir: Path, rank: int) -> str:
     pid, node = _rank_process(run_dir, rank)
     os.kill(pid, signal.SIGSTOP)

@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Callable, Optional, Protocol
 
 from fsdp_jobs.rundir import stragglers
-from fsdp_jobs.planning.chaos_kinds import ChaosKind
+from fsdp_jobs.planning.chaos_kinds import DEFAULT_BIT, ChaosKind
 from fsdp_jobs.planning.errors import UserError
 from fsdp_jobs.rundir import checkpoints, events, failures, hangs, runs
 from fsdp_jobs.rundir.layout import RunDir
@@ -56,7 +56,7 @@ class Faults(Protocol):
 
     def describe(self, run: Run) -> JobStatus: ...
 
-    def inject(self, run: Run, kind: ChaosKind, node: int, rate: str = "100mbit") -> str: ...
+    def inject(self, run: Run, kind: ChaosKind, node: int, rate: str = "100mbit", bit: int = DEFAULT_BIT) -> str: ...
 
     def resume(self, run: Run) -> str: ...
 

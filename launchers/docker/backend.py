@@ -37,7 +37,7 @@ from fsdp_jobs.planning.errors import UserError
 from fsdp_jobs.rundir.layout import RunDir
 from fsdp_jobs.launchers.base import Backend, DryRun, JobState, JobStatus, Run, Submitted, outcome
 from fsdp_jobs.launchers.capabilities import Faults, Scaler, Stacks, request_scale
-from fsdp_jobs.planning.chaos_kinds import ChaosKind
+from fsdp_jobs.planning.chaos_kinds import DEFAULT_BIT, ChaosKind
 from fsdp_jobs.launchers.common import (NODE_WRAPPER, lighthouse_command, lighthouse_port, python_path,
                               rank_entry, rank_env, replica_env, replica_group, runtime_env, torchrun_args,
                               user_code_dir)
@@ -406,9 +406,9 @@ class DockerScaler(Scaler):
 class DockerFaults(Faults):
     """A node is a container: kill-node SIGKILLs its agent (Docker restarts it), stop-node removes it for good."""
 
-    def inject(self, run: Run, kind: ChaosKind, node: int, rate: str = "100mbit") -> str:
+    def inject(self, run: Run, kind: ChaosKind, node: int, rate: str = "100mbit", bit: int = DEFAULT_BIT) -> str:
         if kind not in (ChaosKind.KILL_NODE, ChaosKind.STOP_NODE):  # the rank-level faults: launchers/chaos/inject.py
-            return super().inject(run, kind, node, rate)
+            return super().inject(run, kind, node, rate, bit)
         found = containers(own_project(run))
         c = found.get(f"node{node}")
         if c is None or c["State"]["Status"] != "running":

@@ -6,6 +6,7 @@ never saw the flip. cluster=local, CPU + gloo."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -26,25 +27,36 @@ def events(run_dir: Path, name: str) -> list[dict]:
 
 
 def test_three_replica_groups_name_the_flipped_node_by_majority_and_a_spare_takes_its_place(run_root, tmp_path_factory):
-    """3 nodes x 1 (hybrid_shard: 3 replicas of the whole state) + 1 hot spare; a bit of the last rank not on the
-    rendezvous store's node flips after step 12. The check before step 12's snapshot finds it, the majority names
-    that node, the spare takes its place, the job resumes at step 11 from the other nodes' memory and completes
-    with the uninterrupted run's losses and final state."""
+    """3 nodes x 1 (hybrid_shard: 3 replicas of the whole state) + 1 hot spare; `fsdp-jobs chaos RUN corrupt-rank R`
+    flips a bit of a rank not on the rendezvous store's node (which no spare can replace) mid-run. The check before
+    that step's snapshot finds it, the majority names that node, the spare takes its place, the job resumes from
+    the step before, from the other nodes' memory, and completes with the uninterrupted run's losses and state."""
+    from tests.integration.test_memory_recovery import rank_record, start, wait_for_step
+    from tests.integration.test_spares import node_wrappers, store_host
+
     ref = reference_job(tmp_path_factory, "sdc-three", *THREE, *TRAINING)
-    r = cli(f"run_root={run_root}", "name=flip3", *THREE, *TRAINING, "cluster.spare_nodes=1",
-            env={"FSDP_JOBS_TEST_CORRUPT_AT": "12:-1"})
-    out = r.stdout + r.stderr
-    assert r.returncode == 0, out[-4000:]
     run_dir = run_root / "flip3"
+    # 0.3 s a step: the chaos command (a new interpreter, slow on a loaded machine) lands well before the last step
+    proc = start(run_root, "flip3", *THREE, *TRAINING, "cluster.spare_nodes=1",
+                 "+cluster.env.FSDP_JOBS_TEST_STEP_PAUSE_MS=300")
+    wait_for_step(run_dir, 5, proc)
+    hosts = store_host(node_wrappers(run_dir))
+    rank = max(r for r in range(3) if rank_record(run_dir, r)["node"] not in hosts)
+    said = cli("chaos", "flip3", "corrupt-rank", str(rank), "--run-root", str(run_root))
+    assert said.returncode == 0 and f"asked rank {rank}" in said.stdout, said.stdout + said.stderr
+    out, _ = proc.communicate(timeout=600)
+    assert proc.returncode == 0, out[-4000:]
     [found] = events(run_dir, "sdc")
     [named] = found["nodes"]
-    assert found["step"] == 12 and found["agreed_step"] == 11 and found["by_majority"], found
-    assert (f"silent data corruption: rank(s) {found['ranks'][0]} on {named} disagreed with the other replicas of "
-            "their shards at step 12 (the last check that agreed: step 11)") in out, out[-4000:]
+    flipped = int(re.search(r"chaos: flipped bit 20 of this rank's first parameter shard after step (\d+)", out)[1])
+    assert found["ranks"] == [rank] and found["step"] == flipped and found["agreed_step"] == flipped - 1, found
+    assert found["by_majority"]
+    assert (f"silent data corruption: rank(s) {rank} on {named} disagreed with the other replicas of their shards at "
+            f"step {flipped} (the last check that agreed: step {flipped - 1})") in out, out[-4000:]
     assert f"{named}: a replica agreement check named this node and a hot spare takes its place" in out, out[-4000:]
     [entry] = [json.loads(line) for line in (run_dir / "replaced-nodes.jsonl").read_text().splitlines()]
     assert entry["nodes"] == [named] and entry["named_by"] == "a replica agreement check"
-    assert "resumed from the in-memory snapshot of step 11" in out, out[-4000:]
+    assert f"resumed from the in-memory snapshot of step {flipped - 1}" in out, out[-4000:]
     trained = {json.loads(p.read_text())["node"] for p in (run_dir / "ranks").glob("rank-*.json")}
     assert named not in trained and len(trained) == 3, trained
     assert losses(run_dir) == losses(ref)
@@ -64,6 +76,7 @@ def test_two_replica_groups_make_no_majority_and_roll_back_in_place(run_root, tm
     assert found["step"] == 12 and found["agreed_step"] == 11 and not found["by_majority"], found
     assert sorted(found["ranks"]) == [1, 3], found  # rank 3 and its replica, rank 1 (the same shard, node0)
     assert "two replicas make no majority: neither is trusted at step 12" in out, out[-4000:]
-    assert "rolling back to step 11 on the same nodes" in out and "resumed from the in-memory snapshot of step 11" in out
+    assert "rolling back to step 11 on the same nodes" in out
+    assert "resumed from the in-memory snapshot of step 11" in out
     assert losses(run_dir) == losses(ref)
     assert_same_state(ref / "checkpoints" / "step-000030", run_dir / "checkpoints" / "step-000030")

@@ -48,3 +48,21 @@ def test_the_test_fault_flips_one_bit_of_the_first_parameter_and_nothing_else():
     after = list(model.parameters())
     changed = (before[0] != after[0].detach()).nonzero().tolist()
     assert changed == [[0, 0]] and torch.isfinite(after[0]).all() and torch.equal(before[1], after[1].detach())
+
+
+def test_a_chaos_request_is_a_real_time_signal_whose_number_says_the_bit():
+    """`fsdp-jobs chaos RUN corrupt-rank R --bit K` sends SIGRTMIN + K (launchers/chaos/inject.py); the rank notes K
+    and the step loop takes it once."""
+    import os
+    import signal
+
+    from fsdp_jobs.runtime.sdc import CorruptRequests
+
+    requests = CorruptRequests()
+    try:
+        assert requests.take() is None
+        os.kill(os.getpid(), signal.SIGRTMIN + 7)
+        assert requests.take() == 7 and requests.take() is None
+    finally:
+        for bit in range(31):
+            signal.signal(signal.SIGRTMIN + bit, signal.SIG_DFL)
