@@ -32,8 +32,9 @@ benchmark compares side by side in one run and reports ratios).
         its first new one, with in-memory snapshots and without, alternated; cut into torchrun's part and
         each start-up phase at the restarted rank 0's timeline marks (fsdp_jobs/rundir/goodput.py).
     python -m fsdp_jobs.bench snapshot [--repeats 3] [--steps 80] [--device cuda] [KEY=VALUE ...]
-        the job's step time with an in-memory snapshot after every step (checkpoint.memory_interval=1) and
-        without, alternated: medians and their ratio (fsdp_jobs/bench/snapshot.py).
+        the job's step time with an in-memory snapshot after every step (checkpoint.memory_interval=1), the
+        same without the replica agreement check before it, and without either, alternated: medians and their
+        ratios (fsdp_jobs/bench/snapshot.py).
     python -m fsdp_jobs.bench init [--ranks 4] [--model llama3_1b]
         per-shard init of a model at world size N on CPU next to a plain unsharded init.
     python -m fsdp_jobs.bench rundir-writes [--nodes 2] [--ranks 2] [--seconds 15] [--run-dir DIR]
