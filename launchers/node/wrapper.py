@@ -148,6 +148,8 @@ def run(argv: list[str], environ: Optional[dict[str, str]] = None) -> int:
                             termination_log=environ.get(TERMINATION_LOG_ENV), began=started)
     finally:
         shutil.rmtree(beats, ignore_errors=True)  # node memory: nothing of the job may stay behind
+        if owner is not None:
+            owner.close()  # the lock goes with it (the agent and its ranks have ended)
     events.append_node_event(Path(run_dir), "node_end", node=node, rc=rc)
     if rc and stopped_on:  # a planned stop: one line, not a failure
         print(f"fsdp-jobs: {node}: stopped on {signal.Signals(stopped_on[0]).name}", flush=True)
