@@ -200,6 +200,27 @@ def test_a_hot_spare_takes_a_killed_containers_state_from_the_other_replica_grou
           f"step at world 3 {after['time'] - killed_at:.1f} s after the kill")
 
 
+def test_a_container_whose_replica_disagrees_is_named_and_a_spare_takes_its_place(run_root, reference_run):
+    """Silent data corruption (fsdp_jobs/runtime/sdc.py) on 3 containers of 1 rank (hybrid_shard: 3 replica groups)
+    + 1 spare: a bit of a rank off the rendezvous host's container flips after step 60. The replica agreement
+    check before the next snapshot finds it, the majority names that container, which leaves the job and is not
+    used again; the spare takes its place from the agreed step, and the job keeps world 3 and ends bit for bit
+    where an uninterrupted one does."""
+    r = cli(f"run_root={run_root}", "name=flipped", *RUN_ARGS, "cluster.spare_nodes=1",
+            "+cluster.env.FSDP_JOBS_TEST_CORRUPT_AT=60:-1")
+    assert_ok(r)
+    run_dir = run_root / "flipped"
+    found = [json.loads(line) for line in (run_dir / "goodput.jsonl").read_text().splitlines() if '"sdc"' in line]
+    assert len(found) == 1 and found[0]["by_majority"] and found[0]["step"] >= 60, found
+    [named] = found[0]["nodes"]
+    assert f"{named}: a replica agreement check named this node and a hot spare takes its place" in r.stdout
+    m = metrics(run_dir)
+    assert {x["world_size"] for x in m} == {3} and max(x["restart"] for x in m) == 1, r.stdout[-3000:]
+    assert named not in json.loads((run_dir / "world.json").read_text())["nodes"]
+    assert_same_state(reference_run[0] / "checkpoints" / "step-000200", run_dir / "checkpoints" / "step-000200")
+    assert labelled("container", run_dir) == []
+
+
 @pytest.mark.expects_hang  # the cut node's peers' collectives stop: a hang, declared by design
 def test_a_rank_out_of_memory_a_node_cut_off_and_a_stopped_node_are_each_named_and_the_job_completes(run_root):
     """Three faults in one job of three containers, one after the other (each used to have its own job).
