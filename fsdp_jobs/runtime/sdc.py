@@ -5,18 +5,18 @@ after each optimizer step those copies are identical bit for bit: the gradients 
 replicate dimension, so every replica applies the same update to the same state. A flipped bit in one copy (a
 corrupted multiply, a bit in HBM) crashes nothing and trains on; comparing the copies finds it.
 
-A check: every rank folds its parameter and optimizer shards into a fingerprint on its own device (each
-tensor's bytes read as integers and summed exactly in int64, one reduction a tensor, no host copy of the
-tensors), and the replicate dimension's group all-gathers them (16 bytes a rank); a world all-reduce of one
-flag tells every rank whether any group disagreed. A single flipped bit always shows: it moves one integer by
-2^k, so the exact sum by the same amount (and the position-weighted sum too: two changes cannot cancel by
-trading places). With three or more replica groups the majority's fingerprint is the truth and the ranks that
-differ are named; with two there is no majority and both are named (telling which one is wrong needs a
-recomputation of the step: not built).
+A check: every rank folds its parameter and optimizer shards into a fingerprint on its own device (each tensor's
+bytes read as integers and summed exactly in int64, one reduction a tensor, no host copy of the tensors), and one
+all-gather gives every rank every rank's (16 bytes each), so each compares every replicate group itself and all
+reach the same verdict without a second collective. A single flipped bit always shows: it moves one integer by
+2^k, so the exact sum by the same amount (and the position-weighted sum too: two changes cannot cancel by trading
+places). With three or more replica groups the majority's fingerprint is the truth and the ranks that differ are
+named; with two there is no majority and both are named (telling which one is wrong needs a recomputation of the
+step: not built).
 
 `auto` checks right before each in-memory snapshot (fsdp_jobs/runtime/snapshots.py) and each checkpoint, so
 nothing is kept that the replicas did not agree on, and a mismatch rolls the job back to the newest of it. A check
-reads the state once, as the snapshot's copy does, and moves 16 bytes a rank.
+reads the state once, as the snapshot's copy does, and gathers 16 bytes from every rank.
 """
 
 from __future__ import annotations
@@ -101,15 +101,14 @@ def flip_a_bit(model: torch.nn.Module, bit: int = 20) -> None:
 def fingerprint(tensors: Iterable[torch.Tensor], device: torch.device) -> torch.Tensor:
     """int64[2] on `device`: the exact sum of every tensor's bytes read as integers, and the same sums weighted
     by each tensor's position. Integer sums do not depend on the order they are added in: equal bytes, equal
-    fingerprints, whatever the kernels."""
-    total = torch.zeros(2, dtype=torch.int64, device=device)
-    for i, t in enumerate(tensors, 1):
-        if t.numel() == 0:
-            continue
-        s = t.detach().reshape(-1).view(INTS[t.element_size()]).sum(dtype=torch.int64).to(device)
-        total[0] += s
-        total[1] += s * i
-    return total
+    fingerprints, whatever the kernels. One reduction a tensor, then two for the whole."""
+    sums = [t.detach().reshape(-1).view(INTS[t.element_size()]).sum(dtype=torch.int64).to(device)
+            for t in tensors]
+    if not sums:
+        return torch.zeros(2, dtype=torch.int64, device=device)
+    stacked = torch.stack(sums)
+    weights = torch.arange(1, len(sums) + 1, dtype=torch.int64, device=device)
+    return torch.stack([stacked.sum(), (stacked * weights).sum()])
 
 
 def disagreeing(prints: list[tuple[int, int]]) -> list[int]:
@@ -137,12 +136,14 @@ class Mismatch:
 class ReplicaAgreement:
     """One rank's side of the checks: schedule (`due`) and the check itself (collective over the world)."""
 
-    def __init__(self, mesh: Any, mesh_shape: dict[str, int], every: Any, snapshots_kept: bool,
-                 device: torch.device) -> None:
+    def __init__(self, mesh_shape: dict[str, int], every: Any, snapshots_kept: bool, device: torch.device) -> None:
         """`snapshots_kept`: whether the job keeps in-memory snapshots, whose steps `auto` checks."""
         self.enabled = mesh_shape.get("replicate", 1) >= 2 and every not in (0, "0", None) and \
             (every != AUTO or snapshots_kept)
-        self.group = mesh["replicate"].get_group() if self.enabled else None
+        self.world_size = dist.get_world_size() if self.enabled else 1
+        # the ranks holding one shard: the shard dimension is innermost (fsdp_jobs/runtime/mesh.py build_mesh)
+        shard = mesh_shape.get("shard", 1)
+        self.replicate_groups = [list(range(s, self.world_size, shard)) for s in range(shard)] if self.enabled else []
         self.auto = every == AUTO
         self.every = 0 if not self.enabled else int(every) if not self.auto else 1
         self.device = device
@@ -161,23 +162,22 @@ class ReplicaAgreement:
             self.agreed_step = min(self.agreed_step, step)
 
     def check(self, step: int, tensors: Iterable[torch.Tensor]) -> Optional[Mismatch]:
-        """Collective: None when every replicate group agreed (this step is then the newest agreed one)."""
+        """Collective, one all-gather of every rank's 16 bytes: each rank compares every replicate group itself,
+        so all reach the same verdict with no second collective. None when every group agreed (this step is then
+        the newest agreed one)."""
         mine = fingerprint(tensors, self.device)
-        gathered = [torch.zeros_like(mine) for _ in range(dist.get_world_size(self.group))]
-        dist.all_gather(gathered, mine, group=self.group)
-        prints = [tuple(p.tolist()) for p in gathered]
-        odd = disagreeing(prints)
-        members = dist.get_process_group_ranks(self.group)
-        flag = torch.tensor([1 if odd else 0], device=self.device)
-        dist.all_reduce(flag, op=dist.ReduceOp.MAX)  # whether any group disagreed: every rank stops together
-        if not flag.item():
+        gathered = torch.zeros(self.world_size * 2, dtype=torch.int64, device=self.device)
+        dist.all_gather_single(gathered, mine)
+        prints = [tuple(p) for p in gathered.view(self.world_size, 2).tolist()]
+        named, majority = [], True
+        for members in self.replicate_groups:
+            odd = disagreeing([prints[r] for r in members])
+            named += [members[i] for i in odd]
+            majority = majority and len(odd) < len(members) if odd else majority
+        if not named:
             self.agreed_step = step
             return None
-        named: list[Any] = [None] * dist.get_world_size()
-        dist.all_gather_object(named, ([members[i] for i in odd], len(odd) < len(prints)))
-        ranks = sorted({r for found, _ in named for r in found})
-        majority = all(by for found, by in named if found)
-        return Mismatch(step, self.agreed_step, ranks, majority)
+        return Mismatch(step, self.agreed_step, sorted(named), majority)
 
 
 # ---------------------------------------------------------------------- what happens then

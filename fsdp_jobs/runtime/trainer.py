@@ -341,8 +341,8 @@ class Trainer:
         self.open_checkpoints({"config_hash": self.config_hash()}, overlap_staging=True)
         joining = self.joins_a_running_job()  # replica groups: every group up first, or join one training
         self.snapshots = self.open_snapshots()
-        self.agreement = ReplicaAgreement(self.mesh, self.mesh_shape, self.cfg.fault.sdc_check_interval,
-                                          self.snapshots.enabled, self.world.device)
+        self.agreement = ReplicaAgreement(self.mesh_shape, self.cfg.fault.sdc_check_interval, self.snapshots.enabled,
+                                          self.world.device)
         resuming = self.ccfg.resume and not joining
         self.memory_plan = self.snapshots.plan_restore(self.disk_step()) if resuming else None
         self.resume_from = self.ckpt.find_latest() if resuming and self.memory_plan is None else None
