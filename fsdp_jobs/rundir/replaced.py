@@ -36,7 +36,7 @@ def nodes_since(run_dir: Path, when: float) -> list[str]:
 
 def is_replaced(run_dir: Path, node: str, when: float) -> bool:
     """Whether a preflight since `when` named `node` and had a hot spare take its place."""
-    return node in nodes_since(run_dir, when)
+    return named_by(run_dir, node, when) is not None
 
 
 def named_by(run_dir: Path, node: str, when: float) -> Optional[str]:

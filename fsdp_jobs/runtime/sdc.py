@@ -33,9 +33,11 @@ from typing import Any, Callable, Iterable, Optional
 import torch
 import torch.distributed as dist
 
+from fsdp_jobs.planning.chaos_kinds import CORRUPT_BITS
 from fsdp_jobs.rundir import replaced, runs
 from fsdp_jobs.rundir.checkpoints import committed_checkpoints, set_aside
 from fsdp_jobs.rundir.records import ReplacedNodes
+from fsdp_jobs.runtime.snapshots import local
 
 AUTO = "auto"
 INTS = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
@@ -68,15 +70,11 @@ def state_tensors(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> l
     return out
 
 
-def local(t: Any) -> torch.Tensor:
-    return t.to_local() if hasattr(t, "to_local") else t
-
-
 class CorruptRequests:
     """`fsdp-jobs chaos RUN corrupt-rank R --bit K` (launchers/chaos/inject.py) sends rank R the real-time signal
     SIGRTMIN + K; the handler only notes K, and the step loop flips that bit after its next update (`take`)."""
 
-    def __init__(self, bits: range = range(0, 31)) -> None:
+    def __init__(self, bits: range = CORRUPT_BITS) -> None:
         self.pending: Optional[int] = None
         for bit in bits:
             signal.signal(signal.SIGRTMIN + bit, self._handle)
