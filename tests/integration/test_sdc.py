@@ -80,3 +80,23 @@ def test_two_replica_groups_make_no_majority_and_roll_back_in_place(run_root, tm
     assert "resumed from the in-memory snapshot of step 11" in out
     assert losses(run_dir) == losses(ref)
     assert_same_state(ref / "checkpoints" / "step-000030", run_dir / "checkpoints" / "step-000030")
+
+
+def test_a_majority_with_no_hot_spare_stops_the_job_naming_the_node(run_root, tmp_path_factory):
+    """3 nodes x 1, no hot spare: the flipped node is named by the majority and nothing can take its place, so the
+    job stops (exit 1) instead of training on a node that corrupts state; the run's record, `status` and the
+    nodes' last lines all name it, and a requeue is told to exclude it (SLURM's --exclude)."""
+    r = cli(f"run_root={run_root}", "name=flipstop", *THREE, *TRAINING, env={"FSDP_JOBS_TEST_CORRUPT_AT": "12:-1"})
+    out = r.stdout + r.stderr
+    assert r.returncode == 1, out[-4000:]
+    run_dir = run_root / "flipstop"
+    [found] = events(run_dir, "sdc")
+    [named] = found["nodes"]
+    assert found["step"] == 12 and found["agreed_step"] == 11 and found["by_majority"], found
+    line = (f"disagreed with the other replicas of their shards at step 12 (the last check that agreed: step 11); "
+            f"stopped: no hot spare (cluster.spare_nodes) to take the place of {named}")
+    assert line in out, out[-4000:]
+    status = json.loads(cli("status", "flipstop", "--run-root", str(run_root)).stdout)
+    assert status["state"] == "FAILED" and line in status["train"]["reason"], status
+    assert status["train"]["bad_nodes"] == [named] and status["train"]["exclude"] == [named], status
+    assert not (run_dir / "checkpoints" / "step-000020").exists()  # nothing past the flip was kept
