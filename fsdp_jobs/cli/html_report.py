@@ -150,10 +150,7 @@ def timeline_incidents(run_dir: Path) -> list[Incident]:
         elif name == "node_start" and _attempt_began_in_its_launch(t, started, launches):
             nodes["joined"].append((t, str(e.get("node"))))
         elif name == "sdc":  # fsdp_jobs/runtime/sdc.py: a replica disagreed
-            out.append(Incident(t, "sdc", f"silent data corruption: rank(s) {', '.join(map(str, e.get('ranks') or []))} on "
-                                          f"{', '.join(e.get('nodes') or [])} disagreed at step {e.get('step')}"
-                                          + (" (named by majority)" if e.get("by_majority") else " (no majority)")
-                                          + f"; rolled back to step {e.get('agreed_step')}", e.get("step")))
+            out.append(Incident(t, "sdc", _sdc_line(e), e.get("step")))
         elif name == "stall":
             out.append(Incident(t, "stall", f"step {e.get('step')} waited {float(e.get('seconds') or 0):.1f} s for "
                                             f"its quorum (replica groups {e.get('groups')})", e.get("step")))
@@ -163,6 +160,17 @@ def timeline_incidents(run_dir: Path) -> list[Incident]:
             shown = ", ".join(names[:8]) + (f" and {len(names) - 8} more" if len(names) > 8 else "")
             out.append(Incident(group[0][0], "node", f"{len(names)} node{'s' * (len(names) > 1)} {word}: {shown}"))
     return out
+
+
+def _sdc_line(e: dict[str, Any]) -> str:
+    """A replica agreement check's event, in words (the named_by of older events is missing: by_majority says)."""
+    named_by = e.get("named_by", "majority" if e.get("by_majority") else "pair")
+    how = {"majority": " (named by majority)", "recomputation": " (named by recomputing the steps)",
+           "repeated": " (again when recomputed: a fault that reproduces)",
+           "pair": " (two replicas, no majority: recomputing)"}.get(named_by or "", " (no node named)")
+    ranks = ", ".join(map(str, e.get("ranks") or []))
+    return (f"silent data corruption: rank(s) {ranks} on {', '.join(e.get('nodes') or []) or 'their nodes'} "
+            f"disagreed at step {e.get('step')}{how}; rolled back to step {e.get('agreed_step')}")
 
 
 def _attempt_began_in_its_launch(t: float, started: list[float], launches: list[float]) -> bool:

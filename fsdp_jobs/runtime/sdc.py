@@ -11,8 +11,15 @@ all-gather gives every rank every rank's (16 bytes each), so each compares every
 reach the same verdict without a second collective. A single flipped bit always shows: it moves one integer by
 2^k, so the exact sum by the same amount (and the position-weighted sum too: two changes cannot cancel by trading
 places). With three or more replica groups the majority's fingerprint is the truth and the ranks that differ are
-named; with two there is no majority and both are named (telling which one is wrong needs a recomputation of the
-step: not built).
+named. With two there is no majority: every rank rolls back in its process to the newest agreed state (its
+in-memory snapshot, else the checkpoint a check vouched for) and takes the steps since again, on the same nodes and
+ranks (a restart would let torchrun's rendezvous deal ranks and nodes anew); at the step that disagreed the check
+compares each rank with its own fingerprint from before: the replica that does not reproduce its own state was the
+corrupted one. Recomputation is bitwise where the steps are (CPU, and a
+GPU's deterministic kernels); where a corruption reached both replicas before the check (through the gradients'
+all-reduce of a later step), neither reproduces its own, and the job trains on from the recomputed, agreed state
+with no node named. A disagreement that the recomputation repeats is a fault that reproduces: the job stops naming
+both nodes.
 
 `auto` checks right before each in-memory snapshot (fsdp_jobs/runtime/snapshots.py) and each checkpoint, so
 nothing is kept that the replicas did not agree on, and a mismatch rolls the job back to the newest of it. A check
@@ -26,7 +33,7 @@ import signal
 import socket
 import time
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Optional
 
@@ -40,6 +47,7 @@ from fsdp_jobs.rundir.records import ReplacedNodes
 from fsdp_jobs.runtime.snapshots import local
 
 AUTO = "auto"
+AGREED, ROLLED_BACK = "agreed", "rolled back"  # what a check left the step loop to do (else: "sdc", it ends)
 INTS = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 # test-only fault injection: "STEP:RANK" makes RANK flip one bit of its first parameter shard right after
 # that step's update, on the first attempt only (fsdp_jobs/runtime/trainer.py train_step); RANK -1: the last
@@ -123,12 +131,21 @@ def disagreeing(prints: list[tuple[int, int]]) -> list[int]:
 
 @dataclass
 class Mismatch:
-    """What a check found: the step it ran at, the newest step whose check agreed, and the ranks named."""
+    """What a check found: the step it ran at, the newest step whose check agreed, the ranks named, how they were
+    named ("majority"; "pair": two replicas, no majority, recomputation to come; "recomputation": the rank that did
+    not reproduce its own state; "repeated": the recomputation disagreed again; "unresolved": it agreed, and
+    neither or both reproduced their own) and every rank's fingerprint (the recomputation's reference)."""
 
     step: int
     agreed_step: Optional[int]
     ranks: list[int]
-    by_majority: bool
+    how: str
+    prints: list[tuple[int, int]] = field(default_factory=list)
+
+    @property
+    def names_nodes(self) -> bool:
+        """Whether these ranks' nodes are to be excluded (a spare in their place, or the job stops)."""
+        return self.how in ("majority", "recomputation", "repeated")
 
 
 class ReplicaAgreement:
@@ -146,13 +163,20 @@ class ReplicaAgreement:
         self.every = 0 if not self.enabled else int(every) if not self.auto else 1
         self.device = device
         self.agreed_step: Optional[int] = None
+        self.recheck: Optional[Mismatch] = None  # two replicas' disagreement the steps since are recomputed for
+
+    def recompute(self, found: Mismatch, from_step: int) -> None:
+        """The job rolled back to `from_step` to take the steps to `found.step` again: judge them there."""
+        self.recheck, self.agreed_step = found, from_step
 
     def due(self, step: int, keeping: bool) -> bool:
         """`keeping`: this step's state is about to be kept (an in-memory snapshot, a checkpoint): always checked
-        first, so nothing a rollback returns to was kept unchecked; N: every N steps as well."""
+        first, so nothing a rollback returns to was kept unchecked; N: every N steps as well; and the step a
+        recomputation has to judge."""
         if not self.enabled:
             return False
-        return keeping or (not self.auto and step % self.every == 0)
+        judging = self.recheck is not None and step == self.recheck.step
+        return keeping or judging or (not self.auto and step % self.every == 0)
 
     def rolled_back_to(self, step: int) -> None:
         """The job went back to `step` (a non-finite loss's rollback): no newer step is agreed any more."""
@@ -162,7 +186,7 @@ class ReplicaAgreement:
     def check(self, step: int, tensors: Iterable[torch.Tensor]) -> Optional[Mismatch]:
         """Collective, one all-gather of every rank's 16 bytes: each rank compares every replicate group itself,
         so all reach the same verdict with no second collective. None when every group agreed (this step is then
-        the newest agreed one)."""
+        the newest agreed one) and there was no recomputation to judge."""
         mine = fingerprint(tensors, self.device)
         gathered = torch.zeros(self.world_size * 2, dtype=torch.int64, device=self.device)
         dist.all_gather_single(gathered, mine)
@@ -172,22 +196,65 @@ class ReplicaAgreement:
             odd = disagreeing([prints[r] for r in members])
             named += [members[i] for i in odd]
             majority = majority and len(odd) < len(members) if odd else majority
+        recheck = self.recheck if self.recheck is not None and step >= self.recheck.step else None
+        if recheck is not None:
+            self.recheck = None
+            if step == recheck.step:
+                return self.judge(step, prints, sorted(named), recheck)
         if not named:
             self.agreed_step = step
             return None
-        return Mismatch(step, self.agreed_step, sorted(named), majority)
+        return Mismatch(step, self.agreed_step, sorted(named), "majority" if majority else "pair", prints)
+
+    def judge(self, step: int, prints: list[tuple[int, int]], named: list[int], recheck: Mismatch) -> Mismatch:
+        """The recomputed step: the ranks of the earlier disagreement whose fingerprint changed are the corrupted
+        ones, where their replicas' did not change (a replica that reproduces its own state is trusted)."""
+        if named:
+            return Mismatch(step, self.agreed_step, named, "repeated", prints)
+        self.agreed_step = step
+        before = {r: recheck.prints[r] for r in recheck.ranks}
+        changed = {r for r in recheck.ranks if before[r] != prints[r]}
+        culprits = []
+        for members in self.replicate_groups:
+            suspects = [r for r in members if r in before]
+            moved = [r for r in suspects if r in changed]
+            if moved and len(moved) < len(suspects):
+                culprits += moved
+        return Mismatch(step, step, sorted(culprits) or sorted(recheck.ranks),
+                        "recomputation" if culprits else "unresolved", prints)
 
 
 # ---------------------------------------------------------------------- what happens then
-def respond(found: Mismatch, run_dir: Path, cfg: Any, world: Any, snapshots: Any, timeline: Any,
-            say: Callable[[str], None]) -> tuple[int, str]:
-    """Collective, after a check found a mismatch: everything newer than the last agreed check is set aside (each
-    node's snapshots by its first rank, the committed checkpoints by rank 0), so the next attempt resumes from
-    agreed state; the nodes named by a majority are replaced by hot spares where they wait, or else the job stops
-    naming them (and a requeue excludes them). Returns the ranks' exit status and the attempt's end; raises (a
-    restart in place, from the agreed state) when no majority could name a node."""
+def describe(found: Mismatch, nodes: list[str]) -> str:
+    """The one line that says what a check found."""
+    who = f"silent data corruption: rank(s) {', '.join(map(str, found.ranks))} on {', '.join(nodes)} "
+    since = f"(the last check that agreed: step {found.agreed_step})"
+    return who + {
+        "majority": f"disagreed with the other replicas of their shards at step {found.step} {since}",
+        "pair": f"and their replicas disagree at step {found.step} {since}, and two replicas make no majority",
+        "recomputation": f"did not reproduce their own state when the steps to {found.step} were recomputed from an "
+                         "agreed snapshot; their replicas did",
+        "repeated": f"and their replicas disagree again at step {found.step}, recomputed from step "
+                    f"{found.agreed_step}: a fault that reproduces, on one of these nodes",
+        "unresolved": f"and their replicas agree at step {found.step} once recomputed, but neither reproduced its own "
+                      "state (the corruption had reached both): no node can be named; training goes on from the "
+                      "recomputed state",
+    }[found.how]
+
+
+def settle(found: Mismatch, world: Any, timeline: Any, say: Callable[[str], None]) -> None:
+    """A recomputation that agreed but named no node: recorded and said; no collective."""
+    if world.rank == 0:
+        timeline.event("sdc", step=found.step, agreed_step=found.agreed_step, ranks=found.ranks, nodes=[],
+                       by_majority=False, named_by=None)
+    say(describe(found, ["their nodes"]))
+
+
+def set_aside_newer(found: Mismatch, run_dir: Path, world: Any, snapshots: Any, timeline: Any) -> tuple[str, list[Any]]:
+    """Collective: everything newer than the last agreed check set aside (each node's snapshots by its first rank,
+    the committed checkpoints by rank 0) and the incident on the timeline. Returns its line and where each rank
+    runs ({"node", "store_host"}, by rank)."""
     from fsdp_jobs.runtime.loopback_store import STORE_HOST_ENV
-    from fsdp_jobs.runtime.preflight import REPLACED_EXIT, spares_for
 
     node = os.environ.get("FSDP_JOBS_NODE") or socket.gethostname()
     where: list[Any] = [None] * world.world_size
@@ -197,10 +264,7 @@ def respond(found: Mismatch, run_dir: Path, cfg: Any, world: Any, snapshots: Any
     snapshots.close()
     if world.local_rank == 0:
         snapshots.forget_after(agreed)
-    line = (f"silent data corruption: rank(s) {', '.join(map(str, found.ranks))} on {', '.join(nodes)} "
-            + ("disagreed with the other replicas of their shards" if found.by_majority else
-               "and their replicas disagree, and two replicas make no majority: neither is trusted")
-            + f" at step {found.step} (the last check that agreed: step {agreed})")
+    line = describe(found, nodes)
     if world.rank == 0:
         for step, path in committed_checkpoints(run_dir):
             if agreed is None or step > agreed:
@@ -209,11 +273,20 @@ def respond(found: Mismatch, run_dir: Path, cfg: Any, world: Any, snapshots: Any
                 except FileNotFoundError:  # removed meanwhile (keep_last): nothing to set aside
                     pass
         timeline.event("sdc", step=found.step, agreed_step=agreed, ranks=found.ranks, nodes=nodes,
-                       by_majority=found.by_majority)
-    dist.barrier()  # the state set aside before any rank ends the attempt
-    if not found.by_majority:
-        say(f"{line}; rolling back to step {agreed} on the same nodes")
-        raise RuntimeError(line)
+                       by_majority=found.how == "majority", named_by=found.how if found.names_nodes else None)
+    dist.barrier()  # the state set aside before any rank goes on
+    return line, where
+
+
+def respond(found: Mismatch, run_dir: Path, cfg: Any, world: Any, snapshots: Any, timeline: Any,
+            say: Callable[[str], None]) -> tuple[int, str]:
+    """Collective, after a check named nodes (by a majority, or by a recomputation): the state newer than the last
+    agreed check set aside, and the named nodes replaced by hot spares where they wait, or else the job stops
+    naming them (and a requeue excludes them). Returns the ranks' exit status and the attempt's end."""
+    from fsdp_jobs.runtime.preflight import REPLACED_EXIT, spares_for
+
+    line, where = set_aside_newer(found, run_dir, world, snapshots, timeline)
+    nodes, agreed = sorted({where[r]["node"] for r in found.ranks}), found.agreed_step
     decided = [spares_for(run_dir, cfg, {"bad": nodes, "ranks": where}) if world.rank == 0 else None]
     dist.broadcast_object_list(decided, src=0)  # one reader of the records, one answer on every rank
     why_not = decided[0]
@@ -221,7 +294,8 @@ def respond(found: Mismatch, run_dir: Path, cfg: Any, world: Any, snapshots: Any
         if world.rank == 0:
             replaced.record(run_dir, ReplacedNodes(time=time.time(), nodes=nodes, reason=line[:1000],
                                                    restart=world.restart, named_by="a replica agreement check"))
-        say(f"{line}; rolling back to step {agreed}, and a hot spare takes the place of {', '.join(nodes)}")
+        back = f"going on from step {agreed}" if agreed == found.step else f"rolling back to step {agreed}"
+        say(f"{line}; {back}, and a hot spare takes the place of {', '.join(nodes)}")
         return REPLACED_EXIT, f"failed: {line}; hot spares replace {', '.join(nodes)}"
     stop = f"{line}; stopped: {why_not or 'no hot spare (cluster.spare_nodes)'} to take the place of {', '.join(nodes)}"
     if world.rank == 0:

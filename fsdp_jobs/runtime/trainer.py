@@ -8,6 +8,7 @@ fsdp_jobs.job drives the same Trainer's bring-up, sharding, stop vote and checkp
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
@@ -39,8 +40,8 @@ from fsdp_jobs.runtime.replicas import JOINING, NoReplicas, open_replicas
 from fsdp_jobs.runtime.shard import (adamw_implementation, build_meta_model, dtype_of, init_devices, materialize,
                                      shard_model)
 from fsdp_jobs.runtime.signals import StopFlag
-from fsdp_jobs.runtime.sdc import (CORRUPT_AT_ENV, CorruptRequests, ReplicaAgreement, corrupt_target, flip_a_bit,
-                                  respond, state_tensors)
+from fsdp_jobs.runtime.sdc import (AGREED, CORRUPT_AT_ENV, ROLLED_BACK, CorruptRequests, Mismatch, ReplicaAgreement,
+                                  corrupt_target, flip_a_bit, respond, set_aside_newer, settle, state_tensors)
 from fsdp_jobs.runtime.snapshots import MemorySnapshots, RestorePlan
 from fsdp_jobs.runtime.stopping import NONFINITE, STOP_FILE, StopFileWatcher, StopVote, stop_reason
 from fsdp_jobs.runtime.timeline import MAIN_STARTED, Timeline
@@ -545,7 +546,8 @@ class Trainer:
         state.step += 1
         state.samples_seen += self.global_batch
         if self.corrupt_at == (state.step, self.world.rank) and self.world.restart == 0:
-            flip_a_bit(self.model)  # test fault injection (CORRUPT_AT_ENV): one bit of this rank's state
+            flip_a_bit(self.model)  # test fault injection (CORRUPT_AT_ENV): one bit of this rank's state, once
+            self.corrupt_at = None
         bit = self.corrupt_requests.take()  # `fsdp-jobs chaos RUN corrupt-rank R --bit K`
         if bit is not None:
             flip_a_bit(self.model, bit)
@@ -675,7 +677,10 @@ class Trainer:
             checkpoint_now = self.checkpoint_due()  # before the check: what is kept (snapshot, checkpoint) is checked
             snapshot_due = self.snapshots.due(state.step)
             keeping = snapshot_due or checkpoint_now or state.step == total
-            if self.agreement.due(state.step, keeping) and not self.replicas_agree():
+            verdict = self.replicas_agree(snapshot_due) if self.agreement.due(state.step, keeping) else AGREED
+            if verdict == ROLLED_BACK:  # two replicas disagreed: the steps since the agreed state, again
+                continue
+            if verdict != AGREED:
                 stopped_by = "sdc"
                 break
             if snapshot_due:
@@ -711,17 +716,51 @@ class Trainer:
         batches.close()
         return stopped_by
 
-    def replicas_agree(self) -> bool:
-        """Collective (fsdp_jobs/runtime/sdc.py): do the replicas of every shard still hold the same bits? False:
-        one did not, and its state since the last agreed check is set aside (`sdc_end`: how the attempt ends)."""
+    def replicas_agree(self, snapshot_due: bool) -> str:
+        """Collective (fsdp_jobs/runtime/sdc.py): do the replicas of every shard still hold the same bits?
+        AGREED; ROLLED_BACK: two replicas disagreed, and this process went back to the agreed state to take the
+        steps since again (the recomputation that tells which one is wrong); else "sdc": nodes were named, the
+        state since the last agreed check set aside (`sdc_end`: how the attempt ends)."""
         found = self.agreement.check(self.state.step, state_tensors(self.model, self.state.optimizer))
+        say = functools.partial(log, self.world.rank)
         if found is None:
-            return True
-        self.window.flush()  # the steps' rows as they happened: the restart logs the redone ones again
+            return AGREED
+        if found.how == "unresolved":  # recomputed and agreed, no node to name: train on from the agreed state
+            settle(found, self.world, self.timeline, say)
+            return AGREED
+        self.window.flush()  # the steps' rows as they happened: the steps taken again log theirs again
+        if found.how == "pair" and self.roll_back_for(found):
+            return ROLLED_BACK
+        if found.how == "recomputation" and snapshot_due:  # agreed once recomputed: the spare starts from it
+            self.snapshots.save(self.state, self.world.restart)
         self.ckpt.close()  # a background save committed (then set aside) or not at all; the pruning done
-        self.sdc_end = respond(found, self.run_dir, self.cfg, self.world, self.snapshots, self.timeline,
-                               lambda m: log(self.world.rank, m))
-        return False
+        self.sdc_end = respond(found, self.run_dir, self.cfg, self.world, self.snapshots, self.timeline, say)
+        return "sdc"
+
+    def roll_back_for(self, found: Mismatch) -> bool:
+        """Collective: the state newer than the last agreed check set aside, and this process back at the newest
+        agreed state (its node's snapshot, else the newest checkpoint a check vouched for) with the recomputation
+        to judge at `found.step`. False where neither covers every rank (the attempt then ends, and the restart
+        resumes from what is left, unjudged)."""
+        state, rank = self.state, self.world.rank
+        self.ckpt.wait()  # a background save of an earlier step: committed before it is judged
+        line, _ = set_aside_newer(found, self.run_dir, self.world, self.snapshots, self.timeline)
+        plan = self.snapshots.plan_restore(self.disk_step())
+        if plan is not None and self.snapshots.restore(state, plan) is not None:
+            self.snapshots.after_restore(state.step, self.world.local_rank)
+            source = "its in-memory snapshot"
+        else:
+            last = self.ckpt.find_latest()  # collective: the same answer on every rank
+            if last is None:
+                log(rank, f"{line}; no agreed state to recompute from: restarting")
+                return False
+            self.ckpt.load(state, last)
+            self.snapshots.discard()
+            source = last.name
+        self.agreement.recompute(found, state.step)
+        log(rank, f"{line}; every rank rolls back to step {state.step} ({source}) and takes the steps to "
+                  f"{found.step} again: the replica that does not reproduce its own state is the corrupted one")
+        return True
 
     def after_nonfinite(self) -> bool:
         """The vote says this step or the one before went non-finite. train.on_nonfinite=rollback: reload

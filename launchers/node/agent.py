@@ -305,14 +305,15 @@ def end_a_waiting_node_when_the_job_completed() -> None:
         try:
             return next_rendezvous(handler)
         except ended as error:
-            if outcome(Path(run_dir), started).status != "completed":
+            status = outcome(Path(run_dir), started).status
+            if status not in ("completed", "failed"):
                 raise
             handler._fsdp_jobs_left = True  # the job closed the rendezvous: nothing left to close
-            print(f"fsdp-jobs: {os.environ.get(NODE_ENV, 'this node')}: the job completed while this node waited "
+            print(f"fsdp-jobs: {os.environ.get(NODE_ENV, 'this node')}: the job {status} while this node waited "
                   "in the rendezvous (a hot spare it did not need, or a node too late for its last round)",
-                  flush=True)
+                  flush=True)  # the node wrapper then says how the job ended, as every node's does
             leave_the_rendezvous(handler, store_is_up=not isinstance(error, api.RendezvousConnectionError),
-                                 succeeded=True)
+                                 succeeded=status == "completed")
             raise SystemExit(0) from None
 
     DynamicRendezvousHandler.next_rendezvous = next_rendezvous_unless_completed

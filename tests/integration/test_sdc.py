@@ -63,21 +63,36 @@ def test_three_replica_groups_name_the_flipped_node_by_majority_and_a_spare_take
     assert_same_state(ref / "checkpoints" / "step-000030", run_dir / "checkpoints" / "step-000030")
 
 
-def test_two_replica_groups_make_no_majority_and_roll_back_in_place(run_root, tmp_path_factory):
-    """2 nodes x 2 (2 replicas of each shard): a flipped bit makes a pair disagree and neither can be trusted over
-    the other; both nodes are named, the job restarts in place from step 11, the last agreed snapshot (the flip
-    happened once: a transient fault), and ends bit for bit where the uninterrupted run does."""
+def test_two_replica_groups_roll_back_recompute_and_name_the_node_that_does_not_reproduce_its_state(
+        run_root, tmp_path_factory):
+    """2 nodes x 2 (2 replicas of each shard) + 1 hot spare: a flipped bit makes a pair disagree, and two replicas
+    make no majority. The job restarts in place from step 11, the last agreed snapshot, and recomputes step 12: the
+    flip is not in the snapshot, so the healthy replica reproduces its own fingerprint and the flipped one does
+    not. That names its node; the spare takes its place and the job ends bit for bit where the uninterrupted run
+    does."""
+    from tests.integration.test_memory_recovery import rank_record
+
     ref = reference_job(tmp_path_factory, "sdc-two", *TWO, *TRAINING)
-    r = cli(f"run_root={run_root}", "name=flip2", *TWO, *TRAINING, env={"FSDP_JOBS_TEST_CORRUPT_AT": "12:3"})
+    r = cli(f"run_root={run_root}", "name=flip2", *TWO, *TRAINING, "cluster.spare_nodes=1",
+            env={"FSDP_JOBS_TEST_CORRUPT_AT": "12:-1"})
     out = r.stdout + r.stderr
     assert r.returncode == 0, out[-4000:]
     run_dir = run_root / "flip2"
-    [found] = events(run_dir, "sdc")
-    assert found["step"] == 12 and found["agreed_step"] == 11 and not found["by_majority"], found
-    assert sorted(found["ranks"]) == [1, 3], found  # rank 3 and its replica, rank 1 (the same shard, node0)
-    assert "two replicas make no majority: neither is trusted at step 12" in out, out[-4000:]
-    assert "rolling back to step 11 on the same nodes" in out
-    assert "resumed from the in-memory snapshot of step 11" in out
+    first, second = events(run_dir, "sdc")
+    assert first["step"] == 12 and first["agreed_step"] == 11 and first["named_by"] is None, first
+    assert len(first["ranks"]) == 2 and len(first["nodes"]) == 2, first  # the flipped rank and its replica
+    assert ("and two replicas make no majority; every rank rolls back to step 11 (its in-memory snapshot) and takes "
+            "the steps to 12 again") in out, out[-4000:]
+    assert second["step"] == 12 and second["named_by"] == "recomputation", second
+    [flipped] = second["ranks"]
+    [named] = second["nodes"]
+    assert flipped in first["ranks"] and named in first["nodes"], (first, second)
+    assert (f"silent data corruption: rank(s) {flipped} on {named} did not reproduce their own state when the steps "
+            f"to 12 were recomputed from an agreed snapshot; their replicas did; going on from step 12, and a hot "
+            f"spare takes the place of {named}") in out, out[-4000:]
+    assert not (run_dir / "sdc-recheck.json").exists()  # judged: a later attempt does not judge it again
+    trained = {rank_record(run_dir, rank)["node"] for rank in range(4)}
+    assert named not in trained and len(trained) == 2, trained
     assert losses(run_dir) == losses(ref)
     assert_same_state(ref / "checkpoints" / "step-000030", run_dir / "checkpoints" / "step-000030")
 

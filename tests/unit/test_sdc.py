@@ -66,3 +66,30 @@ def test_a_chaos_request_is_a_real_time_signal_whose_number_says_the_bit():
     finally:
         for bit in range(31):
             signal.signal(signal.SIGRTMIN + bit, signal.SIG_DFL)
+
+
+def agreement(monkeypatch, world_size=4, shard=2):
+    from fsdp_jobs.runtime import sdc
+
+    monkeypatch.setattr(sdc.dist, "get_world_size", lambda: world_size)
+    return sdc.ReplicaAgreement({"replicate": world_size // shard, "shard": shard}, "auto", True, torch.device("cpu"))
+
+
+def test_two_replicas_are_told_apart_by_which_one_reproduces_its_own_state(monkeypatch):
+    """2 x 2: ranks 1 and 3 hold one shard and disagreed at step 12 (rank 3's bit flipped). Recomputed from step
+    11, the rank whose fingerprint moved is the corrupted one; both moved (the corruption reached both) names
+    no one; a second disagreement at that step is a fault that reproduces and names both."""
+    from fsdp_jobs.runtime.sdc import Mismatch
+
+    healthy, flipped, other = (5, 50), (7, 70), (1, 10)
+    pair = Mismatch(12, 11, [1, 3], "pair", [other, healthy, other, flipped])
+    judge = agreement(monkeypatch)
+    assert judge.due(12, keeping=False) is False
+    judge.recompute(pair, 11)
+    assert judge.agreed_step == 11 and judge.due(12, keeping=False)  # the step to judge is checked, kept or not
+    named = judge.judge(12, [other, healthy, other, healthy], [], pair)
+    assert (named.how, named.ranks, named.agreed_step) == ("recomputation", [3], 12)
+    spread = judge.judge(12, [other, (9, 9), other, (9, 9)], [], pair)
+    assert (spread.how, spread.ranks) == ("unresolved", [1, 3]) and not spread.names_nodes
+    again = judge.judge(12, [other, healthy, other, flipped], [1, 3], pair)
+    assert (again.how, again.ranks) == ("repeated", [1, 3]) and again.names_nodes

@@ -131,12 +131,13 @@ def test_a_spare_jobs_batch_script_exits_as_training_ended_not_as_srun_did(tmp_p
     assert (tmp_path / "marker").read_text() == f"user trap saw {srun_rc}\n"  # kept, with the script's status
 
 
-@pytest.mark.parametrize("status, ends", [("completed", True), ("failed", False), (None, False)])
-def test_a_node_waiting_in_the_rendezvous_exits_0_only_when_the_job_completed(tmp_path, monkeypatch, capsys,
-                                                                               status, ends):
+@pytest.mark.parametrize("status, ends", [("completed", True), ("failed", True), ("running", False), (None, False)])
+def test_a_node_waiting_in_the_rendezvous_exits_0_only_when_the_job_ended(tmp_path, monkeypatch, capsys,
+                                                                           status, ends):
     """The spare's agent learns that the job ended from its rendezvous: the store is gone (or closed). torchrun
     would exit 1 with a traceback, and Docker would restart the container; launchers/node/agent.py ends it with
-    exit 0 and one line when the ranks recorded the job completed since the agent started, else the error stays."""
+    exit 0 and one line when the ranks recorded the job completed or failed (a replica check that named a node
+    no spare could replace) since the agent started, and the node wrapper says how; else the error stays."""
     from torch.distributed.elastic.rendezvous.api import RendezvousConnectionError
     from torch.distributed.elastic.rendezvous.dynamic_rendezvous import DynamicRendezvousHandler
 
@@ -161,7 +162,8 @@ def test_a_node_waiting_in_the_rendezvous_exits_0_only_when_the_job_completed(tm
         with pytest.raises(SystemExit) as e:
             handler.next_rendezvous()
         assert e.value.code == 0 and handler.shutdown() is False  # nothing left to close
-        assert capsys.readouterr().out.strip().startswith("fsdp-jobs: node3: the job completed while this node waited")
+        said = capsys.readouterr().out.strip()
+        assert said.startswith(f"fsdp-jobs: node3: the job {status} while this node waited"), said
     else:
         with pytest.raises(RendezvousConnectionError):
             handler.next_rendezvous()
