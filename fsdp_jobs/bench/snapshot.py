@@ -27,14 +27,16 @@ def _step_times(tmp: str, name: str, args: list[str], warmup: int) -> list[float
 def bench_snapshot(repeats: int, steps: int, device: str, extra: list[str], warmup: int = 10) -> dict[str, Any]:
     """The default 2x2 job (or `extra`'s) with a snapshot after every step (checkpoint.memory_interval=1), the
     same without the replica agreement check before each (fault.sdc_check_interval=0: fsdp_jobs/runtime/sdc.py),
-    and with neither, alternated `repeats` times: median step time of each and their ratios. On a GPU (`device`
+    and with neither; and the defaults (memory_interval=auto, the check before each snapshot) with the check and
+    without: alternated `repeats` times, median step time of each and their ratios. On a GPU (`device`
     cuda) the same with cluster.device=cuda. A metrics row every step on every side (the snapshots flush them),
     no checkpoint but the last."""
     base = [f"train.steps={steps}", "train.log_interval=1", "checkpoint.interval=0", "checkpoint.save_final=false",
             *(["cluster.device=cuda"] if device == "cuda" else []), *extra]
     modes = {"every_step": ["checkpoint.memory_interval=1"],
              "every_step_unchecked": ["checkpoint.memory_interval=1", "fault.sdc_check_interval=0"],
-             "off": ["checkpoint.memory_interval=0"]}
+             "off": ["checkpoint.memory_interval=0"],
+             "default": [], "default_unchecked": ["fault.sdc_check_interval=0"]}
     medians: dict[str, list[float]] = {m: [] for m in modes}
     with tempfile.TemporaryDirectory(prefix="bench-snapshot-") as tmp:
         for i in range(repeats):
@@ -52,4 +54,8 @@ def bench_snapshot(repeats: int, steps: int, device: str, extra: list[str], warm
             "ratio_per_pair": spread([a / b for a, b in zip(medians["every_step"], medians["off"])]),
             "check_ratio_per_pair": spread([a / b for a, b in zip(medians["every_step"],
                                                                  medians["every_step_unchecked"])]),
+            "default_check_over_unchecked": ratio("default", "default_unchecked"),
+            "default_check_ratio_per_pair": spread([a / b for a, b in zip(medians["default"],
+                                                                         medians["default_unchecked"])]),
+            "default_over_off": ratio("default", "off"),
             "goal": "snapshots <= 1.05 on CPU, <= 1.01 on a GPU (issue 46); the check <= 1.01 (issue 47)"}

@@ -134,7 +134,7 @@ class BuddyCopies:
 
     def read_chunk(self, source: Any, at: int, n: int) -> torch.Tensor:
         """Bytes [at, at + n) of this rank's slot, in the send buffer. A slot that cannot be read sends zeros,
-        which fail the copy's CRC-32 where it is ever used."""
+        which fail the copy's checksum where it is ever used."""
         view = self.out[:n]
         try:
             source.seek(at)

@@ -8,7 +8,7 @@ The component owns its schedule (`due`), its layout (`SnapshotStore`) and its re
 Layout: one directory per node in node-local memory (the node wrapper's, fsdp_jobs/rundir/liveness.py
 local_dir: it removes it when the node's part of the job ends, so it outlives every rank of every restart
 on that node, and nothing stays behind). In it, two slots per rank (double-buffered), `r{rank}-{0,1}.snap`,
-each a header (step, the job's identity, the mesh, the shard this state is, the offsets and CRC-32 of the
+each a header (step, the job's identity, the mesh, the shard this state is, the offsets and checksums of the
 tensors' bytes), the bytes of every local tensor, and the skeleton of the rest. A snapshot overwrites the
 older slot: its header is cleared first and written last, so a rank killed mid-copy leaves that slot
 invalid and the other whole. Two are enough: the ranks write synchronously, so when any rank writes step
@@ -24,7 +24,7 @@ holding the same shard (HSDP: the replicate dimension) or a buddy copy of it (fu
 fsdp_jobs/runtime/buddies.py), wins if it is at least as new as the newest DCP checkpoint. A rank whose node
 lost its memory (a replaced or restarted node) receives the bytes from such a peer over the process group;
 nothing is read from disk. Anything else (a different world or mesh, two neighbouring nodes lost under
-full_shard, snapshots that fail their CRC or hold non-finite values) falls back to the DCP checkpoint, which
+full_shard, snapshots that fail their checksum or hold non-finite values) falls back to the DCP checkpoint, which
 stays the source of truth for what memory cannot survive.
 
 Cost per rank: two copies of its state shard in node memory (params + optimizer moments, in their dtypes:
@@ -55,7 +55,7 @@ from fsdp_jobs.planning import faults
 from fsdp_jobs.planning.plan import keeps_buddy_copies
 from fsdp_jobs.runtime.buddies import BuddyCopies
 
-MAGIC = b"FSDPSNP1"
+MAGIC = b"FSDPSNP2"  # 2: the tensors' region checked by word sums (`checksum`), the skeleton by CRC-32
 SUFFIX = ".snap"
 NAME = re.compile(r"([rb])(\d+)-([01])\.snap")  # r: a rank's own slots; b: copies of another node's rank (buddies)
 AUTO = "auto"
@@ -204,6 +204,44 @@ def _aligned(n: int) -> int:
     return (n + ALIGN - 1) // ALIGN * ALIGN
 
 
+BULK = 1 << 20  # bytes: a host tensor smaller than this is copied with the others in one call
+
+
+CHECK_BLOCK = 8192  # words (64 KiB) a block of `checksum`'s weighted sum
+
+
+def checksum(region: numpy.ndarray) -> list[int]:
+    """The tensors' region (a multiple of 8 bytes: ALIGN) read as 64-bit words: their sum and their blocks' sums
+    weighted by position, both mod 2^64 (numpy's integer adds wrap). One pass at memory speed, where zlib's
+    CRC-32 took 20 times longer than the copy it guards; any one flipped bit moves the sum, and two that cancel in
+    it must also sit in one block. What it guards: a snapshot read back that is not what was written (a commit
+    protocol bug, bit rot in node memory, a peer's bytes); a writer killed mid-copy is the header's to catch."""
+    words = region.view(numpy.uint64)
+    if not words.size:
+        return [0, 0]
+    blocks = numpy.add.reduceat(words, numpy.arange(0, words.size, CHECK_BLOCK))
+    weights = numpy.arange(1, blocks.size + 1, dtype=numpy.uint64)
+    return [int(blocks.sum(dtype=numpy.uint64)), int((blocks * weights).sum(dtype=numpy.uint64))]
+
+
+def copy_tensors(places: list[Any], tensors: list[torch.Tensor]) -> None:
+    """Copy each tensor into its place in a slot's mapping. The small host tensors in one call (a small model's
+    ~100 tensors cost more in per-tensor calls than in bytes); a large one, or a GPU's, by one thread's memcpy of
+    its host bytes: torch's copy_ hands a large copy to its thread pool, which on busy cores waits for threads
+    more than it copies (fsdp_jobs/ARCHITECTURE.md, pitfall 26)."""
+    small: tuple[list[torch.Tensor], list[torch.Tensor]] = ([], [])
+    for place, t in zip(places, tensors):
+        if place is None:
+            continue
+        if t.device.type == "cpu" and t.numel() * t.element_size() < BULK:
+            small[0].append(place)
+            small[1].append(t.detach())
+        else:
+            place.reshape(-1).view(torch.uint8).numpy()[:] = t.detach().reshape(-1).view(torch.uint8).cpu().numpy()
+    if small[0]:
+        torch._foreach_copy_(*small)
+
+
 class SnapshotStore:
     """The snapshot slots in one node's memory directory: `r{owner}-{slot}.snap`, two per rank, each a
     header, then the tensors' bytes, then the pickled skeleton. A write overwrites the older slot in
@@ -214,6 +252,7 @@ class SnapshotStore:
         self.dir, self.identity = directory, identity
         self.maps: dict[Path, torch.Tensor] = {}
         self.steps: dict[Path, int] = {}  # the step in each slot this process wrote or read: no header read per write
+        self.views: dict[Path, tuple[torch.Tensor, list[Any], list[Any]]] = {}  # `places`' views, by slot
 
     def slot(self, owner: int, index: int, kind: str = "r") -> Path:
         return self.dir / f"{kind}{owner}-{index}{SUFFIX}"
@@ -228,22 +267,18 @@ class SnapshotStore:
             at = _aligned(at + t.numel() * t.element_size())
         meta = json.dumps({"skeleton": skeleton, "tensors": layout}).encode()
         end = at + len(meta)
-        # numpy's copies: one thread's memcpy. torch's copy_ hands them to its thread pool, which on busy
-        # cores waits for threads more than it copies (fsdp_jobs/ARCHITECTURE.md, pitfall 26)
-        mapped = self.mapping(path, end).numpy()
+        mapped_t = self.mapping(path, end)
+        mapped = mapped_t.numpy()
         mapped[:len(MAGIC)] = 0  # invalid until the header is written again
-        crc = 0
-        for i, (t, (_, _, off)) in enumerate(zip(tensors, layout)):
-            if crash_half_way and i == len(tensors) // 2:
-                os.kill(os.getpid(), signal.SIGKILL)  # test fault injection: killed mid-copy
-            n = t.numel() * t.element_size()
-            if n:
-                dst = mapped[off:off + n]
-                dst[:] = t.detach().reshape(-1).view(torch.uint8).cpu().numpy()  # from a GPU: its host copy
-                crc = zlib.crc32(dst, crc)
+        places = self.places(path, mapped_t, tensors, layout)
+        half = len(tensors) // 2
+        copy_tensors(places[:half], tensors[:half])
+        if crash_half_way:
+            os.kill(os.getpid(), signal.SIGKILL)  # test fault injection: killed mid-copy
+        copy_tensors(places[half:], tensors[half:])
         mapped[at:end] = numpy.frombuffer(meta, dtype=numpy.uint8)
         header = json.dumps({**self.identity, "step": step, "owner": owner, "shard": shard, "meta": [at, end],
-                             "crc": zlib.crc32(meta, crc)}).encode()
+                             "sums": checksum(mapped[HEADER:at]), "crc": zlib.crc32(meta)}).encode()
         if len(header) + len(MAGIC) + 8 > HEADER:
             raise ValueError(f"a snapshot header of {len(header)} bytes does not fit its {HEADER}")
         head = MAGIC + struct.pack("<Q", len(header)) + header
@@ -251,6 +286,17 @@ class SnapshotStore:
         mapped[:len(MAGIC)] = numpy.frombuffer(MAGIC, dtype=numpy.uint8)  # the commit
         self.steps[path] = step
         return path
+
+    def places(self, path: Path, mapped: torch.Tensor, tensors: list[torch.Tensor], layout: list[Any]) -> list[Any]:
+        """Each tensor's place in the slot's mapping, a view of its dtype and shape (None: no bytes), made once
+        for a slot's layout (every snapshot of a run has the same one, after the optimizer's first step)."""
+        cached = self.views.get(path)
+        if cached is not None and cached[0] is mapped and cached[1] == layout:
+            return cached[2]
+        views = [mapped[off:off + t.numel() * t.element_size()].view(t.dtype).view(t.shape) if t.numel() else None
+                 for t, (_, _, off) in zip(tensors, layout)]
+        self.views[path] = (mapped, layout, views)
+        return views
 
     def mapping(self, path: Path, end: int) -> torch.Tensor:
         """The slot file mapped shared, at least `end` bytes: grown with room to spare, so that a skeleton a
@@ -301,7 +347,7 @@ class SnapshotStore:
         return min(steps, key=steps.__getitem__)
 
     def held(self) -> list[Held]:
-        """The complete snapshots of this job's identity here (headers only: the CRC is checked on read)."""
+        """The complete snapshots of this job's identity here (headers only: the checksum is checked on read)."""
         found = []
         for name in sorted(os.listdir(self.dir)):
             if not NAME.fullmatch(name):
@@ -345,7 +391,7 @@ def parse_header(head: bytes, name: str = "snapshot") -> dict[str, Any]:
 
 
 def decode(blob: bytes) -> tuple[int, list[torch.Tensor], Any]:
-    """(step, tensors, skeleton) of a whole slot file's bytes; ValueError if it fails its CRC."""
+    """(step, tensors, skeleton) of a whole slot file's bytes; ValueError if it fails its checksum."""
     header = parse_header(blob)
     at, end = header["meta"]
     if len(blob) < end:
@@ -353,17 +399,16 @@ def decode(blob: bytes) -> tuple[int, list[torch.Tensor], Any]:
     try:
         meta = json.loads(blob[at:end])
     except ValueError:
-        raise ValueError(f"snapshot of step {header['step']} by rank {header['owner']} fails its CRC-32") from None
+        raise ValueError(f"snapshot of step {header['step']} by rank {header['owner']} fails its checksum") from None
     flat = byte_tensor(blob)
-    tensors, crc = [], 0
+    tensors = []
     for dtype, shape, off in meta["tensors"]:
         kind = getattr(torch, dtype)
         n = math.prod(shape) * torch.empty(0, dtype=kind).element_size()
-        if n:
-            crc = zlib.crc32(flat[off:off + n].numpy(), crc)
         tensors.append(flat[off:off + n].view(kind).reshape(shape))
-    if zlib.crc32(blob[at:end], crc) != header["crc"]:
-        raise ValueError(f"snapshot of step {header['step']} by rank {header['owner']} fails its CRC-32")
+    region = numpy.frombuffer(blob, dtype=numpy.uint8, count=at - HEADER, offset=HEADER)
+    if checksum(region) != header.get("sums") or zlib.crc32(memoryview(blob)[at:end]) != header["crc"]:
+        raise ValueError(f"snapshot of step {header['step']} by rank {header['owner']} fails its checksum")
     return header["step"], tensors, tuples(meta["skeleton"])
 
 
@@ -568,7 +613,7 @@ class MemorySnapshots:
                 if held.path not in read:
                     read[held.path] = read_slot(held)[0]
                 data = read[held.path]
-                sends.append((byte_tensor(data) if data is not None  # unreadable: zeros, which fail the CRC
+                sends.append((byte_tensor(data) if data is not None  # unreadable: zeros, which fail the checksum
                               else torch.zeros(held.nbytes, dtype=torch.uint8)).to(device))
                 ops.append(dist.P2POp(dist.isend, sends[-1], dst))
         got = None

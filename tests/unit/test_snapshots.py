@@ -135,32 +135,39 @@ def test_a_writer_killed_mid_copy_leaves_the_other_slot_whole(tmp_path, monkeypa
         pass
 
     copied = []
-    crc32 = snapshots.zlib.crc32
+    copy_tensors = snapshots.copy_tensors
 
-    def dies_half_way(data, value=0):  # called after each tensor's copy: stop half way, as a SIGKILL would
-        copied.append(1)
-        if len(copied) > len(tensors) // 2:
+    def dies_half_way(places, some):  # called for each half of the tensors: stop after the first, as a SIGKILL would
+        if copied:
             raise Killed
-        return crc32(data, value)
+        copied.append(len(some))
+        copy_tensors(places, some)
 
-    monkeypatch.setattr(snapshots.zlib, "crc32", dies_half_way)
+    monkeypatch.setattr(snapshots, "copy_tensors", dies_half_way)
     with pytest.raises(Killed):
         store.write(0, state.step, 0, tensors, skeleton)
     monkeypatch.undo()
+    assert copied == [len(tensors) // 2]  # half the tensors were copied over the older slot's
     assert [h.step for h in store.held()] == [2]
     step, _, _ = snapshots.decode(Path(store.held()[0].path).read_bytes())
     assert step == 2
 
 
-def test_a_flipped_bit_in_memory_fails_the_crc(tmp_path):
+def test_a_flipped_bit_in_memory_fails_the_checksum(tmp_path):
+    """Any one bit of the tensors' region (first byte, a middle one, the last word) or of the skeleton."""
     state = small_state(0)
     train(state, 1)
     store = SnapshotStore(tmp_path, {"run": "x"})
     path = store.write(0, 1, 0, *snapshots.capture(state))
-    data = bytearray(path.read_bytes())
-    data[snapshots.HEADER + 5] ^= 0x10
-    with pytest.raises(ValueError, match="fails its CRC-32"):
-        snapshots.decode(bytes(data))
+    clean = path.read_bytes()
+    at, end = snapshots.read_header(path)["meta"]
+    for where, bit in [(snapshots.HEADER, 0), (snapshots.HEADER + 5, 4), ((snapshots.HEADER + at) // 2, 7),
+                       (at - 1, 7), (at + 3, 1), (end - 2, 0)]:
+        data = bytearray(clean)
+        data[where] ^= 1 << bit
+        with pytest.raises(ValueError, match="fails its checksum"):
+            snapshots.decode(bytes(data))
+    assert snapshots.decode(clean)[0] == 1
 
 
 def test_another_runs_snapshots_are_not_held(tmp_path):
@@ -243,7 +250,7 @@ def test_a_buddy_copy_arrives_whole_in_many_messages_and_is_committed_like_a_sna
             original = (theirs / f"r{other}-{slot}.snap").read_bytes()
             end = SnapshotStore.committed_size(theirs / f"r{other}-{slot}.snap")
             assert copy[:end] == original[:end]
-            snapshots.decode(copy)  # its CRC-32 holds
+            snapshots.decode(copy)  # its checksum holds
 
 
 def test_buddy_pairs_form_in_rounds_of_pairs_that_share_no_node():
