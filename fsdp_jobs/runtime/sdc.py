@@ -164,6 +164,7 @@ class ReplicaAgreement:
         self.device = device
         self.agreed_step: Optional[int] = None
         self.recheck: Optional[Mismatch] = None  # two replicas' disagreement the steps since are recomputed for
+        self.pending: Optional[tuple[int, Any, torch.Tensor]] = None  # a launched check: step, work, gathered
 
     def recompute(self, found: Mismatch, from_step: int) -> None:
         """The job rolled back to `from_step` to take the steps to `found.step` again: judge them there."""
@@ -183,14 +184,38 @@ class ReplicaAgreement:
         if self.agreed_step is not None:
             self.agreed_step = min(self.agreed_step, step)
 
-    def check(self, step: int, tensors: Iterable[torch.Tensor]) -> Optional[Mismatch]:
-        """Collective, one all-gather of every rank's 16 bytes: each rank compares every replicate group itself,
-        so all reach the same verdict with no second collective. None when every group agreed (this step is then
-        the newest agreed one) and there was no recomputation to judge."""
+    def launch(self, step: int, tensors: Iterable[torch.Tensor]) -> None:
+        """Collective, not waited for: this rank's fingerprint of `step`'s state, and one all-gather of every
+        rank's 16 bytes. The loop goes on (the snapshot written, uncommitted; the next batch) while it travels:
+        a check waited for at once cost a step more than its work (the ranks' skew, and gloo's thread)."""
         mine = fingerprint(tensors, self.device)
         gathered = torch.zeros(self.world_size * 2, dtype=torch.int64, device=self.device)
-        dist.all_gather_single(gathered, mine)
-        prints = [tuple(p) for p in gathered.view(self.world_size, 2).tolist()]
+        self.pending = (step, dist.all_gather_into_tensor(gathered, mine, async_op=True), gathered)
+
+    def settle(self) -> tuple[Optional[int], Optional[Mismatch]]:
+        """The launched check's verdict: (its step, None) when every group agreed (the step is then the newest
+        agreed one) and there was no recomputation to judge, else (its step, what was found); (None, None) when
+        no check was under way. Each rank compares every replicate group itself, so all reach the same verdict
+        with no second collective."""
+        if self.pending is None:
+            return None, None
+        step, work, gathered = self.pending
+        self.pending = None
+        work.wait()
+        return step, self.verdict(step, [tuple(p) for p in gathered.view(self.world_size, 2).tolist()])
+
+    def drop(self) -> None:
+        """A launched check whose verdict no longer matters (a non-finite step's rollback, the loop's end)."""
+        if self.pending is not None:
+            self.pending[1].wait()
+            self.pending = None
+
+    def check(self, step: int, tensors: Iterable[torch.Tensor]) -> Optional[Mismatch]:
+        """Collective: `launch` and `settle` at once."""
+        self.launch(step, tensors)
+        return self.settle()[1]
+
+    def verdict(self, step: int, prints: list[tuple[int, int]]) -> Optional[Mismatch]:
         named, majority = [], True
         for members in self.replicate_groups:
             odd = disagreeing([prints[r] for r in members])
@@ -252,8 +277,8 @@ def settle(found: Mismatch, world: Any, timeline: Any, say: Callable[[str], None
 
 def set_aside_newer(found: Mismatch, run_dir: Path, world: Any, snapshots: Any, timeline: Any) -> tuple[str, list[Any]]:
     """Collective: everything newer than the last agreed check set aside (each node's snapshots by its first rank,
-    the committed checkpoints by rank 0) and the incident on the timeline. Returns its line and where each rank
-    runs ({"node", "store_host"}, by rank)."""
+    the committed checkpoints by rank 0; the snapshot the check was to vouch for is none) and the incident on the
+    timeline. Returns its line and where each rank runs ({"node", "store_host"}, by rank)."""
     from fsdp_jobs.runtime.loopback_store import STORE_HOST_ENV
 
     node = os.environ.get("FSDP_JOBS_NODE") or socket.gethostname()
@@ -261,6 +286,7 @@ def set_aside_newer(found: Mismatch, run_dir: Path, world: Any, snapshots: Any, 
     dist.all_gather_object(where, {"node": node, "store_host": os.environ.get(STORE_HOST_ENV) == "1"})
     nodes = sorted({where[r]["node"] for r in found.ranks})
     agreed = found.agreed_step
+    snapshots.uncommitted = None
     snapshots.close()
     if world.local_rank == 0:
         snapshots.forget_after(agreed)

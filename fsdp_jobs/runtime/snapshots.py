@@ -258,8 +258,9 @@ class SnapshotStore:
         return self.dir / f"{kind}{owner}-{index}{SUFFIX}"
 
     def write(self, owner: int, step: int, shard: int, tensors: list[torch.Tensor], skeleton: Any,
-              crash_half_way: bool = False) -> Path:
-        """Write one snapshot into `owner`'s older slot (or an empty one)."""
+              crash_half_way: bool = False, commit: bool = True) -> Path:
+        """Write one snapshot into `owner`'s older slot (or an empty one). `commit` False: everything but the
+        mark that makes it valid (`commit` sets it: once a replica check vouched for its state)."""
         path = self.older_slot(owner)
         layout, at = [], HEADER
         for t in tensors:
@@ -283,9 +284,14 @@ class SnapshotStore:
             raise ValueError(f"a snapshot header of {len(header)} bytes does not fit its {HEADER}")
         head = MAGIC + struct.pack("<Q", len(header)) + header
         mapped[len(MAGIC):len(head)] = numpy.frombuffer(head[len(MAGIC):], dtype=numpy.uint8)
-        mapped[:len(MAGIC)] = numpy.frombuffer(MAGIC, dtype=numpy.uint8)  # the commit
-        self.steps[path] = step
+        self.steps.pop(path, None)  # not a snapshot until committed: the next write may take this slot
+        if commit:
+            self.commit(path, step)
         return path
+
+    def commit(self, path: Path, step: int) -> None:
+        self.mapping(path, 0).numpy()[:len(MAGIC)] = numpy.frombuffer(MAGIC, dtype=numpy.uint8)  # the commit
+        self.steps[path] = step
 
     def places(self, path: Path, mapped: torch.Tensor, tensors: list[torch.Tensor], layout: list[Any]) -> list[Any]:
         """Each tensor's place in the slot's mapping, a view of its dtype and shape (None: no bytes), made once
@@ -483,6 +489,7 @@ class MemorySnapshots:
         self.step_times: list[float] = []
         self.crash_at = faults.step(CRASH_IN_SNAPSHOT_ENV)
         self.unwritable: Optional[str] = None  # why this process writes no more snapshots (node memory full)
+        self.uncommitted: Optional[tuple[Path, int]] = None  # the snapshot a replica check is to vouch for
         self.buddies: Optional[BuddyCopies] = None
         nodes = world_size // (local_world_size or world_size)
         if self.enabled and self.store is not None and keeps_buddy_copies(nodes, mesh_shape):
@@ -492,8 +499,10 @@ class MemorySnapshots:
     def due(self, step: int) -> bool:
         return self.enabled and step % self.every == 0
 
-    def save(self, state: Any, restart: int = 0) -> float:
-        """Copy this rank's state into its node's memory; returns the seconds it took."""
+    def save(self, state: Any, restart: int = 0, commit: bool = True) -> float:
+        """Copy this rank's state into its node's memory; returns the seconds it took. `commit` False: valid
+        only once `commit()` is called (a replica check of this step's state is under way: fsdp_jobs/runtime/sdc.py),
+        so a rank that dies before then leaves the snapshot before."""
         assert self.store is not None
         began = time.perf_counter()
         tensors, skeleton = capture(state)
@@ -503,7 +512,9 @@ class MemorySnapshots:
         written = None
         if self.unwritable is None:
             try:
-                written = self.store.write(self.rank, state.step, self.shard, tensors, skeleton, crash_half_way=crash)
+                written = self.store.write(self.rank, state.step, self.shard, tensors, skeleton, crash_half_way=crash,
+                                           commit=commit or self.buddies is not None)
+                self.uncommitted = None if commit else (written, state.step)
             except OSError as e:  # the snapshot is lost, not the step: its schedule (and auto's vote) goes on
                 self.unwritable = f"{e.strerror or e} ({self.store.dir})"
                 self.log(f"in-memory snapshots stop on rank {self.rank} at step {state.step}: {self.unwritable}; "
@@ -543,8 +554,15 @@ class MemorySnapshots:
                  f"{cost * 1000:.1f} ms, a step {step_s * 1000:.1f} ms on rank {self.rank}; at most "
                  f"{AUTO_SHARE:.0%} of the step time)")
 
+    def commit(self) -> None:
+        """The replica check agreed: the snapshot saved with commit=False is valid (nothing if none)."""
+        if self.uncommitted is not None and self.store is not None:
+            self.store.commit(*self.uncommitted)
+        self.uncommitted = None
+
     def discard(self) -> None:
         """Forget every snapshot on this node (a rollback made them the wrong future)."""
+        self.uncommitted = None
         self.close()  # no buddy copy arrives after this
         if self.store is not None:
             self.store.invalidate()

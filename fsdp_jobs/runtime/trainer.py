@@ -650,6 +650,12 @@ class Trainer:
         self.agreement.agreed_step = state.step  # the state this attempt began from: agreed, or the start
         began, tries = 0.0, 0  # a replica job may take a step again: when it was first begun, how often
         while state.step < total:
+            verdict = self.settle_check()  # the step before's replica check, which travelled while it ended
+            if verdict == ROLLED_BACK:  # two replicas disagreed: the steps since the agreed state, again
+                continue
+            if verdict != AGREED:
+                stopped_by = "sdc"
+                break
             began = began or time.time()
             replicas.begin_step()  # a replica job's quorum (a group behind the others recovers here)
             quorum_at, tries = time.time(), tries + 1
@@ -677,19 +683,22 @@ class Trainer:
             checkpoint_now = self.checkpoint_due()  # before the check: what is kept (snapshot, checkpoint) is checked
             snapshot_due = self.snapshots.due(state.step)
             keeping = snapshot_due or checkpoint_now or state.step == total
-            verdict = self.replicas_agree(snapshot_due) if self.agreement.due(state.step, keeping) else AGREED
-            if verdict == ROLLED_BACK:  # two replicas disagreed: the steps since the agreed state, again
-                continue
-            if verdict != AGREED:
-                stopped_by = "sdc"
-                break
+            checking = self.agreement.due(state.step, keeping)
+            if checking:  # settled at the next step's start, or before a save below
+                self.agreement.launch(state.step, state_tensors(self.model, state.optimizer))
             if snapshot_due:
                 self.window.flush()  # the rows of the steps the snapshot keeps: a resume from it starts after them
-                self.snapshots.save(state, world.restart)
+                self.snapshots.save(state, world.restart, commit=not checking)  # valid once the check agrees
             stopping = self.stop_agreed()  # the step before's vote
             self.cast_stop_vote()  # this step's, its non-finite flag included
             if stopping != NONFINITE and (stopping or checkpoint_now or state.step == total):
                 stopping = max(stopping, self.stop_agreed())  # before any save: never weights a NaN step made
+                verdict = self.settle_check()  # nor state the replicas did not agree on
+                if verdict == ROLLED_BACK:
+                    continue
+                if verdict != AGREED:
+                    stopped_by = "sdc"
+                    break
             if stopping == NONFINITE:
                 if self.after_nonfinite():
                     stopped_by = "nonfinite"
@@ -713,15 +722,19 @@ class Trainer:
                     self.auto.saved(blocked, time.time())
                     self.choose_interval()
         self.vote.result()  # every rank cast the same number of votes: drain the last one
+        self.agreement.drop()  # and launched the same checks (a stop's step settled its own)
         batches.close()
         return stopped_by
 
-    def replicas_agree(self, snapshot_due: bool) -> str:
-        """Collective (fsdp_jobs/runtime/sdc.py): do the replicas of every shard still hold the same bits?
-        AGREED; ROLLED_BACK: two replicas disagreed, and this process went back to the agreed state to take the
-        steps since again (the recomputation that tells which one is wrong); else "sdc": nodes were named, the
-        state since the last agreed check set aside (`sdc_end`: how the attempt ends)."""
-        found = self.agreement.check(self.state.step, state_tensors(self.model, self.state.optimizer))
+    def settle_check(self) -> str:
+        """Collective where a replica check was launched (fsdp_jobs/runtime/sdc.py): did the replicas of every
+        shard hold the same bits? AGREED (the snapshot it vouched for committed; also where none was under way);
+        ROLLED_BACK: two replicas disagreed, and this process went back to the agreed state to take the steps
+        since again (the recomputation that tells which one is wrong); else "sdc": nodes were named, the state
+        since the last agreed check set aside (`sdc_end`: how the attempt ends)."""
+        step, found = self.agreement.settle()
+        if found is None or found.agreed_step == step:  # agreed (a recomputation's judgement too)
+            self.snapshots.commit()
         say = functools.partial(log, self.world.rank)
         if found is None:
             return AGREED
@@ -731,8 +744,6 @@ class Trainer:
         self.window.flush()  # the steps' rows as they happened: the steps taken again log theirs again
         if found.how == "pair" and self.roll_back_for(found):
             return ROLLED_BACK
-        if found.how == "recomputation" and snapshot_due:  # agreed once recomputed: the spare starts from it
-            self.snapshots.save(self.state, self.world.restart)
         self.ckpt.close()  # a background save committed (then set aside) or not at all; the pruning done
         self.sdc_end = respond(found, self.run_dir, self.cfg, self.world, self.snapshots, self.timeline, say)
         return "sdc"
@@ -769,6 +780,7 @@ class Trainer:
         which would have to roll back together) record the job as failed and return True: the ranks then
         exit 0 so that no restart repeats it (launchers/node/wrapper.py reports the failure)."""
         state, rank, policy = self.state, self.world.rank, self.tcfg.on_nonfinite
+        self.agreement.drop()  # a check of weights a rollback replaces, or a stop leaves unkept
         self.window.flush()  # the steps' rows, their non-finite loss included: what happened
         self.vote.result()  # this step's vote, if still pending: about weights a rollback replaces (a signal or
         # the stop request is voted again at the next step: the flags stay set)

@@ -264,3 +264,19 @@ def test_buddy_pairs_form_in_rounds_of_pairs_that_share_no_node():
         for pairs in rounds.values():
             ends = [n for pair in pairs for n in pair]
             assert len(ends) == len(set(ends)), (nodes, pairs)  # no node in two pairs of one round
+
+
+def test_a_snapshot_waiting_for_its_replica_check_is_not_held_until_committed(tmp_path):
+    """Saved with commit=False (a replica check of its step travels: fsdp_jobs/runtime/sdc.py), a snapshot is no
+    snapshot yet: a rank that dies then leaves the one before, and the next write may take its slot."""
+    state = small_state(0)
+    store = SnapshotStore(tmp_path, {"run": "x"})
+    train(state, 1)
+    store.write(0, state.step, 0, *snapshots.capture(state))
+    train(state, 1)
+    path = store.write(0, state.step, 0, *snapshots.capture(state), commit=False)
+    assert [h.step for h in SnapshotStore(tmp_path, {"run": "x"}).held()] == [1]  # as a restart sees it
+    assert store.older_slot(0) == path  # uncommitted: the next write goes there, not over step 1
+    store.commit(path, state.step)
+    assert sorted(h.step for h in SnapshotStore(tmp_path, {"run": "x"}).held()) == [1, 2]
+    assert snapshots.decode(path.read_bytes())[0] == 2
