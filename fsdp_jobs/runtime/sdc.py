@@ -21,9 +21,12 @@ all-reduce of a later step), neither reproduces its own, and the job trains on f
 with no node named. A disagreement that the recomputation repeats is a fault that reproduces: the job stops naming
 both nodes.
 
-`auto` checks right before each in-memory snapshot (fsdp_jobs/runtime/snapshots.py) and each checkpoint, so
-nothing is kept that the replicas did not agree on, and a mismatch rolls the job back to the newest of it. A check
-reads the state once, as the snapshot's copy does, and gathers 16 bytes from every rank.
+`auto` checks each step whose state is kept: an in-memory snapshot (fsdp_jobs/runtime/snapshots.py) or a
+checkpoint, so nothing is kept that the replicas did not agree on, and a mismatch rolls the job back to the newest
+of it. A check reads the state once, as the snapshot's copy does, and gathers 16 bytes from every rank. The gather
+is not waited for where it is launched: the snapshot is written meanwhile, uncommitted, and the verdict is read at
+the next step's start (by then long arrived), or at once before a checkpoint is saved; an agreeing verdict commits
+the snapshot. Waited for at once, a check cost more than its work: the ranks' skew at the point, and gloo's thread.
 """
 
 from __future__ import annotations
@@ -104,15 +107,30 @@ def flip_a_bit(model: torch.nn.Module, bit: int = 20) -> None:
         ints[0] ^= 1 << min(bit, shard.element_size() * 8 - 2)
 
 
-def fingerprint(tensors: Iterable[torch.Tensor], device: torch.device) -> torch.Tensor:
-    """int64[2] on `device`: the exact sum of every tensor's bytes read as integers, and the same sums weighted
-    by each tensor's position. Integer sums do not depend on the order they are added in: equal bytes, equal
-    fingerprints, whatever the kernels. One reduction a tensor, then two for the whole."""
-    sums = [t.detach().reshape(-1).view(INTS[t.element_size()]).sum(dtype=torch.int64).to(device)
-            for t in tensors]
+def words(t: torch.Tensor) -> torch.Tensor:
+    """A tensor's bytes as integers: 64-bit words where its bytes split into whole, aligned words (an int64 sum
+    runs at memory speed; an int32 view summed into int64 took 25 times longer), else its element's size. The
+    choice depends on shape and offset only, so every replica of a shard makes the same one."""
+    flat = t.detach().reshape(-1)
+    size = flat.element_size()
+    if size < 8 and flat.numel() * size % 8 == 0 and flat.storage_offset() * size % 8 == 0:
+        try:
+            return flat.view(torch.int64)
+        except RuntimeError:  # a view torch refuses: the element-sized one below
+            pass
+    return flat.view(INTS[size])
+
+
+def fingerprint(tensors: Iterable[torch.Tensor], device: torch.device,
+                views: Optional[list[torch.Tensor]] = None) -> torch.Tensor:
+    """int64[2] on `device`: the sum, mod 2^64, of every tensor's bytes read as integers (`words`; or `views`,
+    those words made before), and the same sums weighted by each tensor's position. Integer sums do not depend on
+    the order they are added in: equal bytes, equal fingerprints, whatever the kernels; any one flipped bit moves a
+    word by 2^k, and the sums with it. One reduction a tensor, then two for the whole."""
+    sums = [w.sum(dtype=torch.int64) for w in (views if views is not None else map(words, tensors))]
     if not sums:
         return torch.zeros(2, dtype=torch.int64, device=device)
-    stacked = torch.stack(sums)
+    stacked = torch.stack(sums).to(device)
     weights = torch.arange(1, len(sums) + 1, dtype=torch.int64, device=device)
     return torch.stack([stacked.sum(), (stacked * weights).sum()])
 
@@ -165,10 +183,11 @@ class ReplicaAgreement:
         self.agreed_step: Optional[int] = None
         self.recheck: Optional[Mismatch] = None  # two replicas' disagreement the steps since are recomputed for
         self.pending: Optional[tuple[int, Any, torch.Tensor]] = None  # a launched check: step, work, gathered
+        self.views: Optional[tuple[list[Any], list[torch.Tensor]]] = None  # `words_of`'s, and what they are of
 
     def recompute(self, found: Mismatch, from_step: int) -> None:
         """The job rolled back to `from_step` to take the steps to `found.step` again: judge them there."""
-        self.recheck, self.agreed_step = found, from_step
+        self.recheck, self.agreed_step, self.views = found, from_step, None
 
     def due(self, step: int, keeping: bool) -> bool:
         """`keeping`: this step's state is about to be kept (an in-memory snapshot, a checkpoint): always checked
@@ -188,9 +207,17 @@ class ReplicaAgreement:
         """Collective, not waited for: this rank's fingerprint of `step`'s state, and one all-gather of every
         rank's 16 bytes. The loop goes on (the snapshot written, uncommitted; the next batch) while it travels:
         a check waited for at once cost a step more than its work (the ranks' skew, and gloo's thread)."""
-        mine = fingerprint(tensors, self.device)
+        mine = fingerprint(tensors, self.device, self.words_of(list(tensors)))
         gathered = torch.zeros(self.world_size * 2, dtype=torch.int64, device=self.device)
         self.pending = (step, dist.all_gather_into_tensor(gathered, mine, async_op=True), gathered)
+
+    def words_of(self, tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+        """`words` of each tensor, made once while the state's tensors stay the same ones (updated in place, step
+        after step; a rollback's load may make new ones): a small model's checks were mostly per-tensor calls."""
+        key = [(t.data_ptr(), t.numel(), t.dtype) for t in tensors]
+        if self.views is None or self.views[0] != key:
+            self.views = (key, [words(t) for t in tensors])
+        return self.views[1]
 
     def settle(self) -> tuple[Optional[int], Optional[Mismatch]]:
         """The launched check's verdict: (its step, None) when every group agreed (the step is then the newest
@@ -209,6 +236,7 @@ class ReplicaAgreement:
         if self.pending is not None:
             self.pending[1].wait()
             self.pending = None
+        self.views = None  # the tensors a rollback replaces are not kept alive by the words made of them
 
     def check(self, step: int, tensors: Iterable[torch.Tensor]) -> Optional[Mismatch]:
         """Collective: `launch` and `settle` at once."""

@@ -664,11 +664,7 @@ class Trainer:
             if self.pause_s:
                 time.sleep(self.pause_s)  # test pacing (STEP_PAUSE_ENV): as if the data came slower
             inputs, targets = inputs.to(world.device, non_blocking=True), targets.to(world.device, non_blocking=True)
-            if self.fail_at and state.step + 1 >= self.fail_at:
-                raise RuntimeError(f"test fault injection: step {state.step + 1} raises ({FAIL_AT_STEP_ENV})")
-            if self.oom_at == state.step + 1 and world.rank == world.world_size - 1 and world.restart == 0:
-                exhaust_memory()  # test fault injection (OOM_AT_STEP_ENV): the kernel's OOM killer ends this rank
-            self.poisoned = position == self.poison_position
+            self.inject_test_faults(position)
             stepped = self.train_step(inputs, targets)
             if stepped is None:  # not committed: the same step again, with the groups then alive
                 continue
@@ -681,14 +677,7 @@ class Trainer:
                                                  "sample_start": position, "time": time.time(),
                                                  "world_size": replicas.job_world_size(), "writer": replicas.writer})
             checkpoint_now = self.checkpoint_due()  # before the check: what is kept (snapshot, checkpoint) is checked
-            snapshot_due = self.snapshots.due(state.step)
-            keeping = snapshot_due or checkpoint_now or state.step == total
-            checking = self.agreement.due(state.step, keeping)
-            if checking:  # settled at the next step's start, or before a save below
-                self.agreement.launch(state.step, state_tensors(self.model, state.optimizer))
-            if snapshot_due:
-                self.window.flush()  # the rows of the steps the snapshot keeps: a resume from it starts after them
-                self.snapshots.save(state, world.restart, commit=not checking)  # valid once the check agrees
+            self.check_and_snapshot(checkpoint_now)
             stopping = self.stop_agreed()  # the step before's vote
             self.cast_stop_vote()  # this step's, its non-finite flag included
             if stopping != NONFINITE and (stopping or checkpoint_now or state.step == total):
@@ -725,6 +714,28 @@ class Trainer:
         self.agreement.drop()  # and launched the same checks (a stop's step settled its own)
         batches.close()
         return stopped_by
+
+    def inject_test_faults(self, position: int) -> None:
+        """The test variables' faults at the step about to be taken (fsdp_jobs/planning/faults.py)."""
+        state, world = self.state, self.world
+        if self.fail_at and state.step + 1 >= self.fail_at:
+            raise RuntimeError(f"test fault injection: step {state.step + 1} raises ({FAIL_AT_STEP_ENV})")
+        if self.oom_at == state.step + 1 and world.rank == world.world_size - 1 and world.restart == 0:
+            exhaust_memory()  # test fault injection (OOM_AT_STEP_ENV): the kernel's OOM killer ends this rank
+        self.poisoned = position == self.poison_position
+
+    def check_and_snapshot(self, checkpoint_now: bool) -> None:
+        """A step whose state is kept (an in-memory snapshot, a checkpoint, the last) is checked first: the replica
+        check launched (settled at the next step's start, or before a save) and the snapshot written, valid once
+        the check agrees (fsdp_jobs/runtime/sdc.py)."""
+        state = self.state
+        snapshot_due = self.snapshots.due(state.step)
+        checking = self.agreement.due(state.step, snapshot_due or checkpoint_now or state.step == self.tcfg.steps)
+        if checking:
+            self.agreement.launch(state.step, state_tensors(self.model, state.optimizer))
+        if snapshot_due:
+            self.window.flush()  # the rows of the steps the snapshot keeps: a resume from it starts after them
+            self.snapshots.save(state, self.world.restart, commit=not checking)
 
     def settle_check(self) -> str:
         """Collective where a replica check was launched (fsdp_jobs/runtime/sdc.py): did the replicas of every

@@ -33,7 +33,7 @@ def test_any_one_flipped_bit_changes_the_fingerprint_and_equal_bytes_give_equal_
 
 
 def test_two_changes_that_cancel_in_the_sum_show_in_the_weighted_one():
-    a, b = torch.zeros(4, dtype=torch.int32), torch.zeros(4, dtype=torch.int32)
+    a, b = torch.zeros(4, dtype=torch.int64), torch.zeros(4, dtype=torch.int64)
     before = fingerprint([a, b], torch.device("cpu"))
     a[0], b[0] = 5, -5
     after = fingerprint([a, b], torch.device("cpu"))
@@ -93,3 +93,13 @@ def test_two_replicas_are_told_apart_by_which_one_reproduces_its_own_state(monke
     assert (spread.how, spread.ranks) == ("unresolved", [1, 3]) and not spread.names_nodes
     again = judge.judge(12, [other, healthy, other, flipped], [1, 3], pair)
     assert (again.how, again.ranks) == ("repeated", [1, 3]) and again.names_nodes
+
+
+def test_a_tensor_is_read_in_64_bit_words_where_its_bytes_allow_and_every_replica_reads_it_alike():
+    from fsdp_jobs.runtime.sdc import words
+
+    assert words(torch.zeros(6)).dtype == torch.int64 and words(torch.zeros(6)).numel() == 3
+    assert words(torch.zeros(5)).dtype == torch.int32  # 20 bytes: no whole words
+    assert words(torch.zeros(7)[1:]).dtype == torch.int32  # 24 bytes, but starting 4 bytes into a word
+    assert words(torch.zeros(4, dtype=torch.bfloat16)).dtype == torch.int64
+    assert words(torch.zeros((), dtype=torch.float32)).dtype == torch.int32  # an optimizer's step
