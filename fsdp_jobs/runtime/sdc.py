@@ -177,12 +177,14 @@ class ReplicaAgreement:
         # the ranks holding one shard: the shard dimension is innermost (fsdp_jobs/runtime/mesh.py build_mesh)
         shard = mesh_shape.get("shard", 1)
         self.replicate_groups = [list(range(s, self.world_size, shard)) for s in range(shard)] if self.enabled else []
+        self.shards = shard if self.enabled else 0  # the stop vote's places for fingerprints (StopVote)
         self.auto = every == AUTO
         self.every = 0 if not self.enabled else int(every) if not self.auto else 1
         self.device = device
         self.agreed_step: Optional[int] = None
         self.recheck: Optional[Mismatch] = None  # two replicas' disagreement the steps since are recomputed for
-        self.pending: Optional[tuple[int, Any, torch.Tensor]] = None  # a launched check: step, work, gathered
+        self.pending: Optional[tuple[int, torch.Tensor, Optional[list[tuple[int, int]]]]] = None  # a launched
+        # check: its step, this rank's fingerprint, and every rank's where it gathered them at once
         self.views: Optional[tuple[list[Any], list[torch.Tensor]]] = None  # `words_of`'s, and what they are of
 
     def recompute(self, found: Mismatch, from_step: int) -> None:
@@ -204,12 +206,26 @@ class ReplicaAgreement:
             self.agreed_step = min(self.agreed_step, step)
 
     def launch(self, step: int, tensors: Iterable[torch.Tensor]) -> None:
-        """Collective, not waited for: this rank's fingerprint of `step`'s state, and one all-gather of every
-        rank's 16 bytes. The loop goes on (the snapshot written, uncommitted; the next batch) while it travels:
-        a check waited for at once cost a step more than its work (the ranks' skew, and gloo's thread)."""
-        mine = fingerprint(tensors, self.device, self.words_of(list(tensors)))
+        """This rank's fingerprint of `step`'s state, which rides this step's stop vote (`riding`;
+        fsdp_jobs/runtime/stopping.py StopVote): no collective of its own, and the verdict is read with the vote,
+        at the next step's start or before a save. The step a recomputation is judged at gathers every rank's at
+        once instead: the judgement compares each rank with itself."""
+        tensors = list(tensors)
+        mine = fingerprint(tensors, self.device, self.words_of(tensors))
+        judging = self.recheck is not None and step == self.recheck.step
+        self.pending = (step, mine, self.gather(mine) if judging else None)
+
+    def riding(self, step: int) -> Optional[torch.Tensor]:
+        """The fingerprint this step's vote carries, if a check of this step was launched to ride it."""
+        if self.pending is None or self.pending[0] != step or self.pending[2] is not None:
+            return None
+        return self.pending[1]
+
+    def gather(self, mine: torch.Tensor) -> list[tuple[int, int]]:
+        """Collective: every rank's fingerprint, by rank (one all-gather of 16 bytes a rank)."""
         gathered = torch.zeros(self.world_size * 2, dtype=torch.int64, device=self.device)
-        self.pending = (step, dist.all_gather_into_tensor(gathered, mine, async_op=True), gathered)
+        dist.all_gather_into_tensor(gathered, mine)
+        return [tuple(p) for p in gathered.view(self.world_size, 2).tolist()]
 
     def words_of(self, tensors: list[torch.Tensor]) -> list[torch.Tensor]:
         """`words` of each tensor, made once while the state's tensors stay the same ones (updated in place, step
@@ -219,31 +235,38 @@ class ReplicaAgreement:
             self.views = (key, [words(t) for t in tensors])
         return self.views[1]
 
-    def settle(self) -> tuple[Optional[int], Optional[Mismatch]]:
-        """The launched check's verdict: (its step, None) when every group agreed (the step is then the newest
-        agreed one) and there was no recomputation to judge, else (its step, what was found); (None, None) when
-        no check was under way. Each rank compares every replicate group itself, so all reach the same verdict
-        with no second collective."""
+    def settle(self, disagreed: bool) -> tuple[Optional[int], Optional[Mismatch]]:
+        """The launched check's verdict, given what the vote that carried it said (`disagreed`: some shard's
+        replicas differed; the vote is read on every rank, so every rank takes the same path): (its step, None)
+        when every group agreed (the step is then the newest agreed one) and there was no recomputation to
+        judge, else (its step, what was found); (None, None) when no check was under way. Collective where the
+        vote disagreed: every rank's fingerprint gathered, so that each compares every replicate group itself
+        and all name the same ranks."""
         if self.pending is None:
             return None, None
-        step, work, gathered = self.pending
+        step, mine, prints = self.pending
         self.pending = None
-        work.wait()
-        return step, self.verdict(step, [tuple(p) for p in gathered.view(self.world_size, 2).tolist()])
+        if prints is None and disagreed:
+            prints = self.gather(mine)
+        return step, self.verdict(step, prints)
 
     def drop(self) -> None:
         """A launched check whose verdict no longer matters (a non-finite step's rollback, the loop's end)."""
-        if self.pending is not None:
-            self.pending[1].wait()
-            self.pending = None
+        self.pending = None
         self.views = None  # the tensors a rollback replaces are not kept alive by the words made of them
 
     def check(self, step: int, tensors: Iterable[torch.Tensor]) -> Optional[Mismatch]:
-        """Collective: `launch` and `settle` at once."""
-        self.launch(step, tensors)
-        return self.settle()[1]
+        """Collective: a check waited for at once, every rank's fingerprint gathered."""
+        tensors = list(tensors)
+        return self.verdict(step, self.gather(fingerprint(tensors, self.device)))
 
-    def verdict(self, step: int, prints: list[tuple[int, int]]) -> Optional[Mismatch]:
+    def verdict(self, step: int, prints: Optional[list[tuple[int, int]]]) -> Optional[Mismatch]:
+        """What `step`'s fingerprints say (`prints` None: the vote found every shard's replicas equal)."""
+        if prints is None:
+            if self.recheck is not None and step >= self.recheck.step:
+                self.recheck = None  # passed unjudged (cannot happen: its step gathers); nothing to compare
+            self.agreed_step = step
+            return None
         named, majority = [], True
         for members in self.replicate_groups:
             odd = disagreeing([prints[r] for r in members])

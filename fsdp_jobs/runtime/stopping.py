@@ -52,20 +52,35 @@ class StopVote:
     reads it (by then long finished, so on GPU the host waits for the previous step only, and the device
     queue never drains). All ranks read the same step's vote, so they stop at the same step, one step
     after the signal, and each can say why: a rank the signal has not reached yet (a scheduler signals every
-    node's task, one a little later than another) logs the signal another rank got."""
+    node's task, one a little later than another) logs the signal another rank got.
 
-    def __init__(self, device: torch.device) -> None:
+    The same all-reduce carries the replica agreement check (fsdp_jobs/runtime/sdc.py) where `shards` is set:
+    `slot` is the shard this rank holds a replica of, and a fingerprint cast with the vote goes into that shard's
+    places twice, as itself and negated, so the MAX gives each shard's largest and (negated) smallest fingerprint:
+    equal when its replicas agree (`disagreed`). No collective of its own: a check waited for at its own
+    collective cost a step more than its work."""
+
+    def __init__(self, device: torch.device, shards: int = 0, slot: int = 0) -> None:
         self.device, self.pending = device, None
+        self.size, self.place = 1 + 4 * shards, 1 + 4 * slot
+        self.disagreed = False  # the last read vote's fingerprints differed within a shard's replicas
         if device.type == "cuda":  # one pinned slot and one event, reused: result() runs before cast()
-            self.host, self.event = torch.empty(1, pin_memory=True), torch.cuda.Event()
+            self.host, self.event = torch.empty(self.size, dtype=torch.int64, pin_memory=True), torch.cuda.Event()
 
-    def cast(self, code: int, nonfinite: Optional[torch.Tensor] = None) -> None:
+    def cast(self, code: int, nonfinite: Optional[torch.Tensor] = None,
+             fingerprint: Optional[torch.Tensor] = None) -> None:
         """`nonfinite`: this rank's step went non-finite (a bool on the device: no host sync here); it votes
-        NONFINITE, which outvotes any stop."""
+        NONFINITE, which outvotes any stop. `fingerprint`: this rank's int64[2] of a replica check (every rank
+        casts one, or none)."""
         # torch.full is a fill kernel; torch.tensor(..., device=cuda) would be a synchronous copy
-        flag = torch.full((1,), float(code), device=self.device)
+        flag = torch.full((self.size,), code, dtype=torch.int64, device=self.device)
         if nonfinite is not None:
-            flag = torch.maximum(flag, nonfinite.reshape(1).to(flag.dtype) * NONFINITE)
+            flag[:1] = torch.maximum(flag[:1], nonfinite.reshape(1).to(torch.int64) * NONFINITE)
+        if self.size > 1:  # the other shards' places: MAX's identity (each shard has its own replicas' only)
+            flag[1:] = 0 if fingerprint is None else torch.iinfo(torch.int64).min
+            if fingerprint is not None:
+                flag[self.place:self.place + 2] = fingerprint
+                flag[self.place + 2:self.place + 4] = -fingerprint
         work = dist.all_reduce(flag, op=dist.ReduceOp.MAX, async_op=True)
         if self.device.type == "cuda":
             work.wait()  # orders the current stream after the reduce; does not block the host
@@ -76,7 +91,9 @@ class StopVote:
             self.pending = (work, flag)
 
     def result(self) -> int:
-        """The agreed code: 0 to go on, else why to stop (stop_reason)."""
+        """The agreed code: 0 to go on, else why to stop (stop_reason); `disagreed` says what it carried of a
+        replica check."""
+        self.disagreed = False
         if self.pending is None:
             return 0
         done, value = self.pending
@@ -85,4 +102,9 @@ class StopVote:
             done.synchronize()
         else:
             done.wait()
-        return int(value.item())
+        if self.size == 1:
+            return int(value.item())
+        values = value.tolist()
+        for at in range(1, self.size, 4):  # each shard: its largest fingerprint, and its smallest negated
+            self.disagreed = self.disagreed or values[at:at + 2] != [-x for x in values[at + 2:at + 4]]
+        return int(values[0])

@@ -203,6 +203,8 @@ class Trainer:
         self.memory_plan: Optional[RestorePlan] = None  # where each rank's state comes from, when memory covers it
         self.source = "start"  # where this attempt's state came from: start, disk, memory (own or peers')
         self.timeline = Timeline(run_dir, enabled=False, restart=0)  # bring_up opens rank 0's (the goodput timeline)
+        # build() makes the job's; a user's script (fsdp_jobs.job) votes with none
+        self.agreement = ReplicaAgreement({}, 0, False, torch.device("cpu"))
 
     def run(self, stop: StopFlag) -> int:
         """The built-in loop, start to exit."""
@@ -564,13 +566,15 @@ class Trainer:
         """Start the stop machinery: the local flag (signals), rank 0's stop request watcher, the vote."""
         self.stop = stop
         self.stop_file = StopFileWatcher(self.run_dir, enabled=self.world.rank == 0)
-        self.vote = StopVote(self.world.device)
+        shards = self.agreement.shards  # the replica check rides the vote (fsdp_jobs/runtime/sdc.py)
+        self.vote = StopVote(self.world.device, shards, self.world.rank % shards if shards else 0)
+        self.early_vote: Optional[int] = None  # a vote read at a step's start for the check it carried
 
     def stop_agreed(self) -> int:
         """The previous cast's vote: already finished, so no stall. The same answer on every rank: 0 to go on,
         else why to stop (fsdp_jobs/runtime/stopping.py stop_reason). The local flag learns of an agreed stop,
         so that a rank stopped for another rank's signal lingers at exit (StopFlag.linger)."""
-        code = self.vote.result()
+        code, self.early_vote = (self.vote.result(), None) if self.early_vote is None else (self.early_vote, None)
         if code and code != NONFINITE:
             self.stop.agreed(signalled=code != STOP_FILE)
         return code
@@ -578,7 +582,8 @@ class Trainer:
     def cast_stop_vote(self) -> bool:
         """Vote on whether this rank was told to stop (a signal, or the stop request); returns the vote."""
         code = self.stop.received.value if self.stop.received else STOP_FILE if self.stop_file.seen.is_set() else 0
-        self.vote.cast(code, self.nonfinite)
+        riding = self.agreement.riding(self.state.step) if self.agreement.enabled else None  # (a script: no state)
+        self.vote.cast(code, self.nonfinite, riding)
         return bool(code)
 
     def checkpoint_due(self) -> bool:
@@ -650,7 +655,7 @@ class Trainer:
         self.agreement.agreed_step = state.step  # the state this attempt began from: agreed, or the start
         began, tries = 0.0, 0  # a replica job may take a step again: when it was first begun, how often
         while state.step < total:
-            verdict = self.settle_check()  # the step before's replica check, which travelled while it ended
+            verdict = self.settle_check(early=True)  # the step before's replica check, carried by its vote
             if verdict == ROLLED_BACK:  # two replicas disagreed: the steps since the agreed state, again
                 continue
             if verdict != AGREED:
@@ -682,7 +687,7 @@ class Trainer:
             self.cast_stop_vote()  # this step's, its non-finite flag included
             if stopping != NONFINITE and (stopping or checkpoint_now or state.step == total):
                 stopping = max(stopping, self.stop_agreed())  # before any save: never weights a NaN step made
-                verdict = self.settle_check()  # nor state the replicas did not agree on
+                verdict = self.settle_check(early=False)  # nor state the replicas did not agree on
                 if verdict == ROLLED_BACK:
                     continue
                 if verdict != AGREED:
@@ -737,13 +742,18 @@ class Trainer:
             self.window.flush()  # the rows of the steps the snapshot keeps: a resume from it starts after them
             self.snapshots.save(state, self.world.restart, commit=not checking)
 
-    def settle_check(self) -> str:
-        """Collective where a replica check was launched (fsdp_jobs/runtime/sdc.py): did the replicas of every
-        shard hold the same bits? AGREED (the snapshot it vouched for committed; also where none was under way);
-        ROLLED_BACK: two replicas disagreed, and this process went back to the agreed state to take the steps
-        since again (the recomputation that tells which one is wrong); else "sdc": nodes were named, the state
-        since the last agreed check set aside (`sdc_end`: how the attempt ends)."""
-        step, found = self.agreement.settle()
+    def settle_check(self, early: bool) -> str:
+        """Where a replica check was launched (fsdp_jobs/runtime/sdc.py), its verdict from the vote that carried
+        it: read here at a step's start (`early`; stop_agreed returns it later), else just read by stop_agreed.
+        AGREED (the snapshot it vouched for committed; also where none was under way); ROLLED_BACK: two replicas
+        disagreed, and this process went back to the agreed state to take the steps since again (the
+        recomputation that tells which one is wrong); else "sdc": nodes were named, the state since the last
+        agreed check set aside (`sdc_end`: how the attempt ends)."""
+        if self.agreement.pending is None:
+            return AGREED
+        if early:
+            self.early_vote = self.stop_agreed()
+        step, found = self.agreement.settle(self.vote.disagreed)
         if found is None or found.agreed_step == step:  # agreed (a recomputation's judgement too)
             self.snapshots.commit()
         say = functools.partial(log, self.world.rank)
@@ -753,6 +763,7 @@ class Trainer:
             settle(found, self.world, self.timeline, say)
             return AGREED
         self.window.flush()  # the steps' rows as they happened: the steps taken again log theirs again
+        self.early_vote = None  # a stop is voted again (its flags stay set): the steps it came at are gone
         if found.how == "pair" and self.roll_back_for(found):
             return ROLLED_BACK
         self.ckpt.close()  # a background save committed (then set aside) or not at all; the pruning done
