@@ -56,6 +56,7 @@ from fsdp_jobs.planning.plan import keeps_buddy_copies
 from fsdp_jobs.runtime.buddies import BuddyCopies
 
 MAGIC = b"FSDPSNP2"  # 2: the tensors' region checked by word sums (`checksum`), the skeleton by CRC-32
+PENDING = b"FSDPSNPW"  # written whole, waiting for the replica check that vouches for it (then MAGIC)
 SUFFIX = ".snap"
 NAME = re.compile(r"([rb])(\d+)-([01])\.snap")  # r: a rank's own slots; b: copies of another node's rank (buddies)
 AUTO = "auto"
@@ -75,6 +76,7 @@ class Held:
     step: int
     shard: int  # which shard of the state it is: ranks of one shard hold the same bytes
     nbytes: int  # the file's size
+    pending: bool = False  # written whole, its replica check not yet read by this rank (PENDING): see `choose`
 
 
 @dataclass
@@ -287,6 +289,8 @@ class SnapshotStore:
         self.steps.pop(path, None)  # not a snapshot until committed: the next write may take this slot
         if commit:
             self.commit(path, step)
+        else:
+            mapped[:len(PENDING)] = numpy.frombuffer(PENDING, dtype=numpy.uint8)
         return path
 
     def commit(self, path: Path, step: int) -> None:
@@ -345,10 +349,13 @@ class SnapshotStore:
             path = self.slot(owner, index, kind)
             if path not in self.steps:
                 try:
-                    self.steps[path] = read_header(path)["step"]
+                    header = read_header(path)
                 except (OSError, ValueError, KeyError):
+                    header = {"pending": True}
+                if header["pending"]:  # no snapshot of its own yet: the one to write over
                     self.steps.pop(path, None)
                     return path
+                self.steps[path] = header["step"]
             steps[path] = self.steps[path]
         return min(steps, key=steps.__getitem__)
 
@@ -364,7 +371,8 @@ class SnapshotStore:
                 continue
             size = (self.dir / name).stat().st_size
             if all(header.get(k) == v for k, v in self.identity.items()) and size >= header["meta"][1]:
-                found.append(Held(str(self.dir / name), header["owner"], header["step"], header["shard"], size))
+                found.append(Held(str(self.dir / name), header["owner"], header["step"], header["shard"], size,
+                                  header["pending"]))
         return found
 
     def invalidate(self, keep_until: Optional[int] = None) -> None:
@@ -390,10 +398,12 @@ def read_header(path: Path) -> dict[str, Any]:
 
 
 def parse_header(head: bytes, name: str = "snapshot") -> dict[str, Any]:
-    if len(head) < len(MAGIC) + 8 or not head.startswith(MAGIC):
+    """A slot's header, with "pending": whether it waits for its replica check (PENDING); ValueError where the
+    slot holds neither a committed nor a whole pending snapshot."""
+    if len(head) < len(MAGIC) + 8 or not head.startswith((MAGIC, PENDING)):
         raise ValueError(f"{name}: no committed snapshot")
     (n,) = struct.unpack("<Q", head[len(MAGIC):len(MAGIC) + 8])
-    return json.loads(head[len(MAGIC) + 8:len(MAGIC) + 8 + n])
+    return {**json.loads(head[len(MAGIC) + 8:len(MAGIC) + 8 + n]), "pending": head.startswith(PENDING)}
 
 
 def decode(blob: bytes) -> tuple[int, list[torch.Tensor], Any]:
@@ -438,6 +448,10 @@ def collective_device() -> torch.device:
 def choose(held_by_rank: list[list[Held]], shards: list[int], disk_step: Optional[int]) -> Optional[RestorePlan]:
     """The newest step that memory covers for every rank, no older than the newest DCP checkpoint; None when
     memory covers none. Every rank computes the same plan from the same gathered lists."""
+    # a pending snapshot is vouched for where another rank committed one of its step: a rank commits only once
+    # the vote carrying that step's check is in, which every rank's fingerprint (taken before its copy) made
+    vouched = {h.step for held in held_by_rank for h in held if not h.pending}
+    held_by_rank = [[h for h in held if not h.pending or h.step in vouched] for held in held_by_rank]
     steps = sorted({h.step for held in held_by_rank for h in held}, reverse=True)
     for step in steps:
         if disk_step is not None and step < disk_step:
@@ -613,6 +627,9 @@ class MemorySnapshots:
                 self.log(f"in-memory snapshot of step {plan.step} unusable here ({why}): loading from disk instead")
             return None
         apply(state, tensors, skeleton)
+        used = plan.files.get(self.rank) if plan.sources[self.rank] is None else None
+        if used is not None and used.pending and used.owner == self.rank and self.store is not None:
+            self.store.commit(Path(used.path), plan.step)  # vouched for (`choose`): the next write keeps it
         sources = [None] * self.world_size
         dist.all_gather_object(sources, "memory" if plan.sources[self.rank] is None else "peer")
         return {s: sources.count(s) for s in ("memory", "peer") if s in sources}

@@ -266,17 +266,37 @@ def test_buddy_pairs_form_in_rounds_of_pairs_that_share_no_node():
             assert len(ends) == len(set(ends)), (nodes, pairs)  # no node in two pairs of one round
 
 
-def test_a_snapshot_waiting_for_its_replica_check_is_not_held_until_committed(tmp_path):
-    """Saved with commit=False (a replica check of its step travels: fsdp_jobs/runtime/sdc.py), a snapshot is no
-    snapshot yet: a rank that dies then leaves the one before, and the next write may take its slot."""
+def test_a_snapshot_waiting_for_its_replica_check_is_pending_until_committed(tmp_path):
+    """Saved with commit=False (a replica check of its step rides the vote: fsdp_jobs/runtime/sdc.py), a snapshot
+    is pending: a restart uses it only where another rank committed its step (`choose`), and the next write may
+    take its slot, never the committed one before it."""
     state = small_state(0)
     store = SnapshotStore(tmp_path, {"run": "x"})
     train(state, 1)
     store.write(0, state.step, 0, *snapshots.capture(state))
     train(state, 1)
     path = store.write(0, state.step, 0, *snapshots.capture(state), commit=False)
-    assert [h.step for h in SnapshotStore(tmp_path, {"run": "x"}).held()] == [1]  # as a restart sees it
-    assert store.older_slot(0) == path  # uncommitted: the next write goes there, not over step 1
+    seen = sorted((h.step, h.pending) for h in SnapshotStore(tmp_path, {"run": "x"}).held())  # as a restart sees it
+    assert seen == [(1, False), (2, True)]
+    assert store.older_slot(0) == path and SnapshotStore(tmp_path, {"run": "x"}).older_slot(0) == path
+    assert snapshots.decode(path.read_bytes())[0] == 2  # whole: its checksum holds
     store.commit(path, state.step)
-    assert sorted(h.step for h in SnapshotStore(tmp_path, {"run": "x"}).held()) == [1, 2]
-    assert snapshots.decode(path.read_bytes())[0] == 2
+    assert sorted((h.step, h.pending) for h in SnapshotStore(tmp_path, {"run": "x"}).held()) == [(1, False), (2, False)]
+
+
+def test_a_snapshot_waiting_for_its_check_is_used_only_where_another_rank_committed_its_step():
+    """Rank 3 was killed after writing step 8 but before reading the vote that carried step 8's replica check: its
+    slot is pending. The other ranks read that vote and committed theirs: the check agreed, rank 3's fingerprint in
+    it, so rank 3's pending 8 is good and the job resumes at 8. Where no rank committed 8 (nobody read the vote),
+    8 was never vouched for: 7."""
+    from fsdp_jobs.runtime.snapshots import Held, choose
+
+    def held(rank: int, step: int, pending: bool = False) -> Held:
+        return Held(f"/m/r{rank}-{step % 2}.snap", rank, step, rank % 2, 100, pending)
+
+    shards = [0, 1, 0, 1]
+    some_read_it = [[held(r, 7), held(r, 8, pending=r == 3)] for r in range(4)]
+    plan = choose(some_read_it, shards, None)
+    assert plan is not None and plan.step == 8 and plan.files[3].pending and plan.sources[3] is None
+    nobody_did = [[held(r, 7), held(r, 8, pending=True)] for r in range(4)]
+    assert choose(nobody_did, shards, None).step == 7
