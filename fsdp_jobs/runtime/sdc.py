@@ -6,11 +6,12 @@ replicate dimension, so every replica applies the same update to the same state.
 corrupted multiply, a bit in HBM) crashes nothing and trains on; comparing the copies finds it.
 
 A check: every rank folds its parameter and optimizer shards into a fingerprint on its own device (each tensor's
-bytes read as integers and summed exactly in int64, one reduction a tensor, no host copy of the tensors), and one
-all-gather gives every rank every rank's (16 bytes each), so each compares every replicate group itself and all
-reach the same verdict without a second collective. A single flipped bit always shows: it moves one integer by
-2^k, so the exact sum by the same amount (and the position-weighted sum too: two changes cannot cancel by trading
-places). With three or more replica groups the majority's fingerprint is the truth and the ranks that differ are
+bytes read as integers and summed exactly in int64, one reduction a tensor, no host copy of the tensors), and the
+fingerprints ride the stop vote's all-reduce (fsdp_jobs/runtime/stopping.py StopVote): every rank learns whether
+each shard's replicas agree. Only where they do not is every rank's gathered (16 bytes each), so each compares
+every replicate group itself and all name the same ranks. A single flipped bit always shows: it moves one integer
+by 2^k, so the exact sum by the same amount (and the position-weighted sum too: two changes cannot cancel by
+trading places). With three or more replica groups the majority's fingerprint is the truth and the ranks that differ are
 named. With two there is no majority: every rank rolls back in its process to the newest agreed state (its
 in-memory snapshot, else the checkpoint a check vouched for) and takes the steps since again, on the same nodes and
 ranks (a restart would let torchrun's rendezvous deal ranks and nodes anew); at the step that disagreed the check
@@ -23,10 +24,10 @@ both nodes.
 
 `auto` checks each step whose state is kept: an in-memory snapshot (fsdp_jobs/runtime/snapshots.py) or a
 checkpoint, so nothing is kept that the replicas did not agree on, and a mismatch rolls the job back to the newest
-of it. A check reads the state once, as the snapshot's copy does, and gathers 16 bytes from every rank. The gather
-is not waited for where it is launched: the snapshot is written meanwhile, uncommitted, and the verdict is read at
-the next step's start (by then long arrived), or at once before a checkpoint is saved; an agreeing verdict commits
-the snapshot. Waited for at once, a check cost more than its work: the ranks' skew at the point, and gloo's thread.
+of it. A check reads the state once, as the snapshot's copy does, and adds 32 bytes a shard to the vote. The vote
+is read at the next step's start (by then long arrived), or at once before a checkpoint is saved; meanwhile the
+snapshot is written pending, and an agreeing verdict commits it. A check with a collective of its own, waited for
+at once, cost more than its work: the ranks' skew at the point, and gloo's thread.
 """
 
 from __future__ import annotations
@@ -376,6 +377,7 @@ def respond(found: Mismatch, run_dir: Path, cfg: Any, world: Any, snapshots: Any
         return REPLACED_EXIT, f"failed: {line}; hot spares replace {', '.join(nodes)}"
     stop = f"{line}; stopped: {why_not or 'no hot spare (cluster.spare_nodes)'} to take the place of {', '.join(nodes)}"
     if world.rank == 0:
-        runs.write_state(run_dir, status="failed", reason=stop[:1000], step=found.step, bad_nodes=nodes, exclude=nodes)
+        runs.write_state(run_dir, status="failed", reason=stop[:1000], step=found.step, stage="sdc", bad_nodes=nodes,
+                         exclude=nodes)  # stage: a SLURM requeue with cluster.exclude_bad_nodes leaves them out
     say(stop)
     return 0, f"failed: {line}"

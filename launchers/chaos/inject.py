@@ -140,8 +140,19 @@ def corrupt_rank(run_dir: Path, rank: int, bit: int) -> str:
     starting) dies of it, as a killed rank does."""
     pid, node = _rank_process(run_dir, rank)
     os.kill(pid, signal.SIGRTMIN + bit)
-    return (f"asked rank {rank} (pid {pid} on {node}) to flip bit {bit} of its parameter shard at its next step: the "
-            "replica agreement check names it at the next snapshot (hybrid_shard with 2+ replica groups)")
+    return (f"asked rank {rank} (pid {pid} on {node}) to flip bit {bit} of its parameter shard at its next step: "
+            + what_the_check_does(run_dir))
+
+
+def what_the_check_does(run_dir: Path) -> str:
+    """What the job will do about a flipped bit (fsdp_jobs/runtime/sdc.py), from its plan and job record."""
+    groups = int((runs.plan_entry(run_dir, "mesh") or {}).get("replicate", 1))
+    if groups < 2:
+        return "this job has no replica groups to compare (hybrid_shard on 2+ nodes has): nothing will notice it"
+    how = "the majority names its node" if groups > 2 else "recomputing the steps since names its node"
+    spares = int(runs.load_job(run_dir).get("cluster", {}).get("spare_nodes") or 0)
+    then = "a hot spare takes its place" if spares else "with no hot spare (cluster.spare_nodes) the job stops there"
+    return f"the replica agreement check finds it at the next snapshot, {how}, and {then}"
 
 
 def hang_rank(run_dir: Path, rank: int) -> str:

@@ -41,7 +41,8 @@ from fsdp_jobs.launchers.common import (LIGHTHOUSE_ENV, NODE_WRAPPER, REPLICA_GR
 from fsdp_jobs.launchers.node.wrapper import code_root, root_cause, settle_script
 from fsdp_jobs.launchers.slurm.config import slurm_dir
 from fsdp_jobs.launchers.slurm.hostlist import expand
-from fsdp_jobs.launchers.slurm.requeue import COMPLETED, EXCLUDE, PREEMPTED, REQUEUE, TERMINATED, Decision, after_preflight, decide
+from fsdp_jobs.launchers.slurm.requeue import (COMPLETED, EXCLUDE, NAMING_STAGES, PREEMPTED, REQUEUE, TERMINATED,
+                                               Decision, after_named_nodes, decide)
 
 if TYPE_CHECKING:  # types only: the node reads both from the run dir (job_config, runs.load_plan)
     from fsdp_jobs.planning.config import JobConfig
@@ -161,10 +162,10 @@ def act(run_dir: Path, job_id: str, decision: Decision, reason: str, state: Outc
         runs.write_node_verdict(run_dir, status="requeued-after-crash", node=hostname(), reason=reason, step=step)
         subprocess.run(["scontrol", "requeue", job_id], check=True, timeout=60)
         time.sleep(KILL_WAIT_S)
-    else:  # a preflight's failure keeps naming its nodes
-        preflight = state.stage == "preflight"
+    else:  # a failure that named nodes (a preflight, a replica check) keeps naming them
+        named = state.stage in NAMING_STAGES
         runs.write_node_verdict(run_dir, status="failed", node=hostname(), reason=reason, step=step,
-                                stage=state.stage if preflight else None, bad_nodes=state.bad_nodes if preflight else None)
+                                stage=state.stage if named else None, bad_nodes=state.bad_nodes if named else None)
 
 
 def agent_args(plan: Plan, cfg: JobConfig, run_id: str, endpoint: str, group: Optional[int] = None) -> list[str]:
@@ -390,9 +391,9 @@ class NodeTask(submitit.helpers.Checkpointable):
             rc = self._outlive_lost_agent(run_dir, rc, plan, job)
         settle_script(job, run_dir, hostname(), rc, self._began)  # a plain script exiting 0 completed
         state = outcome(run_dir, self._began)
-        decision = after_preflight(state, bool(job.cluster.get("exclude_bad_nodes")), excluded_nodes(run_dir, job),
-                                   self._terminated) or decide(rc, state.status, self._terminated,
-                                                               _step_of(start_ckpt), _step_of(newest_checkpoint(run_dir)))
+        decision = after_named_nodes(state, bool(job.cluster.get("exclude_bad_nodes")), excluded_nodes(run_dir, job),
+                                     self._terminated) or decide(rc, state.status, self._terminated,
+                                                                 _step_of(start_ckpt), _step_of(newest_checkpoint(run_dir)))
         done = {"status": decision.action, "node": env.node, "step": state.step}
         if decision.action == COMPLETED:
             if rc:  # the others went on without it (the wrapper's LeftBehind says the same, had it stopped first)

@@ -8,9 +8,10 @@
     crashed, checkpoint advanced         requeue: the next attempt resumes further on
     crashed, no newer checkpoint         fail and say why: another attempt would fail the same way
 
-Before those, a preflight that named nodes (the leader's state record: stage "preflight", bad_nodes; fsdp_jobs/runtime/preflight.py):
+Before those, a preflight or a replica agreement check that named nodes (the leader's state record: stage
+"preflight" or "sdc", bad_nodes; fsdp_jobs/runtime/preflight.py, fsdp_jobs/runtime/sdc.py):
     cluster.exclude_bad_nodes=true, a node not excluded yet    requeue without them (scontrol update ExcNodeList)
-    otherwise                                                 fail with the preflight's reason
+    otherwise                                                 fail with its reason
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ if TYPE_CHECKING:  # types only: the requeue rules import nothing at run time
 
 COMPLETED, TERMINATED, PREEMPTED, REQUEUE, FAILED = "completed", "terminated", "preempted", "requeue", "failed"
 EXCLUDE = "exclude"
+NAMING_STAGES = ("preflight", "sdc")  # what ended a job naming nodes: the preflight, a replica agreement check
 
 
 @dataclass(frozen=True)
@@ -56,12 +58,13 @@ def decide(rc: int, status: str | None, terminated: bool, start_step: int, now_s
                             "submit again (the same name=, or the same sweep command)")
 
 
-def after_preflight(state: Outcome, exclude_bad_nodes: bool, excluded: list[str],
-                    terminated: bool = False) -> Optional[Decision]:
-    """None unless the attempt ended in a preflight that named nodes (the run's outcome: its stage and bad_nodes).
-    Then EXCLUDE with the old and new excluded nodes, when cluster.exclude_bad_nodes is on and a named
-    node is not excluded yet (a node named again would loop), else FAILED with the preflight's reason."""
-    if terminated or state.status != "failed" or state.stage != "preflight":
+def after_named_nodes(state: Outcome, exclude_bad_nodes: bool, excluded: list[str],
+                      terminated: bool = False) -> Optional[Decision]:
+    """None unless the attempt ended in a preflight or a replica agreement check that named nodes (the run's
+    outcome: its stage and bad_nodes). Then EXCLUDE with the old and new excluded nodes, when
+    cluster.exclude_bad_nodes is on and a named node is not excluded yet (a node named again would loop), else
+    FAILED with the reason it stopped for."""
+    if terminated or state.status != "failed" or state.stage not in NAMING_STAGES:
         return None
     bad = [str(n) for n in state.bad_nodes or []]
     why = state.reason or f"preflight named {', '.join(bad)}"

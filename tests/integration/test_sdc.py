@@ -44,6 +44,7 @@ def test_three_replica_groups_name_the_flipped_node_by_majority_and_a_spare_take
     rank = max(r for r in range(3) if rank_record(run_dir, r)["node"] not in hosts)
     said = cli("chaos", "flip3", "corrupt-rank", str(rank), "--run-root", str(run_root))
     assert said.returncode == 0 and f"asked rank {rank}" in said.stdout, said.stdout + said.stderr
+    assert "the majority names its node, and a hot spare takes its place" in said.stdout, said.stdout
     out, _ = proc.communicate(timeout=600)
     assert proc.returncode == 0, out[-4000:]
     [found] = events(run_dir, "sdc")

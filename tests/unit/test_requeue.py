@@ -44,6 +44,8 @@ def test_the_root_cause_comes_from_torchruns_error_file(tmp_path):
 
 PREFLIGHT_FAILED = {"status": "failed", "stage": "preflight", "bad_nodes": ["c3"],
                     "reason": "preflight: bad node(s) c3: c3: matmul TFLOPS 0.01 is 3.00x worse than the median node's 0.03"}
+SDC_FAILED = {"status": "failed", "stage": "sdc", "bad_nodes": ["c3"],
+              "reason": "silent data corruption: rank(s) 2 on c3 disagreed with the other replicas of their shards"}
 
 
 @pytest.mark.parametrize("state, enabled, excluded, terminated, action, exclude", [
@@ -54,15 +56,18 @@ PREFLIGHT_FAILED = {"status": "failed", "stage": "preflight", "bad_nodes": ["c3"
     (PREFLIGHT_FAILED, True, [], True, None, ()),                     # scancel: never our requeue
     ({"status": "failed", "reason": "crash"}, True, [], False, None, ()),   # not a preflight: decide() as before
     ({"status": "completed", "stage": "preflight"}, True, [], False, None, ()),  # preflight=only passed
+    (SDC_FAILED, True, ["c1"], False, EXCLUDE, ("c1", "c3")),  # a replica check named it: the same
+    (SDC_FAILED, False, [], False, FAILED, ()),
 ])
-def test_preflight_decision(state, enabled, excluded, terminated, action, exclude):
+def test_a_node_named_by_the_preflight_or_a_replica_check_is_excluded_on_requeue(state, enabled, excluded, terminated,
+                                                                                action, exclude):
     from fsdp_jobs.rundir.records import StateRecord
-    from fsdp_jobs.launchers.slurm.requeue import after_preflight
+    from fsdp_jobs.launchers.slurm.requeue import after_named_nodes
 
-    d = after_preflight(StateRecord.from_dict(state), enabled, excluded, terminated)
+    d = after_named_nodes(StateRecord.from_dict(state), enabled, excluded, terminated)
     assert (d.action if d else None) == action, d
     if d is not None:
-        assert d.exclude == exclude and d.reason.startswith(PREFLIGHT_FAILED["reason"])
+        assert d.exclude == exclude and d.reason.startswith(state["reason"])
     if action == EXCLUDE:
         assert d.reason.endswith(f"requeued excluding {', '.join(exclude)}")
     if action == FAILED and not enabled:

@@ -103,3 +103,22 @@ def test_a_tensor_is_read_in_64_bit_words_where_its_bytes_allow_and_every_replic
     assert words(torch.zeros(7)[1:]).dtype == torch.int32  # 24 bytes, but starting 4 bytes into a word
     assert words(torch.zeros(4, dtype=torch.bfloat16)).dtype == torch.int64
     assert words(torch.zeros((), dtype=torch.float32)).dtype == torch.int32  # an optimizer's step
+
+
+def test_the_chaos_command_says_what_the_job_will_do_about_the_flip(tmp_path):
+    """`fsdp-jobs chaos RUN corrupt-rank R` answers from the job's plan and record: nothing notices without replica
+    groups; two are told apart by recomputing, three by majority; a spare takes the node's place, else the job
+    stops there (rehearsing it on a job without spares ends that job)."""
+    from fsdp_jobs.launchers.chaos.inject import what_the_check_does
+    from fsdp_jobs.rundir import runs
+
+    def said(replicate: int, spares: int) -> str:
+        run_dir = tmp_path / f"r{replicate}-{spares}"
+        runs.prepare(run_dir, {"name": "r", "cluster": {"backend": "local", "spare_nodes": spares}},
+                     {"mesh": {"replicate": replicate, "shard": 2}})
+        return what_the_check_does(run_dir)
+
+    assert "nothing will notice it" in said(1, 1)
+    assert said(2, 0).endswith("recomputing the steps since names its node, and with no hot spare "
+                               "(cluster.spare_nodes) the job stops there")
+    assert said(3, 1).endswith("the majority names its node, and a hot spare takes its place")
