@@ -378,6 +378,6 @@ def respond(found: Mismatch, run_dir: Path, cfg: Any, world: Any, snapshots: Any
     stop = f"{line}; stopped: {why_not or 'no hot spare (cluster.spare_nodes)'} to take the place of {', '.join(nodes)}"
     if world.rank == 0:
         runs.write_state(run_dir, status="failed", reason=stop[:1000], step=found.step, stage="sdc", bad_nodes=nodes,
-                         exclude=nodes)  # stage: a SLURM requeue with cluster.exclude_bad_nodes leaves them out
+                         exclude=nodes)  # stage: a requeue that leaves named nodes out does (cluster.exclude_bad_nodes)
     say(stop)
     return 0, f"failed: {line}"

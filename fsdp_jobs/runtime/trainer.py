@@ -773,7 +773,7 @@ class Trainer:
     def roll_back_for(self, found: Mismatch) -> bool:
         """Collective: the state newer than the last agreed check set aside, and this process back at the newest
         agreed state (its node's snapshot, else the newest checkpoint a check vouched for) with the recomputation
-        to judge at `found.step`. False where neither covers every rank (the attempt then ends, and the restart
+        to judge at `found.step`: in process, since a restart deals nodes and ranks anew (ARCHITECTURE pitfall 28). False where neither covers every rank (the attempt then ends, and the restart
         resumes from what is left, unjudged)."""
         state, rank = self.state, self.world.rank
         self.ckpt.wait()  # a background save of an earlier step: committed before it is judged
