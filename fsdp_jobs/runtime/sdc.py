@@ -205,15 +205,16 @@ class ReplicaAgreement:
         """The job went back to `step` (a non-finite loss's rollback): no newer step is agreed any more."""
         if self.agreed_step is not None:
             self.agreed_step = min(self.agreed_step, step)
+        self.recheck = None  # the steps it was to compare are not the ones taken again
 
-    def launch(self, step: int, tensors: Iterable[torch.Tensor]) -> None:
+    def launch(self, step: int, tensors: Iterable[torch.Tensor], gather: bool = False) -> None:
         """This rank's fingerprint of `step`'s state, which rides this step's stop vote (`riding`;
         fsdp_jobs/runtime/stopping.py StopVote): no collective of its own, and the verdict is read with the vote,
         at the next step's start or before a save. The step a recomputation is judged at gathers every rank's at
         once instead: the judgement compares each rank with itself."""
         tensors = list(tensors)
         mine = fingerprint(tensors, self.device, self.words_of(tensors))
-        judging = self.recheck is not None and step == self.recheck.step
+        judging = gather or (self.recheck is not None and step == self.recheck.step)  # `gather`: waited for now
         self.pending = (step, mine, self.gather(mine) if judging else None)
 
     def riding(self, step: int) -> Optional[torch.Tensor]:
@@ -231,6 +232,8 @@ class ReplicaAgreement:
     def words_of(self, tensors: list[torch.Tensor]) -> list[torch.Tensor]:
         """`words` of each tensor, made once while the state's tensors stay the same ones (updated in place, step
         after step; a rollback's load may make new ones): a small model's checks were mostly per-tensor calls."""
+        if not all(t.is_contiguous() for t in tensors):  # `words` of one is a copy: never kept
+            return [words(t) for t in tensors]
         key = [(t.data_ptr(), t.numel(), t.dtype) for t in tensors]
         if self.views is None or self.views[0] != key:
             self.views = (key, [words(t) for t in tensors])

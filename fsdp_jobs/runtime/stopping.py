@@ -56,7 +56,7 @@ class StopVote:
 
     The same all-reduce carries the replica agreement check (fsdp_jobs/runtime/sdc.py) where `shards` is set:
     `slot` is the shard this rank holds a replica of, and a fingerprint cast with the vote goes into that shard's
-    places twice, as itself and negated, so the MAX gives each shard's largest and (negated) smallest fingerprint:
+    places twice, as itself and complemented (~x), so the MAX gives each shard's largest and (complemented) smallest:
     equal when its replicas agree (`disagreed`). No collective of its own: a check waited for at its own
     collective cost a step more than its work."""
 
@@ -64,6 +64,7 @@ class StopVote:
         self.device, self.pending = device, None
         self.size, self.place = 1 + 4 * shards, 1 + 4 * slot
         self.disagreed = False  # the last read vote's fingerprints differed within a shard's replicas
+        self.code = 0  # the last read vote's code
         if device.type == "cuda":  # one pinned slot and one event, reused: result() runs before cast()
             self.host, self.event = torch.empty(self.size, dtype=torch.int64, pin_memory=True), torch.cuda.Event()
 
@@ -78,33 +79,36 @@ class StopVote:
             flag[:1] = torch.maximum(flag[:1], nonfinite.reshape(1).to(torch.int64) * NONFINITE)
         if self.size > 1:  # the other shards' places: MAX's identity (each shard has its own replicas' only)
             flag[1:] = 0 if fingerprint is None else torch.iinfo(torch.int64).min
-            if fingerprint is not None:
+            if fingerprint is not None:  # ~x orders as -x does, without -x's overflow at int64's minimum
                 flag[self.place:self.place + 2] = fingerprint
-                flag[self.place + 2:self.place + 4] = -fingerprint
+                flag[self.place + 2:self.place + 4] = torch.bitwise_not(fingerprint)
         work = dist.all_reduce(flag, op=dist.ReduceOp.MAX, async_op=True)
+        carried = fingerprint is not None  # every rank casts one, or none
         if self.device.type == "cuda":
             work.wait()  # orders the current stream after the reduce; does not block the host
             self.host.copy_(flag, non_blocking=True)
             self.event.record()
-            self.pending = (self.event, self.host)
+            self.pending = (self.event, self.host, carried)
         else:
-            self.pending = (work, flag)
+            self.pending = (work, flag, carried)
 
     def result(self) -> int:
         """The agreed code: 0 to go on, else why to stop (stop_reason); `disagreed` says what it carried of a
         replica check."""
-        self.disagreed = False
+        self.disagreed, self.code = False, 0
         if self.pending is None:
             return 0
-        done, value = self.pending
+        done, value, carried = self.pending
         self.pending = None
         if isinstance(done, torch.cuda.Event):
             done.synchronize()
         else:
             done.wait()
-        if self.size == 1:
-            return int(value.item())
+        if not carried:
+            self.code = int(value[0].item())
+            return self.code
         values = value.tolist()
-        for at in range(1, self.size, 4):  # each shard: its largest fingerprint, and its smallest negated
-            self.disagreed = self.disagreed or values[at:at + 2] != [-x for x in values[at + 2:at + 4]]
-        return int(values[0])
+        for at in range(1, self.size, 4):  # each shard: its largest fingerprint, and its smallest complemented
+            self.disagreed = self.disagreed or values[at:at + 2] != [~x for x in values[at + 2:at + 4]]
+        self.code = int(values[0])
+        return self.code

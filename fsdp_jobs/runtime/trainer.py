@@ -41,7 +41,8 @@ from fsdp_jobs.runtime.shard import (adamw_implementation, build_meta_model, dty
                                      shard_model)
 from fsdp_jobs.runtime.signals import StopFlag
 from fsdp_jobs.runtime.sdc import (AGREED, CORRUPT_AT_ENV, ROLLED_BACK, CorruptRequests, Mismatch, ReplicaAgreement,
-                                  corrupt_target, flip_a_bit, respond, set_aside_newer, settle, state_tensors)
+                                  corrupt_target, describe, flip_a_bit, respond, set_aside_newer, settle,
+                                  state_tensors)
 from fsdp_jobs.runtime.snapshots import MemorySnapshots, RestorePlan
 from fsdp_jobs.runtime.stopping import NONFINITE, STOP_FILE, StopFileWatcher, StopVote, stop_reason
 from fsdp_jobs.runtime.timeline import MAIN_STARTED, Timeline
@@ -393,6 +394,8 @@ class Trainer:
             return
         self.resumed = self.ckpt.load(self.state, self.resume_from)
         self.source = "disk" if self.resumed else "start"
+        if self.snapshots.enabled:  # memory did not cover every rank: its newer snapshots are a lost future, and no
+            self.snapshots.after_restore(self.state.step, self.world.local_rank)  # longer vouch for pending ones
 
     def restore_from_memory(self, plan: RestorePlan) -> bool:
         """Collective. True: every rank has the plan's step. False: the checkpoint is to be loaded instead
@@ -687,7 +690,7 @@ class Trainer:
             self.cast_stop_vote()  # this step's, its non-finite flag included
             if stopping != NONFINITE and (stopping or checkpoint_now or state.step == total):
                 stopping = max(stopping, self.stop_agreed())  # before any save: never weights a NaN step made
-                verdict = self.settle_check(early=False)  # nor state the replicas did not agree on
+                verdict = self.settle_check(early=False, stopping=bool(stopping))  # nor state the replicas did not agree on
                 if verdict == ROLLED_BACK:
                     continue
                 if verdict != AGREED:
@@ -742,19 +745,22 @@ class Trainer:
             self.window.flush()  # the rows of the steps the snapshot keeps: a resume from it starts after them
             self.snapshots.save(state, self.world.restart, commit=not checking)
 
-    def settle_check(self, early: bool) -> str:
+    def settle_check(self, early: bool, stopping: bool = False) -> str:
         """Where a replica check was launched (fsdp_jobs/runtime/sdc.py), its verdict from the vote that carried
-        it: read here at a step's start (`early`; stop_agreed returns it later), else just read by stop_agreed.
+        it: read here at a step's start (`early`; stop_agreed returns it later), else just read by stop_agreed;
+        `stopping`: the step is kept for a stop, so it is checked now if it was not already.
         AGREED (the snapshot it vouched for committed; also where none was under way); ROLLED_BACK: two replicas
         disagreed, and this process went back to the agreed state to take the steps since again (the
         recomputation that tells which one is wrong); else "sdc": nodes were named, the state since the last
         agreed check set aside (`sdc_end`: how the attempt ends)."""
+        if self.agreement.pending is None and stopping and self.agreement.enabled:  # a stop's checkpoint: checked
+            self.agreement.launch(self.state.step, state_tensors(self.model, self.state.optimizer), gather=True)
         if self.agreement.pending is None:
             return AGREED
         if early:
             self.early_vote = self.stop_agreed()
         step, found = self.agreement.settle(self.vote.disagreed)
-        if found is None or found.agreed_step == step:  # agreed (a recomputation's judgement too)
+        if (found is None or found.agreed_step == step) and self.vote.code != NONFINITE:  # agreed, finite
             self.snapshots.commit()
         say = functools.partial(log, self.world.rank)
         if found is None:
@@ -764,8 +770,10 @@ class Trainer:
             return AGREED
         self.window.flush()  # the steps' rows as they happened: the steps taken again log theirs again
         self.early_vote = None  # a stop is voted again (its flags stay set): the steps it came at are gone
-        if found.how == "pair" and self.roll_back_for(found):
-            return ROLLED_BACK
+        if found.how == "pair":  # no majority: recompute, in process; with nothing agreed to go back to, restart
+            if self.roll_back_for(found):
+                return ROLLED_BACK
+            raise RuntimeError(f"{describe(found, ['their nodes'])}: no agreed state to recompute from")
         self.ckpt.close()  # a background save committed (then set aside) or not at all; the pruning done
         self.sdc_end = respond(found, self.run_dir, self.cfg, self.world, self.snapshots, self.timeline, say)
         return "sdc"
@@ -773,8 +781,9 @@ class Trainer:
     def roll_back_for(self, found: Mismatch) -> bool:
         """Collective: the state newer than the last agreed check set aside, and this process back at the newest
         agreed state (its node's snapshot, else the newest checkpoint a check vouched for) with the recomputation
-        to judge at `found.step`: in process, since a restart deals nodes and ranks anew (ARCHITECTURE pitfall 28). False where neither covers every rank (the attempt then ends, and the restart
-        resumes from what is left, unjudged)."""
+        to judge at `found.step`: in process, since a restart deals nodes and ranks anew (ARCHITECTURE pitfall
+        28). False where neither covers every rank (the attempt then ends, and the restart resumes from what is
+        left, unjudged: no node named)."""
         state, rank = self.state, self.world.rank
         self.ckpt.wait()  # a background save of an earlier step: committed before it is judged
         line, _ = set_aside_newer(found, self.run_dir, self.world, self.snapshots, self.timeline)

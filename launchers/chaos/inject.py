@@ -149,8 +149,14 @@ def what_the_check_does(run_dir: Path) -> str:
     groups = int((runs.plan_entry(run_dir, "mesh") or {}).get("replicate", 1))
     if groups < 2:
         return "this job has no replica groups to compare (hybrid_shard on 2+ nodes has): nothing will notice it"
+    job = runs.load_job(run_dir)
+    every = (job.get("fault") or {}).get("sdc_check_interval", "auto")
+    memory = (job.get("checkpoint") or {}).get("memory_interval", "auto")
+    if str(every) == "0" or (every == "auto" and str(memory) == "0"):
+        return (f"the replica agreement check is off (fault.sdc_check_interval={every}, checkpoint.memory_interval="
+                f"{memory}): nothing will notice it")
     how = "the majority names its node" if groups > 2 else "recomputing the steps since names its node"
-    spares = int(runs.load_job(run_dir).get("cluster", {}).get("spare_nodes") or 0)
+    spares = int((job.get("cluster") or {}).get("spare_nodes") or 0)
     then = "a hot spare takes its place" if spares else "with no hot spare (cluster.spare_nodes) the job stops there"
     return f"the replica agreement check finds it at the next snapshot, {how}, and {then}"
 

@@ -116,3 +116,26 @@ def test_a_majority_with_no_hot_spare_stops_the_job_naming_the_node(run_root, tm
     assert status["state"] == "FAILED" and line in status["train"]["reason"], status
     assert status["train"]["bad_nodes"] == [named] and status["train"]["exclude"] == [named], status
     assert not (run_dir / "checkpoints" / "step-000020").exists()  # nothing past the flip was kept
+
+
+def test_two_replicas_that_disagree_with_nothing_agreed_to_go_back_to_restart_naming_no_node(run_root,
+                                                                                               tmp_path_factory):
+    """No snapshots, no checkpoint yet, a check every 5 steps: the pair disagrees at step 5 and there is no agreed
+    state to recompute from. Neither node is named (nothing tells them apart): the job restarts from the start,
+    which the transient flip does not follow, and ends where the uninterrupted run does."""
+    plain = ("train.steps=12", "checkpoint.interval=0", "checkpoint.memory_interval=0", "fault.sdc_check_interval=5",
+             "train.log_interval=1", "train.seed=5", "model.dim=64", "model.n_layers=1", "model.ffn_dim=128",
+             "model.vocab_size=128", "data.seq_len=32")
+    ref = reference_job(tmp_path_factory, "sdc-none", *TWO, *plain)
+    r = cli(f"run_root={run_root}", "name=flipnone", *TWO, *plain, env={"FSDP_JOBS_TEST_CORRUPT_AT": "4:3"})
+    out = r.stdout + r.stderr
+    assert r.returncode == 0, out[-4000:]
+    run_dir = run_root / "flipnone"
+    [found] = events(run_dir, "sdc")
+    assert found["step"] == 5 and found["named_by"] is None, found
+    assert "no agreed state to recompute from: restarting" in out, out[-4000:]
+    assert not (run_dir / "replaced-nodes.jsonl").exists()
+    status = json.loads(cli("status", "flipnone", "--run-root", str(run_root)).stdout)
+    assert status["state"] == "SUCCEEDED" and not status["train"].get("bad_nodes"), status
+    assert losses(run_dir) == losses(ref)
+    assert_same_state(ref / "checkpoints" / "step-000012", run_dir / "checkpoints" / "step-000012")

@@ -112,13 +112,15 @@ def test_the_chaos_command_says_what_the_job_will_do_about_the_flip(tmp_path):
     from fsdp_jobs.launchers.chaos.inject import what_the_check_does
     from fsdp_jobs.rundir import runs
 
-    def said(replicate: int, spares: int) -> str:
-        run_dir = tmp_path / f"r{replicate}-{spares}"
-        runs.prepare(run_dir, {"name": "r", "cluster": {"backend": "local", "spare_nodes": spares}},
+    def said(replicate: int, spares: int, **job) -> str:
+        run_dir = tmp_path / f"r{replicate}-{spares}-{len(job)}"
+        runs.prepare(run_dir, {"name": "r", "cluster": {"backend": "local", "spare_nodes": spares}, **job},
                      {"mesh": {"replicate": replicate, "shard": 2}})
         return what_the_check_does(run_dir)
 
     assert "nothing will notice it" in said(1, 1)
+    assert "the replica agreement check is off" in said(3, 1, fault={"sdc_check_interval": 0})
+    assert "the replica agreement check is off" in said(3, 1, checkpoint={"memory_interval": 0})
     assert said(2, 0).endswith("recomputing the steps since names its node, and with no hot spare "
                                "(cluster.spare_nodes) the job stops there")
     assert said(3, 1).endswith("the majority names its node, and a hot spare takes its place")

@@ -77,10 +77,12 @@ def test_the_vote_carries_the_replica_check_and_every_rank_sees_a_replica_that_d
     same = [[5, 6], [7, 8], [5, 6], [7, 8]]
     one_bit = [[5, 6], [7, 8], [5, 6], [7 + 2 ** 40, 8 - 2 ** 62]]  # rank 3, shard 1's second replica
     negative = [[-5, 2 ** 63 - 1], [0, 0], [-5, 2 ** 63 - 1], [0, 1]]
-    mp.spawn(_carry, args=(str(tmp_path / "store"), [same, one_bit, negative, same], str(tmp_path)), nprocs=4)
+    lowest = [[-2 ** 63, 1], [7, 8], [5, 1], [7, 8]]  # int64's minimum: -x overflows there, ~x does not
+    steps = [same, one_bit, negative, lowest, same]
+    mp.spawn(_carry, args=(str(tmp_path / "store"), steps, str(tmp_path)), nprocs=4)
     ranks = [json.loads((tmp_path / f"rank-{r}.json").read_text()) for r in range(4)]
     assert all(r == ranks[0] for r in ranks), ranks
-    assert ranks[0] == [[0, False], [0, True], [0, True], [4, False], [0, False]]
+    assert ranks[0] == [[0, False], [0, True], [0, True], [0, True], [4, False], [0, False]]
 
 
 @pytest.fixture(autouse=True)
