@@ -702,8 +702,8 @@ class Trainer:
                     break
                 continue
             logged = stopping or checkpoint_now or state.step % self.tcfg.log_interval == 0 or state.step == total
-            if logged or replicas.enabled:  # a replica group flushes every step: one that dies loses no line
-                self.window.flush()
+            if (logged or replicas.enabled) and self.agreement.pending is None:  # a replica group flushes every
+                self.window.flush()  # step: one that dies loses no line. A checked step's rows wait for its verdict
             if logged:
                 self.timeline.steps(state.step)  # the goodput timeline: these steps' window, at the flush's sync
             if stopping:
@@ -742,7 +742,8 @@ class Trainer:
         if checking:
             self.agreement.launch(state.step, state_tensors(self.model, state.optimizer))
         if snapshot_due:
-            self.window.flush()  # the rows of the steps the snapshot keeps: a resume from it starts after them
+            if not checking:  # the rows of the steps the snapshot keeps: a resume from it starts after them
+                self.window.flush()  # (checked: flushed with the verdict, right before the snapshot is committed)
             self.snapshots.save(state, self.world.restart, commit=not checking)
 
     def settle_check(self, early: bool, stopping: bool = False) -> str:
@@ -760,6 +761,7 @@ class Trainer:
         if early:
             self.early_vote = self.stop_agreed()
         step, found = self.agreement.settle(self.vote.disagreed)
+        self.window.flush()  # the checked steps' rows: none appears before its step is kept (or set aside)
         if (found is None or found.agreed_step == step) and self.vote.code != NONFINITE:  # agreed, finite
             self.snapshots.commit()
         say = functools.partial(log, self.world.rank)
@@ -768,7 +770,6 @@ class Trainer:
         if found.how == "unresolved":  # recomputed and agreed, no node to name: train on from the agreed state
             settle(found, self.world, self.timeline, say)
             return AGREED
-        self.window.flush()  # the steps' rows as they happened: the steps taken again log theirs again
         self.early_vote = None  # a stop is voted again (its flags stay set): the steps it came at are gone
         if found.how == "pair":  # no majority: recompute, in process; with nothing agreed to go back to, restart
             if self.roll_back_for(found):
