@@ -61,7 +61,10 @@ class StopVote:
     collective cost a step more than its work."""
 
     def __init__(self, device: torch.device, shards: int = 0, slot: int = 0) -> None:
+        """Collective on the host (gloo): the vote gets a group of its own, so that what a vote failed on a dead
+        peer strands on the connections to live ranks stays out of the training's groups (ARCHITECTURE pitfall 29)."""
         self.device, self.pending = device, None
+        self.group = dist.new_group(backend="gloo") if device.type != "cuda" and dist.is_initialized() else None
         self.size, self.place = 1 + 4 * shards, 1 + 4 * slot
         self.disagreed = False  # the last read vote's fingerprints differed within a shard's replicas
         self.code = 0  # the last read vote's code
@@ -82,7 +85,7 @@ class StopVote:
             if fingerprint is not None:  # ~x orders as -x does, without -x's overflow at int64's minimum
                 flag[self.place:self.place + 2] = fingerprint
                 flag[self.place + 2:self.place + 4] = torch.bitwise_not(fingerprint)
-        work = dist.all_reduce(flag, op=dist.ReduceOp.MAX, async_op=True)
+        work = dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.group, async_op=True)
         carried = fingerprint is not None  # every rank casts one, or none
         if self.device.type == "cuda":
             work.wait()  # orders the current stream after the reduce; does not block the host
