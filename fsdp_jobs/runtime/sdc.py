@@ -259,11 +259,6 @@ class ReplicaAgreement:
         self.pending = None
         self.views = None  # the tensors a rollback replaces are not kept alive by the words made of them
 
-    def check(self, step: int, tensors: Iterable[torch.Tensor]) -> Optional[Mismatch]:
-        """Collective: a check waited for at once, every rank's fingerprint gathered."""
-        tensors = list(tensors)
-        return self.verdict(step, self.gather(fingerprint(tensors, self.device)))
-
     def verdict(self, step: int, prints: Optional[list[tuple[int, int]]]) -> Optional[Mismatch]:
         """What `step`'s fingerprints say (`prints` None: the vote found every shard's replicas equal)."""
         if prints is None:
