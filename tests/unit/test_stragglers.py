@@ -37,6 +37,14 @@ def test_the_node_whose_compute_stands_out_is_named_and_no_other(tmp_path):
     assert "straggler: node1 (slowest node1: 2.36x" in status_text.stragglers_phrase(s)
 
 
+def test_of_two_nodes_one_twice_as_slow_is_named_against_the_other(tmp_path):
+    write_beats(tmp_path, {"node0": 0.10, "node1": 0.20})
+    s = stragglers.of_run(tmp_path)
+    assert s["stragglers"] == ["node1"] and s["ratio"] == 2.0 and s["median_compute_s"] == 0.1, s
+    write_beats(tmp_path / "alike", {"node0": 0.10, "node1": 0.11})
+    assert stragglers.of_run(tmp_path / "alike")["stragglers"] == []
+
+
 def test_nodes_that_compute_alike_name_no_straggler(tmp_path):
     write_beats(tmp_path, {"node0": 0.10, "node1": 0.12, "node2": 0.11})
     s = stragglers.of_run(tmp_path)
