@@ -452,7 +452,10 @@ def choose(held_by_rank: list[list[Held]], shards: list[int], disk_step: Optiona
     # the vote carrying that step's check is in, which every rank's fingerprint (taken before its copy) made
     vouched = {h.step for held in held_by_rank for h in held if not h.pending}
     held_by_rank = [[h for h in held if not h.pending or h.step in vouched] for held in held_by_rank]
-    steps = sorted({h.step for held in held_by_rank for h in held}, reverse=True)
+    # nor a step rank 0 left pending: it writes a checked step's metrics rows right before it commits (trainer
+    # settle_check), so a resume after that step would leave its rows unwritten for good
+    unlogged = {h.step for held in held_by_rank for h in held if h.pending and h.owner == 0}
+    steps = sorted({h.step for held in held_by_rank for h in held} - unlogged, reverse=True)
     for step in steps:
         if disk_step is not None and step < disk_step:
             return None

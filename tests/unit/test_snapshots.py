@@ -288,7 +288,9 @@ def test_a_snapshot_waiting_for_its_check_is_used_only_where_another_rank_commit
     """Rank 3 was killed after writing step 8 but before reading the vote that carried step 8's replica check: its
     slot is pending. The other ranks read that vote and committed theirs: the check agreed, rank 3's fingerprint in
     it, so rank 3's pending 8 is good and the job resumes at 8. Where no rank committed 8 (nobody read the vote),
-    8 was never vouched for: 7."""
+    8 was never vouched for: 7. Where rank 0 did not (killed between the vote and its rows, written right before
+    its commit), a resume after 8 would lose 8's rows: 7 (the marathon's kill of rank 0 once logged step 21, then
+    23)."""
     from fsdp_jobs.runtime.snapshots import Held, choose
 
     def held(rank: int, step: int, pending: bool = False) -> Held:
@@ -300,3 +302,5 @@ def test_a_snapshot_waiting_for_its_check_is_used_only_where_another_rank_commit
     assert plan is not None and plan.step == 8 and plan.files[3].pending and plan.sources[3] is None
     nobody_did = [[held(r, 7), held(r, 8, pending=True)] for r in range(4)]
     assert choose(nobody_did, shards, None).step == 7
+    rank_0_did_not = [[held(r, 7), held(r, 8, pending=r == 0)] for r in range(4)]
+    assert choose(rank_0_did_not, shards, None).step == 7  # 8's metrics rows were never written: 8 is redone
