@@ -34,6 +34,7 @@ from fsdp_jobs.runtime.checkpoint import CheckpointManager, StateObjects, TrainS
 from fsdp_jobs.runtime.data import build_dataset
 from fsdp_jobs.runtime.mesh import World, build_mesh, init_process_group, read_world
 from fsdp_jobs.runtime.metrics import MetricsWriter, flops_per_token, log, peak_memory_gb
+from fsdp_jobs.runtime.local_update import ShardLocalAdamW, clip_grad_norm
 from fsdp_jobs.runtime.outputs import load_pretrained_weights, logits_of
 from fsdp_jobs.runtime.prefetch import BatchPrefetcher
 from fsdp_jobs.runtime.replicas import JOINING, NoReplicas, open_replicas
@@ -360,8 +361,8 @@ class Trainer:
         if fresh and cfg.model.pretrained:  # model=hf: local weights replace the init
             load_pretrained_weights(model, cfg.model.pretrained, rank)
         self.model, self.n_params = model, sum(p.numel() for p in model.parameters())
-        optimizer = torch.optim.AdamW(model.parameters(), lr=tcfg.lr, betas=tuple(tcfg.betas),
-                                      weight_decay=tcfg.weight_decay, **adamw_implementation(param_device))
+        optimizer = ShardLocalAdamW(model.parameters(), lr=tcfg.lr, betas=tuple(tcfg.betas),
+                                    weight_decay=tcfg.weight_decay, **adamw_implementation(param_device))
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(tcfg))
         self.state = TrainState(model, optimizer, scheduler)
 
@@ -540,7 +541,7 @@ class Trainer:
         step_loss = self.replicas.average(step_loss)  # a replica job's loss: over every group of the step
         grad_norm = None
         if self.tcfg.grad_clip:
-            grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.tcfg.grad_clip)
+            grad_norm = clip_grad_norm(self.model.parameters(), self.tcfg.grad_clip)
         self.ckpt.wait_staging()  # an async save's host copy overlapped this forward/backward; done before the update
         if not self.replicas.commit():  # a replica group failed during the step: taken again at the next quorum
             state.optimizer.zero_grad(set_to_none=True)
