@@ -16,7 +16,8 @@ Time inside a collective that the thread could have run but was not let run (its
 /proc/thread-self/schedstat: a CPU quota's throttling, a busy neighbour's share) is the rank's own slowness,
 not waiting for a peer: it is taken out of the wait. A throttled rank is frozen wherever its quota runs out,
 inside collectives as often as outside, so without it the slow node's wall time split much like everyone's
-and its compute hardly stood out (a rank blocked on a peer sleeps: it accrues no run delay).
+and its compute hardly stood out (a rank blocked on a peer sleeps: it accrues no run delay; ARCHITECTURE
+pitfall 31).
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ op over every parameter (the clip's norms and scaling, each of AdamW's steps) is
 parameters' specs at once, and a process that has not seen it works it out parameter by parameter. Every
 restart starts new processes, so the first step after every failure paid it again: most of that step (the
 clip and the update took several times the forward and backward; fsdp_jobs/bench/README.md, "Failures and
-recovery"), more on a 2-D (HSDP) mesh.
+recovery"), more on a 2-D (HSDP) mesh (fsdp_jobs/ARCHITECTURE.md, pitfall 30).
 
 Both are elementwise on each shard, and a sharded DTensor's elementwise op is the same op on its local tensor,
 so here they run on the local tensors: the same kernels on the same numbers, bitwise what the DTensor path
