@@ -187,6 +187,7 @@ class ReplicaAgreement:
         self.pending: Optional[tuple[int, torch.Tensor, Optional[list[tuple[int, int]]]]] = None  # a launched
         # check: its step, this rank's fingerprint, and every rank's where it gathered them at once
         self.views: Optional[tuple[list[Any], list[torch.Tensor]]] = None  # `words_of`'s, and what they are of
+        self.checked = self.agreed = 0  # this attempt's verdicts, and how many of them every shard agreed in
 
     def recompute(self, found: Mismatch, from_step: int) -> None:
         """The job rolled back to `from_step` to take the steps to `found.step` again: judge them there."""
@@ -252,7 +253,9 @@ class ReplicaAgreement:
         self.pending = None
         if prints is None and disagreed:
             prints = self.gather(mine)
-        return step, self.verdict(step, prints)
+        found = self.verdict(step, prints)
+        self.checked, self.agreed = self.checked + 1, self.agreed + (found is None)
+        return step, found
 
     def drop(self) -> None:
         """A launched check whose verdict no longer matters (a non-finite step's rollback, the loop's end)."""

@@ -857,6 +857,9 @@ class Trainer:
         self.snapshots.close()
         self.metrics.close()
         self.replicas.close()
+        if rank == 0 and self.agreement.enabled:  # what the check did: a healthy run says so, not nothing
+            log(rank, f"replica check: every shard's replicas agreed at {self.agreement.agreed} of the "
+                      f"{self.agreement.checked} steps checked in this attempt")
         if rank == 0 and writer and stopped_by != "nonfinite":  # that one recorded its failure (after_nonfinite)
             saved = newest_checkpoint(self.run_dir)  # the final save may have failed (a full disk): say which
             if saved != step_dir(self.ckpt.root, state.step) and (self.ccfg.save_final or stopped_by):

@@ -74,6 +74,8 @@ def test_two_replica_groups_roll_back_recompute_and_name_the_node_that_does_not_
     from tests.integration.test_memory_recovery import rank_record
 
     ref = reference_job(tmp_path_factory, "sdc-two", *TWO, *TRAINING)
+    said = (ref / "logs" / "launcher.log").read_text()  # healthy: every step checked (a snapshot each), all agreed
+    assert "replica check: every shard's replicas agreed at 30 of the 30 steps checked in this attempt" in said, said
     r = cli(f"run_root={run_root}", "name=flip2", *TWO, *TRAINING, "cluster.spare_nodes=1",
             env={"FSDP_JOBS_TEST_CORRUPT_AT": "12:-1"})
     out = r.stdout + r.stderr
