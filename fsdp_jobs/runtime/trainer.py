@@ -703,10 +703,11 @@ class Trainer:
                     break
                 continue
             logged = stopping or checkpoint_now or state.step % self.tcfg.log_interval == 0 or state.step == total
-            if (logged or replicas.enabled) and self.agreement.pending is None:  # a replica group flushes every
-                self.window.flush()  # step: one that dies loses no line. A checked step's rows wait for its verdict
-            if logged:
-                self.timeline.steps(state.step)  # the goodput timeline: these steps' window, at the flush's sync
+            held = self.agreement.pending is not None  # a checked step's rows wait for its verdict (settle_check)
+            if (logged or replicas.enabled) and not held:  # a replica group flushes every step: one that dies
+                self.window.flush()  # loses no line
+            if logged and not held:  # the goodput timeline: these steps' window, at the flush's sync (a held
+                self.timeline.steps(state.step)  # one's at its verdict: no attempt reaches a step it has no row of)
             if stopping:
                 stopped_by = "signal"
                 why = stop.received.name if stop.received else stop_reason(stopping)
@@ -763,6 +764,7 @@ class Trainer:
             self.early_vote = self.stop_agreed()
         step, found = self.agreement.settle(self.vote.disagreed)
         self.window.flush()  # the checked steps' rows: none appears before its step is kept (or set aside)
+        self.timeline.steps(step)
         if (found is None or found.agreed_step == step) and self.vote.code != NONFINITE:  # agreed, finite
             self.snapshots.commit()
         say = functools.partial(log, self.world.rank)

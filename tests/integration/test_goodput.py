@@ -17,7 +17,8 @@ from tests.integration.test_local_runs import SHORT, start, wait_for
 
 pytestmark = pytest.mark.integration
 
-ARGS = ("train.steps=36", "checkpoint.interval=20", "checkpoint.keep_last=5", "train.log_interval=1", *SHORT)
+ARGS = ("train.steps=36", "checkpoint.interval=20", "checkpoint.keep_last=5", "train.log_interval=1",
+        "checkpoint.memory_interval=1", *SHORT)
 
 
 def test_goodput_accounts_a_killed_rank_lost_steps_and_every_second(run_root: Path) -> None:
