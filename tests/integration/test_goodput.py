@@ -59,7 +59,9 @@ def test_goodput_accounts_a_killed_rank_lost_steps_and_every_second(run_root: Pa
     assert a2["parts_s"]["queued"] == 0 and a2["parts_s"]["lost"] == 0
     assert gp["total"]["wall_s"] == pytest.approx(a1["wall_s"] + a2["wall_s"], abs=0.01)
     eff = gp["total"]["parts_s"]["productive"] / gp["total"]["wall_s"]
-    assert gp["total"]["effective_pct"] == pytest.approx(100 * eff, abs=0.01) and 0 < eff < 1
+    # the report's parts are rounded to ms and its percentage to 0.01: over a ~10 s job the two roundings add to
+    # about 0.013 points (a run read 32.0 against 32.0108 recomputed from the rounded parts)
+    assert gp["total"]["effective_pct"] == pytest.approx(100 * eff, abs=0.02) and 0 < eff < 1
 
     # the table, the status block and the plot's bar read the same accounting
     table = cli("goodput", "gp", "--run-root", str(run_root), module="fsdp_jobs.cli.ctl")
