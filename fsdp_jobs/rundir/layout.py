@@ -266,6 +266,12 @@ class RunDir:
         return self.root / "cancel-requested"
 
     @property
+    def stop_nodes_file(self) -> Path:
+        """Present = the launcher is stopping this launch's nodes (its signal to each): a node wrapper that starts,
+        or took the signal before its handlers did (a container's PID 1 drops it), stops at once."""
+        return self.root / "stop-nodes"
+
+    @property
     def scale_request_file(self) -> Path:
         """A ScaleRequest from `fsdp-jobs scale` to a launcher that starts nodes itself."""
         return self.root / "scale-request"

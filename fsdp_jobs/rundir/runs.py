@@ -357,10 +357,19 @@ def stop_requested(run_dir: Path) -> bool:
     return RunDir(run_dir).stop_request_file.exists()
 
 
+def stop_nodes(run_dir: Path) -> None:
+    """Before a launcher signals its nodes to stop: a node's wrapper that cannot have taken the signal (not yet
+    started, or PID 1 of a container before its handlers existed, where the kernel drops it) reads this once its
+    handlers are in place (launchers/node/wrapper.py). Written once per stop, however many nodes."""
+    path = RunDir(run_dir).stop_nodes_file
+    if not path.exists():
+        write_atomic(path, f"{time.time()}\n")
+
+
 def clear_stop_request(run_dir: Path) -> None:
     """At the start of every attempt, before any rank runs: an old request must not stop a new run."""
     rd = RunDir(run_dir)
-    for path in (rd.stop_request_file, rd.cancel_file, rd.scale_request_file):
+    for path in (rd.stop_request_file, rd.cancel_file, rd.scale_request_file, rd.stop_nodes_file):
         path.unlink(missing_ok=True)
 
 

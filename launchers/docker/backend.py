@@ -369,7 +369,9 @@ class DockerBackend(Backend[DockerRequest]):
         found = containers(project)
         if not found:
             return f"{run.run_dir.name} is not running (no containers of project {project})"
-        runs.record_cancel(run.run_dir)  # before the stop: the supervisor reads it when the last node ends
+        # before the stop: the supervisor reads it when the last node ends, and a container still starting (whose
+        # PID 1 may drop the SIGTERM) before it starts its agent
+        runs.record_cancel(run.run_dir)
         # SIGTERM to every agent: the ranks checkpoint and stop; the supervisor removes the containers
         r = subprocess.run(["docker", "stop", "-t", str(int(run.launch.get("grace", 135))),
                             *[c["Id"] for c in found.values()]], capture_output=True, text=True, timeout=600)

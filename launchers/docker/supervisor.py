@@ -57,8 +57,8 @@ def _sortable(ts: str) -> str:
 class Fleet:
     """The project's containers as `docker inspect` shows them, asked at most once a second for all nodes."""
 
-    def __init__(self, project: str) -> None:
-        self.project, self.asked, self.found = project, 0.0, containers(project)
+    def __init__(self, project: str, run_dir: Path) -> None:
+        self.project, self.run_dir, self.asked, self.found = project, run_dir, 0.0, containers(project)
 
     def get(self, name: str) -> Optional[dict[str, Any]]:
         if time.monotonic() - self.asked > 1.0:
@@ -107,7 +107,9 @@ class ContainerNode(Node):
         return int(c["State"]["ExitCode"]) if ended_for_good(c) else None
 
     def stop(self, grace_s: float) -> None:
-        """SIGTERM to the agent (its ranks checkpoint); Docker itself kills it after the grace."""
+        """SIGTERM to the agent (its ranks checkpoint); Docker itself kills it after the grace. The record first: a
+        container's PID 1 (the node wrapper) drops a SIGTERM that comes before its handlers, and reads it then."""
+        runs.stop_nodes(self.fleet.run_dir)
         self.stopper = subprocess.Popen(["docker", "stop", "-t", str(int(grace_s + STOP_EXTRA_S)), self.last["Id"]],
                                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
@@ -132,7 +134,7 @@ def supervise(run_dir: Path, launch: dict[str, Any], job: dict[str, Any], compos
     log_path = RunDir(run_dir).launcher_log
     sink = LogSink(log_path, echo)
     give_to(log_path, user)
-    fleet = Fleet(project)
+    fleet = Fleet(project, run_dir)
     nodes = [ContainerNode(name, fleet) for name in sorted(fleet.found)]
 
     def grow() -> list[Node]:

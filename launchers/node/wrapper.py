@@ -92,6 +92,15 @@ def first_error(run_dir: Path, error_file: str, since: float, stopped_here: bool
     return (None if stopped_here else failures.cause(run_dir, since)) or root_cause(error_file)
 
 
+def stop_recorded(run_dir: Path) -> bool:
+    """The launcher recorded that it is stopping this launch's nodes (its supervisor's stop, `fsdp-jobs cancel`),
+    before it signalled them: both records are removed at every launch (runs.clear_stop_request)."""
+    from fsdp_jobs.rundir.layout import RunDir
+
+    rd = RunDir(run_dir)
+    return rd.stop_nodes_file.exists() or rd.cancel_file.exists()
+
+
 def run(argv: list[str], environ: Optional[dict[str, str]] = None) -> int:
     """Run the torchrun agent with `argv` (its flags, then the ranks' entry) until it exits; its status."""
     started = time.time()  # goodput's queued time ends and start-up begins here (fsdp_jobs/rundir/goodput.py)
@@ -101,6 +110,22 @@ def run(argv: list[str], environ: Optional[dict[str, str]] = None) -> int:
         print("usage: FSDP_JOBS_RUN_DIR=RUN_DIR python -m fsdp_jobs.launchers.node TORCHRUN_FLAGS... ENTRY...", file=sys.stderr)
         return 2
     node = environ.get(NODE_ENV) or socket.gethostname()
+    stopped_on: list[int] = []  # the stop signals this node was sent, and passed on to its agent
+    agents: list[subprocess.Popen[bytes]] = []
+
+    def forward(signum: int, _frame: Any) -> None:
+        if not agents or agents[0].poll() is None:
+            stopped_on.append(signum)
+            if agents:
+                agents[0].send_signal(signum)
+
+    # the handlers first: a stop that came before them killed this wrapper (the agent orphaned, where it had
+    # started), or, where this wrapper is a container's PID 1, was dropped by the kernel and the node trained on
+    # (the launcher's stop record, read below, covers that moment); one that comes before the agent exists stops
+    # the node before it starts one
+    for s in FORWARDED:
+        if signal.getsignal(s) is not signal.SIG_IGN:
+            signal.signal(s, forward)
     # what the agent and the ranks write (checkpoints, logs, bytecode) is the owner's alone, as the
     # launcher's is, whatever umask the node (a container, a batch step) starts with (README: Security)
     os.umask(OWNER_ONLY_UMASK)
@@ -122,30 +147,20 @@ def run(argv: list[str], environ: Optional[dict[str, str]] = None) -> int:
     Path(env["TORCHELASTIC_ERROR_FILE"]).unlink(missing_ok=True)  # an earlier attempt's is not this one's
     # torchrun itself, its stores kept on loopback when the rendezvous host is (launchers/node/agent.py)
     oom = OomWatch()  # before the agent: its kills from here on
-    stopped_on: list[int] = []  # the stop signals this node was sent, and passed on to its agent
-    agents: list[subprocess.Popen[bytes]] = []
-
-    def forward(signum: int, _frame: Any) -> None:
-        if not agents or agents[0].poll() is None:
-            stopped_on.append(signum)
-            if agents:
-                agents[0].send_signal(signum)
-
-    # the handlers before the agent: a stop that came between its start and them killed this wrapper and left
-    # the agent training, orphaned (a Ctrl-C as a loaded machine started the node); one that comes before it
-    # exists is passed on as soon as it does
-    for s in FORWARDED:
-        if signal.getsignal(s) is not signal.SIG_IGN:
-            signal.signal(s, forward)
-    agent = subprocess.Popen([sys.executable, "-m", "fsdp_jobs.launchers.node.agent", *argv], cwd=run_dir, env=env,
-                             pass_fds=(owner.fileno(),) if owner else ())
-    agents.append(agent)
-    if stopped_on:
-        agent.send_signal(stopped_on[0])
+    if not stopped_on and stop_recorded(Path(run_dir)):
+        stopped_on.append(signal.SIGTERM)  # the launcher's stop, sent before the handlers could take it
     try:
-        ended = supervise_agent(agent, Path(run_dir), node, beats, oom, began=started)
-        rc = decided_status(ended, Path(run_dir), node, engine_restarts=environ.get(ENGINE_RESTARTS_ENV) == "1",
-                            termination_log=environ.get(TERMINATION_LOG_ENV), began=started)
+        if stopped_on:  # stopped before it began: no agent, nothing trained
+            rc = 128 + stopped_on[0]
+        else:
+            agent = subprocess.Popen([sys.executable, "-m", "fsdp_jobs.launchers.node.agent", *argv], cwd=run_dir,
+                                     env=env, pass_fds=(owner.fileno(),) if owner else ())
+            agents.append(agent)
+            if stopped_on:  # between the check above and the agent's start
+                agent.send_signal(stopped_on[0])
+            ended = supervise_agent(agent, Path(run_dir), node, beats, oom, began=started)
+            rc = decided_status(ended, Path(run_dir), node, engine_restarts=environ.get(ENGINE_RESTARTS_ENV) == "1",
+                                termination_log=environ.get(TERMINATION_LOG_ENV), began=started)
     finally:
         shutil.rmtree(beats, ignore_errors=True)  # node memory: nothing of the job may stay behind
         if owner is not None:

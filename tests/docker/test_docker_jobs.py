@@ -383,24 +383,39 @@ def test_detached_job_status_list_logs_follow_and_cancel(run_root):
     assert result(early)["exit_status"] == 143 and labelled("container", early) == []
 
 
+def ctrl_c_while_starting(run_root: Path, name: str, moment: Path) -> None:
+    """A one-node job, Ctrl-C'd the moment `moment` appears (polled every 5 ms): it ends CANCELLED (exit 130)
+    before any step, and no container of it is left."""
+    proc = subprocess.Popen([sys.executable, "-m", "fsdp_jobs", f"run_root={run_root}", f"name={name}",
+                             "cluster=docker", "nodes=1", "gpus_per_node=1", "train.steps=1000000", *SHORT], cwd=REPO,
+                            text=True, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            start_new_session=True)  # a terminal's foreground group, of its own
+    deadline = time.monotonic() + 300
+    while not moment.exists():
+        assert proc.poll() is None and time.monotonic() < deadline, f"{name}: no {moment.name} ({proc.returncode})"
+        time.sleep(0.005)
+    os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C delivers: to the command and whatever it runs in the foreground
+    out, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 130 and f"cancelled (exit status 130): {name}" in out, out[-3000:]
+    run_dir = run_root / name
+    assert not (run_dir / "metrics.jsonl").exists() and labelled("container", run_dir) == [], out[-3000:]
+    # what a wrapper that started too late to take the SIGTERM reads instead (tests/unit/test_node_stop.py)
+    assert RunDir(run_dir).stop_nodes_file.exists()
+    status = json.loads(cli("status", name, "--run-root", str(run_root)).stdout)
+    assert status["state"] == "CANCELLED" and status["train"].get("status") == "cancelled", status
+    assert listed_row(cli("list", "--run-root", str(run_root)).stdout, name)[3] == "CANCELLED"
+
+
 def test_ctrl_c_stops_exactly_its_own_containers_after_a_checkpoint(run_root):
     from fsdp_jobs.launchers.docker.engine import ensure_skel_image
 
     ensure_skel_image()
     # Ctrl-C while the containers start (compose up, which the terminal's Ctrl-C reached too, was cut half way and
     # the job read FAILED, "no containers left and no recorded result"): they start, stop, are removed: CANCELLED
-    early = subprocess.Popen([sys.executable, "-m", "fsdp_jobs", f"run_root={run_root}", "name=early", "cluster=docker",
-                              "nodes=1", "gpus_per_node=1", "train.steps=1000000", *SHORT], cwd=REPO, text=True,
-                             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                             start_new_session=True)  # a terminal's foreground group, of its own
-    wait_for_file(run_root / "early" / "launches.jsonl", early)
-    os.killpg(early.pid, signal.SIGINT)  # what Ctrl-C delivers: to the command and whatever it runs in the foreground
-    out, _ = early.communicate(timeout=300)
-    assert early.returncode == 130 and "cancelled (exit status 130): early" in out, out[-3000:]
-    assert not (run_root / "early" / "metrics.jsonl").exists() and labelled("container", run_root / "early") == []
-    status = json.loads(cli("status", "early", "--run-root", str(run_root)).stdout)
-    assert status["state"] == "CANCELLED" and status["train"].get("status") == "cancelled", status
-    assert listed_row(cli("list", "--run-root", str(run_root)).stdout, "early")[3] == "CANCELLED"
+    ctrl_c_while_starting(run_root, "early", run_root / "early" / "launches.jsonl")
+    # Ctrl-C as the container's node wrapper starts: `docker stop` reached the container's PID 1 before its handlers,
+    # the kernel dropped the SIGTERM, and the node trained on (20,000 steps in CI) while the command said "cancelled"
+    ctrl_c_while_starting(run_root, "starting", RunDir(run_root / "starting").node_events_file)
     bystander = subprocess.run(["docker", "run", "-d", "--rm", "-v", "/usr:/usr:ro", "fsdp-jobs-skel:1", "/bin/sleep",
                                 "600"], capture_output=True, text=True)
     assert bystander.returncode == 0, bystander.stderr

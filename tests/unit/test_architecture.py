@@ -228,7 +228,7 @@ def test_the_top_level_holds_only_the_fixed_entries():
 # The run dir's file and folder names (fsdp_jobs/rundir/layout.py spells each once). The word "heartbeats" is
 # prose; only the retired folder's spellings below are names.
 RUN_DIR_NAMES = ("state.json", "job.yaml", "plan.json", "launches.jsonl", "metrics.jsonl", "goodput.jsonl",
-                 "hangs.jsonl", "failures.jsonl", "preflight.json", "stop-request", "scale-request",
+                 "hangs.jsonl", "failures.jsonl", "preflight.json", "stop-request", "stop-nodes", "scale-request",
                  "cancel-requested", "wandb-id", "wandb-ledger.json", "launcher.log", "supervisor.log",
                  "torchrun-error", "probe.pt", "preflight-rank", "job.json", "chaos-throttle", "chaos-link",
                  "chaos-cut", "world.json", "replaced-nodes", "data-identity.json", "node-verdict.json",
@@ -394,7 +394,7 @@ WRITER_ROLES = {
     "wandb_dir": RANK, "wandb_id_file": RANK, "wandb_ledger_file": RANK,
     # the nodes'
     "torchrun_error_file": NODE, "hang_dir": NODE, "hangs_file": NODE, "liveness_dir": NODE,
-    "node_liveness_file": NODE, "job_liveness_file": NODE, "stop_request_file": NODE, "stacks_parts_dir": NODE,
+    "node_liveness_file": NODE, "job_liveness_file": NODE, "stop_request_file": NODE, "stop_nodes_file": SUPERVISOR, "stacks_parts_dir": NODE,
     "node_events_file": NODE,
     "node_launches_file": NODE,
     # the supervisor's
