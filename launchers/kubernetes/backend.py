@@ -38,7 +38,8 @@ if TYPE_CHECKING:  # types only, never imported at run time: no hydra on the nod
     from fsdp_jobs.planning.plan import Plan
 
 INSTALL_HINT = {"volcano": "Volcano (volcano.sh)", "pytorchjob": "the Kubeflow training-operator",
-                "jobset": "JobSet (jobset.sigs.k8s.io)"}
+                "jobset": "JobSet (jobset.sigs.k8s.io)",
+                "trainjob": "Kubeflow Trainer v2 (trainer.kubeflow.org) and deploy/kubernetes/trainjob-runtime.yaml"}
 
 
 def _torchx_state(app_state: Any) -> JobState:
@@ -49,21 +50,32 @@ def _torchx_state(app_state: Any) -> JobState:
 
 
 def _condition_state(kind: str, status: dict[str, Any]) -> tuple[JobState, str]:
-    """The newest true condition of a PyTorchJob / JobSet, in the common vocabulary."""
+    """The newest true condition of a PyTorchJob / JobSet / TrainJob, in the common vocabulary."""
     conds = [c for c in status.get("conditions") or [] if str(c.get("status")) == "True"]
     last = conds[-1]["type"] if conds else ""
     reason = conds[-1].get("reason") if conds else None
-    table = {"Succeeded": JobState.SUCCEEDED, "Completed": JobState.SUCCEEDED, "Failed": JobState.FAILED,
+    table = {"Succeeded": JobState.SUCCEEDED, "Completed": JobState.SUCCEEDED, "Complete": JobState.SUCCEEDED,
+             "Failed": JobState.FAILED,
              "Running": JobState.RUNNING, "Restarting": JobState.RUNNING, "Created": JobState.PENDING,
              "Suspended": JobState.PENDING}
     state = table.get(last, JobState.UNKNOWN if last else JobState.PENDING)  # no condition yet: just created
-    if kind == "jobset" and last not in table:  # no terminal condition yet: active pods decide
-        active = sum(int(r.get("active") or 0) for r in status.get("replicatedJobsStatus") or [])
+    if kind in ("jobset", "trainjob") and last not in table:  # no terminal condition yet: active pods decide
+        jobs = status.get("replicatedJobsStatus" if kind == "jobset" else "jobsStatus") or []
+        active = sum(int(r.get("active") or 0) for r in jobs)
         state = JobState.RUNNING if active else JobState.PENDING
         last = f"{'active' if active else 'no active'} Jobs, restarts {status.get('restarts', 0)}"
     elif state is JobState.FAILED and reason:  # e.g. JobSet's FailJobSetFailurePolicyAction, ReachedMaxRestarts
         last = f"{last} ({reason})"
     return state, last or "no conditions yet"
+
+
+def kueue_wait(body: dict[str, Any]) -> str:
+    """"queued (Kueue: QUEUE)" while a job under cluster.kueue_queue is suspended (created so, until Kueue admits
+    it, or suspended again when Kueue evicts it); "" otherwise."""
+    local_queue = ((body.get("metadata") or {}).get("labels") or {}).get(manifests.KUEUE_QUEUE_LABEL)
+    spec = body.get("spec") or {}
+    held = spec.get("suspend") if "suspend" in spec else (spec.get("runPolicy") or {}).get("suspend")
+    return f"queued (Kueue: {local_queue}): suspended until Kueue admits it" if local_queue and held else ""
 
 
 def unplaced(pod: dict[str, Any]) -> str:
@@ -151,6 +163,9 @@ class KubernetesBackend(Backend[manifests.Request]):
                        objects=[f"{o['kind']}/{o['metadata']['name']}" for o in req.objects])))
         print(f"submitted Kubernetes {manifests.KINDS[req.kind].kind} {job_id}: {plan.name} on {plan.nodes} pods "
               f"x {plan.gpus_per_node}\n"
+              + (f"  queued:   in Kueue's LocalQueue {cfg.cluster.kueue_queue}, suspended until Kueue admits it\n"
+                 if cfg.cluster.kueue_queue else "")
+              + (f"  {manifests.PYTORCHJOB_KUEUE}\n" if cfg.cluster.kueue_queue and req.kind == "pytorchjob" else "") +
               f"  run dir:  {req.run_dir} on PVC {cfg.cluster.pvc} (local records: {Path(plan.run_dir)})\n"
               f"  follow:   fsdp-jobs logs {plan.name} -f\n"
               f"  status:   fsdp-jobs status {plan.name}     cancel: fsdp-jobs cancel {plan.name}", flush=True)
@@ -216,6 +231,9 @@ class KubernetesBackend(Backend[manifests.Request]):
                                  "or deleted)", info)
             raise explain(e, f"cannot read {k.kind} {ns}/{name}", client) from None
         state, why = _condition_state(kind, body.get("status") or {})
+        queued = kueue_wait(body)
+        if queued and state in (JobState.PENDING, JobState.UNKNOWN):
+            state, why = JobState.PENDING, queued
         state, why = self._with_preflight(client, run, state, why, info)
         return JobStatus(state, f"{state.value} ({k.kind} {ns}/{name}: {why})", info)
 

@@ -30,8 +30,11 @@ class KubernetesClusterConfig(ClusterConfig):
 
     backend: str = "kubernetes"
     # volcano: a Volcano Job built by TorchX's kubernetes scheduler; pytorchjob: a Kubeflow PyTorchJob
-    # (training-operator, elasticPolicy); jobset: a JobSet (jobset.x-k8s.io) with a headless Service
-    kind: str = "volcano"  # volcano (TorchX, Volcano Job) | pytorchjob (Kubeflow training-operator) | jobset
+    # (the legacy training-operator v1, elasticPolicy); jobset: a JobSet (jobset.x-k8s.io) with a headless
+    # Service; trainjob: a Kubeflow Trainer v2 TrainJob against a ClusterTrainingRuntime (cluster.runtime)
+    kind: str = "volcano"  # volcano (TorchX, Volcano Job) | pytorchjob (legacy) | jobset | trainjob
+    runtime: str = "fsdp-jobs-torch"  # kind=trainjob: the ClusterTrainingRuntime (deploy/kubernetes/trainjob-runtime.yaml)
+    kueue_queue: Optional[str] = None  # a Kueue LocalQueue in cluster.namespace: created suspended, Kueue admits it
     image: Optional[str] = None  # required: an image with torch and fsdp_jobs (deploy/docker/Dockerfile)
     namespace: str = "fsdp-jobs"  # deploy/kubernetes creates it, with the PVC, ServiceAccount and queue
     context: Optional[str] = None  # kube config context; None = the current one (or in-cluster config)
@@ -60,12 +63,16 @@ def register() -> None:
     register_cluster_schema(NAME, SCHEMA)
 
 
-K8S_KINDS = ("volcano", "pytorchjob", "jobset")
+K8S_KINDS = ("volcano", "pytorchjob", "jobset", "trainjob")
+# the kinds Kueue admits (its integrations: jobset.x-k8s.io/jobset, trainer.kubeflow.org/trainjob on by default;
+# kubeflow.org/pytorchjob deprecated upstream and off in its default configuration; no Volcano Job)
+KUEUE_KINDS = ("jobset", "trainjob", "pytorchjob")
 # why a running job of these kinds cannot grow (the JobSet CRD targeted is v0.12.0: tests/kubernetes/crds)
 FIXED_SIZE = {
     "jobset": "JobSet v0.12.0's webhook keeps spec.replicatedJobs (parallelism and completions included) "
               "immutable unless its alpha ElasticJobSet feature gate, off by default, is on",
     "volcano": "a Volcano Job's tasks and replicas are fixed once created",
+    "trainjob": "a TrainJob's spec.trainer (numNodes) is immutable and Kubeflow Trainer v2.3 has no elastic policy",
 }
 _DNS_LABEL = r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?"
 
@@ -80,9 +87,16 @@ def validate(cl: KubernetesClusterConfig) -> None:
         raise UserError("cluster.max_nodes", cl.max_nodes, f"null with cluster.kind={cl.kind}: {FIXED_SIZE[cl.kind]}; "
                         "cluster.kind=pytorchjob (elastic) can grow")
     choice("cluster.gpus", str(cl.gpus).lower(), ("auto", "true", "false"))
-    for key in ("namespace", "pvc", "service_account", "queue", "priority_class"):
+    if cl.kueue_queue is not None and cl.kind not in KUEUE_KINDS:
+        raise UserError("cluster.kueue_queue", cl.kueue_queue, f"Kueue does not admit a {cl.kind} job: use "
+                        "cluster.kind=jobset or trainjob (Volcano queues its own jobs: cluster.queue)")
+    if cl.kind == "trainjob" and cl.priority_class is not None:
+        raise UserError("cluster.priority_class", cl.priority_class, "null with cluster.kind=trainjob: a TrainJob "
+                        "cannot set its pods' priority (v2.3's runtimePatches have no priorityClassName); set it "
+                        f"in the pod template of the ClusterTrainingRuntime {cl.runtime}")
+    for key in ("namespace", "pvc", "service_account", "queue", "priority_class", "kueue_queue", "runtime"):
         value = cl[key]
-        if value is None and key == "priority_class":
+        if value is None and key in ("priority_class", "kueue_queue"):
             continue
         if not isinstance(value, str) or not re.fullmatch(_DNS_LABEL, value):
             raise UserError(f"cluster.{key}", value, "must be a Kubernetes name: lowercase letters, digits and "
@@ -127,5 +141,10 @@ def validate_job(cfg: JobConfig) -> None:
     """What this backend refuses of the job's other keys (fsdp_jobs/planning/validation.py calls it after validate)."""
     if cfg.fault_tolerance.mode == "replica" and cfg.cluster.kind not in REPLICA_KINDS:
         raise UserError("cluster.kind", cfg.cluster.kind, "has no place for fault_tolerance=replica's lighthouse (a "
-                                                          "PyTorchJob's replica types are Master and Worker) and no "
-                                                          "stable name per pod: use cluster.kind=jobset or volcano")
+                                                          "PyTorchJob's replica types are Master and Worker; a "
+                                                          "TrainJob's runtime fixes its jobs) and no stable name per "
+                                                          "pod: use cluster.kind=jobset or volcano")
+    if cfg.cluster.kind == "trainjob" and cfg.cluster.min_nodes not in (None, cfg.nodes):
+        raise UserError("cluster.min_nodes", cfg.cluster.min_nodes, f"null or {cfg.nodes} (nodes) with "
+                        "cluster.kind=trainjob: Kubeflow Trainer v2.3 has no elastic policy (a TrainJob runs exactly "
+                        "numNodes pods); cluster.kind=pytorchjob is elastic")

@@ -6,6 +6,8 @@
                           one task of `replicas: nodes` (the object's size does not grow with nodes)
                           kind=pytorchjob: a Kubeflow PyTorchJob (elasticPolicy, c10d)
                           kind=jobset: a JobSet, one Indexed Job of `nodes` pods
+                          kind=trainjob: a Kubeflow Trainer v2 TrainJob; its runtime (cluster.runtime) makes
+                          the JobSet, our pods' settings in its runtimePatches
 
 Every pod is the same TorchX pod (`role_to_pod`: resources, /dev/shm, the PVC at cluster.mount_path)
 with the same patch on top: non-root, no privilege escalation, all capabilities dropped, a dedicated
@@ -79,7 +81,11 @@ KINDS = {
     # JobSet: hostname <jobset>-<replicated job>-<job index>-<pod index>, subdomain = our headless Service
     "jobset": Kind("JobSet", "jobset.x-k8s.io", "v1alpha2", "jobsets", "{job}-node-0-0.{job}", "",
                    "{job}-node-0-{i}.{job}"),
+    # Kubeflow Trainer v2 makes a JobSet of the TrainJob's name from its runtime: the same pod names as a JobSet's
+    "trainjob": Kind("TrainJob", "trainer.kubeflow.org", "v1alpha1", "trainjobs", "{job}-node-0-0.{job}", "",
+                     "{job}-node-0-{i}.{job}"),
 }
+KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 # fault_tolerance=replica: the lighthouse is a workload of its own beside the nodes (one pod, role LIGHTHOUSE),
 # at the same DNS name on both kinds that have a place for it (<job>-lighthouse-0-0.<job>: the second
 # replicated job of a JobSet, the second TorchX role of a Volcano job); boot.py gives each pod its replica
@@ -409,7 +415,7 @@ def pytorchjob(plan: Plan, cfg: JobConfig) -> Request:
     if c.priority_class:
         scheduling["priorityClass"] = c.priority_class
     body = {
-        "apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob", "metadata": _meta(plan, cfg, job),
+        "apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob", "metadata": queued_meta(plan, cfg, job),
         "spec": {
             "nprocPerNode": str(plan.gpus_per_node),
             # the operator's own PET_* environment says the same as our explicit torchrun flags
@@ -419,7 +425,7 @@ def pytorchjob(plan: Plan, cfg: JobConfig) -> Request:
             # a failed pod is restarted in place (OnFailure) up to backoffLimit times; finished pods are
             # kept (cleanPodPolicy None) so `fsdp-jobs logs` still reads them
             "runPolicy": {"backoffLimit": int(c.max_retries), "cleanPodPolicy": "None",
-                          "schedulingPolicy": scheduling},
+                          "schedulingPolicy": scheduling, **suspended(cfg)},
             "pytorchReplicaSpecs": {"Worker": {"replicas": plan.nodes, "restartPolicy": "OnFailure",
                                                "template": pod}},
         },
@@ -448,8 +454,9 @@ def jobset(plan: Plan, cfg: JobConfig) -> Request:
     container = "node"
     pod = _pod_template(plan, cfg, "jobset", job, container, "c10d", "Never")
     body = {
-        "apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSet", "metadata": _meta(plan, cfg, job),
+        "apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSet", "metadata": queued_meta(plan, cfg, job),
         "spec": {
+            **suspended(cfg),
             "network": {"enableDNSHostnames": True, "subdomain": job, "publishNotReadyAddresses": True},
             "failurePolicy": {"maxRestarts": int(c.max_retries), "rules": [
                 {"name": PREFLIGHT_RULE, "action": "FailJobSet", "onJobFailureReasons": ["PodFailurePolicy"],
@@ -468,6 +475,61 @@ def jobset(plan: Plan, cfg: JobConfig) -> Request:
     return Request("jobset", c.namespace, c.context, job,
                    [configmap(plan, cfg, job), headless_service(plan, cfg, job), network_policy(plan, cfg, job), body],
                    pod_run_dir(plan, cfg), endpoint=endpoint("jobset", job, rdzv_port(cfg)))
+
+
+RUNTIME_MANAGER = "fsdp-jobs"  # our entry in a TrainJob's runtimePatches (Kueue adds its own beside it)
+# what a TrainJob cannot patch into its pods (v2.3's PodSpecPatch, ContainerPatch), so the ClusterTrainingRuntime
+# holds it: deploy/kubernetes/trainjob-runtime.yaml has these, and tests/kubernetes/test_trainjob.py checks the pod
+# it makes against kind=jobset's
+RUNTIME_POD = {"restartPolicy": "Never", "automountServiceAccountToken": False}
+RUNTIME_CONTAINER = {"terminationMessagePath": TERMINATION_LOG, "terminationMessagePolicy": "File"}
+PATCHED_POD = ("serviceAccountName", "securityContext", "terminationGracePeriodSeconds", "nodeSelector", "volumes")
+
+
+def trainjob(plan: Plan, cfg: JobConfig) -> Request:
+    """A Kubeflow Trainer v2 TrainJob: the node container's image, command, env and resources in spec.trainer,
+    the rest of kind=jobset's pod (volumes, identity, security, labels) in our runtimePatches entry, and what
+    neither can say in the runtime (RUNTIME_POD). The Trainer's own PET_* environment is overridden by the
+    command's explicit torchrun flags (torch's argparse: a flag beats its PET_ variable)."""
+    c = cfg.cluster
+    job = unique_name(name_prefix(plan.name))
+    pod = _pod_template(plan, cfg, "trainjob", job, ROLE, "c10d", RUNTIME_POD["restartPolicy"])
+    spec, ctr = pod["spec"], pod["spec"]["containers"][0]
+    assert {k: spec.get(k) for k in RUNTIME_POD} == RUNTIME_POD
+    assert {k: ctr.get(k) for k in RUNTIME_CONTAINER} == RUNTIME_CONTAINER
+    trainer = {"image": ctr["image"], "command": ctr["command"], **({"args": ctr["args"]} if ctr.get("args") else {}),
+               "env": ctr["env"], "numNodes": plan.nodes, "numProcPerNode": plan.gpus_per_node,
+               "resourcesPerNode": ctr["resources"]}
+    patch = {k: spec[k] for k in PATCHED_POD if k in spec}
+    patch["containers"] = [{"name": ROLE, "volumeMounts": ctr["volumeMounts"], "securityContext": ctr["securityContext"]}]
+    node = {"name": ROLE, "template": {"spec": {"template": {"metadata": pod["metadata"], "spec": patch}}}}
+    body = {
+        "apiVersion": "trainer.kubeflow.org/v1alpha1", "kind": "TrainJob", "metadata": queued_meta(plan, cfg, job),
+        "spec": {
+            "runtimeRef": {"name": c.runtime, "kind": "ClusterTrainingRuntime", "apiGroup": "trainer.kubeflow.org"},
+            **suspended(cfg),
+            "trainer": trainer,
+            "runtimePatches": [{"manager": RUNTIME_MANAGER, "trainingRuntimeSpec": {"template": {
+                "metadata": {"labels": labels(plan, job)}, "spec": {"replicatedJobs": [node]}}}}],
+        },
+    }
+    return Request("trainjob", c.namespace, c.context, job,
+                   [configmap(plan, cfg, job), network_policy(plan, cfg, job), body],
+                   pod_run_dir(plan, cfg), endpoint=endpoint("trainjob", job, rdzv_port(cfg)))
+
+
+def queued_meta(plan: Plan, cfg: JobConfig, job: str) -> dict[str, Any]:
+    """The job object's metadata; with cluster.kueue_queue, Kueue's label, which its webhook admits by."""
+    meta = _meta(plan, cfg, job)
+    if cfg.cluster.kueue_queue:
+        meta["labels"][KUEUE_QUEUE_LABEL] = cfg.cluster.kueue_queue
+    return meta
+
+
+def suspended(cfg: JobConfig) -> dict[str, Any]:
+    """With cluster.kueue_queue the job is created suspended, as Kueue's webhook would make it: nothing starts
+    before Kueue admits it (it then un-suspends it), also where the webhook is not in the path."""
+    return {"suspend": True} if cfg.cluster.kueue_queue else {}
 
 
 def lighthouse_roles(plan: Plan, cfg: JobConfig) -> list[Any]:
@@ -499,7 +561,7 @@ def lighthouse_job(plan: Plan, cfg: JobConfig, job: str) -> dict[str, Any]:
         "parallelism": 1, "completions": 1, "backoffLimit": int(cfg.cluster.max_retries) + 3, "template": pod}}}
 
 
-RENDERERS = {"volcano": volcano, "pytorchjob": pytorchjob, "jobset": jobset}
+RENDERERS = {"volcano": volcano, "pytorchjob": pytorchjob, "jobset": jobset, "trainjob": trainjob}
 
 
 # etcd's default request limit (--max-request-bytes, 1.5 MiB): the API server refuses a larger object
@@ -528,6 +590,9 @@ def pod_templates(obj: dict[str, Any]) -> list[dict[str, Any]]:
         return [s["template"] for s in obj["spec"]["pytorchReplicaSpecs"].values()]
     if kind == "JobSet":
         return [rj["template"]["spec"]["template"] for rj in obj["spec"]["replicatedJobs"]]
+    if kind == "TrainJob":  # what our patch says of the pods (the runtime and spec.trainer say the rest)
+        return [rj["template"]["spec"]["template"]
+                for p in obj["spec"]["runtimePatches"] for rj in p["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"]]
     return []
 
 
@@ -545,4 +610,13 @@ def to_text(request: Request) -> str:
         head += (f"# fault_tolerance=replica: each pod's boot.py (the ConfigMap's, replica_command) fills in its command "
                  f"{GROUP} (the pod's index // nodes per group), {GROUP_HOST} (that group's first pod's DNS name) and "
                  f"{NODE_HOST} (its own) before starting it\n")
+    queue = request.job["metadata"]["labels"].get(KUEUE_QUEUE_LABEL)
+    if queue:
+        head += f"# Kueue: created suspended in LocalQueue {queue}; Kueue admits it (all its pods or none)\n"
+    if queue and request.kind == "pytorchjob":
+        head += f"# {PYTORCHJOB_KUEUE}\n"
     return head + yaml.dump_all(copy.deepcopy(request.objects), Dumper=_Dumper, sort_keys=False)
+
+
+PYTORCHJOB_KUEUE = ("note: Kueue's PyTorchJob integration (kubeflow.org/pytorchjob) is deprecated upstream and off in "
+                    "Kueue's default configuration: cluster.kind=jobset or trainjob are admitted by default")

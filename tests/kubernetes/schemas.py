@@ -1,6 +1,7 @@
 """Strict validation of Kubernetes objects with the official schemas (no API server needed).
 
-- Custom resources (Volcano Job/Queue/PodGroup, PyTorchJob, JobSet): the CRD's own `openAPIV3Schema`
+- Custom resources (Volcano Job/Queue/PodGroup, PyTorchJob, JobSet, TrainJob, ClusterTrainingRuntime): the CRD's
+  own `openAPIV3Schema`
   (tests/kubernetes/crds/, unmodified upstream files, see SOURCES.md), checked with jsonschema the way
   an API server with the CRD installed checks it: unknown fields rejected (additionalProperties: false
   on every object node that lists properties, unless x-kubernetes-preserve-unknown-fields),
@@ -94,6 +95,15 @@ def pod_templates(obj: dict[str, Any]) -> Iterator[tuple[str, dict[str, Any]]]:
     elif kind == "JobSet":
         for i, rj in enumerate(spec.get("replicatedJobs") or []):
             yield f"spec.replicatedJobs.{i}.template.spec.template", rj["template"]["spec"].get("template") or {}
+    elif kind in ("ClusterTrainingRuntime", "TrainingRuntime"):  # a JobSet's spec in spec.template
+        for i, rj in enumerate(spec["template"]["spec"].get("replicatedJobs") or []):
+            yield (f"spec.template.spec.replicatedJobs.{i}.template.spec.template",
+                   rj["template"]["spec"].get("template") or {})
+    elif kind == "TrainJob":  # each patch's pod template: a subset of a pod's fields (no image: spec.trainer's)
+        for p, patch in enumerate(spec.get("runtimePatches") or []):
+            for i, rj in enumerate(patch["trainingRuntimeSpec"]["template"]["spec"].get("replicatedJobs") or []):
+                yield (f"spec.runtimePatches.{p}.trainingRuntimeSpec.template.spec.replicatedJobs.{i}.template.spec."
+                       "template", rj["template"]["spec"].get("template") or {})
 
 
 def validate(obj: dict[str, Any]) -> None:

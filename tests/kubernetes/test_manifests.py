@@ -69,7 +69,7 @@ def test_deploy_objects_validate_strictly() -> None:
             schemas.validate(obj)
             kinds.add(obj["kind"])
     assert kinds == {"Namespace", "PersistentVolumeClaim", "ServiceAccount", "Role", "RoleBinding", "Queue",
-                     "PriorityClass", "NetworkPolicy"}
+                     "PriorityClass", "NetworkPolicy", "ClusterTrainingRuntime"}
     pvc = yaml.safe_load((DEPLOY / "pvc.yaml").read_text())
     assert pvc["spec"]["accessModes"] == ["ReadWriteMany"]
 
@@ -167,7 +167,7 @@ def test_an_object_over_the_request_limit_is_refused_in_one_line(tmp_path: Path,
     line = str(e.value)
     assert "\n" not in line and re.search(r"its Job for 1024 nodes would be \d KiB", line), line
     assert "over the API server's 2 KiB request limit" in line
-    assert "try cluster.kind=pytorchjob or cluster.kind=jobset, or fewer nodes" in line
+    assert "try cluster.kind=pytorchjob or cluster.kind=jobset or cluster.kind=trainjob, or fewer nodes" in line
     monkeypatch.setattr(k8s_manifests, "RENDERERS", {**k8s_manifests.RENDERERS, "volcano": request})
     monkeypatch.setattr(k8s_manifests, "REQUEST_LIMIT", 8 * 1024)  # the ConfigMap (10 KiB) is over
     with pytest.raises(UserError, match=r"its ConfigMap for 1024 nodes would be 10 KiB.*; make it smaller$"):

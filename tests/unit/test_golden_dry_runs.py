@@ -59,6 +59,10 @@ COMMANDS: dict[str, list[str]] = {
                               "+cluster.secret_env.HF_TOKEN=hf/token"],
     "kubernetes-jobset": [*K8S, "cluster.kind=jobset", "cluster.device=cuda", "gpus_per_node=8",
                           "+cluster.node_selector.pool=gpu"],
+    "kubernetes-trainjob-kueue": [*K8S, "cluster.kind=trainjob", "cluster.kueue_queue=team-a", "cluster.device=cuda",
+                                  "gpus_per_node=8"],
+    "kubernetes-jobset-kueue": [*K8S, "cluster.kind=jobset", "cluster.kueue_queue=team-a"],
+    "kubernetes-pytorchjob-kueue": [*K8S, "cluster.kind=pytorchjob", "cluster.kueue_queue=team-a"],
     "kubernetes-script": [*K8S, *SCRIPT],
     "kubernetes-hf": [*K8S, *HF],
     # fault_tolerance=replica: each node a replica group with its own torchrun, the lighthouse beside them

@@ -1,0 +1,168 @@
+"""cluster.kind=trainjob (Kubeflow Trainer v2.3's TrainJob) and cluster.kueue_queue, without an API server: the
+objects validate strictly against the official CRDs, a TrainJob makes the same pods as kind=jobset once the
+Trainer has applied it to deploy/kubernetes/trainjob-runtime.yaml, Kueue's label and suspension are on every kind
+Kueue admits, and what a kind cannot do is one line at plan time."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from fsdp_jobs.planning.compose import compose
+from fsdp_jobs.planning.errors import UserError
+from fsdp_jobs.planning.plan import make_plan
+from fsdp_jobs.launchers.kubernetes import manifests
+from fsdp_jobs.launchers.kubernetes.backend import BACKEND, JobState, _condition_state, kueue_wait
+from tests.conftest import REPO
+from tests.kubernetes import schemas
+
+pytestmark = pytest.mark.kubernetes
+
+RUNTIME = REPO / "deploy" / "kubernetes" / "trainjob-runtime.yaml"
+PET = ("PET_NNODES", "PET_NPROC_PER_NODE", "PET_NODE_RANK", "PET_MASTER_ADDR", "PET_MASTER_PORT")
+
+
+def dryrun(tmp_path: Path, *overrides: str) -> Any:
+    cfg, _ = compose(["cluster=kubernetes", "cluster.image=registry.example.com/fsdp-jobs:1", "name=exp1",
+                      f"run_root={tmp_path / 'runs'}", "dry_run=true", *overrides])
+    return BACKEND.dryrun(make_plan(cfg), cfg)
+
+
+def merged(base: dict[str, Any], patch: dict[str, Any]) -> dict[str, Any]:
+    """A strategic merge as the Trainer applies a runtime patch: maps merge, lists of named items merge by name
+    (containers), other lists (volumes, volumeMounts) are appended to."""
+    out = copy.deepcopy(base)
+    for key, value in patch.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = merged(out[key], value)
+        elif isinstance(value, list) and key == "containers":
+            by_name = {c["name"]: c for c in out.get(key, [])}
+            out[key] = [merged(by_name.get(c["name"], {}), c) for c in value] + \
+                [c for name, c in by_name.items() if name not in {v["name"] for v in value}]
+        elif isinstance(value, list) and isinstance(out.get(key), list):
+            out[key] = out[key] + copy.deepcopy(value)
+        else:
+            out[key] = copy.deepcopy(value)
+    return out
+
+
+def trainer_makes(runtime: dict[str, Any], train_job: dict[str, Any]) -> dict[str, Any]:
+    """Plays Kubeflow Trainer v2.3 (pkg/runtime/framework/plugins/jobset/builder.go `Trainer`, plugins/torch/torch.go
+    `EnforceMLPolicy`): the runtime's `node` replicated job with spec.trainer's image, command, args, env and
+    resources in its `node` container, numNodes as parallelism and completions, the PET_ environment, then each
+    runtime patch merged. Returns that replicated job's Job spec."""
+    node = next(rj for rj in runtime["spec"]["template"]["spec"]["replicatedJobs"] if rj["name"] == "node")
+    job_spec = copy.deepcopy(node["template"]["spec"])
+    trainer = train_job["spec"]["trainer"]
+    ctr = next(c for c in job_spec["template"]["spec"]["containers"] if c["name"] == "node")
+    ctr.update({k: copy.deepcopy(trainer[k]) for k in ("image", "command", "args") if k in trainer})
+    ctr["resources"] = copy.deepcopy(trainer["resourcesPerNode"])
+    name = train_job["metadata"]["name"]
+    ctr["env"] = copy.deepcopy(trainer["env"]) + [
+        {"name": "PET_NNODES", "value": str(trainer["numNodes"])},
+        {"name": "PET_NPROC_PER_NODE", "value": str(trainer["numProcPerNode"])},
+        {"name": "PET_NODE_RANK", "valueFrom": {"fieldRef": {
+            "fieldPath": "metadata.annotations['batch.kubernetes.io/job-completion-index']"}}},
+        {"name": "PET_MASTER_ADDR", "value": f"{name}-node-0-0.{name}"}, {"name": "PET_MASTER_PORT", "value": "29500"}]
+    ctr["ports"] = [{"containerPort": 29500}]
+    job_spec["parallelism"] = job_spec["completions"] = trainer["numNodes"]
+    for patch in train_job["spec"].get("runtimePatches") or []:
+        for rj in patch["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"]:
+            if rj["name"] == "node":
+                job_spec["template"] = merged(job_spec["template"], rj["template"]["spec"]["template"])
+    return job_spec
+
+
+def renamed(obj: Any, name: str) -> Any:
+    return json.loads(json.dumps(obj).replace(name, "JOB"))
+
+
+def test_a_trainjob_and_its_runtime_validate_strictly_and_make_the_pods_kind_jobset_makes(tmp_path: Path) -> None:
+    overrides = ("nodes=3", "gpus_per_node=4", "cluster.device=cuda", "+cluster.node_selector.gpu=h100",
+                 "+cluster.secret_env.HF_TOKEN=hf-token/token", "+cluster.env.NCCL_DEBUG=WARN")
+    train = dryrun(tmp_path, "cluster.kind=trainjob", *overrides)
+    objs = train.request.objects
+    assert [o["kind"] for o in objs] == ["ConfigMap", "NetworkPolicy", "TrainJob"]
+    for obj in objs:
+        schemas.validate(obj)
+    assert list(schemas.pod_templates(objs[-1])), "the patch's pod template was validated too"
+    assert [o for o in yaml.safe_load_all(train.text) if o] == objs  # dry_run=true prints exactly these
+    job = objs[-1]
+    assert job["spec"]["runtimeRef"] == {"name": "fsdp-jobs-torch", "kind": "ClusterTrainingRuntime",
+                                         "apiGroup": "trainer.kubeflow.org"}
+    assert "suspend" not in job["spec"] and manifests.KUEUE_QUEUE_LABEL not in job["metadata"]["labels"]
+    assert not {e["name"] for e in job["spec"]["trainer"]["env"]} & set(PET)  # the Trainer refuses those names
+    runtime = yaml.safe_load(RUNTIME.read_text())
+    assert runtime["metadata"]["name"] == job["spec"]["runtimeRef"]["name"]
+    made = trainer_makes(runtime, job)
+    # kind=jobset's Job for the same run (its name has another random suffix)
+    reference = dryrun(tmp_path, "cluster.kind=jobset", *overrides).request
+    want = reference.job["spec"]["replicatedJobs"][0]["template"]["spec"]
+    assert {k: made[k] for k in want if k != "template"} == {k: want[k] for k in want if k != "template"}
+    pod, want_pod = renamed(made["template"], job["metadata"]["name"]), renamed(want["template"], reference.name)
+    ctr, want_ctr = pod["spec"]["containers"][0], want_pod["spec"]["containers"][0]
+    assert [e for e in ctr.pop("env") if e["name"] not in PET] == want_ctr.pop("env")
+    ctr.pop("ports"), want_ctr.pop("ports")  # the Trainer's 29500, and the same port as kind=jobset's, named
+    assert pod == want_pod
+    # the rendezvous: the first pod's stable name, where the Trainer's JobSet puts it (explicit flags beat PET_)
+    name = job["metadata"]["name"]
+    assert f"--rdzv-endpoint={name}-node-0-0.{name}:29500" in job["spec"]["trainer"]["command"]
+
+
+def test_kueue_admits_jobsets_trainjobs_and_pytorchjobs_created_suspended_under_its_label(tmp_path: Path) -> None:
+    where = {"jobset": ("spec",), "trainjob": ("spec",), "pytorchjob": ("spec", "runPolicy")}
+    for kind, path in where.items():
+        d = dryrun(tmp_path, f"cluster.kind={kind}", "cluster.kueue_queue=team-a")
+        job = d.request.job
+        schemas.validate(job)
+        assert (manifests.PYTORCHJOB_KUEUE in d.text) == (kind == "pytorchjob")  # deprecated upstream: said
+        assert job["metadata"]["labels"][manifests.KUEUE_QUEUE_LABEL] == "team-a", kind
+        spec = job
+        for key in path:
+            spec = spec[key]
+        assert spec["suspend"] is True, kind
+        # `status` while Kueue holds it; once admitted (un-suspended) the job's own conditions say
+        assert kueue_wait(job) == "queued (Kueue: team-a): suspended until Kueue admits it"
+        spec["suspend"] = False
+        assert kueue_wait(job) == ""
+        plain = dryrun(tmp_path, f"cluster.kind={kind}").request.job
+        assert "suspend" not in json.dumps(plain) and manifests.KUEUE_QUEUE_LABEL not in plain["metadata"]["labels"]
+
+
+@pytest.mark.parametrize("overrides,key", [
+    (("cluster.kind=volcano", "cluster.kueue_queue=team-a"), "cluster.kueue_queue"),
+    (("cluster.kind=trainjob", "nodes=3", "cluster.min_nodes=2"), "cluster.min_nodes"),
+    (("cluster.kind=trainjob", "cluster.max_nodes=4"), "cluster.max_nodes"),
+    (("cluster.kind=trainjob", "cluster.priority_class=fsdp-jobs-training"), "cluster.priority_class"),
+    (("cluster.kind=trainjob", "fault_tolerance=replica", "nodes=2"), "cluster.kind"),
+    (("cluster.kind=trainjob", "cluster.kueue_queue=Team_A"), "cluster.kueue_queue"),
+])
+def test_what_a_kind_cannot_do_is_refused_at_plan_time(tmp_path: Path, overrides: tuple[str, ...], key: str) -> None:
+    with pytest.raises(UserError) as e:
+        dryrun(tmp_path, *overrides)
+    assert e.value.key == key and "\n" not in str(e.value), str(e.value)
+
+
+def test_a_trainjobs_conditions_read_as_the_common_states() -> None:
+    assert _condition_state("trainjob", {}) == (JobState.PENDING, "no active Jobs, restarts 0")
+    running = {"conditions": [{"type": "Suspended", "status": "False", "reason": "Resumed"}],
+               "jobsStatus": [{"name": "node", "active": 2, "ready": 2, "succeeded": 0, "failed": 0, "suspended": 0}]}
+    assert _condition_state("trainjob", running)[0] == JobState.RUNNING
+    done = {"conditions": [{"type": "Complete", "status": "True", "reason": "JobSetCompleted"}]}
+    assert _condition_state("trainjob", done)[0] == JobState.SUCCEEDED
+    failed = {"conditions": [{"type": "Failed", "status": "True", "reason": "FailJobSetFailurePolicyAction"}]}
+    assert _condition_state("trainjob", failed) == (JobState.FAILED, "Failed (FailJobSetFailurePolicyAction)")
+
+
+def test_a_kind_kueue_does_not_admit_is_refused_by_the_command_in_one_line(cli_here, tmp_path: Path) -> None:
+    from tests.kubernetes.test_refusals import one_line_refusal
+
+    r = cli_here("cluster=kubernetes", "cluster.image=registry.example.com/fsdp-jobs:1", "cluster.kueue_queue=team-a",
+                 f"run_root={tmp_path / 'runs'}", "dry_run=true")
+    one_line_refusal(r, "cluster.kueue_queue='team-a'", "Kueue does not admit a volcano job")
+    assert not (tmp_path / "runs").exists()
