@@ -360,10 +360,22 @@ def stop_requested(run_dir: Path) -> bool:
 def stop_nodes(run_dir: Path) -> None:
     """Before a launcher signals its nodes to stop: a node's wrapper that cannot have taken the signal (not yet
     started, or PID 1 of a container before its handlers existed, where the kernel drops it) reads this once its
-    handlers are in place (launchers/node/wrapper.py). Written once per stop, however many nodes."""
+    handlers are in place (launchers/node/wrapper.py). Written once per stop, however many nodes; best effort (a
+    full disk must not turn the stop into a kill: the signal still goes)."""
     path = RunDir(run_dir).stop_nodes_file
-    if not path.exists():
-        write_atomic(path, f"{time.time()}\n")
+    try:
+        if not path.exists():
+            write_atomic(path, f"{time.time()}\n")
+    except OSError:
+        pass
+
+
+def nodes_stopped_at(run_dir: Path) -> Optional[float]:
+    """When a launcher recorded that it stops this run's nodes (stop_nodes), or None."""
+    try:
+        return float(RunDir(run_dir).stop_nodes_file.read_text().strip())
+    except (OSError, ValueError):
+        return None
 
 
 def clear_stop_request(run_dir: Path) -> None:

@@ -94,11 +94,13 @@ def first_error(run_dir: Path, error_file: str, since: float, stopped_here: bool
 
 def stop_recorded(run_dir: Path) -> bool:
     """The launcher recorded that it is stopping this launch's nodes (its supervisor's stop, `fsdp-jobs cancel`),
-    before it signalled them: both records are removed at every launch (runs.clear_stop_request)."""
-    from fsdp_jobs.rundir.layout import RunDir
+    before it signalled them. Only a record made since the newest launch counts: a cancel of an earlier launch
+    stays in the run dir until one node of the next clears it (SLURM's first task, TorchX's replica 0), and
+    the other nodes of that next launch start meanwhile."""
+    from fsdp_jobs.rundir import runs
 
-    rd = RunDir(run_dir)
-    return rd.stop_nodes_file.exists() or rd.cancel_file.exists()
+    launched = float(runs.last_launch(run_dir).get("unix") or 0.0) - 0.001  # recorded to the millisecond
+    return any(t is not None and t >= launched for t in (runs.nodes_stopped_at(run_dir), runs.cancel_asked(run_dir)))
 
 
 def run(argv: list[str], environ: Optional[dict[str, str]] = None) -> int:
@@ -112,12 +114,14 @@ def run(argv: list[str], environ: Optional[dict[str, str]] = None) -> int:
     node = environ.get(NODE_ENV) or socket.gethostname()
     stopped_on: list[int] = []  # the stop signals this node was sent, and passed on to its agent
     agents: list[subprocess.Popen[bytes]] = []
+    passed_on = [0]  # how many of them reached the agent
 
     def forward(signum: int, _frame: Any) -> None:
         if not agents or agents[0].poll() is None:
             stopped_on.append(signum)
             if agents:
                 agents[0].send_signal(signum)
+                passed_on[0] += 1
 
     # the handlers first: a stop that came before them killed this wrapper (the agent orphaned, where it had
     # started), or, where this wrapper is a container's PID 1, was dropped by the kernel and the node trained on
@@ -156,7 +160,7 @@ def run(argv: list[str], environ: Optional[dict[str, str]] = None) -> int:
             agent = subprocess.Popen([sys.executable, "-m", "fsdp_jobs.launchers.node.agent", *argv], cwd=run_dir,
                                      env=env, pass_fds=(owner.fileno(),) if owner else ())
             agents.append(agent)
-            if stopped_on:  # between the check above and the agent's start
+            if len(stopped_on) > passed_on[0]:  # came between the check above and the agent's start: once
                 agent.send_signal(stopped_on[0])
             ended = supervise_agent(agent, Path(run_dir), node, beats, oom, began=started)
             rc = decided_status(ended, Path(run_dir), node, engine_restarts=environ.get(ENGINE_RESTARTS_ENV) == "1",

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from fsdp_jobs.rundir import runs
 from fsdp_jobs.rundir.layout import RunDir
+from fsdp_jobs.rundir.records import LaunchRecord
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -38,6 +39,7 @@ def test_a_node_started_after_its_launcher_stopped_the_nodes_stops_before_it_tra
     script = run_dir / "train.py"
     script.write_text(f"open({str(trained)!r}, 'w').write('a step')\n")
     # what Docker's supervisor writes right before its `docker stop`; `fsdp-jobs cancel`'s record before its own
+    runs.record_launch(run_dir, LaunchRecord(backend="docker", job_id="1", nodes=1, gpus_per_node=1))
     for record in (lambda: runs.stop_nodes(run_dir), lambda: runs.record_cancel(run_dir)):
         runs.clear_stop_request(run_dir)
         RunDir(run_dir).node_events_file.unlink(missing_ok=True)
@@ -47,7 +49,8 @@ def test_a_node_started_after_its_launcher_stopped_the_nodes_stops_before_it_tra
         assert "fsdp-jobs: node0: stopped on SIGTERM" in stopped.stdout
         assert not trained.exists()  # no agent, no rank
         assert [(e["event"], e.get("rc")) for e in node_events(run_dir)] == [("node_start", None), ("node_end", 143)]
-    # the next launch clears it (runs.clear_stop_request at every submission): that node trains
-    runs.clear_stop_request(run_dir)
+    # a cancel of an earlier launch that nobody cleared yet (SLURM's first task clears it, the others start
+    # meanwhile) does not stop a node of the newest launch: that node trains
+    runs.record_launch(run_dir, LaunchRecord(backend="slurm", job_id="2", nodes=1, gpus_per_node=1))
     ran = wrapper(run_dir, script, timeout=120)
     assert ran.returncode == 0 and trained.exists(), ran.stdout + ran.stderr
