@@ -39,7 +39,7 @@ if TYPE_CHECKING:  # types only, never imported at run time: no hydra on the nod
 
 INSTALL_HINT = {"volcano": "Volcano (volcano.sh)", "pytorchjob": "the Kubeflow training-operator",
                 "jobset": "JobSet (jobset.sigs.k8s.io)",
-                "trainjob": "Kubeflow Trainer v2 (trainer.kubeflow.org) and deploy/kubernetes/trainjob-runtime.yaml"}
+                "trainjob": "Kubeflow Trainer v2 (trainer.kubeflow.org) and deploy/kubernetes/trainer/trainjob-runtime.yaml"}
 
 
 def _torchx_state(app_state: Any) -> JobState:
@@ -63,19 +63,52 @@ def _condition_state(kind: str, status: dict[str, Any]) -> tuple[JobState, str]:
         jobs = status.get("replicatedJobsStatus" if kind == "jobset" else "jobsStatus") or []
         active = sum(int(r.get("active") or 0) for r in jobs)
         state = JobState.RUNNING if active else JobState.PENDING
-        last = f"{'active' if active else 'no active'} Jobs, restarts {status.get('restarts', 0)}"
+        last = f"{'active' if active else 'no active'} Jobs" + (f", restarts {status.get('restarts', 0)}"
+                                                                  if kind == "jobset" else "")
     elif state is JobState.FAILED and reason:  # e.g. JobSet's FailJobSetFailurePolicyAction, ReachedMaxRestarts
         last = f"{last} ({reason})"
     return state, last or "no conditions yet"
 
 
-def kueue_wait(body: dict[str, Any]) -> str:
-    """"queued (Kueue: QUEUE)" while a job under cluster.kueue_queue is suspended (created so, until Kueue admits
-    it, or suspended again when Kueue evicts it); "" otherwise."""
+def kueue_workload(client: Any, ns: str, body: dict[str, Any]) -> Optional[dict[str, Any]]:
+    """Kueue's Workload for a job under cluster.kueue_queue (found by the job-uid label Kueue gives it: one
+    indexed list call), as a plain dict; None without the label, without Kueue, or when it cannot be read (RBAC:
+    deploy/kubernetes/rbac.yaml allows it): its absence only makes `status` say less."""
+    meta = body.get("metadata") or {}
+    if not (meta.get("labels") or {}).get(manifests.KUEUE_QUEUE_LABEL) or not meta.get("uid"):
+        return None
+    from kubernetes import client as k8s
+
+    try:
+        found = k8s.CustomObjectsApi(client).list_namespaced_custom_object(
+            "kueue.x-k8s.io", KUEUE_VERSION, ns, "workloads", label_selector=f"{KUEUE_JOB_UID}={meta['uid']}",
+            _request_timeout=30)
+    except Exception:  # noqa: BLE001 - best effort: the job's own state stands
+        return None
+    return next(iter(found.get("items") or []), None)
+
+
+KUEUE_VERSION = "v1beta2"  # Kueue v0.19's storage version (v1beta1 deprecated)
+KUEUE_JOB_UID = "kueue.x-k8s.io/job-uid"  # the label Kueue gives a job's Workload
+
+
+def kueue_wait(body: dict[str, Any], workload: Optional[dict[str, Any]] = None) -> str:
+    """Why a job under cluster.kueue_queue is not running, while it is suspended (created so until Kueue admits
+    it, or suspended again when Kueue evicts it): "queued (Kueue: QUEUE)", with what its Workload says (why it
+    waits: no quota, ...; or that it was evicted, and why); "" once admitted, or without the label."""
     local_queue = ((body.get("metadata") or {}).get("labels") or {}).get(manifests.KUEUE_QUEUE_LABEL)
     spec = body.get("spec") or {}
     held = spec.get("suspend") if "suspend" in spec else (spec.get("runPolicy") or {}).get("suspend")
-    return f"queued (Kueue: {local_queue}): suspended until Kueue admits it" if local_queue and held else ""
+    if not local_queue or not held:
+        return ""
+    conditions = {c.get("type"): c for c in ((workload or {}).get("status") or {}).get("conditions") or []}
+    evicted = conditions.get("Evicted") or {}
+    if str(evicted.get("status")) == "True":
+        said = ": ".join(str(w) for w in (evicted.get("reason"), evicted.get("message")) if w)
+        return f"evicted by Kueue ({said}); queued again (Kueue: {local_queue})"
+    pending = conditions.get("QuotaReserved") or {}
+    why = f": {pending['message']}" if str(pending.get("status")) == "False" and pending.get("message") else ""
+    return f"queued (Kueue: {local_queue}): suspended until Kueue admits it{why}"
 
 
 def unplaced(pod: dict[str, Any]) -> str:
@@ -231,7 +264,7 @@ class KubernetesBackend(Backend[manifests.Request]):
                                  "or deleted)", info)
             raise explain(e, f"cannot read {k.kind} {ns}/{name}", client) from None
         state, why = _condition_state(kind, body.get("status") or {})
-        queued = kueue_wait(body)
+        queued = kueue_wait(body, kueue_workload(client, ns, body))
         if queued and state in (JobState.PENDING, JobState.UNKNOWN):
             state, why = JobState.PENDING, queued
         state, why = self._with_preflight(client, run, state, why, info)

@@ -32,8 +32,9 @@ class KubernetesClusterConfig(ClusterConfig):
     # volcano: a Volcano Job built by TorchX's kubernetes scheduler; pytorchjob: a Kubeflow PyTorchJob
     # (the legacy training-operator v1, elasticPolicy); jobset: a JobSet (jobset.x-k8s.io) with a headless
     # Service; trainjob: a Kubeflow Trainer v2 TrainJob against a ClusterTrainingRuntime (cluster.runtime)
-    kind: str = "volcano"  # volcano (TorchX, Volcano Job) | pytorchjob (legacy) | jobset | trainjob
-    runtime: str = "fsdp-jobs-torch"  # kind=trainjob: the ClusterTrainingRuntime (deploy/kubernetes/trainjob-runtime.yaml)
+    # jobset by default: a Kubernetes SIG API (what Trainer v2 runs on, admitted by Kueue), no scheduler to install
+    kind: str = "jobset"  # jobset | trainjob | volcano (TorchX, Volcano Job) | pytorchjob (legacy)
+    runtime: str = "fsdp-jobs-torch"  # kind=trainjob: the ClusterTrainingRuntime (deploy/kubernetes/trainer/trainjob-runtime.yaml)
     kueue_queue: Optional[str] = None  # a Kueue LocalQueue in cluster.namespace: created suspended, Kueue admits it
     image: Optional[str] = None  # required: an image with torch and fsdp_jobs (deploy/docker/Dockerfile)
     namespace: str = "fsdp-jobs"  # deploy/kubernetes creates it, with the PVC, ServiceAccount and queue
@@ -75,6 +76,7 @@ FIXED_SIZE = {
     "trainjob": "a TrainJob's spec.trainer (numNodes) is immutable and Kubeflow Trainer v2.3 has no elastic policy",
 }
 _DNS_LABEL = r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?"
+TRAINJOB_RUNTIME_RESTARTS = 3  # deploy/kubernetes/trainer/trainjob-runtime.yaml failurePolicy.maxRestarts (a test holds it)
 
 
 def validate(cl: KubernetesClusterConfig) -> None:
@@ -90,6 +92,10 @@ def validate(cl: KubernetesClusterConfig) -> None:
     if cl.kueue_queue is not None and cl.kind not in KUEUE_KINDS:
         raise UserError("cluster.kueue_queue", cl.kueue_queue, f"Kueue does not admit a {cl.kind} job: use "
                         "cluster.kind=jobset or trainjob (Volcano queues its own jobs: cluster.queue)")
+    if cl.kind == "trainjob" and cl.max_retries != TRAINJOB_RUNTIME_RESTARTS:
+        raise UserError("cluster.max_retries", cl.max_retries, f"{TRAINJOB_RUNTIME_RESTARTS} with cluster.kind=trainjob: "
+                        "a TrainJob's restarts are its runtime's (failurePolicy.maxRestarts of the ClusterTrainingRuntime "
+                        f"{cl.runtime}; deploy/kubernetes/trainer/trainjob-runtime.yaml's is {TRAINJOB_RUNTIME_RESTARTS})")
     if cl.kind == "trainjob" and cl.priority_class is not None:
         raise UserError("cluster.priority_class", cl.priority_class, "null with cluster.kind=trainjob: a TrainJob "
                         "cannot set its pods' priority (v2.3's runtimePatches have no priorityClassName); set it "

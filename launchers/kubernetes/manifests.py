@@ -477,9 +477,11 @@ def jobset(plan: Plan, cfg: JobConfig) -> Request:
                    pod_run_dir(plan, cfg), endpoint=endpoint("jobset", job, rdzv_port(cfg)))
 
 
-RUNTIME_MANAGER = "fsdp-jobs"  # our entry in a TrainJob's runtimePatches (Kueue adds its own beside it)
+# our entry in a TrainJob's runtimePatches (Kueue adds its own beside it); Trainer's webhook wants a domain-prefixed
+# path (IsDomainPrefixedPath: a DNS subdomain, "/", a path), as Kueue's "kueue.x-k8s.io/manager"
+RUNTIME_MANAGER = "fsdp-jobs/launcher"
 # what a TrainJob cannot patch into its pods (v2.3's PodSpecPatch, ContainerPatch), so the ClusterTrainingRuntime
-# holds it: deploy/kubernetes/trainjob-runtime.yaml has these, and tests/kubernetes/test_trainjob.py checks the pod
+# holds it: deploy/kubernetes/trainer/trainjob-runtime.yaml has these, and tests/kubernetes/test_trainjob.py checks the pod
 # it makes against kind=jobset's
 RUNTIME_POD = {"restartPolicy": "Never", "automountServiceAccountToken": False}
 RUNTIME_CONTAINER = {"terminationMessagePath": TERMINATION_LOG, "terminationMessagePolicy": "File"}

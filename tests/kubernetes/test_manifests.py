@@ -62,7 +62,7 @@ def test_every_generated_object_validates_strictly(tmp_path: Path, kind: str) ->
 
 
 def test_deploy_objects_validate_strictly() -> None:
-    files = sorted(DEPLOY.glob("*.yaml"))
+    files = sorted(DEPLOY.glob("*.yaml")) + sorted(DEPLOY.glob("*/*.yaml"))  # volcano/, trainer/: per kind
     kinds = set()
     for f in files:
         for obj in yaml.safe_load_all(f.read_text()):
@@ -91,14 +91,14 @@ def test_a_misspelled_field_and_a_wrong_type_are_caught(tmp_path: Path, kind: st
     core_typo["immutible"] = True
     with pytest.raises(schemas.Invalid, match="'immutible' was unexpected"):
         schemas.validate(core_typo)
-    deploy_wrong = yaml.safe_load((DEPLOY / "queue.yaml").read_text())
+    deploy_wrong = yaml.safe_load((DEPLOY / "volcano" / "queue.yaml").read_text())
     deploy_wrong["spec"]["weight"] = "heavy"
     with pytest.raises(schemas.Invalid, match="'heavy' is not of type 'integer'"):
         schemas.validate(deploy_wrong)
 
 
 def test_int_or_string_and_nullable_follow_the_api_server() -> None:
-    job = yaml.safe_load((DEPLOY / "queue.yaml").read_text())
+    job = yaml.safe_load((DEPLOY / "volcano" / "queue.yaml").read_text())
     for ok in ({"cpu": 8}, {"cpu": "8000m"}):  # capability values are int-or-string quantities
         schemas.validate({**job, "spec": {**job["spec"], "capability": ok}})
     with pytest.raises(schemas.Invalid, match="is not valid under any of the given schemas"):
@@ -117,16 +117,16 @@ def test_int_or_string_and_nullable_follow_the_api_server() -> None:
 
 def test_the_issues_command(cli_here, tmp_path: Path) -> None:
     """`python -m fsdp_jobs cluster=kubernetes nodes=4 gpus_per_node=8 cluster.image=IMG cluster.namespace=NS
-    cluster.pvc=CLAIM` (with dry_run=true): a Volcano Job of 4 pods x 8 GPUs in NS with CLAIM mounted."""
+    cluster.pvc=CLAIM` (with dry_run=true): a JobSet (the default kind) of 4 pods x 8 GPUs in NS with CLAIM mounted."""
     r = cli_here("cluster=kubernetes", "nodes=4", "gpus_per_node=8", "cluster.image=registry.example.com/img:1",
                  "cluster.namespace=team-a", "cluster.pvc=claim-a", f"run_root={tmp_path / 'runs'}", "name=big",
                  "dry_run=true")
     assert r.returncode == 0, r.stderr
     objs = [o for o in yaml.safe_load_all(r.stdout.split("# launch commands (kubernetes)\n", 1)[1]) if o]
     job = objs[-1]
-    assert (job["apiVersion"], job["kind"], job["metadata"]["namespace"]) == ("batch.volcano.sh/v1alpha1", "Job", "team-a")
-    assert job["spec"]["schedulerName"] == "volcano" and job["spec"]["queue"] == "fsdp-jobs"
-    assert [(t["name"], t["replicas"]) for t in job["spec"]["tasks"]] == [("node", 4)]  # one task of 4 pods
+    assert (job["apiVersion"], job["kind"], job["metadata"]["namespace"]) == ("jobset.x-k8s.io/v1alpha2", "JobSet", "team-a")
+    (node,) = job["spec"]["replicatedJobs"]  # one Indexed Job of 4 pods
+    assert (node["name"], node["replicas"], node["template"]["spec"]["parallelism"]) == ("node", 1, 4)
     for _, t in schemas.pod_templates(job):
         assert t["spec"]["containers"][0]["image"] == "registry.example.com/img:1"
         assert t["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == "8"

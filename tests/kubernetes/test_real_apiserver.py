@@ -299,3 +299,66 @@ def test_a_run_with_an_active_job_is_refused_and_without_a_kube_config_status_sa
     s = cli("status", "busy", "--run-root", str(run_root), env=env, timeout=120)
     assert s.returncode == 0 and json.loads(s.stdout)["state"] == "UNKNOWN" and "kube config" in s.stdout
     one_line_refusal(cli("cancel", "busy", "--run-root", str(run_root), env=env, timeout=120), "no usable kube config")
+
+
+@pytest.mark.parametrize("kind", ["trainjob", "jobset"])
+def test_a_job_under_kueue_is_queued_until_admitted_then_runs_and_cancel_deletes_it(
+        dev_cluster: DevCluster, run_root: Path, kind: str) -> None:
+    """cluster.kueue_queue against the real API server: the job is stored suspended under Kueue's label with every
+    field sent (a TrainJob too, against deploy/kubernetes/trainer/trainjob-runtime.yaml, installed as shipped), `status` says
+    it is queued, and why from its Workload; the test plays Kueue (its Workload, the admission that un-suspends the
+    job, a preemption that suspends it again) and the controller's status; `cancel` deletes it."""
+    c = dev_cluster
+    run = f"kueue-{kind}"
+    r = submit(c, run_root, run, f"cluster.kind={kind}", "cluster.kueue_queue=team-a")
+    assert r.returncode == 0 and "queued:   in Kueue's LocalQueue team-a" in r.stdout, r.stdout + r.stderr
+    name = job_name(run_root, run)
+    job = c.job(kind, name)
+    dry = submit(c, run_root, run, f"cluster.kind={kind}", "cluster.kueue_queue=team-a", "dry_run=true")
+    printed = [o for o in yaml.safe_load_all(dry.stdout.split("# launch commands (kubernetes)\n", 1)[1]) if o]
+    printed = json.loads(json.dumps(printed).replace(printed[-1]["metadata"]["name"], name))
+    assert subset(printed[-1]["spec"], job["spec"]) == [], "fields the server dropped"
+    assert job["spec"]["suspend"] is True and job["metadata"]["labels"][manifests.KUEUE_QUEUE_LABEL] == "team-a"
+    if kind == "trainjob":
+        runtime = c.custom().get_cluster_custom_object("trainer.kubeflow.org", "v1alpha1", "clustertrainingruntimes",
+                                                       job["spec"]["runtimeRef"]["name"])
+        shipped = yaml.safe_load((REPO / "deploy" / "kubernetes" / "trainer" / "trainjob-runtime.yaml").read_text())
+        assert subset(shipped["spec"], runtime["spec"]) == [], "the runtime as shipped"
+    s = status(c, run_root, run)
+    assert s["state"] == "PENDING" and "queued (Kueue: team-a)" in s["detail"], s
+    # Kueue's Workload for it, as Kueue makes it (labelled with the job's uid), waiting for quota
+    no_quota = "couldn't assign flavors to pod set node: insufficient unused quota for cpu in flavor default"
+    wl = f"{kind}-{name}"
+    c.custom().create_namespaced_custom_object("kueue.x-k8s.io", "v1beta2", NS, "workloads", {
+        "apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "Workload",
+        "metadata": {"name": wl, "labels": {"kueue.x-k8s.io/job-uid": job["metadata"]["uid"]}},
+        "spec": {"queueName": "team-a", "podSets": [{"name": "node", "count": 2, "template": {
+            "spec": {"containers": [{"name": "node", "image": "registry.example.com/fsdp-jobs:1"}]}}}]}})
+
+    def kueue_says(*conditions: dict[str, str]) -> None:
+        c.custom().patch_namespaced_custom_object_status("kueue.x-k8s.io", "v1beta2", NS, "workloads", wl, {
+            "status": {"conditions": [{"lastTransitionTime": "2026-11-27T00:00:00Z", **x} for x in conditions]}})
+
+    kueue_says({"type": "QuotaReserved", "status": "False", "reason": "Pending", "message": no_quota})
+    s = status(c, run_root, run)
+    assert s["state"] == "PENDING" and s["detail"].endswith(f"suspended until Kueue admits it: {no_quota})"), s
+    k = manifests.KINDS[kind]
+    c.custom().patch_namespaced_custom_object(k.group, k.version, NS, k.plural, name, {"spec": {"suspend": False}})
+    s = status(c, run_root, run)  # admitted: un-suspended, as Kueue does
+    assert s["state"] == "PENDING" and "queued" not in s["detail"], s
+    c.set_job_status(kind, name, {"jobset": RUNNING["jobset"], "trainjob": {"jobsStatus": [
+        {"name": "node", "active": 2, "ready": 2, "succeeded": 0, "failed": 0, "suspended": 0}]}}[kind])
+    assert status(c, run_root, run)["state"] == "RUNNING"
+    # preempted: Kueue suspends it again and says why on its Workload
+    preempted = "Preempted to accommodate a workload (UID: 1) due to prioritization in the ClusterQueue"
+    kueue_says({"type": "Evicted", "status": "True", "reason": "Preempted", "message": preempted})
+    c.custom().patch_namespaced_custom_object(k.group, k.version, NS, k.plural, name, {"spec": {"suspend": True}})
+    c.set_job_status(kind, name, {"jobset": {"replicatedJobsStatus": [{"name": "node", "active": 0, "ready": 0,
+                                                                      "succeeded": 0, "failed": 0, "suspended": 1}]},
+                                  "trainjob": {"jobsStatus": [{"name": "node", "active": 0, "ready": 0, "succeeded": 0,
+                                                               "failed": 0, "suspended": 1}]}}[kind])
+    s = status(c, run_root, run)
+    assert s["state"] == "PENDING" and f"evicted by Kueue (Preempted: {preempted}); queued again" in s["detail"], s
+    r = ctl(c, run_root, "cancel", run)
+    assert r.returncode == 0 and f"deleted Kubernetes {k.kind}" in r.stdout, r.stdout + r.stderr
+    assert "no longer exists" in status(c, run_root, run)["detail"]

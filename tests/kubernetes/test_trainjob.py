@@ -1,12 +1,13 @@
 """cluster.kind=trainjob (Kubeflow Trainer v2.3's TrainJob) and cluster.kueue_queue, without an API server: the
 objects validate strictly against the official CRDs, a TrainJob makes the same pods as kind=jobset once the
-Trainer has applied it to deploy/kubernetes/trainjob-runtime.yaml, Kueue's label and suspension are on every kind
+Trainer has applied it to deploy/kubernetes/trainer/trainjob-runtime.yaml, Kueue's label and suspension are on every kind
 Kueue admits, and what a kind cannot do is one line at plan time."""
 
 from __future__ import annotations
 
 import copy
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -17,13 +18,17 @@ from fsdp_jobs.planning.compose import compose
 from fsdp_jobs.planning.errors import UserError
 from fsdp_jobs.planning.plan import make_plan
 from fsdp_jobs.launchers.kubernetes import manifests
+from fsdp_jobs.launchers.kubernetes.config import TRAINJOB_RUNTIME_RESTARTS
 from fsdp_jobs.launchers.kubernetes.backend import BACKEND, JobState, _condition_state, kueue_wait
 from tests.conftest import REPO
 from tests.kubernetes import schemas
 
 pytestmark = pytest.mark.kubernetes
 
-RUNTIME = REPO / "deploy" / "kubernetes" / "trainjob-runtime.yaml"
+RUNTIME = REPO / "deploy" / "kubernetes" / "trainer" / "trainjob-runtime.yaml"
+ANCESTOR = "trainer.kubeflow.org/trainjob-ancestor-step"
+# k8s.io/apimachinery's IsDomainPrefixedPath, which Trainer v2.3's webhook applies to a runtime patch's manager
+DOMAIN_PREFIXED_PATH = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/[A-Za-z0-9/\-._~%!$&'()*+,;=:@]+"
 PET = ("PET_NNODES", "PET_NPROC_PER_NODE", "PET_NODE_RANK", "PET_MASTER_ADDR", "PET_MASTER_PORT")
 
 
@@ -56,7 +61,10 @@ def trainer_makes(runtime: dict[str, Any], train_job: dict[str, Any]) -> dict[st
     `EnforceMLPolicy`): the runtime's `node` replicated job with spec.trainer's image, command, args, env and
     resources in its `node` container, numNodes as parallelism and completions, the PET_ environment, then each
     runtime patch merged. Returns that replicated job's Job spec."""
-    node = next(rj for rj in runtime["spec"]["template"]["spec"]["replicatedJobs"] if rj["name"] == "node")
+    # the Trainer's node job is the one its ancestor label marks (torch.go FindPodSetByAncestor; builder.go)
+    (node,) = [rj for rj in runtime["spec"]["template"]["spec"]["replicatedJobs"]
+               if (rj["template"].get("metadata") or {}).get("labels", {}).get(ANCESTOR) == "trainer"]
+    assert node["name"] == "node"  # PET_MASTER_ADDR is built with this name
     job_spec = copy.deepcopy(node["template"]["spec"])
     trainer = train_job["spec"]["trainer"]
     ctr = next(c for c in job_spec["template"]["spec"]["containers"] if c["name"] == "node")
@@ -96,12 +104,26 @@ def test_a_trainjob_and_its_runtime_validate_strictly_and_make_the_pods_kind_job
     assert job["spec"]["runtimeRef"] == {"name": "fsdp-jobs-torch", "kind": "ClusterTrainingRuntime",
                                          "apiGroup": "trainer.kubeflow.org"}
     assert "suspend" not in job["spec"] and manifests.KUEUE_QUEUE_LABEL not in job["metadata"]["labels"]
-    assert not {e["name"] for e in job["spec"]["trainer"]["env"]} & set(PET)  # the Trainer refuses those names
+    # what Trainer v2.3's webhook refuses (plugins/torch/torch.go Validate, plugins/jobset/jobset.go Validate)
+    assert not {e["name"] for e in job["spec"]["trainer"]["env"]} & set(PET)  # reserved names
+    runtime_jobs = {rj["name"]: {c["name"] for c in rj["template"]["spec"]["template"]["spec"]["containers"]}
+                    for rj in yaml.safe_load(RUNTIME.read_text())["spec"]["template"]["spec"]["replicatedJobs"]}
+    for patch in job["spec"]["runtimePatches"]:
+        assert re.fullmatch(DOMAIN_PREFIXED_PATH, patch["manager"]), patch["manager"]
+        for rj in patch["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"]:
+            for c in rj["template"]["spec"]["template"]["spec"]["containers"]:
+                assert c["name"] in runtime_jobs[rj["name"]] and "env" not in c  # no env for the node container
     runtime = yaml.safe_load(RUNTIME.read_text())
     assert runtime["metadata"]["name"] == job["spec"]["runtimeRef"]["name"]
+    # cluster.max_retries is refused unless it is what the runtime says (its default, 3)
+    assert runtime["spec"]["template"]["spec"]["failurePolicy"]["maxRestarts"] == TRAINJOB_RUNTIME_RESTARTS
     made = trainer_makes(runtime, job)
     # kind=jobset's Job for the same run (its name has another random suffix)
     reference = dryrun(tmp_path, "cluster.kind=jobset", *overrides).request
+    # the JobSet the Trainer makes from the runtime: kind=jobset's restart rules and network
+    for key in ("failurePolicy", "network"):
+        want_set = {k: v for k, v in reference.job["spec"][key].items() if k != "subdomain"}  # default: its name
+        assert runtime["spec"]["template"]["spec"][key] == want_set, key
     want = reference.job["spec"]["replicatedJobs"][0]["template"]["spec"]
     assert {k: made[k] for k in want if k != "template"} == {k: want[k] for k in want if k != "template"}
     pod, want_pod = renamed(made["template"], job["metadata"]["name"]), renamed(want["template"], reference.name)
@@ -141,6 +163,7 @@ def test_kueue_admits_jobsets_trainjobs_and_pytorchjobs_created_suspended_under_
     (("cluster.kind=trainjob", "cluster.priority_class=fsdp-jobs-training"), "cluster.priority_class"),
     (("cluster.kind=trainjob", "fault_tolerance=replica", "nodes=2"), "cluster.kind"),
     (("cluster.kind=trainjob", "cluster.kueue_queue=Team_A"), "cluster.kueue_queue"),
+    (("cluster.kind=trainjob", "cluster.max_retries=10"), "cluster.max_retries"),
 ])
 def test_what_a_kind_cannot_do_is_refused_at_plan_time(tmp_path: Path, overrides: tuple[str, ...], key: str) -> None:
     with pytest.raises(UserError) as e:
@@ -149,7 +172,7 @@ def test_what_a_kind_cannot_do_is_refused_at_plan_time(tmp_path: Path, overrides
 
 
 def test_a_trainjobs_conditions_read_as_the_common_states() -> None:
-    assert _condition_state("trainjob", {}) == (JobState.PENDING, "no active Jobs, restarts 0")
+    assert _condition_state("trainjob", {}) == (JobState.PENDING, "no active Jobs")
     running = {"conditions": [{"type": "Suspended", "status": "False", "reason": "Resumed"}],
                "jobsStatus": [{"name": "node", "active": 2, "ready": 2, "succeeded": 0, "failed": 0, "suspended": 0}]}
     assert _condition_state("trainjob", running)[0] == JobState.RUNNING
@@ -162,7 +185,26 @@ def test_a_trainjobs_conditions_read_as_the_common_states() -> None:
 def test_a_kind_kueue_does_not_admit_is_refused_by_the_command_in_one_line(cli_here, tmp_path: Path) -> None:
     from tests.kubernetes.test_refusals import one_line_refusal
 
-    r = cli_here("cluster=kubernetes", "cluster.image=registry.example.com/fsdp-jobs:1", "cluster.kueue_queue=team-a",
-                 f"run_root={tmp_path / 'runs'}", "dry_run=true")
+    r = cli_here("cluster=kubernetes", "cluster.kind=volcano", "cluster.image=registry.example.com/fsdp-jobs:1",
+                 "cluster.kueue_queue=team-a", f"run_root={tmp_path / 'runs'}", "dry_run=true")
     one_line_refusal(r, "cluster.kueue_queue='team-a'", "Kueue does not admit a volcano job")
     assert not (tmp_path / "runs").exists()
+
+
+def workload(*conditions: dict[str, str]) -> dict[str, Any]:
+    """What Kueue writes of a job's Workload (v1beta2): its conditions."""
+    return {"status": {"conditions": [{"lastTransitionTime": "2026-11-27T00:00:00Z", **c} for c in conditions]}}
+
+
+def test_status_says_why_kueue_holds_a_job_from_its_workload() -> None:
+    job = {"metadata": {"labels": {manifests.KUEUE_QUEUE_LABEL: "team-a"}}, "spec": {"suspend": True}}
+    no_quota = "couldn't assign flavors to pod set node: insufficient unused quota for cpu in flavor default"
+    waiting = workload({"type": "QuotaReserved", "status": "False", "reason": "Pending", "message": no_quota})
+    assert kueue_wait(job, waiting) == f"queued (Kueue: team-a): suspended until Kueue admits it: {no_quota}"
+    assert kueue_wait(job, None) == "queued (Kueue: team-a): suspended until Kueue admits it"  # no Kueue to ask
+    preempted = "Preempted to accommodate a workload (UID: 1) due to prioritization in the ClusterQueue"
+    evicted = workload({"type": "Evicted", "status": "True", "reason": "Preempted", "message": preempted},
+                       {"type": "QuotaReserved", "status": "False", "reason": "Pending", "message": no_quota})
+    assert kueue_wait(job, evicted) == f"evicted by Kueue (Preempted: {preempted}); queued again (Kueue: team-a)"
+    job["spec"]["suspend"] = False  # admitted (again): the job's own conditions say
+    assert kueue_wait(job, evicted) == ""

@@ -54,7 +54,7 @@ COMMANDS: dict[str, list[str]] = {
                      "cluster.detach=true", "cluster.cpus=2", "cluster.mem=4g", "cluster.internal_network=true"],
     "docker-script": ["cluster=docker", "cluster.image=fsdp-jobs:test", *SCRIPT],
     "docker-cuda": ["cluster=docker", "cluster.image=fsdp-jobs:test", "cluster.device=cuda"],
-    "kubernetes-volcano": [*K8S],
+    "kubernetes-volcano": [*K8S, "cluster.kind=volcano"],
     "kubernetes-pytorchjob": [*K8S, "cluster.kind=pytorchjob", "cluster.min_nodes=1",
                               "+cluster.secret_env.HF_TOKEN=hf/token"],
     "kubernetes-jobset": [*K8S, "cluster.kind=jobset", "cluster.device=cuda", "gpus_per_node=8",
@@ -74,7 +74,7 @@ COMMANDS: dict[str, list[str]] = {
                        "gpus_per_node=1", "fault_tolerance.heartbeat_timeout_s=2"],
     "kubernetes-jobset-replica": [*K8S, "cluster.kind=jobset", "fault_tolerance=replica", "nodes=4",
                                   "gpus_per_node=2", "fsdp.shard_group_size=4"],
-    "kubernetes-volcano-replica": [*K8S, "fault_tolerance=replica", "nodes=2", "gpus_per_node=1"],
+    "kubernetes-volcano-replica": [*K8S, "cluster.kind=volcano", "fault_tolerance=replica", "nodes=2", "gpus_per_node=1"],
     # cluster.spare_nodes: nodes + K agents with a rendezvous of `nodes` (SLURM: an allocation of nodes + K, --no-kill)
     "slurm-spares": ["cluster=slurm", "cluster.gpus=true", "nodes=3", "cluster.spare_nodes=1"],
     "docker-spares": ["cluster=docker", "cluster.image=fsdp-jobs:test", "nodes=3", "cluster.spare_nodes=1"],

@@ -23,9 +23,10 @@ from typing import Any
 
 import yaml
 
-# deploy/kubernetes files installed as shipped (queue.yaml needs Volcano's CRDs, installed first)
+# deploy/kubernetes files installed as shipped (volcano/ needs Volcano's CRDs, trainer/ Kubeflow Trainer's: installed
+# first)
 DEPLOY = ("namespace.yaml", "serviceaccount.yaml", "rbac.yaml", "networkpolicy.yaml", "priorityclass.yaml",
-          "pvc.yaml", "queue.yaml")
+          "pvc.yaml", "volcano/queue.yaml", "trainer/trainjob-runtime.yaml")
 NODE = "dev-node-0"
 
 
@@ -53,7 +54,7 @@ def plural(kind: str) -> str:
 
 
 CLUSTER_SCOPED = {"Namespace", "Node", "PersistentVolume", "CustomResourceDefinition", "PriorityClass", "Queue",
-                  "ClusterRole", "ClusterRoleBinding"}
+                  "ClusterRole", "ClusterRoleBinding", "ClusterTrainingRuntime"}
 
 
 def path_of(obj: dict[str, Any]) -> str:

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Start a real Kubernetes 1.20.2 control plane on loopback: etcd, kube-apiserver (RBAC on, token users),
 # kube-controller-manager (garbage collector, PV binder, ... but no node lifecycle) and kube-scheduler;
-# then install what a cluster for fsdp-jobs has (deploy/kubernetes/*.yaml and the operators' CRDs, with
+# then install what a cluster for fsdp-jobs has (deploy/kubernetes/ as shipped and the operators' CRDs, with
 # the 1.20 edits applied to copies: apply.py) and one node for the scheduler to place pods on.
 # No kubelet (no container runtime here): pods are placed, never run; tests set their status.
 #
