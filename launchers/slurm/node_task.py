@@ -38,7 +38,7 @@ from fsdp_jobs.rundir.records import LaunchRecord
 from fsdp_jobs.rundir.runs import clear_stop_request, request_stop
 from fsdp_jobs.launchers.common import (LIGHTHOUSE_ENV, NODE_WRAPPER, REPLICA_GROUP_ENV, USER_CODE_ENV, join_timeout_s,
                               rank_entry, torchrun_args)
-from fsdp_jobs.launchers.node.wrapper import code_root, root_cause, settle_script
+from fsdp_jobs.launchers.node.wrapper import code_root, first_error, settle_script
 from fsdp_jobs.launchers.slurm.config import slurm_dir
 from fsdp_jobs.launchers.slurm.hostlist import expand
 from fsdp_jobs.launchers.slurm.requeue import (COMPLETED, EXCLUDE, NAMING_STAGES, PREEMPTED, REQUEUE, TERMINATED,
@@ -410,7 +410,9 @@ class NodeTask(submitit.helpers.Checkpointable):
         if env.global_rank != 0:
             time.sleep(30)  # give task 0 the time to act (a requeue kills us)
             raise RuntimeError(f"torchrun exited with {rc} on node {env.node}")
-        cause = root_cause(error_file)
+        # the job's first failing rank (the ranks' failure records), as the node wrapper names it: this node's error
+        # file holds its own ranks' errors, which may only follow from another's (a peer gone mid-collective)
+        cause = first_error(run_dir, str(error_file), self._began, stopped_here=False)
         reason = f"{decision.reason} (first error: {cause})" if cause else decision.reason
         print(f"fsdp-jobs: {reason}", flush=True)
         act(run_dir, env.job_id, decision, reason, state)

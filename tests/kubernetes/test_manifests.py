@@ -136,7 +136,8 @@ def test_the_issues_command(cli_here, tmp_path: Path) -> None:
 
 # every kind without replica groups, and with them where a kind has a place for the lighthouse (a PyTorchJob
 # has none: refused at plan time, kubernetes/test_replicas_k8s.py)
-@pytest.mark.parametrize("kind,ft", [(k, "none") for k in KINDS] + [("volcano", "replica"), ("jobset", "replica")])
+@pytest.mark.parametrize("kind,ft", [(k, "none") for k in (*KINDS, "trainjob")] + [("volcano", "replica"),
+                                                                                      ("jobset", "replica")])
 def test_1024_nodes_of_8_gpus_fit_the_api_servers_request_limit_and_validate(tmp_path: Path, kind: str,
                                                                              ft: str) -> None:
     """Every object of a 1,024 x 8 job is far below etcd's 1.5 MiB (a task per node made Volcano's 3.7 MB). Pods of

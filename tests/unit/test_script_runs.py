@@ -20,6 +20,7 @@ from fsdp_jobs.planning.errors import UserError
 from fsdp_jobs.planning.plan import generated_name, make_plan
 from fsdp_jobs.rundir import failures, runs, script_progress
 from fsdp_jobs.rundir.records import FailureRecord
+from fsdp_jobs.launchers.node.wrapper import first_error
 from fsdp_jobs.launchers.supervisor import Outcome, exit_status
 from tests.conftest import REPO
 
@@ -152,6 +153,13 @@ def test_a_failed_run_names_its_first_failing_ranks_exit_code_and_exception(tmp_
     assert info["state"] == "FAILED" and info["failure"] == cause and f"first failure: {cause}" in info["detail"]
     assert summary(run_dir, 1)[-2] == f"  failed:       {cause}"
     assert failures.cause(run_dir, since=13) is None  # a newer launch: none of its own yet
+    # a node's own torchrun error file holds its ranks' errors, here one that only followed from rank 1's: the
+    # node's failure line (the wrapper's) and SLURM's reason for not requeueing (node_task) name rank 1's
+    error_file = run_dir / "torchrun-error-node0.json"
+    error_file.write_text(json.dumps({"message": {"message": "RuntimeError: Gloo connectFullMesh failed",
+                                                  "extraInfo": {"timestamp": "12"}}}))
+    assert first_error(run_dir, str(error_file), since=0, stopped_here=False) == cause
+    assert first_error(run_dir, str(error_file), since=13, stopped_here=False) == "RuntimeError: Gloo connectFullMesh failed"
 
 
 @pytest.mark.parametrize("exc, code", [(SystemExit(3), 3), (SystemExit("bad config"), 1), (SystemExit(None), 0),
