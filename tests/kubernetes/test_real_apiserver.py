@@ -217,7 +217,7 @@ def test_logs_go_through_the_api_server_to_the_node_and_a_pod_without_a_node_say
 
 def test_a_user_the_role_is_not_bound_to_is_refused_in_one_line(dev_cluster: DevCluster, run_root: Path) -> None:
     r = submit(dev_cluster, run_root, "outsider", env={"KUBECONFIG": str(dev_cluster.dir / "outsider.kubeconfig")})
-    one_line_refusal(r, "HTTP 403", 'User "outsider" cannot list resource "jobs"')
+    one_line_refusal(r, "HTTP 403", 'User "outsider" cannot list resource "jobsets"')  # the default kind
     assert not (run_root / "outsider").exists()
 
 
