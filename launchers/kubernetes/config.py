@@ -64,7 +64,7 @@ def register() -> None:
     register_cluster_schema(NAME, SCHEMA)
 
 
-K8S_KINDS = ("volcano", "pytorchjob", "jobset", "trainjob")
+K8S_KINDS = ("jobset", "trainjob", "volcano", "pytorchjob")  # the default first
 # the kinds Kueue admits (its integrations: jobset.x-k8s.io/jobset, trainer.kubeflow.org/trainjob on by default;
 # kubeflow.org/pytorchjob deprecated upstream and off in its default configuration; no Volcano Job)
 KUEUE_KINDS = ("jobset", "trainjob", "pytorchjob")
@@ -100,7 +100,10 @@ def validate(cl: KubernetesClusterConfig) -> None:
         raise UserError("cluster.priority_class", cl.priority_class, "null with cluster.kind=trainjob: a TrainJob "
                         "cannot set its pods' priority (v2.3's runtimePatches have no priorityClassName); set it "
                         f"in the pod template of the ClusterTrainingRuntime {cl.runtime}")
-    for key in ("namespace", "pvc", "service_account", "queue", "priority_class", "kueue_queue", "runtime"):
+    if not re.fullmatch(rf"{_DNS_LABEL}(\.{_DNS_LABEL})*", str(cl.runtime)) or len(str(cl.runtime)) > 253:
+        raise UserError("cluster.runtime", cl.runtime, "must be a ClusterTrainingRuntime's name: a DNS subdomain "
+                        "(lowercase letters, digits, '-' and '.'), e.g. fsdp-jobs-torch")
+    for key in ("namespace", "pvc", "service_account", "queue", "priority_class", "kueue_queue"):
         value = cl[key]
         if value is None and key in ("priority_class", "kueue_queue"):
             continue

@@ -267,7 +267,7 @@ def test_pod_boot_puts_the_job_in_the_run_dir_then_execs_torchrun(tmp_path: Path
 
 def test_cluster_image_is_required_and_bad_keys_are_one_line(cli_here, tmp_path: Path) -> None:
     cases = {("cluster=kubernetes",): "cluster.image: required for cluster=kubernetes",
-             ("cluster=kubernetes", "cluster.image=x", "cluster.kind=mpijob"): "cluster.kind='mpijob': allowed: volcano",
+             ("cluster=kubernetes", "cluster.image=x", "cluster.kind=mpijob"): "cluster.kind='mpijob': allowed: jobset, trainjob, volcano",
              ("cluster=kubernetes", "cluster.image=x", "cluster.namespace=Bad_NS"): "cluster.namespace='Bad_NS'",
              ("cluster=kubernetes", "cluster.image=x", "cluster.run_as_user=0"): "cluster.run_as_user=0: must be an integer >= 1",
              ("cluster=kubernetes", "cluster.image=x", "+cluster.secret_env.TOKEN=nokey"): "must be SECRET_NAME/KEY"}

@@ -164,6 +164,7 @@ def test_kueue_admits_jobsets_trainjobs_and_pytorchjobs_created_suspended_under_
     (("cluster.kind=trainjob", "fault_tolerance=replica", "nodes=2"), "cluster.kind"),
     (("cluster.kind=trainjob", "cluster.kueue_queue=Team_A"), "cluster.kueue_queue"),
     (("cluster.kind=trainjob", "cluster.max_retries=10"), "cluster.max_retries"),
+    (("cluster.kind=trainjob", "cluster.runtime=My_Runtime"), "cluster.runtime"),
 ])
 def test_what_a_kind_cannot_do_is_refused_at_plan_time(tmp_path: Path, overrides: tuple[str, ...], key: str) -> None:
     with pytest.raises(UserError) as e:
