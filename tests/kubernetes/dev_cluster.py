@@ -1,7 +1,7 @@
 """The REAL Kubernetes control plane of deploy/kubernetes/dev-apiserver (kube-apiserver 1.20.2 with RBAC, the
 real garbage collector, PV binder and scheduler, etcd) for the tests, and what the tests play on it.
 
-No operator (Volcano, training-operator, JobSet) and no kubelet can run here (README.md beside start.sh), so
+No operator (Volcano, training-operator, JobSet, Kubeflow Trainer) and no kubelet can run here (README.md beside start.sh), so
 the tests play them, through the real API as each one would (admin credentials): `operator_pods` creates a
 job's pods from its pod template, named, labelled and owned as the operator does; `set_job_status` writes
 the job's status subresource; `set_pod` writes a pod's status as its kubelet would. `KubeletLogs` is a
@@ -155,17 +155,25 @@ class DevCluster:
         index annotation, an ownerReference to the job); the real scheduler binds them to the dev node
         unless `schedulable` is False (a node selector nothing matches: a pod still waiting for a node)."""
         job = self.job(kind, name)
-        template = manifests.pod_templates(job)[0]
-        nodes = (job["spec"]["tasks"][0]["replicas"] if kind == "volcano" else
-                 job["spec"]["pytorchReplicaSpecs"]["Worker"]["replicas"] if kind == "pytorchjob" else
-                 job["spec"]["replicatedJobs"][0]["template"]["spec"]["parallelism"])
+        if kind == "trainjob":  # the Trainer's JobSet (of the TrainJob's name) from the runtime as installed
+            from tests.kubernetes.trainer import node_job
+
+            runtime = self.custom().get_cluster_custom_object("trainer.kubeflow.org", "v1alpha1",
+                                                              "clustertrainingruntimes", job["spec"]["runtimeRef"]["name"])
+            job_spec = node_job(runtime, job)
+            template, nodes = job_spec["template"], job_spec["parallelism"]
+        else:
+            template = manifests.pod_templates(job)[0]
+            nodes = (job["spec"]["tasks"][0]["replicas"] if kind == "volcano" else
+                     job["spec"]["pytorchReplicaSpecs"]["Worker"]["replicas"] if kind == "pytorchjob" else
+                     job["spec"]["replicatedJobs"][0]["template"]["spec"]["parallelism"])
         names = []
         for i in range(nodes):
             pod_name = (manifests.KINDS[kind].pod_name.format(job=name, k=i) if manifests.KINDS[kind].pod_name
                         else f"{name}-{manifests.ROLE}-0-{i}-x{i}")
             meta = template.get("metadata") or {}
             labels, annotations = dict(meta.get("labels") or {}), dict(meta.get("annotations") or {})
-            if kind == "jobset":
+            if kind in ("jobset", "trainjob"):
                 labels["jobset.sigs.k8s.io/jobset-name"] = name
                 annotations["batch.kubernetes.io/job-completion-index"] = str(i)
             spec = json.loads(json.dumps(template["spec"]))

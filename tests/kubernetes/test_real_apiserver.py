@@ -307,7 +307,9 @@ def test_a_job_under_kueue_is_queued_until_admitted_then_runs_and_cancel_deletes
     """cluster.kueue_queue against the real API server: the job is stored suspended under Kueue's label with every
     field sent (a TrainJob too, against deploy/kubernetes/trainer/trainjob-runtime.yaml, installed as shipped), `status` says
     it is queued, and why from its Workload; the test plays Kueue (its Workload, the admission that un-suspends the
-    job, a preemption that suspends it again) and the controller's status; `cancel` deletes it."""
+    job, a preemption that suspends it again) and the controller (its status; its pods: a TrainJob's from the
+    runtime as the Trainer makes them, tests/kubernetes/trainer.py), whose logs `logs` reads through the API
+    server; `cancel` deletes it."""
     c = dev_cluster
     run = f"kueue-{kind}"
     r = submit(c, run_root, run, f"cluster.kind={kind}", "cluster.kueue_queue=team-a")
@@ -349,6 +351,12 @@ def test_a_job_under_kueue_is_queued_until_admitted_then_runs_and_cancel_deletes
     c.set_job_status(kind, name, {"jobset": RUNNING["jobset"], "trainjob": {"jobsStatus": [
         {"name": "node", "active": 2, "ready": 2, "succeeded": 0, "failed": 0, "suspended": 0}]}}[kind])
     assert status(c, run_root, run)["state"] == "RUNNING"
+    pods = c.operator_pods(kind, name)  # the controller's pods (a TrainJob's: the Trainer's, from the runtime)
+    for i, pod in enumerate(pods):
+        c.set_pod(pod, "Running")
+        c.kubelet.write(pod, f"rank{2 * i} step 1")
+    r = ctl(c, run_root, "logs", run)
+    assert r.stdout.splitlines() == ["[node0] rank0 step 1", "[node1] rank2 step 1"], r.stdout + r.stderr
     # preempted: Kueue suspends it again and says why on its Workload
     preempted = "Preempted to accommodate a workload (UID: 1) due to prioritization in the ClusterQueue"
     kueue_says({"type": "Evicted", "status": "True", "reason": "Preempted", "message": preempted})
@@ -362,3 +370,4 @@ def test_a_job_under_kueue_is_queued_until_admitted_then_runs_and_cancel_deletes
     r = ctl(c, run_root, "cancel", run)
     assert r.returncode == 0 and f"deleted Kubernetes {k.kind}" in r.stdout, r.stdout + r.stderr
     assert "no longer exists" in status(c, run_root, run)["detail"]
+    c.pods_stopped(pods)

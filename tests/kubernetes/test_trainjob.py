@@ -5,7 +5,6 @@ Kueue admits, and what a kind cannot do is one line at plan time."""
 
 from __future__ import annotations
 
-import copy
 import json
 import re
 from pathlib import Path
@@ -20,13 +19,11 @@ from fsdp_jobs.planning.plan import make_plan
 from fsdp_jobs.launchers.kubernetes import manifests
 from fsdp_jobs.launchers.kubernetes.config import TRAINJOB_RUNTIME_RESTARTS
 from fsdp_jobs.launchers.kubernetes.backend import BACKEND, JobState, _condition_state, kueue_wait
-from tests.conftest import REPO
 from tests.kubernetes import schemas
+from tests.kubernetes.trainer import RUNTIME, node_job
 
 pytestmark = pytest.mark.kubernetes
 
-RUNTIME = REPO / "deploy" / "kubernetes" / "trainer" / "trainjob-runtime.yaml"
-ANCESTOR = "trainer.kubeflow.org/trainjob-ancestor-step"
 # k8s.io/apimachinery's IsDomainPrefixedPath, which Trainer v2.3's webhook applies to a runtime patch's manager
 DOMAIN_PREFIXED_PATH = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/[A-Za-z0-9/\-._~%!$&'()*+,;=:@]+"
 PET = ("PET_NNODES", "PET_NPROC_PER_NODE", "PET_NODE_RANK", "PET_MASTER_ADDR", "PET_MASTER_PORT")
@@ -36,54 +33,6 @@ def dryrun(tmp_path: Path, *overrides: str) -> Any:
     cfg, _ = compose(["cluster=kubernetes", "cluster.image=registry.example.com/fsdp-jobs:1", "name=exp1",
                       f"run_root={tmp_path / 'runs'}", "dry_run=true", *overrides])
     return BACKEND.dryrun(make_plan(cfg), cfg)
-
-
-def merged(base: dict[str, Any], patch: dict[str, Any]) -> dict[str, Any]:
-    """A strategic merge as the Trainer applies a runtime patch: maps merge, lists of named items merge by name
-    (containers), other lists (volumes, volumeMounts) are appended to."""
-    out = copy.deepcopy(base)
-    for key, value in patch.items():
-        if isinstance(value, dict) and isinstance(out.get(key), dict):
-            out[key] = merged(out[key], value)
-        elif isinstance(value, list) and key == "containers":
-            by_name = {c["name"]: c for c in out.get(key, [])}
-            out[key] = [merged(by_name.get(c["name"], {}), c) for c in value] + \
-                [c for name, c in by_name.items() if name not in {v["name"] for v in value}]
-        elif isinstance(value, list) and isinstance(out.get(key), list):
-            out[key] = out[key] + copy.deepcopy(value)
-        else:
-            out[key] = copy.deepcopy(value)
-    return out
-
-
-def trainer_makes(runtime: dict[str, Any], train_job: dict[str, Any]) -> dict[str, Any]:
-    """Plays Kubeflow Trainer v2.3 (pkg/runtime/framework/plugins/jobset/builder.go `Trainer`, plugins/torch/torch.go
-    `EnforceMLPolicy`): the runtime's `node` replicated job with spec.trainer's image, command, args, env and
-    resources in its `node` container, numNodes as parallelism and completions, the PET_ environment, then each
-    runtime patch merged. Returns that replicated job's Job spec."""
-    # the Trainer's node job is the one its ancestor label marks (torch.go FindPodSetByAncestor; builder.go)
-    (node,) = [rj for rj in runtime["spec"]["template"]["spec"]["replicatedJobs"]
-               if (rj["template"].get("metadata") or {}).get("labels", {}).get(ANCESTOR) == "trainer"]
-    assert node["name"] == "node"  # PET_MASTER_ADDR is built with this name
-    job_spec = copy.deepcopy(node["template"]["spec"])
-    trainer = train_job["spec"]["trainer"]
-    ctr = next(c for c in job_spec["template"]["spec"]["containers"] if c["name"] == "node")
-    ctr.update({k: copy.deepcopy(trainer[k]) for k in ("image", "command", "args") if k in trainer})
-    ctr["resources"] = copy.deepcopy(trainer["resourcesPerNode"])
-    name = train_job["metadata"]["name"]
-    ctr["env"] = copy.deepcopy(trainer["env"]) + [
-        {"name": "PET_NNODES", "value": str(trainer["numNodes"])},
-        {"name": "PET_NPROC_PER_NODE", "value": str(trainer["numProcPerNode"])},
-        {"name": "PET_NODE_RANK", "valueFrom": {"fieldRef": {
-            "fieldPath": "metadata.annotations['batch.kubernetes.io/job-completion-index']"}}},
-        {"name": "PET_MASTER_ADDR", "value": f"{name}-node-0-0.{name}"}, {"name": "PET_MASTER_PORT", "value": "29500"}]
-    ctr["ports"] = [{"containerPort": 29500}]
-    job_spec["parallelism"] = job_spec["completions"] = trainer["numNodes"]
-    for patch in train_job["spec"].get("runtimePatches") or []:
-        for rj in patch["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"]:
-            if rj["name"] == "node":
-                job_spec["template"] = merged(job_spec["template"], rj["template"]["spec"]["template"])
-    return job_spec
 
 
 def renamed(obj: Any, name: str) -> Any:
@@ -117,7 +66,7 @@ def test_a_trainjob_and_its_runtime_validate_strictly_and_make_the_pods_kind_job
     assert runtime["metadata"]["name"] == job["spec"]["runtimeRef"]["name"]
     # cluster.max_retries is refused unless it is what the runtime says (its default, 3)
     assert runtime["spec"]["template"]["spec"]["failurePolicy"]["maxRestarts"] == TRAINJOB_RUNTIME_RESTARTS
-    made = trainer_makes(runtime, job)
+    made = node_job(runtime, job)
     # kind=jobset's Job for the same run (its name has another random suffix)
     reference = dryrun(tmp_path, "cluster.kind=jobset", *overrides).request
     # the JobSet the Trainer makes from the runtime: kind=jobset's restart rules and network
