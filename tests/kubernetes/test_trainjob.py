@@ -13,13 +13,12 @@ from typing import Any
 import pytest
 import yaml
 
-from fsdp_jobs.planning.compose import compose
 from fsdp_jobs.planning.errors import UserError
-from fsdp_jobs.planning.plan import make_plan
 from fsdp_jobs.launchers.kubernetes import manifests
 from fsdp_jobs.launchers.kubernetes.config import TRAINJOB_RUNTIME_RESTARTS
-from fsdp_jobs.launchers.kubernetes.backend import BACKEND, JobState, _condition_state, kueue_wait
+from fsdp_jobs.launchers.kubernetes.backend import JobState, _condition_state, kueue_wait
 from tests.kubernetes import schemas
+from tests.kubernetes.test_manifests import dryrun
 from tests.kubernetes.trainer import RUNTIME, node_job
 
 pytestmark = pytest.mark.kubernetes
@@ -27,12 +26,6 @@ pytestmark = pytest.mark.kubernetes
 # k8s.io/apimachinery's IsDomainPrefixedPath, which Trainer v2.3's webhook applies to a runtime patch's manager
 DOMAIN_PREFIXED_PATH = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/[A-Za-z0-9/\-._~%!$&'()*+,;=:@]+"
 PET = ("PET_NNODES", "PET_NPROC_PER_NODE", "PET_NODE_RANK", "PET_MASTER_ADDR", "PET_MASTER_PORT")
-
-
-def dryrun(tmp_path: Path, *overrides: str) -> Any:
-    cfg, _ = compose(["cluster=kubernetes", "cluster.image=registry.example.com/fsdp-jobs:1", "name=exp1",
-                      f"run_root={tmp_path / 'runs'}", "dry_run=true", *overrides])
-    return BACKEND.dryrun(make_plan(cfg), cfg)
 
 
 def renamed(obj: Any, name: str) -> Any:
