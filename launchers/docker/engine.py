@@ -35,7 +35,9 @@ NOBODY = "65534:65534"
 
 
 def docker(*args: str, timeout: float = 60, input: Optional[bytes] = None) -> subprocess.CompletedProcess[bytes]:
-    return subprocess.run(["docker", *args], capture_output=True, timeout=timeout, input=input)
+    """In a session of its own: the terminal's Ctrl-C is the launcher's to act on (it catches it), and must not cut a
+    query it acts on (a `docker ps` cut by it read as "no containers": the supervisor let them go unstopped)."""
+    return subprocess.run(["docker", *args], capture_output=True, timeout=timeout, input=input, start_new_session=True)
 
 
 def compose_command(cfg: JobConfig) -> list[str]:

@@ -111,7 +111,7 @@ class ContainerNode(Node):
         container's PID 1 (the node wrapper) drops a SIGTERM that comes before its handlers, and reads it then."""
         runs.stop_nodes(self.fleet.run_dir)
         self.stopper = subprocess.Popen(["docker", "stop", "-t", str(int(grace_s + STOP_EXTRA_S)), self.last["Id"]],
-                                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
 
     def kill(self) -> None:
         subprocess.run(["docker", "kill", self.last["Id"]], capture_output=True, timeout=60)
@@ -214,7 +214,7 @@ SCALE_UP_TIMEOUT_S = 120  # the supervisor's loop (signals, stops) waits while i
 
 def remove_containers(launch: dict[str, Any], sink: LogSink) -> None:
     Path(launch["file"]).with_name(".env").unlink(missing_ok=True)  # launchers/docker/backend.py: drop_dotenv
-    down = subprocess.run(launch["down"], capture_output=True, text=True, timeout=DOWN_TIMEOUT_S)
+    down = subprocess.run(launch["down"], capture_output=True, text=True, timeout=DOWN_TIMEOUT_S, start_new_session=True)
     if down.returncode:
         sink.write(f"fsdp-jobs: could not remove the containers: {down.stderr.strip()[-300:]}")
 
