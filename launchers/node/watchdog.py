@@ -19,6 +19,9 @@ It also watches for a straggler: every STRAGGLER_CHECK_S it compares every node'
 (fsdp_jobs/rundir/stragglers.py); when its own node has been one for fault.straggler_checks checks in a row, it
 says so in the log, once until the node recovers.
 
+A rank the kernel reports stopped by a signal is a hang once its heartbeat thread has missed STOPPED_S of
+beats; a pause of the whole node (the wrapper's wait took PAUSED_S) restarts the count (pitfall 32).
+
 The timeout: fault.hang_timeout_s, or derived from the ranks' recent step times (max(60 s, 10 x the
 slowest)); fault.startup_timeout_s until each rank has timed a few steps, and while it loads a checkpoint
 or makes its first save; a later save gets max(the step budget, SAVE_FACTOR x its slowest save so far). The decisions are pure functions of the heartbeats, tested in tests/unit/test_watchdog.py.
@@ -48,6 +51,12 @@ from fsdp_jobs.rundir.records import HangRecord
 
 STALE_S = liveness.STALE_S  # a heartbeat thread silent this long: the process itself is not running
 STRAGGLER_CHECK_S = 10.0
+# the wrapper's 1 s wait for its agent took this long: nothing on the node ran meanwhile (the whole job stopped by
+# SLURM's suspend or gang scheduling, `docker pause`, a machine asleep): no rank could advance either
+PAUSED_S = 5.0
+# a rank stopped by a signal (state T: SIGSTOP, a terminal's SIGTSTP/SIGTTIN/SIGTTOU) whose heartbeat thread
+# missed this long of beats (one a second) while its node ran: it cannot advance until someone continues it
+STOPPED_S = 3.0
 DERIVED_FACTOR = 10.0
 SAVE_FACTOR = 10.0  # a save after the first may take this many times the slowest before it
 
@@ -81,6 +90,16 @@ def hang_timeout(beats: list[Beat], fault: FaultConfig, job_step: Optional[int] 
 def stalled_for(beats: list[Beat], now: float) -> float:
     """Seconds since the most recent progress of any of these ranks."""
     return now - max(b.progress for b in beats) if beats else 0.0
+
+
+def stopped_rank(beats: list[Beat], states: dict[int, str], now: float, awake_since: float) -> Optional[Beat]:
+    """A rank stopped by a signal that has stayed stopped for STOPPED_S while its node ran (`awake_since`: the
+    end of the node's last pause): no hang timeout needs to pass, it will not move on its own. Not a debugger's
+    stop ('t'), and not a rank that is stopped and continued in turn (chaos slow-node without cgroup rights):
+    its heartbeat thread still beats."""
+    stopped = [b for b in beats if states.get(b.pid, "").startswith("T")
+               and now - max(b.alive, b.progress, awake_since) > STOPPED_S]
+    return min(stopped, key=lambda b: b.alive) if stopped else None
 
 
 def first_stopped(beats: list[Beat], now: float) -> Beat:
@@ -194,6 +213,13 @@ class Watchdog:
         self.given_up = False
         self.killed: set[int] = set()  # a killed rank is a zombie until torchrun reaps it: never judged again
         self.straggling, self.next_straggler_check = 0, 0.0  # checks in a row this node was a straggler
+        self.awake_since = 0.0  # the end of the node's last pause (`woke`): no stall counts from before it
+
+    def woke(self, now: float) -> None:
+        """The node was not running (the wrapper's wait took PAUSED_S or more): every rank's stall starts now.
+        A job suspended for longer than its hang timeout was otherwise declared hung on every node the moment
+        it was continued, and restarted."""
+        self.awake_since = now
 
     def local_beats(self, beats: list[Beat]) -> list[Beat]:
         """Ranks of this node's current workers: children of our agent (stale files of earlier attempts,
@@ -211,8 +237,12 @@ class Watchdog:
         # a stopped process (SIGSTOP, a debugger) is not saving or loading, whatever its last heartbeat says:
         # its heartbeat thread stopped with it, and a stop within a second of a save's end left "save" in
         # the file (a SLURM test's hang then waited the 300 s start-up allowance, not fault.hang_timeout_s)
-        judged = [replace(b, phase="step") if process_state(b.pid)[:1] in ("T", "t") else b for b in mine]
-        stalled = stalled_for(mine, now)
+        states = {b.pid: process_state(b.pid) for b in mine}
+        judged = [replace(b, phase="step") if states[b.pid][:1] in ("T", "t") else b for b in mine]
+        stalled = min(stalled_for(mine, now), now - self.awake_since)
+        stopped = stopped_rank(mine, states, now, self.awake_since)
+        if stopped is not None:
+            return self.on_hang(mine, now, stalled, STOPPED_S, stopped)
         # a rank in a save or a load gets the start-up allowance unless the job's other ranks are past it:
         # the job's furthest step is read (the job view) only once the stall outlasts the shorter timeout
         short = hang_timeout(judged, self.fault, job_step=sys.maxsize)
@@ -268,14 +298,15 @@ class Watchdog:
                 f"node's per step ({mine['compute_s']:.3g} s vs {s['median_compute_s']:.3g} s; the other nodes "
                 f"wait for it) for {self.straggling} checks in a row; `fsdp-jobs status` shows every node's")
 
-    def on_hang(self, mine: list[Beat], now: float, stalled: float, timeout: float) -> str:
+    def on_hang(self, mine: list[Beat], now: float, stalled: float, timeout: float,
+                stopped: Optional[Beat] = None) -> str:
         self.hangs += 1
         # this node's ranks, and of every other node its silent ranks and its laggard (the job view); a
         # heartbeat older than the stall itself is an earlier attempt's
         others = [b for n in liveness.job_nodes(self.run_dir, now) if n.node != self.node
                   for b in [*n.silent, *([n.laggard] if n.laggard else [])]]
         live = [b for b in [*mine, *others] if now - b.alive <= stalled + 2 * STALE_S] or mine
-        culprit = first_stopped(live, now)
+        culprit = stopped or first_stopped(live, now)
         state = process_state(culprit.pid) if culprit in mine else f"on {culprit.node}: see its node's record"
         where = RunDir(self.run_dir).hang_dir(now, self.node)
         where.mkdir(parents=True, exist_ok=True)
@@ -301,8 +332,9 @@ class Watchdog:
         what = ("giving up: fault.max_hang_restarts used" if self.given_up
                 else f"restarting the workers (hang restart {self.hangs} of {self.fault.max_hang_restarts})")
         c = record.first_stopped
-        return (f"fsdp-jobs: {self.node}: hang: no rank advanced for {stalled:.0f} s (timeout {timeout:.0f} s) at "
-                f"step {record.step}; stopped first: rank {c['rank']} on {c['node']} (pid {c['pid']}, step "
+        why = (f"rank {c['rank']} stopped by a signal ({c['state']}) for {now - max(stopped.alive, stopped.progress):.0f} s"
+               if stopped else f"no rank advanced for {stalled:.0f} s (timeout {timeout:.0f} s)")
+        return (f"fsdp-jobs: {self.node}: hang: {why} at step {record.step}; stopped first: rank {c['rank']} on {c['node']} (pid {c['pid']}, step "
                 f"{c['step']}, {c['state']}) in {c['frame'] or 'an unknown frame'}; stacks in {where}; {what}")
 
 

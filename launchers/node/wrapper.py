@@ -256,7 +256,7 @@ def supervise_agent(agent: subprocess.Popen, run_dir: Path, node: str, beats: Pa
     """Wait for the agent, with the hang watchdog (launchers/node/watchdog.py) looking at its ranks every second,
     the node's OOM kills (launchers/node/oom.py) named as they happen, and the agent stopped once the job
     completed without this node (`LeftBehind`)."""
-    from fsdp_jobs.launchers.node.watchdog import Watchdog
+    from fsdp_jobs.launchers.node.watchdog import PAUSED_S, Watchdog
 
     from fsdp_jobs.rundir import failures
 
@@ -265,6 +265,7 @@ def supervise_agent(agent: subprocess.Popen, run_dir: Path, node: str, beats: Pa
     seen = failures.Changes(run_dir)
     left = LeftBehind(run_dir, agent.pid, time.time() if began is None else began)
     while True:
+        waited = time.time()  # wall time: a machine asleep stops the monotonic clock too
         try:
             rc = agent.wait(timeout=1.0)
         except subprocess.TimeoutExpired:
@@ -273,6 +274,8 @@ def supervise_agent(agent: subprocess.Popen, run_dir: Path, node: str, beats: Pa
             if watchdog is not None:
                 watchdog.last_word()
             return rc
+        if watchdog is not None and time.time() - waited >= PAUSED_S:
+            watchdog.woke(time.time())
         if left.tick():
             print(f"fsdp-jobs: {node}: the job completed without this node (the others went on without it at "
                   "their last rendezvous: it was cut off from them, or too late); stopping its agent", flush=True)

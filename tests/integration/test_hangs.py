@@ -67,3 +67,30 @@ def test_a_stopped_rank_is_found_named_dumped_and_the_job_resumes_bitwise(run_ro
     print(f"{MEASURED}stop -> hang declared {min(r['time'] for r in records) - stopped_at:.1f} s, "
           f"-> first step after it {after[0]['time'] - stopped_at:.1f} s (hang timeout {HANG_TIMEOUT_S} s)")
     assert_same_state(uninterrupted / "checkpoints" / "step-000060", run_dir / "checkpoints" / "step-000060")
+
+
+def test_a_job_suspended_longer_than_its_hang_timeout_goes_on_when_continued(run_root, uninterrupted):
+    """What SLURM's `scontrol suspend` (and gang scheduling, `docker pause`, a laptop's lid) does: every process
+    of every node stopped, the watchdogs too, then continued. The pause is not a hang (no record, no restart:
+    it used to be one on every node, declared the moment the job was continued); the job ends bitwise."""
+    import os
+    import signal
+
+    from fsdp_jobs.launchers.chaos.inject import rank_processes
+
+    run_dir = run_root / "paused"
+    args = [f"run_root={run_root}", "name=paused", *ARGS[:-1], "fault.hang_timeout_s=5"]
+    proc = start(args)
+    wait_for(lambda: (run_dir / "checkpoints" / "step-000010" / "manifest.json").exists(), 400, proc)
+    groups = {os.getpgid(pid) for pid, _ in rank_processes(run_dir).values()}  # a node's wrapper, agent, ranks
+    assert len(groups) == 2, groups
+    for group in groups:
+        os.killpg(group, signal.SIGSTOP)
+    time.sleep(8)  # past the hang timeout and the watchdog's PAUSED_S
+    for group in groups:
+        os.killpg(group, signal.SIGCONT)
+    out, _ = proc.communicate(timeout=600)
+    assert proc.returncode == 0, out[-4000:]
+    assert not (run_dir / "hangs.jsonl").exists() and "hang:" not in out, out[-4000:]
+    assert {m["restart"] for m in metrics(run_dir)} == {0}
+    assert_same_state(uninterrupted / "checkpoints" / "step-000060", run_dir / "checkpoints" / "step-000060")

@@ -154,8 +154,8 @@ def test_a_rank_the_watchdog_killed_is_never_judged_again(tmp_path, monkeypatch)
 
 def test_a_stopped_rank_whose_last_heartbeat_says_save_gets_the_hang_timeout(tmp_path, monkeypatch):
     """A rank stopped within a second of a save's end: its heartbeat thread stopped too, leaving phase "save"
-    in the file. A stopped process saves nothing: fault.hang_timeout_s applies, not the start-up allowance
-    (a running one in a save still gets the allowance)."""
+    in the file. A stopped process saves nothing: a debugger's stop gets fault.hang_timeout_s, a signal's
+    STOPPED_S, neither the start-up allowance (a running one in a save still gets the allowance)."""
     import fsdp_jobs.launchers.node.watchdog as wd
 
     hb = tmp_path / "node-memory"
@@ -168,9 +168,12 @@ def test_a_stopped_rank_whose_last_heartbeat_says_save_gets_the_hang_timeout(tmp
     fault = FaultConfig(hang_timeout_s=20, startup_timeout_s=300, max_hang_restarts=3)
     monkeypatch.setattr(wd, "process_state", lambda pid: "S (sleeping)")
     assert wd.Watchdog(tmp_path, "node0", 77, fault, hb).tick(NOW) is None  # saving for 30 s: allowed up to 300 s
-    monkeypatch.setattr(wd, "process_state", lambda pid: "T (stopped)")
+    monkeypatch.setattr(wd, "process_state", lambda pid: "t (tracing stop)")  # a debugger's: the hang timeout
     line = wd.Watchdog(tmp_path, "node0", 77, fault, hb).tick(NOW)
     assert line and "hang: no rank advanced for 30 s (timeout 20 s)" in line, line
+    monkeypatch.setattr(wd, "process_state", lambda pid: "T (stopped)")  # a signal's: it will not move on its own
+    line = wd.Watchdog(tmp_path, "node0", 77, fault, hb).tick(NOW)
+    assert line and "hang: rank 1 stopped by a signal (T (stopped)) for 30 s at step 20" in line, line
 
 
 def test_a_short_jobs_ranks_timed_and_gone_within_a_tick_still_give_their_node_a_compute_per_step(tmp_path, monkeypatch):
@@ -233,3 +236,42 @@ def test_a_torn_py_spy_dump_is_taken_again_and_a_whole_one_is_kept(tmp_path, mon
         monkeypatch.setattr(wd.shutil, "which", lambda name: str(spy))
         assert wd.dump_stack(12345, tmp_path / "stacks") == want
         assert len(calls.read_text().splitlines()) == tries
+
+
+def test_a_rank_stopped_by_a_signal_is_a_hang_after_seconds_not_the_timeout():
+    """SIGSTOP or a terminal's job control: the rank cannot advance until continued, so its node need not keep
+    the whole job idle for the hang timeout. Not a debugger's tracing stop, not a rank stopped and continued in
+    turn (its heartbeat thread still beats), and not a stop that began while the whole node was paused."""
+    from fsdp_jobs.launchers.node.watchdog import STOPPED_S, stopped_rank
+
+    quiet = NOW - STOPPED_S - 0.5
+    stuck, running = beat(1, progress=quiet, alive=quiet), beat(0)
+    assert stopped_rank([running, stuck], {100: "S (sleeping)", 101: "T (stopped)"}, NOW, 0.0) is stuck
+    assert stopped_rank([running, stuck], {100: "S (sleeping)", 101: "t (tracing stop)"}, NOW, 0.0) is None
+    assert stopped_rank([running, stuck], {100: "S (sleeping)", 101: "S (sleeping)"}, NOW, 0.0) is None
+    cycled = beat(1, progress=quiet, alive=NOW - 0.8)  # stopped at this instant, but its heartbeat thread ran
+    assert stopped_rank([running, cycled], {100: "S (sleeping)", 101: "T (stopped)"}, NOW, 0.0) is None
+    assert stopped_rank([running, stuck], {100: "S (sleeping)", 101: "T (stopped)"}, NOW, NOW - 1.0) is None
+
+
+def test_a_job_suspended_longer_than_its_hang_timeout_is_not_hung_when_continued(tmp_path, monkeypatch):
+    """SLURM's suspend (or gang scheduling), `docker pause`, a laptop asleep: every process of the node stopped,
+    the watchdog too. Continued, its ranks' heartbeats are as old as the pause; the stall counts from the end of
+    the pause (`woke`), so a real hang after it is still declared, one timeout later."""
+    import fsdp_jobs.launchers.node.watchdog as wd
+
+    hb = tmp_path / "node-memory"
+    hb.mkdir()
+    (hb / "rank-0.json").write_text(json.dumps({"rank": 0, "node": "node0", "pid": 4242, "step": 5, "phase": "step",
+                                                "progress": NOW - 600, "alive": NOW - 600, "step_s": 0.1}))
+    monkeypatch.setattr(wd, "parent_pid", lambda pid: 77)
+    monkeypatch.setattr(wd, "process_state", lambda pid: "T (stopped)")  # SIGCONT reaches the ranks after the wrapper
+    monkeypatch.setattr(wd, "dump_stack", lambda beat, path: "(stack)\n")
+    monkeypatch.setattr(wd.os, "kill", lambda pid, sig: None)
+    dog = wd.Watchdog(tmp_path, "node0", 77, FaultConfig(hang_timeout_s=20, max_hang_restarts=3), hb)
+    dog.woke(NOW)
+    assert dog.tick(NOW) is None and dog.tick(NOW + 2) is None
+    monkeypatch.setattr(wd, "process_state", lambda pid: "S (sleeping)")
+    assert dog.tick(NOW + 19) is None and dog.hangs == 0
+    line = dog.tick(NOW + 21)
+    assert line and "hang: no rank advanced for 21 s (timeout 20 s)" in line, line
