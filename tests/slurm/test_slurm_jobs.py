@@ -221,6 +221,30 @@ def test_a_stopped_rank_on_a_slurm_node_is_found_and_the_job_resumes_bitwise(run
     assert_same_state(run_root / "ref" / "checkpoints" / "step-000200", run_dir / "checkpoints" / "step-000200")
 
 
+def test_a_suspended_job_is_no_hang_when_resumed(run_root):
+    """`scontrol suspend` (an admin's, or gang scheduling's time slices) stops every process of the job, the
+    watchdogs too; `scontrol resume` continues them. A pause longer than the hang timeout is no hang: no
+    record, no restart, the job completes; `status` says SUSPENDED meanwhile. It used to be declared a hang on
+    every node the moment it was resumed, and restarted."""
+    args = ("nodes=2", "gpus_per_node=1", "train.steps=200", "checkpoint.interval=20", "train.seed=5", *SHORT,
+            "fault.hang_timeout_s=5")
+    job_id, _, _ = submit(f"run_root={run_root}", "name=paused", *args)
+    run_dir = run_root / "paused"
+    wait_for(lambda: (run_dir / "checkpoints" / "step-000020" / "manifest.json").exists(), 300, "step 20")
+    sh("scontrol", "suspend", job_id, check=True)
+    time.sleep(3)
+    status = json.loads(cli("status", "paused", "--run-root", str(run_root)).stdout)
+    time.sleep(7)  # past the hang timeout and the watchdog's PAUSED_S
+    sh("scontrol", "resume", job_id, check=True)
+    assert wait_job(job_id, 600) == "COMPLETED", job_log(run_dir, job_id)[-4000:]
+    log = job_log(run_dir, job_id)
+    assert not (run_dir / "hangs.jsonl").exists() and "hang:" not in log, log[-4000:]
+    rows = metrics(run_dir)
+    assert {m["restart"] for m in rows} == {0} and rows[-1]["step"] == 200
+    # the common word (it holds its nodes) and SLURM's
+    assert status["state"] == "RUNNING" and status["detail"].startswith("SUSPENDED"), status
+
+
 def test_the_job_trains_through_a_controller_restart_and_status_keeps_answering(run_root):
     """An admin restarts slurmctld mid-job (deploy/slurm/restart-controller.sh: SIGTERM, down 20 s, start
     again from its saved state). The job's ranks never notice: steps keep being recorded while the
