@@ -42,6 +42,35 @@ INSTALL_HINT = {"volcano": "Volcano (volcano.sh)", "pytorchjob": "the Kubeflow t
                 "trainjob": "Kubeflow Trainer v2 (trainer.kubeflow.org) and deploy/kubernetes/trainer/trainjob-runtime.yaml"}
 
 
+def require_runtime(client: Any, name: str) -> None:
+    """A TrainJob names its ClusterTrainingRuntime; where it is not installed, the Trainer's webhook refuses the
+    TrainJob, and a cluster without the webhook stores it and never starts it (`status` would say PENDING for
+    ever). One line naming the runtimes there are instead. A user who may not read runtimes (403): not checked."""
+    from kubernetes import client as k8s
+
+    api = k8s.CustomObjectsApi(client)
+    group, version, plural = "trainer.kubeflow.org", "v1alpha1", "clustertrainingruntimes"
+    try:
+        api.get_cluster_custom_object(group, version, plural, name, _request_timeout=30)
+        return
+    except Exception as e:  # noqa: BLE001 - every failure becomes one line
+        if getattr(e, "status", None) == 403:
+            return
+        if getattr(e, "status", None) != 404:
+            raise explain(e, f"cannot read ClusterTrainingRuntime {name}", client) from None
+    try:
+        there = [o["metadata"]["name"] for o in api.list_cluster_custom_object(
+            group, version, plural, _request_timeout=30).get("items", [])]
+    except Exception:  # noqa: BLE001 - the names are a courtesy
+        there = []
+    shipped = "deploy/kubernetes/trainer/trainjob-runtime.yaml"
+    if there:
+        raise UserError("cluster.runtime", name, f"no ClusterTrainingRuntime of that name on this cluster; installed: "
+                        f"{', '.join(sorted(there))} ({shipped} installs fsdp-jobs-torch)")
+    raise UserError("cluster.runtime", name, "no ClusterTrainingRuntime of that name on this cluster, nor any other: "
+                    f"kubectl apply -f {shipped} (it installs fsdp-jobs-torch)")
+
+
 def _torchx_state(app_state: Any) -> JobState:
     name = getattr(app_state, "name", str(app_state))
     return {"UNSUBMITTED": JobState.PENDING, "SUBMITTED": JobState.PENDING, "PENDING": JobState.PENDING,
@@ -152,6 +181,8 @@ class KubernetesBackend(Backend[manifests.Request]):
                 raise UserError("cluster.kind", c.kind, f"the cluster does not serve {kind.group}/{kind.version} "
                                 f"{kind.plural}: install {INSTALL_HINT[c.kind]}, or choose another cluster.kind") from None
             raise explain(e, f"cannot list {kind.plural} in namespace {c.namespace}", client) from None
+        if c.kind == "trainjob":
+            require_runtime(client, c.runtime)
         last = next((r for r in reversed(runs.launches(Path(plan.run_dir))) if r.get("backend") == self.name), None)
         if last:
             status = self.describe(Run(Path(plan.run_dir), last))

@@ -69,7 +69,7 @@ def test_deploy_objects_validate_strictly() -> None:
             schemas.validate(obj)
             kinds.add(obj["kind"])
     assert kinds == {"Namespace", "PersistentVolumeClaim", "ServiceAccount", "Role", "RoleBinding", "Queue",
-                     "PriorityClass", "NetworkPolicy", "ClusterTrainingRuntime"}
+                     "PriorityClass", "NetworkPolicy", "ClusterTrainingRuntime", "ClusterRole", "ClusterRoleBinding"}
     pvc = yaml.safe_load((DEPLOY / "pvc.yaml").read_text())
     assert pvc["spec"]["accessModes"] == ["ReadWriteMany"]
 

@@ -221,6 +221,19 @@ def test_a_user_the_role_is_not_bound_to_is_refused_in_one_line(dev_cluster: Dev
     assert not (run_root / "outsider").exists()
 
 
+def test_a_trainjob_naming_a_runtime_the_cluster_lacks_is_refused_in_one_line(dev_cluster: DevCluster,
+                                                                              run_root: Path) -> None:
+    """Without the Trainer's webhook (as here) the API server stores a TrainJob whose runtime is missing, and
+    nothing ever starts it: the refusal comes first, naming the runtimes there are (rbac.yaml's ClusterRole
+    lets the user read them), and nothing is created."""
+    r = submit(dev_cluster, run_root, "no-runtime", "cluster.kind=trainjob", "cluster.runtime=fsdp-jobs-missing")
+    one_line_refusal(r, "cluster.runtime='fsdp-jobs-missing'", "no ClusterTrainingRuntime of that name",
+                     "installed: fsdp-jobs-torch")
+    assert not (run_root / "no-runtime" / "launches.jsonl").exists()
+    jobs = dev_cluster.custom().list_namespaced_custom_object("trainer.kubeflow.org", "v1alpha1", NS, "trainjobs")
+    assert not [j for j in jobs["items"] if "no-runtime" in j["metadata"]["name"]]
+
+
 def test_an_unreachable_api_server_is_one_line(dev_cluster: DevCluster, run_root: Path, tmp_path: Path) -> None:
     dead = tmp_path / "dead.kubeconfig"
     dead.write_text(dev_cluster.kubeconfig.read_text().replace("127.0.0.1:16443", "127.0.0.1:9"))
