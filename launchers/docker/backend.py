@@ -354,7 +354,9 @@ class DockerBackend(Backend[DockerRequest]):
                              {"containers": {}}, said)
         nodes = {name: f"{c['State']['Status']}" + (f" (exit {c['State']['ExitCode']})" if c["State"]["Status"] == "exited" else "")
                  + (f", restarted {c['RestartCount']}x" if c.get("RestartCount") else "") for name, c in found.items()}
-        live = any(c["State"]["Status"] in ("running", "restarting", "created") for c in found.values())
+        # `docker pause` (the cgroup freezer): the job holds its containers and goes on when unpaused, the watchdog
+        # does not take the pause for a hang (ARCHITECTURE pitfall 32): running, and the detail says "paused"
+        live = any(c["State"]["Status"] in ("running", "restarting", "created", "paused") for c in found.values())
         # every container exited but the supervisor has not recorded the result yet: the job is ending (the records
         # may already say how, but a terminal state now would turn back into ENDING once the result is written),
         # unless they exited long ago and no supervisor is left to record it

@@ -612,3 +612,30 @@ def test_a_failure_that_repeats_stops_the_job_with_its_cause_and_every_word_agre
     assert labelled("container", run_dir) == []  # nothing left running
     # stopped, not restarted by Docker to stop again (restart: on-failure used to run out all 3 of each node)
     assert all(c["restarts"] == 0 for c in result(run_dir)["containers"].values()), result(run_dir)
+
+
+def test_a_paused_job_is_running_paused_and_no_hang_when_unpaused(run_root):
+    """`docker pause` freezes every process of the containers (the cgroup freezer), the node wrappers' watchdogs
+    too. Meanwhile `status` says RUNNING with each container paused (it read UNKNOWN); unpaused after longer
+    than the hang timeout, no hang is declared and nothing restarts (ARCHITECTURE pitfall 32)."""
+    proc = start(f"run_root={run_root}", "name=paused", "cluster=docker", "nodes=2", "gpus_per_node=1",
+                 "train.steps=150", "checkpoint.interval=50", "fault.hang_timeout_s=5", PACED, *SHORT)
+    output = drain(proc)
+    run_dir = run_root / "paused"
+    try:
+        wait_for_file(run_dir / "checkpoints" / "step-000050" / "manifest.json", proc, output=output)
+        names = labelled("container", run_dir)
+        assert len(names) == 2
+        assert subprocess.run(["docker", "pause", *names], capture_output=True).returncode == 0
+        time.sleep(2)
+        status = json.loads(cli("status", "paused", "--run-root", str(run_root)).stdout)
+        time.sleep(6)  # past the hang timeout and the watchdog's PAUSED_S
+        assert subprocess.run(["docker", "unpause", *names], capture_output=True).returncode == 0
+        out = output()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert status["state"] == "RUNNING" and status["detail"] == "RUNNING (node0: paused, node1: paused)", status
+    assert proc.returncode == 0, out[-4000:]
+    assert not (run_dir / "hangs.jsonl").exists() and "hang:" not in out, out[-4000:]
+    assert {m["restart"] for m in metrics(run_dir)} == {0}

@@ -124,3 +124,9 @@ def test_a_job_whose_containers_are_being_removed_is_ending_not_failed(tmp_path,
     (tmp_path / LEGACY_RESULT_FILE).unlink()
     RunDir(tmp_path).cancel_file.unlink()
     assert backend.BACKEND.describe(run).state == JobState.FAILED  # gone with no record at all
+    # `docker pause` of its containers: it goes on when unpaused, so it is running, paused (it read UNKNOWN)
+    monkeypatch.setattr(backend, "containers", lambda project: {
+        f"node{i}": {"State": {"Status": "paused", "ExitCode": 0}, "RestartCount": 0,
+                     "Config": {"Labels": {backend.LABEL: str(tmp_path)}}} for i in range(2)})
+    paused = backend.BACKEND.describe(run)
+    assert paused.state == JobState.RUNNING and paused.detail == "RUNNING (node0: paused, node1: paused)", paused
