@@ -231,9 +231,10 @@ def list_lines(run_root: Path) -> list[str]:
 
 
 def member_state(run_dir: Path) -> str:
-    """A run's state in the backend's word alone (what `list` counts per sweep member)."""
+    """A run's state in the backend's word alone (what `list` counts per sweep member); "gone" for a member whose
+    run dir was deleted (the journal still names it: `status SWEEP` says so)."""
     if not RunDir(run_dir).job_file.is_file():
-        return JobState.UNKNOWN.value
+        return JobState.UNKNOWN.value if Path(run_dir).exists() else "gone"
     return backend_word(Run.load(run_dir)).state.value
 
 

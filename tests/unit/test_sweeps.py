@@ -144,6 +144,18 @@ def test_journal_records_every_submission_and_finds_the_newest_per_member(state_
     assert rows == (4,)
 
 
+def test_list_counts_a_sweep_member_whose_run_dir_was_deleted_as_gone(state_dir, tmp_path):
+    """The journal outlives a deleted sweep dir: `list` says its members are gone, not that their state is unknown."""
+    from fsdp_jobs.cli.ctl import list_lines
+
+    for member in ("a", "b"):
+        journal.record(sweep="sw", member=member, overrides=[f"x={member}"], params={"x": member}, backend="local",
+                       job_id="1", run_dir=str(tmp_path / "runs" / "sw" / member), config_hash="abc")
+    (tmp_path / "runs" / "sw" / "a").mkdir(parents=True)  # there, but no job record: its state is unknown
+    row = next(line for line in list_lines(tmp_path / "runs") if line.startswith("sw "))
+    assert "1 UNKNOWN, 1 gone" in row, row
+
+
 def test_journal_lives_in_the_xdg_state_dir_by_default(monkeypatch, tmp_path):
     monkeypatch.delenv("FSDP_JOBS_STATE_DIR", raising=False)
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "xdg"))
