@@ -20,7 +20,7 @@ It also watches for a straggler: every STRAGGLER_CHECK_S it compares every node'
 says so in the log, once until the node recovers.
 
 A rank the kernel reports stopped by a signal is a hang once its heartbeat thread has missed STOPPED_S of
-beats; a pause of the whole node (the wrapper's wait took PAUSED_S) restarts the count (pitfall 32).
+beats; a pause of the whole node (the wrapper's 1 s wait took PAUSED_S or more) does not count (pitfall 32).
 
 The timeout: fault.hang_timeout_s, or derived from the ranks' recent step times (max(60 s, 10 x the
 slowest)); fault.startup_timeout_s until each rank has timed a few steps, and while it loads a checkpoint
@@ -36,9 +36,10 @@ import signal
 import subprocess
 import sys
 import time
+from collections import deque
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING, Callable, Optional
 
 from fsdp_jobs.rundir import stragglers
 from fsdp_jobs.planning.config import HANG_TIMEOUT_FLOOR_S as DERIVED_FLOOR_S
@@ -53,10 +54,11 @@ STALE_S = liveness.STALE_S  # a heartbeat thread silent this long: the process i
 STRAGGLER_CHECK_S = 10.0
 # the wrapper's 1 s wait for its agent took this long: nothing on the node ran meanwhile (the whole job stopped by
 # SLURM's suspend or gang scheduling, `docker pause`, a machine asleep): no rank could advance either
-PAUSED_S = 5.0
-# a rank stopped by a signal (state T: SIGSTOP, a terminal's SIGTSTP/SIGTTIN/SIGTTOU) whose heartbeat thread
-# missed this long of beats (one a second) while its node ran: it cannot advance until someone continues it
+PAUSED_S = 2.0
+# a rank stopped by a signal (state T: SIGSTOP) whose heartbeat thread missed this long of beats (one a second)
+# while its node ran, seen stopped by two ticks STOPPED_SEEN_S apart: it will not move until someone continues it
 STOPPED_S = 3.0
+STOPPED_SEEN_S = 1.0
 DERIVED_FACTOR = 10.0
 SAVE_FACTOR = 10.0  # a save after the first may take this many times the slowest before it
 
@@ -92,14 +94,34 @@ def stalled_for(beats: list[Beat], now: float) -> float:
     return now - max(b.progress for b in beats) if beats else 0.0
 
 
-def stopped_rank(beats: list[Beat], states: dict[int, str], now: float, awake_since: float) -> Optional[Beat]:
-    """A rank stopped by a signal that has stayed stopped for STOPPED_S while its node ran (`awake_since`: the
-    end of the node's last pause): no hang timeout needs to pass, it will not move on its own. Not a debugger's
-    stop ('t'), and not a rank that is stopped and continued in turn (chaos slow-node without cgroup rights):
-    its heartbeat thread still beats."""
-    stopped = [b for b in beats if states.get(b.pid, "").startswith("T")
-               and now - max(b.alive, b.progress, awake_since) > STOPPED_S]
+def stopped_rank(beats: list[Beat], states: dict[int, str], seen_since: dict[int, float],
+                 ran: Callable[[float], float]) -> Optional[Beat]:
+    """A rank stopped by a signal whose heartbeat thread has been silent for STOPPED_S while its node ran
+    (`ran(t)`: the seconds since t that the node was not paused), and which this watchdog has seen stopped
+    since `seen_since[pid]` for STOPPED_SEEN_S of them: no hang timeout needs to pass, it will not move on its
+    own. Not a debugger's stop ('t'); not a rank stopped and continued in turn (chaos slow-node without cgroup
+    rights: its heartbeat still beats); not one the kernel continued a moment after this watchdog (SLURM's
+    resume continues a job's processes one by one): seen once, not twice."""
+    stopped = [b for b in beats if states.get(b.pid, "").startswith("T") and b.pid in seen_since
+               and ran(seen_since[b.pid]) >= STOPPED_SEEN_S and ran(max(b.alive, b.progress)) > STOPPED_S]
     return min(stopped, key=lambda b: b.alive) if stopped else None
+
+
+class Pauses:
+    """When the node was not running (the wrapper's timed wait for its agent: `add`): a stall counts only the
+    time the node ran. Taken out rather than counted from the last pause's end: a job suspended on a schedule
+    (SLURM's gang scheduling, 30 s on and 30 s off) would never reach a hang timeout longer than its slice."""
+
+    def __init__(self, keep: int = 1000) -> None:
+        self.spans: deque[tuple[float, float]] = deque(maxlen=keep)
+
+    def add(self, start: float, end: float) -> None:
+        self.spans.append((start, end))
+
+    def ran(self, since: float, now: float) -> float:
+        """Seconds from `since` to `now` outside the pauses (0 for a `since` after `now`: a clock stepped back)."""
+        paused = sum(max(0.0, min(end, now) - max(start, since)) for start, end in self.spans)
+        return max(0.0, now - since - paused)
 
 
 def first_stopped(beats: list[Beat], now: float) -> Beat:
@@ -213,13 +235,10 @@ class Watchdog:
         self.given_up = False
         self.killed: set[int] = set()  # a killed rank is a zombie until torchrun reaps it: never judged again
         self.straggling, self.next_straggler_check = 0, 0.0  # checks in a row this node was a straggler
-        self.awake_since = 0.0  # the end of the node's last pause (`woke`): no stall counts from before it
-
-    def woke(self, now: float) -> None:
-        """The node was not running (the wrapper's wait took PAUSED_S or more): every rank's stall starts now.
-        A job suspended for longer than its hang timeout was otherwise declared hung on every node the moment
-        it was continued, and restarted."""
-        self.awake_since = now
+        # when the node did not run: a job suspended for longer than its hang timeout was otherwise declared hung
+        # on every node the moment it was continued, and restarted
+        self.pauses = Pauses()
+        self.seen_stopped: dict[int, float] = {}  # pid -> the tick that first saw it stopped (T), on every tick since
 
     def local_beats(self, beats: list[Beat]) -> list[Beat]:
         """Ranks of this node's current workers: children of our agent (stale files of earlier attempts,
@@ -234,15 +253,21 @@ class Watchdog:
         self.publish(mine, now)
         if not mine:
             return None
-        # a stopped process (SIGSTOP, a debugger) is not saving or loading, whatever its last heartbeat says:
-        # its heartbeat thread stopped with it, and a stop within a second of a save's end left "save" in
-        # the file (a SLURM test's hang then waited the 300 s start-up allowance, not fault.hang_timeout_s)
         states = {b.pid: process_state(b.pid) for b in mine}
-        judged = [replace(b, phase="step") if states[b.pid][:1] in ("T", "t") else b for b in mine]
-        stalled = min(stalled_for(mine, now), now - self.awake_since)
-        stopped = stopped_rank(mine, states, now, self.awake_since)
+        self.seen_stopped = {b.pid: self.seen_stopped.get(b.pid, now) for b in mine if states[b.pid].startswith("T")}
+
+        def ran(since: float) -> float:
+            return self.pauses.ran(since, now)
+
+        stopped = stopped_rank(mine, states, self.seen_stopped, ran)
         if stopped is not None:
-            return self.on_hang(mine, now, stalled, STOPPED_S, stopped)
+            return self.on_hang(mine, now, ran(max(stopped.alive, stopped.progress)), STOPPED_S, stopped, states)
+        # a process a debugger stopped (or a silent stopped one) is not saving or loading, whatever its last
+        # heartbeat says: its heartbeat thread stopped with it, and a stop within a second of a save's end left
+        # "save" in the file (a SLURM test's hang then waited the 300 s start-up allowance, not the hang timeout)
+        judged = [replace(b, phase="step") if states[b.pid][:1] == "t" or (states[b.pid][:1] == "T" and b.silent(now))
+                  else b for b in mine]
+        stalled = ran(now - stalled_for(mine, now))
         # a rank in a save or a load gets the start-up allowance unless the job's other ranks are past it:
         # the job's furthest step is read (the job view) only once the stall outlasts the shorter timeout
         short = hang_timeout(judged, self.fault, job_step=sys.maxsize)
@@ -299,7 +324,7 @@ class Watchdog:
                 f"wait for it) for {self.straggling} checks in a row; `fsdp-jobs status` shows every node's")
 
     def on_hang(self, mine: list[Beat], now: float, stalled: float, timeout: float,
-                stopped: Optional[Beat] = None) -> str:
+                stopped: Optional[Beat] = None, states: Optional[dict[int, str]] = None) -> str:
         self.hangs += 1
         # this node's ranks, and of every other node its silent ranks and its laggard (the job view); a
         # heartbeat older than the stall itself is an earlier attempt's
@@ -307,7 +332,8 @@ class Watchdog:
                   for b in [*n.silent, *([n.laggard] if n.laggard else [])]]
         live = [b for b in [*mine, *others] if now - b.alive <= stalled + 2 * STALE_S] or mine
         culprit = stopped or first_stopped(live, now)
-        state = process_state(culprit.pid) if culprit in mine else f"on {culprit.node}: see its node's record"
+        state = ((states or {}).get(culprit.pid) or process_state(culprit.pid) if culprit in mine
+                 else f"on {culprit.node}: see its node's record")
         where = RunDir(self.run_dir).hang_dir(now, self.node)
         where.mkdir(parents=True, exist_ok=True)
         frames = {}
@@ -332,8 +358,8 @@ class Watchdog:
         what = ("giving up: fault.max_hang_restarts used" if self.given_up
                 else f"restarting the workers (hang restart {self.hangs} of {self.fault.max_hang_restarts})")
         c = record.first_stopped
-        why = (f"rank {c['rank']} stopped by a signal ({c['state']}) for {now - max(stopped.alive, stopped.progress):.0f} s"
-               if stopped else f"no rank advanced for {stalled:.0f} s (timeout {timeout:.0f} s)")
+        why = (f"rank {c['rank']} is stopped by a signal ({c['state']}) and its heartbeat has been silent for "
+               f"{stalled:.0f} s" if stopped else f"no rank advanced for {stalled:.0f} s (timeout {timeout:.0f} s)")
         return (f"fsdp-jobs: {self.node}: hang: {why} at step {record.step}; stopped first: rank {c['rank']} on {c['node']} (pid {c['pid']}, step "
                 f"{c['step']}, {c['state']}) in {c['frame'] or 'an unknown frame'}; stacks in {where}; {what}")
 

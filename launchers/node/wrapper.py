@@ -274,8 +274,8 @@ def supervise_agent(agent: subprocess.Popen, run_dir: Path, node: str, beats: Pa
             if watchdog is not None:
                 watchdog.last_word()
             return rc
-        if watchdog is not None and time.time() - waited >= PAUSED_S:
-            watchdog.woke(time.time())
+        if watchdog is not None and time.time() - waited >= PAUSED_S:  # all but the wait's own second
+            watchdog.pauses.add(waited + 1.0, time.time())
         if left.tick():
             print(f"fsdp-jobs: {node}: the job completed without this node (the others went on without it at "
                   "their last rendezvous: it was cut off from them, or too late); stopping its agent", flush=True)

@@ -4,6 +4,7 @@ node is stalled, which rank stopped first, the frame in a stack dump, and what `
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 
@@ -172,8 +173,11 @@ def test_a_stopped_rank_whose_last_heartbeat_says_save_gets_the_hang_timeout(tmp
     line = wd.Watchdog(tmp_path, "node0", 77, fault, hb).tick(NOW)
     assert line and "hang: no rank advanced for 30 s (timeout 20 s)" in line, line
     monkeypatch.setattr(wd, "process_state", lambda pid: "T (stopped)")  # a signal's: it will not move on its own
-    line = wd.Watchdog(tmp_path, "node0", 77, fault, hb).tick(NOW)
-    assert line and "hang: rank 1 stopped by a signal (T (stopped)) for 30 s at step 20" in line, line
+    dog = wd.Watchdog(tmp_path, "node0", 77, replace(fault, hang_timeout_s=60), hb)
+    assert dog.tick(NOW) is None  # seen stopped once; 30 s < 60 s, no start-up allowance
+    line = dog.tick(NOW + 1)
+    assert line and "hang: rank 1 is stopped by a signal (T (stopped)) and its heartbeat has been silent for 31 s at " \
+                     "step 20" in line, line
 
 
 def test_a_short_jobs_ranks_timed_and_gone_within_a_tick_still_give_their_node_a_compute_per_step(tmp_path, monkeypatch):
@@ -239,25 +243,34 @@ def test_a_torn_py_spy_dump_is_taken_again_and_a_whole_one_is_kept(tmp_path, mon
 
 
 def test_a_rank_stopped_by_a_signal_is_a_hang_after_seconds_not_the_timeout():
-    """SIGSTOP or a terminal's job control: the rank cannot advance until continued, so its node need not keep
-    the whole job idle for the hang timeout. Not a debugger's tracing stop, not a rank stopped and continued in
-    turn (its heartbeat thread still beats), and not a stop that began while the whole node was paused."""
-    from fsdp_jobs.launchers.node.watchdog import STOPPED_S, stopped_rank
+    """SIGSTOP: the rank cannot advance until continued, so its node need not keep the whole job idle for the
+    hang timeout. Not a debugger's tracing stop, not a rank stopped and continued in turn (its heartbeat thread
+    still beats), not one this watchdog saw stopped only once (SLURM's resume continues processes one by one),
+    and not while the node itself was paused."""
+    from fsdp_jobs.launchers.node.watchdog import STOPPED_S, Pauses, stopped_rank
+
+    def ran(since: float) -> float:
+        return NOW - since
 
     quiet = NOW - STOPPED_S - 0.5
     stuck, running = beat(1, progress=quiet, alive=quiet), beat(0)
-    assert stopped_rank([running, stuck], {100: "S (sleeping)", 101: "T (stopped)"}, NOW, 0.0) is stuck
-    assert stopped_rank([running, stuck], {100: "S (sleeping)", 101: "t (tracing stop)"}, NOW, 0.0) is None
-    assert stopped_rank([running, stuck], {100: "S (sleeping)", 101: "S (sleeping)"}, NOW, 0.0) is None
+    stopped = {100: "S (sleeping)", 101: "T (stopped)"}
+    seen = {101: NOW - 1.0}  # two ticks a second apart saw it stopped
+    assert stopped_rank([running, stuck], stopped, seen, ran) is stuck
+    assert stopped_rank([running, stuck], {**stopped, 101: "t (tracing stop)"}, seen, ran) is None
+    assert stopped_rank([running, stuck], {**stopped, 101: "S (sleeping)"}, seen, ran) is None
+    assert stopped_rank([running, stuck], stopped, {101: NOW}, ran) is None  # seen stopped by this tick only
     cycled = beat(1, progress=quiet, alive=NOW - 0.8)  # stopped at this instant, but its heartbeat thread ran
-    assert stopped_rank([running, cycled], {100: "S (sleeping)", 101: "T (stopped)"}, NOW, 0.0) is None
-    assert stopped_rank([running, stuck], {100: "S (sleeping)", 101: "T (stopped)"}, NOW, NOW - 1.0) is None
+    assert stopped_rank([running, cycled], stopped, seen, ran) is None
+    pauses = Pauses()
+    pauses.add(quiet - 100, NOW - 1.0)  # the node was suspended until a second ago, the rank too
+    assert stopped_rank([running, stuck], stopped, seen, lambda since: pauses.ran(since, NOW)) is None
 
 
 def test_a_job_suspended_longer_than_its_hang_timeout_is_not_hung_when_continued(tmp_path, monkeypatch):
     """SLURM's suspend (or gang scheduling), `docker pause`, a laptop asleep: every process of the node stopped,
-    the watchdog too. Continued, its ranks' heartbeats are as old as the pause; the stall counts from the end of
-    the pause (`woke`), so a real hang after it is still declared, one timeout later."""
+    the watchdog too. The pause (the wrapper's timed wait) does not count in a stall; a real hang after it, or
+    one that spans many short pauses, is still declared once the node has run for the timeout."""
     import fsdp_jobs.launchers.node.watchdog as wd
 
     hb = tmp_path / "node-memory"
@@ -269,9 +282,20 @@ def test_a_job_suspended_longer_than_its_hang_timeout_is_not_hung_when_continued
     monkeypatch.setattr(wd, "dump_stack", lambda beat, path: "(stack)\n")
     monkeypatch.setattr(wd.os, "kill", lambda pid, sig: None)
     dog = wd.Watchdog(tmp_path, "node0", 77, FaultConfig(hang_timeout_s=20, max_hang_restarts=3), hb)
-    dog.woke(NOW)
-    assert dog.tick(NOW) is None and dog.tick(NOW + 2) is None
-    monkeypatch.setattr(wd, "process_state", lambda pid: "S (sleeping)")
-    assert dog.tick(NOW + 19) is None and dog.hangs == 0
+    dog.pauses.add(NOW - 599, NOW)
+    assert dog.tick(NOW) is None  # not seen stopped before the pause
+    monkeypatch.setattr(wd, "process_state", lambda pid: "S (sleeping)")  # continued: a deadlock, say
+    assert dog.tick(NOW + 2) is None and dog.tick(NOW + 19) is None and dog.hangs == 0
     line = dog.tick(NOW + 21)
-    assert line and "hang: no rank advanced for 21 s (timeout 20 s)" in line, line
+    assert line and "hang: no rank advanced for 22 s (timeout 20 s)" in line, line  # 1 s before the pause, 21 after
+
+    # gang scheduling: 5 s running, 5 s suspended, while a rank is deadlocked; 20 s of running is a hang
+    dog = wd.Watchdog(tmp_path, "node0", 77, FaultConfig(hang_timeout_s=20, max_hang_restarts=3), hb)
+    dog.pauses.add(NOW - 599, NOW)
+    t, said = NOW, None
+    while said is None and t < NOW + 120:
+        t += 5
+        dog.pauses.add(t, t + 5)
+        t += 5
+        said = dog.tick(t)
+    assert said and t - NOW == 40 and "no rank advanced for 21 s" in said, (t - NOW, said)
