@@ -24,7 +24,7 @@ from typing import Any, Iterable, Iterator, Optional
 from fsdp_jobs.cli.status_text import report_header, stragglers_phrase
 from fsdp_jobs.rundir import goodput
 from fsdp_jobs.rundir.events import read_timeline
-from fsdp_jobs.rundir import checkpoints, runs
+from fsdp_jobs.rundir import checkpoints, hangs, runs
 from fsdp_jobs.rundir.layout import RunDir
 from fsdp_jobs.rundir.run_status import RunStatus
 from fsdp_jobs.rundir.records import ChaosIncident, FailureRecord, HangRecord, PreflightRecord
@@ -112,9 +112,8 @@ def record_incidents(run_dir: Path) -> list[Incident]:
     for h in _records(rd.hangs_file, HangRecord):
         first = h.first_stopped or {}
         link = str(Path(h.dir).relative_to(run_dir)) if h.dir and Path(h.dir).is_relative_to(run_dir) else h.dir
-        out.append(Incident(h.time, "hang", f"{h.node}: no progress for {h.stalled_s or 0:.0f} s; stopped first: "
-                                            f"rank {first.get('rank')} on {first.get('node')} in "
-                                            f"{first.get('frame') or '?'}", h.step, link))
+        out.append(Incident(h.time, "hang", f"{h.node}: no progress for {h.stalled_s or 0:.0f} s; "
+                                            f"{hangs.culprit(first)} in {first.get('frame') or '?'}", h.step, link))
     for c in _records(rd.chaos_incidents_file, ChaosIncident):
         out.append(Incident(c.injected_at, "chaos", f"fault {c.n}: {c.kind} {c.target}; detected "
                                                     f"{_seconds(c.detected_s)}, recovered {_seconds(c.recovered_s)}, "

@@ -85,8 +85,9 @@ def detail(s: RunStatus) -> str:
         parts.append(stragglers_phrase(s.stragglers))
     if s.hang:
         h = s.hang
-        parts.append(f"{h['hangs']} hang(s), last: rank {h['rank']} on {h['node']} stopped at step {h['step']} in "
-                     f"{h['frame'] or 'an unknown frame'}")
+        who = (f"no rank stopped at step {h['step']} (least recent: rank {h['rank']} on {h['node']})" if h.get("waiting")
+               else f"rank {h['rank']} on {h['node']} stopped at step {h['step']}")
+        parts.append(f"{h['hangs']} hang(s), last: {who} in {h['frame'] or 'an unknown frame'}")
     if s.replicas:
         r = s.replicas
         parts.append(f"replica groups: {r['in_quorum']} of {r['groups']} in the last step's quorum, {r['stalls']} "

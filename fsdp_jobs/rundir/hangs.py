@@ -24,6 +24,14 @@ def read(run_dir: Path) -> list[HangRecord]:
     return [r for r in map(HangRecord.from_dict, runs.read_jsonl(RunDir(run_dir).hangs_file)) if r is not None]
 
 
+def culprit(first: dict[str, Any]) -> str:
+    """A hang's culprit in words: the rank that stopped first, or, where none had stopped (every heartbeat thread
+    still beating, no process stopped: a peer or a link that does not answer, a collective that never
+    completes), the rank that advanced least recently, claimed as no more than that."""
+    rank_on = f"rank {first.get('rank')} on {first.get('node')}"
+    return f"no rank stopped (least recent: {rank_on})" if first.get("waiting") else f"{rank_on} stopped first"
+
+
 def summary(run_dir: Path) -> Optional[dict[str, Any]]:
     """How many hangs, and the newest one as the node holding the rank that stopped first saw it (it has
     that rank's stack and frame); None if the run never hung."""
@@ -41,4 +49,4 @@ def summary(run_dir: Path) -> Optional[dict[str, Any]]:
     c = best.first_stopped
     return {"hangs": hangs, "rank": c.get("rank"), "node": c.get("node"), "step": c.get("step"),
             "state": c.get("state"), "frame": c.get("frame"), "stacks": best.dir, "time": best.time,
-            "stalled_s": best.stalled_s, "timeout_s": best.timeout_s}
+            "stalled_s": best.stalled_s, "timeout_s": best.timeout_s, "waiting": bool(c.get("waiting"))}

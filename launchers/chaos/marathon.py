@@ -149,7 +149,7 @@ def evidence(run_dir: Path, since: float, known_aside: set[str]) -> list[tuple[f
     found: list[tuple[float, str]] = []
     found += [(f.time, f"rank {f.rank}'s failure record ({f.error.split(':')[0]})") for f in failures.read(run_dir)
               if f.time >= since]
-    found += [(h.time, f"{h.node}'s watchdog: hang, rank {h.first_stopped.get('rank')} stopped first")
+    found += [(h.time, f"{h.node}'s watchdog: hang, {hangs.culprit(h.first_stopped)}")
               for h in hangs.read(run_dir) if h.time >= since]
     found += [(e.time, "the workers restarted") for e in events.read_events(RunDir(run_dir).goodput_file)
               if e.event == "start" and e.time >= since]

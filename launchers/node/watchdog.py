@@ -328,12 +328,18 @@ class Watchdog:
         self.hangs += 1
         # this node's ranks, and of every other node its silent ranks and its laggard (the job view); a
         # heartbeat older than the stall itself is an earlier attempt's
-        others = [b for n in liveness.job_nodes(self.run_dir, now) if n.node != self.node
-                  for b in [*n.silent, *([n.laggard] if n.laggard else [])]]
+        elsewhere = [n for n in liveness.job_nodes(self.run_dir, now) if n.node != self.node]
+        silent_elsewhere = [b for n in elsewhere for b in n.silent]
+        others = [*silent_elsewhere, *(n.laggard for n in elsewhere if n.laggard)]
         live = [b for b in [*mine, *others] if now - b.alive <= stalled + 2 * STALE_S] or mine
         culprit = stopped or first_stopped(live, now)
         state = ((states or {}).get(culprit.pid) or process_state(culprit.pid) if culprit in mine
                  else f"on {culprit.node}: see its node's record")
+        # no rank known to be stopped: the culprit's heartbeat thread beats (another node's: not among its silent
+        # ones) and the kernel does not call it stopped. The least recent rank is then noise, not a culprit
+        known = (culprit.silent(now) or state[:1] in ("T", "t")) if culprit in mine else \
+            any(culprit is b for b in silent_elsewhere)
+        waiting = stopped is None and not known
         where = RunDir(self.run_dir).hang_dir(now, self.node)
         where.mkdir(parents=True, exist_ok=True)
         frames = {}
@@ -346,7 +352,7 @@ class Watchdog:
                             step=max(b.step for b in mine), dir=str(where), hang=self.hangs,
                             first_stopped={"rank": culprit.rank, "node": culprit.node, "pid": culprit.pid,
                                            "step": culprit.step, "state": state,
-                                           "frame": frames.get(culprit.rank)})
+                                           "frame": frames.get(culprit.rank), **({"waiting": True} if waiting else {})})
         hangs.record(self.run_dir, record)
         self.given_up = self.hangs > int(self.fault.max_hang_restarts)
         for b in mine:  # SIGKILL works on a stopped process too; torchrun restarts the workers
@@ -360,8 +366,11 @@ class Watchdog:
         c = record.first_stopped
         why = (f"rank {c['rank']} is stopped by a signal ({c['state']}) and its heartbeat has been silent for "
                f"{stalled:.0f} s" if stopped else f"no rank advanced for {stalled:.0f} s (timeout {timeout:.0f} s)")
-        return (f"fsdp-jobs: {self.node}: hang: {why} at step {record.step}; stopped first: rank {c['rank']} on {c['node']} (pid {c['pid']}, step "
-                f"{c['step']}, {c['state']}) in {c['frame'] or 'an unknown frame'}; stacks in {where}; {what}")
+        who = ("no rank is stopped (every heartbeat beats: they wait for a peer or a link that does not answer); "
+               "least recent:" if waiting else "stopped first:")
+        return (f"fsdp-jobs: {self.node}: hang: {why} at step {record.step}; {who} rank {c['rank']} on {c['node']} "
+                f"(pid {c['pid']}, step {c['step']}, {c['state']}) in {c['frame'] or 'an unknown frame'}; stacks in "
+                f"{where}; {what}")
 
 
 def parent_pid(pid: int) -> int:

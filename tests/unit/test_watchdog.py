@@ -299,3 +299,33 @@ def test_a_job_suspended_longer_than_its_hang_timeout_is_not_hung_when_continued
         t += 5
         said = dog.tick(t)
     assert said and t - NOW == 40 and "no rank advanced for 21 s" in said, (t - NOW, said)
+
+
+def test_a_hang_where_no_rank_is_stopped_claims_no_culprit(tmp_path, monkeypatch):
+    """A node cut off from the network: every rank waits in the same collective, each heartbeat thread beats, none
+    is stopped. The least recently advanced rank is then noise (a marathon named a rank of a node that was not
+    cut): the line, the record, `status` and the marathon's evidence say no rank stopped, and which was least
+    recent, as no more than that."""
+    import fsdp_jobs.launchers.node.watchdog as wd
+    from fsdp_jobs.launchers.chaos.marathon import evidence
+
+    hb = tmp_path / "node-memory"
+    hb.mkdir()
+    for rank, progress in ((0, NOW - 30.2), (1, NOW - 30.1)):  # stepping together until the cut; beating since
+        (hb / f"rank-{rank}.json").write_text(json.dumps({"rank": rank, "node": "node0", "pid": 4242 + rank, "step": 9,
+                                                          "phase": "step", "progress": progress, "alive": NOW - 0.4,
+                                                          "step_s": 0.1}))
+    monkeypatch.setattr(wd, "parent_pid", lambda pid: 77)
+    monkeypatch.setattr(wd, "process_state", lambda pid: "S (sleeping)")
+    monkeypatch.setattr(wd, "dump_stack", lambda beat, path: "(stack)\n")
+    monkeypatch.setattr(wd.os, "kill", lambda pid, sig: None)
+    line = wd.Watchdog(tmp_path, "node0", 77, FaultConfig(hang_timeout_s=20, max_hang_restarts=3), hb).tick(NOW)
+    assert line and "no rank is stopped (every heartbeat beats" in line and "least recent: rank 0 on node0" in line
+    assert "stopped first" not in line, line
+    [record] = hangs.read(tmp_path)
+    assert record.first_stopped["waiting"] is True
+    said = [what for _, what in evidence(tmp_path, NOW - 60, set())]
+    assert "node0's watchdog: hang, no rank stopped (least recent: rank 0 on node0)" in said, said
+    summary = hangs.summary(tmp_path)
+    assert summary["waiting"] is True
+    assert hangs.culprit({"rank": 3, "node": "node1"}) == "rank 3 on node1 stopped first"
