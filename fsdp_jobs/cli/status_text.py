@@ -85,7 +85,8 @@ def detail(s: RunStatus) -> str:
         parts.append(stragglers_phrase(s.stragglers))
     if s.hang:
         h = s.hang
-        who = (f"no rank stopped at step {h['step']} (least recent: rank {h['rank']} on {h['node']})" if h.get("waiting")
+        who = (f"no rank known to be stopped at step {h['step']} (least recent: rank {h['rank']} on {h['node']})"
+               if h.get("waiting")
                else f"rank {h['rank']} on {h['node']} stopped at step {h['step']}")
         parts.append(f"{h['hangs']} hang(s), last: {who} in {h['frame'] or 'an unknown frame'}")
     if s.replicas:

@@ -29,7 +29,7 @@ def culprit(first: dict[str, Any]) -> str:
     still beating, no process stopped: a peer or a link that does not answer, a collective that never
     completes), the rank that advanced least recently, claimed as no more than that."""
     rank_on = f"rank {first.get('rank')} on {first.get('node')}"
-    return f"no rank stopped (least recent: {rank_on})" if first.get("waiting") else f"{rank_on} stopped first"
+    return f"no rank known to be stopped (least recent: {rank_on})" if first.get("waiting") else f"{rank_on} stopped first"
 
 
 def summary(run_dir: Path) -> Optional[dict[str, Any]]:
@@ -44,7 +44,7 @@ def summary(run_dir: Path) -> Optional[dict[str, Any]]:
             hangs += 1
         last = e.time
     newest = [e for e in entries if last - e.time <= SAME_HANG_S]
-    best = max(newest, key=lambda e: (e.first_stopped.get("frame") is not None,
+    best = max(newest, key=lambda e: (not e.first_stopped.get("waiting"), e.first_stopped.get("frame") is not None,
                                       e.node == e.first_stopped.get("node")))
     c = best.first_stopped
     return {"hangs": hangs, "rank": c.get("rank"), "node": c.get("node"), "step": c.get("step"),

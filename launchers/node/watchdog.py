@@ -124,10 +124,12 @@ class Pauses:
         return max(0.0, now - since - paused)
 
 
-def first_stopped(beats: list[Beat], now: float) -> Beat:
+def first_stopped(beats: list[Beat], now: float, ran: Optional[Callable[[float], float]] = None) -> Beat:
     """The rank that stopped first: one whose heartbeat thread went silent (the process is not running),
-    the longest silent first; else the one that advanced least recently, at the lowest step."""
-    silent = [b for b in beats if now - b.alive > STALE_S]
+    the longest silent first; else the one that advanced least recently, at the lowest step. `ran(t)`: the
+    seconds since t that the node ran (Watchdog.pauses: a pause silences every heartbeat thread at once)."""
+    quiet = ran or (lambda since: now - since)
+    silent = [b for b in beats if quiet(b.alive) > STALE_S]
     if silent:
         return min(silent, key=lambda b: b.alive)
     return min(beats, key=lambda b: (b.step, b.progress))
@@ -261,11 +263,12 @@ class Watchdog:
 
         stopped = stopped_rank(mine, states, self.seen_stopped, ran)
         if stopped is not None:
-            return self.on_hang(mine, now, ran(max(stopped.alive, stopped.progress)), STOPPED_S, stopped, states)
+            return self.on_hang(mine, now, ran(max(stopped.alive, stopped.progress)), STOPPED_S, ran, stopped, states)
         # a process a debugger stopped (or a silent stopped one) is not saving or loading, whatever its last
         # heartbeat says: its heartbeat thread stopped with it, and a stop within a second of a save's end left
         # "save" in the file (a SLURM test's hang then waited the 300 s start-up allowance, not the hang timeout)
-        judged = [replace(b, phase="step") if states[b.pid][:1] == "t" or (states[b.pid][:1] == "T" and b.silent(now))
+        judged = [replace(b, phase="step") if states[b.pid][:1] == "t" or (states[b.pid][:1] == "T"
+                                                                            and ran(b.alive) > STALE_S)
                   else b for b in mine]
         stalled = ran(now - stalled_for(mine, now))
         # a rank in a save or a load gets the start-up allowance unless the job's other ranks are past it:
@@ -274,7 +277,7 @@ class Watchdog:
         timeout = short if stalled <= short else hang_timeout(judged, self.fault, self.job_step(judged, now))
         if stalled <= timeout:
             return self.check_straggler(now)
-        return self.on_hang(mine, now, stalled, timeout)
+        return self.on_hang(mine, now, stalled, timeout, ran)
 
     def last_word(self, now: Optional[float] = None) -> None:
         """The agent exited: its ranks' last heartbeats, still in the node-local directory, are published once
@@ -323,7 +326,7 @@ class Watchdog:
                 f"node's per step ({mine['compute_s']:.3g} s vs {s['median_compute_s']:.3g} s; the other nodes "
                 f"wait for it) for {self.straggling} checks in a row; `fsdp-jobs status` shows every node's")
 
-    def on_hang(self, mine: list[Beat], now: float, stalled: float, timeout: float,
+    def on_hang(self, mine: list[Beat], now: float, stalled: float, timeout: float, ran: Callable[[float], float],
                 stopped: Optional[Beat] = None, states: Optional[dict[int, str]] = None) -> str:
         self.hangs += 1
         # this node's ranks, and of every other node its silent ranks and its laggard (the job view); a
@@ -331,14 +334,14 @@ class Watchdog:
         elsewhere = [n for n in liveness.job_nodes(self.run_dir, now) if n.node != self.node]
         silent_elsewhere = [b for n in elsewhere for b in n.silent]
         others = [*silent_elsewhere, *(n.laggard for n in elsewhere if n.laggard)]
-        live = [b for b in [*mine, *others] if now - b.alive <= stalled + 2 * STALE_S] or mine
-        culprit = stopped or first_stopped(live, now)
+        live = [b for b in [*mine, *others] if ran(b.alive) <= stalled + 2 * STALE_S] or mine
+        culprit = stopped or first_stopped(live, now, ran)
         state = ((states or {}).get(culprit.pid) or process_state(culprit.pid) if culprit in mine
                  else f"on {culprit.node}: see its node's record")
         # no rank known to be stopped: the culprit's heartbeat thread beats (another node's: not among its silent
-        # ones) and the kernel does not call it stopped. The least recent rank is then noise, not a culprit
-        known = (culprit.silent(now) or state[:1] in ("T", "t")) if culprit in mine else \
-            any(culprit is b for b in silent_elsewhere)
+        # ones either) and the kernel does not call it stopped. The least recent rank is then noise, not a culprit
+        known = ran(culprit.alive) > STALE_S or (state[:1] in ("T", "t") if culprit in mine
+                                                 else any(culprit is b for b in silent_elsewhere))
         waiting = stopped is None and not known
         where = RunDir(self.run_dir).hang_dir(now, self.node)
         where.mkdir(parents=True, exist_ok=True)
@@ -366,8 +369,8 @@ class Watchdog:
         c = record.first_stopped
         why = (f"rank {c['rank']} is stopped by a signal ({c['state']}) and its heartbeat has been silent for "
                f"{stalled:.0f} s" if stopped else f"no rank advanced for {stalled:.0f} s (timeout {timeout:.0f} s)")
-        who = ("no rank is stopped (every heartbeat beats: they wait for a peer or a link that does not answer); "
-               "least recent:" if waiting else "stopped first:")
+        who = ("no rank known to be stopped (their heartbeats beat: a peer or a link that does not answer, or a "
+               "loop that does not end); least recent:" if waiting else "stopped first:")
         return (f"fsdp-jobs: {self.node}: hang: {why} at step {record.step}; {who} rank {c['rank']} on {c['node']} "
                 f"(pid {c['pid']}, step {c['step']}, {c['state']}) in {c['frame'] or 'an unknown frame'}; stacks in "
                 f"{where}; {what}")

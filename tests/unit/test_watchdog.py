@@ -12,6 +12,7 @@ from fsdp_jobs.planning.config import FaultConfig
 
 from fsdp_jobs.rundir import hangs
 from fsdp_jobs.rundir.layout import RunDir
+from fsdp_jobs.rundir.records import HangRecord
 from fsdp_jobs.launchers.node.watchdog import Beat, first_stopped, hang_timeout, innermost_frame, stalled_for
 
 pytestmark = pytest.mark.expects_hang  # hand-made heartbeats and hangs.jsonl files
@@ -320,12 +321,26 @@ def test_a_hang_where_no_rank_is_stopped_claims_no_culprit(tmp_path, monkeypatch
     monkeypatch.setattr(wd, "dump_stack", lambda beat, path: "(stack)\n")
     monkeypatch.setattr(wd.os, "kill", lambda pid, sig: None)
     line = wd.Watchdog(tmp_path, "node0", 77, FaultConfig(hang_timeout_s=20, max_hang_restarts=3), hb).tick(NOW)
-    assert line and "no rank is stopped (every heartbeat beats" in line and "least recent: rank 0 on node0" in line
+    assert line and "no rank known to be stopped (their heartbeats beat" in line and "least recent: rank 0 on node0" in line
     assert "stopped first" not in line, line
     [record] = hangs.read(tmp_path)
     assert record.first_stopped["waiting"] is True
     said = [what for _, what in evidence(tmp_path, NOW - 60, set())]
-    assert "node0's watchdog: hang, no rank stopped (least recent: rank 0 on node0)" in said, said
+    assert "node0's watchdog: hang, no rank known to be stopped (least recent: rank 0 on node0)" in said, said
+    assert hangs.summary(tmp_path)["waiting"] is True
+    # another node's record of the same hang names a stopped rank: `status` takes that one
+    hangs.record(tmp_path, HangRecord(time=NOW + 0.5, node="node1", first_stopped={
+        "rank": 3, "node": "node1", "pid": 9, "step": 9, "state": "T (stopped)", "frame": None}))
     summary = hangs.summary(tmp_path)
-    assert summary["waiting"] is True
-    assert hangs.culprit({"rank": 3, "node": "node1"}) == "rank 3 on node1 stopped first"
+    assert summary["waiting"] is False and summary["rank"] == 3, summary
+
+    # right after a pause of the node every heartbeat is old: the rank whose heartbeat stopped before the pause
+    # is the one named, as stopped
+    (hb / "rank-1.json").write_text(json.dumps({"rank": 1, "node": "node0", "pid": 4243, "step": 9, "phase": "step",
+                                                "progress": NOW - 60, "alive": NOW - 59, "step_s": 0.1}))
+    (hb / "rank-0.json").write_text(json.dumps({"rank": 0, "node": "node0", "pid": 4242, "step": 9, "phase": "step",
+                                                "progress": NOW - 60, "alive": NOW - 21, "step_s": 0.1}))
+    dog = wd.Watchdog(tmp_path, "node0", 77, FaultConfig(hang_timeout_s=20, max_hang_restarts=3), hb)
+    dog.pauses.add(NOW - 20, NOW)  # rank 0 beat until the pause; rank 1 went quiet 39 s before it
+    line = dog.tick(NOW)
+    assert line and "stopped first: rank 1 on node0" in line, line
