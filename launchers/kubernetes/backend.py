@@ -49,7 +49,8 @@ def require_runtime(client: Any, name: str) -> None:
     from kubernetes import client as k8s
 
     api = k8s.CustomObjectsApi(client)
-    group, version, plural = "trainer.kubeflow.org", "v1alpha1", "clustertrainingruntimes"
+    trainjob = manifests.KINDS["trainjob"]  # the runtime lives in the TrainJob's API group and version
+    group, version, plural = trainjob.group, trainjob.version, "clustertrainingruntimes"
     try:
         api.get_cluster_custom_object(group, version, plural, name, _request_timeout=30)
         return

@@ -270,7 +270,7 @@ class Watchdog:
         judged = [replace(b, phase="step") if states[b.pid][:1] == "t" or (states[b.pid][:1] == "T"
                                                                             and ran(b.alive) > STALE_S)
                   else b for b in mine]
-        stalled = ran(now - stalled_for(mine, now))
+        stalled = ran(now - stalled_for(mine, now))  # since the newest progress, pauses out
         # a rank in a save or a load gets the start-up allowance unless the job's other ranks are past it:
         # the job's furthest step is read (the job view) only once the stall outlasts the shorter timeout
         short = hang_timeout(judged, self.fault, job_step=sys.maxsize)
