@@ -7,11 +7,17 @@ loopback host, `install()` makes every store server this process starts bind its
 that address first and hand it over (TCPStore's `master_listen_fd`); any other host is left as torch does
 it. Installed in the torchrun agent (launchers/node/agent.py) and in every rank's entry point, before torch
 creates a store: the agent's rendezvous store, the workers' store and a rank's own are all covered.
+
+The workers' store listens before its server starts (fsdp_jobs/ARCHITECTURE.md, pitfall 33): the agent that
+forks rank 0 opens the listening socket (`listen_for_the_workers`) and the forked rank 0's store adopts it,
+so the other ranks' first connect lands in its backlog instead of being refused and retried after c10d's
+connect backoff.
 """
 
 from __future__ import annotations
 
 import ipaddress
+import os
 import socket
 import sys
 from typing import Any, Optional
@@ -21,6 +27,8 @@ import torch.distributed as dist
 _ARGS = ("host_name", "port", "world_size", "is_master", "timeout", "wait_for_workers", "multi_tenant",
          "master_listen_fd", "use_libuv")
 _ORIGINAL = dist.TCPStore
+# "FD:PORT": the listening socket the agent opened for the workers' store, which its forked ranks inherit
+LISTENER_ENV = "FSDP_JOBS_STORE_LISTENER"
 # "1" in the ranks of the node whose agent serves the rendezvous store, "0" in the others' (set by
 # launchers/node/agent.py after each round): a preflight never has a hot spare replace that node
 STORE_HOST_ENV = "FSDP_JOBS_STORE_HOST"
@@ -56,11 +64,62 @@ def _listening_socket(host: str, port: int) -> Optional[socket.socket]:
     return sock
 
 
+def _wildcard_socket(port: int) -> Optional[socket.socket]:
+    """Listening on every interface, as torch's own store server does (IPv6 with IPv4 beside it, else IPv4)."""
+    for family, address in ((socket.AF_INET6, "::"), (socket.AF_INET, "")):
+        try:
+            sock = socket.socket(family, socket.SOCK_STREAM)
+        except OSError:
+            continue
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if family == socket.AF_INET6:
+                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+            sock.bind((address, port))
+            sock.listen(socket.SOMAXCONN)
+            return sock
+        except OSError:
+            sock.close()
+    return None
+
+
+def listen_for_the_workers(host: str, port: int) -> Optional[socket.socket]:
+    """The agent that forks rank 0: a socket listening where the workers' store will serve (`host`: loopback
+    or not, as the store itself would listen), None when the port cannot be had (the store then binds it)."""
+    return _listening_socket(host, port) if loopback_address(host) else _wildcard_socket(port)
+
+
+def _inherited_listener(port: int) -> Optional[int]:
+    """The listening socket this rank's agent opened for the store on `port` (LISTENER_ENV), taken once: its
+    file descriptor, after checking that it is that socket (a spawned rank inherits the variable but not the
+    socket, and the number may then be any other file). None otherwise."""
+    fd, _, listened = os.environ.get(LISTENER_ENV, "").partition(":")
+    if not fd.isdigit() or listened != str(port):
+        return None
+    del os.environ[LISTENER_ENV]
+    try:
+        sock = socket.socket(fileno=int(fd))
+    except OSError:
+        return None
+    try:
+        ours = bool(sock.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN)) and sock.getsockname()[1] == port
+    except OSError:
+        ours = False
+    sock.detach()
+    return int(fd) if ours else None
+
+
 class LoopbackTCPStore(_ORIGINAL):  # type: ignore[misc, valid-type]
-    """A TCPStore whose server, for a loopback host, listens on that address only."""
+    """A TCPStore whose server, for a loopback host, listens on that address only; whose server adopts the
+    socket its agent opened for it, and whose clients close their copy of that socket."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         kw = {**dict(zip(_ARGS, args)), **kwargs}
+        inherited = _inherited_listener(int(kw.get("port") or 0))
+        if inherited is not None and kw.get("is_master") and kw.get("master_listen_fd") is None:
+            kw["master_listen_fd"] = inherited  # the store owns it from here
+        elif inherited is not None:
+            os.close(inherited)  # another rank serves the store: this one must not hold its port open
         if kw.get("is_master") and kw.get("master_listen_fd") is None:
             sock = _listening_socket(str(kw["host_name"]), int(kw.get("port") or 0))
             if sock is not None:

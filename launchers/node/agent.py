@@ -52,10 +52,36 @@ def launch_forked(args: Any) -> None:
     from fsdp_jobs.runtime.__main__ import forked
 
     quiet_about_replaced_ranks()
+    listen_before_the_workers_start()
     args.start_method = "fork"
     config, _, _ = torchrun.config_from_args(args)
     freeze_what_the_ranks_inherit()
     elastic_launch(config=config, entrypoint=forked)(args.training_script_args[0])
+
+
+def listen_before_the_workers_start() -> None:
+    """fsdp_jobs/ARCHITECTURE.md, pitfall 33. The agent that forks rank 0 (group rank 0) listens on the workers'
+    store port before it forks them; rank 0's store adopts the socket (fsdp_jobs/runtime/loopback_store.py) and
+    the agent closes its copy once they are forked. Fork only: a spawned rank would not inherit the socket."""
+    from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
+
+    from fsdp_jobs.runtime.loopback_store import LISTENER_ENV, listen_for_the_workers
+
+    start = LocalElasticAgent._start_workers
+
+    def start_with_the_store_listening(agent: Any, worker_group: Any) -> Any:
+        port = int(worker_group.master_port or 0)
+        sock = listen_for_the_workers(str(worker_group.master_addr), port) if worker_group.group_rank == 0 and port else None
+        if sock is None:
+            return start(agent, worker_group)
+        os.environ[LISTENER_ENV] = f"{sock.fileno()}:{port}"  # the forked ranks' environment is this one's
+        try:
+            return start(agent, worker_group)
+        finally:
+            os.environ.pop(LISTENER_ENV, None)
+            sock.close()
+
+    LocalElasticAgent._start_workers = start_with_the_store_listening
 
 
 NVML_CHECK_ENV = "PYTORCH_NVML_BASED_CUDA_CHECK"

@@ -408,3 +408,101 @@ def test_the_agent_asks_nvml_not_cuda_before_it_forks_the_ranks(monkeypatch):
     agent.launch_forked(parse_args([*FLAGS, "-m", "fsdp_jobs.runtime", "/runs/a"]))
     assert runtime_asked == [], "the agent initialized CUDA before forking its ranks"
     assert agent.os.environ[agent.NVML_CHECK_ENV] == "1"  # the ranks inherit it
+
+
+def _listeners_on(port):
+    """This process's file descriptors that are sockets listening on `port`."""
+    import os
+    import socket
+
+    found = []
+    for name in os.listdir("/proc/self/fd"):
+        try:
+            sock = socket.socket(fileno=int(name))
+        except OSError:
+            continue
+        try:
+            if sock.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN) and sock.getsockname()[1] == port:
+                found.append(int(name))
+        except OSError:
+            pass
+        finally:
+            sock.detach()
+    return found
+
+
+def test_the_workers_store_listens_before_rank_0_starts_it(monkeypatch):
+    """fsdp_jobs/ARCHITECTURE.md, pitfall 33: the ranks of a restart start together and the others' first
+    connect to rank 0's store came before it listened: refused, and c10d retried only after its backoff
+    (0.35-0.72 s of process-group set-up in 5 of 9 restarts of a 2x2 job). The agent forking rank 0 now
+    listens on the store's port first: a connect before rank 0's store exists is taken, rank 0's store adopts
+    the socket, a rank that does not serve the store closes its copy, and the agent keeps none."""
+    import socket
+    import threading
+    import time
+    from datetime import timedelta
+
+    from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
+    from torch.distributed.elastic.utils.distributed import get_free_port
+
+    from fsdp_jobs.launchers.node import agent
+    from fsdp_jobs.runtime.loopback_store import LISTENER_ENV, LoopbackTCPStore
+
+    import os
+
+    monkeypatch.setenv(LISTENER_ENV, "")  # whatever the test leaves in it is undone after
+    port, inherited = get_free_port(), {}
+
+    def fork_two_ranks(_agent, _group):  # what each forked rank inherits: the variable and its own copy
+        fd = int(os.environ[LISTENER_ENV].split(":")[0])
+        inherited.update(rank0=os.dup(fd), rank1=os.dup(fd), env=os.environ[LISTENER_ENV], socket=os.fstat(fd).st_ino)
+
+    monkeypatch.setattr(LocalElasticAgent, "_start_workers", fork_two_ranks)
+    agent.listen_before_the_workers_start()
+
+    class Group:
+        group_rank, master_addr, master_port = 0, "127.0.0.1", port
+
+    os.environ.pop(LISTENER_ENV)
+    LocalElasticAgent._start_workers(None, Group())
+    assert inherited["env"].endswith(f":{port}") and LISTENER_ENV not in os.environ
+    socket.create_connection(("127.0.0.1", port), timeout=5).close()  # taken while no store exists yet
+
+    clients = {}
+
+    def client(name, fd):
+        if fd is not None:
+            os.environ[LISTENER_ENV] = f"{fd}:{port}"  # threads share it: set before the server's is
+        clients[name] = LoopbackTCPStore("127.0.0.1", port, 3, False, timedelta(seconds=20))
+
+    rank1 = threading.Thread(target=client, args=("rank1", inherited["rank1"]))
+    rank1.start()
+    while LISTENER_ENV in os.environ:  # rank 1 took its copy (and closed it) before rank 0 reads the variable
+        time.sleep(0.01)
+    other_node = threading.Thread(target=client, args=("rank2", None))
+    other_node.start()
+    os.environ[LISTENER_ENV] = f"{inherited['rank0']}:{port}"
+    server = LoopbackTCPStore("127.0.0.1", port, 3, True, timedelta(seconds=20), wait_for_workers=False)
+    [t.join(30) for t in (rank1, other_node)]
+    clients["rank2"].set("k", "v")
+    assert clients["rank1"].get("k") == b"v" and server.get("k") == b"v"
+    # one socket listens: the agent's, adopted by the store (not one the store bound anew); rank 1's copy and the
+    # agent's are closed
+    assert [os.fstat(fd).st_ino for fd in _listeners_on(port)] == [inherited["socket"]]
+
+
+def test_a_spawned_rank_ignores_a_listener_it_did_not_inherit(tmp_path, monkeypatch):
+    """A spawned rank (script=) inherits the variable but not the socket: its number may be any file then."""
+    from datetime import timedelta
+
+    from torch.distributed.elastic.utils.distributed import get_free_port
+
+    from fsdp_jobs.runtime.loopback_store import LISTENER_ENV, LoopbackTCPStore
+
+    port = get_free_port()
+    with open(tmp_path / "data", "w") as f:
+        monkeypatch.setenv(LISTENER_ENV, f"{f.fileno()}:{port}")
+        server = LoopbackTCPStore("127.0.0.1", port, 1, True, timedelta(seconds=10), wait_for_workers=False)
+        f.write("still open")  # not closed, not adopted
+    server.set("k", "v")
+    assert server.get("k") == b"v" and (tmp_path / "data").read_text() == "still open"
