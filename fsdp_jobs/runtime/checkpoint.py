@@ -33,7 +33,7 @@ from typing import Any, Callable, Optional
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint import FileSystemWriter
+from torch.distributed.checkpoint import DefaultSavePlanner, FileSystemWriter
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 from torch.distributed.checkpoint.state_dict import (get_model_state_dict, get_optimizer_state_dict,
@@ -265,7 +265,7 @@ class CheckpointManager:
             # a CUDA stream from DCP's upload thread, which never set the device, so cuda:0's: a context
             # there from every rank of the node. The state is in host memory by then anyway.
             writer = FileSystemWriter(str(tmp), per_thread_copy_ahead=0)
-            future = dcp.async_save(sd, checkpoint_id=str(tmp), storage_writer=writer,
+            future = dcp.async_save(sd, checkpoint_id=str(tmp), storage_writer=writer, planner=_same_plan(),
                                     process_group=self._async_group, async_stager=self._stager)
             if not hasattr(future, "add_done_callback"):  # AsyncSaveResponse (background staging)
                 self._staging = future.staging_completion
@@ -277,7 +277,7 @@ class CheckpointManager:
                      f"(training blocked {time.perf_counter() - t0:.2f}s)")
             return None
         try:
-            dcp.save(sd, checkpoint_id=str(tmp))
+            dcp.save(sd, checkpoint_id=str(tmp), planner=_same_plan())
         except (Exception, CheckpointException) as e:  # raised on every rank alike (DCP gathers the failures)
             self._save_failed(tmp, state.step, e)
             return None
@@ -385,6 +385,14 @@ class CheckpointManager:
 
     def _prune(self) -> None:
         layout.prune(self.run_dir, self.keep_last)
+
+
+def _same_plan() -> DefaultSavePlanner:
+    """DCP's default planner, told to reuse its plans: every save of a process writes the same shards under the
+    same names, so after the first each rank sends the coordinator an empty plan and the coordinator reuses its
+    global plan and metadata (torch compares each local plan with the one it cached, and plans again when one
+    changed). The files are bitwise those of an uncached save (tests/unit/test_checkpoint_manager.py)."""
+    return DefaultSavePlanner(enable_plan_caching=True)
 
 
 def storage_failure(e: BaseException) -> bool:

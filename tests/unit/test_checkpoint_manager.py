@@ -78,3 +78,31 @@ def test_overlapped_staging_snapshots_the_state_before_the_next_update(tmp_path)
     saved = {k: torch.empty_like(v) for k, v in before.items()}
     dcp.load({"model": saved}, checkpoint_id=str(committed_checkpoints(tmp_path)[-1][1]))
     assert all(torch.equal(saved[k], before[k]) for k in before)
+
+
+def test_saves_that_reuse_their_plan_write_what_an_unplanned_save_writes(tmp_path):
+    """Saves reuse DCP's plan (checkpoint.py `_same_plan`: the coordinator no longer gathers every rank's plan
+    at every save). Each save is bitwise what DCP's default save writes of the same state, also when another
+    state of another shape is saved between two (torch keeps one cache per planner class: a changed plan
+    must be planned again, not written under the old one's names and sizes)."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint import DefaultSavePlanner
+    from torch.distributed.checkpoint.planner import SavePlanner
+
+    from fsdp_jobs.bench.chaos import state_difference
+
+    small, other = make_state(), TrainState(torch.nn.Linear(8, 3), None, None)
+    other.objects = {"model": other.objects["model"]}  # a model alone: another plan
+    managers = {name: CheckpointManager(tmp_path / name, keep_last=5, manifest_extra={}, rank=0, attempt="a",
+                                        log=lambda m: None) for name in ("small", "other")}
+    for step, (name, state) in enumerate([("small", small), ("other", other), ("small", small)] * 2, start=1):
+        with torch.no_grad():
+            for p in state.model.parameters():
+                p.add_(0.5 * step)
+        state.step = step
+        saved = managers[name].save(state, {"shard": 1}, 1)
+        plain = tmp_path / f"plain-{step}"
+        dcp.save(state.state_dict(), checkpoint_id=str(plain), planner=DefaultSavePlanner())
+        assert saved is not None and state_difference(saved, plain) is None, step
+    assert SavePlanner._cached_save_plan  # the plan was reused, not planned anew each time
+    [m.close() for m in managers.values()]
