@@ -156,7 +156,7 @@ class FaultConfig(Keys):
 
     watchdog: bool = True
     # no rank advanced for this long = a hang. None = derived: max(60 s, 10 x the slowest recent step). A rank
-    # stopped by a signal is one after 3 s; a pause of the whole node is none (ARCHITECTURE pitfall 32)
+    # stopped by a signal is one after 2 s; a pause of the whole node is none (ARCHITECTURE pitfall 32)
     hang_timeout_s: Optional[float] = None
     # ... before the first steps, and while a checkpoint is saved or loaded (these may take long)
     startup_timeout_s: float = 300

@@ -57,7 +57,7 @@ STRAGGLER_CHECK_S = 10.0
 PAUSED_S = 2.0
 # a rank stopped by a signal (state T: SIGSTOP) whose heartbeat thread missed this long of beats (one a second)
 # while its node ran, seen stopped by two ticks STOPPED_SEEN_S apart: it will not move until someone continues it
-STOPPED_S = 3.0
+STOPPED_S = 2.0
 STOPPED_SEEN_S = 1.0
 DERIVED_FACTOR = 10.0
 SAVE_FACTOR = 10.0  # a save after the first may take this many times the slowest before it
