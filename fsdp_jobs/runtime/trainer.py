@@ -739,7 +739,9 @@ class Trainer:
         check launched (settled at the next step's start, or before a save) and the snapshot written, valid once
         the check agrees (fsdp_jobs/runtime/sdc.py)."""
         state = self.state
-        snapshot_due = self.snapshots.due(state.step)
+        # a checkpoint's step is snapshotted too: a recovery takes memory only where it is no older than the newest
+        # checkpoint, so a rank killed just after a save between two snapshots was reloaded from disk
+        snapshot_due = self.snapshots.due(state.step) or (checkpoint_now and self.snapshots.enabled)
         checking = self.agreement.due(state.step, snapshot_due or checkpoint_now or state.step == self.tcfg.steps)
         if checking:
             self.agreement.launch(state.step, state_tensors(self.model, state.optimizer))

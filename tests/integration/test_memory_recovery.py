@@ -97,6 +97,21 @@ def test_a_killed_rank_resumes_from_memory_at_the_step_it_reached_bitwise(run_ro
     assert [e.get("source") for e in loaded] == ["start", "memory"], loaded
 
 
+def test_a_rank_killed_after_a_checkpoint_before_the_next_snapshot_resumes_from_memory(run_root, hsdp_reference):
+    """A snapshot every 25 steps, a checkpoint every 10: the checkpoint's step is snapshotted too, so a rank killed
+    after checkpoint 10 (before snapshot 25) resumes from memory at step 10. Memory is taken only where it is no
+    older than the newest checkpoint: without that snapshot the restart read checkpoint 10 from disk."""
+    run_dir = run_root / "after-save"
+    proc = start(run_root, "after-save", *TRAINING, "checkpoint.memory_interval=25", "train.log_interval=1")
+    wait_for_step(run_dir, 12, proc)
+    os.kill(rank_record(run_dir, 2)["pid"], signal.SIGKILL)
+    out = finish(proc)
+    found = RESUMED.search(out)
+    assert found and int(found.group(1)) in (10, 20), out[-4000:]  # 20: the kill came after checkpoint 20
+    assert "checkpoint: resumed from" not in out
+    assert_same_state(hsdp_reference / "checkpoints" / "step-000040", run_dir / "checkpoints" / "step-000040")
+
+
 def test_a_rank_killed_while_it_copies_its_snapshot_leaves_the_one_before_to_resume_from(run_root, full_shard_reference):
     """full_shard (no replica holds rank 3's shard): rank 3 dies half way through copying step 15's
     snapshot; every rank resumes at step 14, the last one rank 3 finished, bit for bit."""
