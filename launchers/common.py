@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import math
 import os.path
 import re
 from importlib import metadata
@@ -84,6 +85,27 @@ def monitor_interval_s(world: int) -> float:
     """torchrun's --monitor-interval for a torchrun world of `world` nodes."""
     return SMALL_MONITOR_INTERVAL_S if world <= LARGE_WORLD_NODES else LARGE_MONITOR_INTERVAL_S
 LARGE_KEEP_ALIVE_S = 60
+# Up to LARGE_WORLD_NODES: a node whose agent died with it (a container killed, a host lost, slurmd stopped with its
+# processes) stays among the round's participants until its keep-alive lapses (keep_alive_interval x
+# keep_alive_max_attempt), and the next round begins only once no participant is left: every survivor and the
+# node's replacement waited out torch's 5 s x 3 (Docker, a container's agent killed: 14.1 s back to a step once in
+# three, 4.6-5.0 s the others, whose replacement seems to have taken its predecessor's identity, address and pid,
+# in the state). Each keep-alive rewrites the whole
+# state (a key per node): the interval grows with the square of the nodes, as the rendezvous poll does
+# (launchers/node/agent.py rendezvous_poll_s), from SMALL_KEEP_ALIVE_S to torch's 5 s at 64 nodes, so the
+# store's load never exceeds torch's own at 64 nodes. A live node dropped by a late keep-alive (an agent starved
+# for 3 s) only leaves the state's list while its workers run; its next keep-alive and next round take it back.
+SMALL_KEEP_ALIVE_S = 1
+TORCH_KEEP_ALIVE_S = 5
+KEEP_ALIVE_BUDGET_NODES = 64
+
+
+def keep_alive_s(world: int) -> int:
+    """torch's rendezvous keep_alive_interval (whole seconds) for a torchrun world of `world` nodes."""
+    if world > LARGE_WORLD_NODES:
+        return LARGE_KEEP_ALIVE_S
+    scaled = TORCH_KEEP_ALIVE_S * world * world / KEEP_ALIVE_BUDGET_NODES ** 2
+    return int(min(TORCH_KEEP_ALIVE_S, max(SMALL_KEEP_ALIVE_S, math.ceil(scaled))))
 
 
 TORCH_JOIN_TIMEOUT_S = 600  # torch's c10d rendezvous default
@@ -98,7 +120,9 @@ def rdzv_conf(world: int, grow: bool) -> list[str]:
     """torchrun's --rdzv-conf for a torchrun world of `world` nodes (one flag: torchrun keeps the last)."""
     conf: dict[str, int] = {}
     if world > LARGE_WORLD_NODES:
-        conf.update(join_timeout=join_timeout_s(world), keep_alive_interval=LARGE_KEEP_ALIVE_S, keep_alive_max_attempt=3)
+        conf["join_timeout"] = join_timeout_s(world)
+    if keep_alive_s(world) != TORCH_KEEP_ALIVE_S:
+        conf.update(keep_alive_interval=keep_alive_s(world), keep_alive_max_attempt=3)
     if grow:
         conf["last_call_timeout"] = GROW_LAST_CALL_S
     return [f"--rdzv-conf={','.join(f'{k}={v}' for k, v in conf.items())}"] if conf else []

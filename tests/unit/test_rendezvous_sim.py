@@ -56,10 +56,23 @@ def test_a_large_torchrun_world_gets_rendezvous_settings_from_the_simulation() -
     survive an all-at-once round (fsdp_jobs/bench/rendezvous.py), one --rdzv-conf (torchrun keeps the last)."""
     from fsdp_jobs.launchers.common import rdzv_conf
 
-    assert rdzv_conf(2, grow=False) == [] and rdzv_conf(256, grow=False) == []
-    assert rdzv_conf(2, grow=True) == ["--rdzv-conf=last_call_timeout=2"]
+    assert rdzv_conf(64, grow=False) == [] and rdzv_conf(256, grow=False) == []
+    assert rdzv_conf(2, grow=True) == ["--rdzv-conf=keep_alive_interval=1,keep_alive_max_attempt=3,last_call_timeout=2"]
     assert rdzv_conf(1024, grow=True) == [
         "--rdzv-conf=join_timeout=1624,keep_alive_interval=60,keep_alive_max_attempt=3,last_call_timeout=2"]
+
+
+def test_a_small_world_drops_a_dead_node_in_3_s_at_no_more_store_load_than_torch_at_64_nodes() -> None:
+    """A node that died with its agent (a container killed) held the next round for torch's keep-alive, 5 s x 3:
+    every survivor and the node's replacement waited for it to lapse. Below 64 nodes the interval is shorter,
+    1 s up to 28 nodes; each keep-alive rewrites the whole state, so the interval grows with the square of the
+    nodes and the store's keep-alive load (writes a second x the state's size) stays at most torch's at 64
+    (from 64 to 256 nodes it is torch's 5 s)."""
+    from fsdp_jobs.launchers.common import keep_alive_s, rdzv_conf
+
+    assert rdzv_conf(2, grow=False) == ["--rdzv-conf=keep_alive_interval=1,keep_alive_max_attempt=3"]
+    assert [keep_alive_s(n) for n in (2, 28, 29, 45, 64, 200, 256)] == [1, 1, 2, 3, 5, 5, 5]
+    assert all(n * n / keep_alive_s(n) <= 64 * 64 / 5 for n in range(1, 65))  # beyond: torch's own 5 s
 
 
 def test_the_1024_node_dry_run_passes_them_to_torchrun(tmp_path) -> None:
