@@ -49,44 +49,38 @@ def loopback_address(host: str) -> Optional[tuple[int, str]]:
     return None
 
 
-def _listening_socket(host: str, port: int) -> Optional[socket.socket]:
-    where = loopback_address(host)
-    if where is None:
+def _listen(family: int, address: str, port: int) -> Optional[socket.socket]:
+    """A socket listening on (address, port), set up as the store's own; None when the family is unavailable
+    or the port is taken (a multi-tenant server already has it: let torch say so its way)."""
+    try:
+        sock = socket.socket(family, socket.SOCK_STREAM)
+    except OSError:
         return None
-    sock = socket.socket(where[0], socket.SOCK_STREAM)
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the store's own socket does
-        sock.bind((where[1], port))
+        if family == socket.AF_INET6 and address == "::":  # IPv4 beside IPv6, as torch's own server listens
+            sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+        sock.bind((address, port))
         sock.listen(socket.SOMAXCONN)
-    except OSError:  # the port is taken (a multi-tenant server already has it): let torch say so its way
+    except OSError:
         sock.close()
         return None
     return sock
 
 
-def _wildcard_socket(port: int) -> Optional[socket.socket]:
-    """Listening on every interface, as torch's own store server does (IPv6 with IPv4 beside it, else IPv4)."""
-    for family, address in ((socket.AF_INET6, "::"), (socket.AF_INET, "")):
-        try:
-            sock = socket.socket(family, socket.SOCK_STREAM)
-        except OSError:
-            continue
-        try:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            if family == socket.AF_INET6:
-                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
-            sock.bind((address, port))
-            sock.listen(socket.SOMAXCONN)
-            return sock
-        except OSError:
-            sock.close()
-    return None
+def _listening_socket(host: str, port: int) -> Optional[socket.socket]:
+    where = loopback_address(host)
+    return _listen(where[0], where[1], port) if where else None
 
 
 def listen_for_the_workers(host: str, port: int) -> Optional[socket.socket]:
     """The agent that forks rank 0: a socket listening where the workers' store will serve (`host`: loopback
-    or not, as the store itself would listen), None when the port cannot be had (the store then binds it)."""
-    return _listening_socket(host, port) if loopback_address(host) else _wildcard_socket(port)
+    or not, as the store itself would listen: every interface otherwise), None when the port cannot be had
+    (the store then binds it)."""
+    where = loopback_address(host)
+    if where is not None:
+        return _listen(where[0], where[1], port)
+    return _listen(socket.AF_INET6, "::", port) or _listen(socket.AF_INET, "", port)
 
 
 def _inherited_listener(port: int) -> Optional[int]:

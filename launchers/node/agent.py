@@ -71,7 +71,8 @@ def listen_before_the_workers_start() -> None:
 
     def start_with_the_store_listening(agent: Any, worker_group: Any) -> Any:
         port = int(worker_group.master_port or 0)
-        sock = listen_for_the_workers(str(worker_group.master_addr), port) if worker_group.group_rank == 0 and port else None
+        serves_rank_0 = worker_group.group_rank == 0 and port
+        sock = listen_for_the_workers(str(worker_group.master_addr), port) if serves_rank_0 else None
         if sock is None:
             return start(agent, worker_group)
         os.environ[LISTENER_ENV] = f"{sock.fileno()}:{port}"  # the forked ranks' environment is this one's
