@@ -227,7 +227,7 @@ class ReplicaAgreement:
     def gather(self, mine: torch.Tensor) -> list[tuple[int, int]]:
         """Collective: every rank's fingerprint, by rank (one all-gather of 16 bytes a rank)."""
         gathered = torch.zeros(self.world_size * 2, dtype=torch.int64, device=self.device)
-        dist.all_gather_into_tensor(gathered, mine)
+        dist.all_gather_single(gathered, mine)  # not all_gather_into_tensor: deprecated, a FutureWarning on every rank
         return [tuple(p) for p in gathered.view(self.world_size, 2).tolist()]
 
     def words_of(self, tensors: list[torch.Tensor]) -> list[torch.Tensor]:

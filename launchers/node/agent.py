@@ -371,6 +371,31 @@ def let_the_store_host_leave_last() -> None:
     DynamicRendezvousHandler.shutdown = shutdown_then_leave
 
 
+def stop_heartbeats_on_a_stop() -> None:
+    """fsdp_jobs/ARCHITECTURE.md, pitfall 34. On a stop signal torchrun skips its rendezvous shutdown (to leave
+    the rendezvous open), so the agent's keep-alive thread went on beating while the ranks checkpointed and
+    after: once the store host's agent had exited, a keep-alive against its store printed TCPStore's C++
+    frames and a RendezvousConnectionError warning, and a handler freed on that thread printed `cannot join
+    current thread` on Ctrl-C. The agent stops beating when the signal reaches it; its round needs no more
+    beats, as it leaves, and the store is up then. Nothing is closed: the rendezvous stays open as torch
+    wants."""
+    from torch.distributed.elastic.agent.server.api import SimpleElasticAgent
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+
+    invoke_run = SimpleElasticAgent._invoke_run
+
+    def run_until_a_stop(agent: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return invoke_run(agent, *args, **kwargs)
+        except SignalException:
+            stop = getattr(agent._worker_group.spec.rdzv_handler, "_stop_heartbeats", None)
+            if stop is not None:  # the dynamic handler's (c10d, etcd-v2): torch's own, joins the thread
+                stop()
+            raise
+
+    SimpleElasticAgent._invoke_run = run_until_a_stop
+
+
 def tell_the_ranks_who_hosts_the_store() -> None:
     """After each round, STORE_HOST_ENV in this agent's environment, which the ranks it then starts inherit
     (forked or spawned): "1" where this agent serves the rendezvous store. A preflight never has a hot spare
@@ -466,6 +491,7 @@ def main() -> None:
     end_a_waiting_node_when_the_job_completed()
     tell_the_ranks_who_hosts_the_store()
     let_the_store_host_leave_last()
+    stop_heartbeats_on_a_stop()
     quiet_planned_stops()
     from torch.distributed import run as torchrun
     from torch.distributed.elastic.multiprocessing.errors import record

@@ -239,6 +239,36 @@ def test_the_store_hosts_agent_leaves_only_after_the_other_agents_last_call(monk
         assert ended["host"][0] < ended["other"][0] - 0.3, ended  # it did not wait
 
 
+def test_a_stop_signal_stops_the_agents_heartbeats_and_leaves_the_rendezvous_open(monkeypatch):
+    """fsdp_jobs/ARCHITECTURE.md, pitfall 34: torchrun skips its rendezvous shutdown on a signal, and the
+    keep-alive thread went on beating into a store whose host had exited (TCPStore's C++ frames, torch's
+    RendezvousConnectionError warning and `cannot join current thread` after a 4-node Ctrl-C in CI)."""
+    from torch.distributed.elastic.agent.server.api import SimpleElasticAgent
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+
+    from fsdp_jobs.launchers.node import agent
+
+    def stopped_by_ctrl_c(agent_, role="default"):
+        raise SignalException("Process got signal: 2", sigval=2)
+
+    monkeypatch.setattr(SimpleElasticAgent, "_invoke_run", stopped_by_ctrl_c)  # undone after the test
+    agent.stop_heartbeats_on_a_stop()
+    host, other = _joined_pair(monkeypatch)
+    beating = other._keep_alive_timer._thread
+    assert beating.is_alive()  # joined round 0: it beats
+
+    class Agent:  # what run_until_a_stop reads of torchrun's agent
+        class _worker_group:
+            class spec:
+                rdzv_handler = other
+
+    with pytest.raises(SignalException):  # torchrun's run then stops the ranks and re-raises, as before
+        SimpleElasticAgent._invoke_run(Agent(), "default")
+    assert not beating.is_alive()  # stopped and joined on the main thread, before any exit
+    assert not host._state_holder.state.closed and other.is_closed() is False  # the rendezvous stays open
+    host._stop_heartbeats()
+
+
 def test_the_store_host_waits_for_exactly_its_nodes_and_no_longer_than_linger_s():
     """An agent that died never says it left: the host gives up after linger_s (LINGER_S: 10 s). A node that
     was not in the host's last rendezvous state (too late for the last round) does not stand in for one."""
