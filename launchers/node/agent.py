@@ -15,8 +15,11 @@ from __future__ import annotations
 import gc
 import logging
 import os
+import shutil
 import sys
-from typing import Any, Callable
+import tempfile
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator
 
 if __name__ == "__main__":  # fsdp_jobs/ARCHITECTURE.md, pitfall 23: no collection while torch is imported
     gc.disable()
@@ -498,12 +501,32 @@ def main() -> None:
 
     args = torchrun.parse_args(sys.argv[1:])
     shorten_rendezvous_poll(max_nodes(args.nnodes))
-    if forks_the_trainer(args):
-        # turns the collector on again once the ranks' imports are frozen
-        record(quiet_on_a_stop(name_a_silent_failure(launch_forked)))(args)
-    else:
-        gc.enable()  # off while torch was imported (pitfall 23); the spawned ranks start with their own on
-        record(quiet_on_a_stop(name_a_silent_failure(torchrun.run)))(args)
+    with torchruns_log_dir_removed_at_exit(args):
+        if forks_the_trainer(args):
+            # turns the collector on again once the ranks' imports are frozen
+            record(quiet_on_a_stop(name_a_silent_failure(launch_forked)))(args)
+        else:
+            gc.enable()  # off while torch was imported (pitfall 23); the spawned ranks start with their own on
+            record(quiet_on_a_stop(name_a_silent_failure(torchrun.run)))(args)
+
+
+@contextmanager
+def torchruns_log_dir_removed_at_exit(args: Any) -> Iterator[None]:
+    """torchrun makes a directory in the temporary directory (torchelastic_*) for every agent, where its ranks'
+    error files go (one folder per attempt and rank), and never removes it: every node of every job left one
+    behind, 826 of them in /tmp of a machine that had run this project's tests. What a failure says is in the
+    run dir already (the node's TORCHELASTIC_ERROR_FILE, the ranks' failure records), and the ranks' error
+    files are read before torchrun returns (`name_a_silent_failure`), so the agent makes the directory itself
+    and removes it when torchrun returns or raises. A --log-dir the user gave, and one the ranks' output is
+    redirected or tee'd into, stay."""
+    if args.log_dir or str(args.redirects) != "0" or str(args.tee) != "0":
+        yield
+        return
+    args.log_dir = tempfile.mkdtemp(prefix="torchelastic_")
+    try:
+        yield
+    finally:
+        shutil.rmtree(args.log_dir, ignore_errors=True)
 
 
 class PlannedStopLines:

@@ -434,8 +434,10 @@ def test_ctrl_c_checkpoints_and_stops_everything_it_started(run_root):
     run_dir = run_root / "ctrlc"
     bystander = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
     try:
+        tmp = run_root / "tmp"  # the agents' temporary directory: torchrun leaves a torchelastic_* there otherwise
+        tmp.mkdir()
         proc = start([f"run_root={run_root}", "name=ctrlc", "train.steps=100000", "checkpoint.interval=0", "nodes=4",
-                      "gpus_per_node=1", *SHORT])
+                      "gpus_per_node=1", *SHORT], env={"TMPDIR": str(tmp)})
         wait_for(lambda: (run_dir / "metrics.jsonl").exists() and len(metrics(run_dir)) >= 5, 300, proc)
         workers = [json.loads(p.read_text())["pid"] for p in (run_dir / "ranks").iterdir()]
         proc.send_signal(signal.SIGINT)  # what Ctrl-C delivers to the launcher
@@ -451,6 +453,7 @@ def test_ctrl_c_checkpoints_and_stops_everything_it_started(run_root):
         stopped_at = metrics(run_dir)[-1]["step"]
         assert committed(run_dir) == [f"step-{stopped_at:06d}"]  # the ranks checkpointed on the way out
         assert "stop requested (SIGTERM)" in out
+        assert not list(tmp.glob("torchelastic_*"))  # each of the 4 agents made one and removed it
     finally:
         bystander.kill()
         bystander.wait()
@@ -461,10 +464,13 @@ def test_repeated_runs_never_fail_at_rendezvous_or_exit(run_root):
     runs unguarded: fsdp_jobs/ARCHITECTURE.md, pitfall 2). Three, not five: an unguarded exit passes all three
     at most half the time here, and the ~80 other local jobs of the integration tier, each of which must exit
     0, together never would; five cost two more 2x2 jobs, ~26 CPU-s of CI's 2 cores."""
+    tmp = run_root / "tmp"
+    tmp.mkdir()
     for i in range(3):
-        r = cli(f"run_root={run_root}", f"name=rep{i}", "train.steps=5", *SHORT)
+        r = cli(f"run_root={run_root}", f"name=rep{i}", "train.steps=5", *SHORT, env={"TMPDIR": str(tmp)})
         assert_ok(r)
         assert "finished: rep" in r.stdout
+    assert not list(tmp.glob("torchelastic_*"))  # torchrun's per-agent directory, removed by the agent at exit
 
 
 def test_fsdp_knobs_async_save_and_fsdp1_vocabulary(run_root):

@@ -5,6 +5,8 @@ builds (launchers/common.py)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 pytest.importorskip("torch")
@@ -536,3 +538,24 @@ def test_a_spawned_rank_ignores_a_listener_it_did_not_inherit(tmp_path, monkeypa
         f.write("still open")  # not closed, not adopted
     server.set("k", "v")
     assert server.get("k") == b"v" and (tmp_path / "data").read_text() == "still open"
+
+
+@pytest.mark.parametrize("given", [[], ["--log-dir", "LOGS"], ["--redirects", "3"], ["--tee", "1"]])
+def test_the_agent_removes_the_log_dir_torchrun_makes_and_keeps_one_it_was_given(tmp_path, monkeypatch, given):
+    """torchrun made a torchelastic_* directory in $TMPDIR for every agent and never removed it (826 of them on a
+    machine that had run the tests). One the user named, or the ranks' output goes to, stays."""
+    from fsdp_jobs.launchers.node.agent import torchruns_log_dir_removed_at_exit
+
+    monkeypatch.setattr("tempfile.tempdir", str(tmp_path))
+    args = parse_args([*(a.replace("LOGS", str(tmp_path / "logs")) for a in given), "--nnodes=1", "train.py"])
+    with pytest.raises(SystemExit):  # a stop signal's way out (quiet_on_a_stop), as a failure's or a success's
+        with torchruns_log_dir_removed_at_exit(args):
+            made = args.log_dir
+            if made:
+                Path(made, "run_0", "attempt_0", "0").mkdir(parents=True)  # where the ranks' error files go
+            raise SystemExit(1)
+    if given:
+        assert args.log_dir == made and (made is None or Path(made).exists())
+    else:
+        assert made and Path(made).name.startswith("torchelastic_") and Path(made).parent == tmp_path
+        assert not Path(made).exists()
