@@ -112,8 +112,9 @@ def record_incidents(run_dir: Path) -> list[Incident]:
     for h in _records(rd.hangs_file, HangRecord):
         first = h.first_stopped or {}
         link = str(Path(h.dir).relative_to(run_dir)) if h.dir and Path(h.dir).is_relative_to(run_dir) else h.dir
+        where = "" if first.get("left") else f" in {first.get('frame') or '?'}"  # a node that left: no frame of it
         out.append(Incident(h.time, "hang", f"{h.node}: no progress for {h.stalled_s or 0:.0f} s; "
-                                            f"{hangs.culprit(first)} in {first.get('frame') or '?'}", h.step, link))
+                                            f"{hangs.culprit(first)}{where}", h.step, link))
     for c in _records(rd.chaos_incidents_file, ChaosIncident):
         out.append(Incident(c.injected_at, "chaos", f"fault {c.n}: {c.kind} {c.target}; detected "
                                                     f"{_seconds(c.detected_s)}, recovered {_seconds(c.recovered_s)}, "

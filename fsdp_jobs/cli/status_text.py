@@ -85,10 +85,12 @@ def detail(s: RunStatus) -> str:
         parts.append(stragglers_phrase(s.stragglers))
     if s.hang:
         h = s.hang
-        who = (f"no rank known to be stopped at step {h['step']} (least recent: rank {h['rank']} on {h['node']})"
+        who = (f"{h['node']} left the rendezvous at step {h['step']} (cut off or gone)" if h.get("left")
+               else f"no rank known to be stopped at step {h['step']} (least recent: rank {h['rank']} on {h['node']})"
                if h.get("waiting")
                else f"rank {h['rank']} on {h['node']} stopped at step {h['step']}")
-        parts.append(f"{h['hangs']} hang(s), last: {who} in {h['frame'] or 'an unknown frame'}")
+        where = "" if h.get("left") else f" in {h['frame'] or 'an unknown frame'}"
+        parts.append(f"{h['hangs']} hang(s), last: {who}{where}")
     if s.replicas:
         r = s.replicas
         parts.append(f"replica groups: {r['in_quorum']} of {r['groups']} in the last step's quorum, {r['stalls']} "

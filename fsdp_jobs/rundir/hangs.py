@@ -27,7 +27,10 @@ def read(run_dir: Path) -> list[HangRecord]:
 def culprit(first: dict[str, Any]) -> str:
     """A hang's culprit in words: the rank that stopped first, or, where none had stopped (every heartbeat thread
     still beating, no process stopped: a peer or a link that does not answer, a collective that never
-    completes), the rank that advanced least recently, claimed as no more than that."""
+    completes), the rank that advanced least recently, claimed as no more than that; or the node that left the
+    rendezvous round while the others waited for it."""
+    if first.get("left"):
+        return f"{first.get('node')} left the rendezvous (its agent stopped beating: cut off or gone)"
     rank_on = f"rank {first.get('rank')} on {first.get('node')}"
     return f"no rank known to be stopped (least recent: {rank_on})" if first.get("waiting") else f"{rank_on} stopped first"
 
@@ -44,9 +47,11 @@ def summary(run_dir: Path) -> Optional[dict[str, Any]]:
             hangs += 1
         last = e.time
     newest = [e for e in entries if last - e.time <= SAME_HANG_S]
-    best = max(newest, key=lambda e: (not e.first_stopped.get("waiting"), e.first_stopped.get("frame") is not None,
-                                      e.node == e.first_stopped.get("node")))
+    best = max(newest, key=lambda e: (bool(e.first_stopped.get("left")), not e.first_stopped.get("waiting"),
+                                      e.first_stopped.get("frame") is not None, e.node == e.first_stopped.get("node")))
     c = best.first_stopped
-    return {"hangs": hangs, "rank": c.get("rank"), "node": c.get("node"), "step": c.get("step"),
+    step = best.step if c.get("left") else c.get("step")  # a node that left: the step its peers stalled at
+    return {"hangs": hangs, "rank": c.get("rank"), "node": c.get("node"), "step": step,
             "state": c.get("state"), "frame": c.get("frame"), "stacks": best.dir, "time": best.time,
-            "stalled_s": best.stalled_s, "timeout_s": best.timeout_s, "waiting": bool(c.get("waiting"))}
+            "stalled_s": best.stalled_s, "timeout_s": best.timeout_s, "waiting": bool(c.get("waiting")),
+            "left": bool(c.get("left"))}

@@ -192,6 +192,37 @@ def read_local(directory: Path) -> list[RankBeat]:
     return out
 
 
+# The agent's word on its rendezvous round (launchers/node/agent.py `report_nodes_that_left_the_round`), for its
+# node's watchdog: the nodes of the round that left it, which torch's rendezvous drops once their agent's
+# keep-alive lapsed (a node cut off from the network, a host gone with its agent), each with when this agent
+# first saw it gone. Rewritten when that changes, removed when a new round begins: node-local, never the run dir.
+LEFT_FILE = "rendezvous-left.json"
+
+
+@dataclass
+class LeftTheRound:
+    round: int
+    expiry_s: float  # torch's keep_alive_interval x keep_alive_max_attempt: how long a silent agent stays in
+    left: dict[str, float]  # node (ours, or the agent's address where unknown) -> when this agent first saw it gone
+
+
+def write_left(directory: Path, left: Optional[LeftTheRound]) -> None:
+    """The record, or none (a new round)."""
+    if left is None:
+        (directory / LEFT_FILE).unlink(missing_ok=True)
+    else:
+        runs.write_atomic(directory / LEFT_FILE, json.dumps(asdict(left)) + "\n")
+
+
+def read_left(directory: Path) -> Optional[LeftTheRound]:
+    """None when no node left this round (or the record is not ours)."""
+    try:
+        d = json.loads((directory / LEFT_FILE).read_text())
+        return LeftTheRound(int(d["round"]), float(d["expiry_s"]), {str(k): float(v) for k, v in d["left"].items()})
+    except (OSError, ValueError, TypeError, KeyError, AttributeError):
+        return None
+
+
 # ------------------------------------------------------------------ the shared run dir: one record per node
 class Settling:
     """When a record is due: on a change readers act on; else every START_PUBLISH_S until its ranks (the same

@@ -19,7 +19,7 @@ import shutil
 import sys
 import tempfile
 from contextlib import contextmanager
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Optional
 
 if __name__ == "__main__":  # fsdp_jobs/ARCHITECTURE.md, pitfall 23: no collection while torch is imported
     gc.disable()
@@ -399,6 +399,97 @@ def stop_heartbeats_on_a_stop() -> None:
     SimpleElasticAgent._invoke_run = run_until_a_stop
 
 
+# A node cut off from the network (or a host lost with its agent) keeps its ranks waiting in their collectives
+# with it: nothing fails, every heartbeat thread beats, and only the hang timeout found it (at least 60 s by
+# default). torch's rendezvous knows sooner: the node's agent stops beating, and every other agent's next read
+# of the state drops it from the round's participants once keep_alive_interval x keep_alive_max_attempt passed
+# (3 s below 28 nodes: launchers/common.py keep_alive_s); torch itself acts on that only at the next round.
+# The agent tells its node's watchdog which nodes of its round are gone (a node-local file, rewritten when
+# that changes), and the watchdog restarts the workers once its ranks have also stopped advancing
+# (launchers/node/watchdog.py `Watchdog.left_the_round`). No store traffic of its own: the state is the one the
+# agent's monitor loop reads anyway; one key a node a round says which of our nodes an agent is.
+NODE_NAME_KEY = "fsdp_jobs.node_name."
+
+
+def name_key(handler: Any, node: Any) -> str:
+    return f"{NODE_NAME_KEY}{handler._settings.run_id}/{node!r}"
+
+
+def name_of(handler: Any, node: Any) -> str:
+    """Our name of the node a rendezvous descriptor stands for (the agent's address and pid where it said none)."""
+    key = name_key(handler, node)
+    try:
+        if handler._store.check([key]):  # a get would wait for a key never set
+            return handler._store.get(key).decode() or node.addr
+    except (RuntimeError, OSError, UnicodeDecodeError):
+        pass
+    return f"{node.addr} (agent pid {node.pid})"
+
+
+def gone_from_the_round(handler: Any) -> Optional[list[Any]]:
+    """The other nodes of this agent's round no longer in it (nor waiting for the next); None once the round
+    has moved on or closed."""
+    joined = getattr(handler, "_fsdp_jobs_round", None)
+    state = handler._state_holder.state
+    if joined is None or state.round != joined[0] or state.closed:
+        return None
+    present = set(state.participants) | set(state.wait_list) | set(state.redundancy_list)
+    return sorted((n for n in joined[1] if n not in present), key=repr)
+
+
+def report_nodes_that_left_the_round() -> None:
+    from fsdp_jobs.launchers.node.wrapper import NODE_ENV
+    from fsdp_jobs.rundir import liveness
+
+    local = os.environ.get(liveness.LOCAL_DIR_ENV)
+    if not local:
+        return
+    import time
+    from pathlib import Path
+
+    from torch.distributed.elastic.agent.server.api import SimpleElasticAgent
+    from torch.distributed.elastic.rendezvous.dynamic_rendezvous import DynamicRendezvousHandler
+
+    directory = Path(local)
+    next_rendezvous, num_nodes_waiting = DynamicRendezvousHandler.next_rendezvous, DynamicRendezvousHandler.num_nodes_waiting
+    restart = SimpleElasticAgent._restart_workers
+
+    def next_round_named(handler: Any) -> Any:
+        result = next_rendezvous(handler)
+        state = handler._state_holder.state
+        handler._fsdp_jobs_round = (state.round, set(state.participants) - {handler._this_node})
+        handler._fsdp_jobs_gone = {}  # descriptor -> (our name, when first seen gone)
+        try:
+            handler._store.set(name_key(handler, handler._this_node), os.environ.get(NODE_ENV, ""))
+        except (RuntimeError, OSError):  # the next read of the state fails the same way, in torch's own words
+            pass
+        liveness.write_left(directory, None)
+        return result
+
+    def waiting_and_gone(handler: Any) -> int:
+        waiting = num_nodes_waiting(handler)  # torch's read of the state (cached), which drops silent agents
+        if waiting:  # torchrun restarts the workers now (a spare taking a node's place, a node joining)
+            return waiting
+        gone, before = gone_from_the_round(handler) or [], handler.__dict__.get("_fsdp_jobs_gone", {})
+        if set(gone) != set(before):
+            now = time.time()
+            handler._fsdp_jobs_gone = {n: before.get(n) or (name_of(handler, n), now) for n in gone}
+            settings = handler._settings
+            expiry = (settings.keep_alive_interval * settings.keep_alive_max_attempt).total_seconds()
+            liveness.write_left(directory, liveness.LeftTheRound(
+                handler._fsdp_jobs_round[0], expiry, dict(handler._fsdp_jobs_gone.values())) if gone else None)
+        return waiting
+
+    def restart_unreported(agent: Any, worker_group: Any) -> None:
+        liveness.write_left(directory, None)  # the workers restart anyway: nothing left for the watchdog to do
+        worker_group.spec.rdzv_handler._fsdp_jobs_gone = {}
+        return restart(agent, worker_group)
+
+    DynamicRendezvousHandler.next_rendezvous = next_round_named
+    DynamicRendezvousHandler.num_nodes_waiting = waiting_and_gone
+    SimpleElasticAgent._restart_workers = restart_unreported
+
+
 def tell_the_ranks_who_hosts_the_store() -> None:
     """After each round, STORE_HOST_ENV in this agent's environment, which the ranks it then starts inherit
     (forked or spawned): "1" where this agent serves the rendezvous store. A preflight never has a hot spare
@@ -493,6 +584,7 @@ def main() -> None:
     leave_when_replaced()
     end_a_waiting_node_when_the_job_completed()
     tell_the_ranks_who_hosts_the_store()
+    report_nodes_that_left_the_round()
     let_the_store_host_leave_last()
     stop_heartbeats_on_a_stop()
     quiet_planned_stops()

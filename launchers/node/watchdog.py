@@ -21,6 +21,8 @@ says so in the log, once until the node recovers.
 
 A rank the kernel reports stopped by a signal is a hang once its heartbeat thread has missed STOPPED_S of
 beats; a pause of the whole node (the wrapper's 1 s wait took PAUSED_S or more) does not count (pitfall 32).
+So is a stall of STOPPED_S while a node of the agent's rendezvous round has left it for LEFT_SEEN_S (its agent
+stopped beating: cut off from the network, or gone; launchers/node/agent.py `report_nodes_that_left_the_round`).
 
 The timeout: fault.hang_timeout_s, or derived from the ranks' recent step times (max(60 s, 10 x the
 slowest)); fault.startup_timeout_s until each rank has timed a few steps, and while it loads a checkpoint
@@ -39,7 +41,7 @@ import time
 from collections import deque
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from fsdp_jobs.rundir import stragglers
 from fsdp_jobs.planning.config import HANG_TIMEOUT_FLOOR_S as DERIVED_FLOOR_S
@@ -59,6 +61,11 @@ PAUSED_S = 2.0
 # while its node ran, seen stopped by two ticks STOPPED_SEEN_S apart: it will not move until someone continues it
 STOPPED_S = 2.0
 STOPPED_SEEN_S = 1.0
+# a node gone from the round this long: not a node between leaving a round and joining the next (milliseconds),
+# whose restart is torch's own; one dropped within LEFT_AFTER_PAUSE x the keep-alive expiry of a pause of this
+# node is the pause's doing (every agent's beat was late, and torch drops a late one from the round for good)
+LEFT_SEEN_S = 1.0
+LEFT_AFTER_PAUSE = 2.0
 DERIVED_FACTOR = 10.0
 SAVE_FACTOR = 10.0  # a save after the first may take this many times the slowest before it
 
@@ -271,6 +278,9 @@ class Watchdog:
                                                                             and ran(b.alive) > STALE_S)
                   else b for b in mine]
         stalled = ran(now - stalled_for(mine, now))  # since the newest progress, pauses out
+        left = self.left_the_round(now) if stalled > STOPPED_S else None
+        if left is not None:
+            return self.on_hang(mine, now, stalled, STOPPED_S, ran, left=left)
         # a rank in a save or a load gets the start-up allowance unless the job's other ranks are past it:
         # the job's furthest step is read (the job view) only once the stall outlasts the shorter timeout
         short = hang_timeout(judged, self.fault, job_step=sys.maxsize)
@@ -278,6 +288,17 @@ class Watchdog:
         if stalled <= timeout:
             return self.check_straggler(now)
         return self.on_hang(mine, now, stalled, timeout, ran)
+
+    def left_the_round(self, now: float) -> Optional[tuple[str, float]]:
+        """A node that left this agent's rendezvous round LEFT_SEEN_S ago or more, and when, unless a pause of
+        this node explains it."""
+        record = liveness.read_left(self.local_dir)
+        for node, since in sorted((record.left if record else {}).items(), key=lambda kv: kv[1]):
+            after_pause = any(end >= since - LEFT_AFTER_PAUSE * record.expiry_s and start <= since
+                              for start, end in self.pauses.spans)
+            if now - since >= LEFT_SEEN_S and not after_pause:
+                return node, since
+        return None
 
     def last_word(self, now: Optional[float] = None) -> None:
         """The agent exited: its ranks' last heartbeats, still in the node-local directory, are published once
@@ -327,10 +348,52 @@ class Watchdog:
                 f"wait for it) for {self.straggling} checks in a row; `fsdp-jobs status` shows every node's")
 
     def on_hang(self, mine: list[Beat], now: float, stalled: float, timeout: float, ran: Callable[[float], float],
-                stopped: Optional[Beat] = None, states: Optional[dict[int, str]] = None) -> str:
+                stopped: Optional[Beat] = None, states: Optional[dict[int, str]] = None,
+                left: Optional[tuple[str, float]] = None) -> str:
         self.hangs += 1
-        # this node's ranks, and of every other node its silent ranks and its laggard (the job view); a
-        # heartbeat older than the stall itself is an earlier attempt's
+        where = RunDir(self.run_dir).hang_dir(now, self.node)
+        where.mkdir(parents=True, exist_ok=True)
+        frames = {}
+        for b in mine:
+            text = dump_stack(b.pid, RunDir(self.run_dir).stack_file(b.rank))
+            (where / f"rank-{b.rank}.txt").write_text(f"rank {b.rank} pid {b.pid} on {b.node}, step {b.step}, "
+                                                      f"{process_state(b.pid)}\n\n{text}")
+            frames[b.rank] = innermost_frame(text)
+        if left is not None:  # the node that left: no rank of it to name (its records may still say it beats)
+            first = {"rank": None, "node": left[0], "pid": None, "step": None, "state": "left the rendezvous",
+                     "frame": None, "left": True}
+        else:
+            first = self.first_stopped(mine, now, stalled, ran, stopped, states)
+            first["frame"] = frames.get(first["rank"])
+        record = HangRecord(time=now, node=self.node, stalled_s=round(stalled, 1), timeout_s=round(timeout, 1),
+                            step=max(b.step for b in mine), dir=str(where), hang=self.hangs, first_stopped=first)
+        hangs.record(self.run_dir, record)
+        self.given_up = self.hangs > int(self.fault.max_hang_restarts)
+        for b in mine:  # SIGKILL works on a stopped process too; torchrun restarts the workers
+            self.killed.add(b.pid)
+            try:
+                os.kill(b.pid, signal.SIGKILL)
+            except OSError:
+                pass
+        what = ("giving up: fault.max_hang_restarts used" if self.given_up
+                else f"restarting the workers (hang restart {self.hangs} of {self.fault.max_hang_restarts})")
+        c = record.first_stopped
+        if left is not None:
+            return (f"fsdp-jobs: {self.node}: hang: no rank advanced for {stalled:.0f} s at step {record.step}, and "
+                    f"{left[0]} left the rendezvous {now - left[1]:.0f} s ago (its agent stopped beating: cut off "
+                    f"from the network, or gone); stacks in {where}; {what}")
+        why = (f"rank {c['rank']} is stopped by a signal ({c['state']}) and its heartbeat has been silent for "
+               f"{stalled:.0f} s" if stopped else f"no rank advanced for {stalled:.0f} s (timeout {timeout:.0f} s)")
+        who = ("no rank known to be stopped (their heartbeats beat: a peer or a link that does not answer, or a "
+               "loop that does not end); least recent:" if c.get("waiting") else "stopped first:")
+        return (f"fsdp-jobs: {self.node}: hang: {why} at step {record.step}; {who} rank {c['rank']} on {c['node']} "
+                f"(pid {c['pid']}, step {c['step']}, {c['state']}) in {c['frame'] or 'an unknown frame'}; stacks in "
+                f"{where}; {what}")
+
+    def first_stopped(self, mine: list[Beat], now: float, stalled: float, ran: Callable[[float], float],
+                      stopped: Optional[Beat], states: Optional[dict[int, str]]) -> dict[str, Any]:
+        """The hang record's culprit: this node's ranks, and of every other node its silent ranks and its laggard
+        (the job view); a heartbeat older than the stall itself is an earlier attempt's."""
         elsewhere = [n for n in liveness.job_nodes(self.run_dir, now) if n.node != self.node]
         silent_elsewhere = [b for n in elsewhere for b in n.silent]
         others = [*silent_elsewhere, *(n.laggard for n in elsewhere if n.laggard)]
@@ -343,37 +406,8 @@ class Watchdog:
         known = ran(culprit.alive) > STALE_S or (state[:1] in ("T", "t") if culprit in mine
                                                  else any(culprit is b for b in silent_elsewhere))
         waiting = stopped is None and not known
-        where = RunDir(self.run_dir).hang_dir(now, self.node)
-        where.mkdir(parents=True, exist_ok=True)
-        frames = {}
-        for b in mine:
-            text = dump_stack(b.pid, RunDir(self.run_dir).stack_file(b.rank))
-            (where / f"rank-{b.rank}.txt").write_text(f"rank {b.rank} pid {b.pid} on {b.node}, step {b.step}, "
-                                                      f"{process_state(b.pid)}\n\n{text}")
-            frames[b.rank] = innermost_frame(text)
-        record = HangRecord(time=now, node=self.node, stalled_s=round(stalled, 1), timeout_s=round(timeout, 1),
-                            step=max(b.step for b in mine), dir=str(where), hang=self.hangs,
-                            first_stopped={"rank": culprit.rank, "node": culprit.node, "pid": culprit.pid,
-                                           "step": culprit.step, "state": state,
-                                           "frame": frames.get(culprit.rank), **({"waiting": True} if waiting else {})})
-        hangs.record(self.run_dir, record)
-        self.given_up = self.hangs > int(self.fault.max_hang_restarts)
-        for b in mine:  # SIGKILL works on a stopped process too; torchrun restarts the workers
-            self.killed.add(b.pid)
-            try:
-                os.kill(b.pid, signal.SIGKILL)
-            except OSError:
-                pass
-        what = ("giving up: fault.max_hang_restarts used" if self.given_up
-                else f"restarting the workers (hang restart {self.hangs} of {self.fault.max_hang_restarts})")
-        c = record.first_stopped
-        why = (f"rank {c['rank']} is stopped by a signal ({c['state']}) and its heartbeat has been silent for "
-               f"{stalled:.0f} s" if stopped else f"no rank advanced for {stalled:.0f} s (timeout {timeout:.0f} s)")
-        who = ("no rank known to be stopped (their heartbeats beat: a peer or a link that does not answer, or a "
-               "loop that does not end); least recent:" if waiting else "stopped first:")
-        return (f"fsdp-jobs: {self.node}: hang: {why} at step {record.step}; {who} rank {c['rank']} on {c['node']} "
-                f"(pid {c['pid']}, step {c['step']}, {c['state']}) in {c['frame'] or 'an unknown frame'}; stacks in "
-                f"{where}; {what}")
+        return {"rank": culprit.rank, "node": culprit.node, "pid": culprit.pid, "step": culprit.step, "state": state,
+                "frame": None, **({"waiting": True} if waiting else {})}
 
 
 def parent_pid(pid: int) -> int:

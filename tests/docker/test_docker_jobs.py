@@ -229,8 +229,8 @@ def test_a_rank_out_of_memory_a_node_cut_off_and_a_stopped_node_are_each_named_a
     memory.events and says out of memory, not only torchrun's "Signal 9"; torchrun restarts the ranks from
     their in-memory snapshots of a step before 60 (or checkpoint 50, where it is newer), no container restarts.
     Then `chaos cut-node 2`: every packet of node2's container dropped (iptables in its network namespace), no
-    reset, no error. The others' collectives stop: their watchdogs declare the hang after fault.hang_timeout_s,
-    their next rendezvous goes on without node2 (cluster.min_nodes=1) from the newest checkpoint, and rank 0
+    reset, no error. The others' collectives stop: their watchdogs declare the hang once node2's agent has left
+    the rendezvous (its keep-alive lapsed: seconds, not fault.hang_timeout_s), naming node2; their next rendezvous goes on without node2 (cluster.min_nodes=1) from the newest checkpoint, and rank 0
     names node2 as gone. Once the two have
     committed a checkpoint of their own, `chaos stop-node 1` kills node1's container for good (docker kill: not
     restarted): node0 goes on alone from the newest checkpoint. The job completes every step on one; node2's
@@ -295,6 +295,8 @@ def test_a_rank_out_of_memory_a_node_cut_off_and_a_stopped_node_are_each_named_a
     assert {n: c[n]["exit_code"] for n in c if n != "node1"} == {"node0": 0, "node2": 0}, c
     assert all(c[n]["restarts"] == 0 for n in c), c  # neither the OOM kill nor the stop restarted a container
     assert json.loads(cli("status", "cut", "--run-root", str(run_root)).stdout)["state"] == "SUCCEEDED"
+    first = json.loads((run_dir / "hangs.jsonl").read_text().splitlines()[0])  # a survivor's (node2's waits 10 s)
+    assert first["node"] != "node2" and first["first_stopped"].get("left") and first["first_stopped"]["node"] == "node2", first
     hang = min(float(json.loads(ln)["time"]) for ln in (run_dir / "hangs.jsonl").read_text().splitlines())
     back = next(x["time"] for x in m if x["world_size"] == 2)
     print(f"{MEASURED}node cut off: hang declared after {hang - cut_at:.1f} s, first step on two nodes after "

@@ -292,8 +292,8 @@ def test_the_job_trains_through_a_controller_restart_and_status_keeps_answering(
 @pytest.mark.expects_hang  # the cut node's peers' collectives stop: a hang, declared by design
 def test_a_node_cut_off_from_the_network_is_named_and_the_job_trains_on_without_it(run_root):
     """`chaos cut-node 2`: every packet of n3's network namespace dropped (iptables; slurmd's too). The others'
-    collectives stop: their watchdogs declare the hang after fault.hang_timeout_s (a save after a timed one
-    gets 10 x that save, not start-up's 300 s), their next rendezvous goes on without n3
+    collectives stop: their watchdogs declare the hang once n3's agent has left the rendezvous (its keep-alive
+    lapsed; before, fault.hang_timeout_s), naming n3; their next rendezvous goes on without n3
     (cluster.min_nodes=3) and rank 0 names n3 as gone. The link then heals (chaos resume), well inside
     slurmd's 300 s timeout: past it slurmctld declares n3 down and ends the allocation (NODE_FAIL, a requeue:
     SLURM's call, seen in this test's first version). The job completes, every step once at its data."""
@@ -323,7 +323,9 @@ def test_a_node_cut_off_from_the_network_is_named_and_the_job_trains_on_without_
     assert m[-1]["step"] == 400 and on_three
     assert f"resumed from step-{on_three[0]['step'] - 1:06d}" in log
     assert json.loads(cli("status", "cut", "--run-root", str(run_root)).stdout)["state"] == "SUCCEEDED"
-    hang = min(float(json.loads(ln)["time"]) for ln in (run_dir / "hangs.jsonl").read_text().splitlines())
+    hangs_ = [json.loads(ln) for ln in (run_dir / "hangs.jsonl").read_text().splitlines()]
+    assert any(h["first_stopped"].get("left") and h["first_stopped"]["node"] == "n3" for h in hangs_), hangs_
+    hang = min(float(h["time"]) for h in hangs_)
     print(f"{MEASURED}node cut off: hang declared after {hang - cut_at:.1f} s, first step on three nodes after "
           f"{on_three[0]['time'] - cut_at:.1f} s (fault.hang_timeout_s=10); the job ended on "
           f"{m[-1]['world_size']} nodes")

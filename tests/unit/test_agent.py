@@ -166,7 +166,7 @@ def test_a_restart_after_a_repeating_failure_is_held_for_the_wrapper_to_stop(tmp
     assert restarts == ["first", "second"] and slept == [3.0]
 
 
-def _joined_pair(monkeypatch):
+def _joined_pair(monkeypatch, **settings):
     """Two agents' real rendezvous handlers (torch's c10d backend, on a TCPStore one of them serves on
     loopback) after both joined round 0 of a 2-node rendezvous."""
     import threading
@@ -185,7 +185,7 @@ def _joined_pair(monkeypatch):
     handlers = []
     for is_host, port in ((True, 0), (False, None)):
         port = handlers[0]._store.port if port is None else port
-        params = RendezvousParameters("c10d", f"127.0.0.1:{port}", "linger", 2, 2, is_host=is_host)
+        params = RendezvousParameters("c10d", f"127.0.0.1:{port}", "linger", 2, 2, is_host=is_host, **settings)
         backend, store = c10d_rendezvous_backend.create_backend(params)
         handlers.append(create_handler(store, backend, params))
     joins = [threading.Thread(target=h.next_rendezvous) for h in handlers]
@@ -268,6 +268,50 @@ def test_a_stop_signal_stops_the_agents_heartbeats_and_leaves_the_rendezvous_ope
         SimpleElasticAgent._invoke_run(Agent(), "default")
     assert not beating.is_alive()  # stopped and joined on the main thread, before any exit
     assert not host._state_holder.state.closed and other.is_closed() is False  # the rendezvous stays open
+    host._stop_heartbeats()
+
+
+def test_an_agent_tells_its_watchdog_which_node_left_its_round_by_our_name(tmp_path, monkeypatch):
+    """A node cut off from the network keeps every other node's ranks waiting, and only the hang timeout found
+    it; torch's rendezvous drops its agent from the round once its keep-alive lapses. The other agent names it,
+    by our name, in its node's liveness directory for the watchdog, and nothing while it beats."""
+    import time
+
+    from torch.distributed.elastic.agent.server.api import SimpleElasticAgent
+    from torch.distributed.elastic.rendezvous.dynamic_rendezvous import DynamicRendezvousHandler
+
+    from fsdp_jobs.launchers.node import agent
+    from fsdp_jobs.launchers.node.wrapper import NODE_ENV
+    from fsdp_jobs.rundir import liveness
+
+    for name in ("next_rendezvous", "num_nodes_waiting"):
+        monkeypatch.setattr(DynamicRendezvousHandler, name, getattr(DynamicRendezvousHandler, name))  # undone after
+    restarted = []
+    monkeypatch.setattr(SimpleElasticAgent, "_restart_workers", lambda agent_, group: restarted.append(group))
+    monkeypatch.setenv(liveness.LOCAL_DIR_ENV, str(tmp_path))
+    monkeypatch.setenv(NODE_ENV, "node7")  # both agents run here: each says it is node7
+    agent.report_nodes_that_left_the_round()
+    host, other = _joined_pair(monkeypatch, keep_alive_interval=1, keep_alive_max_attempt=2)
+    assert liveness.read_left(tmp_path) is None
+    time.sleep(3)  # both beat: 1.5 x the expiry
+    host.num_nodes_waiting()
+    assert liveness.read_left(tmp_path) is None
+    other._stop_heartbeats()  # the other agent cut off: its beats no longer reach the store
+    began = time.time()
+    deadline = began + 10
+    while liveness.read_left(tmp_path) is None and time.time() < deadline:
+        host.num_nodes_waiting()  # what torchrun's monitor loop calls every --monitor-interval
+        time.sleep(0.1)
+    left = liveness.read_left(tmp_path)
+    assert left is not None and list(left.left) == ["node7"] and left.expiry_s == 2.0, left
+    assert began + 1 <= left.left["node7"] <= time.time()  # the expiry first: no sooner than the beat lapsed
+
+    class Group:  # what torchrun's restart hands over: the worker group, whose spec names the handler
+        class spec:
+            rdzv_handler = host
+
+    SimpleElasticAgent._restart_workers(None, Group)  # the workers restart (after the watchdog's kill): said
+    assert restarted == [Group] and liveness.read_left(tmp_path) is None  # no more, for the watchdog
     host._stop_heartbeats()
 
 

@@ -344,3 +344,52 @@ def test_a_hang_where_no_rank_is_stopped_claims_no_culprit(tmp_path, monkeypatch
     dog.pauses.add(NOW - 20, NOW)  # rank 0 beat until the pause; rank 1 went quiet 39 s before it
     line = dog.tick(NOW)
     assert line and "stopped first: rank 1 on node0" in line, line
+
+
+@pytest.mark.parametrize("since, stalled_s, paused, acts", [
+    (NOW - 2.0, 3.0, None, True),  # left 2 s ago, ranks stalled 3 s: restart now, not at the 20 s timeout
+    (NOW - 0.5, 3.0, None, False),  # just gone: a node between two rounds, whose restart is torch's own
+    (NOW - 2.0, 1.5, None, False),  # the ranks still advance
+    (NOW - 2.0, 3.0, (NOW - 20.0, NOW - 9.0), True),  # a pause of this node long before: not its doing
+    (NOW - 2.0, 3.0, (NOW - 30.0, NOW - 7.0), False),  # dropped within 2 x the expiry after a pause of this node
+])
+def test_a_node_that_left_the_round_while_the_ranks_wait_is_a_hang_in_seconds(tmp_path, monkeypatch, since,
+                                                                               stalled_s, paused, acts):
+    """A node cut off from the network: the other nodes' ranks wait in a collective, every heartbeat beats, and
+    the hang timeout was the only way out. The agent says which node left its rendezvous round (its keep-alive
+    lapsed; launchers/node/agent.py); with the ranks stalled STOPPED_S too, that is the hang, named as it is.
+    After a pause of the whole job torch drops every late agent from the round for good: not a hang."""
+    import fsdp_jobs.launchers.node.watchdog as wd
+    from fsdp_jobs.cli.status_text import detail
+    from fsdp_jobs.rundir import liveness
+    from fsdp_jobs.rundir.run_status import STATUS, RunStatus
+
+    hb = tmp_path / "node-memory"
+    hb.mkdir()
+    for rank in (0, 1):  # waiting in the same collective since the cut, beating
+        (hb / f"rank-{rank}.json").write_text(json.dumps({"rank": rank, "node": "node0", "pid": 4242 + rank, "step": 9,
+                                                          "phase": "step", "progress": NOW - stalled_s,
+                                                          "alive": NOW - 0.4, "step_s": 0.1}))
+    liveness.write_left(hb, liveness.LeftTheRound(round=3, expiry_s=3.0, left={"node2": since}))
+    monkeypatch.setattr(wd, "parent_pid", lambda pid: 77)
+    monkeypatch.setattr(wd, "process_state", lambda pid: "S (sleeping)")
+    monkeypatch.setattr(wd, "dump_stack", lambda beat, path: "(stack)\n")
+    killed = []
+    monkeypatch.setattr(wd.os, "kill", lambda pid, sig: killed.append(pid))
+    dog = wd.Watchdog(tmp_path, "node0", 77, FaultConfig(hang_timeout_s=20, max_hang_restarts=3), hb)
+    if paused:
+        dog.pauses.add(*paused)
+    line = dog.tick(NOW)
+    if not acts:
+        assert line is None and killed == [] and not hangs.read(tmp_path)
+        return
+    assert line and "node2 left the rendezvous 2 s ago (its agent stopped beating: cut off" in line, line
+    assert "no rank advanced for 3 s at step 9" in line and "hang restart 1 of 3" in line, line
+    assert killed == [4242, 4243]
+    [record] = hangs.read(tmp_path)
+    assert record.first_stopped["left"] is True and record.first_stopped["node"] == "node2"
+    summary = hangs.summary(tmp_path)
+    assert summary["left"] and summary["node"] == "node2" and summary["step"] == 9, summary
+    assert hangs.culprit(record.first_stopped) == "node2 left the rendezvous (its agent stopped beating: cut off or gone)"
+    said = detail(RunStatus(tmp_path, STATUS, hang=summary))
+    assert "1 hang(s), last: node2 left the rendezvous at step 9 (cut off or gone)" in said, said
