@@ -133,6 +133,19 @@ def test_a_failure_repeats_only_as_the_same_first_exception_at_the_same_step_in_
     assert "at start-up" in repeating([f("7.0:0", 1, step=None), f("7.0:1", 2, step=None)])
 
 
+def _sleeping_ranks_of_agent_77(monkeypatch) -> list[int]:
+    """Every heartbeat's process a sleeping child of agent pid 77, its stack a placeholder; the pids the watchdog
+    kills, recorded instead of killed."""
+    import fsdp_jobs.launchers.node.watchdog as wd
+
+    monkeypatch.setattr(wd, "parent_pid", lambda pid: 77)
+    monkeypatch.setattr(wd, "process_state", lambda pid: "S (sleeping)")
+    monkeypatch.setattr(wd, "dump_stack", lambda beat, path: "(stack)\n")
+    killed: list[int] = []
+    monkeypatch.setattr(wd.os, "kill", lambda pid, sig: killed.append(pid))
+    return killed
+
+
 def test_a_rank_the_watchdog_killed_is_never_judged_again(tmp_path, monkeypatch):
     """Until torchrun reaps it, a killed rank is a zombie still parented by the agent, with its old heartbeat:
     judged again, it would be a second hang (a second restart used, its stack dump overwritten)."""
@@ -142,11 +155,7 @@ def test_a_rank_the_watchdog_killed_is_never_judged_again(tmp_path, monkeypatch)
     hb.mkdir()
     (hb / "rank-0.json").write_text(json.dumps({"rank": 0, "node": "node0", "pid": 4242, "step": 5, "phase": "step",
                                                 "progress": NOW - 100, "alive": NOW - 100, "step_s": 0.1}))
-    monkeypatch.setattr(wd, "parent_pid", lambda pid: 77)
-    monkeypatch.setattr(wd, "process_state", lambda pid: "S (sleeping)")
-    monkeypatch.setattr(wd, "dump_stack", lambda beat, path: "(stack)\n")
-    killed = []
-    monkeypatch.setattr(wd.os, "kill", lambda pid, sig: killed.append(pid))
+    killed = _sleeping_ranks_of_agent_77(monkeypatch)
     dog = wd.Watchdog(tmp_path, "node0", 77, FaultConfig(hang_timeout_s=20, max_hang_restarts=3), hb)
     assert "hang" in dog.tick(NOW) and killed == [4242]
     assert dog.tick(NOW + 1) is None and dog.hangs == 1  # the same (now dead) rank is not a second hang
@@ -371,11 +380,7 @@ def test_a_node_that_left_the_round_while_the_ranks_wait_is_a_hang_in_seconds(tm
                                                           "phase": "step", "progress": NOW - stalled_s,
                                                           "alive": NOW - 0.4, "step_s": 0.1}))
     liveness.write_left(hb, liveness.LeftTheRound(round=3, expiry_s=3.0, left={"node2": since}))
-    monkeypatch.setattr(wd, "parent_pid", lambda pid: 77)
-    monkeypatch.setattr(wd, "process_state", lambda pid: "S (sleeping)")
-    monkeypatch.setattr(wd, "dump_stack", lambda beat, path: "(stack)\n")
-    killed = []
-    monkeypatch.setattr(wd.os, "kill", lambda pid, sig: killed.append(pid))
+    killed = _sleeping_ranks_of_agent_77(monkeypatch)
     dog = wd.Watchdog(tmp_path, "node0", 77, FaultConfig(hang_timeout_s=20, max_hang_restarts=3), hb)
     if paused:
         dog.pauses.add(*paused)
