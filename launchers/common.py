@@ -94,7 +94,9 @@ LARGE_KEEP_ALIVE_S = 60
 # state (a key per node): the interval grows with the square of the nodes, as the rendezvous poll does
 # (launchers/node/agent.py rendezvous_poll_s), from SMALL_KEEP_ALIVE_S to torch's 5 s at 64 nodes, so the
 # store's load never exceeds torch's own at 64 nodes. A live node dropped by a late keep-alive (an agent starved
-# for 3 s) only leaves the state's list while its workers run; its next keep-alive and next round take it back.
+# for 3 s) stays out of the round's list while its workers run (torch sends no more beats for a node the state
+# lacks) and is back at the next round; the watchdog does not take it for a lost node while the ranks step
+# (launchers/node/watchdog.py left_stall_s).
 SMALL_KEEP_ALIVE_S = 1
 TORCH_KEEP_ALIVE_S = 5
 KEEP_ALIVE_BUDGET_NODES = 64

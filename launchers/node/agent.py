@@ -405,14 +405,23 @@ def stop_heartbeats_on_a_stop() -> None:
 # of the state drops it from the round's participants once keep_alive_interval x keep_alive_max_attempt passed
 # (3 s below 28 nodes: launchers/common.py keep_alive_s); torch itself acts on that only at the next round.
 # The agent tells its node's watchdog which nodes of its round are gone (a node-local file, rewritten when
-# that changes), and the watchdog restarts the workers once its ranks have also stopped advancing
-# (launchers/node/watchdog.py `Watchdog.left_the_round`). No store traffic of its own: the state is the one the
-# agent's monitor loop reads anyway; one key a node a round says which of our nodes an agent is.
+# that changes), and the watchdog restarts the workers once its ranks have also stopped stepping for a while
+# (launchers/node/watchdog.py `Watchdog.left_the_round`). A node counts as gone when two of this agent's reads
+# of the state, torch's own, miss it: one read can fall between a restarting agent's exit from the round and
+# its join of the next (two writes). No store traffic of its own but one key a node a round saying which of
+# our nodes an agent is, read for at most NAMED_MAX gone nodes (a whole job's agents dropped at once, after a
+# pause, would otherwise each read every other's).
 NODE_NAME_KEY = "fsdp_jobs.node_name."
+NAMED_MAX = 4
+log = logging.getLogger(__name__)
 
 
 def name_key(handler: Any, node: Any) -> str:
     return f"{NODE_NAME_KEY}{handler._settings.run_id}/{node!r}"
+
+
+def unnamed(node: Any) -> str:
+    return f"{node.addr} (agent pid {node.pid})"
 
 
 def name_of(handler: Any, node: Any) -> str:
@@ -420,21 +429,60 @@ def name_of(handler: Any, node: Any) -> str:
     key = name_key(handler, node)
     try:
         if handler._store.check([key]):  # a get would wait for a key never set
-            return handler._store.get(key).decode() or node.addr
+            return handler._store.get(key).decode() or unnamed(node)
     except (RuntimeError, OSError, UnicodeDecodeError):
         pass
-    return f"{node.addr} (agent pid {node.pid})"
+    return unnamed(node)
 
 
 def gone_from_the_round(handler: Any) -> Optional[list[Any]]:
     """The other nodes of this agent's round no longer in it (nor waiting for the next); None once the round
-    has moved on or closed."""
+    has moved on or closed. Under torch's heartbeat lock: its keep-alive thread replaces and prunes the state."""
     joined = getattr(handler, "_fsdp_jobs_round", None)
-    state = handler._state_holder.state
-    if joined is None or state.round != joined[0] or state.closed:
-        return None
-    present = set(state.participants) | set(state.wait_list) | set(state.redundancy_list)
+    with handler._heartbeat_lock:
+        state = handler._state_holder.state
+        if joined is None or state.round != joined[0] or state.closed:
+            return None
+        present = set(state.participants) | set(state.wait_list) | set(state.redundancy_list)
     return sorted((n for n in joined[1] if n not in present), key=repr)
+
+
+class RoundWatch:
+    """One agent's view of who left its round, as its node's file says it."""
+
+    def __init__(self, directory: Any) -> None:
+        self.directory = directory
+        self.missing: dict[Any, tuple[float, float]] = {}  # descriptor -> (torch's sync time, wall time) first missed
+        self.reported: dict[Any, tuple[str, float]] = {}  # descriptor -> (our name, wall time first missed)
+        self.asked = 0  # names read from the store this round
+
+    def clear(self) -> None:
+        from fsdp_jobs.rundir import liveness
+
+        self.missing, self.reported, self.asked = {}, {}, 0
+        liveness.write_left(self.directory, None)
+
+    def read(self, handler: Any) -> None:
+        """After a read of the state: report the nodes that a later, fresh read still misses."""
+        import time
+
+        from fsdp_jobs.rundir import liveness
+
+        synced = handler._state_holder._last_sync_time  # a new value only for a read of the store, not the cache
+        gone = gone_from_the_round(handler) or []
+        self.missing = {n: self.missing.get(n, (synced, time.time())) for n in gone}
+        confirmed = [n for n in gone if self.missing[n][0] != synced]
+        if set(confirmed) == set(self.reported):
+            return
+        for n in confirmed:
+            if n not in self.reported:
+                ask, self.asked = self.asked < NAMED_MAX, self.asked + 1
+                self.reported[n] = (name_of(handler, n) if ask else unnamed(n), self.missing[n][1])
+        self.reported = {n: self.reported[n] for n in confirmed}
+        settings = handler._settings
+        expiry = (settings.keep_alive_interval * settings.keep_alive_max_attempt).total_seconds()
+        liveness.write_left(self.directory, liveness.LeftTheRound(
+            handler._fsdp_jobs_round[0], expiry, dict(self.reported.values())) if confirmed else None)
 
 
 def report_nodes_that_left_the_round() -> None:
@@ -444,45 +492,43 @@ def report_nodes_that_left_the_round() -> None:
     local = os.environ.get(liveness.LOCAL_DIR_ENV)
     if not local:
         return
-    import time
     from pathlib import Path
 
     from torch.distributed.elastic.agent.server.api import SimpleElasticAgent
     from torch.distributed.elastic.rendezvous.dynamic_rendezvous import DynamicRendezvousHandler
 
-    directory = Path(local)
+    watch = RoundWatch(Path(local))
     next_rendezvous, num_nodes_waiting = DynamicRendezvousHandler.next_rendezvous, DynamicRendezvousHandler.num_nodes_waiting
     restart = SimpleElasticAgent._restart_workers
 
+    def quietly(what: Callable[[], None]) -> None:
+        """The report is advice to the watchdog: never a reason for torchrun's agent to fail (a full /dev/shm, a
+        store that fails: the agent's own next call says so in torch's words)."""
+        try:
+            what()
+        except Exception as e:  # noqa: BLE001  (anything: torchrun would close the rendezvous for every node)
+            log.warning("fsdp-jobs: cannot tell the watchdog who left the rendezvous round: %s", e)
+
     def next_round_named(handler: Any) -> Any:
         result = next_rendezvous(handler)
-        state = handler._state_holder.state
-        handler._fsdp_jobs_round = (state.round, set(state.participants) - {handler._this_node})
-        handler._fsdp_jobs_gone = {}  # descriptor -> (our name, when first seen gone)
-        try:
+
+        def joined() -> None:
+            with handler._heartbeat_lock:
+                state = handler._state_holder.state
+                handler._fsdp_jobs_round = (state.round, set(state.participants) - {handler._this_node})
+            watch.clear()
             handler._store.set(name_key(handler, handler._this_node), os.environ.get(NODE_ENV, ""))
-        except (RuntimeError, OSError):  # the next read of the state fails the same way, in torch's own words
-            pass
-        liveness.write_left(directory, None)
+        quietly(joined)
         return result
 
     def waiting_and_gone(handler: Any) -> int:
         waiting = num_nodes_waiting(handler)  # torch's read of the state (cached), which drops silent agents
-        if waiting:  # torchrun restarts the workers now (a spare taking a node's place, a node joining)
-            return waiting
-        gone, before = gone_from_the_round(handler) or [], handler.__dict__.get("_fsdp_jobs_gone", {})
-        if set(gone) != set(before):
-            now = time.time()
-            handler._fsdp_jobs_gone = {n: before.get(n) or (name_of(handler, n), now) for n in gone}
-            settings = handler._settings
-            expiry = (settings.keep_alive_interval * settings.keep_alive_max_attempt).total_seconds()
-            liveness.write_left(directory, liveness.LeftTheRound(
-                handler._fsdp_jobs_round[0], expiry, dict(handler._fsdp_jobs_gone.values())) if gone else None)
+        # nodes waiting: torchrun restarts the workers now (a spare taking a node's place, a node joining)
+        quietly(watch.clear if waiting else lambda: watch.read(handler))
         return waiting
 
     def restart_unreported(agent: Any, worker_group: Any) -> None:
-        liveness.write_left(directory, None)  # the workers restart anyway: nothing left for the watchdog to do
-        worker_group.spec.rdzv_handler._fsdp_jobs_gone = {}
+        quietly(watch.clear)  # the workers restart anyway: nothing left for the watchdog to do
         return restart(agent, worker_group)
 
     DynamicRendezvousHandler.next_rendezvous = next_round_named

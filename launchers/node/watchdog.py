@@ -61,11 +61,15 @@ PAUSED_S = 2.0
 # while its node ran, seen stopped by two ticks STOPPED_SEEN_S apart: it will not move until someone continues it
 STOPPED_S = 2.0
 STOPPED_SEEN_S = 1.0
-# a node gone from the round this long: not a node between leaving a round and joining the next (milliseconds),
-# whose restart is torch's own; one dropped within LEFT_AFTER_PAUSE x the keep-alive expiry of a pause of this
-# node is the pause's doing (every agent's beat was late, and torch drops a late one from the round for good)
+# a node gone from the round this long (the agent has seen it missing twice already); one dropped within
+# LEFT_AFTER_PAUSE x the keep-alive expiry of a pause of this node is the pause's doing (every agent's beat was
+# late, and torch drops a late one from the round for good). A live agent dropped for a late beat (starved, a
+# clock that jumped) stays out of the round too, its ranks stepping: its peers' ranks must also have stopped
+# stepping, LEFT_STEPS x their slowest recent step at least (a step of a big model takes seconds), none of
+# them saving or loading (a stop's checkpoint, whose node may stop beating first)
 LEFT_SEEN_S = 1.0
 LEFT_AFTER_PAUSE = 2.0
+LEFT_STEPS = 3.0
 DERIVED_FACTOR = 10.0
 SAVE_FACTOR = 10.0  # a save after the first may take this many times the slowest before it
 
@@ -94,6 +98,14 @@ def hang_timeout(beats: list[Beat], fault: FaultConfig, job_step: Optional[int] 
     if len(times) < len(beats) or not times:
         return startup
     return min(max(DERIVED_FLOOR_S, DERIVED_FACTOR * max(times)), startup)
+
+
+def left_stall_s(beats: list[Beat]) -> float:
+    """How long these ranks must not have stepped before a node that left the round is their hang (inf: not
+    while any of them saves, loads or has no timed steps yet; the hang timeout stands)."""
+    if not beats or any(b.phase != "step" or b.step_s is None for b in beats):
+        return float("inf")
+    return max(STOPPED_S, LEFT_STEPS * max(b.step_s or 0.0 for b in beats))
 
 
 def stalled_for(beats: list[Beat], now: float) -> float:
@@ -278,7 +290,7 @@ class Watchdog:
                                                                             and ran(b.alive) > STALE_S)
                   else b for b in mine]
         stalled = ran(now - stalled_for(mine, now))  # since the newest progress, pauses out
-        left = self.left_the_round(now) if stalled > STOPPED_S else None
+        left = self.left_the_round(now) if stalled > left_stall_s(judged) else None
         if left is not None:
             return self.on_hang(mine, now, stalled, STOPPED_S, ran, left=left)
         # a rank in a save or a load gets the start-up allowance unless the job's other ranks are past it:

@@ -603,3 +603,57 @@ def test_the_agent_removes_the_log_dir_torchrun_makes_and_keeps_one_it_was_given
     else:
         assert made and Path(made).name.startswith("torchelastic_") and Path(made).parent == tmp_path
         assert not Path(made).exists()
+
+
+def test_a_node_is_reported_gone_after_two_fresh_reads_miss_it_and_never_while_it_waits(tmp_path, monkeypatch):
+    """One read of the state can fall between a restarting agent's exit from its round and its join of the next
+    (two writes): a node is gone when a later read of the store, not torch's cache, misses it too. A node in the
+    wait list (or the spares') is no loss. And the report never fails torchrun's agent: a node-local directory
+    that is gone is a warning (torchrun would otherwise close the rendezvous for every node)."""
+    import threading
+    from datetime import timedelta
+    from types import SimpleNamespace
+
+    from torch.distributed.elastic.rendezvous.dynamic_rendezvous import DynamicRendezvousHandler, _NodeDesc
+
+    from fsdp_jobs.launchers.node import agent
+    from fsdp_jobs.rundir import liveness
+
+    a, b, me = (_NodeDesc(f"h{i}", i, 0) for i in range(3))
+    state = SimpleNamespace(round=4, closed=False, participants={me: 0, a: 1, b: 2}, wait_list=set(),
+                            redundancy_list=set())
+    holder = SimpleNamespace(state=state, _last_sync_time=1.0)
+    names = {repr(a): b"node1", repr(b): b"node2"}
+    store = SimpleNamespace(check=lambda keys: keys[0].split("/", 1)[1] in names,
+                            get=lambda key: names[key.split("/", 1)[1]])
+    handler = SimpleNamespace(_heartbeat_lock=threading.Lock(), _state_holder=holder, _store=store,
+                              _fsdp_jobs_round=(4, {a, b}),
+                              _settings=SimpleNamespace(run_id="r", keep_alive_interval=timedelta(seconds=1),
+                                                        keep_alive_max_attempt=3))
+    watch = agent.RoundWatch(tmp_path)
+    del state.participants[b]  # node2's agent stopped beating: torch's sanitize dropped it
+    watch.read(handler)
+    watch.read(handler)  # the same (cached) read again
+    assert liveness.read_left(tmp_path) is None
+    holder._last_sync_time = 1.1  # a fresh read still misses it
+    watch.read(handler)
+    left = liveness.read_left(tmp_path)
+    assert left and list(left.left) == ["node2"] and left.round == 4 and left.expiry_s == 3.0, left
+    del state.participants[a]
+    state.wait_list.add(a)  # node1 left the round to join the next (its workers restart): waiting, not gone
+    holder._last_sync_time = 1.2
+    watch.read(handler)
+    assert list(liveness.read_left(tmp_path).left) == ["node2"]
+    state.wait_list.clear()
+    state.participants[b] = 2  # a new round with node2 back would be a new report; here: it is there again
+    holder._last_sync_time = 1.3
+    watch.read(handler)
+    assert liveness.read_left(tmp_path) is None  # node1 missed once only: not yet
+
+    monkeypatch.setattr(DynamicRendezvousHandler, "num_nodes_waiting", lambda h: 0)  # undone after the test
+    monkeypatch.setenv(liveness.LOCAL_DIR_ENV, str(tmp_path / "removed"))
+    agent.report_nodes_that_left_the_round()
+    for synced in (1.4, 1.5):  # node1 missed by two fresh reads: its report cannot be written
+        holder._last_sync_time = synced
+        assert DynamicRendezvousHandler.num_nodes_waiting(handler) == 0  # a warning, not an exception
+    assert not (tmp_path / "removed").exists()

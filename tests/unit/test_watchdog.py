@@ -355,19 +355,23 @@ def test_a_hang_where_no_rank_is_stopped_claims_no_culprit(tmp_path, monkeypatch
     assert line and "stopped first: rank 1 on node0" in line, line
 
 
-@pytest.mark.parametrize("since, stalled_s, paused, acts", [
-    (NOW - 2.0, 3.0, None, True),  # left 2 s ago, ranks stalled 3 s: restart now, not at the 20 s timeout
-    (NOW - 0.5, 3.0, None, False),  # just gone: a node between two rounds, whose restart is torch's own
-    (NOW - 2.0, 1.5, None, False),  # the ranks still advance
-    (NOW - 2.0, 3.0, (NOW - 20.0, NOW - 9.0), True),  # a pause of this node long before: not its doing
-    (NOW - 2.0, 3.0, (NOW - 30.0, NOW - 7.0), False),  # dropped within 2 x the expiry after a pause of this node
+@pytest.mark.parametrize("since, stalled_s, paused, step_s, phase, acts", [
+    (NOW - 2.0, 3.0, None, 0.1, "step", True),  # left 2 s ago, ranks stalled 3 s: restart now, not at the timeout
+    (NOW - 0.5, 3.0, None, 0.1, "step", False),  # just gone: a node between two rounds, whose restart is torch's own
+    (NOW - 2.0, 1.5, None, 0.1, "step", False),  # the ranks still advance
+    (NOW - 2.0, 3.0, (NOW - 20.0, NOW - 9.0), 0.1, "step", True),  # a pause of this node long before: not its doing
+    (NOW - 2.0, 3.0, (NOW - 30.0, NOW - 7.0), 0.1, "step", False),  # dropped within 2 x the expiry after a pause
+    (NOW - 2.0, 8.0, None, 3.0, "step", False),  # 3 s steps: a live node dropped for a late beat is not stalled
+    (NOW - 2.0, 10.0, None, 3.0, "step", True),  # ... until 3 steps' time has passed
+    (NOW - 2.0, 10.0, None, 0.1, "save", False),  # a save (a stop's checkpoint: the stopping node beats no more)
 ])
 def test_a_node_that_left_the_round_while_the_ranks_wait_is_a_hang_in_seconds(tmp_path, monkeypatch, since,
-                                                                               stalled_s, paused, acts):
+                                                                               stalled_s, paused, step_s, phase, acts):
     """A node cut off from the network: the other nodes' ranks wait in a collective, every heartbeat beats, and
     the hang timeout was the only way out. The agent says which node left its rendezvous round (its keep-alive
-    lapsed; launchers/node/agent.py); with the ranks stalled STOPPED_S too, that is the hang, named as it is.
-    After a pause of the whole job torch drops every late agent from the round for good: not a hang."""
+    lapsed; launchers/node/agent.py); with the ranks stalled too (STOPPED_S, or 3 of their steps), that is the
+    hang, named as it is. After a pause of the whole job torch drops every late agent from the round for good,
+    and a live agent starved of its beat too: neither is a hang while the ranks step, nor a save."""
     import fsdp_jobs.launchers.node.watchdog as wd
     from fsdp_jobs.cli.status_text import detail
     from fsdp_jobs.rundir import liveness
@@ -377,8 +381,8 @@ def test_a_node_that_left_the_round_while_the_ranks_wait_is_a_hang_in_seconds(tm
     hb.mkdir()
     for rank in (0, 1):  # waiting in the same collective since the cut, beating
         (hb / f"rank-{rank}.json").write_text(json.dumps({"rank": rank, "node": "node0", "pid": 4242 + rank, "step": 9,
-                                                          "phase": "step", "progress": NOW - stalled_s,
-                                                          "alive": NOW - 0.4, "step_s": 0.1}))
+                                                          "phase": phase, "progress": NOW - stalled_s,
+                                                          "alive": NOW - 0.4, "step_s": step_s, "save_s": 5.0}))
     liveness.write_left(hb, liveness.LeftTheRound(round=3, expiry_s=3.0, left={"node2": since}))
     killed = _sleeping_ranks_of_agent_77(monkeypatch)
     dog = wd.Watchdog(tmp_path, "node0", 77, FaultConfig(hang_timeout_s=20, max_hang_restarts=3), hb)
@@ -389,7 +393,7 @@ def test_a_node_that_left_the_round_while_the_ranks_wait_is_a_hang_in_seconds(tm
         assert line is None and killed == [] and not hangs.read(tmp_path)
         return
     assert line and "node2 left the rendezvous 2 s ago (its agent stopped beating: cut off" in line, line
-    assert "no rank advanced for 3 s at step 9" in line and "hang restart 1 of 3" in line, line
+    assert f"no rank advanced for {stalled_s:.0f} s at step 9" in line and "hang restart 1 of 3" in line, line
     assert killed == [4242, 4243]
     [record] = hangs.read(tmp_path)
     assert record.first_stopped["left"] is True and record.first_stopped["node"] == "node2"
