@@ -435,16 +435,17 @@ def name_of(handler: Any, node: Any) -> str:
     return unnamed(node)
 
 
-def gone_from_the_round(handler: Any) -> Optional[list[Any]]:
-    """The other nodes of this agent's round no longer in it (nor waiting for the next); None once the round
-    has moved on or closed. Under torch's heartbeat lock: its keep-alive thread replaces and prunes the state."""
+def gone_from_the_round(handler: Any) -> tuple[float, Optional[list[Any]]]:
+    """When the state was last read from the store, and the other nodes of this agent's round no longer in it (nor
+    waiting for the next; None once the round has moved on or closed). Both under torch's heartbeat lock: its
+    keep-alive thread reads the store too, and replaces and prunes the state."""
     joined = getattr(handler, "_fsdp_jobs_round", None)
     with handler._heartbeat_lock:
-        state = handler._state_holder.state
+        state, synced = handler._state_holder.state, handler._state_holder._last_sync_time
         if joined is None or state.round != joined[0] or state.closed:
-            return None
+            return synced, None
         present = set(state.participants) | set(state.wait_list) | set(state.redundancy_list)
-    return sorted((n for n in joined[1] if n not in present), key=repr)
+    return synced, sorted((n for n in joined[1] if n not in present), key=repr)
 
 
 class RoundWatch:
@@ -468,8 +469,8 @@ class RoundWatch:
 
         from fsdp_jobs.rundir import liveness
 
-        synced = handler._state_holder._last_sync_time  # a new value only for a read of the store, not the cache
-        gone = gone_from_the_round(handler) or []
+        synced, gone = gone_from_the_round(handler)  # synced: a new value only for a read of the store, not the cache
+        gone = gone or []
         self.missing = {n: self.missing.get(n, (synced, time.time())) for n in gone}
         confirmed = [n for n in gone if self.missing[n][0] != synced]
         if set(confirmed) == set(self.reported):
@@ -495,6 +496,7 @@ def report_nodes_that_left_the_round() -> None:
     from pathlib import Path
 
     from torch.distributed.elastic.agent.server.api import SimpleElasticAgent
+    from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.rendezvous.dynamic_rendezvous import DynamicRendezvousHandler
 
     watch = RoundWatch(Path(local))
@@ -503,9 +505,12 @@ def report_nodes_that_left_the_round() -> None:
 
     def quietly(what: Callable[[], None]) -> None:
         """The report is advice to the watchdog: never a reason for torchrun's agent to fail (a full /dev/shm, a
-        store that fails: the agent's own next call says so in torch's words)."""
+        store that fails: the agent's own next call says so in torch's words). A stop signal torch raises on this
+        thread meanwhile (SignalException, an Exception) goes on to torchrun."""
         try:
             what()
+        except SignalException:
+            raise
         except Exception as e:  # noqa: BLE001  (anything: torchrun would close the rendezvous for every node)
             log.warning("fsdp-jobs: cannot tell the watchdog who left the rendezvous round: %s", e)
 

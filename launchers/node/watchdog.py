@@ -290,7 +290,7 @@ class Watchdog:
                                                                             and ran(b.alive) > STALE_S)
                   else b for b in mine]
         stalled = ran(now - stalled_for(mine, now))  # since the newest progress, pauses out
-        left = self.left_the_round(now) if stalled > left_stall_s(judged) else None
+        left = self.left_the_round(now, max(b.progress for b in mine)) if stalled > left_stall_s(judged) else None
         if left is not None:
             return self.on_hang(mine, now, stalled, STOPPED_S, ran, left=left)
         # a rank in a save or a load gets the start-up allowance unless the job's other ranks are past it:
@@ -301,14 +301,15 @@ class Watchdog:
             return self.check_straggler(now)
         return self.on_hang(mine, now, stalled, timeout, ran)
 
-    def left_the_round(self, now: float) -> Optional[tuple[str, float]]:
+    def left_the_round(self, now: float, progress: float) -> Optional[tuple[str, float]]:
         """A node that left this agent's rendezvous round LEFT_SEEN_S ago or more, and when, unless a pause of
-        this node explains it."""
+        this node explains it, or the ranks advanced after it left (`progress`: their newest): it is not what
+        they wait for (a live agent dropped for a late beat stays out of the round while they step on)."""
         record = liveness.read_left(self.local_dir)
         for node, since in sorted((record.left if record else {}).items(), key=lambda kv: kv[1]):
             after_pause = any(end >= since - LEFT_AFTER_PAUSE * record.expiry_s and start <= since
                               for start, end in self.pauses.spans)
-            if now - since >= LEFT_SEEN_S and not after_pause:
+            if now - since >= LEFT_SEEN_S and since > progress and not after_pause:
                 return node, since
         return None
 

@@ -650,10 +650,27 @@ def test_a_node_is_reported_gone_after_two_fresh_reads_miss_it_and_never_while_i
     watch.read(handler)
     assert liveness.read_left(tmp_path) is None  # node1 missed once only: not yet
 
-    monkeypatch.setattr(DynamicRendezvousHandler, "num_nodes_waiting", lambda h: 0)  # undone after the test
+    from torch.distributed.elastic.agent.server.api import SimpleElasticAgent
+
+    for name in ("next_rendezvous", "num_nodes_waiting"):
+        monkeypatch.setattr(DynamicRendezvousHandler, name, getattr(DynamicRendezvousHandler, name))  # undone after
+    monkeypatch.setattr(SimpleElasticAgent, "_restart_workers", SimpleElasticAgent._restart_workers)
+    monkeypatch.setattr(DynamicRendezvousHandler, "num_nodes_waiting", lambda h: 0)
     monkeypatch.setenv(liveness.LOCAL_DIR_ENV, str(tmp_path / "removed"))
     agent.report_nodes_that_left_the_round()
     for synced in (1.4, 1.5):  # node1 missed by two fresh reads: its report cannot be written
         holder._last_sync_time = synced
         assert DynamicRendezvousHandler.num_nodes_waiting(handler) == 0  # a warning, not an exception
     assert not (tmp_path / "removed").exists()
+
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+
+    def ctrl_c_meanwhile(*args):  # torch's handler raises a stop signal on this (the agent's main) thread
+        raise SignalException("Process got signal: 2", sigval=2)
+
+    monkeypatch.setattr(liveness, "write_left", ctrl_c_meanwhile)
+    del state.participants[b]  # node2 gone again: a report to write
+    with pytest.raises(SignalException):  # goes on to torchrun, which stops the ranks: not a warning
+        for synced in (1.6, 1.7):
+            holder._last_sync_time = synced
+            DynamicRendezvousHandler.num_nodes_waiting(handler)

@@ -364,6 +364,7 @@ def test_a_hang_where_no_rank_is_stopped_claims_no_culprit(tmp_path, monkeypatch
     (NOW - 2.0, 8.0, None, 3.0, "step", False),  # 3 s steps: a live node dropped for a late beat is not stalled
     (NOW - 2.0, 10.0, None, 3.0, "step", True),  # ... until 3 steps' time has passed
     (NOW - 2.0, 10.0, None, 0.1, "save", False),  # a save (a stop's checkpoint: the stopping node beats no more)
+    (NOW - 40.0, 10.0, None, 3.0, "step", False),  # gone long before the ranks last advanced: not what they wait for
 ])
 def test_a_node_that_left_the_round_while_the_ranks_wait_is_a_hang_in_seconds(tmp_path, monkeypatch, since,
                                                                                stalled_s, paused, step_s, phase, acts):
