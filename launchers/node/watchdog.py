@@ -21,8 +21,9 @@ says so in the log, once until the node recovers.
 
 A rank the kernel reports stopped by a signal is a hang once its heartbeat thread has missed STOPPED_S of
 beats; a pause of the whole node (the wrapper's 1 s wait took PAUSED_S or more) does not count (pitfall 32).
-So is a stall of STOPPED_S while a node of the agent's rendezvous round has left it for LEFT_SEEN_S (its agent
-stopped beating: cut off from the network, or gone; launchers/node/agent.py `report_nodes_that_left_the_round`).
+So is a stall of every stepping rank for max(STOPPED_S, LEFT_STEPS x its slowest recent step) once a node of the
+agent's rendezvous round has left it (its agent stopped beating: cut off from the network, or gone;
+launchers/node/agent.py `report_nodes_that_left_the_round`; `left_stall_s`, `Watchdog.left_the_round`).
 
 The timeout: fault.hang_timeout_s, or derived from the ranks' recent step times (max(60 s, 10 x the
 slowest)); fault.startup_timeout_s until each rank has timed a few steps, and while it loads a checkpoint
@@ -290,9 +291,10 @@ class Watchdog:
                                                                             and ran(b.alive) > STALE_S)
                   else b for b in mine]
         stalled = ran(now - stalled_for(mine, now))  # since the newest progress, pauses out
-        left = self.left_the_round(now, max(b.progress for b in mine)) if stalled > left_stall_s(judged) else None
+        left_s = left_stall_s(judged)
+        left = self.left_the_round(now, max(b.progress for b in mine)) if stalled > left_s else None
         if left is not None:
-            return self.on_hang(mine, now, stalled, STOPPED_S, ran, left=left)
+            return self.on_hang(mine, now, stalled, left_s, ran, left=left)
         # a rank in a save or a load gets the start-up allowance unless the job's other ranks are past it:
         # the job's furthest step is read (the job view) only once the stall outlasts the shorter timeout
         short = hang_timeout(judged, self.fault, job_step=sys.maxsize)
@@ -376,7 +378,7 @@ class Watchdog:
             first = {"rank": None, "node": left[0], "pid": None, "step": None, "state": "left the rendezvous",
                      "frame": None, "left": True}
         else:
-            first = self.first_stopped(mine, now, stalled, ran, stopped, states)
+            first = self.culprit_of(mine, now, stalled, ran, stopped, states)
             first["frame"] = frames.get(first["rank"])
         record = HangRecord(time=now, node=self.node, stalled_s=round(stalled, 1), timeout_s=round(timeout, 1),
                             step=max(b.step for b in mine), dir=str(where), hang=self.hangs, first_stopped=first)
@@ -403,8 +405,8 @@ class Watchdog:
                 f"(pid {c['pid']}, step {c['step']}, {c['state']}) in {c['frame'] or 'an unknown frame'}; stacks in "
                 f"{where}; {what}")
 
-    def first_stopped(self, mine: list[Beat], now: float, stalled: float, ran: Callable[[float], float],
-                      stopped: Optional[Beat], states: Optional[dict[int, str]]) -> dict[str, Any]:
+    def culprit_of(self, mine: list[Beat], now: float, stalled: float, ran: Callable[[float], float],
+                   stopped: Optional[Beat], states: Optional[dict[int, str]]) -> dict[str, Any]:
         """The hang record's culprit: this node's ranks, and of every other node its silent ranks and its laggard
         (the job view); a heartbeat older than the stall itself is an earlier attempt's."""
         elsewhere = [n for n in liveness.job_nodes(self.run_dir, now) if n.node != self.node]
