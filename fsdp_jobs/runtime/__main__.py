@@ -6,6 +6,7 @@ the script (fsdp_jobs/ARCHITECTURE.md, pitfall 5)."""
 
 import signal
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -18,6 +19,7 @@ AGENT_HANDLED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)  
 def forked(run_dir: str) -> None:
     """A rank forked from launchers/node/agent.py: made what `python -u -m fsdp_jobs.runtime RUN_DIR` would be."""
     timeline.MAIN_STARTED = time.time()  # the agent imported timeline long before this rank existed
+    tempfile.tempdir = None  # the agent's is torchrun's scratch (launchers/node/agent.py): the rank's is TMPDIR's
     streams.follow_readers()  # as -u: a line reaches the log now (the agent's own streams already are)
     for sig in AGENT_HANDLED:  # exec would reset the agent's Python handlers (an ignored signal stays ignored)
         if callable(signal.getsignal(sig)):

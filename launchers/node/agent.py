@@ -656,13 +656,25 @@ def main() -> None:
 @contextmanager
 def torchruns_log_dir_removed_at_exit(args: Any) -> Iterator[None]:
     """torchrun makes a directory in the temporary directory (torchelastic_*) for every agent, where its ranks'
-    error files go (one folder per attempt and rank), and never removes it: every node of every job left one
-    behind, 826 of them in /tmp of a machine that had run this project's tests. What a failure says is in the
-    run dir already (the node's TORCHELASTIC_ERROR_FILE, the ranks' failure records), and the ranks' error
-    files are read before torchrun returns (`name_a_silent_failure`), so the agent makes the directory itself
-    and removes it when torchrun returns or raises. A --log-dir the user gave, and one the ranks' output is
-    redirected or tee'd into, stay."""
+    error files go (one folder per attempt and rank), and never removes it; torch's process starter leaves a
+    pytorch-errorfile-*.pickle there for every rank that raised. Every node of every job left them behind: 826
+    directories in /tmp of a machine that had run this project's tests. What a failure says is in the run dir
+    already (the node's TORCHELASTIC_ERROR_FILE, the ranks' failure records), and the ranks' error files are
+    read before torchrun returns (`name_a_silent_failure`). Under a node wrapper both go into the node's local
+    directory, which the wrapper removes when the agent ends, however it ends (SIGKILLed too: a repeating
+    failure, a hang given up), and the next wrapper on the node removes where the wrapper itself was killed
+    (fsdp_jobs/rundir/liveness.py: remove_abandoned_local_dirs). Without one the agent makes and removes the
+    directory itself. A --log-dir the user gave, and one the ranks' output is redirected or tee'd into, stay."""
+    from fsdp_jobs.rundir import liveness
+
     if args.log_dir or str(args.redirects) != "0" or str(args.tee) != "0":
+        yield
+        return
+    local = os.environ.get(liveness.LOCAL_DIR_ENV)
+    if local:
+        args.log_dir = os.path.join(local, "torchrun")
+        os.makedirs(args.log_dir, mode=0o700, exist_ok=True)
+        tempfile.tempdir = args.log_dir  # the agent's own: a forked rank takes the user's back (runtime/__main__.py)
         yield
         return
     args.log_dir = tempfile.mkdtemp(prefix="torchelastic_")

@@ -167,8 +167,13 @@ def test_with_no_usable_checkpoint_the_job_fails_and_says_so_never_succeeded(run
         data[len(data) // 2] ^= 0xFF
         shard.write_bytes(bytes(data))
     bound = "checkpoint.start_over_max_steps=10"  # starting over would redo 20 steps: more than it allows
-    r = cli(f"run_root={run_root}", "name=allbad", *KILL_ARGS, "train.steps=30", bound)
+    tmp = run_root / "tmp"  # the agents' temporary directory
+    tmp.mkdir()
+    r = cli(f"run_root={run_root}", "name=allbad", *KILL_ARGS, "train.steps=30", bound, env={"TMPDIR": str(tmp)})
     assert r.returncode != 0, r.stdout[-3000:]
+    # the wrappers SIGKILL their agents on the repeating failure: torchrun's directories and the error files of
+    # the ranks that raised went with the node's local directory all the same
+    assert not list(tmp.glob("torchelastic_*")) and not list(tmp.glob("pytorch-errorfile-*")), list(tmp.iterdir())
     out = r.stdout + r.stderr
     assert "no usable checkpoint: step-000010.unusable, step-000020.unusable" in out, out[-3000:]
     assert "finished" not in out.strip().splitlines()[-1]
