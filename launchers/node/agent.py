@@ -541,6 +541,33 @@ def report_nodes_that_left_the_round() -> None:
     SimpleElasticAgent._restart_workers = restart_unreported
 
 
+# fsdp_jobs/ARCHITECTURE.md, pitfall 35. With fewer nodes allowed than wanted (cluster.min_nodes below nodes),
+# torch's rendezvous waits last_call_timeout (30 s) for the rest once min_nodes have joined, at every round: the
+# first, where nodes come up minutes apart, and every round after a failure, where the nodes still alive rejoin
+# within a second or two of each other and the one missing is usually the one that failed.
+RELAST_CALL_S = 10.0
+
+
+def shorten_the_last_call_after_the_first_round(seconds: float = RELAST_CALL_S) -> None:
+    """After this agent's first round, its rounds' last call waits at most `seconds` (torch's timeout object is
+    shared by the handler and its state machine; the node whose join reaches min_nodes sets the round's deadline
+    from it). A node that comes back later joins the running job as a node `scale` adds would."""
+    from datetime import timedelta
+
+    from torch.distributed.elastic.rendezvous.dynamic_rendezvous import DynamicRendezvousHandler
+
+    next_rendezvous = DynamicRendezvousHandler.next_rendezvous
+
+    def next_rendezvous_then_shorten(handler: Any) -> Any:
+        result = next_rendezvous(handler)
+        settings = handler._settings
+        if settings.min_nodes < settings.max_nodes and settings.timeout.last_call > timedelta(seconds=seconds):
+            settings.timeout._last_call = timedelta(seconds=seconds)
+        return result
+
+    DynamicRendezvousHandler.next_rendezvous = next_rendezvous_then_shorten
+
+
 def tell_the_ranks_who_hosts_the_store() -> None:
     """After each round, STORE_HOST_ENV in this agent's environment, which the ranks it then starts inherit
     (forked or spawned): "1" where this agent serves the rendezvous store. A preflight never has a hot spare
@@ -635,6 +662,7 @@ def main() -> None:
     leave_when_replaced()
     end_a_waiting_node_when_the_job_completed()
     tell_the_ranks_who_hosts_the_store()
+    shorten_the_last_call_after_the_first_round()
     report_nodes_that_left_the_round()
     let_the_store_host_leave_last()
     stop_heartbeats_on_a_stop()

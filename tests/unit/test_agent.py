@@ -674,3 +674,70 @@ def test_a_node_is_reported_gone_after_two_fresh_reads_miss_it_and_never_while_i
         for synced in (1.6, 1.7):
             holder._last_sync_time = synced
             DynamicRendezvousHandler.num_nodes_waiting(handler)
+
+
+def test_after_its_first_round_an_elastic_agents_last_call_is_short(monkeypatch):
+    """cluster.min_nodes below nodes: torch's rendezvous waits the last call (30 s) at every round once min_nodes
+    joined, after a failure too, where the node missing is the one that failed (ARCHITECTURE pitfall 35). The
+    first round keeps what was configured; the rounds after it, which the state's deadline shows, wait less."""
+    from datetime import datetime, timedelta, timezone
+
+    from torch.distributed.elastic.rendezvous import RendezvousParameters, c10d_rendezvous_backend, dynamic_rendezvous
+    from torch.distributed.elastic.rendezvous.dynamic_rendezvous import DynamicRendezvousHandler, create_handler
+
+    from fsdp_jobs.launchers.node.agent import shorten_rendezvous_poll, shorten_the_last_call_after_the_first_round
+    from fsdp_jobs.runtime.loopback_store import LoopbackTCPStore
+
+    monkeypatch.setattr(c10d_rendezvous_backend, "TCPStore", LoopbackTCPStore)
+    monkeypatch.setattr(dynamic_rendezvous, "_delay", dynamic_rendezvous._delay)
+    holder = dynamic_rendezvous._BackendRendezvousStateHolder
+    monkeypatch.setattr(holder, "__init__", holder.__init__)
+    monkeypatch.setattr(DynamicRendezvousHandler, "next_rendezvous", DynamicRendezvousHandler.next_rendezvous)
+    executor = dynamic_rendezvous._DistributedRendezvousOpExecutor
+    monkeypatch.setattr(executor, "_add_to_participants", executor._add_to_participants)
+    deadlines = []
+
+    def add_and_note_the_deadline(self):
+        executor_add(self)
+        if self._state.deadline is not None:  # None: max_nodes joined, the round complete at once
+            deadlines.append((self._state.deadline - datetime.now(timezone.utc)).total_seconds())
+    executor_add = executor._add_to_participants
+    executor._add_to_participants = add_and_note_the_deadline
+    shorten_rendezvous_poll(2)
+    shorten_the_last_call_after_the_first_round(seconds=0.2)
+    handlers = {}
+    for nodes in ("1:2", "1:1"):
+        low, high = (int(n) for n in nodes.split(":"))
+        params = RendezvousParameters("c10d", "127.0.0.1:0", f"elastic{high}", low, high, is_host=True,
+                                      last_call_timeout=1)
+        backend, store = c10d_rendezvous_backend.create_backend(params)
+        handler = handlers[nodes] = create_handler(store, backend, params)
+        assert handler._settings.timeout.last_call == timedelta(seconds=1)
+        handler.next_rendezvous()  # the first round: the configured last call
+        handler.next_rendezvous()  # a round after a restart
+    elastic, fixed = handlers["1:2"], handlers["1:1"]
+    assert elastic._op_executor._settings.timeout is elastic._settings.timeout  # the object its rounds read
+    assert elastic._settings.timeout.last_call == timedelta(seconds=0.2)
+    assert fixed._settings.timeout.last_call == timedelta(seconds=1)  # no nodes to wait for: nothing changed
+    first, second = deadlines  # the elastic rendezvous' two rounds, as its state's deadline says
+    assert 0.5 < first <= 1.0 and second <= 0.2, deadlines
+    for handler in handlers.values():
+        handler.shutdown()
+
+
+def test_under_a_node_wrapper_torchruns_files_go_into_the_nodes_local_directory(tmp_path, monkeypatch):
+    """The wrapper removes its node's local directory however the agent ends (SIGKILLed on a repeating failure
+    too), so torchrun's log dir and the error pickles torch's process starter writes for every rank that raised
+    go there; a forked rank takes the user's temporary directory back (fsdp_jobs/runtime/__main__.py)."""
+    import tempfile
+
+    from fsdp_jobs.launchers.node.agent import torchruns_log_dir_removed_at_exit
+    from fsdp_jobs.rundir import liveness
+
+    monkeypatch.setenv(liveness.LOCAL_DIR_ENV, str(tmp_path / "node-memory"))
+    monkeypatch.setattr("tempfile.tempdir", None)  # restored after the test
+    args = parse_args(["--nnodes=1", "train.py"])
+    with torchruns_log_dir_removed_at_exit(args):
+        assert Path(args.log_dir) == tmp_path / "node-memory" / "torchrun" and Path(args.log_dir).is_dir()
+        assert tempfile.gettempdir() == args.log_dir  # where torch's pytorch-errorfile-*.pickle go
+    assert Path(args.log_dir).is_dir()  # the wrapper's to remove, with the rest of the node's memory
