@@ -30,7 +30,8 @@ STEPS_PER_FAULT = 100  # ~5 s of training at ~20 steps/s between faults, beyond 
 
 def job_args(faults: int, seed: int, steps: Optional[int], overrides: list[str]) -> list[str]:
     """The job both runs are: room for the schedule's restarts and hangs, and steps for its faults."""
-    return [f"train.steps={steps or STEPS_PER_FAULT * faults + 200}", "checkpoint.interval=auto", "checkpoint.keep_last=3", f"train.seed={seed}", "train.log_interval=1", "fault.hang_timeout_s=10",
+    return [f"train.steps={steps or STEPS_PER_FAULT * faults + 200}", "checkpoint.interval=auto",
+            "checkpoint.keep_last=3", f"train.seed={seed}", "train.log_interval=1", "fault.hang_timeout_s=10",
             # a rank stopped inside a save is a hang after startup_timeout_s (saves may take long; 300 s by
             # default): a save of this small job takes a fraction of a second, so 45 s
             "fault.startup_timeout_s=45",

@@ -543,25 +543,33 @@ def report_nodes_that_left_the_round() -> None:
 
 # fsdp_jobs/ARCHITECTURE.md, pitfall 35. With fewer nodes allowed than wanted (cluster.min_nodes below nodes),
 # torch's rendezvous waits last_call_timeout (30 s) for the rest once min_nodes have joined, at every round: the
-# first, where nodes come up minutes apart, and every round after a failure, where the nodes still alive rejoin
-# within a second or two of each other and the one missing is usually the one that failed.
+# first, where nodes come up minutes apart, and every round after a failure, where the agents of the round before
+# are all waited for anyway (torch starts a round only once each has left the last) and the node missing is
+# usually the one that failed. Not where the engine restarts a node that failed (a restarted container or pod
+# is expected back, and may take longer than this to start), nor from POLL_BUDGET_NODES nodes on (a re-round of
+# 64 agents took 11 s in fsdp_jobs/bench/rendezvous.py, one of 32 2.3 s), nor a last call the user set.
 RELAST_CALL_S = 10.0
+TORCH_LAST_CALL_S = 30.0
 
 
-def shorten_the_last_call_after_the_first_round(seconds: float = RELAST_CALL_S) -> None:
-    """After this agent's first round, its rounds' last call waits at most `seconds` (torch's timeout object is
-    shared by the handler and its state machine; the node whose join reaches min_nodes sets the round's deadline
-    from it). A node that comes back later joins the running job as a node `scale` adds would."""
+def shorten_the_last_call_after_the_first_round(nodes: int, seconds: float = RELAST_CALL_S) -> None:
+    """After this agent's first round, its rounds' last call waits `seconds` where torch's default would wait 30
+    (torch's timeout object is shared by the handler and its state machine; the node whose join reaches
+    min_nodes sets the round's deadline from it). A node back later joins the running job as one `scale` adds."""
     from datetime import timedelta
 
     from torch.distributed.elastic.rendezvous.dynamic_rendezvous import DynamicRendezvousHandler
 
+    from fsdp_jobs.launchers.node.wrapper import ENGINE_RESTARTS_ENV
+
+    if nodes >= POLL_BUDGET_NODES or os.environ.get(ENGINE_RESTARTS_ENV) == "1":
+        return
     next_rendezvous = DynamicRendezvousHandler.next_rendezvous
 
     def next_rendezvous_then_shorten(handler: Any) -> Any:
         result = next_rendezvous(handler)
         settings = handler._settings
-        if settings.min_nodes < settings.max_nodes and settings.timeout.last_call > timedelta(seconds=seconds):
+        if settings.min_nodes < settings.max_nodes and settings.timeout.last_call == timedelta(seconds=TORCH_LAST_CALL_S):
             settings.timeout._last_call = timedelta(seconds=seconds)
         return result
 
@@ -662,7 +670,6 @@ def main() -> None:
     leave_when_replaced()
     end_a_waiting_node_when_the_job_completed()
     tell_the_ranks_who_hosts_the_store()
-    shorten_the_last_call_after_the_first_round()
     report_nodes_that_left_the_round()
     let_the_store_host_leave_last()
     stop_heartbeats_on_a_stop()
@@ -672,6 +679,7 @@ def main() -> None:
 
     args = torchrun.parse_args(sys.argv[1:])
     shorten_rendezvous_poll(max_nodes(args.nnodes))
+    shorten_the_last_call_after_the_first_round(max_nodes(args.nnodes))
     with torchruns_log_dir_removed_at_exit(args):
         if forks_the_trainer(args):
             # turns the collector on again once the ranks' imports are frozen
@@ -688,28 +696,30 @@ def torchruns_log_dir_removed_at_exit(args: Any) -> Iterator[None]:
     pytorch-errorfile-*.pickle there for every rank that raised. Every node of every job left them behind: 826
     directories in /tmp of a machine that had run this project's tests. What a failure says is in the run dir
     already (the node's TORCHELASTIC_ERROR_FILE, the ranks' failure records), and the ranks' error files are
-    read before torchrun returns (`name_a_silent_failure`). Under a node wrapper both go into the node's local
-    directory, which the wrapper removes when the agent ends, however it ends (SIGKILLed too: a repeating
-    failure, a hang given up), and the next wrapper on the node removes where the wrapper itself was killed
-    (fsdp_jobs/rundir/liveness.py: remove_abandoned_local_dirs). Without one the agent makes and removes the
-    directory itself. A --log-dir the user gave, and one the ranks' output is redirected or tee'd into, stay."""
+    read before torchrun returns (`name_a_silent_failure`). Both go into a scratch directory: under a node
+    wrapper its node's local directory, which the wrapper removes when the agent ends, however it ends
+    (SIGKILLed too: a repeating failure, a hang given up; the next wrapper on the node removes it where the
+    wrapper itself was killed: fsdp_jobs/rundir/liveness.py remove_abandoned_local_dirs); without one a
+    directory the agent makes and removes itself. The agent's temporary directory is the scratch one (a forked
+    rank takes the user's back: fsdp_jobs/runtime/__main__.py). A --log-dir the user gave, and one the ranks'
+    output is redirected or tee'd into, stay torchrun's."""
     from fsdp_jobs.rundir import liveness
 
-    if args.log_dir or str(args.redirects) != "0" or str(args.tee) != "0":
-        yield
-        return
-    local = os.environ.get(liveness.LOCAL_DIR_ENV)
+    local, before = os.environ.get(liveness.LOCAL_DIR_ENV), tempfile.tempdir
     if local:
-        args.log_dir = os.path.join(local, "torchrun")
-        os.makedirs(args.log_dir, mode=0o700, exist_ok=True)
-        tempfile.tempdir = args.log_dir  # the agent's own: a forked rank takes the user's back (runtime/__main__.py)
-        yield
-        return
-    args.log_dir = tempfile.mkdtemp(prefix="torchelastic_")
+        scratch = os.path.join(local, "torchrun")
+        os.makedirs(scratch, mode=0o700, exist_ok=True)
+    else:
+        scratch = tempfile.mkdtemp(prefix="torchelastic_")
+    if not (args.log_dir or str(args.redirects) != "0" or str(args.tee) != "0"):
+        args.log_dir = scratch
+    tempfile.tempdir = scratch
     try:
         yield
     finally:
-        shutil.rmtree(args.log_dir, ignore_errors=True)
+        tempfile.tempdir = before
+        if not local:
+            shutil.rmtree(scratch, ignore_errors=True)
 
 
 class PlannedStopLines:
