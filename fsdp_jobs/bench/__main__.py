@@ -35,6 +35,9 @@ benchmark compares side by side in one run and reports ratios).
         the job's step time with an in-memory snapshot after every step (checkpoint.memory_interval=1), the
         same without the replica agreement check before it, and without either, alternated: medians and their
         ratios (fsdp_jobs/bench/snapshot.py).
+    python -m fsdp_jobs.bench recheck [--repeats 3] [--steps 400] [--device cuda] [KEY=VALUE ...]
+        the job under full_shard with a step taken again every 10 and every 100 steps (fault.sdc_recompute_interval)
+        and without, alternated: mean step times and their ratios (fsdp_jobs/bench/snapshot.py).
     python -m fsdp_jobs.bench init [--ranks 4] [--model llama3_1b]
         per-shard init of a model at world size N on CPU next to a plain unsharded init.
     python -m fsdp_jobs.bench rundir-writes [--nodes 2] [--ranks 2] [--seconds 15] [--run-dir DIR]
@@ -107,6 +110,11 @@ def parser() -> argparse.ArgumentParser:
     sn.add_argument("--steps", type=int, default=80)
     sn.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     sn.add_argument("overrides", nargs="*", help="more key=value overrides for both sides")
+    rk = sub.add_parser("recheck")
+    rk.add_argument("--repeats", type=int, default=3)
+    rk.add_argument("--steps", type=int, default=400)
+    rk.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    rk.add_argument("overrides", nargs="*", help="more key=value overrides for every side")
     rp = sub.add_parser("replica")
     rp.add_argument("--repeats", type=int, default=3)
     rp.add_argument("--steps", type=int, default=80)
@@ -189,6 +197,10 @@ def main(argv: list[str] | None = None) -> int:
         from fsdp_jobs.bench.snapshot import bench_snapshot
 
         result = bench_snapshot(args.repeats, args.steps, args.device, args.overrides)
+    elif args.which == "recheck":
+        from fsdp_jobs.bench.snapshot import bench_recheck
+
+        result = bench_recheck(args.repeats, args.steps, args.device, args.overrides)
     elif args.which == "rundir-writes":
         result = bench_rundir_writes(args.nodes, args.ranks, args.seconds, args.run_dir)
     else:

@@ -59,3 +59,25 @@ def bench_snapshot(repeats: int, steps: int, device: str, extra: list[str], warm
                                                                          medians["default_unchecked"])]),
             "default_over_off": ratio("default", "off"),
             "goal": "snapshots <= 1.05 on CPU, <= 1.01 on a GPU (issue 46); the check <= 1.01 (issue 47)"}
+
+
+def bench_recheck(repeats: int, steps: int, device: str, extra: list[str], warmup: int = 10) -> dict[str, Any]:
+    """The default 2x2 job under full_shard (one group: no replicas to compare) with a step taken again every 10
+    and every 100 steps (fault.sdc_recompute_interval: fsdp_jobs/runtime/recheck.py) and without, alternated
+    `repeats` times: the mean step time of each (a checked step is slower, the others are not: a median would not
+    see it) and their ratios to none."""
+    base = ["fsdp=full_shard", f"train.steps={steps}", "train.log_interval=1", "checkpoint.interval=0",
+            "checkpoint.save_final=false", *(["cluster.device=cuda"] if device == "cuda" else []), *extra]
+    modes = {"off": [], "every_10": ["fault.sdc_recompute_interval=10"],
+             "every_100": ["fault.sdc_recompute_interval=100"]}
+    means: dict[str, list[float]] = {m: [] for m in modes}
+    with tempfile.TemporaryDirectory(prefix="bench-recheck-") as tmp:
+        for i in range(repeats):
+            for mode, args in modes.items():
+                means[mode].append(statistics.mean(_step_times(tmp, f"{mode}{i}", [*base, *args], warmup)))
+    return {"benchmark": "recheck", "job": base, "repeats": repeats,
+            "mean_step_s": {m: [round(x, 5) for x in v] for m, v in means.items()},
+            **{f"{m}_over_off": round(statistics.median(means[m]) / statistics.median(means["off"]), 4)
+               for m in ("every_10", "every_100")},
+            **{f"{m}_ratio_per_pair": spread([a / b for a, b in zip(means[m], means["off"])])
+               for m in ("every_10", "every_100")}}

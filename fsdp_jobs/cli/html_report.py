@@ -167,10 +167,14 @@ def _sdc_line(e: dict[str, Any]) -> str:
     named_by = e.get("named_by", "majority" if e.get("by_majority") else "pair")
     how = {"majority": " (named by majority)", "recomputation": " (named by recomputing the steps)",
            "repeated": " (again when recomputed: a fault that reproduces)",
-           "pair": " (two replicas, no majority: recomputing)"}.get(named_by or "", " (no node named)")
-    ranks = ", ".join(map(str, e.get("ranks") or []))
-    return (f"silent data corruption: rank(s) {ranks} on {', '.join(e.get('nodes') or []) or 'their nodes'} "
-            f"disagreed at step {e.get('step')}{how}; rolled back to step {e.get('agreed_step')}")
+           "pair": " (two replicas, no majority: recomputing)", "rerun": " (named by taking the step again)",
+           "rerun-repeated": " (taken three times, no two alike: a fault that reproduces)"}.get(named_by or "",
+                                                                                          " (no node named)")
+    ranks = [str(r) for r in e.get("ranks") or []]  # every rank, where a step recheck names none
+    shown = ", ".join(ranks[:8]) + (f" and {len(ranks) - 8} more" if len(ranks) > 8 else "")
+    then = "went on from" if e.get("agreed_step") == e.get("step") else "rolled back to"
+    return (f"silent data corruption: rank(s) {shown} on {', '.join(e.get('nodes') or []) or 'their nodes'} "
+            f"disagreed at step {e.get('step')}{how}; {then} step {e.get('agreed_step')}")
 
 
 def _attempt_began_in_its_launch(t: float, started: list[float], launches: list[float]) -> bool:

@@ -243,6 +243,10 @@ def validate_interval(cfg: JobConfig) -> None:
     if sdc != "auto" and (not isinstance(sdc, int) or isinstance(sdc, bool) or sdc < 0):
         raise UserError("fault.sdc_check_interval", sdc, "allowed: a number of steps >= 0 (0 = no replica "
                         "agreement checks) or auto (before each in-memory snapshot and checkpoint)")
+    again = cfg.fault.sdc_recompute_interval
+    if not isinstance(again, int) or isinstance(again, bool) or again < 0:
+        raise UserError("fault.sdc_recompute_interval", again, "allowed: a number of steps >= 0 (0 = no step is "
+                        "taken again to be compared)")
     if not isinstance(c.start_over_max_steps, int) or isinstance(c.start_over_max_steps, bool) or c.start_over_max_steps < 0:
         raise UserError("checkpoint.start_over_max_steps", c.start_over_max_steps,
                         "allowed: a number of steps >= 0 (0 = never start over when every checkpoint is unusable)")

@@ -392,7 +392,7 @@ class ReplacedNodes(Record):
     nodes: list[str]
     reason: str
     restart: Optional[int] = None  # the job's attempt whose preflight named them
-    named_by: str = "the preflight"  # or "a replica agreement check" (fsdp_jobs/runtime/sdc.py)
+    named_by: str = "the preflight"  # or "a replica agreement check", "a step recheck" (fsdp_jobs/runtime/sdc.py)
     v: int = SCHEMA
     extra: dict[str, Any] = field(default_factory=dict)
 

@@ -51,6 +51,7 @@ from fsdp_jobs.rundir.records import ReplacedNodes
 from fsdp_jobs.runtime.snapshots import local
 
 AUTO = "auto"
+CHECK_NAMES = {False: "a replica agreement check", True: "a step recheck"}  # what named a node (fsdp_jobs/runtime/recheck.py)
 AGREED, ROLLED_BACK = "agreed", "rolled back"  # what a check left the step loop to do (else: "sdc", it ends)
 INTS = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 # test-only fault injection: "STEP:RANK" makes RANK flip one bit of its first parameter shard right after
@@ -164,7 +165,7 @@ class Mismatch:
     @property
     def names_nodes(self) -> bool:
         """Whether these ranks' nodes are to be excluded (a spare in their place, or the job stops)."""
-        return self.how in ("majority", "recomputation", "repeated")
+        return self.how in ("majority", "recomputation", "repeated", "rerun", "rerun-repeated")
 
 
 class ReplicaAgreement:
@@ -305,7 +306,8 @@ class ReplicaAgreement:
 # ---------------------------------------------------------------------- what happens then
 def describe(found: Mismatch, nodes: list[str]) -> str:
     """The one line that says what a check found."""
-    who = f"silent data corruption: rank(s) {', '.join(map(str, found.ranks))} on {', '.join(nodes)} "
+    who = f"silent data corruption: rank(s) {', '.join(map(str, found.ranks))} on {', '.join(nodes)} " \
+        if found.how != "rerun-unresolved" else "silent data corruption: every rank "
     since = f"(the last check that agreed: step {found.agreed_step})"
     return who + {
         "majority": f"disagreed with the other replicas of their shards at step {found.step} {since}",
@@ -317,6 +319,14 @@ def describe(found: Mismatch, nodes: list[str]) -> str:
         "unresolved": f"and their replicas agree at step {found.step} once recomputed, but neither reproduced its own "
                       "state (the corruption had reached both): no node can be named; training goes on from the "
                       "recomputed state",
+        "rerun": f"did not reproduce their own state when step {found.step} was taken again, twice from the same "
+                 "state, and the others did: the corruption stayed in their state, after the step's collectives",
+        "rerun-unresolved": f"did not reproduce its own state in one of three computations of step "
+                            f"{found.step}: the corruption reached every rank through the step's collectives, so no "
+                            "node can be named; training goes on from the two computations that agreed",
+        "rerun-repeated": f"did not reproduce their own state in any two of three computations of step {found.step} "
+                          f"from the same state: a fault that reproduces, on one of these nodes (or kernels that "
+                          f"are not deterministic: fault.sdc_recompute_interval=0 turns the check off)",
     }[found.how]
 
 
@@ -372,7 +382,7 @@ def respond(found: Mismatch, run_dir: Path, cfg: Any, world: Any, snapshots: Any
     if why_not is None:
         if world.rank == 0:
             replaced.record(run_dir, ReplacedNodes(time=time.time(), nodes=nodes, reason=line[:1000],
-                                                   restart=world.restart, named_by="a replica agreement check"))
+                                                   restart=world.restart, named_by=CHECK_NAMES[found.how.startswith("rerun")]))
         back = f"going on from step {agreed}" if agreed == found.step else f"rolling back to step {agreed}"
         say(f"{line}; {back}, and a hot spare takes the place of {', '.join(nodes)}")
         return REPLACED_EXIT, f"failed: {line}; hot spares replace {', '.join(nodes)}"

@@ -37,6 +37,7 @@ from fsdp_jobs.runtime.metrics import MetricsWriter, flops_per_token, log, peak_
 from fsdp_jobs.runtime.local_update import ShardLocalAdamW, clip_grad_norm
 from fsdp_jobs.runtime.outputs import load_pretrained_weights, logits_of
 from fsdp_jobs.runtime.prefetch import BatchPrefetcher
+from fsdp_jobs.runtime.recheck import StepRecheck
 from fsdp_jobs.runtime.replicas import JOINING, NoReplicas, open_replicas
 from fsdp_jobs.runtime.shard import (adamw_implementation, build_meta_model, dtype_of, init_devices, materialize,
                                      shard_model)
@@ -207,6 +208,8 @@ class Trainer:
         self.timeline = Timeline(run_dir, enabled=False, restart=0)  # bring_up opens rank 0's (the goodput timeline)
         # build() makes the job's; a user's script (fsdp_jobs.job) votes with none
         self.agreement = ReplicaAgreement({}, 0, False, torch.device("cpu"))
+        self.recheck = StepRecheck(0, False, torch.device("cpu"))
+        self.sdc_end: Optional[tuple[int, str]] = None  # how an attempt a check named nodes in ends: exit status, why
 
     def run(self, stop: StopFlag) -> int:
         """The built-in loop, start to exit."""
@@ -348,6 +351,9 @@ class Trainer:
         self.snapshots = self.open_snapshots()
         self.agreement = ReplicaAgreement(self.mesh_shape, self.cfg.fault.sdc_check_interval, self.snapshots.enabled,
                                           self.world.device)
+        # where no replicas are compared, a step taken again now and then (fsdp_jobs/runtime/recheck.py)
+        self.recheck = StepRecheck(self.cfg.fault.sdc_recompute_interval,
+                                   not self.agreement.enabled and not self.replicas.enabled, self.world.device)
         resuming = self.ccfg.resume and not joining
         self.memory_plan = self.snapshots.plan_restore(self.disk_step()) if resuming else None
         self.resume_from = self.ckpt.find_latest() if resuming and self.memory_plan is None else None
@@ -674,17 +680,21 @@ class Trainer:
                 time.sleep(self.pause_s)  # test pacing (STEP_PAUSE_ENV): as if the data came slower
             inputs, targets = inputs.to(world.device, non_blocking=True), targets.to(world.device, non_blocking=True)
             self.inject_test_faults(position)
-            stepped = self.train_step(inputs, targets)
+            stepped = self.checked_step(inputs, targets)
             if stepped is None:  # not committed: the same step again, with the groups then alive
                 continue
+            if stepped == "sdc":  # taken again, no computation reproduced: the attempt ends before its row
+                stopped_by = "sdc"
+                break
             if replicas.enabled and (tries > 1 or replicas.changed):  # goodput: waited for its quorum
                 self.timeline.stall(state.step, quorum_at - began, replicas.participants)
             began, tries = 0.0, 0
-            loss, grad_norm = stepped
             self.beat(state.step)
-            self.window.append(loss, grad_norm, {"step": state.step, "lr": state.scheduler.get_last_lr()[0],
-                                                 "sample_start": position, "time": time.time(),
-                                                 "world_size": replicas.job_world_size(), "writer": replicas.writer})
+            self.append_row(*stepped, position)
+            if self.sdc_end is not None:  # taken again, nodes named: this step's row, then the end (take_again)
+                self.write_rows(True)
+                stopped_by = "sdc"
+                break
             checkpoint_now = self.checkpoint_due()  # before the check: what is kept (snapshot, checkpoint) is checked
             self.check_and_snapshot(checkpoint_now)
             stopping = self.stop_agreed()  # the step before's vote
@@ -702,12 +712,8 @@ class Trainer:
                     stopped_by = "nonfinite"
                     break
                 continue
-            logged = stopping or checkpoint_now or state.step % self.tcfg.log_interval == 0 or state.step == total
-            held = self.agreement.pending is not None  # a checked step's rows wait for its verdict (settle_check)
-            if (logged or replicas.enabled) and not held:  # a replica group flushes every step: one that dies
-                self.window.flush()  # loses no line
-            if logged and not held:  # the goodput timeline: these steps' window, at the flush's sync (a held
-                self.timeline.steps(state.step)  # one's at its verdict: no attempt reaches a step it has no row of)
+            self.write_rows(bool(stopping) or checkpoint_now or state.step % self.tcfg.log_interval == 0
+                            or state.step == total)
             if stopping:
                 stopped_by = "signal"
                 why = stop.received.name if stop.received else stop_reason(stopping)
@@ -724,6 +730,36 @@ class Trainer:
         self.agreement.drop()  # and launched the same checks (a stop's step settled its own)
         batches.close()
         return stopped_by
+
+    def checked_step(self, inputs: torch.Tensor, targets: torch.Tensor) -> Any:
+        """`train_step`, taken again where the step recheck is due (fsdp_jobs/runtime/recheck.py): its result (None:
+        a replica job's step not committed), or "sdc" where no computation of it reproduced."""
+        rechecking = self.recheck.due(self.state.step + 1)
+        if rechecking:
+            self.recheck.keep(self.state)
+        stepped = self.train_step(inputs, targets)
+        if stepped is None or not rechecking:
+            return stepped
+        return self.take_again(inputs, targets) or "sdc"
+
+    def append_row(self, loss: torch.Tensor, grad_norm: Any, position: int) -> None:
+        """The step's metrics row, held on the device until written (`write_rows`)."""
+        state, replicas = self.state, self.replicas
+        self.window.append(loss, grad_norm, {"step": state.step, "lr": state.scheduler.get_last_lr()[0],
+                                             "sample_start": position, "time": time.time(),
+                                             "world_size": replicas.job_world_size(), "writer": replicas.writer})
+
+    def write_rows(self, logged: bool) -> None:
+        """The metrics rows of the steps since the last written, where this step's are `logged` (a replica group
+        writes every step: one that dies loses no line), and the goodput timeline's window of them, at the
+        flush's sync. A checked step's rows wait for its verdict (settle_check): no attempt reaches a step it
+        has no row of."""
+        if self.agreement.pending is not None:
+            return
+        if logged or self.replicas.enabled:
+            self.window.flush()
+        if logged:
+            self.timeline.steps(self.state.step)
 
     def inject_test_faults(self, position: int) -> None:
         """The test variables' faults at the step about to be taken (fsdp_jobs/planning/faults.py)."""
@@ -783,6 +819,28 @@ class Trainer:
         self.ckpt.close()  # a background save committed (then set aside) or not at all; the pruning done
         self.sdc_end = respond(found, self.run_dir, self.cfg, self.world, self.snapshots, self.timeline, say)
         return "sdc"
+
+    def take_again(self, inputs: torch.Tensor, targets: torch.Tensor) -> Optional[tuple[torch.Tensor, Any]]:
+        """Collective: the step just taken, taken again from the copy kept before it (fsdp_jobs/runtime/recheck.py):
+        the result to go on with (where nodes were named, `sdc_end` says how the attempt ends after this step);
+        None where no computation reproduced (the attempt ends: `sdc_end`)."""
+        stepped, found = self.recheck.confirm(self.state, self.model, lambda: self.train_step(inputs, targets))
+        if found is None:
+            return stepped
+        say = functools.partial(log, self.world.rank)
+        if not found.names_nodes:  # every rank moved: trained on from the computations that agreed
+            settle(found, self.world, self.timeline, say)
+            return stepped
+        if found.how == "rerun":  # the trusted state kept, so that whoever takes over goes on from it
+            if self.snapshots.enabled:
+                self.snapshots.save(self.state, self.world.restart)
+            else:
+                found.agreed_step = self.disk_step()
+        else:  # no computation to trust: back to the state before the step
+            found.agreed_step = self.state.step - 1
+        self.ckpt.close()
+        self.sdc_end = respond(found, self.run_dir, self.cfg, self.world, self.snapshots, self.timeline, say)
+        return stepped if found.how == "rerun" else None
 
     def roll_back_for(self, found: Mismatch) -> bool:
         """Collective: the state newer than the last agreed check set aside, and this process back at the newest
@@ -864,6 +922,9 @@ class Trainer:
         if rank == 0 and self.agreement.enabled:  # what the check did: a healthy run says so, not nothing
             log(rank, f"replica check: every shard's replicas agreed at {self.agreement.agreed} of the "
                       f"{self.agreement.checked} steps checked in this attempt")
+        if rank == 0 and self.recheck.every:
+            log(rank, f"step recheck: {self.recheck.reproduced} of the {self.recheck.checked} steps taken again in "
+                      f"this attempt reproduced on every rank (fault.sdc_recompute_interval={self.recheck.every})")
         if rank == 0 and writer and stopped_by != "nonfinite":  # that one recorded its failure (after_nonfinite)
             saved = newest_checkpoint(self.run_dir)  # the final save may have failed (a full disk): say which
             if saved != step_dir(self.ckpt.root, state.step) and (self.ccfg.save_final or stopped_by):

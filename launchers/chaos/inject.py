@@ -147,14 +147,18 @@ def corrupt_rank(run_dir: Path, rank: int, bit: int) -> str:
 def what_the_check_does(run_dir: Path) -> str:
     """What the job will do about a flipped bit (fsdp_jobs/runtime/sdc.py), from its plan and job record."""
     groups = int((runs.plan_entry(run_dir, "mesh") or {}).get("replicate", 1))
-    if groups < 2:
-        return "this job has no replica groups to compare (hybrid_shard on 2+ nodes has): nothing will notice it"
     job = runs.load_job(run_dir)
     every = (job.get("fault") or {}).get("sdc_check_interval", "auto")
     memory = (job.get("checkpoint") or {}).get("memory_interval", "auto")
-    if str(every) == "0" or (every == "auto" and str(memory) == "0"):
-        return (f"the replica agreement check is off (fault.sdc_check_interval={every}, checkpoint.memory_interval="
-                f"{memory}): nothing will notice it")
+    again = int((job.get("fault") or {}).get("sdc_recompute_interval") or 0)
+    if groups < 2 or str(every) == "0" or (every == "auto" and str(memory) == "0"):
+        off = ("this job has no replica groups to compare (hybrid_shard on 2+ nodes has)" if groups < 2 else
+               f"the replica agreement check is off (fault.sdc_check_interval={every}, checkpoint.memory_interval="
+               f"{memory})")
+        if again:  # fsdp_jobs/runtime/recheck.py: only the step taken again is compared
+            return (f"{off}; the step recheck (fault.sdc_recompute_interval={again}) finds it only if its step is "
+                    f"one taken again (1 in {again})")
+        return f"{off}: nothing will notice it (fault.sdc_recompute_interval=N takes every Nth step again to compare)"
     how = "the majority names its node" if groups > 2 else "recomputing the steps since names its node"
     spares = int((job.get("cluster") or {}).get("spare_nodes") or 0)
     then = "a hot spare takes its place" if spares else "with no hot spare (cluster.spare_nodes) the job stops there"

@@ -141,3 +141,36 @@ def test_two_replicas_that_disagree_with_nothing_agreed_to_go_back_to_restart_na
     assert status["state"] == "SUCCEEDED" and not status["train"].get("bad_nodes"), status
     assert losses(run_dir) == losses(ref)
     assert_same_state(ref / "checkpoints" / "step-000012", run_dir / "checkpoints" / "step-000012")
+
+
+def test_without_replicas_a_step_taken_again_names_the_flipped_node_and_a_spare_takes_its_place(
+        run_root, tmp_path_factory):
+    """full_shard on 2 nodes x 1 (no two ranks hold the same bits) + 1 hot spare, a step taken again every 5 steps
+    (fault.sdc_recompute_interval, fsdp_jobs/runtime/recheck.py): a bit flipped after step 10's update on one rank
+    makes that rank's first computation differ from its second; a third agrees with the second on every rank, so
+    only the flipped rank moved and its node is named. The spare takes its place, the job goes on from step 10 and
+    ends bit for bit where a run without the check does; the later checks all reproduce."""
+    from tests.integration.test_memory_recovery import rank_record
+
+    one_group = ("nodes=2", "gpus_per_node=1", "fsdp=full_shard", "train.global_batch_size=2",
+                 "train.micro_batch_per_rank=1")
+    ref = reference_job(tmp_path_factory, "sdc-full-shard", *one_group, *TRAINING)
+    r = cli(f"run_root={run_root}", "name=rerun", *one_group, *TRAINING, "fault.sdc_recompute_interval=5",
+            "cluster.spare_nodes=1", env={"FSDP_JOBS_TEST_CORRUPT_AT": "10:-1"})
+    out = r.stdout + r.stderr
+    assert r.returncode == 0, out[-4000:]
+    run_dir = run_root / "rerun"
+    [found] = events(run_dir, "sdc")
+    assert found["step"] == 10 and found["agreed_step"] == 10 and found["named_by"] == "rerun", found
+    [flipped], [named] = found["ranks"], found["nodes"]
+    assert (f"silent data corruption: rank(s) {flipped} on {named} did not reproduce their own state when step 10 "
+            f"was taken again, twice from the same state, and the others did: the corruption stayed in their state, "
+            f"after the step's collectives; going on from step 10, and a hot spare takes the place of {named}") in out
+    assert f"{named}: a step recheck named this node and a hot spare takes its place" in out, out[-4000:]
+    assert "resumed from the in-memory snapshot of step 10" in out, out[-4000:]
+    assert ("step recheck: 4 of the 4 steps taken again in this attempt reproduced on every rank "
+            "(fault.sdc_recompute_interval=5)") in out, out[-4000:]  # 15, 20, 25, 30: healthy
+    trained = {rank_record(run_dir, rank)["node"] for rank in range(2)}
+    assert named not in trained and len(trained) == 2, trained
+    assert losses(run_dir) == losses(ref)
+    assert_same_state(ref / "checkpoints" / "step-000030", run_dir / "checkpoints" / "step-000030")

@@ -118,7 +118,10 @@ def test_the_chaos_command_says_what_the_job_will_do_about_the_flip(tmp_path):
                      {"mesh": {"replicate": replicate, "shard": 2}})
         return what_the_check_does(run_dir)
 
-    assert "nothing will notice it" in said(1, 1)
+    assert "nothing will notice it (fault.sdc_recompute_interval=N takes every Nth step again" in said(1, 1)
+    assert said(1, 1, fault={"sdc_recompute_interval": 10}).endswith(  # fsdp_jobs/runtime/recheck.py
+        "no replica groups to compare (hybrid_shard on 2+ nodes has); the step recheck "
+        "(fault.sdc_recompute_interval=10) finds it only if its step is one taken again (1 in 10)")
     assert "the replica agreement check is off" in said(3, 1, fault={"sdc_check_interval": 0})
     assert "the replica agreement check is off" in said(3, 1, checkpoint={"memory_interval": 0})
     assert said(2, 0).endswith("recomputing the steps since names its node, and with no hot spare "

@@ -1,0 +1,119 @@
+"""Silent data corruption where no replicas can be compared (fault.sdc_recompute_interval): a step taken twice.
+
+Under full_shard on one group (and wherever the replica agreement check of fsdp_jobs/runtime/sdc.py is off) no
+two ranks hold the same bits. Every N steps the step is taken a second time, in process, from a copy of the state
+made just before it (on the host), with the same batch and the same random state: every rank compares the
+fingerprint of its parameter and optimizer shards after each computation (sdc.py `fingerprint`), and one
+all-reduce says whether every rank reproduced its own. Where one did not, the step is taken a third time: the two
+computations that agree on every rank are trusted, the job goes on from their state, and the ranks whose odd
+computation differed are the evidence. A strict subset of the ranks differing means the corruption stayed in
+those ranks' state, which happens only after the step's last collective (a bit flipped in memory after the
+update, a wrong update computed on one rank): their nodes are named and treated as the replica check's
+(fsdp_jobs/runtime/sdc.py `respond`: a hot spare, else the job stops naming them). Every rank differing means it
+reached them all through the step's all-gathers or reduce-scatters (a bit flipped before the forward, a wrong
+gradient): no node can be named, and training goes on from the trusted state. Three computations with no two in
+agreement is a fault that reproduces: the ranks that moved are named.
+
+What it catches: a corruption that lands in a checked step, between the copy and the step's end. What it cannot:
+one in any other step, which the next check's copy already holds. So for a single flip at a random moment the
+chance per interval is about 1/N; for a chip that corrupts a share q of its steps, 1-(1-q)^k within k intervals.
+The comparison needs bitwise reproducible steps: CPU, and a GPU's deterministic kernels; with
+nondeterministic ones the first check finds three different computations and stops the job, saying so.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Optional
+
+import torch
+import torch.distributed as dist
+
+from fsdp_jobs.runtime.sdc import Mismatch, fingerprint, state_tensors
+from fsdp_jobs.runtime.snapshots import apply, capture, tuples
+
+Prints = list[tuple[int, int]]  # one rank's fingerprints, one per computation of the step
+
+
+def judge(prints: list[Prints]) -> Optional[Mismatch]:
+    """What the computations of one step say, from every rank's fingerprints (`prints[rank]`, one per computation,
+    in order; the step number is the caller's): None where every rank reproduced its own (two computations
+    agreeing on every rank); else the ranks whose odd computation differed, named ("rerun") where they are a strict
+    subset of the ranks, not ("rerun-unresolved") where they are all; "rerun-repeated" where no two computations
+    agree on every rank (the ranks whose three fingerprints are not all equal)."""
+    if all(p[0] == p[1] for p in prints):
+        return None
+    assert all(len(p) == 3 for p in prints), "a disagreement is decided by a third computation"
+    for odd, pair in ((0, (1, 2)), (1, (0, 2))):
+        if all(p[pair[0]] == p[pair[1]] for p in prints):
+            ranks = [r for r, p in enumerate(prints) if p[odd] != p[2]]
+            how = "rerun" if len(ranks) < len(prints) else "rerun-unresolved"
+            return Mismatch(0, 0, ranks, how, [p[odd] for p in prints])
+    ranks = [r for r, p in enumerate(prints) if len(set(p)) > 1]
+    return Mismatch(0, 0, ranks, "rerun-repeated", [p[2] for p in prints])
+
+
+class StepRecheck:
+    """One rank's side: the schedule (`due`), the copy (`keep`) and the computations compared (`confirm`)."""
+
+    def __init__(self, every: int, enabled: bool, device: torch.device) -> None:
+        """`enabled`: the job has no replicas compared otherwise (the trainer decides); `every`: N, 0 = off."""
+        self.every = int(every) if enabled else 0
+        self.device = device
+        self.kept: Optional[tuple[list[torch.Tensor], Any]] = None
+        self.checked = self.reproduced = 0  # this attempt's checks, and how many of them reproduced on every rank
+
+    def due(self, step: int) -> bool:
+        """Whether `step` (the one about to be taken) is taken twice."""
+        return self.every > 0 and step % self.every == 0
+
+    def keep(self, state: Any) -> None:
+        """A copy of this rank's whole state (shards, optimizer, scheduler, progress, random state) on the host:
+        what each further computation of the step starts from. The host, since a GPU may not hold a second copy."""
+        tensors, skeleton = capture(state)
+        self.kept = ([t.detach().to("cpu", copy=True) for t in tensors], tuples(skeleton))  # as a snapshot's
+
+    def restore(self, state: Any) -> None:
+        """`state` back to the kept copy. Copies again: an optimizer's load keeps the tensors it is given (on the
+        same device), and the next computation updates them in place."""
+        assert self.kept is not None
+        tensors, skeleton = self.kept
+        apply(state, [t.clone() for t in tensors], skeleton)
+
+    def print_of(self, state: Any, model: torch.nn.Module) -> tuple[int, int]:
+        fp = fingerprint(state_tensors(model, state.optimizer), self.device)
+        return tuple(fp.tolist())  # type: ignore[return-value]
+
+    def confirm(self, state: Any, model: torch.nn.Module, step_again: Callable[[], Any]
+                ) -> tuple[Any, Optional[Mismatch]]:
+        """Collective: the step just taken (from the kept copy) taken again by `step_again`, and a third time
+        where any rank's two differ. Returns the result to go on with (the last computation's: its state is the
+        trusted one) and what was found (None: every rank reproduced its own; the Mismatch's step is the state's)."""
+        mine = [self.print_of(state, model)]
+        result = self.again(state, model, step_again, mine)
+        self.checked += 1
+        if not self.any_rank(mine[0] != mine[1]):
+            self.kept = None
+            self.reproduced += 1
+            return result, None
+        result = self.again(state, model, step_again, mine)
+        self.kept = None
+        gathered = torch.zeros(dist.get_world_size() * 6, dtype=torch.int64, device=self.device)
+        dist.all_gather_single(gathered, torch.tensor([x for p in mine for x in p], dtype=torch.int64,
+                                                      device=self.device))
+        found = judge([[tuple(p) for p in row] for row in gathered.view(-1, 3, 2).tolist()])
+        if found is not None:
+            found.step = found.agreed_step = state.step
+        return result, found
+
+    def again(self, state: Any, model: torch.nn.Module, step_again: Callable[[], Any], prints: Prints) -> Any:
+        """The step taken once more from the kept copy; its fingerprint appended to `prints`."""
+        self.restore(state)
+        result = step_again()
+        prints.append(self.print_of(state, model))
+        return result
+
+    def any_rank(self, mine: bool) -> bool:
+        """Collective: whether any rank says so (one all-reduce of 8 bytes)."""
+        flag = torch.tensor([int(mine)], device=self.device)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        return bool(flag.item())

@@ -1,0 +1,64 @@
+"""The step recheck where no replicas are compared (fsdp_jobs/runtime/recheck.py): who three computations of a step
+name, and a step taken again from the kept copy reproducing the first bit for bit. The jobs that catch a flipped
+bit with it: tests/integration/test_sdc.py."""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from fsdp_jobs.runtime.recheck import StepRecheck, judge
+from fsdp_jobs.runtime.sdc import describe, flip_a_bit
+from tests.unit.test_snapshots import small_state, train
+
+A, B, C = (1, 1), (2, 2), (3, 3)
+
+
+def test_the_computations_that_agree_on_every_rank_are_trusted_and_the_odd_one_names_the_ranks_it_moved():
+    assert judge([[A, A], [B, B], [C, C]]) is None  # every rank reproduced its own
+    flipped_after_the_update = judge([[B, A, A], [B, B, B], [C, C, C]])  # the first computation was the odd one
+    assert (flipped_after_the_update.ranks, flipped_after_the_update.how) == ([0], "rerun")
+    assert flipped_after_the_update.names_nodes and flipped_after_the_update.prints == [B, B, C]  # the odd one's
+    during_the_check = judge([[A, A, A], [B, C, B], [C, C, C]])  # the check's own computation was the odd one
+    assert (during_the_check.ranks, during_the_check.how) == ([1], "rerun")
+    reached_every_rank = judge([[A, B, B], [B, C, C], [C, A, A]])  # through the step's collectives
+    assert (reached_every_rank.ranks, reached_every_rank.how) == ([0, 1, 2], "rerun-unresolved")
+    assert not reached_every_rank.names_nodes
+    reproduces = judge([[A, B, C], [B, B, B], [C, C, C]])  # no two computations alike on rank 0
+    assert (reproduces.ranks, reproduces.how) == ([0], "rerun-repeated") and reproduces.names_nodes
+
+
+def test_a_step_taken_again_from_the_kept_copy_reproduces_the_first_and_a_flip_in_one_computation_is_found(tmp_path):
+    """One rank (a world of one: every rank is the rank that moved, so no node is named). The step draws its
+    batch from the random generator and updates AdamW and the schedule: each computation starts from the same
+    kept state. (Plain tensors: the optimizer's load copies them. With DTensors it keeps them, and a restore that
+    did not copy them again would start the third computation from the second's moments: the integration test with
+    a flip finds three different computations then.)"""
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        state, reference = small_state(0), small_state(0)
+        torch.manual_seed(7)  # the batches (train draws them from the generator), the same on both sides
+        train(reference, 4)
+        torch.manual_seed(7)
+        train(state, 2)
+        recheck = StepRecheck(every=3, enabled=True, device=torch.device("cpu"))
+        assert [s for s in range(1, 10) if recheck.due(s)] == [3, 6, 9]
+        recheck.keep(state)
+        train(state, 1)
+        _, found = recheck.confirm(state, state.model, lambda: train(state, 1))
+        assert found is None and (recheck.checked, recheck.reproduced) == (1, 1)
+        assert state.step == 3
+
+        recheck.keep(state)
+        train(state, 1)
+        flip_a_bit(state.model)  # the first computation's result corrupted after its update
+        calls = []
+        _, found = recheck.confirm(state, state.model, lambda: calls.append(train(state, 1)))
+        assert len(calls) == 2 and found is not None and (found.how, found.ranks, found.step) == ("rerun-unresolved",
+                                                                                                  [0], 4)
+        assert all(torch.equal(a, b) for a, b in
+                   zip(state.model.state_dict().values(), reference.model.state_dict().values()))
+        assert describe(found, []).startswith("silent data corruption: every rank did not reproduce its own state in "
+                                              "one of three computations of step 4")
+    finally:
+        dist.destroy_process_group()
