@@ -773,3 +773,23 @@ def test_under_a_node_wrapper_torchruns_files_go_into_the_nodes_local_directory(
     with torchruns_log_dir_removed_at_exit(given):  # the user's log dir stays; the error pickles still go
         assert given.log_dir == str(tmp_path / "logs")
         assert tempfile.gettempdir() == str(tmp_path / "node-memory" / "torchrun")
+
+
+def test_a_forked_rank_makes_its_temporary_files_under_tmpdir_not_the_agents_scratch(tmp_path, monkeypatch):
+    """The agent's temporary directory is torchrun's scratch in node memory (above); a rank forked from it takes
+    TMPDIR's back before the trainer runs, so inductor's cache and a user's temporary files are not written into
+    node memory, nor removed with it (fsdp_jobs/runtime/__main__.py `forked`)."""
+    import tempfile
+
+    from fsdp_jobs.runtime import __main__ as entry
+
+    seen: dict[str, str] = {}
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    monkeypatch.setattr("tempfile.tempdir", str(tmp_path / "node-memory" / "torchrun"))  # restored after the test
+    monkeypatch.setattr(entry, "main", lambda exit_process: seen.update(tmp=tempfile.gettempdir()))
+    monkeypatch.setattr(entry.streams, "follow_readers", lambda: None)
+    monkeypatch.setattr(entry.signal, "signal", lambda *args: None)  # this process's handlers stay pytest's
+    monkeypatch.setattr(entry.sys, "argv", ["fsdp_jobs.runtime"])
+    monkeypatch.setattr(entry.timeline, "MAIN_STARTED", 0.0)
+    entry.forked(str(tmp_path / "run"))
+    assert seen == {"tmp": str(tmp_path)}
