@@ -170,7 +170,7 @@ def _sdc_line(e: dict[str, Any]) -> str:
            "pair": " (two replicas, no majority: recomputing)", "rerun": " (named by taking the step again)",
            "rerun-repeated": " (taken three times, no two alike: a fault that reproduces)"}.get(named_by or "",
                                                                                           " (no node named)")
-    ranks = [str(r) for r in e.get("ranks") or []]  # every rank, where a step recheck names none
+    ranks = [str(r) for r in e.get("ranks") or []] if e.get("ranks") != "all" else ["every rank"]
     shown = ", ".join(ranks[:8]) + (f" and {len(ranks) - 8} more" if len(ranks) > 8 else "")
     then = "went on from" if e.get("agreed_step") == e.get("step") else "rolled back to"
     return (f"silent data corruption: rank(s) {shown} on {', '.join(e.get('nodes') or []) or 'their nodes'} "

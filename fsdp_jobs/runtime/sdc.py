@@ -307,7 +307,7 @@ class ReplicaAgreement:
 def describe(found: Mismatch, nodes: list[str]) -> str:
     """The one line that says what a check found."""
     who = f"silent data corruption: rank(s) {', '.join(map(str, found.ranks))} on {', '.join(nodes)} " \
-        if found.how != "rerun-unresolved" else "silent data corruption: every rank "
+        if found.how not in ("rerun-unresolved", "rerun-irreproducible") else "silent data corruption: every rank "
     since = f"(the last check that agreed: step {found.agreed_step})"
     return who + {
         "majority": f"disagreed with the other replicas of their shards at step {found.step} {since}",
@@ -322,20 +322,43 @@ def describe(found: Mismatch, nodes: list[str]) -> str:
         "rerun": f"did not reproduce their own state when step {found.step} was taken again, twice from the same "
                  "state, and the others did: the corruption stayed in their state, after the step's collectives",
         "rerun-unresolved": f"did not reproduce its own state in one of three computations of step "
-                            f"{found.step}: the corruption reached every rank through the step's collectives, so no "
-                            "node can be named; training goes on from the two computations that agreed",
+                            f"{found.step}, from the same state: with every rank moved (a corruption before the "
+                            "step's collectives reaches them all) no node can be named; training goes on from the two "
+                            "computations that agreed",
         "rerun-repeated": f"did not reproduce their own state in any two of three computations of step {found.step} "
-                          f"from the same state: a fault that reproduces, on one of these nodes (or kernels that "
-                          f"are not deterministic: fault.sdc_recompute_interval=0 turns the check off)",
+                          f"from the same state, and the others did: a fault that reproduces, on one of these nodes",
+        "rerun-irreproducible": f"did not reproduce its own state in any two of three computations of step "
+                                f"{found.step} from the same state: the steps are not bitwise reproducible here "
+                                "(kernels that are not deterministic), or a fault reaches every rank each time; no "
+                                "node can be named (fault.sdc_recompute_interval=0 turns the check off)",
     }[found.how]
+
+
+def recorded_ranks(found: Mismatch, world: Any) -> Any:
+    """The ranks an incident's event lists: "all" where every rank is (8,192 numbers at 1,024 x 8 say nothing more)."""
+    return "all" if len(found.ranks) == world.world_size > 1 else found.ranks
 
 
 def settle(found: Mismatch, world: Any, timeline: Any, say: Callable[[str], None]) -> None:
     """A recomputation that agreed but named no node: recorded and said; no collective."""
     if world.rank == 0:
-        timeline.event("sdc", step=found.step, agreed_step=found.agreed_step, ranks=found.ranks, nodes=[],
-                       by_majority=False, named_by=None)
+        timeline.event("sdc", step=found.step, agreed_step=found.agreed_step, ranks=recorded_ranks(found, world),
+                       nodes=[], by_majority=False, named_by=None)
     say(describe(found, ["their nodes"]))
+
+
+def stop_unnamed(found: Mismatch, run_dir: Path, world: Any, timeline: Any, say: Callable[[str], None]
+                 ) -> tuple[int, str]:
+    """A step recheck with no two computations alike on every rank: no node to name, none to exclude; recorded,
+    and the job stops (the ranks exit 0 so that no restart repeats it: the run's record says it failed).
+    Returns the ranks' exit status and the attempt's end."""
+    line = describe(found, [])
+    if world.rank == 0:
+        timeline.event("sdc", step=found.step, agreed_step=found.agreed_step, ranks=recorded_ranks(found, world),
+                       nodes=[], by_majority=False, named_by=None)
+        runs.write_state(run_dir, status="failed", reason=f"{line}; stopped"[:1000], step=found.step, stage="sdc")
+    say(f"{line}; stopped at step {found.agreed_step}, the state before it kept")
+    return 0, f"failed: {line}"
 
 
 def set_aside_newer(found: Mismatch, run_dir: Path, world: Any, snapshots: Any, timeline: Any) -> tuple[str, list[Any]]:
@@ -358,10 +381,11 @@ def set_aside_newer(found: Mismatch, run_dir: Path, world: Any, snapshots: Any, 
         for step, path in committed_checkpoints(run_dir):
             if agreed is None or step > agreed:
                 try:
-                    set_aside(path, f"saved after step {agreed}, the last replica agreement check that agreed: {line}")
+                    set_aside(path, f"saved after step {agreed}, the last step {CHECK_NAMES[found.how.startswith('rerun')]} "
+                                    f"vouched for: {line}")
                 except FileNotFoundError:  # removed meanwhile (keep_last): nothing to set aside
                     pass
-        timeline.event("sdc", step=found.step, agreed_step=agreed, ranks=found.ranks, nodes=nodes,
+        timeline.event("sdc", step=found.step, agreed_step=agreed, ranks=recorded_ranks(found, world), nodes=nodes,
                        by_majority=found.how == "majority", named_by=found.how if found.names_nodes else None)
     dist.barrier()  # the state set aside before any rank goes on
     return line, where

@@ -44,7 +44,7 @@ from fsdp_jobs.runtime.shard import (adamw_implementation, build_meta_model, dty
 from fsdp_jobs.runtime.signals import StopFlag
 from fsdp_jobs.runtime.sdc import (AGREED, CORRUPT_AT_ENV, ROLLED_BACK, CorruptRequests, Mismatch, ReplicaAgreement,
                                   corrupt_target, describe, flip_a_bit, respond, set_aside_newer, settle,
-                                  state_tensors)
+                                  state_tensors, stop_unnamed)
 from fsdp_jobs.runtime.snapshots import MemorySnapshots, RestorePlan
 from fsdp_jobs.runtime.stopping import NONFINITE, STOP_FILE, StopFileWatcher, StopVote, stop_reason
 from fsdp_jobs.runtime.timeline import MAIN_STARTED, Timeline
@@ -210,6 +210,7 @@ class Trainer:
         self.agreement = ReplicaAgreement({}, 0, False, torch.device("cpu"))
         self.recheck = StepRecheck(0, False, torch.device("cpu"))
         self.sdc_end: Optional[tuple[int, str]] = None  # how an attempt a check named nodes in ends: exit status, why
+        self.named: Optional[Mismatch] = None  # what the step recheck found, where it named nodes
 
     def run(self, stop: StopFlag) -> int:
         """The built-in loop, start to exit."""
@@ -354,6 +355,9 @@ class Trainer:
         # where no replicas are compared, a step taken again now and then (fsdp_jobs/runtime/recheck.py)
         self.recheck = StepRecheck(self.cfg.fault.sdc_recompute_interval,
                                    not self.agreement.enabled and not self.replicas.enabled, self.world.device)
+        if self.recheck.every and self.world.device.type == "cuda":  # its computations must be bitwise alike
+            os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # read when cuBLAS starts: before any step
+            torch.use_deterministic_algorithms(True, warn_only=True)
         resuming = self.ccfg.resume and not joining
         self.memory_plan = self.snapshots.plan_restore(self.disk_step()) if resuming else None
         self.resume_from = self.ckpt.find_latest() if resuming and self.memory_plan is None else None
@@ -691,8 +695,8 @@ class Trainer:
             began, tries = 0.0, 0
             self.beat(state.step)
             self.append_row(*stepped, position)
-            if self.sdc_end is not None:  # taken again, nodes named: this step's row, then the end (take_again)
-                self.write_rows(True)
+            if self.named is not None:  # taken again, nodes named: this step's row, then the end
+                self.end_named()
                 stopped_by = "sdc"
                 break
             checkpoint_now = self.checkpoint_due()  # before the check: what is kept (snapshot, checkpoint) is checked
@@ -733,14 +737,48 @@ class Trainer:
 
     def checked_step(self, inputs: torch.Tensor, targets: torch.Tensor) -> Any:
         """`train_step`, taken again where the step recheck is due (fsdp_jobs/runtime/recheck.py): its result (None:
-        a replica job's step not committed), or "sdc" where no computation of it reproduced."""
-        rechecking = self.recheck.due(self.state.step + 1)
-        if rechecking:
-            self.recheck.keep(self.state)
-        stepped = self.train_step(inputs, targets)
-        if stepped is None or not rechecking:
-            return stepped
-        return self.take_again(inputs, targets) or "sdc"
+        a replica job's step not committed), or "sdc" where no two computations of it agreed (the state before it
+        kept, the attempt ended: `sdc_end`). Where nodes were named, `named` holds what named them."""
+        recheck = self.recheck
+        if not recheck.due(self.state.step + 1):
+            return self.train_step(inputs, targets)
+        recheck.keep(self.state, self.model)
+        self.train_step(inputs, targets)  # the first computation: `confirm` compares the next with it
+        stepped, found = recheck.confirm(self.state, self.model, lambda: self.train_step(inputs, targets))
+        say = functools.partial(log, self.world.rank)
+        if found is not None and found.how == "rerun-unresolved":  # trained on from the computations that agreed
+            settle(found, self.world, self.timeline, say)
+        elif found is not None and found.how == "rerun":  # the step's row first, then the end (`end_named`)
+            self.named = found
+        elif found is not None:  # no two alike: back to the state before the step, kept, and the attempt ends
+            recheck.restore(self.state, self.model)
+            found.agreed_step = self.keep_trusted_state()
+            self.sdc_end = respond(found, self.run_dir, self.cfg, self.world, self.snapshots, self.timeline, say) \
+                if found.names_nodes else stop_unnamed(found, self.run_dir, self.world, self.timeline, say)
+            stepped = "sdc"
+        recheck.release()
+        return stepped
+
+    def end_named(self) -> None:
+        """Collective, after the step recheck named nodes: the step's rows written, its state (the computations
+        that agreed) kept where whoever takes over goes on from, and the nodes replaced or the job stopped."""
+        found = self.named
+        assert found is not None
+        self.write_rows(True)
+        found.agreed_step = self.keep_trusted_state()
+        say = functools.partial(log, self.world.rank)
+        self.sdc_end = respond(found, self.run_dir, self.cfg, self.world, self.snapshots, self.timeline, say)
+
+    def keep_trusted_state(self) -> int:
+        """Collective: the current state kept where a restart resumes from it (an in-memory snapshot, else a
+        checkpoint), every earlier save finished first; its step."""
+        self.ckpt.wait()
+        if self.snapshots.enabled:
+            self.snapshots.save(self.state, self.world.restart)
+        else:
+            self.save_checkpoint(self.state, wait=True)
+        self.ckpt.close()
+        return self.state.step
 
     def append_row(self, loss: torch.Tensor, grad_norm: Any, position: int) -> None:
         """The step's metrics row, held on the device until written (`write_rows`)."""
@@ -819,28 +857,6 @@ class Trainer:
         self.ckpt.close()  # a background save committed (then set aside) or not at all; the pruning done
         self.sdc_end = respond(found, self.run_dir, self.cfg, self.world, self.snapshots, self.timeline, say)
         return "sdc"
-
-    def take_again(self, inputs: torch.Tensor, targets: torch.Tensor) -> Optional[tuple[torch.Tensor, Any]]:
-        """Collective: the step just taken, taken again from the copy kept before it (fsdp_jobs/runtime/recheck.py):
-        the result to go on with (where nodes were named, `sdc_end` says how the attempt ends after this step);
-        None where no computation reproduced (the attempt ends: `sdc_end`)."""
-        stepped, found = self.recheck.confirm(self.state, self.model, lambda: self.train_step(inputs, targets))
-        if found is None:
-            return stepped
-        say = functools.partial(log, self.world.rank)
-        if not found.names_nodes:  # every rank moved: trained on from the computations that agreed
-            settle(found, self.world, self.timeline, say)
-            return stepped
-        if found.how == "rerun":  # the trusted state kept, so that whoever takes over goes on from it
-            if self.snapshots.enabled:
-                self.snapshots.save(self.state, self.world.restart)
-            else:
-                found.agreed_step = self.disk_step()
-        else:  # no computation to trust: back to the state before the step
-            found.agreed_step = self.state.step - 1
-        self.ckpt.close()
-        self.sdc_end = respond(found, self.run_dir, self.cfg, self.world, self.snapshots, self.timeline, say)
-        return stepped if found.how == "rerun" else None
 
     def roll_back_for(self, found: Mismatch) -> bool:
         """Collective: the state newer than the last agreed check set aside, and this process back at the newest

@@ -26,6 +26,8 @@ def test_the_computations_that_agree_on_every_rank_are_trusted_and_the_odd_one_n
     assert not reached_every_rank.names_nodes
     reproduces = judge([[A, B, C], [B, B, B], [C, C, C]])  # no two computations alike on rank 0
     assert (reproduces.ranks, reproduces.how) == ([0], "rerun-repeated") and reproduces.names_nodes
+    everywhere = judge([[A, B, C], [B, C, A], [C, A, B]])  # nondeterministic kernels look like this
+    assert (everywhere.ranks, everywhere.how) == ([0, 1, 2], "rerun-irreproducible") and not everywhere.names_nodes
 
 
 def test_a_step_taken_again_from_the_kept_copy_reproduces_the_first_and_a_flip_in_one_computation_is_found(tmp_path):
@@ -43,13 +45,13 @@ def test_a_step_taken_again_from_the_kept_copy_reproduces_the_first_and_a_flip_i
         train(state, 2)
         recheck = StepRecheck(every=3, enabled=True, device=torch.device("cpu"))
         assert [s for s in range(1, 10) if recheck.due(s)] == [3, 6, 9]
-        recheck.keep(state)
+        recheck.keep(state, state.model)
         train(state, 1)
         _, found = recheck.confirm(state, state.model, lambda: train(state, 1))
         assert found is None and (recheck.checked, recheck.reproduced) == (1, 1)
         assert state.step == 3
 
-        recheck.keep(state)
+        recheck.keep(state, state.model)
         train(state, 1)
         flip_a_bit(state.model)  # the first computation's result corrupted after its update
         calls = []
@@ -60,5 +62,38 @@ def test_a_step_taken_again_from_the_kept_copy_reproduces_the_first_and_a_flip_i
                    zip(state.model.state_dict().values(), reference.model.state_dict().values()))
         assert describe(found, []).startswith("silent data corruption: every rank did not reproduce its own state in "
                                               "one of three computations of step 4")
+    finally:
+        dist.destroy_process_group()
+
+
+def test_the_first_step_is_taken_again_without_the_moments_it_made_and_a_damaged_copy_is_never_used(tmp_path):
+    """The optimizer makes its moments in its first step: a second computation of that step starts without them
+    again. The copy is put back into the same tensors (nothing new on the device), and one that host memory
+    changed after it was made fails the rank rather than seed a computation."""
+    import pytest
+
+    from fsdp_jobs.runtime.recheck import CopyDamaged
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        state = small_state(0)
+        recheck = StepRecheck(every=1, enabled=True, device=torch.device("cpu"))
+        recheck.keep(state, state.model)
+        train(state, 1)
+        places = [p.data_ptr() for p in state.model.parameters()]
+        _, found = recheck.confirm(state, state.model, lambda: train(state, 1))
+        assert found is None and state.step == 1
+        moments = [v.data_ptr() for per in state.optimizer.state.values() for v in per.values()]
+        assert [p.data_ptr() for p in state.model.parameters()] == places
+        recheck.keep(state, state.model)
+        train(state, 1)
+        _, found = recheck.confirm(state, state.model, lambda: train(state, 1))
+        assert found is None and state.step == 2
+        assert [v.data_ptr() for per in state.optimizer.state.values() for v in per.values()] == moments
+        recheck.keep(state, state.model)
+        train(state, 1)
+        recheck.kept.host[0].view(-1).view(torch.int32)[0] ^= 1 << 20  # host memory flips a bit of the copy
+        with pytest.raises(CopyDamaged, match="no longer reads back as the state it was made of"):
+            recheck.restore(state, state.model)
     finally:
         dist.destroy_process_group()
