@@ -27,6 +27,7 @@ nondeterministic ones the first check finds three different computations and sto
 from __future__ import annotations
 
 import copy
+import time
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
@@ -91,6 +92,7 @@ class StepRecheck:
         self.device = device
         self.kept: Optional[Kept] = None
         self.checked = self.reproduced = 0  # this attempt's checks, and how many of them reproduced on every rank
+        self.spent_s = 0.0  # what they took beyond the steps' first computations: the copies, computations, prints
 
     def due(self, step: int) -> bool:
         """Whether `step` (the one about to be taken) is taken twice."""
@@ -99,6 +101,7 @@ class StepRecheck:
     def keep(self, state: Any, model: torch.nn.Module) -> None:
         """A copy of this rank's state on the host (a GPU may not hold a second one): what each further computation
         of the step starts from."""
+        began = time.perf_counter()
         live = state_tensors(model, state.optimizer) + [local(b) for b in model.buffers()]
         opt = state.optimizer
         self.kept = Kept(live, [t.detach().to("cpu", copy=True) for t in live],
@@ -106,6 +109,7 @@ class StepRecheck:
                          copy.deepcopy(state.scheduler.state_dict()), (state.step, state.samples_seen),
                          torch.get_rng_state(), torch.cuda.get_rng_state(self.device)
                          if self.device.type == "cuda" else None, bool(opt.state), self.print_of(state, model))
+        self.spent_s += time.perf_counter() - began
 
     def restore(self, state: Any, model: torch.nn.Module) -> None:
         """`state` back to the kept copy, in place: the same tensors (the step updates them in place), so nothing
@@ -144,6 +148,14 @@ class StepRecheck:
         trusted one where two agreed) and what was found (None: every rank reproduced its own; the Mismatch's step
         is the state's). The kept copy stays until `release`: a verdict with no two computations alike goes back
         to it."""
+        began = time.perf_counter()
+        try:
+            return self.compare(state, model, step_again)
+        finally:
+            self.spent_s += time.perf_counter() - began
+
+    def compare(self, state: Any, model: torch.nn.Module, step_again: Callable[[], Any]
+                ) -> tuple[Any, Optional[Mismatch]]:
         mine = [self.print_of(state, model)]
         result = self.again(state, model, step_again, mine)
         self.checked += 1

@@ -939,8 +939,10 @@ class Trainer:
             log(rank, f"replica check: every shard's replicas agreed at {self.agreement.agreed} of the "
                       f"{self.agreement.checked} steps checked in this attempt")
         if rank == 0 and self.recheck.every:
+            each = self.recheck.spent_s / max(self.recheck.checked, 1)
             log(rank, f"step recheck: {self.recheck.reproduced} of the {self.recheck.checked} steps taken again in "
-                      f"this attempt reproduced on every rank (fault.sdc_recompute_interval={self.recheck.every})")
+                      f"this attempt reproduced on every rank (fault.sdc_recompute_interval={self.recheck.every}; "
+                      f"{each:.3f} s a check on this rank)")
         if rank == 0 and writer and stopped_by != "nonfinite":  # that one recorded its failure (after_nonfinite)
             saved = newest_checkpoint(self.run_dir)  # the final save may have failed (a full disk): say which
             if saved != step_dir(self.ckpt.root, state.step) and (self.ccfg.save_final or stopped_by):
