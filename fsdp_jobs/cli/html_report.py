@@ -163,18 +163,24 @@ def timeline_incidents(run_dir: Path) -> list[Incident]:
 
 
 def _sdc_line(e: dict[str, Any]) -> str:
-    """A replica agreement check's event, in words (the named_by of older events is missing: by_majority says)."""
+    """A replica agreement check's or step recheck's event, in words (the named_by of older events is missing:
+    by_majority says; so is their `how`)."""
     named_by = e.get("named_by", "majority" if e.get("by_majority") else "pair")
     how = {"majority": " (named by majority)", "recomputation": " (named by recomputing the steps)",
            "repeated": " (again when recomputed: a fault that reproduces)",
            "pair": " (two replicas, no majority: recomputing)", "rerun": " (named by taking the step again)",
            "rerun-repeated": " (taken three times, no two alike: a fault that reproduces)"}.get(named_by or "",
                                                                                           " (no node named)")
-    ranks = [str(r) for r in e.get("ranks") or []] if e.get("ranks") != "all" else ["every rank"]
+    ranks = [str(r) for r in e.get("ranks") or []]
     shown = ", ".join(ranks[:8]) + (f" and {len(ranks) - 8} more" if len(ranks) > 8 else "")
-    then = "went on from" if e.get("agreed_step") == e.get("step") else "rolled back to"
-    return (f"silent data corruption: rank(s) {shown} on {', '.join(e.get('nodes') or []) or 'their nodes'} "
-            f"disagreed at step {e.get('step')}{how}; {then} step {e.get('agreed_step')}")
+    who = "every rank" if e.get("ranks") == "all" else \
+        f"rank(s) {shown} on {', '.join(e.get('nodes') or []) or 'their nodes'}"
+    if e.get("how") == "rerun-irreproducible":
+        then = "stopped, the state before it kept"
+    else:
+        then = "went on from" if e.get("agreed_step") == e.get("step") else "rolled back to"
+        then = f"{then} step {e.get('agreed_step')}"
+    return f"silent data corruption: {who} disagreed at step {e.get('step')}{how}; {then}"
 
 
 def _attempt_began_in_its_launch(t: float, started: list[float], launches: list[float]) -> bool:

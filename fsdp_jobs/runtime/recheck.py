@@ -74,7 +74,7 @@ class Kept:
     progress: tuple[int, int]
     rng: torch.Tensor
     cuda_rng: Optional[torch.Tensor]
-    moments: bool  # the optimizer had its state before the step (the first step makes it)
+    with_state: list[Any]  # the parameters the optimizer held state for (a parameter's first update makes it)
     print: tuple[int, int]
 
 
@@ -108,17 +108,18 @@ class StepRecheck:
                          copy.deepcopy([{k: v for k, v in g.items() if k != "params"} for g in opt.param_groups]),
                          copy.deepcopy(state.scheduler.state_dict()), (state.step, state.samples_seen),
                          torch.get_rng_state(), torch.cuda.get_rng_state(self.device)
-                         if self.device.type == "cuda" else None, bool(opt.state), self.print_of(state, model))
+                         if self.device.type == "cuda" else None, list(opt.state), self.print_of(state, model))
         self.spent_s += time.perf_counter() - began
 
-    def restore(self, state: Any, model: torch.nn.Module) -> None:
+    def restore(self, state: Any, model: torch.nn.Module) -> bool:
         """`state` back to the kept copy, in place: the same tensors (the step updates them in place), so nothing
-        is allocated on the device. Raises CopyDamaged where the state does not read back as it was."""
+        is allocated on the device. False where the state does not read back as it was (its fingerprint)."""
         kept = self.kept
         assert kept is not None
         opt = state.optimizer
-        if not kept.moments:  # the step made them: the next computation makes them again
-            opt.state.clear()
+        held = {id(p) for p in kept.with_state}
+        for param in [p for p in opt.state if id(p) not in held]:  # the step made it: the next makes it again
+            del opt.state[param]
         with torch.no_grad():
             for t, h in zip(kept.live, kept.host):
                 t.copy_(h)
@@ -129,10 +130,7 @@ class StepRecheck:
         torch.set_rng_state(kept.rng)
         if kept.cuda_rng is not None:
             torch.cuda.set_rng_state(kept.cuda_rng, self.device)
-        if self.print_of(state, model) != kept.print:
-            raise CopyDamaged(f"the host copy of this rank's state before step {state.step + 1} (the step recheck, "
-                              "fault.sdc_recompute_interval) no longer reads back as the state it was made of: host "
-                              "memory corrupted it; the job restarts from its last kept state")
+        return self.print_of(state, model) == kept.print
 
     def release(self) -> None:
         self.kept = None
@@ -172,11 +170,21 @@ class StepRecheck:
         return result, found
 
     def again(self, state: Any, model: torch.nn.Module, step_again: Callable[[], Any], prints: Prints) -> Any:
-        """The step taken once more from the kept copy; its fingerprint appended to `prints`."""
-        self.restore(state, model)
+        """Collective: the step taken once more from the kept copy; its fingerprint appended to `prints`."""
+        self.put_back(state, model)
         result = step_again()
         prints.append(self.print_of(state, model))
         return result
+
+    def put_back(self, state: Any, model: torch.nn.Module) -> None:
+        """Collective: `restore`; raises CopyDamaged on every rank where any rank's copy did not read back as its
+        state was (every rank at once: the others would wait in the step's collectives for one that failed)."""
+        whole = self.restore(state, model)
+        if self.any_rank(not whole):
+            raise CopyDamaged(f"the host copy of the state before step {state.step + 1} (the step recheck, "
+                              f"fault.sdc_recompute_interval) no longer reads back as the state it was made of on "
+                              f"{'this rank' if not whole else 'another rank'}: host memory corrupted it; the job "
+                              "restarts from its last kept state")
 
     def any_rank(self, mine: bool) -> bool:
         """Collective: whether any rank says so (one all-reduce of 8 bytes)."""

@@ -304,9 +304,15 @@ class ReplicaAgreement:
 
 
 # ---------------------------------------------------------------------- what happens then
+def shortened(names: list[Any], shown: int = 8) -> str:
+    """The first `shown` of a list, and how many more: a line names every rank of a 1,024-node job no better."""
+    more = f" and {len(names) - shown} more" if len(names) > shown else ""
+    return ", ".join(map(str, names[:shown])) + more
+
+
 def describe(found: Mismatch, nodes: list[str]) -> str:
     """The one line that says what a check found."""
-    who = f"silent data corruption: rank(s) {', '.join(map(str, found.ranks))} on {', '.join(nodes)} " \
+    who = f"silent data corruption: rank(s) {shortened(found.ranks)} on {shortened(nodes)} " \
         if found.how not in ("rerun-unresolved", "rerun-irreproducible") else "silent data corruption: every rank "
     since = f"(the last check that agreed: step {found.agreed_step})"
     return who + {
@@ -343,21 +349,23 @@ def settle(found: Mismatch, world: Any, timeline: Any, say: Callable[[str], None
     """A recomputation that agreed but named no node: recorded and said; no collective."""
     if world.rank == 0:
         timeline.event("sdc", step=found.step, agreed_step=found.agreed_step, ranks=recorded_ranks(found, world),
-                       nodes=[], by_majority=False, named_by=None)
+                       nodes=[], by_majority=False, named_by=None, how=found.how)
     say(describe(found, ["their nodes"]))
 
 
-def stop_unnamed(found: Mismatch, run_dir: Path, world: Any, timeline: Any, say: Callable[[str], None]
-                 ) -> tuple[int, str]:
+def stop_unnamed(found: Mismatch, run_dir: Path, world: Any, snapshots: Any, timeline: Any,
+                 say: Callable[[str], None]) -> tuple[int, str]:
     """A step recheck with no two computations alike on every rank: no node to name, none to exclude; recorded,
-    and the job stops (the ranks exit 0 so that no restart repeats it: the run's record says it failed).
-    Returns the ranks' exit status and the attempt's end."""
+    and the job stops (the ranks exit 0 so that no restart repeats it: the run's record says it failed), its
+    snapshots' buddy copies finished first. Returns the ranks' exit status and the attempt's end."""
     line = describe(found, [])
+    stop = f"{line}; stopped before step {found.step}, the state of step {found.agreed_step} kept"
+    snapshots.close()
     if world.rank == 0:
         timeline.event("sdc", step=found.step, agreed_step=found.agreed_step, ranks=recorded_ranks(found, world),
-                       nodes=[], by_majority=False, named_by=None)
-        runs.write_state(run_dir, status="failed", reason=f"{line}; stopped"[:1000], step=found.step, stage="sdc")
-    say(f"{line}; stopped at step {found.agreed_step}, the state before it kept")
+                       nodes=[], by_majority=False, named_by=None, how=found.how)
+        runs.write_state(run_dir, status="failed", reason=stop[:1000], step=found.agreed_step, stage="sdc")
+    say(stop)
     return 0, f"failed: {line}"
 
 
@@ -386,7 +394,8 @@ def set_aside_newer(found: Mismatch, run_dir: Path, world: Any, snapshots: Any, 
                 except FileNotFoundError:  # removed meanwhile (keep_last): nothing to set aside
                     pass
         timeline.event("sdc", step=found.step, agreed_step=agreed, ranks=recorded_ranks(found, world), nodes=nodes,
-                       by_majority=found.how == "majority", named_by=found.how if found.names_nodes else None)
+                       by_majority=found.how == "majority", named_by=found.how if found.names_nodes else None,
+                       how=found.how)
     dist.barrier()  # the state set aside before any rank goes on
     return line, where
 
@@ -408,11 +417,12 @@ def respond(found: Mismatch, run_dir: Path, cfg: Any, world: Any, snapshots: Any
             replaced.record(run_dir, ReplacedNodes(time=time.time(), nodes=nodes, reason=line[:1000],
                                                    restart=world.restart, named_by=CHECK_NAMES[found.how.startswith("rerun")]))
         back = f"going on from step {agreed}" if agreed == found.step else f"rolling back to step {agreed}"
-        say(f"{line}; {back}, and a hot spare takes the place of {', '.join(nodes)}")
-        return REPLACED_EXIT, f"failed: {line}; hot spares replace {', '.join(nodes)}"
-    stop = f"{line}; stopped: {why_not or 'no hot spare (cluster.spare_nodes)'} to take the place of {', '.join(nodes)}"
+        say(f"{line}; {back}, and a hot spare takes the place of {shortened(nodes)}")
+        return REPLACED_EXIT, f"failed: {line}; hot spares replace {shortened(nodes)}"
+    stop = f"{line}; stopped: {why_not or 'no hot spare (cluster.spare_nodes)'} to take the place of {shortened(nodes)}"
     if world.rank == 0:
-        runs.write_state(run_dir, status="failed", reason=stop[:1000], step=found.step, stage="sdc", bad_nodes=nodes,
+        runs.write_state(run_dir, status="failed", reason=stop[:1000], step=found.step if agreed is None else agreed,
+                         stage="sdc", bad_nodes=nodes,
                          exclude=nodes)  # stage: a requeue that leaves named nodes out does (cluster.exclude_bad_nodes)
     say(stop)
     return 0, f"failed: {line}"

@@ -249,6 +249,8 @@ class Trainer:
     def bring_up(self) -> None:
         """Process group on the world torchrun started, this rank's record, the configured mesh."""
         world = read_world(self.cfg.cluster.device, replica_groups(self.cfg))
+        if self.cfg.fault.sdc_recompute_interval and world.device.type == "cuda":  # the step recheck's computations
+            os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # bitwise alike: read as cuBLAS starts
         # the goodput timeline is rank 0's; of a replica job, the first group's
         self.timeline = Timeline(self.run_dir, enabled=world.job_rank == 0, restart=world.restart)
         began = time.time()
@@ -356,8 +358,7 @@ class Trainer:
         self.recheck = StepRecheck(self.cfg.fault.sdc_recompute_interval,
                                    not self.agreement.enabled and not self.replicas.enabled, self.world.device)
         if self.recheck.every and self.world.device.type == "cuda":  # its computations must be bitwise alike
-            os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # read when cuBLAS starts: before any step
-            torch.use_deterministic_algorithms(True, warn_only=True)
+            torch.use_deterministic_algorithms(True, warn_only=True)  # (cuBLAS's workspace: bring_up)
         resuming = self.ccfg.resume and not joining
         self.memory_plan = self.snapshots.plan_restore(self.disk_step()) if resuming else None
         self.resume_from = self.ckpt.find_latest() if resuming and self.memory_plan is None else None
@@ -751,10 +752,12 @@ class Trainer:
         elif found is not None and found.how == "rerun":  # the step's row first, then the end (`end_named`)
             self.named = found
         elif found is not None:  # no two alike: back to the state before the step, kept, and the attempt ends
-            recheck.restore(self.state, self.model)
+            recheck.put_back(self.state, self.model)
+            self.write_rows(True)  # the rows before the step
             found.agreed_step = self.keep_trusted_state()
             self.sdc_end = respond(found, self.run_dir, self.cfg, self.world, self.snapshots, self.timeline, say) \
-                if found.names_nodes else stop_unnamed(found, self.run_dir, self.world, self.timeline, say)
+                if found.names_nodes else stop_unnamed(found, self.run_dir, self.world, self.snapshots, self.timeline,
+                                                       say)
             stepped = "sdc"
         recheck.release()
         return stepped
@@ -770,13 +773,13 @@ class Trainer:
         self.sdc_end = respond(found, self.run_dir, self.cfg, self.world, self.snapshots, self.timeline, say)
 
     def keep_trusted_state(self) -> int:
-        """Collective: the current state kept where a restart resumes from it (an in-memory snapshot, else a
-        checkpoint), every earlier save finished first; its step."""
+        """Collective: the current state kept where any restart resumes from it: a checkpoint, which outlives the
+        nodes (a stopped job's, a replaced node's without buddy copies), and an in-memory snapshot for a restart
+        on the same nodes; every earlier save finished first. Its step."""
         self.ckpt.wait()
         if self.snapshots.enabled:
             self.snapshots.save(self.state, self.world.restart)
-        else:
-            self.save_checkpoint(self.state, wait=True)
+        self.save_checkpoint(self.state, wait=True)
         self.ckpt.close()
         return self.state.step
 

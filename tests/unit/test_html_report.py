@@ -157,3 +157,17 @@ def test_a_new_launchs_nodes_are_not_joins_but_a_node_after_its_launchs_first_at
     assert joined(150.0, [105.0, 230.0], [100.0, 200.0])  # during the first launch's attempt: a grow, a spare
     assert not joined(201.0, [105.0, 230.0], [100.0, 200.0])  # a resubmission's node: a new job starting
     assert joined(240.0, [105.0, 230.0], [100.0, 200.0])  # after the resubmission's own first attempt
+
+
+def test_a_step_rechecks_incidents_say_who_moved_and_what_the_job_did():
+    """fsdp_jobs/runtime/recheck.py's events: a named rank goes on from the step it kept; every rank moving names
+    none ("all", not 8,192 numbers), and where no two computations agreed the job stopped at the state before."""
+    from fsdp_jobs.cli.html_report import _sdc_line
+
+    named = {"step": 10, "agreed_step": 10, "ranks": [1], "nodes": ["node1"], "named_by": "rerun", "how": "rerun"}
+    assert _sdc_line(named) == ("silent data corruption: rank(s) 1 on node1 disagreed at step 10 (named by taking "
+                                "the step again); went on from step 10")
+    stopped = {"step": 10, "agreed_step": 9, "ranks": "all", "nodes": [], "named_by": None,
+               "how": "rerun-irreproducible"}
+    assert _sdc_line(stopped) == ("silent data corruption: every rank disagreed at step 10 (no node named); stopped, "
+                                  "the state before it kept")

@@ -67,8 +67,8 @@ def test_a_step_taken_again_from_the_kept_copy_reproduces_the_first_and_a_flip_i
 
 
 def test_the_first_step_is_taken_again_without_the_moments_it_made_and_a_damaged_copy_is_never_used(tmp_path):
-    """The optimizer makes its moments in its first step: a second computation of that step starts without them
-    again. The copy is put back into the same tensors (nothing new on the device), and one that host memory
+    """The optimizer makes a parameter's moments in its first update (the first step; a layer unfrozen later): a
+    second computation of that step starts without them again. The copy is put back into the same tensors (nothing new on the device), and one that host memory
     changed after it was made fails the rank rather than seed a computation."""
     import pytest
 
@@ -92,8 +92,21 @@ def test_the_first_step_is_taken_again_without_the_moments_it_made_and_a_damaged
         assert [v.data_ptr() for per in state.optimizer.state.values() for v in per.values()] == moments
         recheck.keep(state, state.model)
         train(state, 1)
+        unfrozen = small_state(1)
+        for p in unfrozen.model[1].parameters():  # a layer trained from here on: its first update in a checked step
+            p.requires_grad_(False)
+        train(unfrozen, 1)
+        for p in unfrozen.model[1].parameters():
+            p.requires_grad_(True)
+        assert len(unfrozen.optimizer.state) == 2
+        recheck.keep(unfrozen, unfrozen.model)
+        train(unfrozen, 1)
+        _, found = recheck.confirm(unfrozen, unfrozen.model, lambda: train(unfrozen, 1))
+        assert found is None and len(unfrozen.optimizer.state) == 4
+        recheck.keep(state, state.model)
+        train(state, 1)
         recheck.kept.host[0].view(-1).view(torch.int32)[0] ^= 1 << 20  # host memory flips a bit of the copy
-        with pytest.raises(CopyDamaged, match="no longer reads back as the state it was made of"):
-            recheck.restore(state, state.model)
+        with pytest.raises(CopyDamaged, match="no longer reads back as the state it was made of on this rank"):
+            recheck.put_back(state, state.model)
     finally:
         dist.destroy_process_group()
