@@ -28,6 +28,9 @@ KNOWN = {
                                               "node rank (K >= 1) not serving the rendezvous store take 3x as long",
     "FSDP_JOBS_TEST_CORRUPT_AT": "STEP:RANK: that rank flips a bit of its parameter shard after that step's update "
                                  "(first attempt; RANK -1: the last rank not on the rendezvous store's node)",
+    "FSDP_JOBS_TEST_UNREPRODUCIBLE_FROM_STEP": "from this step on every rank scales its loss by a random factor "
+                                               "near 1 before the backward: no computation of a step reproduces "
+                                               "another (as kernels that are not deterministic)",
 }
 STEP_AND_RANK = ("FSDP_JOBS_TEST_CORRUPT_AT",)  # these take STEP:RANK
 UNITS = (("_MS", "milliseconds"), ("_S", "seconds"), ("_RANK", "a node rank"))  # by name suffix; else a step

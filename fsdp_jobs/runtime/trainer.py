@@ -61,6 +61,7 @@ REJOIN_DELAY_ENV = "FSDP_JOBS_TEST_REJOIN_DELAY_S"
 # test-only pacing: tests that wait on the clock (a controller restart, a time limit) need a job that keeps
 # stepping, not one that steps as fast as it can; on CI's 2 cores the steps' CPU slowed every other test
 STEP_PAUSE_ENV = "FSDP_JOBS_TEST_STEP_PAUSE_MS"
+UNREPRODUCIBLE_ENV = "FSDP_JOBS_TEST_UNREPRODUCIBLE_FROM_STEP"
 MAX_ROLLBACKS = 2  # train.on_nonfinite=rollback: a third non-finite step in one attempt stops the job
 PROBE_TOKENS = 16  # positions per probe sequence: enough to check an export, small at any vocab size
 
@@ -198,6 +199,7 @@ class Trainer:
         self.heartbeat: Optional[heartbeat.Heartbeat] = None
         self.joining = False  # fault_tolerance=replica: other groups train already; recover from them
         self.poisoned = False  # test fault injection: the current batch makes the loss NaN
+        self.unreproducible_from = 0  # test fault injection: no step from this one on reproduces (UNREPRODUCIBLE_ENV)
         self.nonfinite: Optional[torch.Tensor] = None  # the last step's loss or grad norm was not finite (device)
         self.rollbacks = 0  # train.on_nonfinite=rollback, in this attempt
         self.auto: Optional[interval.Planner] = None  # checkpoint.interval=auto's, opened by prepare_loop
@@ -523,6 +525,7 @@ class Trainer:
         self.corrupt_at = corrupt_target(faults.name(CORRUPT_AT_ENV), world)
         self.corrupt_requests = CorruptRequests()
         self.pause_s = faults.step(STEP_PAUSE_ENV) / 1000
+        self.unreproducible_from = faults.step(UNREPRODUCIBLE_ENV)
         poison_step = faults.step(NONFINITE_AT_STEP_ENV)  # the data position that step takes from scratch
         self.poison_position = (poison_step - 1) * self.global_batch if poison_step else None
         if world.rank == 0 and self.replicas.writer:
@@ -546,6 +549,8 @@ class Trainer:
             loss = F.cross_entropy(logits.flatten(0, 1).float(), targets[rows].flatten())
             if self.poisoned:  # test fault injection: this batch makes the loss NaN (NONFINITE_AT_STEP_ENV)
                 loss = loss * float("nan")
+            if self.unreproducible_from and state.step + 1 >= self.unreproducible_from:  # test fault injection
+                loss = loss * (1 + int.from_bytes(os.urandom(2), "little") * 1e-9)  # (UNREPRODUCIBLE_ENV)
             (loss / accum if accum > 1 else loss).backward()
             step_loss = loss.detach() if step_loss is None else step_loss + loss.detach()
         assert step_loss is not None

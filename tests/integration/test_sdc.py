@@ -174,3 +174,27 @@ def test_without_replicas_a_step_taken_again_names_the_flipped_node_and_a_spare_
     assert named not in trained and len(trained) == 2, trained
     assert losses(run_dir) == losses(ref)
     assert_same_state(ref / "checkpoints" / "step-000030", run_dir / "checkpoints" / "step-000030")
+
+
+def test_a_step_no_two_computations_of_which_agree_stops_the_job_at_the_state_before_it(run_root):
+    """full_shard on 2 nodes x 1, a step taken again every 5 steps, and from step 9 on no computation reproduces
+    another on any rank (FSDP_JOBS_TEST_UNREPRODUCIBLE_FROM_STEP: as kernels that are not deterministic). Step 10's
+    three computations differ on every rank: no node is named and none excluded; the job stops (exit 1) before
+    step 10 with the state of step 9 kept as a checkpoint, and its record, `status` and the incident say so."""
+    one_group = ("nodes=2", "gpus_per_node=1", "fsdp=full_shard", "train.global_batch_size=2",
+                 "train.micro_batch_per_rank=1")
+    r = cli(f"run_root={run_root}", "name=unrepro", *one_group, *TRAINING, "fault.sdc_recompute_interval=5",
+            env={"FSDP_JOBS_TEST_UNREPRODUCIBLE_FROM_STEP": "9"})
+    out = r.stdout + r.stderr
+    assert r.returncode == 1, out[-4000:]
+    run_dir = run_root / "unrepro"
+    [found] = events(run_dir, "sdc")
+    assert (found["step"], found["agreed_step"], found["ranks"], found["nodes"], found["how"]) == (
+        10, 9, "all", [], "rerun-irreproducible"), found
+    assert ("silent data corruption: every rank did not reproduce its own state in any two of three computations of "
+            "step 10 from the same state") in out, out[-4000:]
+    assert "stopped before step 10, the state of step 9 kept" in out, out[-4000:]
+    assert [p.name for p in (run_dir / "checkpoints").glob("step-*")] == ["step-000009"]
+    status = json.loads(cli("status", "unrepro", "--run-root", str(run_root)).stdout)
+    assert status["state"] == "FAILED" and status["train"]["step"] == 9, status
+    assert not status["train"].get("bad_nodes") and not status["train"].get("exclude"), status
