@@ -541,6 +541,66 @@ def report_nodes_that_left_the_round() -> None:
     SimpleElasticAgent._restart_workers = restart_unreported
 
 
+
+# A node cut off from the network for longer than torch's keep-alive expiry is dropped from its rendezvous round
+# by the others' reads of the state; their watchdogs then restart their ranks, and the round, emptied of its
+# participants, moves on. Torch's monitor loop tells this node's agent nothing of it: it counts only the nodes
+# waiting for a next round (`num_nodes_waiting`), and the others join the new round as its participants, not
+# its wait list. So its ranks waited in a collective with processes already gone, until a retransmitted segment
+# drew a reset from a dead peer (seconds after the heal, by the TCP backoff of the cut) or its own watchdog's hang
+# timeout (`fault.hang_timeout_s`) killed them. The agent's first read of the state after the heal now sees the
+# round it joined is gone, SIGKILLs its ranks (no collective they are in can finish, and a SIGTERM is a flag
+# never seen inside a blocked one: pitfall 29; the node's snapshots outlive them) and restarts them into the new
+# round, as torch restarts for a node waiting. Not while the rendezvous is closed (the job is ending).
+def join_the_round_that_went_on_without_this_node() -> None:
+    import signal
+
+    from torch.distributed.elastic.agent.server.api import SimpleElasticAgent
+    from torch.distributed.elastic.rendezvous.dynamic_rendezvous import DynamicRendezvousHandler
+
+    from fsdp_jobs.launchers.node.wrapper import NODE_ENV
+
+    next_rendezvous, num_nodes_waiting = DynamicRendezvousHandler.next_rendezvous, DynamicRendezvousHandler.num_nodes_waiting
+    restart = SimpleElasticAgent._restart_workers
+
+    def next_rendezvous_noted(handler: Any) -> Any:
+        result = next_rendezvous(handler)
+        with handler._heartbeat_lock:
+            handler._fsdp_jobs_joined_round = handler._state_holder.state.round
+        return result
+
+    def waiting_or_left_behind(handler: Any) -> int:
+        waiting = num_nodes_waiting(handler)  # torch's read of the state (cached), then ours of the same
+        if waiting or getattr(handler, "_fsdp_jobs_joined_round", None) is None:
+            return waiting
+        with handler._heartbeat_lock:
+            state = handler._state_holder.state
+            went_on = not state.closed and state.round != handler._fsdp_jobs_joined_round
+        if went_on:
+            handler._fsdp_jobs_left_behind = (handler._fsdp_jobs_joined_round, state.round)
+        return 1 if went_on else 0
+
+    def restart_left_behind(agent: Any, worker_group: Any) -> None:
+        rounds = getattr(worker_group.spec.rdzv_handler, "_fsdp_jobs_left_behind", None)
+        if rounds is not None:
+            worker_group.spec.rdzv_handler._fsdp_jobs_left_behind = None
+            node = os.environ.get(NODE_ENV) or "this node"
+            print(f"fsdp-jobs: {node}: the other nodes went on to rendezvous round {rounds[1]} without it (dropped "
+                  f"from round {rounds[0]} when its agent stopped beating: cut off from the network, or paused); "
+                  "its ranks cannot finish a collective with them: killed, restarting them into the new round",
+                  flush=True)
+            for pid in (agent._pcontext.pids().values() if agent._pcontext is not None else ()):
+                try:
+                    os.kill(pid, signal.SIGKILL)  # torch's stop, next, reaps them
+                except ProcessLookupError:
+                    pass
+        return restart(agent, worker_group)
+
+    DynamicRendezvousHandler.next_rendezvous = next_rendezvous_noted
+    DynamicRendezvousHandler.num_nodes_waiting = waiting_or_left_behind
+    SimpleElasticAgent._restart_workers = restart_left_behind
+
+
 # fsdp_jobs/ARCHITECTURE.md, pitfall 35. With fewer nodes allowed than wanted (cluster.min_nodes below nodes),
 # torch's rendezvous waits last_call_timeout (30 s) for the rest once min_nodes have joined, at every round: the
 # first, where nodes come up minutes apart, and every round after a failure, where the agents of the round before
@@ -671,6 +731,7 @@ def main() -> None:
     end_a_waiting_node_when_the_job_completed()
     tell_the_ranks_who_hosts_the_store()
     report_nodes_that_left_the_round()
+    join_the_round_that_went_on_without_this_node()
     let_the_store_host_leave_last()
     stop_heartbeats_on_a_stop()
     quiet_planned_stops()

@@ -315,6 +315,65 @@ def test_an_agent_tells_its_watchdog_which_node_left_its_round_by_our_name(tmp_p
     host._stop_heartbeats()
 
 
+def test_a_node_dropped_from_its_round_restarts_its_ranks_once_the_others_went_on_without_it(monkeypatch, capsys):
+    """A node cut off past the keep-alive expiry is dropped from the round; the others' watchdogs restart their
+    ranks into a new round, as participants, so torch's `num_nodes_waiting` tells the dropped agent nothing and
+    its ranks waited in a dead collective until a TCP reset or its own hang timeout. Its agent's first read after
+    the heal now restarts them (SIGKILL, then torch's restart), and not before the others went on: a node only
+    dropped may still be in collectives that finish."""
+    import subprocess
+    import threading
+    import time
+
+    from torch.distributed.elastic.agent.server.api import SimpleElasticAgent
+    from torch.distributed.elastic.rendezvous.dynamic_rendezvous import DynamicRendezvousHandler
+
+    from fsdp_jobs.launchers.node import agent
+    from fsdp_jobs.launchers.node.wrapper import NODE_ENV
+
+    for name in ("next_rendezvous", "num_nodes_waiting"):
+        monkeypatch.setattr(DynamicRendezvousHandler, name, getattr(DynamicRendezvousHandler, name))  # undone after
+    restarted = []
+    monkeypatch.setattr(SimpleElasticAgent, "_restart_workers", lambda agent_, group: restarted.append(group))
+    monkeypatch.setenv(NODE_ENV, "node1")
+    agent.join_the_round_that_went_on_without_this_node()
+    host, cut = _joined_pair(monkeypatch, keep_alive_interval=1, keep_alive_max_attempt=2)
+    cut._stop_heartbeats()  # its beats no longer reach the store
+    deadline = time.time() + 10
+    while cut._this_node in host._state_holder.state.participants and time.time() < deadline:
+        assert host.num_nodes_waiting() == 0
+        time.sleep(0.1)
+    assert cut._this_node not in host._state_holder.state.participants  # dropped by the host's read
+    time.sleep(0.2)
+    assert cut.num_nodes_waiting() == 0  # dropped, but the round has not moved on: nothing restarts
+    moved_on = threading.Thread(target=host.next_rendezvous)  # the host's watchdog restarted its ranks
+    moved_on.start()
+    while (waiting := cut.num_nodes_waiting()) == 0 and time.time() < deadline:
+        time.sleep(0.1)
+    assert waiting == 1  # what torch's monitor loop restarts the workers for
+    rank = subprocess.Popen(["sleep", "60"])  # a rank in a collective with the processes gone
+
+    class Group:
+        class spec:
+            rdzv_handler = cut
+
+    class Agent:
+        class _pcontext:
+            pids = staticmethod(lambda: {0: rank.pid})
+
+    SimpleElasticAgent._restart_workers(Agent, Group)
+    assert rank.wait(5) == -9 and restarted == [Group]
+    out = capsys.readouterr().out
+    assert "fsdp-jobs: node1: the other nodes went on to rendezvous round 1 without it (dropped from round 0" in out
+    cut.next_rendezvous()  # torch's restart joins the new round, which then completes
+    moved_on.join(30)
+    assert not moved_on.is_alive() and cut.num_nodes_waiting() == 0  # back in the round: no second restart
+    SimpleElasticAgent._restart_workers(Agent, Group)  # an ordinary restart kills nothing itself
+    assert restarted == [Group, Group] and "went on" not in capsys.readouterr().out
+    for h in (host, cut):
+        h._stop_heartbeats()
+
+
 def test_the_store_host_waits_for_exactly_its_nodes_and_no_longer_than_linger_s():
     """An agent that died never says it left: the host gives up after linger_s (LINGER_S: 10 s). A node that
     was not in the host's last rendezvous state (too late for the last round) does not stand in for one."""
