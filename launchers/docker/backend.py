@@ -41,9 +41,9 @@ from fsdp_jobs.planning.chaos_kinds import DEFAULT_BIT, ChaosKind
 from fsdp_jobs.launchers.common import (NODE_WRAPPER, lighthouse_command, lighthouse_port, python_path,
                               rank_entry, rank_env, replica_env, replica_group, runtime_env, torchrun_args,
                               user_code_dir)
-from fsdp_jobs.launchers.docker.engine import (COMPOSE_FILE, DOWN_TIMEOUT_S, RESULT_FILE, SKEL_IMAGE, compose_command, container_user,
-                                     containers, docker, docker_dir, engine_error, ensure_skel_image, give_to, last_exit,
-                                     read_result)
+from fsdp_jobs.launchers.docker.engine import (COMPOSE_FILE, DOWN_TIMEOUT_S, RESULT_FILE, SKEL_IMAGE,
+                                     compose_command, container_user, containers, docker, docker_dir, engine_error,
+                                     engine_kernel, ensure_skel_image, give_to, last_exit, read_result, tcp_rto_max_ms)
 from fsdp_jobs.launchers.node.wrapper import ENGINE_RESTARTS_ENV
 from fsdp_jobs.launchers.supervisor import stop_signals
 from fsdp_jobs.launchers.snapshot import PROJECT_ROOT, next_snapshot_dir, take_snapshot, take_user_code
@@ -104,8 +104,10 @@ def compose_text(compose: dict[str, Any]) -> str:
     return yaml.dump(compose, Dumper=getattr(yaml, "CSafeDumper", yaml.SafeDumper), sort_keys=False)
 
 
-def compose_spec(plan: Plan, cfg: JobConfig, code_dir: Path, user_dir: Optional[Path] = None) -> dict[str, Any]:
-    """The compose file: one service per node on one private bridge network."""
+def compose_spec(plan: Plan, cfg: JobConfig, code_dir: Path, user_dir: Optional[Path] = None,
+                 rto_max_ms: Optional[int] = None) -> dict[str, Any]:
+    """The compose file: one service per node on one private bridge network; rto_max_ms: the nodes'
+    net.ipv4.tcp_rto_max_ms (engine.tcp_rto_max_ms), None for the kernel's."""
     c = cfg.cluster
     run_dir = plan.run_dir
     port = c.rdzv_port or DEFAULT_RDZV_PORT
@@ -168,6 +170,8 @@ def compose_spec(plan: Plan, cfg: JobConfig, code_dir: Path, user_dir: Optional[
         services[f"node{i}"] = service
     if plan.replicas is not None:
         services[LIGHTHOUSE] = lighthouse_service(plan, cfg, python, volumes, user, code_dir)
+    for service in services.values() if rto_max_ms is not None else ():
+        service["sysctls"] = {"net.ipv4.tcp_rto_max_ms": rto_max_ms}
     network = {"driver": "bridge", "labels": {LABEL: run_dir}}
     if c.internal_network:
         network["internal"] = True
@@ -253,6 +257,7 @@ class DockerBackend(Backend[DockerRequest]):
         if not shutil.which(compose_command(cfg)[0]):
             raise UserError("cluster.compose", cfg.cluster.compose, "no docker compose here; install docker-compose "
                                                                     "(Debian: apt-get install docker-compose)")
+        tcp_rto_max_ms(cfg.cluster.tcp_rto_max_ms, engine_kernel(), strict=True)
         live = containers(project_name(Path(plan.run_dir)))
         if live:
             raise UserError("name", plan.name, f"run already has {len(live)} containers; cancel it "
@@ -262,7 +267,7 @@ class DockerBackend(Backend[DockerRequest]):
         run_dir = Path(plan.run_dir)
         code_dir = next_snapshot_dir(run_dir) if cfg.cluster.snapshot_code else PROJECT_ROOT
         user_dir = user_code_dir(cfg, run_dir)
-        spec = compose_spec(plan, cfg, code_dir, user_dir)
+        spec = compose_spec(plan, cfg, code_dir, user_dir, tcp_rto_max_ms(cfg.cluster.tcp_rto_max_ms, engine_kernel()))
         project = project_name(run_dir)
         file = docker_dir(run_dir) / COMPOSE_FILE
         compose = compose_command(cfg)

@@ -8,6 +8,7 @@ import datetime
 import io
 import json
 import os
+import re
 import shlex
 import subprocess
 import tarfile
@@ -65,6 +66,34 @@ def engine_error() -> Optional[str]:
         lines = r.stderr.decode(errors="replace").strip().splitlines()
         return lines[-1][:200] if lines else "docker version failed"
     return None
+
+
+RTO_MAX_SINCE = (6, 15)  # the first Linux with net.ipv4.tcp_rto_max_ms (per network namespace)
+AUTO_RTO_MAX_MS = 1000
+
+
+def engine_kernel() -> Optional[tuple[int, int]]:
+    """The engine's kernel (major, minor), which its containers share; None where no engine answers."""
+    try:
+        r = docker("info", "--format", "{{.KernelVersion}}", timeout=20)
+    except (FileNotFoundError, subprocess.TimeoutExpired):
+        return None
+    found = re.match(r"(\d+)\.(\d+)", r.stdout.decode(errors="replace").strip()) if r.returncode == 0 else None
+    return (int(found[1]), int(found[2])) if found else None
+
+
+def tcp_rto_max_ms(setting: str, kernel: Optional[tuple[int, int]], strict: bool = False) -> Optional[int]:
+    """The net.ipv4.tcp_rto_max_ms the containers get for cluster.tcp_rto_max_ms (None: the kernel's own).
+    strict: a value set on a kernel without the setting is refused (Docker would fail to create the containers)."""
+    setting, has_it = str(setting).lower(), kernel is not None and kernel >= RTO_MAX_SINCE
+    if setting == "off":
+        return None
+    if setting == "auto":
+        return AUTO_RTO_MAX_MS if has_it else None
+    if strict and kernel is not None and not has_it:
+        raise UserError("cluster.tcp_rto_max_ms", setting, f"the engine's kernel ({kernel[0]}.{kernel[1]}) has no "
+                        f"net.ipv4.tcp_rto_max_ms (Linux {RTO_MAX_SINCE[0]}.{RTO_MAX_SINCE[1]} on): auto or off")
+    return int(setting)
 
 
 def ensure_skel_image() -> None:

@@ -43,7 +43,8 @@ def test_compose_file_has_one_node_per_service_on_a_private_network(cli_here, ru
 @pytest.mark.skipif(shutil.which("docker-compose") is None, reason="docker-compose is not installed (.ci/run installs it)")
 def test_compose_itself_accepts_the_file(cli_here, run_root, tmp_path):
     """`docker-compose config -q` checks a file against compose's own schema, with no engine."""
-    for args in ((), ("cluster.device=cuda", "cluster.cpus=2", "cluster.mem=8g", "cluster.internal_network=true")):
+    for args in ((), ("cluster.device=cuda", "cluster.cpus=2", "cluster.mem=8g", "cluster.internal_network=true",
+                      "cluster.tcp_rto_max_ms=2000")):
         f = tmp_path / "compose.yaml"
         f.write_text(dry_run(cli_here, run_root, "nodes=2", *args)["text"])
         r = subprocess.run(["docker-compose", "-f", str(f), "config", "-q"], capture_output=True, text=True)
@@ -66,10 +67,35 @@ def test_no_engine_is_one_line_exit_2_nothing_written(cli_here, run_root):
 @pytest.mark.parametrize("override, key", [
     ("cluster.user=root", "cluster.user"), ("cluster.device=tpu", "cluster.device"),
     ("cluster.shm_size=lots", "cluster.shm_size"), ("cluster.mounts=[data]", "cluster.mounts"),
+    ("cluster.tcp_rto_max_ms=500", "cluster.tcp_rto_max_ms"), ("cluster.tcp_rto_max_ms=fast", "cluster.tcp_rto_max_ms"),
 ])
 def test_bad_docker_keys_are_one_line(cli_here, run_root, override, key):
     r = cli_here("cluster=docker", override, f"run_root={run_root}", "dry_run=true")
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and key in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize("setting, kernel, sysctl", [
+    ("auto", (6, 15), 1000), ("auto", (6, 14), None), ("auto", None, None), ("off", (6, 18), None),
+    ("3000", (6, 18), 3000), ("3000", None, 3000),
+])
+def test_a_cut_off_nodes_connections_resend_within_a_second_where_the_engines_kernel_can(setting, kernel, sysctl):
+    """While a node is cut off, TCP doubles the wait between retransmissions up to 120 s: healed after 5 s, its
+    connections resent about 3 s later. The job's containers cap that at 1 s where the engine's kernel has the
+    setting; a value set where it has not would fail the containers' creation, so it is refused first."""
+    from fsdp_jobs.launchers.docker.engine import tcp_rto_max_ms
+    from fsdp_jobs.planning.errors import UserError
+
+    assert tcp_rto_max_ms(setting, kernel) == sysctl
+    with pytest.raises(UserError, match=r"cluster.tcp_rto_max_ms.*kernel \(6.1\) has no net.ipv4.tcp_rto_max_ms"):
+        tcp_rto_max_ms("3000", (6, 1), strict=True)
+
+
+def test_the_compose_file_sets_the_cap_only_where_asked_or_known(cli_here, run_root):
+    no_engine = {"DOCKER_HOST": "unix:///nonexistent/docker.sock"}  # auto: no kernel known, nothing set
+    r = cli_here("cluster=docker", f"run_root={run_root}", "name=d", "dry_run=true", env=no_engine)
+    assert r.returncode == 0 and "sysctls" not in r.stdout, r.stderr
+    s = dry_run(cli_here, run_root, "nodes=2", "cluster.tcp_rto_max_ms=2000")["compose"]["services"]
+    assert [s[n]["sysctls"] for n in ("node0", "node1")] == [{"net.ipv4.tcp_rto_max_ms": 2000}] * 2
 
 
 def test_the_supervisor_acts_on_nothing_it_reads_back_from_the_run_dir():

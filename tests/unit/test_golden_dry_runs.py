@@ -8,7 +8,8 @@ tests/unit/test_golden_dry_runs.py` and name the difference in the commit.
 
 Only what differs between machines is replaced by a placeholder: the run root, this checkout, the
 interpreter and its prefixes and the invoking user; Kubernetes' random name suffixes come from a seeded
-generator. The run root is fixed (a sweep's id hashes the command); a dry run writes nothing there.
+generator; the Docker engine's kernel is one with net.ipv4.tcp_rto_max_ms. The run root is fixed (a sweep's
+id hashes the command); a dry run writes nothing there.
 """
 
 from __future__ import annotations
@@ -131,6 +132,10 @@ def dry_run(args: list[str], run_root: Path, capsys: pytest.CaptureFixture[str],
     rng = random.Random(0)
     monkeypatch.setattr(secrets, "choice", rng.choice)
     monkeypatch.setattr(torchx.schedulers.ids, "random_uint64", lambda: rng.getrandbits(64))
+    # cluster=docker's tcp_rto_max_ms=auto asks the engine for its kernel: one that has the setting, engine or not
+    from fsdp_jobs.launchers.docker import backend
+
+    monkeypatch.setattr(backend, "engine_kernel", lambda: (6, 15))
     argv = list(args)
     named = "-m" in argv or any(a.startswith("name=") for a in argv)
     capsys.readouterr()
