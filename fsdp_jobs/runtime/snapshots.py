@@ -61,6 +61,7 @@ SUFFIX = ".snap"
 NAME = re.compile(r"([rb])(\d+)-([01])\.snap")  # r: a rank's own slots; b: copies of another node's rank (buddies)
 AUTO = "auto"
 AUTO_SHARE = 0.02  # memory_interval=auto: the smallest interval whose snapshots cost at most this share of the steps
+CHECK_SHARE = 0.01  # ... and whose replica checks (one at every snapshot: fsdp_jobs/runtime/sdc.py) at most this
 AUTO_MEASURE = 5  # snapshots timed before auto chooses
 # test-only fault injection: "STEP" makes the last rank SIGKILL itself half way through writing that
 # step's snapshot, on the first attempt only
@@ -502,6 +503,7 @@ class MemorySnapshots:
         self.store = SnapshotStore(directory, {**identity, "world_size": world_size, "mesh": mesh_shape}) \
             if directory is not None else None
         self.costs: list[float] = []
+        self.check_costs: list[float] = []  # the replica check's launch at each timed snapshot's step, where one ran
         self.last_at: Optional[tuple[int, float]] = None  # (step, time) of the last snapshot: auto's step time
         self.step_times: list[float] = []
         self.crash_at = faults.step(CRASH_IN_SNAPSHOT_ENV)
@@ -516,10 +518,11 @@ class MemorySnapshots:
     def due(self, step: int) -> bool:
         return self.enabled and step % self.every == 0
 
-    def save(self, state: Any, restart: int = 0, commit: bool = True) -> float:
+    def save(self, state: Any, restart: int = 0, commit: bool = True, check_s: Optional[float] = None) -> float:
         """Copy this rank's state into its node's memory; returns the seconds it took. `commit` False: valid
         only once `commit()` is called (a replica check of this step's state is under way: fsdp_jobs/runtime/sdc.py),
-        so a rank that dies before then leaves the snapshot before."""
+        so a rank that dies before then leaves the snapshot before. `check_s`: what that check's launch took
+        (memory_interval=auto keeps it under CHECK_SHARE too)."""
         assert self.store is not None
         began = time.perf_counter()
         tensors, skeleton = capture(state)
@@ -540,16 +543,19 @@ class MemorySnapshots:
         if self.buddies is not None:
             self.buddies.send(written)  # None: nothing to keep this time, but every pair exchanges every snapshot
         cost = time.perf_counter() - began
-        self.measure(state.step, cost)
+        self.measure(state.step, cost, check_s)
         return cost
 
-    def measure(self, step: int, cost: float) -> None:
-        """memory_interval=auto: time the first snapshots and the steps between them; then choose."""
+    def measure(self, step: int, cost: float, check_s: Optional[float] = None) -> None:
+        """memory_interval=auto: time the first snapshots (and the checks before them) and the steps between
+        them; then choose."""
         now = time.perf_counter()
         if self.auto and len(self.costs) < AUTO_MEASURE:
             self.costs.append(cost)
+            if check_s is not None:
+                self.check_costs.append(check_s)
             if self.last_at is not None and step > self.last_at[0]:
-                self.step_times.append((now - self.last_at[1] - cost) / (step - self.last_at[0]))
+                self.step_times.append((now - self.last_at[1] - cost - (check_s or 0.0)) / (step - self.last_at[0]))
             self.last_at = (step, now)
             if len(self.costs) == AUTO_MEASURE:
                 self.choose_interval()
@@ -558,7 +564,9 @@ class MemorySnapshots:
         """Collective (every rank reaches its AUTO_MEASURE-th snapshot at the same step): the largest choice
         of any rank, so every rank snapshots the same steps."""
         cost, step_s = sorted(self.costs)[len(self.costs) // 2], sorted(self.step_times)[len(self.step_times) // 2]
-        mine = max(1, math.ceil(cost / (AUTO_SHARE * step_s))) if step_s > 0 else 1
+        check = sorted(self.check_costs)[len(self.check_costs) // 2] if self.check_costs else None
+        mine = max(1, math.ceil(cost / (AUTO_SHARE * step_s)),
+                   math.ceil((check or 0.0) / (CHECK_SHARE * step_s))) if step_s > 0 else 1
         agreed = torch.tensor([mine], dtype=torch.int64)
         if dist.is_initialized():
             agreed = agreed.to(collective_device())
@@ -566,10 +574,13 @@ class MemorySnapshots:
         self.every, self.auto = int(agreed.item()), False
         if self.record is not None:
             self.record({"steps": self.every, "snapshot_s": round(cost, 6), "step_s": round(step_s, 6),
-                         "share": AUTO_SHARE})
+                         "share": AUTO_SHARE, **({"check_s": round(check, 6), "check_share": CHECK_SHARE}
+                                                 if check is not None else {})})
+        checked = (f", and its replica check {check * 1000:.1f} ms at most {CHECK_SHARE:.0%}" if check is not None
+                   else "")
         self.log(f"checkpoint.memory_interval=auto: a snapshot every {self.every} step(s) (a snapshot "
                  f"{cost * 1000:.1f} ms, a step {step_s * 1000:.1f} ms on rank {self.rank}; at most "
-                 f"{AUTO_SHARE:.0%} of the step time)")
+                 f"{AUTO_SHARE:.0%} of the step time{checked})")
 
     def commit(self) -> None:
         """The replica check agreed: the snapshot saved with commit=False is valid (nothing if none)."""

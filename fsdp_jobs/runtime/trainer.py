@@ -825,12 +825,14 @@ class Trainer:
         # checkpoint, so a rank killed just after a save between two snapshots was reloaded from disk
         snapshot_due = self.snapshots.due(state.step) or (checkpoint_now and self.snapshots.enabled)
         checking = self.agreement.due(state.step, snapshot_due or checkpoint_now or state.step == self.tcfg.steps)
+        began = time.perf_counter()
         if checking:
             self.agreement.launch(state.step, state_tensors(self.model, state.optimizer))
         if snapshot_due:
             if not checking:  # the rows of the steps the snapshot keeps: a resume from it starts after them
                 self.window.flush()  # (checked: flushed with the verdict, right before the snapshot is committed)
-            self.snapshots.save(state, self.world.restart, commit=not checking)
+            self.snapshots.save(state, self.world.restart, commit=not checking,
+                                check_s=time.perf_counter() - began if checking else None)
 
     def settle_check(self, early: bool, stopping: bool = False) -> str:
         """Where a replica check was launched (fsdp_jobs/runtime/sdc.py), its verdict from the vote that carried

@@ -304,3 +304,23 @@ def test_a_snapshot_waiting_for_its_check_is_used_only_where_another_rank_commit
     assert choose(nobody_did, shards, None).step == 7
     rank_0_did_not = [[held(r, 7), held(r, 8, pending=r == 0)] for r in range(4)]
     assert choose(rank_0_did_not, shards, None).step == 7  # 8's metrics rows were never written: 8 is redone
+
+
+@pytest.mark.parametrize("check_ms, every", [(None, 1), (0.5, 1), (3.0, 3), (9.5, 10)])
+def test_auto_spaces_the_snapshots_so_that_the_replica_check_at_each_costs_at_most_1_percent(monkeypatch, check_ms,
+                                                                                              every):
+    """memory_interval=auto: snapshots at most 2% of the step time, and the replica check each one carries (issue
+    #47: the default check) at most 1%: a 100 ms step, a 1 ms snapshot (every step by the 2% alone) and a check of
+    3 ms makes every 3rd step a snapshot. Without a check (full_shard, sdc_check_interval=0) the snapshot alone."""
+    clock = [0.0]
+    monkeypatch.setattr(snapshots.time, "perf_counter", lambda: clock[0])
+    said, recorded = [], []
+    snaps = snapshots.MemorySnapshots(None, 0, 1, {"shard": 1}, "auto", {}, log=said.append, record=recorded.append)
+    check_s = None if check_ms is None else check_ms / 1000
+    for step in range(1, snapshots.AUTO_MEASURE + 1):
+        clock[0] += 0.100 + 0.001 + (check_s or 0.0)  # the step, the snapshot, the check before it
+        snaps.measure(step, 0.001, check_s)
+    assert snaps.every == every and not snaps.auto
+    assert recorded[0]["steps"] == every and recorded[0]["step_s"] == pytest.approx(0.1)
+    assert ("check_s" in recorded[0]) == (check_s is not None)
+    assert ("its replica check" in said[0]) == (check_s is not None), said
