@@ -551,10 +551,10 @@ def report_nodes_that_left_the_round() -> None:
 # timeout (`fault.hang_timeout_s`) killed them. The agent's first read of the state after the heal now sees the
 # round it joined is gone, SIGKILLs its ranks (no collective they are in can finish, and a SIGTERM is a flag
 # never seen inside a blocked one: pitfall 29; the node's snapshots outlive them) and restarts them into the new
-# round, as torch restarts for a node waiting. Not while the rendezvous is closed (the job is ending).
+# round, as torch restarts for a node waiting. Not while the rendezvous is closed (the job is ending), and not for
+# a round only torch's read moved on: finding every participant's beat stale (a whole job paused), it empties and
+# bumps the round in its own copy of the state, where nobody joined.
 def join_the_round_that_went_on_without_this_node() -> None:
-    import signal
-
     from torch.distributed.elastic.agent.server.api import SimpleElasticAgent
     from torch.distributed.elastic.rendezvous.dynamic_rendezvous import DynamicRendezvousHandler
 
@@ -571,14 +571,17 @@ def join_the_round_that_went_on_without_this_node() -> None:
 
     def waiting_or_left_behind(handler: Any) -> int:
         waiting = num_nodes_waiting(handler)  # torch's read of the state (cached), then ours of the same
-        if waiting or getattr(handler, "_fsdp_jobs_joined_round", None) is None:
+        if getattr(handler, "_fsdp_jobs_joined_round", None) is None:
             return waiting
         with handler._heartbeat_lock:
             state = handler._state_holder.state
-            went_on = not state.closed and state.round != handler._fsdp_jobs_joined_round
-        if went_on:
+            # others joined a later round: torch's read also bumps the round in its own copy when it finds every
+            # participant's beat stale (a whole job paused, or starved), with nobody in it and nothing to restart
+            went_on = (not state.closed and state.round != handler._fsdp_jobs_joined_round
+                       and bool(state.participants) and handler._this_node not in state.participants)
+        if went_on:  # also with nodes waiting: torch's restart alone would SIGTERM ranks that cannot see it
             handler._fsdp_jobs_left_behind = (handler._fsdp_jobs_joined_round, state.round)
-        return 1 if went_on else 0
+        return max(waiting, 1) if went_on else waiting
 
     def restart_left_behind(agent: Any, worker_group: Any) -> None:
         rounds = getattr(worker_group.spec.rdzv_handler, "_fsdp_jobs_left_behind", None)
@@ -590,15 +593,26 @@ def join_the_round_that_went_on_without_this_node() -> None:
                   "its ranks cannot finish a collective with them: killed, restarting them into the new round",
                   flush=True)
             for pid in (agent._pcontext.pids().values() if agent._pcontext is not None else ()):
-                try:
-                    os.kill(pid, signal.SIGKILL)  # torch's stop, next, reaps them
-                except ProcessLookupError:
-                    pass
+                kill_with_its_group(pid)  # torch's stop, next, reaps them
         return restart(agent, worker_group)
 
     DynamicRendezvousHandler.next_rendezvous = next_rendezvous_noted
     DynamicRendezvousHandler.num_nodes_waiting = waiting_or_left_behind
     SimpleElasticAgent._restart_workers = restart_left_behind
+
+
+def kill_with_its_group(pid: int) -> None:
+    """SIGKILL a rank, and where torch spawned it in a session of its own (script=, module=: its data loader's
+    workers, the interpreter under a wrapper) its whole process group, as torch's own stop signals it."""
+    import signal
+
+    try:
+        if os.getpgid(pid) == pid:
+            os.killpg(pid, signal.SIGKILL)
+        else:
+            os.kill(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):  # gone already (a pid reused by another user's process: not ours)
+        pass
 
 
 # fsdp_jobs/ARCHITECTURE.md, pitfall 35. With fewer nodes allowed than wanted (cluster.min_nodes below nodes),

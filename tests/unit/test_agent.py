@@ -374,6 +374,66 @@ def test_a_node_dropped_from_its_round_restarts_its_ranks_once_the_others_went_o
         h._stop_heartbeats()
 
 
+def test_a_round_only_torchs_own_read_moved_on_restarts_nothing(monkeypatch):
+    """A whole job paused past the keep-alive expiry (SLURM's suspend, `docker pause`): torch's read finds every
+    participant's beat stale and empties and bumps the round in its own copy of the state, where nobody joined:
+    nothing restarts. Once others joined a later round, this node restarts, also with nodes waiting (its ranks
+    SIGKILLed first, not torch's SIGTERM alone)."""
+    import threading
+    from types import SimpleNamespace
+
+    from torch.distributed.elastic.agent.server.api import SimpleElasticAgent
+    from torch.distributed.elastic.rendezvous.dynamic_rendezvous import DynamicRendezvousHandler, _NodeDesc
+
+    from fsdp_jobs.launchers.node import agent
+
+    waiting = [0]
+    monkeypatch.setattr(DynamicRendezvousHandler, "num_nodes_waiting", lambda handler: waiting[0])
+    monkeypatch.setattr(DynamicRendezvousHandler, "next_rendezvous", DynamicRendezvousHandler.next_rendezvous)
+    monkeypatch.setattr(SimpleElasticAgent, "_restart_workers", SimpleElasticAgent._restart_workers)
+    agent.join_the_round_that_went_on_without_this_node()
+    me, other = _NodeDesc("a", 1, 0), _NodeDesc("b", 2, 0)
+    state = SimpleNamespace(round=4, closed=False, participants={}, wait_list=set())
+    handler = SimpleNamespace(_heartbeat_lock=threading.Lock(), _state_holder=SimpleNamespace(state=state),
+                              _this_node=me, _fsdp_jobs_joined_round=3)
+    assert DynamicRendezvousHandler.num_nodes_waiting(handler) == 0  # bumped in torch's copy only
+    assert getattr(handler, "_fsdp_jobs_left_behind", None) is None
+    state.participants = {other: 0}
+    waiting[0] = 2
+    assert DynamicRendezvousHandler.num_nodes_waiting(handler) == 2 and handler._fsdp_jobs_left_behind == (3, 4)
+    state.closed = True  # the job ended meanwhile: torch's own exit, no restart of ours
+    handler._fsdp_jobs_left_behind, waiting[0] = None, 0
+    assert DynamicRendezvousHandler.num_nodes_waiting(handler) == 0 and handler._fsdp_jobs_left_behind is None
+
+
+def test_a_rank_torch_spawned_in_a_session_of_its_own_is_killed_with_its_children():
+    """script= and module= ranks are spawned by torch in a session of their own (their data loader's workers, the
+    interpreter under a wrapper): the left-behind kill takes the whole group, as torch's own stop signals it."""
+    import os
+    import subprocess
+    import time
+
+    from fsdp_jobs.launchers.node.agent import kill_with_its_group
+
+    rank = subprocess.Popen(["sh", "-c", "sleep 60 & echo $!; wait"], start_new_session=True, stdout=subprocess.PIPE,
+                            text=True)
+    child = int(rank.stdout.readline())
+    kill_with_its_group(rank.pid)
+    assert rank.wait(5) == -9
+
+    def alive(pid: int) -> bool:
+        try:
+            return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+        except FileNotFoundError:
+            return False
+    deadline = time.time() + 5
+    while alive(child) and time.time() < deadline:
+        time.sleep(0.05)
+    assert not alive(child)
+    kill_with_its_group(rank.pid)  # gone already: nothing to do, no error
+    assert os.getpgid(os.getpid()) != rank.pid
+
+
 def test_the_store_host_waits_for_exactly_its_nodes_and_no_longer_than_linger_s():
     """An agent that died never says it left: the host gives up after linger_s (LINGER_S: 10 s). A node that
     was not in the host's last rendezvous state (too late for the last round) does not stand in for one."""
