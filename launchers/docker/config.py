@@ -67,7 +67,7 @@ def validate(cl: DockerClusterConfig) -> None:
     """The checks of cluster.* keys the types alone do not express; the first bad key raises UserError."""
     choice("cluster.device", cl.device, ("cpu", "cuda"))
     rto = str(cl.tcp_rto_max_ms).lower()
-    if rto not in ("auto", "off") and not (rto.isdigit() and RTO_MAX_RANGE[0] <= int(rto) <= RTO_MAX_RANGE[1]):
+    if rto not in ("auto", "off") and not (re.fullmatch(r"[0-9]+", rto) and RTO_MAX_RANGE[0] <= int(rto) <= RTO_MAX_RANGE[1]):
         raise UserError("cluster.tcp_rto_max_ms", cl.tcp_rto_max_ms, f"must be auto, off, or milliseconds from "
                                                                      f"{RTO_MAX_RANGE[0]} to {RTO_MAX_RANGE[1]} (the kernel's range)")
     positive("cluster.container_restarts", cl.container_restarts, minimum=0)

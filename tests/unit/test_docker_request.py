@@ -68,6 +68,7 @@ def test_no_engine_is_one_line_exit_2_nothing_written(cli_here, run_root):
     ("cluster.user=root", "cluster.user"), ("cluster.device=tpu", "cluster.device"),
     ("cluster.shm_size=lots", "cluster.shm_size"), ("cluster.mounts=[data]", "cluster.mounts"),
     ("cluster.tcp_rto_max_ms=500", "cluster.tcp_rto_max_ms"), ("cluster.tcp_rto_max_ms=fast", "cluster.tcp_rto_max_ms"),
+    ("cluster.tcp_rto_max_ms='²'", "cluster.tcp_rto_max_ms"),  # a digit to str.isdigit, not to int()
 ])
 def test_bad_docker_keys_are_one_line(cli_here, run_root, override, key):
     r = cli_here("cluster=docker", override, f"run_root={run_root}", "dry_run=true")
