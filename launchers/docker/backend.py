@@ -257,7 +257,8 @@ class DockerBackend(Backend[DockerRequest]):
         if not shutil.which(compose_command(cfg)[0]):
             raise UserError("cluster.compose", cfg.cluster.compose, "no docker compose here; install docker-compose "
                                                                     "(Debian: apt-get install docker-compose)")
-        tcp_rto_max_ms(cfg.cluster.tcp_rto_max_ms, engine_kernel(), strict=True)
+        if str(cfg.cluster.tcp_rto_max_ms).lower() not in ("auto", "off"):  # a value Docker would fail to set
+            tcp_rto_max_ms(cfg.cluster.tcp_rto_max_ms, engine_kernel(), strict=True)
         live = containers(project_name(Path(plan.run_dir)))
         if live:
             raise UserError("name", plan.name, f"run already has {len(live)} containers; cancel it "
@@ -267,7 +268,9 @@ class DockerBackend(Backend[DockerRequest]):
         run_dir = Path(plan.run_dir)
         code_dir = next_snapshot_dir(run_dir) if cfg.cluster.snapshot_code else PROJECT_ROOT
         user_dir = user_code_dir(cfg, run_dir)
-        spec = compose_spec(plan, cfg, code_dir, user_dir, tcp_rto_max_ms(cfg.cluster.tcp_rto_max_ms, engine_kernel()))
+        rto = str(cfg.cluster.tcp_rto_max_ms).lower()  # only auto asks the engine for its kernel
+        spec = compose_spec(plan, cfg, code_dir, user_dir,
+                            tcp_rto_max_ms(rto, engine_kernel() if rto == "auto" else None))
         project = project_name(run_dir)
         file = docker_dir(run_dir) / COMPOSE_FILE
         compose = compose_command(cfg)
