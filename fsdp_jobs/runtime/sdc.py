@@ -25,8 +25,9 @@ both nodes.
 `auto` checks each step whose state is kept: an in-memory snapshot (fsdp_jobs/runtime/snapshots.py) or a
 checkpoint, so nothing is kept that the replicas did not agree on, and a mismatch rolls the job back to the newest
 of it. checkpoint.memory_interval=auto times these checks with its first snapshots and spaces the snapshots so
-that they cost at most 1% of the step time (`CHECK_SHARE`). A check reads the state once, as the snapshot's copy does, and adds 32 bytes a shard to the vote. The vote
-is read at the next step's start (by then long arrived), or at once before a checkpoint is saved; meanwhile the
+that they cost at most 1% of the step time (`CHECK_SHARE`). A check reads the state once, as the snapshot's copy
+does, and adds 32 bytes a shard to the vote (a step without one votes its code alone). The vote is read at the
+next step's start (by then long arrived), or at once before a checkpoint is saved; meanwhile the
 snapshot is written pending, and an agreeing verdict commits it. A check with a collective of its own, waited for
 at once, cost more than its work: the ranks' skew at the point, and gloo's thread.
 """

@@ -43,7 +43,7 @@ from fsdp_jobs.launchers.common import (NODE_WRAPPER, lighthouse_command, lighth
                               user_code_dir)
 from fsdp_jobs.launchers.docker.engine import (COMPOSE_FILE, DOWN_TIMEOUT_S, RESULT_FILE, SKEL_IMAGE,
                                      compose_command, container_user, containers, docker, docker_dir, engine_error,
-                                     engine_kernel, ensure_skel_image, give_to, last_exit, read_result, tcp_rto_max_ms)
+                                     ensure_skel_image, give_to, last_exit, read_result, tcp_rto_max_ms)
 from fsdp_jobs.launchers.node.wrapper import ENGINE_RESTARTS_ENV
 from fsdp_jobs.launchers.supervisor import stop_signals
 from fsdp_jobs.launchers.snapshot import PROJECT_ROOT, next_snapshot_dir, take_snapshot, take_user_code
@@ -257,8 +257,7 @@ class DockerBackend(Backend[DockerRequest]):
         if not shutil.which(compose_command(cfg)[0]):
             raise UserError("cluster.compose", cfg.cluster.compose, "no docker compose here; install docker-compose "
                                                                     "(Debian: apt-get install docker-compose)")
-        if str(cfg.cluster.tcp_rto_max_ms).lower() not in ("auto", "off"):  # a value Docker would fail to set
-            tcp_rto_max_ms(cfg.cluster.tcp_rto_max_ms, engine_kernel(), strict=True)
+        tcp_rto_max_ms(cfg.cluster.tcp_rto_max_ms, strict=True)  # a value Docker would fail to set: refused
         live = containers(project_name(Path(plan.run_dir)))
         if live:
             raise UserError("name", plan.name, f"run already has {len(live)} containers; cancel it "
@@ -268,9 +267,7 @@ class DockerBackend(Backend[DockerRequest]):
         run_dir = Path(plan.run_dir)
         code_dir = next_snapshot_dir(run_dir) if cfg.cluster.snapshot_code else PROJECT_ROOT
         user_dir = user_code_dir(cfg, run_dir)
-        rto = str(cfg.cluster.tcp_rto_max_ms).lower()  # only auto asks the engine for its kernel
-        spec = compose_spec(plan, cfg, code_dir, user_dir,
-                            tcp_rto_max_ms(rto, engine_kernel() if rto == "auto" else None))
+        spec = compose_spec(plan, cfg, code_dir, user_dir, tcp_rto_max_ms(cfg.cluster.tcp_rto_max_ms))
         project = project_name(run_dir)
         file = docker_dir(run_dir) / COMPOSE_FILE
         compose = compose_command(cfg)

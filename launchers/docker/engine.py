@@ -13,7 +13,7 @@ import shlex
 import subprocess
 import tarfile
 from pathlib import Path
-from typing import Any, Optional, TYPE_CHECKING
+from typing import Any, Callable, Optional, TYPE_CHECKING
 
 from fsdp_jobs.planning.errors import UserError
 from fsdp_jobs.rundir.layout import RunDir
@@ -82,16 +82,20 @@ def engine_kernel() -> Optional[tuple[int, int]]:
     return (int(found[1]), int(found[2])) if found else None
 
 
-def tcp_rto_max_ms(setting: str, kernel: Optional[tuple[int, int]], strict: bool = False) -> Optional[int]:
-    """The net.ipv4.tcp_rto_max_ms the containers get for cluster.tcp_rto_max_ms (None: the kernel's own).
-    strict: a value set on a kernel without the setting is refused (Docker would fail to create the containers)."""
-    setting, has_it = str(setting).lower(), kernel is not None and kernel >= RTO_MAX_SINCE
+def tcp_rto_max_ms(setting: str, kernel: Optional[Callable[[], Optional[tuple[int, int]]]] = None,
+                   strict: bool = False) -> Optional[int]:
+    """The net.ipv4.tcp_rto_max_ms the containers get for cluster.tcp_rto_max_ms (None: the kernel's own); the
+    engine's kernel (`kernel`, else `engine_kernel`) is asked only where the answer depends on it. strict: a value
+    set on a kernel without the setting is refused (Docker would fail to create the containers)."""
+    setting, kernel = str(setting).lower(), kernel or engine_kernel
     if setting == "off":
         return None
     if setting == "auto":
-        return AUTO_RTO_MAX_MS if has_it else None
-    if strict and kernel is not None and not has_it:
-        raise UserError("cluster.tcp_rto_max_ms", setting, f"the engine's kernel ({kernel[0]}.{kernel[1]}) has no "
+        found = kernel()
+        return AUTO_RTO_MAX_MS if found is not None and found >= RTO_MAX_SINCE else None
+    found = kernel() if strict else None
+    if found is not None and found < RTO_MAX_SINCE:
+        raise UserError("cluster.tcp_rto_max_ms", setting, f"the engine's kernel ({found[0]}.{found[1]}) has no "
                         f"net.ipv4.tcp_rto_max_ms (Linux {RTO_MAX_SINCE[0]}.{RTO_MAX_SINCE[1]} on): auto or off")
     return int(setting)
 

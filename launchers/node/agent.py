@@ -541,7 +541,6 @@ def report_nodes_that_left_the_round() -> None:
     SimpleElasticAgent._restart_workers = restart_unreported
 
 
-
 # A node cut off from the network for longer than torch's keep-alive expiry is dropped from its rendezvous round
 # by the others' reads of the state; their watchdogs then restart their ranks, and the round, emptied of its
 # participants, moves on. Torch's monitor loop tells this node's agent nothing of it: it counts only the nodes

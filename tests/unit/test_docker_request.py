@@ -86,9 +86,9 @@ def test_a_cut_off_nodes_connections_resend_within_a_second_where_the_engines_ke
     from fsdp_jobs.launchers.docker.engine import tcp_rto_max_ms
     from fsdp_jobs.planning.errors import UserError
 
-    assert tcp_rto_max_ms(setting, kernel) == sysctl
+    assert tcp_rto_max_ms(setting, lambda: kernel) == sysctl
     with pytest.raises(UserError, match=r"cluster.tcp_rto_max_ms.*kernel \(6.1\) has no net.ipv4.tcp_rto_max_ms"):
-        tcp_rto_max_ms("3000", (6, 1), strict=True)
+        tcp_rto_max_ms("3000", lambda: (6, 1), strict=True)
 
 
 def test_the_compose_file_sets_the_cap_only_where_asked_or_known(cli_here, run_root):

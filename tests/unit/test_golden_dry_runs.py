@@ -133,9 +133,9 @@ def dry_run(args: list[str], run_root: Path, capsys: pytest.CaptureFixture[str],
     monkeypatch.setattr(secrets, "choice", rng.choice)
     monkeypatch.setattr(torchx.schedulers.ids, "random_uint64", lambda: rng.getrandbits(64))
     # cluster=docker's tcp_rto_max_ms=auto asks the engine for its kernel: one that has the setting, engine or not
-    from fsdp_jobs.launchers.docker import backend
+    from fsdp_jobs.launchers.docker import engine
 
-    monkeypatch.setattr(backend, "engine_kernel", lambda: (6, 15))
+    monkeypatch.setattr(engine, "engine_kernel", lambda: (6, 15))
     argv = list(args)
     named = "-m" in argv or any(a.startswith("name=") for a in argv)
     capsys.readouterr()
