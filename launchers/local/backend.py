@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import random
 import time
 import shlex
 import signal
@@ -39,10 +40,36 @@ if TYPE_CHECKING:  # types only, never imported at run time: no hydra on the nod
     from fsdp_jobs.planning.config import JobConfig
     from fsdp_jobs.planning.plan import Plan
 
+# below the kernel's ephemeral range (ip_local_port_range, 32768-60999 by default); the one-in-11,000 chance
+# that two jobs started at once draw the same port is torch's own (it takes a port the same way)
+PORTS_FROM = 21000
+
+
 def free_port() -> int:
+    """A loopback port free now, chosen where no outgoing connection can take it before node0's agent binds
+    it, seconds later (pitfall 36); the kernel's pick when the ephemeral range leaves no room below it."""
+    low = ephemeral_ports()[0]
+    candidates = list(range(PORTS_FROM, low))
+    random.shuffle(candidates)
+    for port in candidates[:64]:
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def ephemeral_ports() -> tuple[int, int]:
+    """The range the kernel takes outgoing connections' local ports from."""
+    try:
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(low), int(high)
+    except (OSError, ValueError):
+        return 32768, 60999  # Linux's default
 
 
 def agent_args(plan: Plan, cfg: JobConfig, port: int, group: Optional[int] = None) -> list[str]:
