@@ -31,6 +31,8 @@ KNOWN = {
     "FSDP_JOBS_TEST_UNREPRODUCIBLE_FROM_STEP": "from this step on every rank scales its loss by a random factor "
                                                "near 1 before the backward: no computation of a step reproduces "
                                                "another (as kernels that are not deterministic)",
+    "FSDP_JOBS_TEST_SPIKE_AT_STEP": "this step's loss, and so its gradients, 1000 times as large (first attempt): a "
+                                    "spike for the sentinel (fault.sdc_spike_factor)",
 }
 STEP_AND_RANK = ("FSDP_JOBS_TEST_CORRUPT_AT",)  # these take STEP:RANK
 UNITS = (("_MS", "milliseconds"), ("_S", "seconds"), ("_RANK", "a node rank"))  # by name suffix; else a step

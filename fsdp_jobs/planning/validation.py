@@ -247,6 +247,10 @@ def validate_interval(cfg: JobConfig) -> None:
     if not isinstance(again, int) or isinstance(again, bool) or again < 0:
         raise UserError("fault.sdc_recompute_interval", again, "allowed: a number of steps >= 0 (0 = no step is "
                         "taken again to be compared)")
+    spike = cfg.fault.sdc_spike_factor
+    if isinstance(spike, bool) or not isinstance(spike, (int, float)) or not (spike == 0 or 1 < spike < float("inf")):
+        raise UserError("fault.sdc_spike_factor", spike, "allowed: a number above 1 (a step above that many times the "
+                        "median loss or gradient norm is a spike) or 0 (off)")
     if not isinstance(c.start_over_max_steps, int) or isinstance(c.start_over_max_steps, bool) or c.start_over_max_steps < 0:
         raise UserError("checkpoint.start_over_max_steps", c.start_over_max_steps,
                         "allowed: a number of steps >= 0 (0 = never start over when every checkpoint is unusable)")

@@ -21,7 +21,7 @@ from fsdp_jobs.rundir.layout import RunDir
 from fsdp_jobs.rundir.records import GoodputEvent
 
 RANK_EVENTS = ("start", "process_group", "preflight", "built", "loaded", "loop", "steps", "save", "stall", "interval",
-               "memory_interval", "sdc", "end")
+               "memory_interval", "sdc", "spike", "end")
 NODE_EVENTS = ("node_start", "node_end")
 KNOWN_EVENTS = frozenset(RANK_EVENTS + NODE_EVENTS)
 

@@ -68,21 +68,26 @@ class StopVote:
         self.size, self.place = 1 + 4 * shards, 1 + 4 * slot
         self.disagreed = False  # the last read vote's fingerprints differed within a shard's replicas
         self.code = 0  # the last read vote's code
+        self.spiked = False  # the last read vote's: some rank's step was a spike
         if device.type == "cuda":  # one pinned slot and one event, reused: result() runs before cast()
             self.host, self.event = torch.empty(self.size, dtype=torch.int64, pin_memory=True), torch.cuda.Event()
 
     def cast(self, code: int, nonfinite: Optional[torch.Tensor] = None,
-             fingerprint: Optional[torch.Tensor] = None) -> None:
+             fingerprint: Optional[torch.Tensor] = None, spike: Optional[torch.Tensor] = None) -> None:
         """`nonfinite`: this rank's step went non-finite (a bool on the device: no host sync here); it votes
         NONFINITE, which outvotes any stop. `fingerprint`: this rank's int64[2] of a replica check (every rank
-        casts one, or none)."""
+        casts one, or none). `spike`: this rank's step was a loss or gradient-norm spike (a bool on the device;
+        fsdp_jobs/runtime/sentinel.py), carried in the code's lowest bit: the MAX keeps it where no rank votes a
+        higher code, and a higher code stops the job or rolls it back anyway."""
         carried = fingerprint is not None  # every rank casts one, or none: the same size on every rank
         # the code alone where no check rides: gloo's all-reduce of 4 ranks took 1.0 ms for one element and 3.3-4.0
         # ms from as many elements as ranks (a ring's 2 x (ranks - 1) steps), every step
         # torch.full is a fill kernel; torch.tensor(..., device=cuda) would be a synchronous copy
-        flag = torch.full((self.size if carried else 1,), code, dtype=torch.int64, device=self.device)
+        flag = torch.full((self.size if carried else 1,), code * 2, dtype=torch.int64, device=self.device)
         if nonfinite is not None:
-            flag[:1] = torch.maximum(flag[:1], nonfinite.reshape(1).to(torch.int64) * NONFINITE)
+            flag[:1] = torch.maximum(flag[:1], nonfinite.reshape(1).to(torch.int64) * NONFINITE * 2)
+        if spike is not None:
+            flag[:1] += spike.reshape(1).to(torch.int64)
         if carried:  # the other shards' places: MAX's identity (each shard has its own replicas' only)
             flag[1:] = torch.iinfo(torch.int64).min  # ~x orders as -x does, without -x's overflow at int64's minimum
             flag[self.place:self.place + 2] = fingerprint
@@ -93,27 +98,24 @@ class StopVote:
             host = self.host[:flag.numel()]
             host.copy_(flag, non_blocking=True)
             self.event.record()
-            self.pending = (self.event, host, carried)
+            self.pending = (self.event, host)
         else:
-            self.pending = (work, flag, carried)
+            self.pending = (work, flag)
 
     def result(self) -> int:
         """The agreed code: 0 to go on, else why to stop (stop_reason); `disagreed` says what it carried of a
-        replica check."""
-        self.disagreed, self.code = False, 0
+        replica check, `spiked` whether a rank's step was a spike."""
+        self.disagreed, self.code, self.spiked = False, 0, False
         if self.pending is None:
             return 0
-        done, value, carried = self.pending
+        done, value = self.pending  # (whether a fingerprint rode: its length says)
         self.pending = None
         if isinstance(done, torch.cuda.Event):
             done.synchronize()
         else:
             done.wait()
-        if not carried:
-            self.code = int(value[0].item())
-            return self.code
         values = value.tolist()
-        for at in range(1, self.size, 4):  # each shard: its largest fingerprint, and its smallest complemented
+        for at in range(1, len(values), 4):  # each shard: its largest fingerprint, and its smallest complemented
             self.disagreed = self.disagreed or values[at:at + 2] != [~x for x in values[at + 2:at + 4]]
-        self.code = int(values[0])
+        self.code, self.spiked = int(values[0]) >> 1, bool(int(values[0]) & 1)
         return self.code

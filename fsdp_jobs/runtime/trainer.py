@@ -38,6 +38,7 @@ from fsdp_jobs.runtime.local_update import ShardLocalAdamW, clip_grad_norm
 from fsdp_jobs.runtime.outputs import load_pretrained_weights, logits_of
 from fsdp_jobs.runtime.prefetch import BatchPrefetcher
 from fsdp_jobs.runtime.recheck import StepRecheck
+from fsdp_jobs.runtime.sentinel import SpikeSentinel
 from fsdp_jobs.runtime.replicas import JOINING, NoReplicas, open_replicas
 from fsdp_jobs.runtime.shard import (adamw_implementation, build_meta_model, dtype_of, init_devices, materialize,
                                      shard_model)
@@ -62,6 +63,7 @@ REJOIN_DELAY_ENV = "FSDP_JOBS_TEST_REJOIN_DELAY_S"
 # stepping, not one that steps as fast as it can; on CI's 2 cores the steps' CPU slowed every other test
 STEP_PAUSE_ENV = "FSDP_JOBS_TEST_STEP_PAUSE_MS"
 UNREPRODUCIBLE_ENV = "FSDP_JOBS_TEST_UNREPRODUCIBLE_FROM_STEP"
+SPIKE_AT_STEP_ENV = "FSDP_JOBS_TEST_SPIKE_AT_STEP"  # that step's loss x 1000 in the first attempt (the sentinel)
 MAX_ROLLBACKS = 2  # train.on_nonfinite=rollback: a third non-finite step in one attempt stops the job
 PROBE_TOKENS = 16  # positions per probe sequence: enough to check an export, small at any vocab size
 
@@ -137,8 +139,11 @@ class MetricsWindow:
     cut its steps into (a run resumed at any step logs what an uninterrupted one does)."""
 
     def __init__(self, metrics: MetricsWriter, world: World, attempt: str, tokens_per_rank_step: int,
-                 flops_per_token: float, peak_flops: float, slots: int = 1) -> None:
+                 flops_per_token: float, peak_flops: float, slots: int = 1,
+                 sentinel: Optional[SpikeSentinel] = None) -> None:
+        """`sentinel`: told every flushed step's loss and gradient norm (the same on every rank)."""
         self.metrics, self.world, self.attempt, self.slots = metrics, world, attempt, max(1, slots)
+        self.sentinel = sentinel
         self.tokens_per_rank_step, self.fpt, self.peak = tokens_per_rank_step, flops_per_token, peak_flops
         self.window: list[tuple[torch.Tensor, Any, dict[str, Any]]] = []
         self.t_window = time.perf_counter()
@@ -161,6 +166,8 @@ class MetricsWindow:
         norms = [w[1].full_tensor() if hasattr(w[1], "full_tensor") else w[1] for w in window]
         norm_values = torch.stack(norms).float().tolist() if norms[0] is not None else [None] * len(window)
         loss_values = (losses / world.world_size).tolist()
+        if self.sentinel is not None:
+            self.sentinel.logged(loss_values, norm_values)
         dt = (time.perf_counter() - self.t_window) / len(window)  # host and device agree only over a window
         mem = peak_memory_gb(world.device)
         for (_, _, rec), loss_value, norm_value in zip(window, loss_values, norm_values):
@@ -200,6 +207,7 @@ class Trainer:
         self.joining = False  # fault_tolerance=replica: other groups train already; recover from them
         self.poisoned = False  # test fault injection: the current batch makes the loss NaN
         self.unreproducible_from = 0  # test fault injection: no step from this one on reproduces (UNREPRODUCIBLE_ENV)
+        self.spike_at = 0  # test fault injection: this step's loss (and gradients) 1000 times as large (SPIKE_AT_STEP_ENV)
         self.nonfinite: Optional[torch.Tensor] = None  # the last step's loss or grad norm was not finite (device)
         self.rollbacks = 0  # train.on_nonfinite=rollback, in this attempt
         self.auto: Optional[interval.Planner] = None  # checkpoint.interval=auto's, opened by prepare_loop
@@ -211,6 +219,9 @@ class Trainer:
         # build() makes the job's; a user's script (fsdp_jobs.job) votes with none
         self.agreement = ReplicaAgreement({}, 0, False, torch.device("cpu"))
         self.recheck = StepRecheck(0, False, torch.device("cpu"))
+        self.sentinel = SpikeSentinel(0, "none")
+        self.spike: Optional[torch.Tensor] = None  # the last step was a loss or grad-norm spike (device; sentinel)
+        self.voted_step = 0  # the step of the vote cast last: the one a spike it carries is at
         self.sdc_end: Optional[tuple[int, str]] = None  # how an attempt a check named nodes in ends: exit status, why
         self.named: Optional[Mismatch] = None  # what the step recheck found, where it named nodes
 
@@ -361,6 +372,7 @@ class Trainer:
                                    not self.agreement.enabled and not self.replicas.enabled, self.world.device)
         if self.recheck.every and self.world.device.type == "cuda":  # its computations must be bitwise alike
             torch.use_deterministic_algorithms(True, warn_only=True)  # (cuBLAS's workspace: bring_up)
+        self.sentinel = SpikeSentinel(self.cfg.fault.sdc_spike_factor, self.spike_checks())
         resuming = self.ccfg.resume and not joining
         self.memory_plan = self.snapshots.plan_restore(self.disk_step()) if resuming else None
         self.resume_from = self.ckpt.find_latest() if resuming and self.memory_plan is None else None
@@ -526,6 +538,7 @@ class Trainer:
         self.corrupt_requests = CorruptRequests()
         self.pause_s = faults.step(STEP_PAUSE_ENV) / 1000
         self.unreproducible_from = faults.step(UNREPRODUCIBLE_ENV)
+        self.spike_at = faults.step(SPIKE_AT_STEP_ENV) if world.restart == 0 else 0
         poison_step = faults.step(NONFINITE_AT_STEP_ENV)  # the data position that step takes from scratch
         self.poison_position = (poison_step - 1) * self.global_batch if poison_step else None
         if world.rank == 0 and self.replicas.writer:
@@ -551,6 +564,8 @@ class Trainer:
                 loss = loss * float("nan")
             if self.unreproducible_from and state.step + 1 >= self.unreproducible_from:  # test fault injection
                 loss = loss * (1 + int.from_bytes(os.urandom(2), "little") * 1e-9)  # (UNREPRODUCIBLE_ENV)
+            if state.step + 1 == self.spike_at:  # test fault injection (SPIKE_AT_STEP_ENV)
+                loss = loss * 1000
             (loss / accum if accum > 1 else loss).backward()
             step_loss = loss.detach() if step_loss is None else step_loss + loss.detach()
         assert step_loss is not None
@@ -580,6 +595,8 @@ class Trainer:
         local_norm = grad_norm.to_local() if hasattr(grad_norm, "to_local") else grad_norm
         self.nonfinite = ~torch.isfinite(step_loss) if local_norm is None else ~(
             torch.isfinite(step_loss) & torch.isfinite(local_norm))
+        # a DTensor's local norm is this rank's part: the sentinel compares the job's, a plain tensor, only
+        self.spike = self.sentinel.flag(step_loss.float() / accum, grad_norm if local_norm is grad_norm else None)
         return step_loss.float() / accum, grad_norm
 
     def watch_for_stop(self, stop: StopFlag) -> None:
@@ -597,13 +614,30 @@ class Trainer:
         code, self.early_vote = (self.vote.result(), None) if self.early_vote is None else (self.early_vote, None)
         if code and code != NONFINITE:
             self.stop.agreed(signalled=code != STOP_FILE)
+        if self.vote.spiked:  # once: the next read (another stop_agreed in this step) clears it
+            self.vote.spiked = False
+            line = self.sentinel.agreed(self.voted_step)
+            if self.world.rank == 0:
+                log(0, line)
+                self.timeline.event("spike", step=self.voted_step, factor=self.sentinel.factor,
+                                    checks=self.sentinel.checks)
         return code
+
+    def spike_checks(self) -> str:
+        """What follows a spike (fsdp_jobs/runtime/sentinel.py): the replica check where replicas are compared, else
+        the step recheck where its steps are bitwise alike (CPU; a GPU's deterministic kernels), else nothing."""
+        if self.agreement.enabled:
+            return "replicas"
+        if not self.replicas.enabled and (self.world.device.type != "cuda" or self.recheck.every):
+            return "recheck"
+        return "none"
 
     def cast_stop_vote(self) -> bool:
         """Vote on whether this rank was told to stop (a signal, or the stop request); returns the vote."""
         code = self.stop.received.value if self.stop.received else STOP_FILE if self.stop_file.seen.is_set() else 0
         riding = self.agreement.riding(self.state.step) if self.agreement.enabled else None  # (a script: no state)
-        self.vote.cast(code, self.nonfinite, riding)
+        self.vote.cast(code, self.nonfinite, riding, self.spike)
+        self.voted_step = self.state.step
         return bool(code)
 
     def checkpoint_due(self) -> bool:
@@ -669,7 +703,7 @@ class Trainer:
         batches = BatchPrefetcher(self.dataset, world.job_rank, self.per_rank, self.global_batch,
                                   pin=world.device.type == "cuda")
         self.window = MetricsWindow(self.metrics, world, self.ckpt.attempt, *self.window_args,
-                                    slots=self.tcfg.log_interval)
+                                    slots=self.tcfg.log_interval, sentinel=self.sentinel)
         replicas = self.replicas
         stopped_by = None
         self.agreement.agreed_step = state.step  # the state this attempt began from: agreed, or the start
@@ -746,7 +780,7 @@ class Trainer:
         a replica job's step not committed), or "sdc" where no two computations of it agreed (the state before it
         kept, the attempt ended: `sdc_end`). Where nodes were named, `named` holds what named them."""
         recheck = self.recheck
-        if not recheck.due(self.state.step + 1):
+        if not recheck.due(self.state.step + 1) and not (self.sentinel.checks == "recheck" and self.sentinel.check_now()):
             return self.train_step(inputs, targets)
         recheck.keep(self.state, self.model)
         self.train_step(inputs, targets)  # the first computation: `confirm` compares the next with it
@@ -824,7 +858,8 @@ class Trainer:
         # a checkpoint's step is snapshotted too: a recovery takes memory only where it is no older than the newest
         # checkpoint, so a rank killed just after a save between two snapshots was reloaded from disk
         snapshot_due = self.snapshots.due(state.step) or (checkpoint_now and self.snapshots.enabled)
-        checking = self.agreement.due(state.step, snapshot_due or checkpoint_now or state.step == self.tcfg.steps)
+        checking = self.agreement.due(state.step, snapshot_due or checkpoint_now or state.step == self.tcfg.steps) \
+            or (self.sentinel.checks == "replicas" and self.sentinel.check_now())
         began = time.perf_counter()
         if checking:
             self.agreement.launch(state.step, state_tensors(self.model, state.optimizer))
@@ -948,11 +983,11 @@ class Trainer:
         if rank == 0 and self.agreement.enabled:  # what the check did: a healthy run says so, not nothing
             log(rank, f"replica check: every shard's replicas agreed at {self.agreement.agreed} of the "
                       f"{self.agreement.checked} steps checked in this attempt")
-        if rank == 0 and self.recheck.every:
+        if rank == 0 and (self.recheck.every or self.recheck.checked):
             each = self.recheck.spent_s / max(self.recheck.checked, 1)
             log(rank, f"step recheck: {self.recheck.reproduced} of the {self.recheck.checked} steps taken again in "
-                      f"this attempt reproduced on every rank (fault.sdc_recompute_interval={self.recheck.every}; "
-                      f"{each:.3f} s a check on this rank)")
+                      f"this attempt reproduced on every rank (fault.sdc_recompute_interval={self.recheck.every}, "
+                      f"{self.sentinel.spikes} spike(s); {each:.3f} s a check on this rank)")
         if rank == 0 and writer and stopped_by != "nonfinite":  # that one recorded its failure (after_nonfinite)
             saved = newest_checkpoint(self.run_dir)  # the final save may have failed (a full disk): say which
             if saved != step_dir(self.ckpt.root, state.step) and (self.ccfg.save_final or stopped_by):

@@ -198,3 +198,25 @@ def test_a_step_no_two_computations_of_which_agree_stops_the_job_at_the_state_be
     status = json.loads(cli("status", "unrepro", "--run-root", str(run_root)).stdout)
     assert status["state"] == "FAILED" and status["train"]["step"] == 9, status
     assert not status["train"].get("bad_nodes") and not status["train"].get("exclude"), status
+
+
+def test_a_loss_spike_without_replicas_has_the_next_two_steps_taken_again(run_root):
+    """full_shard on 2 nodes x 1 with the product's defaults (no step recheck interval): step 12's loss is made
+    1000 times as large (FSDP_JOBS_TEST_SPIKE_AT_STEP), far above 10 x the median of the steps logged before it
+    (fault.sdc_spike_factor, fsdp_jobs/runtime/sentinel.py). The vote carries the spike to every rank after step 13,
+    the next two steps (14 and 15) are each taken twice and compared, both reproduce, and the incident is said and
+    on the timeline. No other step is a spike: the sentinel's own false positives would show here."""
+    one_group = ("nodes=2", "gpus_per_node=1", "fsdp=full_shard", "train.global_batch_size=2",
+                 "train.micro_batch_per_rank=1")
+    r = cli(f"run_root={run_root}", "name=spike", *one_group, *TRAINING, env={"FSDP_JOBS_TEST_SPIKE_AT_STEP": "12"})
+    out = r.stdout + r.stderr
+    assert r.returncode == 0, out[-4000:]
+    run_dir = run_root / "spike"
+    [spike] = events(run_dir, "spike")
+    assert spike["step"] == 12 and spike["checks"] == "recheck" and spike["factor"] == 10.0, spike
+    assert ("a loss or gradient-norm spike at step 12: above 10 x the median of the last 32 logged steps before "
+            "it, or as many as this attempt logged (fault.sdc_spike_factor); the next 2 steps are each taken twice "
+            "and compared") in out, out[-4000:]
+    assert ("step recheck: 2 of the 2 steps taken again in this attempt reproduced on every rank "
+            "(fault.sdc_recompute_interval=0, 1 spike(s); ") in out, out[-4000:]
+    assert not events(run_dir, "sdc")

@@ -125,6 +125,8 @@ JOB_CASES = [
     (["fault.preflight_slow_ratio=1"], "fault.preflight_slow_ratio=1", "finite number > 1"),
     (["fault.sdc_recompute_interval=-5"], "fault.sdc_recompute_interval=-5", "a number of steps >= 0"),
     (["fault.sdc_recompute_interval=auto"], "fault.sdc_recompute_interval='auto'", "must be a whole number"),
+    (["fault.sdc_spike_factor=1"], "fault.sdc_spike_factor=1.0", "a number above 1"),
+    (["fault.sdc_spike_factor=nan"], "fault.sdc_spike_factor=nan", "or 0 (off)"),
     ([f"script={SCRIPT}", "preflight=true"], "preflight=True", "use preflight=only first"),
     # fault_tolerance=replica: its keys, and what the mesh and the launch keys allow with it
     (["fault_tolerance=sometimes"], "fault_tolerance='sometimes'", "allowed: none, replica"),

@@ -57,6 +57,31 @@ def test_one_ranks_non_finite_step_is_every_ranks_and_outvotes_a_signal(tmp_path
     assert stop_reason(NONFINITE) == "a non-finite loss or gradient norm"
 
 
+def _spikes(rank: int, store: str, steps: list[list[tuple[int, bool, bool]]], out: str) -> None:
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=len(steps[0]))
+    vote, seen = StopVote(torch.device("cpu")), []
+    for step in steps:  # this rank's (code, non-finite, spike)
+        code, nonfinite, spike = step[rank]
+        vote.cast(code, torch.tensor(nonfinite), None, torch.tensor(spike))
+        seen.append([vote.result(), vote.spiked])
+    dist.destroy_process_group()
+    Path(out, f"rank-{rank}.json").write_text(json.dumps(seen))
+
+
+@pytest.mark.integration  # several torch processes (3 s): with the jobs tier, not the quick loop
+def test_one_ranks_spike_is_every_ranks_unless_a_stop_or_a_non_finite_step_outvotes_it(tmp_path):
+    """The spike sentinel's flag rides the vote's code (fsdp_jobs/runtime/sentinel.py): one rank's spike is every
+    rank's, and the code it rides with is kept; a higher code of another rank outvotes it (the job stops or rolls
+    back then anyway), never the other way round."""
+    term = int(signal.SIGTERM)
+    steps = [[(0, False, False), (0, False, True)], [(term, False, True), (0, False, False)],
+             [(term, False, False), (0, False, True)], [(0, False, True), (0, True, False)],
+             [(0, False, False), (0, False, False)]]
+    mp.spawn(_spikes, args=(str(tmp_path / "store"), steps, str(tmp_path)), nprocs=2)
+    ranks = [json.loads((tmp_path / f"rank-{r}.json").read_text()) for r in range(2)]
+    assert ranks[0] == ranks[1] == [[0, True], [term, True], [term, False], [NONFINITE, False], [0, False]]
+
+
 def _carry(rank: int, store: str, prints: list[list[list[int]]], out: str) -> None:
     """2 shards x 2 replicas (rank r holds shard r % 2): each step casts a code and this rank's fingerprint."""
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=4)

@@ -1,0 +1,86 @@
+"""A loss or gradient-norm spike as a reason to look for silent data corruption now (fault.sdc_spike_factor).
+
+A step whose loss (this rank's) or gradient norm (the job's) exceeds `factor` times the median of the last
+WINDOW logged steps' (the metrics lines' values, the same on every rank) is a spike. Each rank compares on the
+device, with no host sync; the stop vote carries the flag (fsdp_jobs/runtime/stopping.py), so every rank learns of
+it at the next step and all act at the same step. What follows is the check the job has:
+- replicas compared (hybrid_shard, fault.sdc_check_interval): the replicas' state is compared at the next step;
+- none (full_shard on one group): the next CHECKS_AFTER steps are each taken twice and compared (the step
+  recheck, fsdp_jobs/runtime/recheck.py). On a GPU that needs deterministic kernels, which only
+  fault.sdc_recompute_interval > 0 turns on: without it a spike is said and recorded, and nothing is taken again.
+
+What it catches: a state corrupted so far that the replicas no longer agree (any flip since the last check, where
+replicas exist), and a chip that keeps corrupting its computations (it is checked right after it showed). What it
+cannot: without replicas, a single corruption that made the spike (the state after it is consistent, and a
+computation from it reproduces); a corruption too small to move the loss or the norm by `factor`. A spike of the
+data's own costs CHECKS_AFTER steps taken twice (or one replica check), never a rollback.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import deque
+from typing import Iterable, Optional
+
+import torch
+
+WINDOW = 32  # logged steps the medians are taken over
+MIN_HISTORY = 8  # logged steps an attempt needs before a step can be a spike
+CHECKS_AFTER = 2  # steps taken twice after a spike, where no replicas are compared
+
+
+class SpikeSentinel:
+    """One rank's side: the medians (`logged`), the device flag (`flag`), the vote's verdict (`agreed`) and the
+    checks it asks for (`check_now`). Every rank holds the same history: the logged values are the all-reduced
+    loss and the job's gradient norm."""
+
+    def __init__(self, factor: float, checks: str) -> None:
+        """`checks`: what a spike is followed by: "replicas", "recheck" or "none" (said, recorded only)."""
+        self.factor, self.checks = float(factor), checks
+        self.losses: deque[float] = deque(maxlen=WINDOW)
+        self.norms: deque[float] = deque(maxlen=WINDOW)
+        self.limits: Optional[tuple[float, float]] = None  # (loss, norm) above which a step is a spike
+        self.to_check = 0  # steps still to check for the last spike
+        self.spikes = 0  # this attempt's
+
+    @property
+    def enabled(self) -> bool:
+        return self.factor > 0
+
+    def logged(self, losses: Iterable[Optional[float]], norms: Iterable[Optional[float]]) -> None:
+        """The values of the metrics lines just written (every rank's, the same): the medians move."""
+        if not self.enabled:
+            return
+        for values, kept in ((losses, self.losses), (norms, self.norms)):
+            kept.extend(v for v in values if v is not None and v == v and abs(v) != float("inf"))
+        if len(self.losses) >= MIN_HISTORY:
+            norm_limit = self.factor * statistics.median(self.norms) if len(self.norms) >= MIN_HISTORY else float("inf")
+            self.limits = (self.factor * statistics.median(self.losses), norm_limit)
+
+    def flag(self, loss: torch.Tensor, norm: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
+        """Whether this step is a spike, as a bool on the device (no host sync); None until the medians exist."""
+        if self.limits is None:
+            return None
+        spike = loss.detach().reshape(1) > self.limits[0]
+        if norm is not None:
+            spike = spike | (norm.detach().reshape(1).to(spike.device) > self.limits[1])
+        return spike
+
+    def agreed(self, step: int) -> str:
+        """The vote said some rank spiked at `step`: the checks it asks for are due from the next step. Returns the
+        line that says so."""
+        self.spikes += 1
+        self.to_check = {"replicas": 1, "recheck": CHECKS_AFTER}.get(self.checks, 0)
+        what = {"replicas": "the replicas are compared at the next step",
+                "recheck": f"the next {CHECKS_AFTER} steps are each taken twice and compared"}.get(
+            self.checks, "no check can follow it in this job (a GPU's steps are bitwise alike, and so taken again, "
+                         "only with fault.sdc_recompute_interval > 0; fault_tolerance=replica compares none)")
+        return (f"a loss or gradient-norm spike at step {step}: above {self.factor:g} x the median of the last "
+                f"{WINDOW} logged steps before it, or as many as this attempt logged (fault.sdc_spike_factor); {what}")
+
+    def check_now(self) -> bool:
+        """Whether the step about to be checked is one a spike asked for (called once a step, on every rank)."""
+        if self.to_check <= 0:
+            return False
+        self.to_check -= 1
+        return True
