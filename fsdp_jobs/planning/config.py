@@ -180,9 +180,10 @@ class FaultConfig(Keys):
     # (fsdp_jobs/runtime/recheck.py): it catches a corruption that lands in a checked step (about 1 in N of them)
     # at the cost of about one step in N; 0 = off
     sdc_recompute_interval: int = 0
-    # a step whose loss or gradient norm is above this many times the median of the last 32 logged steps' is a
-    # spike (fsdp_jobs/runtime/sentinel.py): the replicas are compared at the next step, or without replicas the
-    # next 2 steps are each taken twice (on a GPU only where sdc_recompute_interval > 0); 0 = off
+    # a step whose loss or gradient norm (with train.grad_clip) is above this many times the median of the last 32
+    # logged steps' is a spike (fsdp_jobs/runtime/sentinel.py): within two steps the replicas are compared, or
+    # where none are compared 2 steps are each taken twice (on a GPU only where sdc_recompute_interval > 0;
+    # fault_tolerance=replica: only said); at most once in 32 steps; 0 = off
     sdc_spike_factor: float = 10.0
 
 

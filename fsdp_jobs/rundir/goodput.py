@@ -25,6 +25,9 @@ read as one (fsdp_jobs/rundir/events.py read_timeline):
                                           (fsdp_jobs/runtime/interval.py); no part of the tiling
     memory_interval {pid, steps, snapshot_s, step_s, share[, check_s, check_share]}  memory_interval=auto chose the steps
                                           between in-memory snapshots (fsdp_jobs/runtime/snapshots.py); no part
+                                          of the tiling
+    spike          {pid, step, factor, checks}  a loss or gradient-norm spike the sentinel acted on
+                                          (fsdp_jobs/runtime/sentinel.py); no part of the tiling
     end            {pid, why, step}       completed / preempted / failed: ...
 
 Each attempt's wall time is tiled by these marks: the time between two marks belongs to the part the
@@ -273,6 +276,8 @@ def account(events: list[dict[str, Any]], launches: Sequence[float] = (),
                 a.end = e
             elif name in ("interval", "memory_interval"):
                 setattr(a, name, {k: v for k, v in e.items() if k not in ("event", "pid", "time", "v")})
+            elif name == "spike":  # a record of a check asked for, not a mark: it closes no part
+                continue
             else:
                 a.marks[name] = e
     attempts.sort(key=lambda a: float(a.start["time"]))

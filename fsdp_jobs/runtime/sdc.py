@@ -338,7 +338,8 @@ def describe(found: Mismatch, nodes: list[str]) -> str:
         "rerun-irreproducible": f"did not reproduce its own state in any two of three computations of step "
                                 f"{found.step} from the same state: the steps are not bitwise reproducible here "
                                 "(kernels that are not deterministic), or a fault reaches every rank each time; no "
-                                "node can be named (fault.sdc_recompute_interval=0 turns the check off)",
+                                "node can be named (fault.sdc_recompute_interval=0 and fault.sdc_spike_factor=0 turn the check "
+                                "off)",
     }[found.how]
 
 

@@ -617,7 +617,7 @@ class Trainer:
         if self.vote.spiked:  # once: the next read (another stop_agreed in this step) clears it
             self.vote.spiked = False
             line = self.sentinel.agreed(self.voted_step)
-            if self.world.rank == 0:
+            if self.world.rank == 0 and line:
                 log(0, line)
                 self.timeline.event("spike", step=self.voted_step, factor=self.sentinel.factor,
                                     checks=self.sentinel.checks)
@@ -637,7 +637,8 @@ class Trainer:
         code = self.stop.received.value if self.stop.received else STOP_FILE if self.stop_file.seen.is_set() else 0
         riding = self.agreement.riding(self.state.step) if self.agreement.enabled else None  # (a script: no state)
         self.vote.cast(code, self.nonfinite, riding, self.spike)
-        self.voted_step = self.state.step
+        if self.sentinel.enabled:  # (a script's job has no state, and no sentinel)
+            self.voted_step = self.state.step
         return bool(code)
 
     def checkpoint_due(self) -> bool:

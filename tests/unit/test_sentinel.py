@@ -24,6 +24,8 @@ def test_a_loss_or_a_norm_above_factor_times_its_median_is_a_spike_and_nothing_e
     assert sentinel.flag(torch.tensor(25.1), torch.tensor(0.1)).item()
     assert sentinel.flag(torch.tensor(2.0), torch.tensor(10.1)).item()
     assert not sentinel.flag(torch.tensor(float("nan")), None).item()  # non-finite: the vote's NONFINITE says it
+    assert not sentinel.flag(torch.tensor(float("inf")), None).item()
+    assert not sentinel.flag(torch.tensor(2.0), torch.tensor(float("inf"))).item()
     assert sentinel.flag(torch.tensor(26.0), None).item()  # no norm (no clipping): the loss alone
 
 
@@ -44,6 +46,14 @@ def test_a_spike_asks_for_the_check_the_job_has_once_a_step():
         assert "fault.sdc_spike_factor" in line
         assert [sentinel.check_now() for _ in range(due + 2)] == [True] * due + [False, False], checks
         assert sentinel.spikes == 1
+
+
+def test_a_loss_that_stays_high_is_acted_on_once_a_window():
+    sentinel = SpikeSentinel(10, "recheck")
+    assert sentinel.agreed(41) and sentinel.check_now()
+    assert sentinel.agreed(42) is None and sentinel.agreed(41 + WINDOW - 1) is None  # said and checked once
+    assert sentinel.spikes == 1
+    assert sentinel.agreed(41 + WINDOW) and sentinel.spikes == 2
 
 
 def test_off_it_never_flags():
