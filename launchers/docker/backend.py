@@ -43,7 +43,7 @@ from fsdp_jobs.launchers.common import (NODE_WRAPPER, lighthouse_command, lighth
                               user_code_dir)
 from fsdp_jobs.launchers.docker.engine import (COMPOSE_FILE, DOWN_TIMEOUT_S, RESULT_FILE, SKEL_IMAGE,
                                      compose_command, container_user, containers, docker, docker_dir, engine_error,
-                                     ensure_skel_image, give_to, last_exit, read_result, tcp_rto_max_ms)
+                                     ensure_skel_image, give_to, last_exit, read_result, tcp_retries2, tcp_rto_max_ms)
 from fsdp_jobs.launchers.node.wrapper import ENGINE_RESTARTS_ENV
 from fsdp_jobs.launchers.supervisor import stop_signals
 from fsdp_jobs.launchers.snapshot import PROJECT_ROOT, next_snapshot_dir, take_snapshot, take_user_code
@@ -171,7 +171,7 @@ def compose_spec(plan: Plan, cfg: JobConfig, code_dir: Path, user_dir: Optional[
     if plan.replicas is not None:
         services[LIGHTHOUSE] = lighthouse_service(plan, cfg, python, volumes, user, code_dir)
     for service in services.values() if rto_max_ms is not None else ():
-        service["sysctls"] = {"net.ipv4.tcp_rto_max_ms": rto_max_ms}
+        service["sysctls"] = {"net.ipv4.tcp_rto_max_ms": rto_max_ms, "net.ipv4.tcp_retries2": tcp_retries2(rto_max_ms)}
     network = {"driver": "bridge", "labels": {LABEL: run_dir}}
     if c.internal_network:
         network["internal"] = True

@@ -47,11 +47,10 @@ class DockerClusterConfig(ClusterConfig):
     rdzv_port: Optional[int] = None  # None = 29400 (each job has its own network, so no clash)
     # net.ipv4.tcp_rto_max_ms in the job's containers (their own network namespaces): how long TCP backs off
     # between retransmissions at most. The kernel's 120 s cap doubles from 0.2 s while a node is cut off, so a
-    # connection healed after 5 s resent only ~3 s later. auto = 1000 where the engine's kernel has the
-    # setting (Linux 6.15+, asked at launch); or 1000-120000; off (the default) = the kernel's own. Off by
-    # default: capped, a cut's connections also fail within seconds (its retries spent sooner), so a node cut
-    # off for longer has its agent fail on the store and Docker restart its container
-    tcp_rto_max_ms: str = "off"
+    # connection healed after 5 s resent only ~3 s later. auto (the default) = 1000 where the engine's kernel has
+    # the setting (Linux 6.15+, asked at launch); or 1000-120000; off = the kernel's own. net.ipv4.tcp_retries2
+    # goes with it, so a cut node's connections last about as long as by default (at 1000: 4 min, not 15 s)
+    tcp_rto_max_ms: str = "auto"
     # the containers never run as root nor see the host's system directories or the Docker socket
     # (root in a container with the socket is root on the host); true lifts both refusals
     allow_root: bool = False

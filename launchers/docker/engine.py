@@ -7,6 +7,7 @@ from __future__ import annotations
 import datetime
 import io
 import json
+import math
 import os
 import re
 import shlex
@@ -70,6 +71,16 @@ def engine_error() -> Optional[str]:
 
 RTO_MAX_SINCE = (6, 15)  # the first Linux with net.ipv4.tcp_rto_max_ms (per network namespace)
 AUTO_RTO_MAX_MS = 1000
+KERNEL_GIVE_UP_S = 924.6  # tcp_retries2's default 15 retransmissions, waits doubling from 0.2 s to the 120 s cap
+MAX_RETRIES2 = 255  # the kernel keeps net.ipv4.tcp_retries2 in a byte
+
+
+def tcp_retries2(rto_max_ms: int) -> int:
+    """net.ipv4.tcp_retries2 beside a capped backoff: the retransmissions that keep a cut node's connections about
+    as long as the kernel's default does (15 min), at most MAX_RETRIES2 (at a 1 s cap each retransmission waits
+    about 1 s: 4 min). With the default 15, a 1 s cap gave up after 15 s: a node cut off for longer had its agent
+    fail on the store and its container restarted."""
+    return max(15, min(MAX_RETRIES2, math.ceil(KERNEL_GIVE_UP_S * 1000 / rto_max_ms)))
 
 
 def engine_kernel() -> Optional[tuple[int, int]]:

@@ -96,7 +96,13 @@ def test_the_compose_file_sets_the_cap_only_where_asked_or_known(cli_here, run_r
     r = cli_here("cluster=docker", f"run_root={run_root}", "name=d", "dry_run=true", env=no_engine)
     assert r.returncode == 0 and "sysctls" not in r.stdout, r.stderr
     s = dry_run(cli_here, run_root, "nodes=2", "cluster.tcp_rto_max_ms=2000")["compose"]["services"]
-    assert [s[n]["sysctls"] for n in ("node0", "node1")] == [{"net.ipv4.tcp_rto_max_ms": 2000}] * 2
+    # with as many retransmissions as keep a cut node's connections about as long as the kernel's default does
+    assert [s[n]["sysctls"] for n in ("node0", "node1")] == [{"net.ipv4.tcp_rto_max_ms": 2000,
+                                                               "net.ipv4.tcp_retries2": 255}] * 2
+    s = dry_run(cli_here, run_root, "nodes=2", "cluster.tcp_rto_max_ms=120000")["compose"]["services"]
+    assert s["node0"]["sysctls"]["net.ipv4.tcp_retries2"] == 15  # the kernel's own cap: its own default
+    s = dry_run(cli_here, run_root, "nodes=2", "cluster.tcp_rto_max_ms=10000")["compose"]["services"]
+    assert s["node0"]["sysctls"]["net.ipv4.tcp_retries2"] == 93
 
 
 def test_the_supervisor_acts_on_nothing_it_reads_back_from_the_run_dir():
