@@ -68,6 +68,7 @@ def test_the_ranks_are_forked_with_the_imports_frozen_out_of_the_collector(monke
     assert collecting_at_launch  # the ranks it forks collect their own garbage
 
 
+@pytest.mark.integration  # a new interpreter imports torch (3 s): with the jobs tier, not the quick loop
 def test_the_agent_imports_torch_and_the_trainer_without_a_single_collection(tmp_path):
     """`python -m fsdp_jobs.launchers.node.agent` turns the collector off before its first import (pitfall 23): its
     import of torch (~300,000 objects with the trainer's) then runs no collection, where it ran 640 of the
@@ -271,6 +272,7 @@ def test_a_stop_signal_stops_the_agents_heartbeats_and_leaves_the_rendezvous_ope
     host._stop_heartbeats()
 
 
+@pytest.mark.integration  # a real rendezvous waits out a keep-alive expiry (5 s): with the jobs tier, not the quick loop
 def test_an_agent_tells_its_watchdog_which_node_left_its_round_by_our_name(tmp_path, monkeypatch):
     """A node cut off from the network keeps every other node's ranks waiting, and only the hang timeout found
     it; torch's rendezvous drops its agent from the round once its keep-alive lapses. The other agent names it,
@@ -315,6 +317,7 @@ def test_an_agent_tells_its_watchdog_which_node_left_its_round_by_our_name(tmp_p
     host._stop_heartbeats()
 
 
+@pytest.mark.integration  # a real rendezvous and a process killed (3 s): with the jobs tier, not the quick loop
 def test_a_node_dropped_from_its_round_restarts_its_ranks_once_the_others_went_on_without_it(monkeypatch, capsys):
     """A node cut off past the keep-alive expiry is dropped from the round; the others' watchdogs restart their
     ranks into a new round, as participants, so torch's `num_nodes_waiting` tells the dropped agent nothing and

@@ -14,6 +14,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from fsdp_jobs.rundir import runs
 from fsdp_jobs.rundir.layout import RunDir
 from fsdp_jobs.rundir.records import LaunchRecord
@@ -32,6 +34,7 @@ def node_events(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in RunDir(run_dir).node_events_file.read_text().splitlines()]
 
 
+@pytest.mark.integration  # three node wrappers, the last with its agent and rank (4 s): with the jobs tier, not the quick loop
 def test_a_node_started_after_its_launcher_stopped_the_nodes_stops_before_it_trains(tmp_path):
     run_dir = tmp_path / "run"
     run_dir.mkdir()
