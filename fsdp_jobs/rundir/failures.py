@@ -18,6 +18,10 @@ from fsdp_jobs.rundir.layout import RunDir
 from fsdp_jobs.rundir.records import FailureRecord
 
 ATTEMPT_ENV = "FSDP_JOBS_ATTEMPT"
+# the rendezvous round this rank's agent last joined (launchers/node/agent.py): the same on every node of an
+# attempt, where torchrun's restart count (in attempt_id) is each agent's own: a node whose agent restarted once
+# more (a healed cut, a container restarted) counts one ahead of the others in the same attempt (pitfall 37)
+ROUND_ENV = "FSDP_JOBS_RENDEZVOUS_ROUND"
 
 
 def attempt_id() -> str:
@@ -40,7 +44,8 @@ def record(run_dir: Path, exc: BaseException, step: Optional[int]) -> None:
     frames = traceback.extract_tb(exc.__traceback__)
     where = f"{Path(frames[-1].filename).name}:{frames[-1].lineno}" if frames else ""
     entry = FailureRecord(
-        time=time.time(), rank=int(os.environ.get("RANK", 0)), attempt=attempt_id(), step=step, where=where,
+        time=time.time(), rank=int(os.environ.get("RANK", 0)), attempt=attempt_id(),
+        round=int(os.environ[ROUND_ENV]) if os.environ.get(ROUND_ENV, "").isdigit() else None, step=step, where=where,
         error=f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"[:300],
         exit_code=exit_code(exc))
     try:
@@ -55,12 +60,20 @@ def read(run_dir: Path) -> list[FailureRecord]:
     return [r for r in map(FailureRecord.from_dict, runs.read_jsonl(RunDir(run_dir).failures_file)) if r is not None]
 
 
+def attempt_of(entry: FailureRecord) -> str:
+    """The attempt a record belongs to, the same for every rank in it: the scheduler's attempt and the rendezvous
+    round where the record has one (an older record: torchrun's restart count, which differs between nodes)."""
+    if entry.round is None:
+        return entry.attempt
+    return f"{entry.attempt.rpartition(':')[0]}:round {entry.round}"
+
+
 def repeating(entries: list[FailureRecord]) -> Optional[str]:
     """The reason to stop, if the last two attempts that failed failed first with the same exception at the
     same step (and place); None otherwise."""
     first: dict[str, FailureRecord] = {}
     for e in sorted(entries, key=lambda e: e.time):
-        first.setdefault(e.attempt, e)  # an attempt's first failure is its cause; the rest follow from it
+        first.setdefault(attempt_of(e), e)  # an attempt's first failure is its cause; the rest follow from it
     if len(first) < 2:
         return None
     a, b = sorted(first.values(), key=lambda e: e.time)[-2:]
@@ -76,8 +89,8 @@ def first_of_last_attempt(entries: list[FailureRecord], since: float = 0.0) -> O
     recent = [e for e in entries if e.time >= since]
     if not recent:
         return None
-    last = max(recent, key=lambda e: e.time).attempt
-    return min((e for e in recent if e.attempt == last), key=lambda e: e.time)
+    last = attempt_of(max(recent, key=lambda e: e.time))
+    return min((e for e in recent if attempt_of(e) == last), key=lambda e: e.time)
 
 
 def describe(entry: FailureRecord) -> str:

@@ -26,6 +26,7 @@ if __name__ == "__main__":  # fsdp_jobs/ARCHITECTURE.md, pitfall 23: no collecti
 
 from fsdp_jobs.planning.plan import REPLICA_GROUP_ENV  # noqa: E402  (after the collector is off: pitfall 23)
 from fsdp_jobs.runtime.loopback_store import STORE_HOST_ENV, install  # noqa: E402
+from fsdp_jobs.rundir.failures import ROUND_ENV  # noqa: E402
 
 TRAINER = "fsdp_jobs.runtime"
 SPAWN_ENV = "FSDP_JOBS_SPAWN_RANKS"
@@ -652,7 +653,8 @@ def shorten_the_last_call_after_the_first_round(nodes: int, seconds: float = REL
 def tell_the_ranks_who_hosts_the_store() -> None:
     """After each round, STORE_HOST_ENV in this agent's environment, which the ranks it then starts inherit
     (forked or spawned): "1" where this agent serves the rendezvous store. A preflight never has a hot spare
-    replace that node (fsdp_jobs/runtime/preflight.py): its agent's exit would end the rendezvous for all."""
+    replace that node (fsdp_jobs/runtime/preflight.py): its agent's exit would end the rendezvous for all.
+    And ROUND_ENV, the round's number, which their failure records carry (fsdp_jobs/rundir/failures.py)."""
     from torch.distributed.elastic.rendezvous.dynamic_rendezvous import DynamicRendezvousHandler
 
     next_rendezvous = DynamicRendezvousHandler.next_rendezvous
@@ -660,6 +662,9 @@ def tell_the_ranks_who_hosts_the_store() -> None:
     def next_rendezvous_and_say_who_hosts(handler: Any) -> Any:
         result = next_rendezvous(handler)
         os.environ[STORE_HOST_ENV] = "1" if getattr(handler._store, "hosts_server", False) else "0"
+        holder = getattr(handler, "_state_holder", None)  # the round, which every node of the attempt shares
+        if holder is not None:
+            os.environ[ROUND_ENV] = str(holder.state.round)
         return result
 
     DynamicRendezvousHandler.next_rendezvous = next_rendezvous_and_say_who_hosts

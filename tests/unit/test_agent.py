@@ -533,14 +533,18 @@ def test_the_ranks_are_told_whether_their_agent_hosts_the_rendezvous_store(monke
     from torch.distributed.elastic.rendezvous.dynamic_rendezvous import DynamicRendezvousHandler
 
     from fsdp_jobs.runtime.loopback_store import STORE_HOST_ENV
+    from fsdp_jobs.rundir.failures import ROUND_ENV
     from fsdp_jobs.launchers.node import agent
 
     monkeypatch.setattr(DynamicRendezvousHandler, "next_rendezvous", lambda handler: "round")
     monkeypatch.setenv(STORE_HOST_ENV, "")
     agent.tell_the_ranks_who_hosts_the_store()
-    for hosts, says in ((True, "1"), (False, "0")):
-        handler = SimpleNamespace(_store=SimpleNamespace(hosts_server=hosts))
+    monkeypatch.setenv(ROUND_ENV, "")
+    for hosts, says, round_ in ((True, "1", 3), (False, "0", 4)):
+        handler = SimpleNamespace(_store=SimpleNamespace(hosts_server=hosts),
+                                  _state_holder=SimpleNamespace(state=SimpleNamespace(round=round_)))
         assert DynamicRendezvousHandler.next_rendezvous(handler) == "round" and os.environ[STORE_HOST_ENV] == says
+        assert os.environ[ROUND_ENV] == str(round_)  # what their failure records carry: the attempt's on every node
 
 
 def test_torchrun_logs_no_failure_for_ranks_that_ended_for_a_replaced_node(caplog, monkeypatch):

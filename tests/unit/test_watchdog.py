@@ -133,6 +133,24 @@ def test_a_failure_repeats_only_as_the_same_first_exception_at_the_same_step_in_
     assert "at start-up" in repeating([f("7.0:0", 1, step=None), f("7.0:1", 2, step=None)])
 
 
+def test_one_failure_seen_by_nodes_whose_agents_restarted_unequally_is_one_attempt_not_a_repeat():
+    """torchrun's restart count is each agent's own: a node whose agent restarted once more (a healed cut node's
+    agent, a restarted container) labels the same attempt one ahead. A Docker marathon (seed 1) stopped the job
+    as "the same failure twice in a row" on one killed node: rank 1 recorded it as attempt :2, rank 0 as :3, 1.7 ms
+    apart. The rendezvous round both agents joined is one, and it decides."""
+    from fsdp_jobs.rundir.failures import repeating
+    from fsdp_jobs.rundir.records import FailureRecord
+
+    def f(attempt: str, round_: int | None, t: float, step: int = 486):
+        return FailureRecord(attempt=attempt, round=round_, time=t, error="RuntimeError: Connection closed by peer",
+                             step=step, where="distributed_c10d.py:3252")
+
+    assert repeating([f(":2", 7, 1.0), f(":3", 7, 1.0017)]) is None
+    assert repeating([f(":2", 7, 1.0), f(":3", 8, 5.0)]) is not None  # two rounds: two attempts, as before
+    assert repeating([f("41.1:2", 7, 1.0), f("41.2:0", 7, 9.0)]) is not None  # a requeue's round 7 is another
+    assert repeating([f(":2", None, 1.0), f(":3", None, 1.0017)]) is not None  # an older record: its label alone
+
+
 def _sleeping_ranks_of_agent_77(monkeypatch) -> list[int]:
     """Every heartbeat's process a sleeping child of agent pid 77, its stack a placeholder; the pids the watchdog
     kills, recorded instead of killed."""
