@@ -95,7 +95,8 @@ def _ended(run_dir: Path, timeout: float = 3600) -> str:
 def _marathon(root: Path, args: list[str], faults: int, seed: int) -> tuple[int, int, list[str], float]:
     """(job exit, marathon exit, marathon lines, job wall s) of the job run under the marathon."""
     began = time.time()
-    job = _cli(f"run_root={root}", "name=chaos", *args, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+    with open(root / "chaos.out", "w") as out:  # what the job's command said: a failure is read there
+        job = _cli(f"run_root={root}", "name=chaos", *args, stdout=out, stderr=subprocess.STDOUT)
     metrics = RunDir(root / "chaos").metrics_file
     while not metrics.exists() and (job.poll() is None or _state(root / "chaos") in ("PENDING", "RUNNING")):
         time.sleep(0.2)
@@ -114,9 +115,10 @@ def bench_chaos(faults: int, seed: int, steps: Optional[int], overrides: list[st
     args = job_args(faults, seed, steps, overrides)
     with tempfile.TemporaryDirectory(prefix="bench-chaos-") as tmp:
         root = keep or Path(tmp)
+        root.mkdir(parents=True, exist_ok=True)
         began = time.time()
-        ref_rc = _cli(f"run_root={root}", "name=ref", *args, stdout=subprocess.DEVNULL,
-                      stderr=subprocess.STDOUT).wait()
+        with open(root / "ref.out", "w") as out:
+            ref_rc = _cli(f"run_root={root}", "name=ref", *args, stdout=out, stderr=subprocess.STDOUT).wait()
         ref_state = _ended(root / "ref")
         ref_wall = time.time() - began
         job_rc, marathon_rc, lines, wall = _marathon(root, args, faults, seed)
@@ -125,10 +127,18 @@ def bench_chaos(faults: int, seed: int, steps: Optional[int], overrides: list[st
         same = (state_difference(final_ref, final) if final_ref and final and final_ref.name == final.name
                 else f"final checkpoints {final_ref and final_ref.name} vs {final and final.name}")
         report = goodput.of_run(root / "chaos") or {}
+        said = {f"{name}_last_line": last_line(root / out) for name, out, rc in (("reference", "ref.out", ref_rc),
+                                                                                 ("job", "chaos.out", job_rc)) if rc}
     return {"benchmark": "chaos", "faults": faults, "seed": seed, "job": args, "reference_exit": ref_rc, "reference_state": ref_state,
             "reference_wall_s": round(ref_wall, 1), "job_exit": job_rc, "marathon_exit": marathon_rc,
             "job_wall_s": round(wall, 1), "final_checkpoint": final.name if final else None,
             "bitwise_equal_to_uninterrupted": same is None, "first_difference": same,
             "incidents": incidents, "goodput": report.get("total"), "attempts": len(report.get("attempts", [])),
             "table": [line for line in lines if line.startswith("|")],
-            "kept": str(keep) if keep else None}
+            "kept": str(keep) if keep else None, **said}
+
+
+def last_line(path: Path) -> str:
+    """The last line a failed command printed (its reason, by the product's rule), for the benchmark's JSON."""
+    lines = path.read_text(errors="replace").strip().splitlines() if path.exists() else []
+    return lines[-1][:300] if lines else ""
