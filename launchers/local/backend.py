@@ -40,16 +40,19 @@ if TYPE_CHECKING:  # types only, never imported at run time: no hydra on the nod
     from fsdp_jobs.planning.config import JobConfig
     from fsdp_jobs.planning.plan import Plan
 
-# below the kernel's ephemeral range (ip_local_port_range, 32768-60999 by default); the one-in-11,000 chance
-# that two jobs started at once draw the same port is torch's own (it takes a port the same way)
-PORTS_FROM = 21000
+# below the kernel's ephemeral range (ip_local_port_range, 32768-60999 by default) and clear of the fixed ports of
+# the services this project starts beside jobs (deploy/slurm's MariaDB 23306, the dev apiserver's etcd 23790 and
+# 23800) and of torch's own (29400, 29500); two jobs started at once draw the same port one time in 5,400
+PORTS = range(24000, 29400)
+_given: set[int] = set()  # every port this process handed out: a replica job's groups and lighthouse, a sweep's jobs
 
 
 def free_port() -> int:
     """A loopback port free now, chosen where no outgoing connection can take it before node0's agent binds
-    it, seconds later (pitfall 36); the kernel's pick when the ephemeral range leaves no room below it."""
+    it, seconds later (pitfall 36), and not one this process gave before; the kernel's pick when the ephemeral
+    range leaves no room below it."""
     low = ephemeral_ports()[0]
-    candidates = list(range(PORTS_FROM, low))
+    candidates = [port for port in PORTS if port < low and port not in _given]
     random.shuffle(candidates)
     for port in candidates[:64]:
         with socket.socket() as s:
@@ -57,10 +60,15 @@ def free_port() -> int:
                 s.bind(("127.0.0.1", port))
             except OSError:
                 continue
+        _given.add(port)
+        return port
+    while True:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        if port not in _given:
+            _given.add(port)
             return port
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def ephemeral_ports() -> tuple[int, int]:

@@ -18,7 +18,9 @@ def test_the_dry_run_shows_a_port_below_the_ephemeral_range(cli_here, tmp_path):
     assert r.returncode == 0, r.stderr
     ports = {int(p) for p in re.findall(r"--rdzv-endpoint=127\.0\.0\.1:(\d+)", r.stdout)}
     low, _ = backend.ephemeral_ports()
-    assert len(ports) == 1 and backend.PORTS_FROM <= ports.pop() < low, r.stdout
+    port = ports.pop()
+    assert not ports and port in backend.PORTS and port < low, r.stdout
+    assert port not in (23306, 23790, 23800, 29400, 29500)  # the services beside jobs, torch's defaults
 
 
 def bindable(port: int) -> bool:
@@ -30,14 +32,17 @@ def bindable(port: int) -> bool:
         return True
 
 
-def test_a_port_in_use_is_passed_over(monkeypatch):
-    taken = next(p for p in range(backend.PORTS_FROM, 32000) if bindable(p) and bindable(p + 1))
-    monkeypatch.setattr(backend, "PORTS_FROM", taken)
-    monkeypatch.setattr(backend, "ephemeral_ports", lambda: (taken + 2, 60999))
+def test_a_port_in_use_is_passed_over_and_none_is_given_twice(monkeypatch):
+    taken = next(p for p in range(24000, 29000) if bindable(p) and bindable(p + 1) and bindable(p + 2))
+    monkeypatch.setattr(backend, "PORTS", range(taken, taken + 3))
+    monkeypatch.setattr(backend, "_given", set())
     with socket.socket() as held:
         held.bind(("127.0.0.1", taken))
         held.listen()
-        assert backend.free_port() == taken + 1
+        first, second = backend.free_port(), backend.free_port()  # a replica job's two groups, say
+    assert {first, second} == {taken + 1, taken + 2}
+    third = backend.free_port()  # none left in the range: the kernel's pick, still not one given before
+    assert third not in (first, second) and bindable(third)
 
 
 def test_with_no_room_below_the_ephemeral_range_the_kernel_picks(monkeypatch):
