@@ -45,7 +45,7 @@ def record(run_dir: Path, exc: BaseException, step: Optional[int]) -> None:
     where = f"{Path(frames[-1].filename).name}:{frames[-1].lineno}" if frames else ""
     entry = FailureRecord(
         time=time.time(), rank=int(os.environ.get("RANK", 0)), attempt=attempt_id(),
-        round=int(os.environ[ROUND_ENV]) if os.environ.get(ROUND_ENV, "").isdigit() else None, step=step, where=where,
+        round=os.environ.get(ROUND_ENV) or None, step=step, where=where,
         error=f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"[:300],
         exit_code=exit_code(exc))
     try:

@@ -323,7 +323,7 @@ class FailureRecord(Record):
     step: Optional[int] = None
     where: str = ""
     exit_code: Optional[int] = None  # the rank's exit status (sys.exit's code; 1 for an exception); older: none
-    round: Optional[int] = None  # the rendezvous round its agent joined (failures.ROUND_ENV); older: none
+    round: Optional[str] = None  # the rendezvous round its agent joined (failures.ROUND_ENV); older: none
     v: int = SCHEMA
     extra: dict[str, Any] = field(default_factory=dict)
 

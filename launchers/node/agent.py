@@ -650,11 +650,22 @@ def shorten_the_last_call_after_the_first_round(nodes: int, seconds: float = REL
     DynamicRendezvousHandler.next_rendezvous = next_rendezvous_then_shorten
 
 
+def round_label(state: Any) -> str:
+    """A rendezvous round's name, the same on every node in it: torch's number, which starts from 0 again on a new
+    store (its host's agent restarted) and in each replica group's rendezvous, and a digest of the participants
+    (each agent's address, pid and local id), which tells those apart."""
+    import hashlib
+
+    nodes = sorted(f"{n.addr}:{n.pid}:{n.local_id}" for n in state.participants)
+    return f"{state.round}-{hashlib.sha256(chr(10).join(nodes).encode()).hexdigest()[:12]}"
+
+
 def tell_the_ranks_who_hosts_the_store() -> None:
     """After each round, STORE_HOST_ENV in this agent's environment, which the ranks it then starts inherit
     (forked or spawned): "1" where this agent serves the rendezvous store. A preflight never has a hot spare
     replace that node (fsdp_jobs/runtime/preflight.py): its agent's exit would end the rendezvous for all.
-    And ROUND_ENV, the round's number, which their failure records carry (fsdp_jobs/rundir/failures.py)."""
+    And ROUND_ENV, which their failure records carry (fsdp_jobs/rundir/failures.py, pitfall 37): the round's
+    number and a digest of its participants, the same on every node of the round."""
     from torch.distributed.elastic.rendezvous.dynamic_rendezvous import DynamicRendezvousHandler
 
     next_rendezvous = DynamicRendezvousHandler.next_rendezvous
@@ -664,7 +675,7 @@ def tell_the_ranks_who_hosts_the_store() -> None:
         os.environ[STORE_HOST_ENV] = "1" if getattr(handler._store, "hosts_server", False) else "0"
         holder = getattr(handler, "_state_holder", None)  # the round, which every node of the attempt shares
         if holder is not None:
-            os.environ[ROUND_ENV] = str(holder.state.round)
+            os.environ[ROUND_ENV] = round_label(holder.state)
         return result
 
     DynamicRendezvousHandler.next_rendezvous = next_rendezvous_and_say_who_hosts

@@ -539,12 +539,20 @@ def test_the_ranks_are_told_whether_their_agent_hosts_the_rendezvous_store(monke
     monkeypatch.setattr(DynamicRendezvousHandler, "next_rendezvous", lambda handler: "round")
     monkeypatch.setenv(STORE_HOST_ENV, "")
     agent.tell_the_ranks_who_hosts_the_store()
+    from torch.distributed.elastic.rendezvous.dynamic_rendezvous import _NodeDesc
+
     monkeypatch.setenv(ROUND_ENV, "")
-    for hosts, says, round_ in ((True, "1", 3), (False, "0", 4)):
-        handler = SimpleNamespace(_store=SimpleNamespace(hosts_server=hosts),
-                                  _state_holder=SimpleNamespace(state=SimpleNamespace(round=round_)))
+    pair = {_NodeDesc("node0", 7, 0): 0, _NodeDesc("node1", 8, 0): 1}
+    labels = []
+    for hosts, says, round_, participants in ((True, "1", 3, pair), (False, "0", 3, dict(reversed(pair.items()))),
+                                              (True, "1", 4, pair), (True, "1", 3, {_NodeDesc("node0", 9, 0): 0})):
+        state = SimpleNamespace(round=round_, participants=participants)
+        handler = SimpleNamespace(_store=SimpleNamespace(hosts_server=hosts), _state_holder=SimpleNamespace(state=state))
         assert DynamicRendezvousHandler.next_rendezvous(handler) == "round" and os.environ[STORE_HOST_ENV] == says
-        assert os.environ[ROUND_ENV] == str(round_)  # what their failure records carry: the attempt's on every node
+        labels.append(os.environ[ROUND_ENV])  # what their failure records carry
+    # both nodes of a round name it alike; the next round, or a round 3 of another store (its agent restarted:
+    # another pid), differ
+    assert labels[0] == labels[1] and len(set(labels)) == 3 and labels[0].startswith("3-"), labels
 
 
 def test_torchrun_logs_no_failure_for_ranks_that_ended_for_a_replaced_node(caplog, monkeypatch):

@@ -141,13 +141,14 @@ def test_one_failure_seen_by_nodes_whose_agents_restarted_unequally_is_one_attem
     from fsdp_jobs.rundir.failures import repeating
     from fsdp_jobs.rundir.records import FailureRecord
 
-    def f(attempt: str, round_: int | None, t: float, step: int = 486):
+    def f(attempt: str, round_: str | None, t: float, step: int = 486):
         return FailureRecord(attempt=attempt, round=round_, time=t, error="RuntimeError: Connection closed by peer",
                              step=step, where="distributed_c10d.py:3252")
 
-    assert repeating([f(":2", 7, 1.0), f(":3", 7, 1.0017)]) is None
-    assert repeating([f(":2", 7, 1.0), f(":3", 8, 5.0)]) is not None  # two rounds: two attempts, as before
-    assert repeating([f("41.1:2", 7, 1.0), f("41.2:0", 7, 9.0)]) is not None  # a requeue's round 7 is another
+    assert repeating([f(":2", "7-ab", 1.0), f(":3", "7-ab", 1.0017)]) is None
+    assert repeating([f(":2", "7-ab", 1.0), f(":3", "8-ab", 5.0)]) is not None  # two rounds: two attempts, as before
+    assert repeating([f(":2", "0-ab", 1.0), f(":3", "0-cd", 5.0)]) is not None  # round 0 of a new store: another
+    assert repeating([f("41.1:2", "7-ab", 1.0), f("41.2:0", "7-ab", 9.0)]) is not None  # a requeue's is another
     assert repeating([f(":2", None, 1.0), f(":3", None, 1.0017)]) is not None  # an older record: its label alone
 
 
