@@ -7,7 +7,6 @@ from __future__ import annotations
 import datetime
 import io
 import json
-import math
 import os
 import re
 import shlex
@@ -76,11 +75,15 @@ MAX_RETRIES2 = 255  # the kernel keeps net.ipv4.tcp_retries2 in a byte
 
 
 def tcp_retries2(rto_max_ms: int) -> int:
-    """net.ipv4.tcp_retries2 beside a capped backoff: the retransmissions that keep a cut node's connections about
-    as long as the kernel's default does (15 min), at most MAX_RETRIES2 (at a 1 s cap each retransmission waits
-    about 1 s: 4 min). With the default 15, a 1 s cap gave up after 15 s: a node cut off for longer had its agent
-    fail on the store and its container restarted."""
-    return max(15, min(MAX_RETRIES2, math.ceil(KERNEL_GIVE_UP_S * 1000 / rto_max_ms)))
+    """net.ipv4.tcp_retries2 beside a capped backoff: the retransmissions whose waits (0.2 s doubling, up to the
+    cap) add up to the kernel's default give-up time, 15 minutes, at most MAX_RETRIES2 (at a 1 s cap: 4 min).
+    With the default 15, a 1 s cap gave up after 15 s: a node cut off for longer had its agent fail on the store
+    and its container restarted."""
+    waited, waits = 0.0, 0
+    while waited < KERNEL_GIVE_UP_S:
+        waited += min(0.2 * 2 ** waits, rto_max_ms / 1000)
+        waits += 1
+    return max(15, min(MAX_RETRIES2, waits - 1))  # the wait after the last retransmission is the last one
 
 
 def engine_kernel() -> Optional[tuple[int, int]]:
