@@ -89,9 +89,10 @@ class SpikeSentinel:
         return (f"a loss or gradient-norm spike at step {step}: above {self.factor:g} x the median of the last "
                 f"{WINDOW} logged steps before it, or as many as this attempt logged (fault.sdc_spike_factor); {what}")
 
-    def check_now(self) -> bool:
-        """Whether the step about to be checked is one a spike asked for (called once a step, on every rank)."""
-        if self.to_check <= 0:
+    def check_now(self, kind: str) -> bool:
+        """Whether the step about to be checked by `kind` ("replicas", "recheck") is one a spike asked for (called
+        once a step, by the check this job has, on every rank)."""
+        if kind != self.checks or self.to_check <= 0:
             return False
         self.to_check -= 1
         return True

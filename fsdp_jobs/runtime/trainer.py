@@ -595,9 +595,10 @@ class Trainer:
         local_norm = grad_norm.to_local() if hasattr(grad_norm, "to_local") else grad_norm
         self.nonfinite = ~torch.isfinite(step_loss) if local_norm is None else ~(
             torch.isfinite(step_loss) & torch.isfinite(local_norm))
+        mean_loss = step_loss.float() / accum
         # a DTensor's local norm is this rank's part: the sentinel compares the job's, a plain tensor, only
-        self.spike = self.sentinel.flag(step_loss.float() / accum, grad_norm if local_norm is grad_norm else None)
-        return step_loss.float() / accum, grad_norm
+        self.spike = self.sentinel.flag(mean_loss, grad_norm if local_norm is grad_norm else None)
+        return mean_loss, grad_norm
 
     def watch_for_stop(self, stop: StopFlag) -> None:
         """Start the stop machinery: the local flag (signals), rank 0's stop request watcher, the vote."""
@@ -781,7 +782,7 @@ class Trainer:
         a replica job's step not committed), or "sdc" where no two computations of it agreed (the state before it
         kept, the attempt ended: `sdc_end`). Where nodes were named, `named` holds what named them."""
         recheck = self.recheck
-        if not recheck.due(self.state.step + 1) and not (self.sentinel.checks == "recheck" and self.sentinel.check_now()):
+        if not recheck.due(self.state.step + 1) and not self.sentinel.check_now("recheck"):
             return self.train_step(inputs, targets)
         recheck.keep(self.state, self.model)
         self.train_step(inputs, targets)  # the first computation: `confirm` compares the next with it
@@ -860,7 +861,7 @@ class Trainer:
         # checkpoint, so a rank killed just after a save between two snapshots was reloaded from disk
         snapshot_due = self.snapshots.due(state.step) or (checkpoint_now and self.snapshots.enabled)
         checking = self.agreement.due(state.step, snapshot_due or checkpoint_now or state.step == self.tcfg.steps) \
-            or (self.sentinel.checks == "replicas" and self.sentinel.check_now())
+            or self.sentinel.check_now("replicas")
         began = time.perf_counter()
         if checking:
             self.agreement.launch(state.step, state_tensors(self.model, state.optimizer))

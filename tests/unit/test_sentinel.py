@@ -40,17 +40,17 @@ def test_the_medians_follow_the_last_window_and_skip_what_is_not_finite():
 def test_a_spike_asks_for_the_check_the_job_has_once_a_step():
     for checks, due in (("recheck", CHECKS_AFTER), ("replicas", 1), ("none", 0)):
         sentinel = SpikeSentinel(10, checks)
-        assert not sentinel.check_now()
+        assert not sentinel.check_now(checks)
         line = sentinel.agreed(41)
         assert line.startswith("a loss or gradient-norm spike at step 41: above 10 x the median"), line
         assert "fault.sdc_spike_factor" in line
-        assert [sentinel.check_now() for _ in range(due + 2)] == [True] * due + [False, False], checks
+        assert [sentinel.check_now(checks) for _ in range(due + 2)] == [True] * due + [False, False], checks
         assert sentinel.spikes == 1
 
 
 def test_a_loss_that_stays_high_is_acted_on_once_a_window():
     sentinel = SpikeSentinel(10, "recheck")
-    assert sentinel.agreed(41) and sentinel.check_now()
+    assert sentinel.agreed(41) and sentinel.check_now("recheck") and not sentinel.check_now("replicas")
     assert sentinel.agreed(42) is None and sentinel.agreed(41 + WINDOW - 1) is None  # said and checked once
     assert sentinel.spikes == 1
     assert sentinel.agreed(41 + WINDOW) and sentinel.spikes == 2
