@@ -8,8 +8,8 @@ altogether, while a rank blocked in a collective (the GIL released) keeps writin
 That difference is how the watchdog names the rank that stopped first.
 
 Each advance also splits the gap since the last one into compute and waiting in collectives (the wait from
-fsdp_jobs/runtime/collective_clock.py): the record's `compute_s` and `wait_s`, means over the recent steps,
-are what fsdp_jobs/rundir/stragglers.py compares across nodes.
+fsdp_jobs/runtime/collective_clock.py): the record's `compute_s` and `wait_s`, means over the recent steps (the compute's
+without its one longest step: steady_mean), are what fsdp_jobs/rundir/stragglers.py compares across nodes.
 
 The rank also asks the interpreter to write every thread's Python stack to its stack file (RunDir.stack_file) on
 SIGUSR1 (faulthandler, from C: it works while Python is blocked in a collective), which the watchdog
@@ -37,6 +37,7 @@ if TYPE_CHECKING:  # types only: the ranks' config comes from fsdp_jobs/planning
 
 INTERVAL_S = liveness.HEARTBEAT_S
 TIMED_AFTER = 3  # step gaps before a rank's step time and compute are reported
+STEADY_AFTER = 10  # step gaps before a rank's compute leaves out its longest step (steady_mean)
 STACK_SIGNAL = signal.SIGUSR1  # NCCL's flight recorder dump is triggered by its own mechanism, not a signal
 
 
@@ -58,6 +59,17 @@ def start(run_dir: Path, job: JobConfig, rank: int, local_rank: int, restart: in
     clock = collective_clock.installed()
     _CURRENT = Heartbeat(run_dir, rank, local_rank, restart, waited=lambda: clock.wait_s)
     return _CURRENT
+
+
+def steady_mean(computes: list[float]) -> float:
+    """The mean compute per step, without the single longest once there are STEADY_AFTER steps: one stall (a
+    page-cache flush, the machine's scheduler running something else for a second) does not make a node a
+    straggler, which a window of 20 short steps otherwise turned into a 1.5x ratio. A mean, not a median: a
+    node throttled every N-th step (a CPU quota's period, a noisy neighbour) is slow in total, which is what
+    the other nodes wait for, while most of its steps look fine."""
+    if len(computes) >= STEADY_AFTER:
+        computes = sorted(computes)[:-1]
+    return statistics.fmean(computes)
 
 
 class Heartbeat:
@@ -121,9 +133,7 @@ class Heartbeat:
         return liveness.RankBeat(
             **self.info, step=self.step, phase=self.name, progress=self.progress,
             step_s=max(gaps) if timed else None, alive=time.time(),
-            # means, not medians: a node throttled every N-th step (a CPU quota's period, a noisy neighbour)
-            # is slow in total, which is what the other nodes wait for, while most of its steps look fine
-            compute_s=statistics.fmean(g - w for g, w in zip(gaps[-n:], waits[-n:])) if timed else None,
+            compute_s=steady_mean([g - w for g, w in zip(gaps[-n:], waits[-n:])]) if timed else None,
             wait_s=statistics.fmean(waits[-n:]) if timed else None, save_s=self.save_s)
 
     def _beat(self) -> None:

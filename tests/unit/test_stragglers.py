@@ -91,6 +91,30 @@ def test_a_heartbeat_splits_each_step_into_compute_and_waiting(tmp_path, monkeyp
         hb.close()
 
 
+def test_one_stall_does_not_make_a_node_slow_but_a_node_slow_every_few_steps_is(tmp_path, monkeypatch):
+    """The CI machine once named a healthy node at 1.56x: 20 steps of 0.116 s with one stall of about 1.3 s."""
+    now = [100.0]
+    monkeypatch.setattr(heartbeat.time, "time", lambda: now[0])
+    monkeypatch.setenv(liveness.LOCAL_DIR_ENV, str(tmp_path / "node-memory"))
+
+    def compute_of(gaps: list[float]) -> float:
+        hb = heartbeat.Heartbeat(tmp_path, 0, 0, 0)
+        try:
+            hb.advance(0)
+            for step, gap in enumerate(gaps, start=1):
+                now[0] += gap
+                hb.advance(step)
+            return hb.record().compute_s
+        finally:
+            hb.close()
+
+    stalled = compute_of([0.1] * 10 + [1.4] + [0.1] * 9)
+    assert abs(stalled - 0.1) < 1e-9, stalled
+    throttled = compute_of([0.1, 0.1, 0.1, 0.5] * 5)  # slow every 4th step: slow in total, a median hides it
+    assert throttled > 0.15, throttled
+    assert abs(compute_of([0.1, 0.1, 0.4]) - 0.2) < 1e-9  # too few steps to tell a stall from the pace: all count
+
+
 def test_the_watchdog_warns_once_after_its_node_stayed_a_straggler(tmp_path):
     from fsdp_jobs.launchers.node.watchdog import STRAGGLER_CHECK_S, Watchdog
 
