@@ -3,23 +3,23 @@ device. The same class serves the CPU-sized `tiny` config and the real Llama 3 s
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Optional
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 
-class RMSNorm(nn.Module):
+class RMSNorm(nn.RMSNorm):
+    """torch's own RMSNorm (F.rms_norm: one fused kernel on a GPU, as torchtitan's llama uses). It normalises
+    in float32 and casts once, after the weight: in float32 the same bits as the formula written out
+    (x * rsqrt(mean(x^2) + eps) * weight), in bfloat16 within one rounding of it (tests/unit/test_kernels.py)."""
+
     def __init__(self, dim: int, eps: float = 1e-5) -> None:
-        super().__init__()
-        self.eps = eps
-        self.weight = nn.Parameter(torch.ones(dim))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        xf = x.float()
-        return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)).type_as(x) * self.weight
+        super().__init__(dim, eps=eps)
 
 
 def rope_table(head_dim: int, max_seq_len: int, theta: float, device: torch.device | None = None) -> torch.Tensor:
@@ -30,15 +30,14 @@ def rope_table(head_dim: int, max_seq_len: int, theta: float, device: torch.devi
 
 
 def apply_rope(x: torch.Tensor, rotations: torch.Tensor) -> torch.Tensor:
-    # x: (batch, seq, heads, head_dim); rotations: the table's rows for these positions as complex64 (see
-    # Transformer.forward), viewed back as the float32 (seq, head_dim // 2, 2) cos/sin table, no copy
-    table = torch.view_as_real(rotations)
+    """x: (batch, seq, heads, head_dim); rotations: the table's rows for these positions as complex64 (see
+    Transformer.forward). One complex multiply in float32, as torchtitan's llama does (its apply_rotary_emb:
+    x.float() viewed as complex, times freqs_cis, cast back): bfloat16 angles at positions in the thousands
+    are off by whole radians (tests/unit/test_rope_precision.py). The same bits as rotating the pairs
+    written out (tests/unit/test_kernels.py)."""
     seq = x.shape[1]
-    xr = x.float().reshape(*x.shape[:-1], -1, 2)
-    cos = table[:seq, :, 0].view(1, seq, 1, -1)
-    sin = table[:seq, :, 1].view(1, seq, 1, -1)
-    out = torch.stack((xr[..., 0] * cos - xr[..., 1] * sin, xr[..., 0] * sin + xr[..., 1] * cos), dim=-1)
-    return out.flatten(-2).type_as(x)
+    pairs = torch.view_as_complex(x.float().reshape(*x.shape[:-1], -1, 2))
+    return torch.view_as_real(pairs * rotations[:seq].view(1, seq, 1, -1)).flatten(-2).type_as(x)
 
 
 class Attention(nn.Module):
@@ -59,6 +58,12 @@ class Attention(nn.Module):
         return self.wo(out.transpose(1, 2).reshape(b, s, -1))
 
 
+# the order torchtitan asks for (its ScaledDotProductAttention): cuDNN's kernel, then flash; the memory-efficient one
+# before the math kernel, which holds the whole score matrix. A kernel that cannot take the inputs is passed over.
+GPU_ATTENTION_BACKENDS = [SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION,
+                          SDPBackend.MATH]
+
+
 def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, native_gqa: bool) -> torch.Tensor:
     """q: (batch, seq, heads, head_dim); k, v: (batch, seq, kv_heads, head_dim); returns (batch, heads, seq,
     head_dim). On a GPU the attention kernel reads each kv head for its group of query heads itself
@@ -68,8 +73,12 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, native_g
     if grouped and not native_gqa:
         rep = q.shape[2] // k.shape[2]
         k, v = k.repeat_interleave(rep, dim=2), v.repeat_interleave(rep, dim=2)
-    return F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True,
-                                          enable_gqa=grouped and native_gqa)
+    attend = functools.partial(F.scaled_dot_product_attention, q.transpose(1, 2), k.transpose(1, 2),
+                               v.transpose(1, 2), is_causal=True, enable_gqa=grouped and native_gqa)
+    if not q.is_cuda:
+        return attend()
+    with sdpa_kernel(GPU_ATTENTION_BACKENDS, set_priority=True):
+        return attend()
 
 
 class FeedForward(nn.Module):
