@@ -14,13 +14,18 @@
 #   proj_compile  [extra] the fsdp-jobs job with train.compile=true (its own per-block torch.compile)
 #   tt_foreach    [extra] torchtitan eager with --optimizer.implementation foreach (the project's AdamW setting)
 #   tt_untied     [extra] torchtitan eager, stock untied llama3 (1.50 B params) with its stock FSDP units
-# Logs go to $OUT (at most 7 files), then a compact summary (also $OUT/summary.txt).
+#   proj_f8       [SBS_FLOAT8=1, the default] the job compiled with train.float8=true (tensorwise, float8 all-gather)
+#   tt_f8         torchtitan compiled with its float8 converter, tensorwise, float8 all-gather, scales precomputed
+#   proj_f8_rowwise, tt_f8_rowwise: the same with the rowwise recipe (no float8 all-gather: torchao has none for it)
+# SBS_DEADLINE_S=560 runs them all on an H100/H200; a device session has 600 s a command.
+# Logs go to $OUT (at most 11 files), then a compact summary (also $OUT/summary.txt).
 set -u
 T0=$SECONDS
 OUT=${OUT:-/tmp/sbs_out}
 mkdir -p "$OUT"
 DEADLINE=${SBS_DEADLINE_S:-380}
 EXTRAS=${SBS_EXTRAS:-1}
+F8=${SBS_FLOAT8:-1}   # the float8 variants (the wheels need torchao; a GPU of compute capability >= 8.9)
 STEPS=${SBS_STEPS:-60}
 TT_FLAVOR=${SBS_TT_FLAVOR:-1B}    # tiny, SBS_SEQ=128 and TT_CPU=1: a CPU rehearsal of the torchtitan runs
 SEQ=${SBS_SEQ:-2048}
@@ -119,15 +124,30 @@ TTENV=(env PYTHONPATH="$TT_PYTHONPATH" TT_FORCE_FSDP=1 TT_SKIP_WINDOWS=2)
 run tt_nocompile 150 60 "$OUT/tt_nocompile.log" "${TTENV[@]}" TT_TIE=1 "${TT[@]}"
 run tt_compile 240 100 "$OUT/tt_compile.log" "${TTENV[@]}" TT_TIE=1 "${TT[@]}" --compile.enable
 
-if [ "$EXTRAS" = 1 ]; then
-  rm -rf /tmp/sbs_pc
-  run proj_compile 240 120 "$OUT/proj_compile.log" bash -c "python3 -m fsdp_jobs run_root=/tmp/sbs_pc name=pc \
+# proj NAME ARGS...: the fsdp-jobs job compiled, with ARGS (its PC_RESULT from deploy/gpu-sidebyside/proj_metrics.py)
+proj() {
+  local name=$1; shift
+  rm -rf "/tmp/sbs_$name"
+  run "$name" 240 120 "$OUT/$name.log" bash -c "python3 -m fsdp_jobs run_root=/tmp/sbs_$name name=pc \
 cluster.device=cuda nodes=1 gpus_per_node=1 model=llama3_1b fsdp=full_shard train.steps=$STEPS data.seq_len=2048 \
 train.batch_per_rank=4 train.lr=0.0003 train.grad_clip=1.0 checkpoint.interval=0 checkpoint.save_final=false \
-train.log_interval=10 train.warmup_steps=0 cluster.peak_tflops=989 train.compile=true; rc=\$?; \
-python3 deploy/gpu-sidebyside/proj_metrics.py /tmp/sbs_pc/pc; exit \$rc"
+train.log_interval=10 train.warmup_steps=0 cluster.peak_tflops=989 train.compile=true $*; rc=\$?; \
+python3 deploy/gpu-sidebyside/proj_metrics.py /tmp/sbs_$name/pc; exit \$rc"
+}
+TT_F8=(--compile.enable --model.converters float8 --float8.filter_fqns output)
+
+if [ "$EXTRAS" = 1 ]; then
+  proj proj_compile
   run tt_foreach 120 60 "$OUT/tt_foreach.log" "${TTENV[@]}" TT_TIE=1 "${TT[@]}" --optimizer.implementation foreach
   run tt_untied 120 60 "$OUT/tt_untied.log" "${TTENV[@]}" TT_TIE=0 "${TT[@]}"
+fi
+if [ "$F8" = 1 ]; then
+  proj proj_f8 train.float8=true
+  run tt_f8 240 100 "$OUT/tt_f8.log" "${TTENV[@]}" TT_TIE=1 "${TT[@]}" "${TT_F8[@]}" \
+    --float8.enable_fsdp_float8_all_gather --float8.precompute_float8_dynamic_scale_for_fsdp
+  proj proj_f8_rowwise train.float8=true train.float8_recipe=rowwise
+  run tt_f8_rowwise 240 100 "$OUT/tt_f8_rowwise.log" "${TTENV[@]}" TT_TIE=1 "${TT[@]}" "${TT_F8[@]}" \
+    --float8.recipe_name rowwise
 fi
 gpu_cleanup
 

@@ -1,7 +1,7 @@
 """The side-by-side's compact summary from the logs in a folder (device_sidebyside.sh's $OUT):
 
     a_bench.log        fsdp-jobs `bench step --device cuda` (its JSON at the end): the job and the hand loop
-    proj_compile.log   the fsdp-jobs job with train.compile=true (a PC_RESULT line)
+    proj_*.log         the fsdp-jobs job with train.compile=true, and with train.float8 (a PC_RESULT line each)
     tt_*.log           torchtitan through deploy/gpu-sidebyside/run_tt.py (a TT_RESULT line each)
 
     python deploy/gpu-sidebyside/summarize.py DIR
@@ -68,24 +68,30 @@ def rows(folder: Path) -> list[dict[str, Any]]:
         else:
             out.append({"_order": 0, "variant": "fsdp-jobs bench step", "error": _last_error(a)})
 
-    pc = read("proj_compile.log")
-    if pc is not None:
+    projects = {"proj_compile": (4, "fsdp-jobs job, train.compile=true"),
+                "proj_f8": (8, "fsdp-jobs job, compile + float8 tensorwise"),
+                "proj_f8_rowwise": (10, "fsdp-jobs job, compile + float8 rowwise")}
+    for stem, (order_of, label) in projects.items():
+        pc = read(f"{stem}.log")
+        if pc is None:
+            continue
         r = _tagged(pc, "PC_RESULT")
         if r and r.get("tokens_per_s"):
-            out.append({"_order": 4, "variant": "fsdp-jobs job, train.compile=true", **{k: r[k] for k in (
+            out.append({"_order": order_of, "variant": label, **{k: r[k] for k in (
                 "tokens_per_s", "mfu_pct", "step_s", "peak_alloc_gib")}, "peak_reserved_gib": None,
                 "note": f"steps measured {r.get('steps_measured')}"})
         else:
-            out.append({"_order": 4, "variant": "fsdp-jobs job, train.compile=true", "error": _last_error(pc)})
+            out.append({"_order": order_of, "variant": label, "error": _last_error(pc)})
 
-    order = {"tt_nocompile": 2, "tt_compile": 3, "tt_foreach": 5, "tt_untied": 6}
+    order = {"tt_nocompile": 2, "tt_compile": 3, "tt_foreach": 5, "tt_untied": 6, "tt_f8": 9, "tt_f8_rowwise": 11}
     for log in sorted(folder.glob("tt_*.log")):
         text = log.read_text(errors="replace")
         r = _tagged(text, "TT_RESULT")
         label = f"torchtitan {log.stem[3:]}"
         if r and r.get("tokens_per_s"):
             label = (f"torchtitan {r.get('torchtitan')} {'tied' if r.get('tied') else 'untied'}"
-                     f"{', compile' if r.get('compile') else ''}, AdamW {r.get('optimizer_impl')}")
+                     f"{', compile' if r.get('compile') else ''}, AdamW {r.get('optimizer_impl')}"
+                     + {"tt_f8": ", float8 tensorwise", "tt_f8_rowwise": ", float8 rowwise"}.get(log.stem, ""))
             tt_mfu = r["mfu_pct"] * r["torchtitan_flops_per_token"] / r["flops_per_token"]
             logged = [w for w in r.get("windows", [])][2:]
             out.append({"_order": order.get(log.stem, 7), "variant": label, "tokens_per_s": r["tokens_per_s"],

@@ -18,6 +18,7 @@ DTYPES = ("float32", "bfloat16", "float16")
 BACKWARD_PREFETCH = ("BACKWARD_PRE", "BACKWARD_POST")
 LR_SCHEDULES = ("cosine", "linear", "constant")
 ON_NONFINITE = ("stop", "rollback")
+FLOAT8_RECIPES = ("tensorwise", "rowwise")  # torchao's recipe names (fsdp_jobs/runtime/float8.py)
 WANDB_MODES = ("online", "offline")
 WANDB_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,127}")
 
@@ -123,6 +124,9 @@ class TrainConfig(Keys):
     # optimisation) stays the same when an elastic job shrinks. None = no accumulation
     micro_batch_per_rank: Optional[int] = None
     compile: bool = False  # torch.compile each wrapped block (before sharding, as torchtitan does)
+    # the linear layers' matmuls in float8 (torchao; GPUs of compute capability >= 8.9: fsdp_jobs/runtime/float8.py)
+    float8: bool = False
+    float8_recipe: str = "tensorwise"  # one of FLOAT8_RECIPES: tensorwise (fastest) or rowwise (more accurate)
     lr: float = 3e-3
     min_lr_ratio: float = 0.1
     warmup_steps: int = 20

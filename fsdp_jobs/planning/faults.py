@@ -12,6 +12,7 @@ from typing import Mapping
 from fsdp_jobs.planning.errors import UserError
 
 PREFIX = "FSDP_JOBS_TEST_"
+FLOAT8_EMULATE_ENV = "FSDP_JOBS_TEST_FLOAT8_EMULATE"
 KNOWN = {
     "FSDP_JOBS_TEST_FAIL_AT_STEP": "every training step from this one on raises",
     "FSDP_JOBS_TEST_CRASH_IN_SAVE": "rank 0 SIGKILLs itself in the middle of saving this step (first attempt)",
@@ -31,6 +32,8 @@ KNOWN = {
     "FSDP_JOBS_TEST_UNREPRODUCIBLE_FROM_STEP": "from this step on every rank scales its loss by a random factor "
                                                "near 1 before the backward: no computation of a step reproduces "
                                                "another (as kernels that are not deterministic)",
+    "FSDP_JOBS_TEST_FLOAT8_EMULATE": "1: train.float8 runs torchao's emulated float8 matmuls, on a CPU too (tests of "
+                                     "the wiring, not of float8's speed: fsdp_jobs/runtime/float8.py)",
     "FSDP_JOBS_TEST_SPIKE_AT_STEP": "this step's loss, and so its gradients, 1000 times as large (first attempt): a "
                                     "spike for the sentinel (fault.sdc_spike_factor)",
 }

@@ -5,13 +5,14 @@ an import cycle. Nothing here imports torch."""
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
-from fsdp_jobs.planning import backends, targets
+from fsdp_jobs.planning import backends, faults, targets
 from fsdp_jobs.planning.byo import validate as validate_byo
 from fsdp_jobs.planning.cluster_config import choice, positive
-from fsdp_jobs.planning.config import (BACKWARD_PREFETCH, DTYPES, HANG_TIMEOUT_FLOOR_S, LR_SCHEDULES, ON_NONFINITE,
-                                       STRATEGIES, WANDB_MODES, WANDB_NAME, FaultConfig, FaultToleranceConfig,
+from fsdp_jobs.planning.config import (BACKWARD_PREFETCH, DTYPES, FLOAT8_RECIPES, HANG_TIMEOUT_FLOOR_S, LR_SCHEDULES,
+                                       ON_NONFINITE, STRATEGIES, WANDB_MODES, WANDB_NAME, FaultConfig, FaultToleranceConfig,
                                        JobConfig, ModelConfig, TrainConfig)
 from fsdp_jobs.planning.errors import UserError
 from fsdp_jobs.planning.input_rules import (FLOAT32_MAX, MAX_NODES, TIMEDELTA_MAX_S, check_env_names, check_name,
@@ -172,6 +173,18 @@ def _validate_train(cfg: JobConfig) -> None:
                                           f" (lr / (1 - beta1) overflows): at most {top:.3g}")
     finite("train.collective_timeout_s", t.collective_timeout_s, 10, TIMEDELTA_MAX_S)
     validate_trackers(t)
+    _validate_float8(cfg)
+
+
+def _validate_float8(cfg: JobConfig) -> None:
+    t = cfg.train
+    choice("train.float8_recipe", t.float8_recipe, FLOAT8_RECIPES)
+    if not t.float8:
+        return
+    if cfg.cluster.device == "cpu" and not os.environ.get(faults.FLOAT8_EMULATE_ENV):
+        raise UserError("train.float8=true", None, "needs a GPU with float8 tensor cores (compute capability >= 8.9), "
+                                                   "and cluster.device=cpu: drop train.float8")
+    _installed("train.float8=true", None, "torchao", "float8")
 
 
 def _validate_fault(cfg: JobConfig) -> None:

@@ -29,7 +29,7 @@ from fsdp_jobs.planning.plan import compute_dtype, micro_batch, replica_groups, 
 from fsdp_jobs.rundir.layout import RunDir
 from fsdp_jobs.rundir.records import MetricsRow, RankRecord
 from fsdp_jobs.rundir import events, liveness
-from fsdp_jobs.runtime import heartbeat, interval
+from fsdp_jobs.runtime import float8, heartbeat, interval
 from fsdp_jobs.runtime.checkpoint import CheckpointManager, StateObjects, TrainState
 from fsdp_jobs.runtime.data import build_dataset
 from fsdp_jobs.runtime.mesh import World, build_mesh, init_process_group, read_world
@@ -337,8 +337,13 @@ class Trainer:
             all_ranks=world.local_rank == 0)
 
     def shard(self, model: torch.nn.Module, compile_blocks: bool = False) -> None:
-        """The configured FSDP2 policy over the mesh (reshard_after_forward as the plan decides it)."""
-        fsdp = self.cfg.fsdp
+        """The configured FSDP2 policy over the mesh (reshard_after_forward as the plan decides it), after
+        train.float8's conversion (which must come before sharding and compiling)."""
+        fsdp, tcfg = self.cfg.fsdp, self.cfg.train
+        if tcfg.float8:
+            swapped = float8.convert(model, tcfg.float8_recipe, self.world.device)
+            log(self.world.rank, f"train.float8: {swapped} linear layers compute in float8 ({tcfg.float8_recipe} "
+                                 f"scaling{', emulated: ' + float8.EMULATE_ENV if float8.emulated() else ''})")
         shard_model(model, self.mesh, fsdp, reshard_after_forward(fsdp), self.world.device,
                     compile_blocks=compile_blocks)
         self.replicas.attach(model)  # fault_tolerance=replica: gradients averaged across the groups too

@@ -38,6 +38,8 @@ JOB_CASES = [
     (["train.lr=0"], "train.lr=0", "finite number > 0"),
     (["train.weight_decay=-0.1"], "train.weight_decay=-0.1", ">= 0"),
     (["train.grad_clip=-1"], "train.grad_clip=-1", ">= 0"),
+    (["train.float8=true", "cluster.device=cpu"], "train.float8=true", "compute capability >= 8.9"),
+    (["train.float8_recipe=blockwise"], "train.float8_recipe='blockwise'", "tensorwise"),
     (["train.min_lr_ratio=1.5"], "train.min_lr_ratio=1.5", "[0, 1]"),
     (["train.betas=[0.9,1.0]"], "train.betas[1]=1.0", "[0, 1)"),
     (["train.betas=[0.9]"], "train.betas", "two numbers"),
