@@ -17,7 +17,9 @@
 #   proj_f8       [SBS_FLOAT8=1, the default] the job compiled with train.float8=true (tensorwise, float8 all-gather)
 #   tt_f8         torchtitan compiled with its float8 converter, tensorwise, float8 all-gather, scales precomputed
 #   proj_f8_rowwise, tt_f8_rowwise: the same with the rowwise recipe (no float8 all-gather: torchao has none for it)
-# SBS_DEADLINE_S=560 runs them all on an H100/H200; a device session has 600 s a command.
+# tt_f8 precomputes its scales after each step (torchtitan's fastest tensorwise setting); the job does not yet
+# (each weight's scale is taken at its all-gather): the comparison is against torchtitan's best.
+# All of them: about SBS_DEADLINE_S=560 on an H100 (an estimate, not yet run); SBS_EXTRAS=0 skips the other extras.
 # Logs go to $OUT (at most 11 files), then a compact summary (also $OUT/summary.txt).
 set -u
 T0=$SECONDS

@@ -17,7 +17,7 @@ from fsdp_jobs.planning.config import (BACKWARD_PREFETCH, DTYPES, FLOAT8_RECIPES
 from fsdp_jobs.planning.errors import UserError
 from fsdp_jobs.planning.input_rules import (FLOAT32_MAX, MAX_NODES, TIMEDELTA_MAX_S, check_env_names, check_name,
                                             check_sizes, check_target, finite)
-from fsdp_jobs.planning.plan import check_snapshot_memory
+from fsdp_jobs.planning.plan import check_snapshot_memory, compute_dtype
 
 
 _REGISTERED: set[tuple[tuple[str, str], ...]] = set()  # the backend sets whose schemas Hydra holds already
@@ -184,6 +184,13 @@ def _validate_float8(cfg: JobConfig) -> None:
     if cfg.cluster.device == "cpu" and not os.environ.get(faults.FLOAT8_EMULATE_ENV):
         raise UserError("train.float8=true", None, "needs a GPU with float8 tensor cores (compute capability >= 8.9), "
                                                    "and cluster.device=cpu: drop train.float8")
+    if cfg.fault_tolerance.mode == "replica" and t.float8_recipe == "tensorwise":
+        # torchft's live recovery sends plain tensors only; tensorwise's weights are torchao's wrapper subclass
+        raise UserError("train.float8_recipe", t.float8_recipe, "with fault_tolerance=replica: rowwise (torchft's "
+                        "live recovery cannot send tensorwise's float8 weights)")
+    if t.float8_recipe == "rowwise" and compute_dtype(cfg, "cuda") != "bfloat16":
+        raise UserError("train.float8_recipe", t.float8_recipe, "needs bfloat16 compute (torch's rowwise float8 "
+                        "matmul returns bfloat16): fsdp.mixed_precision.param_dtype=bfloat16, or tensorwise")
     _installed("train.float8=true", None, "torchao", "float8")
 
 

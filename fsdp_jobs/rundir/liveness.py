@@ -66,7 +66,7 @@ class RankBeat:
     step_s: Optional[float] = None  # the slowest of its recent step gaps
     local_rank: int = 0
     restart: int = 0
-    compute_s: Optional[float] = None  # mean compute per step (fsdp_jobs/rundir/stragglers.py)
+    compute_s: Optional[float] = None  # mean compute per step, its longest left out (heartbeat.steady_mean)
     wait_s: Optional[float] = None  # mean wait in collectives per step
     save_s: Optional[float] = None  # the slowest of this process's finished saves: the watchdog's budget for the next
     v: int = SCHEMA

@@ -34,6 +34,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint import DefaultSavePlanner, FileSystemWriter
+from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 from torch.distributed.checkpoint.state_dict import (get_model_state_dict, get_optimizer_state_dict,
@@ -387,12 +388,27 @@ class CheckpointManager:
         layout.prune(self.run_dir, self.keep_last)
 
 
+class PlainTensorPlanner(DefaultSavePlanner):
+    """DCP's default planner, writing each shard as a plain tensor. A tensor subclass that wraps one (train.float8's
+    weights: torchao's WeightWithDynamicFloat8CastTensor) would be pickled as its class, which torch.load with
+    weights_only (DCP's reader, export) refuses in any process that has not imported torchao: a checkpoint
+    that only loads with the float8 code, not after the user drops train.float8 as its refusal says."""
+
+    def resolve_data(self, write_item: Any) -> Any:
+        data = super().resolve_data(write_item)
+        if isinstance(data, torch.Tensor) and is_traceable_wrapper_subclass(data):
+            inner, _ = data.__tensor_flatten__()
+            if len(inner) == 1:
+                return getattr(data, inner[0])
+        return data
+
+
 def _same_plan() -> DefaultSavePlanner:
-    """DCP's default planner, told to reuse its plans: every save of a process writes the same shards under the
+    """The planner, told to reuse its plans: every save of a process writes the same shards under the
     same names, so after the first each rank sends the coordinator an empty plan and the coordinator reuses its
     global plan and metadata (torch compares each local plan with the one it cached, and plans again when one
     changed). The files are bitwise those of an uncached save (tests/unit/test_checkpoint_manager.py)."""
-    return DefaultSavePlanner(enable_plan_caching=True)
+    return PlainTensorPlanner(enable_plan_caching=True)
 
 
 def storage_failure(e: BaseException) -> bool:

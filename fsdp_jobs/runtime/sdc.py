@@ -238,7 +238,8 @@ class ReplicaAgreement:
         after step; a rollback's load may make new ones): a small model's checks were mostly per-tensor calls."""
         if not all(t.is_contiguous() for t in tensors):  # `words` of one is a copy: never kept
             return [words(t) for t in tensors]
-        key = [(t.data_ptr(), t.numel(), t.dtype) for t in tensors]
+        # a wrapper subclass (train.float8's weights) has no storage of its own: data_ptr() 0; its inner tensor's
+        key = [(getattr(t, "_tensor", t).data_ptr(), t.numel(), t.dtype) for t in tensors]
         if self.views is None or self.views[0] != key:
             self.views = (key, [words(t) for t in tensors])
         return self.views[1]

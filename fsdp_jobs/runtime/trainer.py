@@ -342,8 +342,9 @@ class Trainer:
         fsdp, tcfg = self.cfg.fsdp, self.cfg.train
         if tcfg.float8:
             swapped = float8.convert(model, tcfg.float8_recipe, self.world.device)
+            eager = "" if tcfg.compile else "; without train.compile=true its casts run eagerly, often slower than bfloat16"
             log(self.world.rank, f"train.float8: {swapped} linear layers compute in float8 ({tcfg.float8_recipe} "
-                                 f"scaling{', emulated: ' + float8.EMULATE_ENV if float8.emulated() else ''})")
+                                 f"scaling{', emulated: ' + float8.EMULATE_ENV if float8.emulated() else ''}{eager})")
         shard_model(model, self.mesh, fsdp, reshard_after_forward(fsdp), self.world.device,
                     compile_blocks=compile_blocks)
         self.replicas.attach(model)  # fault_tolerance=replica: gradients averaged across the groups too
