@@ -183,7 +183,7 @@ def _validate_float8(cfg: JobConfig) -> None:
         return
     if cfg.cluster.device == "cpu" and not os.environ.get(faults.FLOAT8_EMULATE_ENV):
         raise UserError("train.float8=true", None, "needs a GPU with float8 tensor cores (compute capability >= 8.9), "
-                                                   "and cluster.device=cpu (cluster=local's and docker's default): "
+                                                   "and cluster.device=cpu (this backend's default): "
                                                    "cluster.device=cuda on a GPU machine, or drop train.float8")
     if cfg.fault_tolerance.mode == "replica" and t.float8_recipe == "tensorwise":
         # torchft's live recovery sends plain tensors only; tensorwise's weights are torchao's wrapper subclass
