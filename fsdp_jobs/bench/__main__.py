@@ -33,8 +33,9 @@ benchmark compares side by side in one run and reports ratios).
         each start-up phase at the restarted rank 0's timeline marks (fsdp_jobs/rundir/goodput.py).
     python -m fsdp_jobs.bench snapshot [--repeats 3] [--steps 80] [--device cuda] [KEY=VALUE ...]
         the job's step time with an in-memory snapshot after every step (checkpoint.memory_interval=1), the
-        same without the replica agreement check before it, and without either, alternated: medians and their
-        ratios (fsdp_jobs/bench/snapshot.py).
+        same without the replica agreement check before it, and without either; the defaults with the check and
+        without; a job checking every 2nd step (the check's whole cost, within one job), alternated: medians,
+        means and their ratios (fsdp_jobs/bench/snapshot.py).
     python -m fsdp_jobs.bench recheck [--repeats 3] [--steps 400] [--device cuda] [KEY=VALUE ...]
         the job under full_shard with a step taken again every 10 and every 100 steps (fault.sdc_recompute_interval)
         and without, alternated: mean step times and their ratios (fsdp_jobs/bench/snapshot.py).

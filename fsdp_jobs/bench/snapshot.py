@@ -11,24 +11,51 @@ from pathlib import Path
 from typing import Any
 
 from fsdp_jobs.bench.common import REPO, spread
+from fsdp_jobs.rundir.events import read_timeline
 from fsdp_jobs.rundir.layout import RunDir
 
 
-def _step_times(tmp: str, name: str, args: list[str], warmup: int) -> list[float]:
+def _run(tmp: str, name: str, args: list[str]) -> Path:
     r = subprocess.run([sys.executable, "-m", "fsdp_jobs", f"run_root={tmp}", f"name={name}", *args],
                        capture_output=True, text=True, cwd=REPO, stdin=subprocess.DEVNULL)
     if r.returncode != 0:
         raise SystemExit(f"snapshot bench run {name} failed:\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}")
-    rows = [json.loads(x) for x in RunDir(Path(tmp) / name).metrics_file.read_text().splitlines()]
-    stamps = [x["time"] for x in rows]  # host time at the end of each step: a row every step (log_interval=1)
-    return [b - a for a, b in zip(stamps[warmup:], stamps[warmup + 1:])]
+    return Path(tmp) / name
+
+
+def _intervals(run_dir: Path, warmup: int) -> list[tuple[int, float]]:
+    """(step, seconds from its row to the next one's) past `warmup`: host time at the end of each step, a row
+    every step (log_interval=1); what a step kept did after its row (check, snapshot) is in its interval."""
+    rows = [json.loads(x) for x in RunDir(run_dir).metrics_file.read_text().splitlines()]
+    return [(a["step"], b["time"] - a["time"]) for a, b in zip(rows[warmup:], rows[warmup + 1:])]
+
+
+def _step_times(tmp: str, name: str, args: list[str], warmup: int) -> list[float]:
+    return [s for _, s in _intervals(_run(tmp, name, args), warmup)]
+
+
+def check_cost_within(run_dir: Path, warmup: int) -> tuple[float, float]:
+    """A job checking every 2nd step and keeping no snapshot: how much longer the interval after a checked step
+    is than after an unchecked one (means), and the unchecked one. Within one job: the spread between whole jobs
+    (several percent here) cancels; and all a check costs is in it (its launch, the larger vote, the verdict's
+    read, what reading the state costs the next step's computation)."""
+    spans = _intervals(run_dir, warmup)
+    checked = statistics.mean(s for step, s in spans if step % 2 == 0)
+    unchecked = statistics.mean(s for step, s in spans if step % 2)
+    return checked - unchecked, unchecked
+
+
+def auto_choice(run_dir: Path) -> dict[str, Any]:
+    """memory_interval=auto's record: the interval it chose and what it measured (fsdp_jobs/rundir/goodput.py)."""
+    return next((e for e in read_timeline(run_dir)[0] if e["event"] == "memory_interval"), {})
 
 
 def bench_snapshot(repeats: int, steps: int, device: str, extra: list[str], warmup: int = 10) -> dict[str, Any]:
     """The default 2x2 job (or `extra`'s) with a snapshot after every step (checkpoint.memory_interval=1), the
     same without the replica agreement check before each (fault.sdc_check_interval=0: fsdp_jobs/runtime/sdc.py),
     and with neither; and the defaults (memory_interval=auto, the check before each snapshot) with the check and
-    without: alternated `repeats` times, median step time of each and their ratios. On a GPU (`device`
+    without; and a job with no snapshot checking every 2nd step (`check_cost_within`): alternated `repeats` times,
+    median and mean step time of each and their ratios. On a GPU (`device`
     cuda) the same with cluster.device=cuda. A metrics row every step on every side (the snapshots flush them),
     no checkpoint but the last."""
     base = [f"train.steps={steps}", "train.log_interval=1", "checkpoint.interval=0", "checkpoint.save_final=false",
@@ -36,15 +63,23 @@ def bench_snapshot(repeats: int, steps: int, device: str, extra: list[str], warm
     modes = {"every_step": ["checkpoint.memory_interval=1"],
              "every_step_unchecked": ["checkpoint.memory_interval=1", "fault.sdc_check_interval=0"],
              "off": ["checkpoint.memory_interval=0"],
-             "default": [], "default_unchecked": ["fault.sdc_check_interval=0"]}
+             "default": [], "default_unchecked": ["fault.sdc_check_interval=0"],
+             "check_every_2nd": ["checkpoint.memory_interval=0", "fault.sdc_check_interval=2"]}
     medians: dict[str, list[float]] = {m: [] for m in modes}
     means: dict[str, list[float]] = {m: [] for m in modes}  # what a job's throughput sees: every step, checked or not
+    within: list[tuple[float, float]] = []
+    chosen: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="bench-snapshot-") as tmp:
         for i in range(repeats):
             for mode, args in modes.items():
-                times = _step_times(tmp, f"{mode}{i}", [*base, *args], warmup)
+                run_dir = _run(tmp, f"{mode}{i}", [*base, *args])
+                times = [s for _, s in _intervals(run_dir, warmup)]
                 medians[mode].append(statistics.median(times))
                 means[mode].append(statistics.mean(times))
+                if mode == "check_every_2nd":
+                    within.append(check_cost_within(run_dir, warmup))
+                if mode == "default":
+                    chosen.append(auto_choice(run_dir))
 
     def ratio(a: str, b: str) -> float:
         return round(statistics.median(medians[a]) / statistics.median(medians[b]), 4)
@@ -67,7 +102,22 @@ def bench_snapshot(repeats: int, steps: int, device: str, extra: list[str], warm
                                                        statistics.median(means["default_unchecked"]), 4),
             "default_check_mean_ratio_per_pair": spread([a / b for a, b in zip(means["default"],
                                                                               means["default_unchecked"])]),
+            **check_share(within, chosen),
             "goal": "snapshots <= 1.05 on CPU, <= 1.01 on a GPU (issue 46); the check <= 1.01 (issue 47)"}
+
+
+def check_share(within: list[tuple[float, float]], chosen: list[dict[str, Any]]) -> dict[str, Any]:
+    """The default check's cost from within jobs (`check_cost_within`), spread over the interval
+    memory_interval=auto chose, against what auto measured of it (its launch)."""
+    if not within or not chosen:
+        return {}
+    check_s = statistics.median(c for c, _ in within)
+    step_s = statistics.median(s for _, s in within)
+    every = statistics.median(c.get("steps", 1) for c in chosen)
+    return {"check_ms_within_job": [round(c * 1000, 3) for c, _ in within],
+            "auto_measured_check_ms": [round(c["check_s"] * 1000, 3) for c in chosen if "check_s" in c],
+            "auto_intervals": [c.get("steps") for c in chosen],
+            "default_check_cost_within_jobs": round(1 + check_s / (every * step_s), 4)}
 
 
 def bench_recheck(repeats: int, steps: int, device: str, extra: list[str], warmup: int = 10) -> dict[str, Any]:
