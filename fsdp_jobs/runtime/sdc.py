@@ -26,11 +26,10 @@ both nodes.
 checkpoint, so nothing is kept that the replicas did not agree on, and a mismatch rolls the job back to the newest
 of it. checkpoint.memory_interval=auto times these checks with its first snapshots and spaces the snapshots so
 that they cost at most 1% of the step time (`CHECK_SHARE`). A check reads the state once, as the snapshot's copy
-does, and adds 32 bytes a shard to the vote (a step without one votes its code alone). The vote is read after the
-next step's computation (by then long arrived; at that step's start it had not, and the ranks waited for the slowest
-one's cast), or at once before a checkpoint is saved; meanwhile the snapshot is written pending, and an agreeing
-verdict commits it. A check with a collective of its own, waited for at once, cost more than its work: the ranks'
-skew at the point, and gloo's thread.
+does, and adds 32 bytes a shard to the vote (a step without one votes its code alone). The vote is read at the
+next step's start (by then long arrived), or at once before a checkpoint is saved; meanwhile the
+snapshot is written pending, and an agreeing verdict commits it. A check with a collective of its own, waited for
+at once, cost more than its work: the ranks' skew at the point, and gloo's thread.
 """
 
 from __future__ import annotations
@@ -215,8 +214,8 @@ class ReplicaAgreement:
     def launch(self, step: int, tensors: Iterable[torch.Tensor], gather: bool = False) -> None:
         """This rank's fingerprint of `step`'s state, which rides this step's stop vote (`riding`;
         fsdp_jobs/runtime/stopping.py StopVote): no collective of its own, and the verdict is read with the vote,
-        after the next step's computation or before a save. The step a recomputation is judged at gathers every
-        rank's at once instead: the judgement compares each rank with itself."""
+        at the next step's start or before a save. The step a recomputation is judged at gathers every rank's at
+        once instead: the judgement compares each rank with itself."""
         tensors = list(tensors)
         mine = fingerprint(tensors, self.device, self.words_of(tensors))
         judging = gather or (self.recheck is not None and step == self.recheck.step)  # `gather`: waited for now

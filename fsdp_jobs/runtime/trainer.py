@@ -612,7 +612,7 @@ class Trainer:
         self.stop_file = StopFileWatcher(self.run_dir, enabled=self.world.rank == 0)
         shards = self.agreement.shards  # the replica check rides the vote (fsdp_jobs/runtime/sdc.py)
         self.vote = StopVote(self.world.device, shards, self.world.rank % shards if shards else 0)
-        self.early_vote: Optional[int] = None  # a vote read early (after a step's computation) for the check it carried
+        self.early_vote: Optional[int] = None  # a vote read at a step's start for the check it carried
 
     def stop_agreed(self) -> int:
         """The previous cast's vote: already finished, so no stall. The same answer on every rank: 0 to go on,
@@ -717,6 +717,12 @@ class Trainer:
         self.agreement.agreed_step = state.step  # the state this attempt began from: agreed, or the start
         began, tries = 0.0, 0  # a replica job may take a step again: when it was first begun, how often
         while state.step < total:
+            verdict = self.settle_check(early=True)  # the step before's replica check, carried by its vote
+            if verdict == ROLLED_BACK:  # two replicas disagreed: the steps since the agreed state, again
+                continue
+            if verdict != AGREED:
+                stopped_by = "sdc"
+                break
             began = began or time.time()
             replicas.begin_step()  # a replica job's quorum (a group behind the others recovers here)
             quorum_at, tries = time.time(), tries + 1
@@ -730,14 +736,6 @@ class Trainer:
             if stepped is None:  # not committed: the same step again, with the groups then alive
                 continue
             if stepped == "sdc":  # taken again, no computation reproduced: the attempt ends before its row
-                stopped_by = "sdc"
-                break
-            # the step before's replica check, carried by its vote: read after this step's computation, when the
-            # vote has arrived (read before it, every checked step waited for the slowest rank's cast)
-            verdict = self.settle_check(early=True)
-            if verdict == ROLLED_BACK:  # two replicas disagreed: the steps since the agreed state, again
-                continue  # (this step too: it began from the state that disagreed)
-            if verdict != AGREED:
                 stopped_by = "sdc"
                 break
             if replicas.enabled and (tries > 1 or replicas.changed):  # goodput: waited for its quorum
@@ -862,8 +860,8 @@ class Trainer:
 
     def check_and_snapshot(self, checkpoint_now: bool) -> None:
         """A step whose state is kept (an in-memory snapshot, a checkpoint, the last) is checked first: the replica
-        check launched (settled after the next step's computation, or before a save) and the snapshot written, valid
-        once the check agrees (fsdp_jobs/runtime/sdc.py)."""
+        check launched (settled at the next step's start, or before a save) and the snapshot written, valid once
+        the check agrees (fsdp_jobs/runtime/sdc.py)."""
         state = self.state
         # a checkpoint's step is snapshotted too: a recovery takes memory only where it is no older than the newest
         # checkpoint, so a rank killed just after a save between two snapshots was reloaded from disk
@@ -881,8 +879,8 @@ class Trainer:
 
     def settle_check(self, early: bool, stopping: bool = False) -> str:
         """Where a replica check was launched (fsdp_jobs/runtime/sdc.py), its verdict from the vote that carried
-        it: read here after the next step's computation (`early`; stop_agreed returns it later), else just read by
-        stop_agreed; `stopping`: the step is kept for a stop, so it is checked now if it was not already.
+        it: read here at a step's start (`early`; stop_agreed returns it later), else just read by stop_agreed;
+        `stopping`: the step is kept for a stop, so it is checked now if it was not already.
         AGREED (the snapshot it vouched for committed; also where none was under way); ROLLED_BACK: two replicas
         disagreed, and this process went back to the agreed state to take the steps since again (the
         recomputation that tells which one is wrong); else "sdc": nodes were named, the state since the last
