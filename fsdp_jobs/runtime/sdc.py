@@ -24,12 +24,15 @@ both nodes.
 
 `auto` checks each step whose state is kept: an in-memory snapshot (fsdp_jobs/runtime/snapshots.py) or a
 checkpoint, so nothing is kept that the replicas did not agree on, and a mismatch rolls the job back to the newest
-of it. checkpoint.memory_interval=auto times these checks with its first snapshots and spaces the snapshots so
-that they cost at most 1% of the step time (`CHECK_SHARE`). A check reads the state once, as the snapshot's copy
-does, and adds 32 bytes a shard to the vote (a step without one votes its code alone). The vote is read at the
-next step's start (by then long arrived), or at once before a checkpoint is saved; meanwhile the
-snapshot is written pending, and an agreeing verdict commits it. A check with a collective of its own, waited for
-at once, cost more than its work: the ranks' skew at the point, and gloo's thread.
+of it. checkpoint.memory_interval=auto times these checks' launches with its first snapshots and spaces the
+snapshots so that a launch costs at most 1% of the step time (`CHECK_SHARE`); a check costs the job more than its
+launch (the vote's read, the next step slowed: `bench snapshot` measures the whole). A check reads the state once,
+as the snapshot's copy does, and adds 32 bytes a shard to the vote (a step without one votes its code alone). The
+vote is read at the next step's start, or at once before a checkpoint is saved; meanwhile the snapshot is written
+pending, and an agreeing verdict commits it. That read waits for the slowest rank's cast; read after the next
+step's computation instead, it would not, but the snapshot would stay pending through that step, and a rank dying
+in it would send the restart back one snapshot interval more. A check with a collective of its own, waited for at
+once, cost more than its work: the ranks' skew at the point, and gloo's thread.
 """
 
 from __future__ import annotations
