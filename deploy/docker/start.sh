@@ -28,7 +28,14 @@ mkdir -p "$DIR"
 # dockerd sets the FORWARD policy to DROP; remember it so stop.sh can put it back
 iptables -S FORWARD 2>/dev/null | awk '$1 == "-P" {print $3}' > "$DIR/forward-policy" || true
 [ -S "$SOCK" ] && rm -f "$SOCK"   # a socket left by an engine that died
-dockerd --data-root "$DIR/data" --exec-root "$DIR/exec" --pidfile "$DIR/dockerd.pid" \
+# a root without CAP_SYS_RESOURCE (bit 24 of CapEff) cannot lower an OOM score, which every pod sandbox of the
+# dev kubelet asks for (deploy/kubernetes/dev-apiserver/README.md, R2): runc-oom-clamp raises it to 0 first
+RUNTIME=()
+if (( ((0x$(awk '/^CapEff/ {print $2}' /proc/self/status) >> 24) & 1) == 0 )); then
+  RUNTIME=(--add-runtime "fsdp-jobs-runc=$(cd "$(dirname "$0")" && pwd)/runc-oom-clamp"
+           --default-runtime fsdp-jobs-runc)
+fi
+dockerd --data-root "$DIR/data" --exec-root "$DIR/exec" --pidfile "$DIR/dockerd.pid" "${RUNTIME[@]}" \
   -H "unix://$SOCK" > "$DIR/dockerd.log" 2>&1 &
 echo $! > "$DIR/dockerd.launched"
 for _ in $(seq 300); do
