@@ -1,6 +1,7 @@
 """Install what a cluster for fsdp-jobs has into the dev control plane (start.sh calls this): the operators'
 CRDs (copies, edited for 1.20 below), deploy/kubernetes/*.yaml as shipped, a PersistentVolume for the
-runs claim, and one schedulable node whose kubelet endpoint is 127.0.0.1:--kubelet-port.
+runs claim, and one schedulable node whose kubelet endpoint is 127.0.0.1:--kubelet-port (none with --no-node:
+kubelet.sh's real kubelet registers its own).
 
 Plain REST with the standard library and PyYAML (no kubectl): every object is POSTed as JSON with the admin
 token; 409 AlreadyExists counts as installed. The CRDs' edits for Kubernetes 1.20 (pitfalls in README.md):
@@ -126,14 +127,14 @@ def install_node(api: Api, kubelet_port: int) -> None:
         sys.exit(f"apply.py: node status: HTTP {code}: {body.get('message', body)}")
 
 
-def install_runs_volume(api: Api, deploy: Path) -> None:
+def install_runs_volume(api: Api, deploy: Path, path: Path) -> None:
     """pvc.yaml's claim, bound by the real PV controller to a volume made for it (no storage provisioner here):
     a pod that mounts an unbound claim is never scheduled."""
     pvc = yaml.safe_load((deploy / "pvc.yaml").read_text())
     spec = pvc["spec"]
     create(api, {"apiVersion": "v1", "kind": "PersistentVolume", "metadata": {"name": "fsdp-jobs-dev-runs"}, "spec": {
         "capacity": {"storage": spec["resources"]["requests"]["storage"]}, "accessModes": spec["accessModes"],
-        "hostPath": {"path": "/tmp/fsdp-jobs-kube/runs"}, "persistentVolumeReclaimPolicy": "Retain",
+        "hostPath": {"path": str(path)}, "persistentVolumeReclaimPolicy": "Retain",
         "claimRef": {"namespace": pvc["metadata"]["namespace"], "name": pvc["metadata"]["name"]},
         **({"storageClassName": spec["storageClassName"]} if spec.get("storageClassName") else {"storageClassName": ""})}})
 
@@ -145,6 +146,8 @@ def main() -> None:
     ap.add_argument("--deploy", type=Path, required=True)
     ap.add_argument("--copies", type=Path, required=True)
     ap.add_argument("--kubelet-port", type=int, required=True)
+    ap.add_argument("--runs", type=Path, required=True, help="the runs volume's folder (a hostPath)")
+    ap.add_argument("--no-node", action="store_true", help="no stand-in node: a real kubelet registers one")
     a = ap.parse_args()
     api = Api(a.kubeconfig)
     install_crds(api, a.crds, a.copies)
@@ -152,8 +155,9 @@ def main() -> None:
         for obj in yaml.safe_load_all((a.deploy / name).read_text()):
             if obj:
                 create(api, obj)
-    install_runs_volume(api, a.deploy)
-    install_node(api, a.kubelet_port)
+    install_runs_volume(api, a.deploy, a.runs)
+    if not a.no_node:
+        install_node(api, a.kubelet_port)
 
 
 if __name__ == "__main__":

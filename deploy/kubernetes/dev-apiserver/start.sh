@@ -3,7 +3,8 @@
 # kube-controller-manager (garbage collector, PV binder, ... but no node lifecycle) and kube-scheduler;
 # then install what a cluster for fsdp-jobs has (deploy/kubernetes/ as shipped and the operators' CRDs, with
 # the 1.20 edits applied to copies: apply.py) and one node for the scheduler to place pods on.
-# No kubelet (no container runtime here): pods are placed, never run; tests set their status.
+# Its node is a stand-in by default: pods are placed, never run; tests set their status. With
+# FSDP_JOBS_KUBE_NODE=kubelet there is none: kubelet.sh then starts a real kubelet, whose pods run on Docker.
 #
 # Everything lives in $FSDP_JOBS_KUBE_DIR (default /tmp/fsdp-jobs-kube); stop.sh removes it and stops each
 # daemon by its own PID. Kube configs written there:
@@ -20,6 +21,7 @@ PORT=${FSDP_JOBS_KUBE_PORT:-16443}
 ETCD_PORT=${FSDP_JOBS_KUBE_ETCD_PORT:-23790}
 PEER_PORT=$((ETCD_PORT + 10))
 KUBELET_PORT=${FSDP_JOBS_KUBE_KUBELET_PORT:-10250}  # the node's kubelet endpoint: the tests' log server
+NODE=${FSDP_JOBS_KUBE_NODE:-stand-in}  # or kubelet: no stand-in node (kubelet.sh registers a real one)
 PY=${PYTHON:-python3}
 say() { echo "dev-apiserver: $*" >&2; }
 
@@ -28,7 +30,8 @@ if [ -f "$R/up" ] && kill -0 "$(cat "$R/apiserver.pid")" 2>/dev/null; then
 fi
 BIN=$(bash "$HERE/build.sh")
 bash "$HERE/stop.sh"  # what a failed or killed start left: stopped by its PIDs, its directory removed
-mkdir -p "$R/pki" "$R/logs"; chmod 700 "$R"
+mkdir -p "$R/pki" "$R/logs" "$R/runs"; chmod 700 "$R"
+chown 1000:1000 "$R/runs"  # the runs volume (a hostPath, which ignores fsGroup: R6): the pods' user writes it
 # a start that fails leaves nothing running: what the daemons said last, then stop.sh
 trap 'rc=$?; if [ $rc != 0 ]; then tail -n 3 "$R"/logs/*.log >&2 2>/dev/null; bash "$HERE/stop.sh"; fi' EXIT
 t0=$(date +%s%N)
@@ -105,7 +108,8 @@ daemon scheduler "$BIN/kube-scheduler" --kubeconfig="$R/admin.kubeconfig" --lead
 
 # ---- what a cluster for fsdp-jobs has, and a node (apply.py: the 1.20 edits to the CRDs' copies)
 "$PY" "$HERE/apply.py" --kubeconfig "$R/admin.kubeconfig" --crds "$REPO/tests/kubernetes/crds" \
-  --deploy "$REPO/deploy/kubernetes" --kubelet-port "$KUBELET_PORT" --copies "$R/crds"
+  --deploy "$REPO/deploy/kubernetes" --kubelet-port "$KUBELET_PORT" --copies "$R/crds" --runs "$R/runs" \
+  $([ "$NODE" = kubelet ] && echo --no-node)
 touch "$R/up"
 say "up in $(( ($(date +%s%N) - t0) / 1000000 )) ms: https://127.0.0.1:$PORT ($R)"
 echo "export KUBECONFIG=$R/kubeconfig"
