@@ -359,6 +359,7 @@ class KubernetesBackend(Backend[manifests.Request]):
         kind, ns, name = self._where(run)
         client = api_client(run.launch.get("context"))
         k = manifests.KINDS[kind]
+        ended = self._told(run).state.terminal  # an ended job's objects go too, but its outcome stays what it was
         try:
             if kind == "volcano":
                 from torchx.schedulers.kubernetes_scheduler import create_scheduler
@@ -373,6 +374,8 @@ class KubernetesBackend(Backend[manifests.Request]):
             if getattr(e, "status", None) == 404:
                 return f"{k.kind} {ns}/{name} no longer exists ({run.run_dir.name})"
             raise explain(e, f"cannot delete {k.kind} {ns}/{name}", client) from None
+        if not ended:  # once the job object is gone, `status` reads CANCELLED from this record (outcome.py, rule 4)
+            runs.record_cancel(run.run_dir)
         grace = run.launch.get("stop_grace_s")
         return (f"deleted Kubernetes {k.kind} {ns}/{name} ({run.run_dir.name}); its pods get SIGTERM and "
                 f"{'their grace period' if grace is None else f'{grace} s'} to checkpoint")

@@ -130,7 +130,8 @@ def test_cancel_deletes_the_job_and_the_garbage_collector_stops_what_it_owned(
 
     c.wait(collected, 60, "the garbage collector")
     c.pods_stopped(pods)  # what their kubelet does once the containers exit: their CPUs are free again
-    assert "no longer exists" in status(c, run_root, run)["detail"]
+    after = status(c, run_root, run)  # the job object gone: the cancel's own record says what happened
+    assert after["state"] == "CANCELLED" and "no longer exists" in after["detail"], after
     r = ctl(c, run_root, "cancel", run)
     assert r.returncode == 0 and "no longer exists" in r.stdout, r.stdout + r.stderr
 
