@@ -342,7 +342,9 @@ def pytest_collection_modifyitems(config, items):
 # worker was the run's long pole by 430 s (2,916 s busy against 2,487 s, the machine a quarter idle at the end).
 # (Not `--dist loadgroup` with xdist_group marks: with pytest 9.2 it silently stops grouping, because xdist
 # 3.8 marks a group by rewriting a test's node id, which pytest no longer reads back: pytest-xdist issue 1386.)
-CLUSTER_TIERS = {"tests/docker/": "docker", "tests/slurm/": "slurm"}
+CLUSTER_TIERS = {"tests/docker/": "docker", "tests/slurm/": "slurm",
+                 # a real kubelet runs its pods on the Docker engine, after the Docker tests (one kubelet per machine)
+                 "tests/kubernetes/test_kubelet.py": "docker"}
 # the real Kubernetes control plane (deploy/kubernetes/dev-apiserver) is machine-wide too, but needs neither
 # of the others: its tests are a unit of work of their own (the third largest)
 KUBE_TESTS = "tests/kubernetes/test_real_apiserver.py"

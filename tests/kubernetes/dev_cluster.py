@@ -1,7 +1,8 @@
 """The REAL Kubernetes control plane of deploy/kubernetes/dev-apiserver (kube-apiserver 1.20.2 with RBAC, the
 real garbage collector, PV binder and scheduler, etcd) for the tests, and what the tests play on it.
 
-No operator (Volcano, training-operator, JobSet, Kubeflow Trainer) and no kubelet can run here (README.md beside start.sh), so
+No operator (Volcano, training-operator, JobSet, Kubeflow Trainer) can run here (README.md beside start.sh), and the
+control plane test_real_apiserver.py uses has a stand-in node, no kubelet (test_kubelet.py starts a real one), so
 the tests play them, through the real API as each one would (admin credentials): `operator_pods` creates a
 job's pods from its pod template, named, labelled and owned as the operator does; `set_job_status` writes
 the job's status subresource; `set_pod` writes a pod's status as its kubelet would. `KubeletLogs` is a
@@ -33,7 +34,7 @@ NS = "fsdp-jobs"
 
 
 class KubeletLogs:
-    """FAKE kubelet, logs only (no kubelet can run here: no container runtime). Serves
+    """FAKE kubelet, logs only, for the stand-in node (test_kubelet.py's pods have a real kubelet). Serves
     /containerLogs/<ns>/<pod>/<container> with tailLines and follow, over TLS with the dev cluster's
     certificate; `requests` is every (pod, container, query) the API server forwarded."""
 
@@ -150,10 +151,11 @@ class DevCluster:
         self.custom().patch_namespaced_custom_object_status(k.group, k.version, NS, k.plural, name,
                                                             {"status": status})
 
-    def operator_pods(self, kind: str, name: str, schedulable: bool = True) -> list[str]:
+    def operator_pods(self, kind: str, name: str, schedulable: bool = True, attempt: int = 0) -> list[str]:
         """The job's node pods as its operator makes them from the pod template (names, labels, the JobSet
-        index annotation, an ownerReference to the job); the real scheduler binds them to the dev node
-        unless `schedulable` is False (a node selector nothing matches: a pod still waiting for a node)."""
+        index annotation and restart attempt, an ownerReference to the job); the real scheduler binds them to
+        the dev node unless `schedulable` is False (a node selector nothing matches: a pod still waiting for a
+        node). `attempt`: a JobSet's restart count (it makes every pod anew at each restart)."""
         job = self.job(kind, name)
         if kind == "trainjob":  # the Trainer's JobSet (of the TrainJob's name) from the runtime as installed
             from tests.kubernetes.trainer import node_job
@@ -170,13 +172,16 @@ class DevCluster:
         names = []
         for i in range(nodes):
             pod_name = (manifests.KINDS[kind].pod_name.format(job=name, k=i) if manifests.KINDS[kind].pod_name
-                        else f"{name}-{manifests.ROLE}-0-{i}-x{i}")
+                        else f"{name}-{manifests.ROLE}-0-{i}-{'a%d' % attempt if attempt else ''}x{i}")
             meta = template.get("metadata") or {}
             labels, annotations = dict(meta.get("labels") or {}), dict(meta.get("annotations") or {})
+            spec = json.loads(json.dumps(template["spec"]))
             if kind in ("jobset", "trainjob"):
                 labels["jobset.sigs.k8s.io/jobset-name"] = name
                 annotations["batch.kubernetes.io/job-completion-index"] = str(i)
-            spec = json.loads(json.dumps(template["spec"]))
+                labels["jobset.sigs.k8s.io/restart-attempt"] = str(attempt)
+                # JobSet's pod webhook, for network.enableDNSHostnames: the node pods' DNS names (KINDS' node_pod)
+                spec["hostname"], spec["subdomain"] = f"{name}-{manifests.ROLE}-0-{i}", name
             if not schedulable:
                 spec["nodeSelector"] = {"fsdp-jobs-test/no-such-node": "true"}
             self.core().create_namespaced_pod(NS, {
