@@ -30,10 +30,12 @@ iptables -S FORWARD 2>/dev/null | awk '$1 == "-P" {print $3}' > "$DIR/forward-po
 [ -S "$SOCK" ] && rm -f "$SOCK"   # a socket left by an engine that died
 # a root without CAP_SYS_RESOURCE (bit 24 of CapEff) cannot lower an OOM score, which every pod sandbox of the
 # dev kubelet asks for (deploy/kubernetes/dev-apiserver/README.md, R2): runc-oom-clamp raises it to 0 first
+# (a root-owned copy in the state dir: root's dockerd runs it at every container start, so never from a checkout
+# others may write, and a checkout moved away must not break the engine)
 RUNTIME=()
 if (( ((0x$(awk '/^CapEff/ {print $2}' /proc/self/status) >> 24) & 1) == 0 )); then
-  RUNTIME=(--add-runtime "fsdp-jobs-runc=$(cd "$(dirname "$0")" && pwd)/runc-oom-clamp"
-           --default-runtime fsdp-jobs-runc)
+  install -o root -g root -m 0755 "$(dirname "$0")/runc-oom-clamp" "$DIR/runc-oom-clamp"
+  RUNTIME=(--add-runtime "fsdp-jobs-runc=$DIR/runc-oom-clamp" --default-runtime fsdp-jobs-runc)
 fi
 dockerd --data-root "$DIR/data" --exec-root "$DIR/exec" --pidfile "$DIR/dockerd.pid" "${RUNTIME[@]}" \
   -H "unix://$SOCK" > "$DIR/dockerd.log" 2>&1 &

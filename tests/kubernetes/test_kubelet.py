@@ -52,20 +52,45 @@ def kubelet_containers() -> list[str]:
                           capture_output=True, text=True).stdout.split()
 
 
+# what a kubelet changes outside its own folder unless told not to (R3, R10): each must be as it was after stop.sh
+MACHINE_WIDE = ("/var/lib/kubelet", "/var/log/pods", "/var/log/containers", "/usr/libexec/kubernetes",
+                "/var/run/dockershim.sock", "/var/lib/dockershim", "/run/dnsmasq.pid")
+KERNEL = ("vm/overcommit_memory", "vm/panic_on_oom", "kernel/panic", "kernel/panic_on_oops")
+
+
+def machine() -> dict[str, Any]:
+    return {**{p: os.path.lexists(p) for p in MACHINE_WIDE},
+            **{k: Path("/proc/sys", k).read_text().strip() for k in KERNEL}}
+
+
+def daemons() -> list[int]:
+    return [int(p.read_text()) for p in [*STATE.glob("*.pid"), *STATE.glob("kubelet/*.pid")]]
+
+
 @pytest.fixture(scope="module")
 def kube(docker_engine: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[DevCluster, str]]:
     """The control plane (start.sh, with no stand-in node) and its real node (kubelet.sh, which builds the
-    job's image from this Python); after the module, stop.sh leaves no daemon, container, mount or folder."""
+    job's image from this Python); after the module, stop.sh leaves no daemon, container, mount or folder,
+    and the machine's kernel settings as they were."""
+    before = machine()
     t0 = time.monotonic()
     script("start.sh")
-    image = script("kubelet.sh").splitlines()[-1]
+    try:
+        image = script("kubelet.sh").splitlines()[-1]
+    except BaseException:
+        script("stop.sh")  # the control plane too: nothing of a failed start stays running
+        raise
     print(f"kubelet tier: control plane, node and image up in {time.monotonic() - t0:.1f} s ({image})")
     env = {"KUBECONFIG": str(STATE / "kubeconfig"), "FSDP_JOBS_STATE_DIR": str(tmp_path_factory.mktemp("state")),
            "KUBERNETES_SERVICE_HOST": ""}
     yield DevCluster(STATE, None, env), image  # type: ignore[arg-type]  # no stand-in kubelet: a real one
+    pids = daemons()
+    assert len(pids) == 7  # etcd, the API server, the controller manager, the scheduler; kubelet, dnsmasq, feeder
     script("stop.sh")
     assert not STATE.exists() and kubelet_containers() == []
     assert str(STATE) not in Path("/proc/mounts").read_text()
+    assert [p for p in pids if Path(f"/proc/{p}").exists()] == []
+    assert machine() == before
 
 
 class JobSetController:
@@ -200,11 +225,12 @@ def test_cancel_gives_the_pods_sigterm_and_the_ranks_checkpoint_on_the_way_out(k
     run_dir = on_volume("cancelled")
     c.wait(lambda: (run_dir / "metrics.jsonl").exists() and len(metrics(run_dir)) >= 3, 240, "steps")
     jobset.running()
+    grace = c.core().read_namespaced_pod(jobset.pods[0], NS).spec.termination_grace_period_seconds
     t0 = time.monotonic()
     cancel = ctl(c, run_root, "cancel", "cancelled")
     assert cancel.returncode == 0, cancel.stdout + cancel.stderr
-    c.wait(lambda: not c.core().list_namespaced_pod(
-        NS, label_selector=f"jobset.sigs.k8s.io/jobset-name={jobset.job}").items, 180, "the pods to be gone")
+    c.wait(lambda: not c.core().list_namespaced_pod(  # within their grace: not SIGKILLed at its end
+        NS, label_selector=f"jobset.sigs.k8s.io/jobset-name={jobset.job}").items, grace, "the pods to be gone")
     print(f"kubelet tier: cancel -> pods gone in {time.monotonic() - t0:.1f} s")
     stopped_at = metrics(run_dir)[-1]["step"]
     assert committed(run_dir) == [f"step-{stopped_at:06d}"]  # saved on the way out, at the step reached

@@ -87,7 +87,7 @@ def main() -> None:
     while True:
         try:
             watch(api, a.hosts, a.dnsmasq_pid)
-        except (OSError, urllib.error.URLError, ValueError) as e:
+        except (OSError, urllib.error.URLError, ValueError, KeyError) as e:  # never dies: names would go stale
             print(f"dns_hosts: {e}; watching again in 1 s", flush=True)
             time.sleep(1)
 

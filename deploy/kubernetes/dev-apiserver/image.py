@@ -26,8 +26,10 @@ import subprocess
 import sys
 import sysconfig
 import tarfile
+import tempfile
 from importlib import metadata
 from pathlib import Path
+from typing import IO
 
 REPOSITORY = "fsdp-jobs-dev"
 UID = 1000
@@ -133,10 +135,10 @@ def digest(files: list[Path]) -> str:
     return h.hexdigest()[:12]
 
 
-def layer(files: list[Path]) -> bytes:
-    """The image's one layer: a merged-/usr root like Debian 12's, /etc for user 1000, and the files."""
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w") as tar:
+def write_layer(files: list[Path], out: IO[bytes]) -> None:
+    """The image's one layer, streamed to `out` (a GB or more: never held in memory): a merged-/usr root like
+    Debian 12's, /etc for user 1000, and the files."""
+    with tarfile.open(fileobj=out, mode="w|") as tar:
         made: set[str] = set()
 
         def folder(name: str, mode: int = 0o755) -> None:
@@ -183,7 +185,6 @@ def layer(files: list[Path]) -> bytes:
             elif info.issym() or info.isdir():
                 tar.addfile(info)
             made.add(name)
-    return buf.getvalue()
 
 
 def main() -> None:
@@ -198,12 +199,22 @@ def main() -> None:
     if subprocess.run(["docker", "image", "inspect", name], capture_output=True).returncode == 0:
         print(name)
         return
-    data = layer(files)
-    r = subprocess.run(["docker", "import", "--change", f"ENV PATH={sys.prefix}/bin:/usr/bin:/bin",
-                        "--change", "ENV PYTHONUNBUFFERED=1", "-", name], input=data, capture_output=True)
-    if r.returncode:
-        sys.exit(f"image.py: docker import failed: {r.stderr.decode(errors='replace').strip()[:300]}")
-    print(f"image.py: {name}: {len(files)} files, {len(data) / 2**20:.0f} MiB", file=sys.stderr)
+    with tempfile.TemporaryFile() as err:
+        importer = subprocess.Popen(["docker", "import", "--change", f"ENV PATH={sys.prefix}/bin:/usr/bin:/bin",
+                                     "--change", "ENV PYTHONUNBUFFERED=1", "-", name],
+                                    stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=err)
+        assert importer.stdin is not None
+        try:
+            write_layer(files, importer.stdin)
+        except BrokenPipeError:
+            pass  # docker import ended early: its own message below
+        finally:
+            importer.stdin.close()
+        if importer.wait():
+            err.seek(0)
+            sys.exit(f"image.py: docker import failed: {err.read().decode(errors='replace').strip()[:300]}")
+    size = sum(p.lstat().st_size for p in files if not p.is_symlink())
+    print(f"image.py: {name}: {len(files)} files, {size / 2**20:.0f} MiB", file=sys.stderr)
     print(name)
 
 

@@ -7,10 +7,11 @@
 #   FSDP_JOBS_KUBE_NODE=kubelet bash start.sh && bash kubelet.sh     # prints the job image's name
 #   bash kubelet.sh stop                                             # (stop.sh calls it too)
 #
-# Its state lives in $FSDP_JOBS_KUBE_DIR/kubelet. The kubelet listens on the bridge address only (its
-# defaults let anyone who reaches it call it: never wider). Pitfalls (README.md): R1 the not-ready taint it
-# registers with is lifted here (no node-lifecycle controller runs); R2 a root without CAP_SYS_RESOURCE needs
-# deploy/docker/start.sh's runc-oom-clamp as the engine's default runtime; R3 one kubelet per machine.
+# Its state lives in $FSDP_JOBS_KUBE_DIR/kubelet. The kubelet listens on the bridge address only and takes
+# only callers with a certificate of the control plane's CA (R8). Pitfalls (README.md): R1 the not-ready taint
+# it registers with is lifted here (no node-lifecycle controller runs); R2 a root without CAP_SYS_RESOURCE
+# needs deploy/docker/start.sh's runc-oom-clamp as the engine's default runtime; R3 one kubelet per machine,
+# and what it writes outside its root dir; R10 the kernel settings it rewrites are put back at its stop.
 # The job's image is built by image.py from the Python that runs this ($PYTHON, default python3).
 set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
@@ -21,23 +22,31 @@ PAUSE_IMAGE=fsdp-jobs-dev-pause:1
 PY=${PYTHON:-python3}
 say() { echo "dev kubelet: $*" >&2; }
 
-stop_kubelet() {
+# the kernel settings the kubelet rewrites at its start (without --protect-kernel-defaults), machine-wide: put
+# back at its stop (R10), or every later test ran with overcommit always on and a panic on any oops
+KERNEL_SETTINGS="vm/overcommit_memory vm/panic_on_oom kernel/panic kernel/panic_on_oops kernel/keys/root_maxkeys
+  kernel/keys/root_maxbytes"
+
+stop_kubelet() {  # best effort to the end: one step that fails must not leave the rest undone
   [ -d "$K" ] || return 0
+  local pid ids m made key value
   for d in kubelet dns-hosts dnsmasq; do
     pid=$(cat "$K/$d.pid" 2>/dev/null) || continue
-    kill -TERM -- "-$pid" 2>/dev/null || kill -TERM "$pid" 2>/dev/null
+    kill -TERM -- "-$pid" 2>/dev/null || kill -TERM "$pid" 2>/dev/null || true
     for _ in $(seq 1 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
     kill -KILL -- "-$pid" 2>/dev/null || true
   done
   # what the kubelet ran and mounted: its pods' containers, their volumes, its root dir's bind mount (R3)
   if docker version >/dev/null 2>&1; then
-    ids=$(docker ps -aq --filter label=io.kubernetes.pod.namespace)
-    [ -n "$ids" ] && docker rm -f $ids >/dev/null 2>&1
+    ids=$(docker ps -aq --filter label=io.kubernetes.pod.namespace || true)
+    [ -z "$ids" ] || docker rm -f $ids >/dev/null 2>&1 || true
   fi
-  awk -v root="$K/root" 'index($2, root) == 1 {print $2}' /proc/mounts | sort -r | while read -r m; do
-    umount "$m" 2>/dev/null || umount -l "$m"; done
-  for made in $(cat "$K/made" 2>/dev/null); do rm -rf "$made"; done  # what existed before start is kept
-  rm -rf "$K"
+  { awk -v root="$K/root" 'index($2, root) == 1 {print $2}' /proc/mounts | sort -r | while read -r m; do
+    umount "$m" 2>/dev/null || umount -l "$m" 2>/dev/null || true; done; } || true
+  while read -r key value; do [ -z "$key" ] || echo "$value" > "/proc/sys/$key" 2>/dev/null || true
+  done < <(cat "$K/kernel-settings" 2>/dev/null || true)
+  for made in $(cat "$K/made" 2>/dev/null || true); do rm -rf "$made"; done  # what existed before start is kept
+  rm -rf "$K" || true
 }
 if [ "${1:-start}" = stop ]; then stop_kubelet; exit 0; fi
 
@@ -56,8 +65,9 @@ stop_kubelet
 mkdir -p "$K/root" "$K/certs" "$K/dockershim"
 trap 'rc=$?; if [ $rc != 0 ]; then tail -n 5 "$K"/*.log >&2 2>/dev/null; stop_kubelet; fi' EXIT
 for d in /var/lib/kubelet /var/log/pods /var/log/containers; do [ -e "$d" ] || echo "$d" >> "$K/made"; done
+for key in $KERNEL_SETTINGS; do echo "$key $(cat "/proc/sys/$key")"; done > "$K/kernel-settings"
 t0=$(date +%s%N)
-IP=$(ip -4 -o addr show docker0 | awk '{print $4}' | cut -d/ -f1)
+IP=$(ip -4 -o addr show docker0 2>/dev/null | awk '{print $4}' | cut -d/ -f1 || true)
 [ -n "$IP" ] || { say "the engine has no docker0 bridge"; exit 1; }
 
 # the pod sandbox's image: build.sh's pause binary alone (no registry holds k8s.gcr.io/pause here)
@@ -74,13 +84,15 @@ command -v dnsmasq >/dev/null || apt-get -o DPkg::Lock::Timeout=600 install -y -
   dnsmasq-base >/dev/null
 : > "$K/hosts"
 daemon dnsmasq dnsmasq --keep-in-foreground --no-resolv --no-hosts --bind-interfaces --listen-address="$IP" \
-  --port=53 --local=/cluster.local/ --addn-hosts="$K/hosts" --user=root --log-facility=-
+  --port=53 --local=/cluster.local/ --addn-hosts="$K/hosts" --user=root --log-facility=- --pid-file=
 daemon dns-hosts "$PY" "$HERE/dns_hosts.py" --kubeconfig "$R/admin.kubeconfig" --hosts "$K/hosts" \
   --dnsmasq-pid "$K/dnsmasq.pid"
 daemon kubelet nice -n 10 "$BIN/kubelet" --kubeconfig="$R/admin.kubeconfig" --hostname-override="$NODE_NAME" \
   --node-ip="$IP" --address="$IP" --port=10250 --read-only-port=0 --healthz-port=0 \
-  --root-dir="$K/root" --cert-dir="$K/certs" --container-runtime=docker \
+  --anonymous-auth=false --client-ca-file="$R/pki/ca.crt" \
+  --root-dir="$K/root" --cert-dir="$K/certs" --volume-plugin-dir="$K/volume-plugins" --container-runtime=docker \
   --docker-endpoint=unix:///var/run/docker.sock --experimental-dockershim-root-directory="$K/dockershim" \
+  --container-runtime-endpoint="unix://$K/dockershim.sock" --image-service-endpoint="unix://$K/dockershim.sock" \
   --pod-infra-container-image="$PAUSE_IMAGE" --cgroup-driver=cgroupfs --cgroups-per-qos=false \
   --enforce-node-allocatable= --fail-swap-on=false --make-iptables-util-chains=false --hairpin-mode=none \
   --image-gc-high-threshold=100 --image-gc-low-threshold=99 \
@@ -97,10 +109,12 @@ sys.path.insert(0, sys.argv[1])
 from apply import Api
 api, node = Api(Path(sys.argv[2])), f"/api/v1/nodes/{sys.argv[3]}"
 code, body = api.call("GET", node)
-conditions = (body.get("status") or {}).get("conditions") or [] if code == 200 else []
+conditions = (body.get("status") or {}).get("conditions") or [] if code == 200 else []  # else "status": "Failure"
 if not any(c["type"] == "Ready" and c["status"] == "True" for c in conditions):
     sys.exit(1)
-api.call("PATCH", node, {"spec": {"taints": None}}, "application/merge-patch+json")
+code, body = api.call("PATCH", node, {"spec": {"taints": None}}, "application/merge-patch+json")
+if code != 200:
+    sys.exit(f"dev kubelet: lifting the node's taints: HTTP {code}: {body.get('message', body)}")
 EOF
 }
 ready=""

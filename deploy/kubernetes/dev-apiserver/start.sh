@@ -102,7 +102,8 @@ done
 [ -n "$ready" ] || { say "kube-apiserver not ready after 60 s: $(tail -3 "$R/logs/apiserver.log" | tr '\n' ' ')"; exit 1; }
 daemon controller-manager "$BIN/kube-controller-manager" --kubeconfig="$R/admin.kubeconfig" --leader-elect=false \
   --port=0 --secure-port=0 --controllers='*,-nodelifecycle' --use-service-account-credentials=false \
-  --service-account-private-key-file="$P/sa.key" --root-ca-file="$P/ca.crt" --v=1
+  --service-account-private-key-file="$P/sa.key" --root-ca-file="$P/ca.crt" --v=1 \
+  --flex-volume-plugin-dir="$R/volume-plugins"  # not /usr/libexec/kubernetes, which it would make machine-wide
 daemon scheduler "$BIN/kube-scheduler" --kubeconfig="$R/admin.kubeconfig" --leader-elect=false \
   --port=0 --secure-port=0 --v=1
 
