@@ -359,17 +359,17 @@ class KubernetesBackend(Backend[manifests.Request]):
         kind, ns, name = self._where(run)
         client = api_client(run.launch.get("context"))
         k = manifests.KINDS[kind]
-        ended = self._told(run).state.terminal  # an ended job's objects go too, but its outcome stays what it was
+        try:  # a job that had already ended is deleted too, but was not cancelled: not recorded as such
+            ended = self._told(run).state.terminal
+        except Exception:  # noqa: BLE001 - its state unreadable (403, unreachable): the delete says what it can
+            ended = False
+        # every kind, Volcano's too, by a plain delete: TorchX's cancel first describes the job, which failed on a
+        # Volcano Job that had completed ("invalid literal for int()"), and said nothing when it was already gone
+        from kubernetes import client as k8s
+
         try:
-            if kind == "volcano":
-                from torchx.schedulers.kubernetes_scheduler import create_scheduler
-
-                create_scheduler("fsdp-jobs", client=client).cancel(f"{ns}:{name}")
-            else:
-                from kubernetes import client as k8s
-
-                k8s.CustomObjectsApi(client).delete_namespaced_custom_object(
-                    k.group, k.version, ns, k.plural, name, propagation_policy="Background")
+            k8s.CustomObjectsApi(client).delete_namespaced_custom_object(
+                k.group, k.version, ns, k.plural, name, propagation_policy="Background")
         except Exception as e:  # noqa: BLE001
             if getattr(e, "status", None) == 404:
                 return f"{k.kind} {ns}/{name} no longer exists ({run.run_dir.name})"

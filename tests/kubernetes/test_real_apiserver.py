@@ -19,6 +19,7 @@ import pytest
 import yaml
 
 from fsdp_jobs.launchers.kubernetes import manifests
+from fsdp_jobs.rundir import runs
 from tests.conftest import REPO, cli
 from tests.kubernetes.dev_cluster import NS, DevCluster
 from tests.kubernetes.test_e2e import DONE, RUNNING
@@ -99,6 +100,9 @@ def test_submit_stores_what_the_dry_run_printed_owned_by_the_job_and_status_foll
     assert status(c, run_root, run)["state"] == "SUCCEEDED"
     row = next(ln for ln in ctl(c, run_root, "list").stdout.splitlines() if ln.startswith(run))
     assert "SUCCEEDED" in row and f"{NS}:{name}" in row, row
+    # cancel deletes a job that had ended, but nothing was cancelled: no cancel record, never CANCELLED
+    assert ctl(c, run_root, "cancel", run).returncode == 0
+    assert runs.cancel_asked(run_root / run) is None and status(c, run_root, run)["state"] == "UNKNOWN"
 
 
 @pytest.mark.parametrize("kind", KINDS)
