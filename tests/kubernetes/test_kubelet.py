@@ -28,6 +28,7 @@ from fsdp_jobs.rundir.events import read_events
 from fsdp_jobs.rundir.outcome import JobState, outcome
 from tests.conftest import PACED, REPO, SHORT, assert_same_state, cli, committed, metrics, resumes
 from tests.kubernetes.dev_cluster import NS, DevCluster
+from tests.kubernetes.test_e2e import DONE, RUNNING
 
 pytestmark = [pytest.mark.kubernetes, pytest.mark.docker, pytest.mark.integration, pytest.mark.timeout(900)]
 
@@ -117,17 +118,11 @@ class JobSetController:
         self.c.set_job_status("jobset", self.job, {"restarts": self.attempt, "replicatedJobsStatus": []})
         self.pods = self.c.operator_pods("jobset", self.job, attempt=self.attempt)
 
-    def running(self) -> None:
-        self.c.set_job_status("jobset", self.job, {"restarts": self.attempt, "replicatedJobsStatus": [
-            {"name": "node", "active": 1, "ready": 1, "succeeded": 0, "failed": 0, "suspended": 0}]})
+    def running(self) -> None:  # the statuses test_e2e plays for a JobSet, with this one's restart count
+        self.c.set_job_status("jobset", self.job, {**RUNNING["jobset"], "restarts": self.attempt})
 
     def completed(self) -> None:
-        done = {"type": "Completed", "status": "True", "reason": "AllJobsCompleted",
-                "message": "jobset completed successfully",
-                "lastTransitionTime": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
-        self.c.set_job_status("jobset", self.job, {"restarts": self.attempt, "replicatedJobsStatus": [],
-                                                   "conditions": [done]})
-
+        self.c.set_job_status("jobset", self.job, {**DONE["jobset"], "restarts": self.attempt})
 
 def submit(c: DevCluster, image: str, run_root: Path, name: str, *extra: str) -> JobSetController:
     r = cli("cluster=kubernetes", f"cluster.image={image}", *JOB, f"name={name}", f"run_root={run_root}", *extra,
