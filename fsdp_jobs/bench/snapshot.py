@@ -108,15 +108,16 @@ def bench_snapshot(repeats: int, steps: int, device: str, extra: list[str], warm
 
 def check_share(within: list[tuple[float, float]], chosen: list[dict[str, Any]]) -> dict[str, Any]:
     """The default check's cost from within jobs (`check_cost_within`), spread over the interval
-    memory_interval=auto chose, against what auto measured of it (its launch)."""
+    memory_interval=auto chose for it, against what auto timed of it (its launch and its verdict's read)."""
     if not within or not chosen:
         return {}
     check_s = statistics.median(c for c, _ in within)
     step_s = statistics.median(s for _, s in within)
-    every = statistics.median(c.get("steps", 1) for c in chosen)
+    every = statistics.median(c.get("check_steps", c.get("steps", 1)) for c in chosen)
     return {"check_ms_within_job": [round(c * 1000, 3) for c, _ in within],
             "auto_measured_check_ms": [round(c["check_s"] * 1000, 3) for c in chosen if "check_s" in c],
             "auto_intervals": [c.get("steps") for c in chosen],
+            "auto_check_intervals": [c.get("check_steps") for c in chosen],
             "default_check_cost_within_jobs": round(1 + check_s / (every * step_s), 4)}
 
 

@@ -23,8 +23,9 @@ read as one (fsdp_jobs/rundir/events.py read_timeline):
     interval       {pid, step, next, steps, seconds, save_s, step_s, mtbf_s, failures, ...}  checkpoint.interval=auto
                                           chose the steps to the next checkpoint, from these inputs
                                           (fsdp_jobs/runtime/interval.py); no part of the tiling
-    memory_interval {pid, steps, snapshot_s, step_s, share[, check_s, check_share]}  memory_interval=auto chose the steps
-                                          between in-memory snapshots (fsdp_jobs/runtime/snapshots.py); no part
+    memory_interval {pid, steps, snapshot_s, step_s, share[, check_steps, check_s, check_share]}
+                                          memory_interval=auto chose the steps between in-memory snapshots
+                                          (fsdp_jobs/runtime/snapshots.py), and between replica checks; no part
                                           of the tiling
     spike          {pid, step, factor, checks}  a loss or gradient-norm spike the sentinel acted on
                                           (fsdp_jobs/runtime/sentinel.py); no part of the tiling

@@ -148,8 +148,11 @@ def describe(c: dict[str, Any]) -> str:
 
 def describe_memory(c: dict[str, Any]) -> str:
     """One line for goodput and status, from a `memory_interval` event's fields (fsdp_jobs/runtime/snapshots.py)."""
-    check = (f"; the replica check each carries {c['check_s'] * 1000:.1f} ms, at most {c['check_share']:.0%}"
-             if isinstance(c.get("check_s"), (int, float)) and isinstance(c.get("check_share"), (int, float)) else "")
+    timed = isinstance(c.get("check_s"), (int, float)) and isinstance(c.get("check_share"), (int, float))
+    check = "" if not timed else (  # without check_steps: a run from before checks had an interval of their own
+        f"; the replica check every {c['check_steps']} step(s), from a check of {c['check_s'] * 1000:.1f} ms, at most "
+        f"{c['check_share']:.0%}" if isinstance(c.get("check_steps"), int) else
+        f"; the replica check each carries {c['check_s'] * 1000:.1f} ms, at most {c['check_share']:.0%}")
     return (f"checkpoint.memory_interval=auto: a snapshot every {c['steps']} step(s), from a snapshot of "
             f"{c['snapshot_s'] * 1000:.1f} ms and a step of {c['step_s'] * 1000:.1f} ms (at most {c['share']:.0%} of "
             f"the step time{check})")

@@ -22,17 +22,24 @@ all-reduce of a later step), neither reproduces its own, and the job trains on f
 with no node named. A disagreement that the recomputation repeats is a fault that reproduces: the job stops naming
 both nodes.
 
-`auto` checks each step whose state is kept: an in-memory snapshot (fsdp_jobs/runtime/snapshots.py) or a
-checkpoint, so nothing is kept that the replicas did not agree on, and a mismatch rolls the job back to the newest
-of it. checkpoint.memory_interval=auto times these checks' launches with its first snapshots and spaces the
-snapshots so that a launch costs at most 1% of the step time (`CHECK_SHARE`); a check costs the job more than its
-launch (the vote's read, the next step slowed: `bench snapshot` measures the whole). A check reads the state once,
-as the snapshot's copy does, and adds 32 bytes a shard to the vote (a step without one votes its code alone). The
-vote is read at the next step's start, or at once before a checkpoint is saved; meanwhile the snapshot is written
-pending, and an agreeing verdict commits it. That read waits for the slowest rank's cast; read after the next
-step's computation instead, it would not, but the snapshot would stay pending through that step, and a rank dying
-in it would send the restart back one snapshot interval more. A check with a collective of its own, waited for at
-once, cost more than its work: the ranks' skew at the point, and gloo's thread.
+`auto` checks every m steps and keeps an in-memory snapshot (fsdp_jobs/runtime/snapshots.py) at each check, and
+checks every checkpoint before it is saved, so a mismatch rolls the job back to the newest state the replicas agreed
+on. The snapshots between checks (every k steps: a crash loses fewer) are kept unchecked, in the slot the newest
+vouched one does not hold; a state restored from one is agreed only to the check before it, and none is sent to
+another rank (a peer's copy could make two replicas agree on a corruption). checkpoint.memory_interval=auto times
+a few checks with its first snapshots (the launch and the verdict's read; what reading the state costs the next
+step is budgeted on top) and chooses m, a multiple of k, so that the checks cost at most 1% of the step time
+(`CHECK_SHARE`); with a fixed memory_interval every snapshot is checked. With two replica groups the recomputation
+names a node only where the flip came at a checked step: from the next step on the gradients' all-reduce carries it
+into the other replica, which then does not reproduce its own state either, and no node is named (the job goes
+on from the recomputed state). fault.sdc_check_interval=1 checks every step.
+
+A check reads the state once, as the snapshot's copy does, and adds 32 bytes a shard to the vote (a step without one
+votes its code alone). The vote is read at the next step's start, or at once before a checkpoint is saved; meanwhile
+the snapshot is written pending, and an agreeing verdict vouches for it. That read waits for the slowest rank's
+cast; read after the next step's computation instead, it would not, but the snapshot would stay pending through that
+step, and a rank dying in it would send the restart back one snapshot interval more. A check with a collective of
+its own, waited for at once, cost more than its work: the ranks' skew at the point, and gloo's thread.
 """
 
 from __future__ import annotations
@@ -176,17 +183,20 @@ class Mismatch:
 class ReplicaAgreement:
     """One rank's side of the checks: schedule (`due`) and the check itself (collective over the world)."""
 
-    def __init__(self, mesh_shape: dict[str, int], every: Any, snapshots_kept: bool, device: torch.device) -> None:
-        """`snapshots_kept`: whether the job keeps in-memory snapshots, whose steps `auto` checks."""
-        self.enabled = mesh_shape.get("replicate", 1) >= 2 and every not in (0, "0", None) and \
-            (every != AUTO or snapshots_kept)
+    def __init__(self, mesh_shape: dict[str, int], every: Any, snapshot_every: Any, device: torch.device) -> None:
+        """`snapshot_every`: checkpoint.memory_interval where the job keeps in-memory snapshots, else 0. `auto` checks
+        every snapshot where their interval is a number, else every `space`-d steps (memory_interval=auto times
+        the check with its first snapshots: fsdp_jobs/runtime/snapshots.py), and needs them (a rollback's target)."""
+        kept = snapshot_every not in (0, "0", None)
+        self.enabled = mesh_shape.get("replicate", 1) >= 2 and every not in (0, "0", None) and (every != AUTO or kept)
         self.world_size = dist.get_world_size() if self.enabled else 1
         # the ranks holding one shard: the shard dimension is innermost (fsdp_jobs/runtime/mesh.py build_mesh)
         shard = mesh_shape.get("shard", 1)
         self.replicate_groups = [list(range(s, self.world_size, shard)) for s in range(shard)] if self.enabled else []
         self.shards = shard if self.enabled else 0  # the stop vote's places for fingerprints (StopVote)
         self.auto = every == AUTO
-        self.every = 0 if not self.enabled else int(every) if not self.auto else 1
+        self.every = 0 if not self.enabled else int(every) if not self.auto else \
+            0 if snapshot_every == AUTO else int(snapshot_every)  # 0: not chosen yet (`space`)
         self.device = device
         self.agreed_step: Optional[int] = None
         self.recheck: Optional[Mismatch] = None  # two replicas' disagreement the steps since are recomputed for
@@ -194,19 +204,25 @@ class ReplicaAgreement:
         # check: its step, this rank's fingerprint, and every rank's where it gathered them at once
         self.views: Optional[tuple[list[Any], list[torch.Tensor]]] = None  # `words_of`'s, and what they are of
         self.checked = self.agreed = 0  # this attempt's verdicts, and how many of them every shard agreed in
+        self.timed: list[Optional[float]] = [0.0, None]  # the last check's launch and its verdict's read, in seconds
 
     def recompute(self, found: Mismatch, from_step: int) -> None:
         """The job rolled back to `from_step` to take the steps to `found.step` again: judge them there."""
         self.recheck, self.agreed_step, self.views = found, from_step, None
 
-    def due(self, step: int, keeping: bool) -> bool:
-        """`keeping`: this step's state is about to be kept (an in-memory snapshot, a checkpoint): always checked
-        first, so nothing a rollback returns to was kept unchecked; N: every N steps as well; and the step a
-        recomputation has to judge."""
+    def due(self, step: int, keeping: bool, measuring: bool = False) -> bool:
+        """`keeping`: this step's state is about to be kept on disk (a checkpoint, the last step's): always checked
+        first, so no checkpoint was saved unchecked; every `every` steps (an in-memory snapshot is kept at each:
+        the trainer's check_and_snapshot), or where auto is `measuring` its cost; and the step a recomputation has
+        to judge."""
         if not self.enabled:
             return False
         judging = self.recheck is not None and step == self.recheck.step
-        return keeping or judging or (not self.auto and step % self.every == 0)
+        return keeping or judging or measuring or (self.every > 0 and step % self.every == 0)
+
+    def space(self, every: int) -> None:
+        """auto's interval, once memory_interval=auto chose it (a multiple of the snapshots')."""
+        self.every = every
 
     def rolled_back_to(self, step: int) -> None:
         """The job went back to `step` (a non-finite loss's rollback): no newer step is agreed any more."""
@@ -219,10 +235,25 @@ class ReplicaAgreement:
         fsdp_jobs/runtime/stopping.py StopVote): no collective of its own, and the verdict is read with the vote,
         at the next step's start or before a save. The step a recomputation is judged at gathers every rank's at
         once instead: the judgement compares each rank with itself."""
+        began = time.perf_counter()
         tensors = list(tensors)
         mine = fingerprint(tensors, self.device, self.words_of(tensors))
         judging = gather or (self.recheck is not None and step == self.recheck.step)  # `gather`: waited for now
         self.pending = (step, mine, self.gather(mine) if judging else None)
+        self.timed = [time.perf_counter() - began, None]
+
+    def read_took(self, seconds: float) -> None:
+        """What reading the launched check's verdict took the step loop (the vote's wait, the verdict, the rows)."""
+        self.timed[1] = seconds
+
+    def took(self) -> Optional[float]:
+        """The seconds the last check took the step loop that `launch` and `read_took` timed, once both are in
+        (memory_interval=auto spaces checks by it: fsdp_jobs/runtime/snapshots.py); else None. Given once."""
+        launch, read = self.timed
+        if read is None or launch is None:
+            return None
+        self.timed = [0.0, None]
+        return launch + read
 
     def riding(self, step: int) -> Optional[torch.Tensor]:
         """The fingerprint this step's vote carries, if a check of this step was launched to ride it."""

@@ -13,7 +13,8 @@ tensors' bytes), the bytes of every local tensor, and the skeleton of the rest. 
 older slot: its header is cleared first and written last, so a rank killed mid-copy leaves that slot
 invalid and the other whole. Two are enough: the ranks write synchronously, so when any rank writes step
 K every rank has finished the snapshot before K (step K's collectives needed them all), and that one is
-in the slot K does not overwrite.
+in the slot K does not overwrite. Where the replica check (fsdp_jobs/runtime/sdc.py) comes every few snapshots, the
+slot it vouched for is kept instead, and the unchecked snapshots between take turns in the other (`older_slot`).
 
 A failure is still a cold restart of every rank (torchrun's agent restarts them all: fsdp_jobs/ARCHITECTURE.md,
 pitfall 27); what changes is where the restarted ranks take their state from.
@@ -40,6 +41,7 @@ import math
 import os
 import re
 import signal
+import statistics
 import struct
 import time
 import zlib
@@ -56,13 +58,20 @@ from fsdp_jobs.planning.plan import keeps_buddy_copies
 from fsdp_jobs.runtime.buddies import BuddyCopies
 
 MAGIC = b"FSDPSNP2"  # 2: the tensors' region checked by word sums (`checksum`), the skeleton by CRC-32
-PENDING = b"FSDPSNPW"  # written whole, waiting for the replica check that vouches for it (then MAGIC)
+PENDING = b"FSDPSNPW"  # written whole, waiting for the replica check that vouches for it (then VOUCHED)
+VOUCHED = b"FSDPSNPV"  # committed, and a replica check agreed on its state (MAGIC: committed, no check at its step)
 SUFFIX = ".snap"
 NAME = re.compile(r"([rb])(\d+)-([01])\.snap")  # r: a rank's own slots; b: copies of another node's rank (buddies)
 AUTO = "auto"
 AUTO_SHARE = 0.02  # memory_interval=auto: the smallest interval whose snapshots cost at most this share of the steps
-CHECK_SHARE = 0.01  # ... and whose replica checks (one at every snapshot: fsdp_jobs/runtime/sdc.py) at most this
+CHECK_SHARE = 0.01  # ... and the replica check's (fault.sdc_check_interval=auto: fsdp_jobs/runtime/sdc.py) at most this
 AUTO_MEASURE = 5  # snapshots timed before auto chooses
+# ... where it times the replica check too: a snapshot every step, a check every MEASURE_PERIOD-th (the step after
+# it reads its verdict, the one after that is a step alone), for this many steps
+MEASURE_PERIOD, MEASURE_CHECKED = 3, 15
+# what the trainer times of a check (its launch, its verdict's read) leaves out what reading the state costs the next
+# step's computation: budgeted as this share more (`bench snapshot`'s check_every_2nd measures the whole)
+CHECK_UNTIMED = 1.25
 # test-only fault injection: "STEP" makes the last rank SIGKILL itself half way through writing that
 # step's snapshot, on the first attempt only
 CRASH_IN_SNAPSHOT_ENV = "FSDP_JOBS_TEST_CRASH_IN_SNAPSHOT"
@@ -78,6 +87,7 @@ class Held:
     shard: int  # which shard of the state it is: ranks of one shard hold the same bytes
     nbytes: int  # the file's size
     pending: bool = False  # written whole, its replica check not yet read by this rank (PENDING): see `choose`
+    vouched: bool = False  # a replica check agreed on it (VOUCHED)
 
 
 @dataclass
@@ -90,6 +100,7 @@ class RestorePlan:
     files: dict[int, Held]
     sources: dict[int, Optional[int]]
     sent: dict[int, Held] = field(default_factory=dict)
+    agreed: Optional[int] = None  # the newest step at or before `step` a replica check agreed on (memory or disk)
 
 
 def shard_of(rank: int, mesh_shape: dict[str, int]) -> int:
@@ -249,12 +260,14 @@ class SnapshotStore:
     """The snapshot slots in one node's memory directory: `r{owner}-{slot}.snap`, two per rank, each a
     header, then the tensors' bytes, then the pickled skeleton. A write overwrites the older slot in
     place (no new pages to allocate after the first: tmpfs) and commits by writing its header last; the
-    header is cleared first, so a writer killed mid-copy leaves that slot invalid and the other whole."""
+    header is cleared first, so a writer killed mid-copy leaves that slot invalid and the other whole. A slot
+    a replica check vouched for is kept until a newer one is vouched for (`older_slot`)."""
 
     def __init__(self, directory: Path, identity: dict[str, Any]) -> None:
         self.dir, self.identity = directory, identity
         self.maps: dict[Path, torch.Tensor] = {}
-        self.steps: dict[Path, int] = {}  # the step in each slot this process wrote or read: no header read per write
+        # the step in each slot this process wrote or read, and whether a check vouched for it: no header read per write
+        self.steps: dict[Path, tuple[int, bool]] = {}
         self.views: dict[Path, tuple[torch.Tensor, list[Any], list[Any]]] = {}  # `places`' views, by slot
 
     def slot(self, owner: int, index: int, kind: str = "r") -> Path:
@@ -262,8 +275,8 @@ class SnapshotStore:
 
     def write(self, owner: int, step: int, shard: int, tensors: list[torch.Tensor], skeleton: Any,
               crash_half_way: bool = False, commit: bool = True) -> Path:
-        """Write one snapshot into `owner`'s older slot (or an empty one). `commit` False: everything but the
-        mark that makes it valid (`commit` sets it: once a replica check vouched for its state)."""
+        """Write one snapshot into `owner`'s older slot (or an empty one). `commit` False: pending, everything but
+        the mark that makes it valid (`vouch` sets it: once a replica check agreed on its state)."""
         path = self.older_slot(owner)
         layout, at = [], HEADER
         for t in tensors:
@@ -294,9 +307,13 @@ class SnapshotStore:
             mapped[:len(PENDING)] = numpy.frombuffer(PENDING, dtype=numpy.uint8)
         return path
 
-    def commit(self, path: Path, step: int) -> None:
-        self.mapping(path, 0).numpy()[:len(MAGIC)] = numpy.frombuffer(MAGIC, dtype=numpy.uint8)  # the commit
-        self.steps[path] = step
+    def commit(self, path: Path, step: int, mark: bytes = MAGIC) -> None:
+        self.mapping(path, 0).numpy()[:len(mark)] = numpy.frombuffer(mark, dtype=numpy.uint8)  # the commit
+        self.steps[path] = (step, mark == VOUCHED)
+
+    def vouch(self, path: Path, step: int) -> None:
+        """A pending snapshot's replica check agreed: committed, and kept until a newer vouched one (`older_slot`)."""
+        self.commit(path, step, VOUCHED)
 
     def places(self, path: Path, mapped: torch.Tensor, tensors: list[torch.Tensor], layout: list[Any]) -> list[Any]:
         """Each tensor's place in the slot's mapping, a view of its dtype and shape (None: no bytes), made once
@@ -333,7 +350,7 @@ class SnapshotStore:
 
     def commit_copy(self, path: Path, mapped: numpy.ndarray) -> None:
         mapped[:len(MAGIC)] = numpy.frombuffer(MAGIC, dtype=numpy.uint8)
-        self.steps[path] = read_header(path)["step"]
+        self.steps[path] = (read_header(path)["step"], False)
 
     @staticmethod
     def committed_size(path: Path) -> int:
@@ -344,8 +361,12 @@ class SnapshotStore:
             return 0
 
     def older_slot(self, owner: int, kind: str = "r") -> Path:
-        """The slot to write next: an empty or invalid one, else the one with the older step."""
-        steps = {}
+        """The slot to write next: an empty or invalid one, else the older, but never the newest one a replica check
+        vouched for: where a check finds corruption the job rolls back to it. With checks every few snapshots the
+        unchecked ones take turns in the other slot; a writer killed mid-copy of one leaves the vouched snapshot
+        whole, and under HSDP (the only layout checked) its shard's other replicas hold the step it was writing.
+        A third slot would keep the unchecked one before it too, at half as much node memory again."""
+        held: dict[Path, tuple[int, bool]] = {}
         for index in (0, 1):
             path = self.slot(owner, index, kind)
             if path not in self.steps:
@@ -356,9 +377,13 @@ class SnapshotStore:
                 if header["pending"]:  # no snapshot of its own yet: the one to write over
                     self.steps.pop(path, None)
                     return path
-                self.steps[path] = header["step"]
-            steps[path] = self.steps[path]
-        return min(steps, key=steps.__getitem__)
+                self.steps[path] = (header["step"], header["vouched"])
+            held[path] = self.steps[path]
+        vouched = [p for p in held if held[p][1]]
+        if vouched:
+            keep = max(vouched, key=lambda p: held[p][0])
+            return next(p for p in held if p != keep)
+        return min(held, key=lambda p: held[p][0])
 
     def held(self) -> list[Held]:
         """The complete snapshots of this job's identity here (headers only: the checksum is checked on read)."""
@@ -373,7 +398,7 @@ class SnapshotStore:
             size = (self.dir / name).stat().st_size
             if all(header.get(k) == v for k, v in self.identity.items()) and size >= header["meta"][1]:
                 found.append(Held(str(self.dir / name), header["owner"], header["step"], header["shard"], size,
-                                  header["pending"]))
+                                  header["pending"], header["vouched"]))
         return found
 
     def invalidate(self, keep_until: Optional[int] = None) -> None:
@@ -399,12 +424,13 @@ def read_header(path: Path) -> dict[str, Any]:
 
 
 def parse_header(head: bytes, name: str = "snapshot") -> dict[str, Any]:
-    """A slot's header, with "pending": whether it waits for its replica check (PENDING); ValueError where the
-    slot holds neither a committed nor a whole pending snapshot."""
-    if len(head) < len(MAGIC) + 8 or not head.startswith((MAGIC, PENDING)):
+    """A slot's header, with "pending": whether it waits for its replica check (PENDING), and "vouched": whether
+    one agreed on it (VOUCHED); ValueError where the slot holds neither a committed nor a whole pending snapshot."""
+    if len(head) < len(MAGIC) + 8 or not head.startswith((MAGIC, PENDING, VOUCHED)):
         raise ValueError(f"{name}: no committed snapshot")
     (n,) = struct.unpack("<Q", head[len(MAGIC):len(MAGIC) + 8])
-    return {**json.loads(head[len(MAGIC) + 8:len(MAGIC) + 8 + n]), "pending": head.startswith(PENDING)}
+    return {**json.loads(head[len(MAGIC) + 8:len(MAGIC) + 8 + n]), "pending": head.startswith(PENDING),
+            "vouched": head.startswith(VOUCHED)}
 
 
 def decode(blob: bytes) -> tuple[int, list[torch.Tensor], Any]:
@@ -446,12 +472,16 @@ def collective_device() -> torch.device:
 
 
 # ---------------------------------------------------------------------- choosing where state comes from
-def choose(held_by_rank: list[list[Held]], shards: list[int], disk_step: Optional[int]) -> Optional[RestorePlan]:
+def choose(held_by_rank: list[list[Held]], shards: list[int], disk_step: Optional[int],
+           checked: bool = False) -> Optional[RestorePlan]:
     """The newest step that memory covers for every rank, no older than the newest DCP checkpoint; None when
-    memory covers none. Every rank computes the same plan from the same gathered lists."""
-    # a pending snapshot is vouched for where another rank committed one of its step: a rank commits only once
-    # the vote carrying that step's check is in, which every rank's fingerprint (taken before its copy) made
-    vouched = {h.step for held in held_by_rank for h in held if not h.pending}
+    memory covers none. Every rank computes the same plan from the same gathered lists. `checked`: the replica
+    check vouches for snapshots (fsdp_jobs/runtime/sdc.py), and a step it did not vouch for is never sent to another
+    rank: a replica's unchecked state may hold the corruption the next check is to find, and a copy of it would
+    make the replicas agree on it."""
+    # a pending snapshot is vouched for where another rank vouched for one of its step: a rank does only once the
+    # vote carrying that step's check is in, which every rank's fingerprint (taken before its copy) made
+    vouched = {h.step for held in held_by_rank for h in held if h.vouched}
     held_by_rank = [[h for h in held if not h.pending or h.step in vouched] for held in held_by_rank]
     # nor a step rank 0 left pending: it writes a checked step's metrics rows right before it commits (trainer
     # settle_check), so a resume after that step would leave its rows unwritten for good
@@ -471,14 +501,15 @@ def choose(held_by_rank: list[list[Held]], shards: list[int], disk_step: Optiona
                 continue
             holders = [r for r, held in enumerate(held_by_rank)
                        if any(h.step == step and h.shard == shard for h in held)]
-            if not holders:
+            if not holders or (checked and step not in vouched):
                 break
             source = holders[rank % len(holders)]
             sources[rank] = source
             sent[rank] = min((h for h in held_by_rank[source] if h.step == step and h.shard == shard),
                              key=lambda h: (h.owner != source, h.owner))
         else:
-            return RestorePlan(step, files, sources, sent)
+            agreed = max((s for s in vouched if s <= step), default=disk_step)
+            return RestorePlan(step, files, sources, sent, max(agreed, disk_step) if disk_step is not None else agreed)
     return None
 
 
@@ -503,9 +534,12 @@ class MemorySnapshots:
         self.store = SnapshotStore(directory, {**identity, "world_size": world_size, "mesh": mesh_shape}) \
             if directory is not None else None
         self.costs: list[float] = []
-        self.check_costs: list[float] = []  # the replica check's launch at each timed snapshot's step, where one ran
-        self.last_at: Optional[tuple[int, float]] = None  # (step, time) of the last snapshot: auto's step time
-        self.step_times: list[float] = []
+        self.last_at: Optional[tuple[int, float, bool]] = None  # (step, time, checked) of the last snapshot: auto's
+        self.step_times: list[float] = []  # ... steps, where no check touched them
+        self.check_costs: list[float] = []  # what the trainer timed of each check while auto measured
+        self.times_checks = False  # auto times the replica check too and chooses its interval (`check_every`)
+        self.checked = False  # a replica check vouches for snapshots: `choose` sends no unchecked one to a peer
+        self.check_every = 0  # that choice: a multiple of `every`; 0 until made
         self.crash_at = faults.step(CRASH_IN_SNAPSHOT_ENV)
         self.unwritable: Optional[str] = None  # why this process writes no more snapshots (node memory full)
         self.uncommitted: Optional[tuple[Path, int]] = None  # the snapshot a replica check is to vouch for
@@ -515,14 +549,28 @@ class MemorySnapshots:
             self.buddies = BuddyCopies(rank, world_size, local_world_size, self.store, log=log, timeout_s=timeout_s)
 
     # ------------------------------------------------------------------ schedule and save
+    def interval(self) -> Any:
+        """checkpoint.memory_interval as this process keeps it: AUTO until chosen, 0 where none are kept."""
+        return 0 if not self.enabled else AUTO if self.auto else self.every
+
     def due(self, step: int) -> bool:
         return self.enabled and step % self.every == 0
 
-    def save(self, state: Any, restart: int = 0, commit: bool = True, check_s: Optional[float] = None) -> float:
+    def time_checks(self) -> None:
+        """fault.sdc_check_interval=auto beside memory_interval=auto: time the replica check with the snapshots
+        and choose its interval too (the check's schedule while timed: `measuring_checks`)."""
+        self.times_checks = self.auto
+
+    def measuring_checks(self, step: int) -> bool:
+        """While auto times the replica check: whether `step` is one it checks."""
+        return self.times_checks and self.auto and step % MEASURE_PERIOD == 0
+
+    def save(self, state: Any, restart: int = 0, commit: bool = True, checked: bool = False,
+             check_s: Optional[float] = None) -> float:
         """Copy this rank's state into its node's memory; returns the seconds it took. `commit` False: valid
-        only once `commit()` is called (a replica check of this step's state is under way: fsdp_jobs/runtime/sdc.py),
-        so a rank that dies before then leaves the snapshot before. `check_s`: what that check's launch took
-        (memory_interval=auto keeps it under CHECK_SHARE too)."""
+        only once `vouch()` is called (a replica check of this step's state is under way: fsdp_jobs/runtime/sdc.py),
+        so a rank that dies before then leaves the snapshot before. `checked`: a check of this step was launched;
+        `check_s`: what the last check to be read took (memory_interval=auto spaces checks by it)."""
         assert self.store is not None
         began = time.perf_counter()
         tensors, skeleton = capture(state)
@@ -543,49 +591,56 @@ class MemorySnapshots:
         if self.buddies is not None:
             self.buddies.send(written)  # None: nothing to keep this time, but every pair exchanges every snapshot
         cost = time.perf_counter() - began
-        self.measure(state.step, cost, check_s)
+        self.measure(state.step, cost, checked, check_s)
         return cost
 
-    def measure(self, step: int, cost: float, check_s: Optional[float] = None) -> None:
-        """memory_interval=auto: time the first snapshots (and the checks before them) and the steps between
-        them; then choose."""
+    def measure(self, step: int, cost: float, checked: bool = False, check_s: Optional[float] = None) -> None:
+        """memory_interval=auto: time the first snapshots (every step), the steps between them that no check
+        touched (launched at it, or read at its start), and what the trainer timed of a check (`check_s`); then
+        choose."""
         now = time.perf_counter()
-        if self.auto and len(self.costs) < AUTO_MEASURE:
-            self.costs.append(cost)
-            if check_s is not None:
-                self.check_costs.append(check_s)
-            if self.last_at is not None and step > self.last_at[0]:
-                self.step_times.append((now - self.last_at[1] - cost - (check_s or 0.0)) / (step - self.last_at[0]))
-            self.last_at = (step, now)
-            if len(self.costs) == AUTO_MEASURE:
-                self.choose_interval()
+        if not self.auto:
+            return
+        self.costs.append(cost)
+        if check_s is not None:
+            self.check_costs.append(check_s)
+        if self.last_at is not None and step == self.last_at[0] + 1 and not checked and not self.last_at[2]:
+            self.step_times.append(now - self.last_at[1] - cost)
+        self.last_at = (step, now, checked)
+        if len(self.costs) >= (MEASURE_CHECKED if self.times_checks else AUTO_MEASURE):
+            self.choose_interval()
 
     def choose_interval(self) -> None:
-        """Collective (every rank reaches its AUTO_MEASURE-th snapshot at the same step): the largest choice
-        of any rank, so every rank snapshots the same steps."""
-        cost, step_s = sorted(self.costs)[len(self.costs) // 2], sorted(self.step_times)[len(self.step_times) // 2]
-        check = sorted(self.check_costs)[len(self.check_costs) // 2] if self.check_costs else None
-        mine = max(1, math.ceil(cost / (AUTO_SHARE * step_s)),
-                   math.ceil((check or 0.0) / (CHECK_SHARE * step_s))) if step_s > 0 else 1
-        agreed = torch.tensor([mine], dtype=torch.int64)
+        """Collective (every rank reaches its last timed snapshot at the same step): the largest choice of any
+        rank, so every rank snapshots (and checks) the same steps; checks on snapshot steps (a multiple of their
+        interval), so that each keeps one to roll back to."""
+        cost = statistics.median(self.costs)
+        step_s = statistics.median(self.step_times) if self.step_times else 0.0
+        check = statistics.median(self.check_costs) if self.times_checks and self.check_costs else None
+        every = max(1, math.ceil(cost / (AUTO_SHARE * step_s))) if step_s > 0 else 1
+        check_every = max(1, math.ceil(check * CHECK_UNTIMED / (CHECK_SHARE * step_s))) \
+            if check is not None and step_s > 0 else 1
+        agreed = torch.tensor([every, check_every], dtype=torch.int64)
         if dist.is_initialized():
             agreed = agreed.to(collective_device())
             dist.all_reduce(agreed, op=dist.ReduceOp.MAX)
-        self.every, self.auto = int(agreed.item()), False
+        self.every, self.auto = int(agreed[0].item()), False
+        if self.times_checks:
+            self.check_every = self.every * math.ceil(int(agreed[1].item()) / self.every)
         if self.record is not None:
             self.record({"steps": self.every, "snapshot_s": round(cost, 6), "step_s": round(step_s, 6),
-                         "share": AUTO_SHARE, **({"check_s": round(check, 6), "check_share": CHECK_SHARE}
-                                                 if check is not None else {})})
-        checked = (f", and its replica check {check * 1000:.1f} ms at most {CHECK_SHARE:.0%}" if check is not None
-                   else "")
+                         "share": AUTO_SHARE, **({"check_steps": self.check_every, "check_s": round(check, 6),
+                                                  "check_share": CHECK_SHARE} if check is not None else {})})
+        checked = (f"; the replica check every {self.check_every} step(s), {check * 1000:.1f} ms each, at most "
+                   f"{CHECK_SHARE:.0%}" if check is not None else "")
         self.log(f"checkpoint.memory_interval=auto: a snapshot every {self.every} step(s) (a snapshot "
                  f"{cost * 1000:.1f} ms, a step {step_s * 1000:.1f} ms on rank {self.rank}; at most "
                  f"{AUTO_SHARE:.0%} of the step time{checked})")
 
-    def commit(self) -> None:
-        """The replica check agreed: the snapshot saved with commit=False is valid (nothing if none)."""
+    def vouch(self) -> None:
+        """The replica check agreed: the snapshot saved with commit=False is valid and vouched for (nothing if none)."""
         if self.uncommitted is not None and self.store is not None:
-            self.store.commit(*self.uncommitted)
+            self.store.vouch(*self.uncommitted)
         self.uncommitted = None
 
     def discard(self) -> None:
@@ -618,7 +673,7 @@ class MemorySnapshots:
         dist.all_gather_object(gathered, (mine, disk_step))
         disk = gathered[0][1]
         shards = [shard_of(r, self.mesh_shape) for r in range(self.world_size)]
-        return choose([g[0] for g in gathered], shards, disk)
+        return choose([g[0] for g in gathered], shards, disk, self.checked)
 
     def restore(self, state: Any, plan: RestorePlan) -> Optional[dict[str, int]]:
         """Collective: load `plan`'s step into `state` on every rank; the count of ranks by source
@@ -643,7 +698,7 @@ class MemorySnapshots:
         apply(state, tensors, skeleton)
         used = plan.files.get(self.rank) if plan.sources[self.rank] is None else None
         if used is not None and used.pending and used.owner == self.rank and self.store is not None:
-            self.store.commit(Path(used.path), plan.step)  # vouched for (`choose`): the next write keeps it
+            self.store.vouch(Path(used.path), plan.step)  # vouched for (`choose`): the next writes keep it
         sources = [None] * self.world_size
         dist.all_gather_object(sources, "memory" if plan.sources[self.rank] is None else "peer")
         return {s: sources.count(s) for s in ("memory", "peer") if s in sources}

@@ -215,9 +215,10 @@ class Trainer:
         self.loop_start = 0
         self.memory_plan: Optional[RestorePlan] = None  # where each rank's state comes from, when memory covers it
         self.source = "start"  # where this attempt's state came from: start, disk, memory (own or peers')
+        self.agreed_at_resume: Optional[int] = None  # from memory: the newest step at or before it a check agreed on
         self.timeline = Timeline(run_dir, enabled=False, restart=0)  # bring_up opens rank 0's (the goodput timeline)
         # build() makes the job's; a user's script (fsdp_jobs.job) votes with none
-        self.agreement = ReplicaAgreement({}, 0, False, torch.device("cpu"))
+        self.agreement = ReplicaAgreement({}, 0, 0, torch.device("cpu"))
         self.recheck = StepRecheck(0, False, torch.device("cpu"))
         self.sentinel = SpikeSentinel(0, "none")
         self.spike: Optional[torch.Tensor] = None  # the last step was a loss or grad-norm spike (device; sentinel)
@@ -371,8 +372,11 @@ class Trainer:
         self.open_checkpoints({"config_hash": self.config_hash()}, overlap_staging=True)
         joining = self.joins_a_running_job()  # replica groups: every group up first, or join one training
         self.snapshots = self.open_snapshots()
-        self.agreement = ReplicaAgreement(self.mesh_shape, self.cfg.fault.sdc_check_interval, self.snapshots.enabled,
-                                          self.world.device)
+        self.agreement = ReplicaAgreement(self.mesh_shape, self.cfg.fault.sdc_check_interval,
+                                          self.snapshots.interval(), self.world.device)
+        self.snapshots.checked = self.agreement.enabled
+        if self.agreement.enabled and self.agreement.auto and not self.agreement.every:
+            self.snapshots.time_checks()  # memory_interval=auto chooses the check's interval too
         # where no replicas are compared, a step taken again now and then (fsdp_jobs/runtime/recheck.py)
         self.recheck = StepRecheck(self.cfg.fault.sdc_recompute_interval,
                                    not self.agreement.enabled and not self.replicas.enabled, self.world.device)
@@ -442,6 +446,7 @@ class Trainer:
             return False
         self.snapshots.after_restore(self.state.step, self.world.local_rank)
         self.resumed, self.source = None, "memory" if "peer" not in sources else "memory+peers"
+        self.agreed_at_resume = plan.agreed
         said = f"ranks from their own node's memory: {sources.get('memory', 0)}, from a peer's: {sources.get('peer', 0)}"
         log(rank, f"resumed from the in-memory snapshot of step {plan.step} ({said}; no checkpoint read) in "
                   f"{time.perf_counter() - began:.2f}s")
@@ -714,7 +719,9 @@ class Trainer:
                                     slots=self.tcfg.log_interval, sentinel=self.sentinel)
         replicas = self.replicas
         stopped_by = None
-        self.agreement.agreed_step = state.step  # the state this attempt began from: agreed, or the start
+        # the state this attempt began from is agreed (a checkpoint, a vouched snapshot, the start), else the check's
+        # before it (an unchecked snapshot's)
+        self.agreement.agreed_step = self.agreed_at_resume if self.source.startswith("memory") else state.step
         began, tries = 0.0, 0  # a replica job may take a step again: when it was first begun, how often
         while state.step < total:
             verdict = self.settle_check(early=True)  # the step before's replica check, carried by its vote
@@ -859,23 +866,26 @@ class Trainer:
         self.poisoned = position == self.poison_position
 
     def check_and_snapshot(self, checkpoint_now: bool) -> None:
-        """A step whose state is kept (an in-memory snapshot, a checkpoint, the last) is checked first: the replica
-        check launched (settled at the next step's start, or before a save) and the snapshot written, valid once
-        the check agrees (fsdp_jobs/runtime/sdc.py)."""
+        """The replica check where due (fault.sdc_check_interval; a checkpoint's step and the last are always
+        checked), launched and settled at the next step's start or before a save; and the in-memory snapshot where
+        due, pending where checked: vouched for once the check agrees (fsdp_jobs/runtime/sdc.py)."""
         state = self.state
-        # a checkpoint's step is snapshotted too: a recovery takes memory only where it is no older than the newest
-        # checkpoint, so a rank killed just after a save between two snapshots was reloaded from disk
-        snapshot_due = self.snapshots.due(state.step) or (checkpoint_now and self.snapshots.enabled)
-        checking = self.agreement.due(state.step, snapshot_due or checkpoint_now or state.step == self.tcfg.steps) \
+        keeping = checkpoint_now or state.step == self.tcfg.steps
+        checking = self.agreement.due(state.step, keeping, self.snapshots.measuring_checks(state.step)) \
             or self.sentinel.check_now("replicas")
-        began = time.perf_counter()
+        # a checked step keeps a snapshot (a rollback's target); so does a checkpoint's: a recovery takes memory
+        # only where it is no older than the newest checkpoint, so a rank killed just after a save between two
+        # snapshots was reloaded from disk
+        snapshot_due = self.snapshots.enabled and (self.snapshots.due(state.step) or checkpoint_now or checking)
         if checking:
             self.agreement.launch(state.step, state_tensors(self.model, state.optimizer))
         if snapshot_due:
             if not checking:  # the rows of the steps the snapshot keeps: a resume from it starts after them
-                self.window.flush()  # (checked: flushed with the verdict, right before the snapshot is committed)
-            self.snapshots.save(state, self.world.restart, commit=not checking,
-                                check_s=time.perf_counter() - began if checking else None)
+                self.window.flush()  # (checked: flushed with the verdict, right before the snapshot is vouched for)
+            self.snapshots.save(state, self.world.restart, commit=not checking, checked=checking,
+                                check_s=self.agreement.took())
+            if self.snapshots.check_every and not self.agreement.every:
+                self.agreement.space(self.snapshots.check_every)
 
     def settle_check(self, early: bool, stopping: bool = False) -> str:
         """Where a replica check was launched (fsdp_jobs/runtime/sdc.py), its verdict from the vote that carried
@@ -889,13 +899,15 @@ class Trainer:
             self.agreement.launch(self.state.step, state_tensors(self.model, self.state.optimizer), gather=True)
         if self.agreement.pending is None:
             return AGREED
+        began = time.perf_counter()
         if early:
             self.early_vote = self.stop_agreed()
         step, found = self.agreement.settle(self.vote.disagreed)
         self.window.flush()  # the checked steps' rows: none appears before its step is kept (or set aside)
         self.timeline.steps(step)
+        self.agreement.read_took(time.perf_counter() - began)
         if (found is None or found.agreed_step == step) and self.vote.code != NONFINITE:  # agreed, finite
-            self.snapshots.commit()
+            self.snapshots.vouch()
         say = functools.partial(log, self.world.rank)
         if found is None:
             return AGREED

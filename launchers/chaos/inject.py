@@ -159,10 +159,12 @@ def what_the_check_does(run_dir: Path) -> str:
             return (f"{off}; the step recheck (fault.sdc_recompute_interval={again}) finds it only if its step is "
                     f"one taken again (1 in {again})")
         return f"{off}: nothing will notice it (fault.sdc_recompute_interval=N takes every Nth step again to compare)"
-    how = "the majority names its node" if groups > 2 else "recomputing the steps since names its node"
+    how = "the majority names its node" if groups > 2 else (  # fsdp_jobs/runtime/sdc.py: after it, both replicas move
+        "recomputing the steps since names its node if its step was a checked one (else the job goes on from the "
+        "recomputed state, naming none)")
     spares = int((job.get("cluster") or {}).get("spare_nodes") or 0)
     then = "a hot spare takes its place" if spares else "with no hot spare (cluster.spare_nodes) the job stops there"
-    return f"the replica agreement check finds it at the next snapshot, {how}, and {then}"
+    return f"the replica agreement check finds it at its next check, {how}, and {then}"
 
 
 def hang_rank(run_dir: Path, rank: int) -> str:

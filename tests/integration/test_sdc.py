@@ -100,6 +100,52 @@ def test_two_replica_groups_roll_back_recompute_and_name_the_node_that_does_not_
     assert_same_state(ref / "checkpoints" / "step-000030", run_dir / "checkpoints" / "step-000030")
 
 
+# checks every 6th step, snapshots every 2nd (as memory_interval=auto spaces them apart: issue #47)
+SPACED = (*(a for a in TRAINING if not a.startswith("checkpoint.memory_interval=")), "checkpoint.memory_interval=2",
+          "fault.sdc_check_interval=6")
+
+
+def test_with_checks_spaced_wider_than_snapshots_the_job_rolls_back_past_the_unchecked_ones(run_root,
+                                                                                            tmp_path_factory):
+    """3 x 1 + 1 hot spare, a check every 6 steps and a snapshot every 2: a bit flipped after step 14 is in the
+    unchecked snapshots of 14 and 16, and found by the check at 18. The majority names the node, and the job goes
+    back to 12, the snapshot that check vouched for and kept while the unchecked ones took turns in the other
+    slot; the spare takes its state from the other nodes' memory (12 vouched: a peer's 16 could carry the flip), and
+    the run ends bit for bit where the uninterrupted one does."""
+    ref = reference_job(tmp_path_factory, "sdc-three", *THREE, *TRAINING)
+    r = cli(f"run_root={run_root}", "name=spaced3", *THREE, *SPACED, "cluster.spare_nodes=1",
+            env={"FSDP_JOBS_TEST_CORRUPT_AT": "14:-1"})
+    out = r.stdout + r.stderr
+    assert r.returncode == 0, out[-4000:]
+    run_dir = run_root / "spaced3"
+    [found] = events(run_dir, "sdc")
+    assert (found["step"], found["agreed_step"], found["by_majority"]) == (18, 12, True), found
+    assert "resumed from the in-memory snapshot of step 12 (ranks from their own node's memory: 2, from a peer's: 1" \
+        in out, out[-4000:]
+    assert losses(run_dir) == losses(ref)
+    assert_same_state(ref / "checkpoints" / "step-000030", run_dir / "checkpoints" / "step-000030")
+
+
+def test_two_replicas_spaced_checks_recompute_from_the_vouched_snapshot_and_name_no_node(run_root, tmp_path_factory):
+    """2 x 2, a check every 6 steps, a snapshot every 2: a flip after step 14 reaches the other replica through the
+    gradients of steps 15-18 before the check at 18 finds the pair apart. Recomputed from 12, the snapshot the last
+    check vouched for, neither replica reproduces its own state: no node is named (only a check at the flip's own
+    step tells them apart), and the job goes on from the recomputed state, bit for bit where the uninterrupted run
+    ends."""
+    ref = reference_job(tmp_path_factory, "sdc-two", *TWO, *TRAINING)
+    r = cli(f"run_root={run_root}", "name=spaced2", *TWO, *SPACED, env={"FSDP_JOBS_TEST_CORRUPT_AT": "14:-1"})
+    out = r.stdout + r.stderr
+    assert r.returncode == 0, out[-4000:]
+    run_dir = run_root / "spaced2"
+    first, second = events(run_dir, "sdc")
+    assert (first["step"], first["agreed_step"], first["how"]) == (18, 12, "pair"), first
+    assert "every rank rolls back to step 12 (its in-memory snapshot) and takes the steps to 18 again" in out
+    assert (second["step"], second["how"], second["named_by"]) == (18, "unresolved", None), second
+    assert not (run_dir / "replaced-nodes.jsonl").exists()
+    assert losses(run_dir) == losses(ref)
+    assert_same_state(ref / "checkpoints" / "step-000030", run_dir / "checkpoints" / "step-000030")
+
+
 def test_a_majority_with_no_hot_spare_stops_the_job_naming_the_node(run_root, tmp_path_factory):
     """3 nodes x 1, no hot spare: the flipped node is named by the majority and nothing can take its place, so the
     job stops (exit 1) instead of training on a node that corrupts state; the run's record, `status` and the

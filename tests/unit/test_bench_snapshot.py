@@ -38,3 +38,5 @@ def test_the_default_check_cost_is_spread_over_autos_interval(tmp_path: Path) ->
     out = check_share([(0.003, 0.030)], [chosen])
     assert out["default_check_cost_within_jobs"] == pytest.approx(1.02)  # 3 ms every 5 steps of 30 ms
     assert out["auto_measured_check_ms"] == [1.1]
+    chosen["check_steps"] = 15  # checks spaced apart from the snapshots (issue #47)
+    assert check_share([(0.003, 0.030)], [chosen])["default_check_cost_within_jobs"] == pytest.approx(1.0067)

@@ -150,9 +150,12 @@ def test_status_says_how_often_the_run_saves_to_disk_and_to_memory_and_from_what
     said = status("  interval: auto\n  memory_interval: auto\n", True, chose_memory, chose_disk)
     assert said["memory"] == ("checkpoint.memory_interval=auto: a snapshot every 3 step(s), from a snapshot of 4.2 ms "
                               "and a step of 100.0 ms (at most 2% of the step time)")
-    checked = {**chose_memory, "check_s": 0.0029, "check_share": 0.01}  # the replica check each snapshot carries
+    checked = {**chose_memory, "check_s": 0.0029, "check_share": 0.01}  # a run from before checks had an interval
     assert status("  interval: auto\n  memory_interval: auto\n", True, checked, chose_disk)["memory"].endswith(
         "(at most 2% of the step time; the replica check each carries 2.9 ms, at most 1%)")
+    spaced = {**checked, "check_steps": 15}  # issue #47: the check every few snapshots
+    assert status("  interval: auto\n  memory_interval: auto\n", True, spaced, chose_disk)["memory"].endswith(
+        "(at most 2% of the step time; the replica check every 15 step(s), from a check of 2.9 ms, at most 1%)")
     assert said["checkpoint"].startswith("checkpoint.interval=auto: every 40 steps (4 s of steps), from a save "
                                          "blocking 0.25 s (measured: 2 saves)"), said
     assert status("  interval: 0\n  memory_interval: 0\n", False) == {

@@ -72,7 +72,7 @@ def agreement(monkeypatch, world_size=4, shard=2):
     from fsdp_jobs.runtime import sdc
 
     monkeypatch.setattr(sdc.dist, "get_world_size", lambda: world_size)
-    return sdc.ReplicaAgreement({"replicate": world_size // shard, "shard": shard}, "auto", True, torch.device("cpu"))
+    return sdc.ReplicaAgreement({"replicate": world_size // shard, "shard": shard}, "auto", "auto", torch.device("cpu"))
 
 
 def test_two_replicas_are_told_apart_by_which_one_reproduces_its_own_state(monkeypatch):
@@ -124,6 +124,7 @@ def test_the_chaos_command_says_what_the_job_will_do_about_the_flip(tmp_path):
         "(fault.sdc_recompute_interval=10) finds it only if its step is one taken again (1 in 10)")
     assert "the replica agreement check is off" in said(3, 1, fault={"sdc_check_interval": 0})
     assert "the replica agreement check is off" in said(3, 1, checkpoint={"memory_interval": 0})
-    assert said(2, 0).endswith("recomputing the steps since names its node, and with no hot spare "
+    assert said(2, 0).endswith("recomputing the steps since names its node if its step was a checked one (else the "
+                               "job goes on from the recomputed state, naming none), and with no hot spare "
                                "(cluster.spare_nodes) the job stops there")
     assert said(3, 1).endswith("the majority names its node, and a hot spare takes its place")
