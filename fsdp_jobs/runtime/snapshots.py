@@ -88,6 +88,7 @@ class Held:
     nbytes: int  # the file's size
     pending: bool = False  # written whole, its replica check not yet read by this rank (PENDING): see `choose`
     vouched: bool = False  # a replica check agreed on it (VOUCHED)
+    sums: Optional[tuple[int, ...]] = None  # its tensors' checksum: replicas of one shard at one step hold the same
 
 
 @dataclass
@@ -364,8 +365,8 @@ class SnapshotStore:
         """The slot to write next: an empty or invalid one, else the older, but never the newest one a replica check
         vouched for: where a check finds corruption the job rolls back to it. With checks every few snapshots the
         unchecked ones take turns in the other slot; a writer killed mid-copy of one leaves the vouched snapshot
-        whole, and under HSDP (the only layout checked) its shard's other replicas hold the step it was writing.
-        A third slot would keep the unchecked one before it too, at half as much node memory again."""
+        whole, and its shard's other replicas the step it was writing (taken only where two agree: `choose`). A
+        third slot would keep the unchecked one before it too, at half as much node memory again."""
         held: dict[Path, tuple[int, bool]] = {}
         for index in (0, 1):
             path = self.slot(owner, index, kind)
@@ -398,7 +399,7 @@ class SnapshotStore:
             size = (self.dir / name).stat().st_size
             if all(header.get(k) == v for k, v in self.identity.items()) and size >= header["meta"][1]:
                 found.append(Held(str(self.dir / name), header["owner"], header["step"], header["shard"], size,
-                                  header["pending"], header["vouched"]))
+                                  header["pending"], header["vouched"], tuple(header.get("sums") or ())))
         return found
 
     def invalidate(self, keep_until: Optional[int] = None) -> None:
@@ -476,9 +477,9 @@ def choose(held_by_rank: list[list[Held]], shards: list[int], disk_step: Optiona
            checked: bool = False) -> Optional[RestorePlan]:
     """The newest step that memory covers for every rank, no older than the newest DCP checkpoint; None when
     memory covers none. Every rank computes the same plan from the same gathered lists. `checked`: the replica
-    check vouches for snapshots (fsdp_jobs/runtime/sdc.py), and a step it did not vouch for is never sent to another
-    rank: a replica's unchecked state may hold the corruption the next check is to find, and a copy of it would
-    make the replicas agree on it."""
+    check vouches for snapshots (fsdp_jobs/runtime/sdc.py), and a rank takes another rank's snapshot of a step it
+    did not vouch for only where two or more replicas hold that step with the same checksum: one replica's unchecked
+    state may hold the corruption the next check is to find, and a copy of it would make the replicas agree on it."""
     # a pending snapshot is vouched for where another rank vouched for one of its step: a rank does only once the
     # vote carrying that step's check is in, which every rank's fingerprint (taken before its copy) made
     vouched = {h.step for held in held_by_rank for h in held if h.vouched}
@@ -487,6 +488,13 @@ def choose(held_by_rank: list[list[Held]], shards: list[int], disk_step: Optiona
     # settle_check), so a resume after that step would leave its rows unwritten for good
     unlogged = {h.step for held in held_by_rank for h in held if h.pending and h.owner == 0}
     steps = sorted({h.step for held in held_by_rank for h in held} - unlogged, reverse=True)
+
+    def copyable(step: int, shard: int) -> bool:
+        if not checked or step in vouched:
+            return True
+        sums = {h.owner: h.sums for held in held_by_rank for h in held if h.step == step and h.shard == shard}
+        return len(sums) >= 2 and len(set(sums.values())) == 1
+
     for step in steps:
         if disk_step is not None and step < disk_step:
             return None
@@ -494,14 +502,15 @@ def choose(held_by_rank: list[list[Held]], shards: list[int], disk_step: Optiona
         sent: dict[int, Held] = {}
         sources: dict[int, Optional[int]] = {}
         for rank, shard in enumerate(shards):
-            own = [h for h in held_by_rank[rank] if h.step == step and h.shard == shard]
+            others = copyable(step, shard)
+            own = [h for h in held_by_rank[rank] if h.step == step and h.shard == shard and (h.owner == rank or others)]
             if own:  # its own node: prefer the file it wrote itself
                 files[rank] = min(own, key=lambda h: (h.owner != rank, h.owner))
                 sources[rank] = None
                 continue
             holders = [r for r, held in enumerate(held_by_rank)
                        if any(h.step == step and h.shard == shard for h in held)]
-            if not holders or (checked and step not in vouched):
+            if not holders or not others:
                 break
             source = holders[rank % len(holders)]
             sources[rank] = source

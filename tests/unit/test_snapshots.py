@@ -401,12 +401,15 @@ def test_a_resume_from_an_unchecked_snapshot_is_agreed_only_to_the_check_before_
     assert choose([[held(r, 15, True)] for r in range(4)], shards, disk_step=None).agreed == 15
 
 
-def test_a_lost_node_takes_from_its_peers_only_state_a_check_vouched_for():
-    """Checks at 15, unchecked snapshots at 17; node 1 (ranks 2, 3) lost its memory. Rank 0's 17 may hold a flipped
-    bit the next check would have found: copied onto rank 2, the two replicas would agree on it. So the job goes back
-    to 15, which a check vouched for; without checks (`checked` False) to 17."""
-    def held(rank: int, step: int, vouched: bool) -> Held:
-        return Held(f"/m/r{rank}-{step % 2}.snap", rank, step, rank % 2, 100, vouched=vouched)
+def test_a_lost_node_takes_unchecked_state_only_where_two_replicas_hold_it_alike():
+    """Checks at 15, unchecked snapshots at 17. With two replica groups and node 1 (ranks 2, 3) lost, rank 0's 17 is
+    the only copy of its shard, and may hold a flipped bit the next check would have found: copied onto rank 2, the
+    two replicas would agree on it. So the job goes back to 15, which a check vouched for; without checks (`checked`
+    False) to 17. With three groups two replicas hold 17: alike, it is copied; apart, neither is. The same holds
+    for a replica's file on the rank's own node (no_shard on one node)."""
+    def held(rank: int, step: int, vouched: bool, sums: tuple = (1, 2), shard: int = -1) -> Held:
+        return Held(f"/m/r{rank}-{step % 2}.snap", rank, step, rank % 2 if shard < 0 else shard, 100, vouched=vouched,
+                    sums=sums)
 
     slots = [[held(r, 15, True), held(r, 17, False)] for r in range(2)] + [[], []]
     plan = choose(slots, [0, 1, 0, 1], disk_step=None, checked=True)
@@ -414,3 +417,10 @@ def test_a_lost_node_takes_from_its_peers_only_state_a_check_vouched_for():
     assert choose(slots, [0, 1, 0, 1], disk_step=None).step == 17
     whole = [[held(r, 15, True), held(r, 17, False)] for r in range(4)]
     assert choose(whole, [0, 1, 0, 1], disk_step=None, checked=True).step == 17  # each from its own memory
+    three = [[held(r, 15, True, shard=0), held(r, 17, False, shard=0)] for r in range(2)] + [[]]
+    assert choose(three, [0, 0, 0], disk_step=None, checked=True).sources == {0: None, 1: None, 2: 0}
+    three[1][1] = held(1, 17, False, sums=(9, 9), shard=0)
+    assert choose(three, [0, 0, 0], disk_step=None, checked=True).step == 15
+    one_node = [[held(0, 15, True, shard=0), held(0, 17, False, shard=0), held(1, 15, True, shard=0)]] * 2
+    plan = choose(one_node, [0, 0], disk_step=None, checked=True)  # rank 1 was killed mid-copy of 17
+    assert plan.step == 15 and plan.files[1].owner == 1
