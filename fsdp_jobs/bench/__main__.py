@@ -36,6 +36,9 @@ benchmark compares side by side in one run and reports ratios).
         same without the replica agreement check before it, and without either; the defaults with the check and
         without; a job checking every 2nd step (the check's whole cost, within one job), alternated: medians,
         means and their ratios (fsdp_jobs/bench/snapshot.py).
+    python -m fsdp_jobs.bench check [--repeats 8] [--steps 400] [--device cuda] [KEY=VALUE ...]
+        the default job with its replica agreement check and without (fault.sdc_check_interval=0), alternated:
+        mean and median step times, their ratios pair by pair (fsdp_jobs/bench/snapshot.py).
     python -m fsdp_jobs.bench recheck [--repeats 3] [--steps 400] [--device cuda] [KEY=VALUE ...]
         the job under full_shard with a step taken again every 10 and every 100 steps (fault.sdc_recompute_interval)
         and without, alternated: mean step times and their ratios (fsdp_jobs/bench/snapshot.py).
@@ -111,6 +114,11 @@ def parser() -> argparse.ArgumentParser:
     sn.add_argument("--steps", type=int, default=80)
     sn.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     sn.add_argument("overrides", nargs="*", help="more key=value overrides for both sides")
+    ck = sub.add_parser("check")
+    ck.add_argument("--repeats", type=int, default=8)
+    ck.add_argument("--steps", type=int, default=400)
+    ck.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    ck.add_argument("overrides", nargs="*", help="more key=value overrides for both sides")
     rk = sub.add_parser("recheck")
     rk.add_argument("--repeats", type=int, default=3)
     rk.add_argument("--steps", type=int, default=400)
@@ -198,6 +206,10 @@ def main(argv: list[str] | None = None) -> int:
         from fsdp_jobs.bench.snapshot import bench_snapshot
 
         result = bench_snapshot(args.repeats, args.steps, args.device, args.overrides)
+    elif args.which == "check":
+        from fsdp_jobs.bench.snapshot import bench_check
+
+        result = bench_check(args.repeats, args.steps, args.device, args.overrides)
     elif args.which == "recheck":
         from fsdp_jobs.bench.snapshot import bench_recheck
 

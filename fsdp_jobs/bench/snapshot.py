@@ -106,6 +106,39 @@ def bench_snapshot(repeats: int, steps: int, device: str, extra: list[str], warm
             "goal": "snapshots <= 1.05 on CPU, <= 1.01 on a GPU (issue 46); the check <= 1.01 (issue 47)"}
 
 
+def bench_check(repeats: int, steps: int, device: str, extra: list[str], warmup: int = 10) -> dict[str, Any]:
+    """The default job (or `extra`'s) with its default replica check and without (fault.sdc_check_interval=0), and
+    nothing else, alternated `repeats` times: more pairs in the same time than `bench snapshot`, for a cost near
+    the jobs' spread. Each run's mean step (what a job's throughput sees: checked steps and the others) and
+    median; their ratios over the pairs; and auto's chosen intervals."""
+    base = [f"train.steps={steps}", "train.log_interval=1", "checkpoint.interval=0", "checkpoint.save_final=false",
+            *(["cluster.device=cuda"] if device == "cuda" else []), *extra]
+    means: dict[str, list[float]] = {"default": [], "unchecked": []}
+    medians: dict[str, list[float]] = {"default": [], "unchecked": []}
+    chosen = []
+    with tempfile.TemporaryDirectory(prefix="bench-check-") as tmp:
+        for i in range(repeats):
+            for mode, args in (("default", []), ("unchecked", ["fault.sdc_check_interval=0"])):
+                run_dir = _run(tmp, f"{mode}{i}", [*base, *args])
+                times = [t for _, t in _intervals(run_dir, warmup)]
+                means[mode].append(statistics.mean(times))
+                medians[mode].append(statistics.median(times))
+                if mode == "default":
+                    chosen.append(auto_choice(run_dir))
+    pairs = [a / b for a, b in zip(means["default"], means["unchecked"])]
+    return {"benchmark": "check", "job": base, "repeats": repeats,
+            "mean_step_s": {m: [round(x, 5) for x in v] for m, v in means.items()},
+            "median_step_s": {m: [round(x, 5) for x in v] for m, v in medians.items()},
+            "check_over_unchecked_mean": round(statistics.median(means["default"]) /
+                                               statistics.median(means["unchecked"]), 4),
+            "check_over_unchecked_median": round(statistics.median(medians["default"]) /
+                                                 statistics.median(medians["unchecked"]), 4),
+            "mean_ratio_per_pair": spread(pairs), "mean_ratio_of_pair_means": round(statistics.mean(pairs), 4),
+            "auto_intervals": [c.get("steps") for c in chosen], "auto_check_intervals": [c.get("check_steps")
+                                                                                      for c in chosen],
+            "goal": "the default check <= 1.01 (issue 47)"}
+
+
 def check_share(within: list[tuple[float, float]], chosen: list[dict[str, Any]]) -> dict[str, Any]:
     """The default check's cost from within jobs (`check_cost_within`), spread over the interval
     memory_interval=auto chose for it, against what auto timed of it (its launch and its verdict's read)."""
