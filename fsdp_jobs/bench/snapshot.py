@@ -53,7 +53,7 @@ def auto_choice(run_dir: Path) -> dict[str, Any]:
 def bench_snapshot(repeats: int, steps: int, device: str, extra: list[str], warmup: int = 10) -> dict[str, Any]:
     """The default 2x2 job (or `extra`'s) with a snapshot after every step (checkpoint.memory_interval=1), the
     same without the replica agreement check before each (fault.sdc_check_interval=0: fsdp_jobs/runtime/sdc.py),
-    and with neither; and the defaults (memory_interval=auto, the check before each snapshot) with the check and
+    and with neither; and the defaults (memory_interval=auto, the check every few snapshots) with the check and
     without; and a job with no snapshot checking every 2nd step (`check_cost_within`): alternated `repeats` times,
     median and mean step time of each and their ratios. On a GPU (`device`
     cuda) the same with cluster.device=cuda. A metrics row every step on every side (the snapshots flush them),

@@ -175,9 +175,10 @@ class FaultConfig(Keys):
     # measure (matmul TFLOPS, write MB/s, free memory) is named and the job stops before training
     preflight_slow_ratio: float = 2.0
     # silent data corruption (fsdp_jobs/runtime/sdc.py): under HSDP with 2+ replica groups every replica of each
-    # shard is compared (a fingerprint of its parameter and optimizer shards); auto = before each in-memory
-    # snapshot and each checkpoint, so nothing is kept that the replicas did not agree on; N = every N steps as
-    # well; 0 = off
+    # shard is compared (a fingerprint of its parameter and optimizer shards), and before each checkpoint;
+    # auto = every m steps, m a multiple of checkpoint.memory_interval whose measured cost is at most 1% of the
+    # step time (every snapshot where that interval is a number); N = every N steps; 0 = off. A checked step keeps
+    # an in-memory snapshot: a mismatch rolls the job back to it
     sdc_check_interval: Union[int, str] = "auto"
     # ... and where no replicas are compared (full_shard on one group; the check above off), every N steps the
     # step is taken again from a copy of the state made before it, and each rank compares its own two results

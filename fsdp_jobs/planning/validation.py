@@ -263,7 +263,7 @@ def validate_interval(cfg: JobConfig) -> None:
     sdc = cfg.fault.sdc_check_interval
     if sdc != "auto" and (not isinstance(sdc, int) or isinstance(sdc, bool) or sdc < 0):
         raise UserError("fault.sdc_check_interval", sdc, "allowed: a number of steps >= 0 (0 = no replica "
-                        "agreement checks) or auto (before each in-memory snapshot and checkpoint)")
+                        "agreement checks) or auto (as often as 1% of the step time allows, and before each checkpoint)")
     again = cfg.fault.sdc_recompute_interval
     if not isinstance(again, int) or isinstance(again, bool) or again < 0:
         raise UserError("fault.sdc_recompute_interval", again, "allowed: a number of steps >= 0 (0 = no step is "
