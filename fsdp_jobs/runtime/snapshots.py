@@ -489,11 +489,14 @@ def choose(held_by_rank: list[list[Held]], shards: list[int], disk_step: Optiona
     unlogged = {h.step for held in held_by_rank for h in held if h.pending and h.owner == 0}
     steps = sorted({h.step for held in held_by_rank for h in held} - unlogged, reverse=True)
 
+    sums: dict[tuple[int, int], dict[int, Any]] = {}  # (step, shard) -> each holder's checksum: one pass, not one a rank
+    for held in held_by_rank:
+        for h in held:
+            sums.setdefault((h.step, h.shard), {})[h.owner] = h.sums
+
     def copyable(step: int, shard: int) -> bool:
-        if not checked or step in vouched:
-            return True
-        sums = {h.owner: h.sums for held in held_by_rank for h in held if h.step == step and h.shard == shard}
-        return len(sums) >= 2 and len(set(sums.values())) == 1
+        alike = sums.get((step, shard), {})
+        return not checked or step in vouched or (len(alike) >= 2 and len(set(alike.values())) == 1)
 
     for step in steps:
         if disk_step is not None and step < disk_step:
