@@ -550,7 +550,7 @@ class MemorySnapshots:
         self.step_times: list[float] = []  # ... steps, where no check touched them
         self.check_costs: list[float] = []  # what the trainer timed of each check while auto measured
         self.times_checks = False  # auto times the replica check too and chooses its interval (`check_every`)
-        self.checked = False  # a replica check vouches for snapshots: `choose` sends no unchecked one to a peer
+        self.checked = False  # a replica check vouches for snapshots: `choose` copies unchecked ones where two agree
         self.check_every = 0  # that choice: a multiple of `every`; 0 until made
         self.crash_at = faults.step(CRASH_IN_SNAPSHOT_ENV)
         self.unwritable: Optional[str] = None  # why this process writes no more snapshots (node memory full)
