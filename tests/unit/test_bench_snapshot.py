@@ -40,3 +40,14 @@ def test_the_default_check_cost_is_spread_over_autos_interval(tmp_path: Path) ->
     assert out["auto_measured_check_ms"] == [1.1]
     chosen["check_steps"] = 15  # checks spaced apart from the snapshots (issue #47)
     assert check_share([(0.003, 0.030)], [chosen])["default_check_cost_within_jobs"] == pytest.approx(1.0067)
+
+
+@pytest.mark.parametrize("argv", [["check", "--repeats", "0"], ["snapshot", "--steps", ""], ["recovery", "--repeats", "-2"]])
+def test_a_count_of_runs_or_steps_below_one_is_one_line_and_exit_2(argv: list[str], capsys) -> None:
+    """Bad input to a benchmark: argparse's one line naming the value, exit 2; not a traceback after the runs."""
+    from fsdp_jobs.bench.__main__ import parser
+
+    with pytest.raises(SystemExit) as exit_:
+        parser().parse_args(argv)
+    assert exit_.value.code == 2
+    assert "allowed: a whole number >= 1" in capsys.readouterr().err
