@@ -101,7 +101,7 @@ class RestorePlan:
     files: dict[int, Held]
     sources: dict[int, Optional[int]]
     sent: dict[int, Held] = field(default_factory=dict)
-    agreed: Optional[int] = None  # the newest step at or before `step` a replica check agreed on (memory or disk)
+    agreed: int = 0  # the newest step at or before `step` a replica check agreed on (memory, disk; 0: the start)
 
 
 def shard_of(rank: int, mesh_shape: dict[str, int]) -> int:
@@ -520,8 +520,9 @@ def choose(held_by_rank: list[list[Held]], shards: list[int], disk_step: Optiona
             sent[rank] = min((h for h in held_by_rank[source] if h.step == step and h.shard == shard),
                              key=lambda h: (h.owner != source, h.owner))
         else:
-            agreed = max((s for s in vouched if s <= step), default=disk_step)
-            return RestorePlan(step, files, sources, sent, max(agreed, disk_step) if disk_step is not None else agreed)
+            # a checkpoint was checked before it was saved; with neither, the start (every replica's from one seed)
+            agreed = max((s for s in vouched if s <= step), default=0)
+            return RestorePlan(step, files, sources, sent, max(agreed, disk_step or 0))
     return None
 
 

@@ -215,7 +215,7 @@ class Trainer:
         self.loop_start = 0
         self.memory_plan: Optional[RestorePlan] = None  # where each rank's state comes from, when memory covers it
         self.source = "start"  # where this attempt's state came from: start, disk, memory (own or peers')
-        self.agreed_at_resume: Optional[int] = None  # from memory: the newest step at or before it a check agreed on
+        self.agreed_at_resume = 0  # from memory: the newest step at or before it a check agreed on (0: the start)
         self.timeline = Timeline(run_dir, enabled=False, restart=0)  # bring_up opens rank 0's (the goodput timeline)
         # build() makes the job's; a user's script (fsdp_jobs.job) votes with none
         self.agreement = ReplicaAgreement({}, 0, 0, torch.device("cpu"))
