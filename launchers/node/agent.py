@@ -594,11 +594,68 @@ def join_the_round_that_went_on_without_this_node() -> None:
                   flush=True)
             for pid in (agent._pcontext.pids().values() if agent._pcontext is not None else ()):
                 kill_with_its_group(pid)  # torch's stop, next, reaps them
+        else:
+            kill_the_ranks_the_stop_cannot_reach(agent)
         return restart(agent, worker_group)
 
     DynamicRendezvousHandler.next_rendezvous = next_rendezvous_noted
     DynamicRendezvousHandler.num_nodes_waiting = waiting_or_left_behind
     SimpleElasticAgent._restart_workers = restart_left_behind
+
+
+# fsdp_jobs/ARCHITECTURE.md, pitfall 38. torch stops the workers for a restart with SIGTERM and SIGKILLs them
+# 30 s later. A rank blocked in a collective with a peer that is gone never sees the SIGTERM (a flag, read only
+# between Python's bytecodes): a healed cut node whose round did not move on (the node restarted first joined its
+# wait list), and the round's third node, waited for their hang timeout. While the stop is under way, ranks that
+# every heartbeat shows stalled in a step for the watchdog's `left_stall_s` (2 s at least, 3 of their slowest
+# steps) are SIGKILLed: a rank that can act on the signal steps to its stop vote within a step, and one saving,
+# loading or finishing is never stalled in a step. Their state is in the node's snapshots.
+STOP_GUARD_POLL_S = 0.1
+TORCH_STOP_S = 30.0
+
+
+def kill_the_ranks_the_stop_cannot_reach(agent: Any) -> None:
+    """Watch the restart's stop of this agent's ranks from a thread; it ends with them."""
+    import threading
+
+    from fsdp_jobs.launchers.node.wrapper import NODE_ENV
+    from fsdp_jobs.rundir import liveness
+
+    local = os.environ.get(liveness.LOCAL_DIR_ENV)
+    pids = set(agent._pcontext.pids().values()) if agent._pcontext is not None else set()
+    if local and pids:
+        from pathlib import Path
+
+        node = os.environ.get(NODE_ENV) or "this node"
+        threading.Thread(target=stop_guard, args=(Path(local), pids, node), daemon=True,
+                         name="fsdp-jobs-stop-guard").start()
+
+
+def stop_guard(directory: Any, pids: set[int], node: str, limit_s: float = TORCH_STOP_S) -> Optional[float]:
+    """SIGKILL `pids` once they are all stalled in a step past `left_stall_s`; returns that stall (None: they
+    ended, or were never stalled so long, within `limit_s`)."""
+    import time
+
+    from fsdp_jobs.launchers.node.watchdog import left_stall_s, process_state, stalled_for
+    from fsdp_jobs.rundir import liveness
+
+    deadline = time.monotonic() + limit_s
+    while time.monotonic() < deadline:
+        states = {pid: process_state(pid) for pid in pids}
+        alive = {pid for pid, state in states.items() if state != "gone" and state[:1] not in "ZX"}
+        if not alive:
+            return None
+        beats = [b for b in liveness.read_local(directory) if b.pid in alive]
+        stalled = stalled_for(beats, time.time())
+        if len(beats) == len(alive) and stalled >= left_stall_s(beats):
+            print(f"fsdp-jobs: {node}: its ranks have not stepped for {stalled:.0f} s while their agent stops them "
+                  "for a restart: blocked in a collective, a SIGTERM never reaches them (pitfall 38); killed",
+                  flush=True)
+            for pid in alive:
+                kill_with_its_group(pid)
+            return stalled
+        time.sleep(STOP_GUARD_POLL_S)
+    return None
 
 
 def kill_with_its_group(pid: int) -> None:

@@ -409,6 +409,47 @@ def test_a_round_only_torchs_own_read_moved_on_restarts_nothing(monkeypatch):
     assert DynamicRendezvousHandler.num_nodes_waiting(handler) == 0 and handler._fsdp_jobs_left_behind is None
 
 
+@pytest.mark.parametrize("phase, stalled_s, killed", [
+    ("step", 3.0, True),  # blocked in a collective since before the stop: the SIGTERM never reaches it
+    ("step", 0.5, False),  # stepping: it reaches its stop vote, and saves, as torch's stop asks
+    ("save", 30.0, False),  # a stop's checkpoint takes as long as it takes
+])
+def test_a_restart_kills_ranks_stalled_in_a_step_and_leaves_the_others_to_its_sigterm(tmp_path, phase, stalled_s,
+                                                                                       killed):
+    """Pitfall 38: torch's restart SIGTERMs the workers and SIGKILLs them 30 s later; a rank blocked in a collective
+    with a peer already gone reads no signal. The agent's guard kills ranks stalled in a step past the watchdog's
+    left_stall_s (2 s at least), and only those."""
+    import subprocess
+    import time
+
+    from fsdp_jobs.launchers.node.agent import stop_guard
+    from fsdp_jobs.rundir import liveness
+
+    rank = subprocess.Popen(["sleep", "60"])
+    now = time.time()
+    liveness.write_beat(tmp_path, liveness.RankBeat(rank=0, node="node0", pid=rank.pid, step=40, phase=phase,
+                                                    progress=now - stalled_s, alive=now, step_s=0.05))
+    try:
+        stall = stop_guard(tmp_path, {rank.pid}, "node0", limit_s=0.5)
+        assert (rank.wait(5) == -9 and stall >= 3.0) if killed else (stall is None and rank.poll() is None)
+    finally:
+        rank.kill()
+        rank.wait()
+
+
+def test_the_stop_guard_ends_with_the_ranks(tmp_path):
+    """Ranks that exit on their SIGTERM end the guard (a pid of theirs reused later is never killed)."""
+    import subprocess
+    import time
+
+    from fsdp_jobs.launchers.node.agent import stop_guard
+
+    rank = subprocess.Popen(["sleep", "0.2"])
+    began = time.monotonic()
+    rank.wait()
+    assert stop_guard(tmp_path, {rank.pid}, "node0", limit_s=10) is None and time.monotonic() - began < 5
+
+
 def test_a_rank_torch_spawned_in_a_session_of_its_own_is_killed_with_its_children():
     """script= and module= ranks are spawned by torch in a session of their own (their data loader's workers, the
     interpreter under a wrapper): the left-behind kill takes the whole group, as torch's own stop signals it."""
