@@ -72,6 +72,7 @@ LEFT_SEEN_S = 1.0
 LEFT_AFTER_PAUSE = 2.0
 LEFT_STEPS = 3.0
 DERIVED_FACTOR = 10.0
+JOB_VIEW_S = 1.0  # the job view's furthest step, read while a rank saves or loads, is this fresh at most
 SAVE_FACTOR = 10.0  # a save after the first may take this many times the slowest before it
 
 
@@ -245,7 +246,7 @@ def dump_stack(pid: int, stacks_file: Path, wait_s: float = 2.0) -> str:
 
 
 class Watchdog:
-    """One node's: `tick()` once a second from launchers/node/wrapper.py while its agent runs."""
+    """One node's: `tick()` every WATCH_S from launchers/node/wrapper.py while its agent runs."""
 
     def __init__(self, run_dir: Path, node: str, agent_pid: int, fault: FaultConfig,
                  local_dir: Optional[Path] = None) -> None:
@@ -257,6 +258,7 @@ class Watchdog:
         self.given_up = False
         self.killed: set[int] = set()  # a killed rank is a zombie until torchrun reaps it: never judged again
         self.straggling, self.next_straggler_check = 0, 0.0  # checks in a row this node was a straggler
+        self.job_step_read: tuple[float, Optional[int]] = (float("-inf"), None)  # (when, the job view's step)
         # when the node did not run: a job suspended for longer than its hang timeout was otherwise declared hung
         # on every node the moment it was continued, and restarted
         self.pauses = Pauses()
@@ -339,9 +341,12 @@ class Watchdog:
         this node's ranks is not stepping (a save or a load), the one case the hang timeout depends on it."""
         if all(b.phase == "step" for b in judged):
             return None
+        if not 0 <= now - self.job_step_read[0] < JOB_VIEW_S:  # the shared run dir: once a JOB_VIEW_S, not a tick
+            others = [n.step_max for n in liveness.job_nodes(self.run_dir, now)
+                      if n.node != self.node and n.step_max is not None]
+            self.job_step_read = (now, max(others) if others else None)
         steps = [b.step for b in judged if b.phase == "step" and not b.silent(now)]
-        steps += [n.step_max for n in liveness.job_nodes(self.run_dir, now)
-                  if n.node != self.node and n.step_max is not None]
+        steps += [self.job_step_read[1]] if self.job_step_read[1] is not None else []
         return max(steps) if steps else None
 
     def check_straggler(self, now: float) -> Optional[str]:

@@ -185,6 +185,11 @@ NO_RESTART_RC = 3  # the ranks decided the job failed (a preflight named a node,
 # supervise_agent stopped the agent itself: a failure that repeats, or hangs past fault.max_hang_restarts (its
 # node verdict says why); not an exit status (those are 0-255, or minus a signal): decided_status maps it
 STOPPED_BY_WRAPPER = 1000
+# the hang watchdog looks at its node's ranks this often (node-local reads only: their heartbeat files and
+# /proc); the looks that touch the shared run dir (the failure records' stat, the job's outcome) and the OOM
+# count stay once a LOOK_S, a stat a second per node at 1,024 nodes
+WATCH_S = 0.25
+LOOK_S = 1.0
 # set by a backend whose engine restarts a node that exits non-zero by itself, with no rule to tell exit 3
 # apart (Docker's restart: on-failure, a PyTorchJob's OnFailure: launchers/kubernetes/manifests.py)
 ENGINE_RESTARTS_ENV = "FSDP_JOBS_ENGINE_RESTARTS"
@@ -253,7 +258,7 @@ def job_fault(run_dir: Path) -> Optional[FaultConfig]:
 
 def supervise_agent(agent: subprocess.Popen, run_dir: Path, node: str, beats: Path,
                     oom: Optional[OomWatch] = None, began: Optional[float] = None) -> int:
-    """Wait for the agent, with the hang watchdog (launchers/node/watchdog.py) looking at its ranks every second,
+    """Wait for the agent, with the hang watchdog (launchers/node/watchdog.py) looking at its ranks every WATCH_S,
     the node's OOM kills (launchers/node/oom.py) named as they happen, and the agent stopped once the job
     completed without this node (`LeftBehind`)."""
     from fsdp_jobs.launchers.node.watchdog import PAUSED_S, Watchdog
@@ -264,25 +269,29 @@ def supervise_agent(agent: subprocess.Popen, run_dir: Path, node: str, beats: Pa
     watchdog = Watchdog(run_dir, node, agent.pid, fault, beats) if fault is not None else None
     seen = failures.Changes(run_dir)
     left = LeftBehind(run_dir, agent.pid, time.time() if began is None else began)
+    looked = float("-inf")
     while True:
         waited = time.time()  # wall time: a machine asleep stops the monotonic clock too
         try:
-            rc = agent.wait(timeout=1.0)
+            rc = agent.wait(timeout=WATCH_S)
         except subprocess.TimeoutExpired:
             pass
         else:
             if watchdog is not None:
                 watchdog.last_word()
             return rc
-        if watchdog is not None and time.time() - waited >= PAUSED_S:  # all but the wait's own second
-            watchdog.pauses.add(waited + 1.0, time.time())
+        if watchdog is not None and time.time() - waited >= PAUSED_S:  # all but the wait's own
+            watchdog.pauses.add(waited + WATCH_S, time.time())
+        line = watchdog.tick() if watchdog is not None else None
+        if line:
+            print(line, flush=True)
+        if time.monotonic() - looked < LOOK_S:
+            continue
+        looked = time.monotonic()
         if left.tick():
             print(f"fsdp-jobs: {node}: the job completed without this node (the others went on without it at "
                   "their last rendezvous: it was cut off from them, or too late); stopping its agent", flush=True)
             return stop_agent(agent)
-        line = watchdog.tick() if watchdog is not None else None
-        if line:
-            print(line, flush=True)
         killed = oom.new_kills() if oom is not None else 0
         if killed:  # a rank SIGKILLed by the kernel records nothing itself: say what killed it
             print(f"fsdp-jobs: {node}: out of memory: the kernel's OOM killer killed {killed} process"

@@ -142,3 +142,53 @@ def test_a_waiting_agent_reads_the_state_record_less_and_less_often(tmp_path, mo
         proc.kill()
     gaps = [b - a for a, b in zip(reads, reads[1:])]
     assert reads[0] == 1000 + 1 / 16 and gaps == [0.125, 0.25, 0.5, 0.5, 0.5, 0.5], gaps  # doubling, then the cap
+
+
+def test_the_watchdog_looks_every_watch_s_and_the_shared_run_dir_once_a_look_s(tmp_path, monkeypatch):
+    """The hang watchdog's decisions read node-local files only, so it ticks every WATCH_S (a stopped rank, a
+    node that left the round, are acted on within a quarter second of their rule); the stat of the shared failure
+    records, the OOM count and the left-behind check stay once a LOOK_S (a stat a second per node at 1,024 nodes).
+    A stand-in agent and clock: each wait of the agent is one WATCH_S."""
+    from fsdp_jobs.launchers.node import watchdog as watchdogs
+    from fsdp_jobs.rundir import failures
+
+    now = [1000.0]
+
+    class Clock:
+        @staticmethod
+        def time() -> float:
+            return now[0]
+
+        monotonic = time
+
+    class Agent:
+        pid, waits = 1, 0
+
+        def wait(self, timeout: float) -> int:
+            self.waits += 1
+            if self.waits > 16:
+                return 0
+            now[0] += timeout
+            raise subprocess.TimeoutExpired("agent", timeout)
+
+    class Watched:
+        ticks, given_up = 0, False
+
+        def __init__(self, *args: object) -> None:
+            Watched.ticks = 0
+
+        def tick(self) -> None:
+            Watched.ticks += 1
+
+        def last_word(self) -> None:
+            pass
+
+    stats: list[float] = []
+    monkeypatch.setattr(wrapper, "time", Clock)
+    monkeypatch.setattr(wrapper, "job_fault", lambda run_dir: object())
+    monkeypatch.setattr(watchdogs, "Watchdog", Watched)
+    monkeypatch.setattr(failures.Changes, "changed", lambda self: stats.append(now[0]) or False)
+    monkeypatch.setattr(LeftBehind, "tick", lambda self: False)
+    assert wrapper.supervise_agent(Agent(), tmp_path, "node0", tmp_path) == 0
+    assert wrapper.WATCH_S * 16 == 4.0 and Watched.ticks == 16  # 4 s of waits, a watchdog tick after each
+    assert [t - 1000 for t in stats] == [0.25, 1.25, 2.25, 3.25]  # the shared run dir: once a second

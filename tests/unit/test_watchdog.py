@@ -422,3 +422,25 @@ def test_a_node_that_left_the_round_while_the_ranks_wait_is_a_hang_in_seconds(tm
     assert hangs.culprit(record.first_stopped) == "node2 left the rendezvous (its agent stopped beating: cut off or gone)"
     said = detail(RunStatus(tmp_path, STATUS, hang=summary))
     assert "1 hang(s), last: node2 left the rendezvous at step 9 (cut off or gone)" in said, said
+
+
+def test_a_save_longer_than_the_hang_timeout_reads_the_job_view_once_a_second_not_every_tick(tmp_path, monkeypatch):
+    """While a rank saves past the short timeout, the watchdog asks how far the job's other ranks got (the job view
+    in the shared run dir) to tell a late rank from a save: at most once a JOB_VIEW_S, though it ticks every
+    quarter second (4,096 reads a second at 1,024 nodes otherwise)."""
+    import fsdp_jobs.launchers.node.watchdog as wd
+    from fsdp_jobs.rundir import liveness
+
+    hb = tmp_path / "node-memory"
+    hb.mkdir()
+    (hb / "rank-0.json").write_text(json.dumps({"rank": 0, "node": "node0", "pid": 4242, "step": 20, "phase": "save",
+                                                "progress": NOW - 30, "alive": NOW, "step_s": 0.1}))
+    monkeypatch.setattr(wd, "parent_pid", lambda pid: 77)
+    monkeypatch.setattr(wd, "process_state", lambda pid: "S (sleeping)")
+    reads: list[float] = []
+    monkeypatch.setattr(liveness, "job_nodes", lambda run_dir, now, *rest: reads.append(now) or [])
+    dog = wd.Watchdog(tmp_path, "node0", 77, FaultConfig(hang_timeout_s=20, startup_timeout_s=300), hb)
+    dog.next_straggler_check = float("inf")  # its own read of the job view, every STRAGGLER_CHECK_S
+    for i in range(9):  # 2 s of ticks
+        assert dog.tick(NOW + i * 0.25) is None  # a save: the start-up allowance, no other rank past it
+    assert [t - NOW for t in reads] == [0.0, 1.0, 2.0]
