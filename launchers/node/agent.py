@@ -542,6 +542,72 @@ def report_nodes_that_left_the_round() -> None:
     SimpleElasticAgent._restart_workers = restart_unreported
 
 
+# A node's agent that died with its ranks (a container killed and restarted by its engine, a host rebooted into
+# its old job) stays among the round's participants until its keep-alive lapses (launchers/common.py keep_alive_s),
+# and torch begins the next round only once the last one has no participant left: the survivors and the node's
+# new agent, ready 1.9 s after the kill in a Docker job, waited out the rest of the 3 s. A node runs one agent of a
+# job, so one of our node's name in the state with our address and another pid is its predecessor, dead: the new
+# agent dates its last beat back to the epoch before its first join, and torch's own sanitize, in every agent's
+# next read of the state, drops it as it drops any node whose beats lapsed. The name (NODE_NAME_KEY) tells apart
+# the nodes of a job on one machine (cluster=local), which share an address. Read for at most NAMED_MAX
+# descriptors of our address.
+PREDECESSOR_TRIES = 3
+
+
+def predecessors(handler: Any, node: str) -> list[Any]:
+    """This node's earlier agents still in the state (under torch's heartbeat lock, after a sync)."""
+    me = handler._this_node
+    ours = [n for n in handler._state_holder.state.last_heartbeats if n != me and n.addr == me.addr]
+    return [n for n in ours[:NAMED_MAX] if name_of(handler, n) == node]
+
+
+def expire_predecessors(handler: Any, node: str) -> list[Any]:
+    """Date this node's earlier agents' last beats back to the epoch in the store's state; the ones found."""
+    from datetime import datetime, timezone
+
+    holder, found = handler._state_holder, []
+    with handler._heartbeat_lock:
+        for _ in range(PREDECESSOR_TRIES):
+            holder.sync()
+            gone = predecessors(handler, node)
+            if not gone:
+                break
+            found = gone
+            for n in gone:
+                holder.state.last_heartbeats[n] = datetime.fromtimestamp(0, timezone.utc)
+            holder.mark_dirty()
+            if holder.sync():  # False: another agent wrote first; its state is read, and tried again
+                break
+    return found
+
+
+def forget_this_nodes_dead_agent() -> None:
+    from torch.distributed.elastic.rendezvous.dynamic_rendezvous import DynamicRendezvousHandler
+
+    from fsdp_jobs.launchers.node.wrapper import NODE_ENV
+
+    node = os.environ.get(NODE_ENV)
+    if not node:
+        return
+    next_rendezvous = DynamicRendezvousHandler.next_rendezvous
+    first = [True]
+
+    def next_rendezvous_without_a_predecessor(handler: Any) -> Any:
+        if first[0]:
+            first[0] = False
+            try:
+                gone = expire_predecessors(handler, node)
+            except Exception as e:  # noqa: BLE001  (advice only: torch's keep-alive expiry drops it anyway)
+                log.warning("fsdp-jobs: cannot drop this node's earlier agent from the rendezvous: %s", e)
+            else:
+                if gone:
+                    print(f"fsdp-jobs: {node}: its earlier torchrun agent ({unnamed(gone[0])}) died with the node; "
+                          "dropped from the rendezvous without waiting for its keep-alive to lapse", flush=True)
+        return next_rendezvous(handler)
+
+    DynamicRendezvousHandler.next_rendezvous = next_rendezvous_without_a_predecessor
+
+
 # A node cut off from the network for longer than torch's keep-alive expiry is dropped from its rendezvous round
 # by the others' reads of the state; their watchdogs then restart their ranks, and the round, emptied of its
 # participants, moves on. Torch's monitor loop tells this node's agent nothing of it: it counts only the nodes
@@ -818,6 +884,7 @@ def main() -> None:
     tell_the_ranks_who_hosts_the_store()
     report_nodes_that_left_the_round()
     join_the_round_that_went_on_without_this_node()
+    forget_this_nodes_dead_agent()
     let_the_store_host_leave_last()
     stop_heartbeats_on_a_stop()
     quiet_planned_stops()

@@ -377,6 +377,51 @@ def test_a_node_dropped_from_its_round_restarts_its_ranks_once_the_others_went_o
         h._stop_heartbeats()
 
 
+@pytest.mark.integration  # a real rendezvous (a few seconds of polls): with the jobs tier, not the quick loop
+def test_a_nodes_new_agent_drops_its_dead_predecessor_instead_of_waiting_for_its_keep_alive(monkeypatch, capsys):
+    """A container killed and restarted by its engine: its old agent stays a participant of the closed round until its
+    keep-alive lapses, and torch starts the next round only once that round is empty, so the survivor and the new
+    agent waited it out. The new agent, before its first join, dates the beats of an agent of its own node name at
+    its own address back to the epoch; torch's sanitize drops it at once. A keep-alive of 60 s x 3 here: without
+    that, the round below does not form within the test's 30 s."""
+    import threading
+
+    from torch.distributed.elastic.rendezvous import RendezvousParameters, c10d_rendezvous_backend
+    from torch.distributed.elastic.rendezvous.dynamic_rendezvous import DynamicRendezvousHandler, create_handler
+
+    from fsdp_jobs.launchers.node import agent
+    from fsdp_jobs.launchers.node.wrapper import NODE_ENV
+
+    monkeypatch.setattr(DynamicRendezvousHandler, "next_rendezvous", DynamicRendezvousHandler.next_rendezvous)
+    host, old = _joined_pair(monkeypatch, keep_alive_interval=60, keep_alive_max_attempt=3)
+    for handler, name in ((host, "node0"), (old, "node1")):
+        handler._store.set(agent.name_key(handler, handler._this_node), name)
+    old._stop_heartbeats()  # node1's container is killed: its agent never leaves the round
+    monkeypatch.setenv("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")  # as every backend runs torchrun (pitfall 1)
+    survivor = threading.Thread(target=host.next_rendezvous)  # node0 restarts its workers: exit, then join
+    survivor.start()
+    monkeypatch.setenv(NODE_ENV, "node1")
+    agent.forget_this_nodes_dead_agent()
+    params = RendezvousParameters("c10d", f"127.0.0.1:{host._store.port}", "linger", 2, 2, is_host=False,
+                                  keep_alive_interval=60, keep_alive_max_attempt=3)
+    new = create_handler(*c10d_rendezvous_backend.create_backend(params)[::-1], params)
+    assert new._this_node != old._this_node and new._this_node.addr == old._this_node.addr
+    restarted = threading.Thread(target=new.next_rendezvous)
+    restarted.start()
+    for t in (survivor, restarted):
+        t.join(30)
+    try:
+        assert not survivor.is_alive() and not restarted.is_alive()
+        state = new._state_holder.state
+        assert state.round == 1 and set(state.participants) == {host._this_node, new._this_node}
+        assert old._this_node not in state.last_heartbeats
+        out = capsys.readouterr().out
+        assert "fsdp-jobs: node1: its earlier torchrun agent (" in out and "dropped from the rendezvous" in out
+    finally:
+        for h in (host, new):
+            h._stop_heartbeats()
+
+
 def test_a_round_only_torchs_own_read_moved_on_restarts_nothing(monkeypatch):
     """A whole job paused past the keep-alive expiry (SLURM's suspend, `docker pause`): torch's read finds every
     participant's beat stale and empties and bumps the round in its own copy of the state, where nobody joined:
