@@ -68,7 +68,7 @@ STOPPED_SEEN_S = 1.0
 # clock that jumped) stays out of the round too, its ranks stepping: its peers' ranks must also have stopped
 # stepping, LEFT_STEPS x their slowest recent step at least (a step of a big model takes seconds), none of
 # them saving or loading (a stop's checkpoint, whose node may stop beating first)
-LEFT_SEEN_S = 1.0
+LEFT_SEEN_S = 0.5
 LEFT_AFTER_PAUSE = 2.0
 LEFT_STEPS = 3.0
 DERIVED_FACTOR = 10.0

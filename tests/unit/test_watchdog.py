@@ -376,7 +376,8 @@ def test_a_hang_where_no_rank_is_stopped_claims_no_culprit(tmp_path, monkeypatch
 
 @pytest.mark.parametrize("since, stalled_s, paused, step_s, phase, acts", [
     (NOW - 2.0, 3.0, None, 0.1, "step", True),  # left 2 s ago, ranks stalled 3 s: restart now, not at the timeout
-    (NOW - 0.5, 3.0, None, 0.1, "step", False),  # just gone: a node between two rounds, whose restart is torch's own
+    (NOW - 0.4, 3.0, None, 0.1, "step", False),  # just gone: a node between two rounds, whose restart is torch's own
+    (NOW - 0.6, 3.0, None, 0.1, "step", True),  # ... gone 0.6 s, longer than torch's own restart takes to begin
     (NOW - 2.0, 1.5, None, 0.1, "step", False),  # the ranks still advance
     (NOW - 2.0, 3.0, (NOW - 20.0, NOW - 9.0), 0.1, "step", True),  # a pause of this node long before: not its doing
     (NOW - 2.0, 3.0, (NOW - 30.0, NOW - 7.0), 0.1, "step", False),  # dropped within 2 x the expiry after a pause
@@ -412,7 +413,7 @@ def test_a_node_that_left_the_round_while_the_ranks_wait_is_a_hang_in_seconds(tm
     if not acts:
         assert line is None and killed == [] and not hangs.read(tmp_path)
         return
-    assert line and "node2 left the rendezvous 2 s ago (its agent stopped beating: cut off" in line, line
+    assert line and f"node2 left the rendezvous {NOW - since:.0f} s ago (its agent stopped beating: cut off" in line, line
     assert f"no rank advanced for {stalled_s:.0f} s at step 9" in line and "hang restart 1 of 3" in line, line
     assert killed == [4242, 4243]
     [record] = hangs.read(tmp_path)
