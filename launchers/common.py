@@ -90,8 +90,8 @@ LARGE_KEEP_ALIVE_S = 60
 # keep_alive_max_attempt), and the next round begins only once no participant is left: every survivor and the
 # node's replacement waited out torch's 5 s x 3 (Docker, a container's agent killed: 14.1 s back to a step once in
 # three, 4.6-5.0 s the others, whose replacement seems to have taken its predecessor's identity, address and pid,
-# in the state); a node's new agent now drops its dead predecessor itself (launchers/node/agent.py
-# `forget_this_nodes_dead_agent`), and only a node gone for good is waited out. Each keep-alive rewrites the whole
+# in the state); a node's new agent now drops a dead predecessor of another pid itself (launchers/node/agent.py
+# `forget_this_nodes_dead_agent`), so a node gone for good is what is waited out. Each keep-alive rewrites the whole
 # state (a key per node): the interval grows with the square of the nodes, as the rendezvous poll does
 # (launchers/node/agent.py rendezvous_poll_s), from SMALL_KEEP_ALIVE_S to torch's 5 s at 64 nodes, so the
 # store's load never exceeds torch's own at 64 nodes. A live node dropped by a late keep-alive (an agent starved

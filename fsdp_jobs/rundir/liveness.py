@@ -459,8 +459,10 @@ class Leader:
     def tick(self, beats: list[RankBeat], now: float) -> bool:
         mine = NodeSummary.of(self.node, now, beats, now)
         others = summarize(self.others, now)
-        # every tick while the job starts (a node not yet stepping and timed), then every LEADER_READ_S
-        if now - self.last_read >= LEADER_READ_S or not (others and all(n.settled() for n in [mine, *others])):
+        # every START_PUBLISH_S while the job starts (a node not yet stepping and timed: their records come as
+        # often), then every LEADER_READ_S; never every tick of the watchdog (4 a second)
+        settled = bool(others) and all(n.settled() for n in [mine, *others])
+        if now - self.last_read >= (LEADER_READ_S if settled else START_PUBLISH_S):
             self.others = [r for r in read_nodes(self.run_dir) if r.node != self.node]
             self.last_read = now
             others = summarize(self.others, now)

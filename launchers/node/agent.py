@@ -562,23 +562,23 @@ def predecessors(handler: Any, node: str) -> list[Any]:
 
 
 def expire_predecessors(handler: Any, node: str) -> list[Any]:
-    """Date this node's earlier agents' last beats back to the epoch in the store's state; the ones found."""
+    """Date this node's earlier agents' last beats back to the epoch in the store's state; the ones dropped (none
+    where every try lost its write to another agent's: torch's keep-alive expiry drops them then)."""
     from datetime import datetime, timezone
 
-    holder, found = handler._state_holder, []
+    holder = handler._state_holder
     with handler._heartbeat_lock:
         for _ in range(PREDECESSOR_TRIES):
             holder.sync()
             gone = predecessors(handler, node)
             if not gone:
-                break
-            found = gone
+                return []
             for n in gone:
                 holder.state.last_heartbeats[n] = datetime.fromtimestamp(0, timezone.utc)
             holder.mark_dirty()
             if holder.sync():  # False: another agent wrote first; its state is read, and tried again
-                break
-    return found
+                return gone
+    return []
 
 
 def forget_this_nodes_dead_agent() -> None:
@@ -660,41 +660,75 @@ def join_the_round_that_went_on_without_this_node() -> None:
                   flush=True)
             for pid in (agent._pcontext.pids().values() if agent._pcontext is not None else ()):
                 kill_with_its_group(pid)  # torch's stop, next, reaps them
-        else:
-            kill_the_ranks_the_stop_cannot_reach(agent)
-        return restart(agent, worker_group)
+            return restart(agent, worker_group)
+        ROUND_LOST[0] = lost_a_node(worker_group.spec.rdzv_handler)  # the stop below is watched (pitfall 38)
+        try:
+            return restart(agent, worker_group)
+        finally:
+            ROUND_LOST[0] = False
 
     DynamicRendezvousHandler.next_rendezvous = next_rendezvous_noted
     DynamicRendezvousHandler.num_nodes_waiting = waiting_or_left_behind
     SimpleElasticAgent._restart_workers = restart_left_behind
 
 
-# fsdp_jobs/ARCHITECTURE.md, pitfall 38. torch stops the workers for a restart with SIGTERM and SIGKILLs them
-# 30 s later. A rank blocked in a collective with a peer that is gone never sees the SIGTERM (a flag, read only
-# between Python's bytecodes): a healed cut node whose round did not move on (the node restarted first joined its
-# wait list), and the round's third node, waited for their hang timeout. While the stop is under way, ranks that
-# every heartbeat shows stalled in a step for the watchdog's `left_stall_s` (2 s at least, 3 of their slowest
-# steps) are SIGKILLed: a rank that can act on the signal steps to its stop vote within a step, and one saving,
-# loading or finishing is never stalled in a step. Their state is in the node's snapshots.
+# fsdp_jobs/ARCHITECTURE.md, pitfall 38. torch stops the workers with SIGTERM and SIGKILLs them 30 s later: in its
+# restart (`_stop_workers`), and in its monitor the moment one local rank failed (the others, `PContext.close`). A
+# rank blocked in a collective with a peer that is gone never sees the SIGTERM (a flag, read only between Python's
+# bytecodes): a healed cut node whose round did not move on (the node restarted first joined its wait list), and
+# the round's third node, waited for their hang timeout; a rank blocked beside a local one that died (an NCCL
+# collective with a dead peer waits for its timeout) would wait the 30 s. A stop that follows a loss (a local rank
+# ended, or a node of this agent's round left it) is watched: ranks that every heartbeat shows stalled in a step
+# for the watchdog's `left_stall_s` (2 s at least, 3 of their slowest steps) are SIGKILLed. A rank that can act on
+# the signal steps to its stop vote within a step, and one saving, loading or finishing is never stalled in a
+# step. A stop without a loss (a node joining: a grow, a spare; a cancel, a preemption: the ranks save at the step
+# they reached) is torch's alone. Their state is in the node's snapshots.
 STOP_GUARD_POLL_S = 0.1
 TORCH_STOP_S = 30.0
+ROUND_LOST = [False]  # set by the restart's patch while its stop runs: a node of the round left it
 
 
-def kill_the_ranks_the_stop_cannot_reach(agent: Any) -> None:
-    """Watch the restart's stop of this agent's ranks from a thread; it ends with them."""
-    import threading
+def lost_a_node(handler: Any) -> bool:
+    """A node of the round this agent joined is no longer among its participants (left to restart, or its beats
+    lapsed); False where this agent never reported its round (no watchdog) or the round moved on."""
+    joined = getattr(handler, "_fsdp_jobs_round", None)
+    if joined is None:
+        return False
+    with handler._heartbeat_lock:
+        state = handler._state_holder.state
+        return state.round == joined[0] and not set(joined[1]) <= set(state.participants)
 
+
+def watch_the_stops_after_a_loss() -> None:
     from fsdp_jobs.launchers.node.wrapper import NODE_ENV
     from fsdp_jobs.rundir import liveness
 
     local = os.environ.get(liveness.LOCAL_DIR_ENV)
-    pids = set(agent._pcontext.pids().values()) if agent._pcontext is not None else set()
-    if local and pids:
-        from pathlib import Path
+    if not local:
+        return
+    from pathlib import Path
 
-        node = os.environ.get(NODE_ENV) or "this node"
-        threading.Thread(target=stop_guard, args=(Path(local), pids, node), daemon=True,
-                         name="fsdp-jobs-stop-guard").start()
+    from torch.distributed.elastic.multiprocessing.api import PContext
+
+    from fsdp_jobs.launchers.node.watchdog import running  # here: no first import in a thread beside a fork
+
+    close = PContext.close
+    node = os.environ.get(NODE_ENV) or "this node"
+
+    def close_watched(context: Any, death_sig: Any = None, timeout: int = 30) -> None:
+        try:
+            pids = set(context.pids().values())
+            alive = {pid for pid in pids if running(pid)}
+            if alive and (len(alive) < len(pids) or ROUND_LOST[0]):
+                import threading
+
+                threading.Thread(target=stop_guard, args=(Path(local), alive, node), daemon=True,
+                                 name="fsdp-jobs-stop-guard").start()
+        except Exception as e:  # noqa: BLE001  (advice only: torch's own stop goes on)
+            log.warning("fsdp-jobs: cannot watch the workers' stop: %s", e)
+        return close(context, death_sig, timeout)
+
+    PContext.close = close_watched
 
 
 def stop_guard(directory: Any, pids: set[int], node: str, limit_s: float = TORCH_STOP_S) -> Optional[float]:
@@ -702,13 +736,12 @@ def stop_guard(directory: Any, pids: set[int], node: str, limit_s: float = TORCH
     ended, or were never stalled so long, within `limit_s`)."""
     import time
 
-    from fsdp_jobs.launchers.node.watchdog import left_stall_s, process_state, stalled_for
+    from fsdp_jobs.launchers.node.watchdog import left_stall_s, running, stalled_for
     from fsdp_jobs.rundir import liveness
 
     deadline = time.monotonic() + limit_s
     while time.monotonic() < deadline:
-        states = {pid: process_state(pid) for pid in pids}
-        alive = {pid for pid, state in states.items() if state != "gone" and state[:1] not in "ZX"}
+        alive = {pid for pid in pids if running(pid)}
         if not alive:
             return None
         beats = [b for b in liveness.read_local(directory) if b.pid in alive]
@@ -885,6 +918,7 @@ def main() -> None:
     report_nodes_that_left_the_round()
     join_the_round_that_went_on_without_this_node()
     forget_this_nodes_dead_agent()
+    watch_the_stops_after_a_loss()
     let_the_store_host_leave_last()
     stop_heartbeats_on_a_stop()
     quiet_planned_stops()

@@ -20,7 +20,7 @@ It also watches for a straggler: every STRAGGLER_CHECK_S it compares every node'
 says so in the log, once until the node recovers.
 
 A rank the kernel reports stopped by a signal is a hang once its heartbeat thread has missed STOPPED_S of
-beats; a pause of the whole node (the wrapper's 1 s wait took PAUSED_S or more) does not count (pitfall 32).
+beats; a pause of the whole node (the wrapper's wait took PAUSED_S more than asked) does not count (pitfall 32).
 So is a stall of every stepping rank for max(STOPPED_S, LEFT_STEPS x its slowest recent step) once a node of the
 agent's rendezvous round has left it (its agent stopped beating: cut off from the network, or gone;
 launchers/node/agent.py `report_nodes_that_left_the_round`; `left_stall_s`, `Watchdog.left_the_round`).
@@ -55,9 +55,9 @@ from fsdp_jobs.rundir.records import HangRecord
 
 STALE_S = liveness.STALE_S  # a heartbeat thread silent this long: the process itself is not running
 STRAGGLER_CHECK_S = 10.0
-# the wrapper's 1 s wait for its agent took this long: nothing on the node ran meanwhile (the whole job stopped by
-# SLURM's suspend or gang scheduling, `docker pause`, a machine asleep): no rank could advance either
-PAUSED_S = 2.0
+# the wrapper's wait for its agent took this long more than asked: nothing on the node ran meanwhile (the job
+# stopped by SLURM's suspend or gang scheduling, `docker pause`, a machine asleep): no rank could advance either
+PAUSED_S = 1.0
 # a rank stopped by a signal (state T: SIGSTOP) whose heartbeat thread missed this long of beats (one a second)
 # while its node ran, seen stopped by two ticks STOPPED_SEEN_S apart: it will not move until someone continues it
 STOPPED_S = 2.0
@@ -165,6 +165,12 @@ def process_state(pid: int) -> str:
     except OSError:
         pass
     return "gone"
+
+
+def running(pid: int) -> bool:
+    """The process exists and has not ended (a zombie, unreaped, has)."""
+    state = process_state(pid)
+    return state != "gone" and state[:1] not in "ZX"
 
 
 _PYSPY_MAIN = re.compile(r'Thread \d+ \([^)]*\): "MainThread"\n\s+(\S.*)')

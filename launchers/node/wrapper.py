@@ -280,11 +280,13 @@ def supervise_agent(agent: subprocess.Popen, run_dir: Path, node: str, beats: Pa
             if watchdog is not None:
                 watchdog.last_word()
             return rc
-        if watchdog is not None and time.time() - waited >= PAUSED_S:  # all but the wait's own
+        if watchdog is not None and time.time() - waited - WATCH_S >= PAUSED_S:
             watchdog.pauses.add(waited + WATCH_S, time.time())
         line = watchdog.tick() if watchdog is not None else None
         if line:
             print(line, flush=True)
+        if watchdog is not None and watchdog.given_up:  # before torchrun's restart (0.1 s) forks ranks again
+            return give_up(agent, run_dir, node, "the hang watchdog used fault.max_hang_restarts", began)
         if time.monotonic() - looked < LOOK_S:
             continue
         looked = time.monotonic()
@@ -297,14 +299,19 @@ def supervise_agent(agent: subprocess.Popen, run_dir: Path, node: str, beats: Pa
             print(f"fsdp-jobs: {node}: out of memory: the kernel's OOM killer killed {killed} process"
                   f"{'es' if killed > 1 else ''} in {oom.where()}; torchrun restarts the ranks it lost", flush=True)
         repeated = failures.repeating(failures.read(run_dir)) if seen.changed() else None
-        if repeated or (watchdog is not None and watchdog.given_up):  # no restart can help: the job fails here
-            agent.kill()
-            agent.wait()
-            why = repeated or "the hang watchdog used fault.max_hang_restarts"
-            print(f"fsdp-jobs: {node}: stopping: {why}", flush=True)
-            write_error_file(Path(agent_error_file(run_dir, node)), why)
-            record_failed(run_dir, node, why, began)
-            return STOPPED_BY_WRAPPER
+        if repeated:  # no restart can help: the job fails here
+            return give_up(agent, run_dir, node, repeated, began)
+
+
+def give_up(agent: subprocess.Popen, run_dir: Path, node: str, why: str, began: Optional[float]) -> int:
+    """The node's end where no restart can help: its agent killed, the reason recorded where the job's status and
+    torchrun's error file read it."""
+    agent.kill()
+    agent.wait()
+    print(f"fsdp-jobs: {node}: stopping: {why}", flush=True)
+    write_error_file(Path(agent_error_file(run_dir, node)), why)
+    record_failed(run_dir, node, why, began)
+    return STOPPED_BY_WRAPPER
 
 
 def settle_script(job: "JobConfig", run_dir: Path, node: str, rc: int, since: Optional[float]) -> str:

@@ -377,6 +377,27 @@ def test_a_node_dropped_from_its_round_restarts_its_ranks_once_the_others_went_o
         h._stop_heartbeats()
 
 
+def test_only_an_agent_of_this_nodes_name_at_this_address_is_its_predecessor(monkeypatch):
+    """cluster=local runs every node's agent on one machine (one address): the node name tells them apart; an
+    agent of our name elsewhere (another address) is not ours either; nor is this agent itself."""
+    import threading
+    from types import SimpleNamespace
+
+    from torch.distributed.elastic.rendezvous.dynamic_rendezvous import _NodeDesc
+
+    from fsdp_jobs.launchers.node import agent
+
+    me, old = _NodeDesc("host-a", 20, 0), _NodeDesc("host-a", 10, 0)
+    local_peer, elsewhere = _NodeDesc("host-a", 11, 0), _NodeDesc("host-b", 10, 0)
+    names = {old: "node1", local_peer: "node2", elsewhere: "node1", me: "node1"}
+    monkeypatch.setattr(agent, "name_of", lambda handler, n: names[n])
+    state = SimpleNamespace(last_heartbeats={n: 0 for n in names})
+    handler = SimpleNamespace(_this_node=me, _heartbeat_lock=threading.Lock(),
+                              _state_holder=SimpleNamespace(state=state))
+    assert agent.predecessors(handler, "node1") == [old]
+    assert agent.predecessors(handler, "node3") == []
+
+
 @pytest.mark.integration  # a real rendezvous (a few seconds of polls): with the jobs tier, not the quick loop
 def test_a_nodes_new_agent_drops_its_dead_predecessor_instead_of_waiting_for_its_keep_alive(monkeypatch, capsys):
     """A container killed and restarted by its engine: its old agent stays a participant of the closed round until its
@@ -482,8 +503,72 @@ def test_a_restart_kills_ranks_stalled_in_a_step_and_leaves_the_others_to_its_si
         rank.wait()
 
 
+@pytest.mark.parametrize("one_ended, round_lost, killed", [
+    (True, False, True),  # a local rank failed: torch's monitor stops the others, one blocked beside it
+    (False, True, True),  # a node of the round left it (restarted, or its beats lapsed): its collectives are gone
+    (False, False, False),  # a node joining (a grow, a spare), a cancel: the ranks save where they are, torch's stop
+])
+def test_only_a_stop_after_a_loss_is_watched(tmp_path, monkeypatch, one_ended, round_lost, killed):
+    """Pitfall 38: every stop of the workers goes through torch's PContext.close; the agent watches it only where
+    something was lost (a local rank ended, or a node left this agent's round), never a planned one, where a rank
+    that has not stepped for a while may yet reach its stop's checkpoint."""
+    import subprocess
+    import time
+
+    from torch.distributed.elastic.multiprocessing.api import PContext
+
+    from fsdp_jobs.launchers.node import agent
+    from fsdp_jobs.rundir import liveness
+
+    closed = []
+    monkeypatch.setattr(PContext, "close", lambda context, death_sig=None, timeout=30: closed.append(timeout))
+    monkeypatch.setenv(liveness.LOCAL_DIR_ENV, str(tmp_path))
+    monkeypatch.setattr(agent, "ROUND_LOST", [round_lost])
+    agent.watch_the_stops_after_a_loss()
+    ended, blocked = subprocess.Popen(["true"]), subprocess.Popen(["sleep", "60"])
+    ended.wait()
+    now = time.time()
+    liveness.write_beat(tmp_path, liveness.RankBeat(rank=1, node="node0", pid=blocked.pid, step=40, phase="step",
+                                                    progress=now - 5, alive=now, step_s=0.05))
+
+    class Context:
+        @staticmethod
+        def pids() -> dict[int, int]:
+            return {0: ended.pid, 1: blocked.pid} if one_ended else {1: blocked.pid}
+
+    try:
+        PContext.close(Context(), None, 30)
+        assert closed == [30]  # torch's own stop, as it was
+        try:
+            assert (blocked.wait(5) == -9) is killed
+        except subprocess.TimeoutExpired:
+            assert not killed
+    finally:
+        blocked.kill()
+        blocked.wait()
+
+
+def test_a_node_is_lost_to_the_round_once_it_is_no_longer_a_participant():
+    """What arms the guard in a restart: a node of the round this agent joined is missing from its participants
+    (it left to restart, or its keep-alive lapsed); not a node waiting to join, nor a round that moved on."""
+    import threading
+    from types import SimpleNamespace
+
+    from fsdp_jobs.launchers.node.agent import lost_a_node
+
+    state = SimpleNamespace(round=3, participants={"me": 0, "b": 1, "c": 2}, wait_list={"new"})
+    handler = SimpleNamespace(_heartbeat_lock=threading.Lock(), _state_holder=SimpleNamespace(state=state),
+                              _fsdp_jobs_round=(3, {"b", "c"}))
+    assert not lost_a_node(handler)  # a node waiting to join: a grow, a spare
+    state.participants = {"me": 0, "c": 2}
+    assert lost_a_node(handler)
+    state.round = 4
+    assert not lost_a_node(handler)  # moved on: the left-behind restart's, not this
+    assert not lost_a_node(SimpleNamespace())  # no watchdog: nothing reported, nothing watched
+
+
 def test_the_stop_guard_ends_with_the_ranks(tmp_path):
-    """Ranks that exit on their SIGTERM end the guard (a pid of theirs reused later is never killed)."""
+    """Ranks that exit on their SIGTERM end the guard."""
     import subprocess
     import time
 

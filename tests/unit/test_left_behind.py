@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Optional
 
 import pytest
 
@@ -192,3 +193,54 @@ def test_the_watchdog_looks_every_watch_s_and_the_shared_run_dir_once_a_look_s(t
     assert wrapper.supervise_agent(Agent(), tmp_path, "node0", tmp_path) == 0
     assert wrapper.WATCH_S * 16 == 4.0 and Watched.ticks == 16  # 4 s of waits, a watchdog tick after each
     assert [t - 1000 for t in stats] == [0.25, 1.25, 2.25, 3.25]  # the shared run dir: once a second
+
+
+def test_a_watchdog_that_gave_up_stops_the_node_at_its_tick_not_at_the_next_look(tmp_path, monkeypatch):
+    """fault.max_hang_restarts used: the wrapper stops the agent at that very tick, before torchrun (its 0.1 s
+    monitor) restarts the workers it just lost, not at the next once-a-second look; and a wait that took a second
+    longer than asked is a pause of the node, taken out of every stall."""
+    from fsdp_jobs.launchers.node import watchdog as watchdogs
+
+    now = [1000.0]
+
+    class Clock:
+        @staticmethod
+        def time() -> float:
+            return now[0]
+
+        monotonic = time
+
+    class Agent:
+        pid, waits, killed = 1, 0, False
+
+        def wait(self, timeout: Optional[float] = None) -> int:
+            if timeout is None:
+                return -9
+            self.waits += 1
+            if self.waits > 12:  # the agent's own end, 3 s on
+                return 0
+            now[0] += timeout + (1.0 if self.waits == 1 else 0.0)  # the first wait: the node paused a second
+            raise subprocess.TimeoutExpired("agent", timeout)
+
+        def kill(self) -> None:
+            self.killed = True
+
+    class Watched:
+        ticks, given_up = 0, False
+
+        def __init__(self, *args: object) -> None:
+            self.pauses = watchdogs.Pauses()
+            Watched.made = self
+
+        def tick(self) -> None:
+            Watched.ticks += 1
+            self.given_up = Watched.ticks == 2
+
+    monkeypatch.setattr(wrapper, "time", Clock)
+    monkeypatch.setattr(wrapper, "job_fault", lambda run_dir: object())
+    monkeypatch.setattr(watchdogs, "Watchdog", Watched)
+    monkeypatch.setattr(wrapper, "record_failed", lambda *args: None)
+    agent = Agent()
+    assert wrapper.supervise_agent(agent, tmp_path, "node0", tmp_path) == wrapper.STOPPED_BY_WRAPPER
+    assert agent.killed and agent.waits == 2 and Watched.ticks == 2  # at the second tick, 0.25 s after the first
+    assert Watched.made.pauses.ran(1000.0, now[0]) == pytest.approx(0.5)  # 1.5 s of wall time, 1 s of it paused

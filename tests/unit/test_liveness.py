@@ -176,6 +176,21 @@ def test_the_leader_writes_one_view_of_every_node_which_the_others_read_instead_
     assert stragglers.of_run(tmp_path, now=NOW + 3600)["stragglers"] == ["node2"]
 
 
+def test_the_leader_reads_the_node_records_once_a_second_while_a_node_is_unsettled_not_every_tick(tmp_path,
+                                                                                                   monkeypatch):
+    """The watchdog ticks every 0.25 s; while a node is not settled (starting, saving, a stale record of a node that
+    left) its leader reads every node's record once a START_PUBLISH_S, as often as they are written, then every
+    LEADER_READ_S: 1,024 reads a second at 1,024 nodes at most, not 4,096."""
+    liveness.Publisher(tmp_path, "node1").tick([beat(2, node="node1", phase="load")], NOW)  # never settles here
+    reads: list[float] = []
+    real = liveness.read_nodes
+    monkeypatch.setattr(liveness, "read_nodes", lambda run_dir: reads.append(1) or real(run_dir))
+    leader = liveness.Leader(tmp_path, "node0")
+    for i in range(9):  # 2 s of ticks
+        leader.tick([beat(0, step=10 + i)], NOW + i * 0.25)
+    assert len(reads) == 3  # at 0, 1 and 2 s
+
+
 def test_a_node_that_is_not_the_leader_reads_no_other_nodes_file_while_its_ranks_step(tmp_path, monkeypatch):
     """A minute of steady training, a tick a second: no node record is read, and the job view only for the
     straggler check (every STRAGGLER_CHECK_S)."""
