@@ -122,14 +122,7 @@ def test_a_waiting_agent_reads_the_state_record_less_and_less_often(tmp_path, mo
     monkeypatch.setattr(LeftBehind, "CHECK_S", 1 / 16)  # binary fractions: the stand-in clock adds them exactly
     monkeypatch.setattr(LeftBehind, "GRACE_S", 0.0)
     monkeypatch.setattr(LeftBehind, "MAX_CHECK_S", 0.5)
-    now = [1000.0]
-
-    class Clock:
-        @staticmethod
-        def monotonic() -> float:
-            return now[0]
-
-    monkeypatch.setattr(wrapper, "time", Clock)
+    now = stand_in_clock(monkeypatch)
     reads: list[float] = []
     monkeypatch.setattr(outcomes, "outcome", lambda run_dir, since: reads.append(now[0]) or outcomes.Outcome(
         outcomes.JobState.UNKNOWN))
@@ -145,14 +138,8 @@ def test_a_waiting_agent_reads_the_state_record_less_and_less_often(tmp_path, mo
     assert reads[0] == 1000 + 1 / 16 and gaps == [0.125, 0.25, 0.5, 0.5, 0.5, 0.5], gaps  # doubling, then the cap
 
 
-def test_the_watchdog_looks_every_watch_s_and_the_shared_run_dir_once_a_look_s(tmp_path, monkeypatch):
-    """The hang watchdog's decisions read node-local files only, so it ticks every WATCH_S (a stopped rank, a
-    node that left the round, are acted on within a quarter second of their rule); the stat of the shared failure
-    records, the OOM count and the left-behind check stay once a LOOK_S (a stat a second per node at 1,024 nodes).
-    A stand-in agent and clock: each wait of the agent is one WATCH_S."""
-    from fsdp_jobs.launchers.node import watchdog as watchdogs
-    from fsdp_jobs.rundir import failures
-
+def stand_in_clock(monkeypatch) -> list[float]:
+    """The wrapper's clock (wall and monotonic), moved on by hand: `now[0]`."""
     now = [1000.0]
 
     class Clock:
@@ -161,6 +148,20 @@ def test_the_watchdog_looks_every_watch_s_and_the_shared_run_dir_once_a_look_s(t
             return now[0]
 
         monotonic = time
+
+    monkeypatch.setattr(wrapper, "time", Clock)
+    return now
+
+
+def test_the_watchdog_looks_every_watch_s_and_the_shared_run_dir_once_a_look_s(tmp_path, monkeypatch):
+    """The hang watchdog's decisions read node-local files only, so it ticks every WATCH_S (a stopped rank, a
+    node that left the round, are acted on within a quarter second of their rule); the stat of the shared failure
+    records, the OOM count and the left-behind check stay once a LOOK_S (a stat a second per node at 1,024 nodes).
+    A stand-in agent and clock: each wait of the agent is one WATCH_S."""
+    from fsdp_jobs.launchers.node import watchdog as watchdogs
+    from fsdp_jobs.rundir import failures
+
+    now = stand_in_clock(monkeypatch)
 
     class Agent:
         pid, waits = 1, 0
@@ -185,7 +186,6 @@ def test_the_watchdog_looks_every_watch_s_and_the_shared_run_dir_once_a_look_s(t
             pass
 
     stats: list[float] = []
-    monkeypatch.setattr(wrapper, "time", Clock)
     monkeypatch.setattr(wrapper, "job_fault", lambda run_dir: object())
     monkeypatch.setattr(watchdogs, "Watchdog", Watched)
     monkeypatch.setattr(failures.Changes, "changed", lambda self: stats.append(now[0]) or False)
@@ -201,14 +201,7 @@ def test_a_watchdog_that_gave_up_stops_the_node_at_its_tick_not_at_the_next_look
     longer than asked is a pause of the node, taken out of every stall."""
     from fsdp_jobs.launchers.node import watchdog as watchdogs
 
-    now = [1000.0]
-
-    class Clock:
-        @staticmethod
-        def time() -> float:
-            return now[0]
-
-        monotonic = time
+    now = stand_in_clock(monkeypatch)
 
     class Agent:
         pid, waits, killed = 1, 0, False
@@ -236,7 +229,6 @@ def test_a_watchdog_that_gave_up_stops_the_node_at_its_tick_not_at_the_next_look
             Watched.ticks += 1
             self.given_up = Watched.ticks == 2
 
-    monkeypatch.setattr(wrapper, "time", Clock)
     monkeypatch.setattr(wrapper, "job_fault", lambda run_dir: object())
     monkeypatch.setattr(watchdogs, "Watchdog", Watched)
     monkeypatch.setattr(wrapper, "record_failed", lambda *args: None)
