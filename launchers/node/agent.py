@@ -747,11 +747,11 @@ def stop_guard(directory: Any, pids: set[int], node: str, limit_s: float = TORCH
         beats = [b for b in liveness.read_local(directory) if b.pid in alive]
         stalled = stalled_for(beats, time.time())
         if len(beats) == len(alive) and stalled >= left_stall_s(beats):
+            for pid in alive:  # first: the line after it is a write to a reader that may be gone
+                kill_with_its_group(pid)
             print(f"fsdp-jobs: {node}: its ranks have not stepped for {stalled:.0f} s while their agent stops them "
                   "for a restart: blocked in a collective, a SIGTERM never reaches them (pitfall 38); killed",
                   flush=True)
-            for pid in alive:
-                kill_with_its_group(pid)
             return stalled
         time.sleep(STOP_GUARD_POLL_S)
     return None
